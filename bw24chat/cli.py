@@ -1,0 +1,67 @@
+"""Command line: ``bw24chat`` (the app), ``bw24chat --headless``, ``bw24chat serve``,
+``bw24chat bench``, ``bw24chat check``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .options import add_engine_args, options_from_args
+
+
+def _main_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bw24chat",
+        description="Chat with a local LLM in the terminal. Subcommands: serve, bench, check (bw24chat SUBCOMMAND -h).",
+    )
+    p.add_argument("prompt", nargs="?", help="headless: the prompt (default: read stdin)")
+    p.add_argument("--headless", action="store_true", help="no TUI: answer the prompt on stdout")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--json", action="store_true", help="headless: JSON lines (text deltas, then a stats record)")
+    p.add_argument("--multi-turn", action="store_true", help="headless: JSON lines in, JSON lines out")
+    p.add_argument("--raw", action="store_true", help="headless: no chat template, continue the prompt as is")
+    add_engine_args(p)
+    return p
+
+
+def _open(options, quiet: bool):
+    from .engine import open_engine
+
+    def progress(ev):
+        if not quiet and ev.detail and ev.stage in ("reading", "ready"):
+            sys.stderr.write(f"[{ev.stage}] {ev.detail}\n")
+
+    return open_engine(options, progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        from .server.app import add_serve_args, serve
+
+        p = argparse.ArgumentParser(prog="bw24chat serve", description="OpenAI-compatible HTTP server")
+        add_engine_args(p)
+        add_serve_args(p)
+        a = p.parse_args(argv[1:])
+        return serve(options_from_args(a), a)
+    if argv and argv[0] in ("bench", "check"):
+        from . import tools_cli
+
+        return getattr(tools_cli, argv[0])(argv[1:])
+
+    a = _main_parser().parse_args(argv)
+    options = options_from_args(a)
+    if a.headless or a.multi_turn or a.json:
+        try:
+            engine = _open(options, quiet=a.json)
+        except Exception as exc:  # noqa: BLE001 - one line for the user, non-zero exit
+            sys.stderr.write(f"bw24chat: {exc}\n")
+            return 2
+        try:
+            from .headless import run_headless
+
+            return run_headless(engine, a, options.sampling)
+        finally:
+            engine.close()
+    from .tui.app import run_app
+
+    return run_app(options)

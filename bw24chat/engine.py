@@ -1,0 +1,114 @@
+"""The real engine: resolves and loads a model, picks a backend, and serves GenerationRequests
+on its own thread (see api.py for the client side)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .api import DoneEvent, ErrorEvent, LoadProgress, ModelInfo, RequestHandle, StatsEvent, TokenEvent, Usage
+from .backends import pick_device
+from .chat_template import ChatFormatter, ChatTemplateError
+from .engine_thread import EngineThread
+from .generate import ContextFull, Generator
+from .loaders import load_checkpoint
+from .model_store import resolve_model
+from .options import EngineOptions
+
+
+class Engine(EngineThread):
+    def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64):
+        self.checkpoint = checkpoint
+        self.runner = runner
+        self.note = note
+        tok = checkpoint.tokenizer
+        self.tokenizer = tok
+        self.generator = Generator(runner, tok)
+        self.formatter = ChatFormatter(
+            tok.chat_template, tok.token(tok.bos_id), tok.token(tok.eos_id), has_chatml=tok.tokenizer.token_to_id("<|im_start|>") is not None
+        )
+        self.info = ModelInfo(
+            name=checkpoint.name,
+            path=str(checkpoint.path),
+            arch=checkpoint.arch,
+            n_params=checkpoint.n_params,
+            n_ctx=runner.n_ctx,
+            backend="cuda" if device == "cuda" else "numpy",
+            device_name=device_name,
+            formats=checkpoint.formats(),
+            chat_template=self.formatter.has_template,
+        )
+        super().__init__(max_queue=max_queue)
+
+    # ------------------------------------------------------------------ API
+    def render_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.formatter.render(messages, add_generation_prompt)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_bos=False))
+
+    def stats(self) -> dict:
+        s = {"backend": self.info.backend, "gpu_name": self.info.device_name, "ctx_max": self.runner.n_ctx,
+             "ctx_used": len(self.generator.cached)}
+        s.update({k: v for k, v in self.runner.memory_info().items() if k in ("vram_used", "vram_total")})
+        return s
+
+    # ------------------------------------------------------------------ worker
+    def run_request(self, handle: RequestHandle) -> None:
+        req = handle.request
+        try:
+            text = req.prompt if req.prompt is not None else self.render_prompt(req.messages, req.add_generation_prompt)
+        except ChatTemplateError as exc:
+            handle.emit(ErrorEvent(str(exc)))
+            return
+        ids = self.tokenizer.encode(text)  # adds BOS where the model wants it, never twice
+        if req.echo and req.prompt is not None:
+            handle.emit(TokenEvent(req.prompt, []))
+
+        def on_text(piece, ids_, lps):
+            handle.emit(TokenEvent(piece, list(ids_), lps))
+
+        def on_stats(s):
+            s = dict(self.stats(), **s)
+            handle.emit(StatsEvent(s))
+
+        try:
+            res = self.generator.generate(ids, req.sampling, on_text, lambda: handle.cancelled, req.logprobs, on_stats)
+        except ContextFull as exc:
+            handle.emit(ErrorEvent(f"context full: {exc}. Start a new chat or raise --ctx."))
+            return
+        stats = self.stats()
+        stats.update(
+            decode_tps=res.decode_tps,
+            prefill_tps=res.prefill_tps,
+            ttft_s=res.ttft_s,
+            prompt_tokens=res.prompt_tokens,
+            generated_tokens=len(res.token_ids),
+            cached_tokens=res.cached_tokens,
+            seed=res.seed,
+        )
+        handle.emit(StatsEvent(stats))
+        handle.emit(DoneEvent(res.finish_reason, Usage(res.prompt_tokens, len(res.token_ids)), stats, res.text))
+
+
+def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None] | None = None) -> Engine:
+    """Resolve, load and start.  Blocking; call from a worker thread in UIs."""
+    report = progress or (lambda p: None)
+    path = resolve_model(options.model, lambda msg: report(LoadProgress("reading", 0.0, msg)))
+    report(LoadProgress("reading", 0.0, str(path)))
+    t0 = time.perf_counter()
+    ckpt = load_checkpoint(path)
+    report(LoadProgress("reading", 1.0, f"{ckpt.name}: {ckpt.n_params / 1e6:.0f}M parameters"))
+    device, note = pick_device(options.device)
+    if device == "cuda":
+        from .backends.cuda_runner import make_cuda_runner
+
+        runner, device_name = make_cuda_runner(ckpt, options, report)
+    else:
+        from .backends.numpy_backend import NumpyBackend
+        from .generate import NumpyRunner
+        from .models import build_model
+
+        model = build_model(ckpt, NumpyBackend(), options.n_ctx, lambda f: report(LoadProgress("uploading", f)))
+        runner, device_name = NumpyRunner(model), "CPU (NumPy)"
+    report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
+    return Engine(ckpt, runner, device, device_name, note, options.max_queue)

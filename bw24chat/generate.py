@@ -1,0 +1,192 @@
+"""Generation, top to bottom: prefill (chunked, reusing the cached prefix of the previous turn),
+the decode step, and the sampling/stopping loop around them.
+
+A *runner* owns the model weights and its KV cache on one backend and offers:
+  ``n_ctx``, ``vocab_size``
+  ``prefill(ids, start) -> logits (V,)``  run ids at positions start.., return last logits
+  ``decode(token, pos) -> logits (V,)``    one token at position pos
+  ``sample(logits_or_None, params, seed, pos, history) -> int`` (optional; the CUDA runner
+      samples on the device from the logits it still holds)
+Runners keep no notion of text; this module turns ids into a stream of whole characters.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .api import SamplingParams, TokenLogprob
+from .sampling import log_softmax, sample_token
+from .stopping import StopMatcher
+from .tokenizer import StreamDecoder, TokenizerInfo
+
+
+class NumpyRunner:
+    """The reference runner: DenseTransformer on the NumPy backend."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = model.new_cache()
+        self.n_ctx = model.n_ctx
+        self.vocab_size = model.args.vocab_size
+
+    def prefill(self, ids: np.ndarray, start: int) -> np.ndarray:
+        return self.model.forward(np.asarray(ids), start, self.cache, last_only=True)[-1]
+
+    def prefill_all(self, ids: np.ndarray, start: int) -> np.ndarray:
+        """Logits at every position (T, V): for checks and perplexity."""
+        return self.model.forward(np.asarray(ids), start, self.cache, last_only=False)
+
+    def decode(self, token: int, pos: int) -> np.ndarray:
+        return self.model.forward(np.array([token]), pos, self.cache, last_only=True)[-1]
+
+    def sample(self, logits, params: SamplingParams, seed: int, pos: int, history: list[int]) -> int:
+        return sample_token(logits, params, seed, pos, history)
+
+    def memory_info(self) -> dict:
+        return {"kv_bytes": self.cache.nbytes}
+
+
+@dataclass
+class GenerationResult:
+    finish_reason: str
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+    seed: int
+    stats: dict = field(default_factory=dict)
+
+
+class ContextFull(ValueError):
+    pass
+
+
+class Generator:
+    def __init__(self, runner, tokenizer: TokenizerInfo, prefill_chunk: int = 512):
+        self.runner = runner
+        self.tok = tokenizer
+        self.prefill_chunk = prefill_chunk
+        self.cached: list[int] = []  # ids whose K/V sit in the runner's cache, positions 0..
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
+        """Make the cache hold ``ids``; return (logits after the last id, reused prefix length).
+        The common prefix with what the cache already holds is kept (multi-turn chats prefill
+        only the new turn); at least the last id is always recomputed to get its logits."""
+        n = len(ids)
+        if n == 0:
+            raise ValueError("empty prompt")
+        if n >= self.runner.n_ctx:
+            raise ContextFull(f"the prompt is {n} tokens; the context holds {self.runner.n_ctx}")
+        reuse = 0
+        limit = min(len(self.cached), n - 1)
+        while reuse < limit and self.cached[reuse] == ids[reuse]:
+            reuse += 1
+        self.cached = list(ids[:reuse])
+        logits = None
+        for s in range(reuse, n, self.prefill_chunk):
+            chunk = np.asarray(ids[s : s + self.prefill_chunk], dtype=np.int64)
+            logits = self.runner.prefill(chunk, s)
+            self.cached.extend(int(t) for t in chunk)
+        return logits, reuse
+
+    # ------------------------------------------------------------------ decode step
+    def decode(self, token: int) -> np.ndarray:
+        pos = len(self.cached)
+        logits = self.runner.decode(token, pos)
+        self.cached.append(token)
+        return logits
+
+    # ------------------------------------------------------------------ the loop
+    def generate(
+        self,
+        prompt_ids: list[int],
+        sp: SamplingParams,
+        on_text: Callable[[str, list[int], list[TokenLogprob] | None], None] | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+        logprobs: int = 0,
+        on_stats: Callable[[dict], None] | None = None,
+    ) -> GenerationResult:
+        seed = sp.seed if sp.seed is not None else secrets.randbits(63)
+        t0 = time.perf_counter()
+        logits, reused = self.prefill(prompt_ids)
+        t_first = time.perf_counter()
+        n_prefilled = len(prompt_ids) - reused
+        history = list(prompt_ids)
+        stream = StreamDecoder(self.tok)
+        stopper = StopMatcher(sp.stop)
+        out_ids: list[int] = []
+        text_parts: list[str] = []
+        finish = "length"
+        t_dec = t_first
+        pending_ids: list[int] = []
+        pending_lp: list[TokenLogprob] = []
+        last_stats = t_first
+        while True:
+            if cancelled():
+                finish = "cancelled"
+                break
+            if len(out_ids) >= sp.max_tokens:
+                finish = "length"
+                break
+            pos = len(history)
+            tok = self.runner.sample(logits, sp, seed, pos, history)
+            if tok in self.tok.stop_ids:
+                finish = "stop"
+                break
+            if logprobs and logits is not None:
+                pending_lp.append(self._logprob(logits, tok, logprobs))
+            out_ids.append(tok)
+            history.append(tok)
+            pending_ids.append(tok)
+            piece = stopper.feed(stream.push(tok))
+            if piece or (pending_lp and stopper.stopped):
+                if on_text:
+                    on_text(piece, pending_ids, pending_lp or None)
+                text_parts.append(piece)
+                pending_ids, pending_lp = [], []
+            if stopper.stopped:
+                finish = "stop"
+                break
+            if len(history) >= self.runner.n_ctx:
+                finish = "context_full"
+                break
+            if len(out_ids) >= sp.max_tokens:
+                finish = "length"
+                break
+            logits = self.decode(tok)
+            now = time.perf_counter()
+            if on_stats and now - last_stats > 0.25:
+                last_stats = now
+                on_stats({"decode_tps": (len(out_ids) - 1) / max(now - t_dec, 1e-9), "ctx_used": len(history), "generated_tokens": len(out_ids)})
+        tail = stopper.flush() + (stream.flush() if not stopper.stopped else "")
+        if tail or pending_ids:
+            if on_text:
+                on_text(tail, pending_ids, pending_lp or None)
+            text_parts.append(tail)
+        t_end = time.perf_counter()
+        n_dec = max(len(out_ids) - 1, 0)  # the first token comes from the prefill's logits
+        return GenerationResult(
+            finish_reason=finish,
+            text="".join(text_parts),
+            token_ids=out_ids,
+            prompt_tokens=len(prompt_ids),
+            cached_tokens=reused,
+            ttft_s=t_first - t0,
+            prefill_tps=n_prefilled / max(t_first - t0, 1e-9),
+            decode_tps=n_dec / max(t_end - t_dec, 1e-9) if n_dec else 0.0,
+            seed=seed,
+        )
+
+    def _logprob(self, logits: np.ndarray, tok: int, n: int) -> TokenLogprob:
+        lp = log_softmax(np.asarray(logits))
+        top = np.argsort(-lp, kind="stable")[:n]
+        d = self.tok.decode
+        return TokenLogprob(d([tok], False), tok, float(lp[tok]), [(d([int(i)], False), int(i), float(lp[i])) for i in top])

@@ -1,0 +1,106 @@
+"""``bw24chat --headless``: scripting without the TUI, on the same engine.
+
+One-shot: the prompt comes from the argument or stdin; the reply streams to stdout (or, with
+--json, JSON lines: {"type": "text", "text": ...} records, then one {"type": "done", ...} record
+with token counts, time to first token and prefill/decode tokens/s).
+Multi-turn (--multi-turn): JSON lines in, JSON lines out.  Each input line is
+{"role": "user", "content": "..."} (appended to the conversation and answered),
+{"role": "system", "content": "..."} (sets the system prompt), or {"command": "reset"}.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .api import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
+
+
+def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> tuple[str, DoneEvent | ErrorEvent]:
+    text = []
+    final = None
+    for ev in engine.submit(request).events():
+        if isinstance(ev, TokenEvent) and ev.text:
+            text.append(ev.text)
+            out.write(json.dumps({"type": "text", "text": ev.text}, ensure_ascii=False) + "\n" if as_json else ev.text)
+            out.flush()
+        elif isinstance(ev, (DoneEvent, ErrorEvent)):
+            final = ev
+    if isinstance(final, DoneEvent):
+        s = final.stats
+        rec = {
+            "type": "done",
+            "finish_reason": final.finish_reason,
+            "prompt_tokens": final.usage.prompt_tokens,
+            "generated_tokens": final.usage.completion_tokens,
+            "cached_tokens": s.get("cached_tokens", 0),
+            "ttft_s": round(s.get("ttft_s", 0.0), 4),
+            "prefill_tps": round(s.get("prefill_tps", 0.0), 2),
+            "decode_tps": round(s.get("decode_tps", 0.0), 2),
+            "seed": s.get("seed"),
+            "backend": s.get("backend"),
+        }
+        if as_json:
+            out.write(json.dumps(rec) + "\n")
+        else:
+            out.write("\n")
+            if final.finish_reason == "context_full":
+                sys.stderr.write("[context full: the reply was cut at the model's context length]\n")
+    else:
+        if as_json:
+            out.write(json.dumps({"type": "error", "message": final.message}) + "\n")
+        else:
+            sys.stderr.write(f"bw24chat: {final.message}\n")
+    out.flush()
+    return "".join(text), final
+
+
+def run_headless(engine, args, sampling) -> int:
+    if args.multi_turn:
+        return _multi_turn(engine, args, sampling)
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        sys.stderr.write("bw24chat: empty prompt (give it as an argument or on stdin)\n")
+        return 2
+    if args.raw:
+        req = GenerationRequest(prompt=prompt, sampling=sampling)
+    else:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+        req = GenerationRequest(messages=msgs, sampling=sampling)
+    _, final = _run(engine, req, args.json)
+    return 0 if isinstance(final, DoneEvent) else 1
+
+
+def _multi_turn(engine, args, sampling) -> int:
+    system = args.system
+    history: list[dict] = []
+    status = 0
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError as exc:
+            print(json.dumps({"type": "error", "message": f"bad JSON line: {exc}"}), flush=True)
+            status = 1
+            continue
+        if msg.get("command") == "reset":
+            history = []
+            print(json.dumps({"type": "reset"}), flush=True)
+            continue
+        if msg.get("role") == "system":
+            system = msg.get("content", "")
+            continue
+        if msg.get("role") != "user" or not isinstance(msg.get("content"), str):
+            print(json.dumps({"type": "error", "message": "expected {\"role\": \"user\", \"content\": \"...\"}"}), flush=True)
+            status = 1
+            continue
+        history.append({"role": "user", "content": msg["content"]})
+        msgs = ([{"role": "system", "content": system}] if system else []) + history
+        text, final = _run(engine, GenerationRequest(messages=msgs, sampling=sampling), True)
+        if isinstance(final, DoneEvent):
+            history.append({"role": "assistant", "content": text})
+        else:
+            history.pop()
+            status = 1
+    return status

@@ -1,0 +1,60 @@
+"""The in-memory weight every loader produces: raw bytes in a named format, memory-mapped
+where the file allows, plus what is needed to decode them.
+
+Formats are ggml type names ("F32", "BF16", "Q4_K", "NVFP4", ...) or "FP8_E4M3" (HF block-FP8,
+DeepSeek-V3 style: E4M3 values, one F32 scale per 128x128 block in ``scale``).  NVFP4 weights
+from any source (GGUF, ModelOpt safetensors, quantize-at-load) are held in ggml's NVFP4 block
+layout with the per-tensor FP32 ``global_scale`` kept beside them: value = E2M1 x E4M3 x global.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as T
+
+from .. import quants
+
+
+def _fp8_e4m3_table() -> np.ndarray:
+    """All 256 E4M3 (OCP FP8, bias 7, no infinities, 0x7F/0xFF NaN) codes as float32."""
+    codes = np.arange(256, dtype=np.uint32)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exp = (codes >> 3) & 0xF
+    man = (codes & 7).astype(np.float64)
+    val = np.where(exp == 0, man * 2.0**-9, (1 + man / 8) * 2.0 ** (exp.astype(np.float64) - 7))
+    val = sign * val
+    val[(codes & 0x7F) == 0x7F] = np.nan
+    return val.astype(np.float32)
+
+
+FP8_E4M3 = _fp8_e4m3_table()
+
+
+@dataclass
+class QTensor:
+    name: str  # canonical name
+    fmt: str  # ggml type name or "FP8_E4M3"
+    shape: tuple[int, ...]  # logical, numpy order: (out_features, in_features) for matrices
+    raw: np.ndarray  # bytes (uint8, last axis = row bytes) or the dtype itself for F32/F16
+    global_scale: float = 1.0  # NVFP4 per-tensor scale (ModelOpt weight_scale_2)
+    scale: np.ndarray | None = None  # FP8_E4M3 block scales [ceil(out/128), ceil(in/128)]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes) + (0 if self.scale is None else int(self.scale.nbytes))
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape))
+
+    def dequantize(self) -> np.ndarray:
+        """float32 array of ``shape``."""
+        if self.fmt == "FP8_E4M3":
+            w = FP8_E4M3[self.raw.view(np.uint8)].reshape(self.shape)
+            s = np.repeat(np.repeat(self.scale.astype(np.float32), 128, axis=0), 128, axis=1)
+            return w * s[: self.shape[0], : self.shape[1]]
+        out = quants.dequantize(self.raw, T[self.fmt], self.shape)
+        if self.global_scale != 1.0:
+            out = out * np.float32(self.global_scale)
+        return out

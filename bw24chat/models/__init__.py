@@ -1,0 +1,25 @@
+"""Architecture registry: model_type -> module exporting ``ModelArgs`` and ``Model``."""
+from __future__ import annotations
+
+import importlib
+
+REGISTRY = {
+    "llama": "bw24chat.models.llama",
+    "mistral": "bw24chat.models.llama",
+    "qwen2": "bw24chat.models.qwen2",
+    "qwen3": "bw24chat.models.qwen3",
+}
+
+
+def get_family(model_type: str):
+    try:
+        return importlib.import_module(REGISTRY[model_type])
+    except KeyError:
+        raise ValueError(f"unsupported architecture {model_type!r}; supported: {sorted(REGISTRY)}") from None
+
+
+def build_model(checkpoint, backend, n_ctx: int = 0, progress=None):
+    fam = get_family(checkpoint.arch)
+    args = fam.ModelArgs.from_dict(checkpoint.config)
+    n_ctx = min(n_ctx or args.max_position_embeddings, args.max_position_embeddings) if n_ctx else args.max_position_embeddings
+    return fam.Model(args, backend, checkpoint.tensors, n_ctx, progress)

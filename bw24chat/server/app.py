@@ -1,0 +1,529 @@
+"""bw24chat's OpenAI-compatible HTTP server (``bw24chat serve``).
+
+Why Starlette + uvicorn: a small, well-kept ASGI stack with native streaming responses (SSE is
+an async generator handed to ``StreamingResponse``), client-disconnect detection built in, and
+no heavy framework (no pydantic models, no dependency injection): request bodies are checked by
+hand in :mod:`.protocol`, which keeps OpenAI's exact error shape under our control.
+
+Endpoints
+    ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
+    ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/completions``
+    (streaming as SSE ``data: {json}`` chunks ending with ``data: [DONE]``, or whole).
+
+Policies
+    * Model names: any ``model`` is accepted (one model is served; clients often hard-code a
+      name), and every response names the loaded model.  ``/v1/models`` lists only it, and
+      ``/v1/models/{id}`` answers 404 for any other id.
+    * Auth: with an API key, every endpoint but ``GET /health`` needs
+      ``Authorization: Bearer KEY`` (401 otherwise); ``/metrics`` is protected too.
+    * Limits: bodies over ``max_body_bytes`` get 413; ``max_tokens`` over ``max_tokens_cap``
+      gets 400 (an omitted ``max_tokens`` is the engine default, capped); a prompt that fills
+      the context gets 400 ``context_length_exceeded``; a full engine queue gets 429 with
+      ``Retry-After``.  The server binds 127.0.0.1 unless told otherwise.
+    * Concurrency: the engine serves one request at a time from a FIFO queue; every HTTP
+      request has its own :class:`~bw24chat.api.RequestHandle`, whose events are hopped onto the
+      event loop through a private ``asyncio.Queue``, so streams never mix.  A client that
+      disconnects (streaming or not) cancels its generation at the next decode step.
+    * Errors are OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``; an engine
+      failure mid-stream arrives as a ``data: {"error": ...}`` chunk.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import __version__
+from ..api import (
+    DoneEvent,
+    EngineAPI,
+    EngineBusy,
+    EngineClosed,
+    ErrorEvent,
+    GenerationRequest,
+    LoadProgress,
+    SamplingParams,
+    TokenEvent,
+)
+from ..options import EngineOptions, options_from_args
+from .metrics import Metrics
+from .protocol import APIError, Limits, ParsedRequest, Responder, parse_chat, parse_completion
+
+log = logging.getLogger("bw24chat.server")
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_TOKENS_CAP = 4096
+DRAIN_MAX_BYTES = 64 << 20  # a too-large body up to this size is read (and dropped) before the 413
+OPEN_PATHS = {"/health"}
+ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"}
+
+
+# ----------------------------------------------------------------------------- plumbing
+def _error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _endpoint_label(path: str) -> str:
+    if path in ENDPOINTS:
+        return path
+    return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+
+
+class _FrontDoor:
+    """ASGI middleware: API-key check and per-endpoint/status request counting."""
+
+    def __init__(self, app, metrics: Metrics, api_key: str | None):
+        self.app = app
+        self.metrics = metrics
+        self.api_key = api_key.encode() if api_key else None
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
+        return False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_recording(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.http_started()
+        try:
+            if self.api_key and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+                err = APIError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY'.",
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await _error_response(err)(scope, receive, send_recording)
+            else:
+                await self.app(scope, receive, send_recording)
+        finally:
+            self.metrics.http_finished(_endpoint_label(scope["path"]), status)
+
+
+async def _read_json(request: Request, limit: int) -> dict:
+    too_big = APIError(413, f"The request body is larger than this server's limit of {limit} bytes.",
+                       code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > DRAIN_MAX_BYTES:
+        raise too_big
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > DRAIN_MAX_BYTES:
+                break
+            if size <= limit:
+                chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(499, "The client closed the connection.", code="client_closed") from None
+    if size > limit:
+        raise too_big  # the body was drained first, so that the client reads the answer
+    try:
+        data = json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    return data
+
+
+def _sse(obj: dict | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Generation:
+    """One submitted request whose engine events arrive on the event loop, in order."""
+
+    def __init__(self, engine: EngineAPI, request: GenerationRequest, metrics: Metrics):
+        loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+        t0 = time.monotonic()
+
+        def on_event(ev):  # engine thread
+            metrics.observe(ev, time.monotonic() - t0)
+            try:
+                loop.call_soon_threadsafe(self._events.put_nowait, ev)
+            except RuntimeError:  # the loop is gone (server shut down): nobody is listening
+                pass
+
+        self.handle = engine.submit(request, on_event=on_event)
+
+    async def events(self):
+        while True:
+            ev = await self._events.get()
+            yield ev
+            if isinstance(ev, (DoneEvent, ErrorEvent)):
+                return
+
+    def cancel(self) -> None:
+        if not self.handle.done:
+            self.handle.cancel()
+
+
+# ----------------------------------------------------------------------------- the app
+class _Service:
+    def __init__(self, engine: EngineAPI, max_body_bytes: int, limits: Limits, model_name: str):
+        self.engine = engine
+        self.max_body = max_body_bytes
+        self.limits = limits
+        self.model_name = model_name
+        self.fingerprint = f"bw24chat-{__version__}-{engine.info.backend}"
+        self.metrics = Metrics()
+
+    # -- small endpoints
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.model_name, "queue_depth": self.engine.queue_depth()})
+
+    async def metrics_text(self, request: Request) -> Response:
+        stats = await anyio.to_thread.run_sync(self.engine.stats)
+        text = self.metrics.render(self.engine.info, self.model_name, self.engine.queue_depth(), stats)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _model_card(self) -> dict:
+        info = self.engine.info
+        return {"id": self.model_name, "object": "model", "created": int(self.metrics.started),
+                "owned_by": "bw24chat", "max_model_len": info.n_ctx, "backend": info.backend}
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id != self.model_name:
+            raise APIError(404, f"The model '{model_id}' does not exist on this server (it serves "
+                                f"'{self.model_name}').", "model", "model_not_found")
+        return JSONResponse(self._model_card())
+
+    # -- generation
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion)
+
+    async def _check_context(self, parsed: ParsedRequest) -> None:
+        g = parsed.generation
+        text = g.prompt
+        if text is None:
+            try:
+                text = await anyio.to_thread.run_sync(self.engine.render_prompt, g.messages, g.add_generation_prompt)
+            except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
+                raise APIError(400, f"The messages do not fit the model's chat template: {exc}", "messages",
+                               "invalid_value") from None
+        n = await anyio.to_thread.run_sync(self.engine.count_tokens, text)
+        n_ctx = self.engine.info.n_ctx
+        if n_ctx and n >= n_ctx:
+            raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the "
+                                f"{parsed.prompt_param} take {n} tokens.", parsed.prompt_param, "context_length_exceeded")
+
+    def _submit(self, request: GenerationRequest) -> _Generation:
+        try:
+            return _Generation(self.engine, request, self.metrics)
+        except EngineBusy as exc:
+            wait = self.metrics.retry_after_s()
+            raise APIError(429, f"The server is busy ({exc}); retry in {wait} s.", code="queue_full",
+                           headers={"Retry-After": str(wait)}) from None
+        except EngineClosed:
+            raise APIError(503, "The engine is shutting down.", code="engine_closed") from None
+
+    async def _generate(self, request: Request, parse) -> Response:
+        parsed = parse(await _read_json(request, self.max_body), self.limits)
+        await self._check_context(parsed)
+        gen = self._submit(parsed.generation)
+        responder = Responder(parsed, self.model_name, self.fingerprint)
+        if parsed.stream:
+            return StreamingResponse(self._stream(responder, gen), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        work = asyncio.ensure_future(self._collect(responder, gen))
+        gone = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                gen.cancel()
+        if not work.done():
+            raise APIError(499, "The client closed the connection.", code="client_closed")
+        return JSONResponse(work.result())
+
+    @staticmethod
+    async def _collect(responder: Responder, gen: _Generation) -> dict:
+        parts, lps = [], []
+        async for ev in gen.events():
+            if isinstance(ev, TokenEvent):
+                parts.append(ev.text)
+                lps.extend(ev.logprobs or [])
+            elif isinstance(ev, DoneEvent):
+                return responder.body("".join(parts), lps, ev)
+            elif isinstance(ev, ErrorEvent):
+                raise APIError(500, f"The generation failed: {ev.message}", code="generation_failed")
+        raise APIError(500, "The generation ended without a final event.")
+
+    @staticmethod
+    async def _stream(responder: Responder, gen: _Generation):
+        # Starlette cancels this generator when the client disconnects: the finally cancels the
+        # generation (a no-op once it has finished).
+        try:
+            for chunk in responder.opening_chunks():
+                yield _sse(chunk)
+            async for ev in gen.events():
+                if isinstance(ev, TokenEvent):
+                    if ev.text or ev.logprobs:
+                        yield _sse(responder.piece_chunk(ev.text, ev.logprobs))
+                elif isinstance(ev, DoneEvent):
+                    for chunk in responder.closing_chunks(ev):
+                        yield _sse(chunk)
+                elif isinstance(ev, ErrorEvent):
+                    yield _sse(APIError(500, f"The generation failed: {ev.message}", code="generation_failed").body())
+            yield _sse("[DONE]")
+        finally:
+            gen.cancel()
+
+
+async def _on_api_error(request: Request, exc: APIError) -> Response:
+    return _error_response(exc)
+
+
+async def _on_http_error(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        message = f"Invalid URL ({request.method} {request.url.path})."
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}."
+    else:
+        message = str(exc.detail)
+    return _error_response(APIError(exc.status_code, message, headers=dict(exc.headers or {})))
+
+
+async def _on_crash(request: Request, exc: Exception) -> Response:
+    log.exception("internal error answering %s %s", request.method, request.url.path)
+    return _error_response(APIError(500, f"Internal server error: {type(exc).__name__}.", type="server_error"))
+
+
+def create_app(
+    engine: EngineAPI,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+    model_name: str | None = None,
+    defaults: SamplingParams | None = None,
+) -> Starlette:
+    """The ASGI app serving ``engine``.  ``defaults`` fill sampling parameters a request leaves
+    out (the engine flags); ``model_name`` is the id reported (default: the engine's model name).
+    ``app.state.metrics`` holds the counters."""
+    svc = _Service(engine, max_body_bytes, Limits(max_tokens_cap, defaults or SamplingParams()),
+                   model_name or engine.info.name)
+    app = Starlette(
+        routes=[
+            Route("/health", svc.health, methods=["GET"]),
+            Route("/metrics", svc.metrics_text, methods=["GET"]),
+            Route("/v1/models", svc.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", svc.model, methods=["GET"]),
+            Route("/v1/chat/completions", svc.chat, methods=["POST"]),
+            Route("/v1/completions", svc.completions, methods=["POST"]),
+        ],
+        middleware=[Middleware(_FrontDoor, metrics=svc.metrics, api_key=api_key)],
+        exception_handlers={APIError: _on_api_error, HTTPException: _on_http_error, Exception: _on_crash},
+    )
+    app.state.metrics = svc.metrics
+    app.state.model_name = svc.model_name
+    return app
+
+
+# ----------------------------------------------------------------------------- running it
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, sock: socket.socket) -> str:
+    port = sock.getsockname()[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _uvicorn_server(app, log_level: str, quiet: bool) -> uvicorn.Server:
+    extra = {"log_config": None, "access_log": False} if quiet else {}
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, **extra)
+    return uvicorn.Server(config)
+
+
+def _print_progress():
+    last = [None]
+
+    def report(p: LoadProgress) -> None:
+        if p.stage != last[0]:
+            last[0] = p.stage
+            print(f"bw24chat: {p.stage} {p.detail}".rstrip(), file=sys.stderr, flush=True)
+
+    return report
+
+
+def serve(
+    options: EngineOptions,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    engine: EngineAPI | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+    model_name: str | None = None,
+    port_file: str | None = None,
+    log_level: str = "info",
+) -> int:
+    """Serve until interrupted; returns the exit status.  The port is bound first (so a busy
+    port fails before a model loads), then the engine is opened (unless given; an engine opened
+    here is closed at the end), then uvicorn runs.  ``port=0`` takes any free port: the URL is
+    printed to stderr and, with ``port_file``, the port number is written there."""
+    try:
+        sock = _bind(host, port)
+    except OSError as exc:
+        print(f"bw24chat serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    own = engine is None
+    try:
+        if own:
+            from ..engine import open_engine
+
+            engine = open_engine(options, progress=_print_progress())
+        app = create_app(engine, api_key, max_body_bytes, max_tokens_cap, model_name, options.sampling)
+        server = _uvicorn_server(app, log_level, quiet=False)
+        url = _url(host, sock)
+        print(f"bw24chat: serving {app.state.model_name} at {url}/v1 (OpenAI-compatible)", file=sys.stderr, flush=True)
+        if not _is_loopback(host) and not api_key:
+            print("bw24chat: WARNING: listening beyond this machine without --api-key", file=sys.stderr, flush=True)
+        if port_file:
+            tmp = Path(port_file + ".tmp")
+            tmp.write_text(str(sock.getsockname()[1]))
+            tmp.replace(port_file)
+        server.run(sockets=[sock])
+        return 0 if server.started else 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sock.close()
+        if own and engine is not None:
+            engine.close()
+
+
+def start_in_thread(
+    engine: EngineAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    *,
+    ready_timeout: float = 10.0,
+    **app_options,
+) -> tuple[uvicorn.Server, threading.Thread]:
+    """Serve ``engine`` from a daemon thread of this process (e.g. next to the TUI), quietly
+    (no uvicorn logging set-up, no access log; signals are left alone off the main thread).
+    Returns once the server accepts connections; ``server.url`` is its base URL.  Stop it with
+    ``server.should_exit = True; thread.join()``.  ``app_options`` go to :func:`create_app`."""
+    sock = _bind(host, port)
+    server = _uvicorn_server(create_app(engine, api_key=api_key, **app_options), "warning", quiet=True)
+    server.url = _url(host, sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="bw24chat-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + ready_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError(f"the server at {server.url} did not start")
+        time.sleep(0.01)
+    return server, thread
+
+
+# ----------------------------------------------------------------------------- the CLI
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The server's own flags (the engine flags come from ``options.add_engine_args``)."""
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    g.add_argument("--api-key", default=os.environ.get("BW24CHAT_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' (default: $BW24CHAT_API_KEY; /health stays open)")
+    g.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body in bytes (413 above)")
+    g.add_argument("--max-tokens-cap", type=int, default=DEFAULT_MAX_TOKENS_CAP, help="largest max_tokens a request may ask")
+    g.add_argument("--max-queue", type=int, default=64, help="requests waiting at most (429 with Retry-After above)")
+    g.add_argument("--model-name", default=None, help="model id reported to clients (default: the model's name)")
+    g.add_argument("--port-file", default=None, help="write the bound port number to this file once listening")
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    t = p.add_argument_group("testing")
+    t.add_argument("--fake", action="store_true", help="serve the scripted fake engine instead of a model")
+    t.add_argument("--fake-token-delay", type=float, default=0.005, help="seconds per fake token")
+    t.add_argument("--fake-echo", action="store_true", help="the fake engine replies 'You said: <prompt>'")
+
+
+def _echo_reply(request: GenerationRequest) -> str:
+    if request.prompt is not None:
+        return f"You said: {request.prompt}"
+    users = [m["content"] for m in request.messages or [] if m["role"] == "user"]
+    return f"You said: {users[-1] if users else ''}"
+
+
+def serve_from_args(args: argparse.Namespace) -> int:
+    """``bw24chat serve``: the engine flags plus :func:`add_serve_args`'s, parsed."""
+    options = options_from_args(args)
+    options.max_queue = args.max_queue
+    engine = None
+    if args.fake:
+        from ..fake_engine import FakeEngine
+
+        engine = FakeEngine(replies=_echo_reply if args.fake_echo else None, token_delay=args.fake_token_delay,
+                            max_queue=args.max_queue)
+    try:
+        return serve(options, args.host, args.port, args.api_key, engine, max_body_bytes=args.max_body,
+                     max_tokens_cap=args.max_tokens_cap, model_name=args.model_name, port_file=args.port_file,
+                     log_level=args.log_level)
+    finally:
+        if engine is not None:
+            engine.close()

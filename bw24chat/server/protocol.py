@@ -1,0 +1,350 @@
+"""The OpenAI wire format: request bodies in, response bodies and stream chunks out.
+
+No HTTP here: :func:`parse_chat` / :func:`parse_completion` turn a decoded JSON body into an
+engine :class:`~bw24chat.api.GenerationRequest` (raising :class:`APIError` with OpenAI's error
+shape for anything wrong), and a :class:`Responder` turns engine events into the JSON objects
+of ``/v1/chat/completions`` and ``/v1/completions`` (whole bodies and SSE chunks).
+
+Parameters: ``null`` means "not given" (as at OpenAI).  Unknown parameters are ignored, so that
+clients that send extra fields keep working; parameters the engine cannot honour (``n`` > 1,
+non-zero frequency/presence penalties, ``logit_bias``, ``tools``, ``response_format`` other
+than text, ``suffix``, ``best_of`` > 1, batched or token-id prompts) are refused with 400
+rather than silently ignored.  Omitted sampling parameters take the server's defaults (the
+engine flags ``--temperature``, ``--top-p``, ``--max-tokens`` ..., as with llama.cpp's server).
+Beyond OpenAI's set, ``top_k``, ``min_p`` and ``repetition_penalty`` (alias ``repeat_penalty``)
+reach the sampler.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import DoneEvent, GenerationRequest, SamplingParams, TokenLogprob
+
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+# engine finish reasons -> OpenAI's ("context_full" is a length limit to a client)
+FINISH_REASONS = {"stop": "stop", "length": "length", "context_full": "length", "cancelled": "stop"}
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+             405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
+             499: "invalid_request_error", 503: "server_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or self.TYPES.get(status, "server_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ----------------------------------------------------------------------------- validation
+_KINDS = {
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "string": lambda v: isinstance(v, str),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def _type_name(v: Any) -> str:
+    """'a string', 'an integer', ... for error messages."""
+    for name, ok in _KINDS.items():
+        if ok(v):
+            return _a(name)
+    return "null" if v is None else type(v).__name__
+
+
+class _Body:
+    """Typed, range-checked access to the fields of a request body."""
+
+    def __init__(self, data: dict):
+        self.data = data
+
+    def get(self, name: str, kind: str, default: Any = None, lo: float | None = None, hi: float | None = None) -> Any:
+        v = self.data.get(name)
+        if v is None:
+            return default
+        if not _KINDS[kind](v):
+            raise APIError(400, f"Invalid type for '{name}': expected {_a(kind)}, "
+                                f"but got {_type_name(v)} instead.", name, "invalid_type")
+        if lo is not None and v < lo:
+            raise APIError(400, f"Invalid '{name}': expected a value >= {lo}, but got {v} instead.", name, "invalid_value")
+        if hi is not None and v > hi:
+            raise APIError(400, f"Invalid '{name}': expected a value <= {hi}, but got {v} instead.", name, "invalid_value")
+        return v
+
+    def refuse_unless(self, name: str, ok: bool, why: str) -> None:
+        if self.data.get(name) is not None and not ok:
+            raise APIError(400, f"'{name}' {why} on this server.", name, "unsupported_parameter")
+
+
+@dataclass
+class Limits:
+    """What the server allows and what it assumes when a request does not say."""
+
+    max_tokens_cap: int = 4096
+    defaults: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+
+
+@dataclass
+class ParsedRequest:
+    kind: str  # "chat" | "text"
+    generation: GenerationRequest
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None  # top-N alternatives to report; None: no logprobs at all
+    echo: bool = False  # completions: prepend the prompt to the text
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.kind == "chat" else "prompt"
+
+
+def _sampling(b: _Body, limits: Limits, max_tokens_names: tuple[str, ...]) -> SamplingParams:
+    d = limits.defaults
+    n = b.get("n", "integer", 1, lo=1)
+    if n != 1:
+        raise APIError(400, "Only n=1 is supported on this server.", "n", "unsupported_value")
+    for name in ("frequency_penalty", "presence_penalty"):
+        b.refuse_unless(name, b.get(name, "number", 0, lo=-2, hi=2) == 0, "other than 0 is not supported")
+    b.refuse_unless("logit_bias", not b.get("logit_bias", "object", {}), "is not supported")
+
+    max_tokens = None
+    for name in max_tokens_names:  # the later name wins (max_completion_tokens over max_tokens)
+        v = b.get(name, "integer", lo=1)
+        if v is not None:
+            if v > limits.max_tokens_cap:
+                raise APIError(400, f"'{name}' is {v}, but this server allows at most {limits.max_tokens_cap} "
+                                    "tokens per request.", name, "invalid_value")
+            max_tokens = v
+    if max_tokens is None:
+        max_tokens = min(d.max_tokens, limits.max_tokens_cap)
+
+    stop = b.data.get("stop")
+    if stop is None:
+        stop = list(d.stop)
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise APIError(400, "Invalid type for 'stop': expected a string or an array of strings.", "stop", "invalid_type")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"'stop' takes at most {MAX_STOP_STRINGS} strings.", "stop", "invalid_value")
+
+    rep = b.get("repeat_penalty", "number", d.repeat_penalty, lo=0.01, hi=10)
+    return dataclasses.replace(
+        d,
+        temperature=b.get("temperature", "number", d.temperature, lo=0, hi=2),
+        top_p=b.get("top_p", "number", d.top_p, lo=0, hi=1),
+        top_k=b.get("top_k", "integer", d.top_k, lo=0),
+        min_p=b.get("min_p", "number", d.min_p, lo=0, hi=1),
+        repeat_penalty=b.get("repetition_penalty", "number", rep, lo=0.01, hi=10),
+        seed=b.get("seed", "integer", d.seed),
+        max_tokens=max_tokens,
+        stop=[s for s in stop if s],
+    )
+
+
+def _stream_flags(b: _Body) -> tuple[bool, bool]:
+    stream = b.get("stream", "boolean", False)
+    opts = _Body(b.get("stream_options", "object", {}))
+    return stream, bool(opts.get("include_usage", "boolean", False)) and stream
+
+
+def _model(b: _Body) -> None:
+    b.get("model", "string")  # any name is accepted (see app.py); only its type is checked
+
+
+def _message_text(i: int, m: dict) -> str:
+    content = m.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise APIError(400, "Only text content parts are supported on this server.",
+                               f"messages.[{i}].content", "unsupported_value")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise APIError(400, f"Invalid type for 'messages.[{i}].content': expected a string or an array of "
+                        f"content parts, but got {_type_name(content)} instead.", f"messages.[{i}].content", "invalid_type")
+
+
+def parse_chat(data: dict, limits: Limits) -> ParsedRequest:
+    b = _Body(data)
+    _model(b)
+    messages = b.get("messages", "array")
+    if not messages:
+        raise APIError(400, "'messages' is required and must be a non-empty array.", "messages", "missing_required_parameter")
+    norm = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise APIError(400, f"Invalid type for 'messages.[{i}]': expected an object.", f"messages.[{i}]", "invalid_type")
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise APIError(400, f"Invalid value for 'messages.[{i}].role': expected one of "
+                                f"{', '.join(sorted(CHAT_ROLES))}.", f"messages.[{i}].role", "invalid_value")
+        norm.append({"role": "system" if role == "developer" else role, "content": _message_text(i, m)})
+    b.refuse_unless("tools", not b.get("tools", "array", []), "(tool calling) is not supported")
+    b.refuse_unless("functions", not b.get("functions", "array", []), "(function calling) is not supported")
+    fmt = b.get("response_format", "object", {"type": "text"})
+    b.refuse_unless("response_format", fmt.get("type") == "text", "other than {\"type\": \"text\"} is not supported")
+    logprobs = b.get("logprobs", "boolean", False)
+    top = b.get("top_logprobs", "integer", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+    if top and not logprobs:
+        raise APIError(400, "'top_logprobs' requires 'logprobs' to be true.", "top_logprobs", "invalid_value")
+    sampling = _sampling(b, limits, ("max_tokens", "max_completion_tokens"))
+    stream, include_usage = _stream_flags(b)
+    gen = GenerationRequest(messages=norm, sampling=sampling, logprobs=max(top, 1) if logprobs else 0)
+    return ParsedRequest("chat", gen, stream, include_usage, top if logprobs else None)
+
+
+def parse_completion(data: dict, limits: Limits) -> ParsedRequest:
+    b = _Body(data)
+    _model(b)
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise APIError(400, "Only a single string prompt is supported on this server (no batches or token ids).",
+                       "prompt", "unsupported_value")
+    if not isinstance(prompt, str):
+        raise APIError(400, "'prompt' is required and must be a string.", "prompt",
+                       "missing_required_parameter" if prompt is None else "invalid_type")
+    b.refuse_unless("suffix", not data.get("suffix"), "is not supported")
+    b.refuse_unless("best_of", b.get("best_of", "integer", 1, lo=1) == 1, "other than 1 is not supported")
+    logprobs = b.get("logprobs", "integer", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    echo = b.get("echo", "boolean", False)
+    sampling = _sampling(b, limits, ("max_tokens",))
+    stream, include_usage = _stream_flags(b)
+    # echo is done here, not by the engine: the prompt text is prepended to the reply
+    gen = GenerationRequest(prompt=prompt, sampling=sampling, logprobs=0 if logprobs is None else max(logprobs, 1))
+    return ParsedRequest("text", gen, stream, include_usage, logprobs, echo)
+
+
+# ----------------------------------------------------------------------------- responses
+def usage_body(done: DoneEvent) -> dict:
+    u = done.usage
+    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
+    cached = done.stats.get("cached_tokens") if done.stats else None
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": int(cached)}
+    return out
+
+
+def _token_bytes(s: str) -> list[int]:
+    return list(s.encode("utf-8", errors="replace"))
+
+
+class Responder:
+    """Builds the response objects of one request; keeps the little state that needs
+    (completions' ``text_offset``)."""
+
+    def __init__(self, parsed: ParsedRequest, model: str, fingerprint: str):
+        self.p = parsed
+        self.chat = parsed.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = model
+        self.fingerprint = fingerprint
+        self.echo_text = parsed.generation.prompt if parsed.echo else ""
+        self._offset = len(self.echo_text)
+
+    # -- logprobs
+    def _logprobs(self, lps: list[TokenLogprob] | None) -> dict | None:
+        if self.p.logprobs is None:
+            return None
+        lps = lps or []
+        k = self.p.logprobs
+        if self.chat:
+            return {
+                "content": [
+                    {"token": t.token, "logprob": t.logprob, "bytes": _token_bytes(t.token),
+                     "top_logprobs": [{"token": s, "logprob": lp, "bytes": _token_bytes(s)} for s, _id, lp in t.top[:k]]}
+                    for t in lps
+                ],
+                "refusal": None,
+            }
+        offsets = []
+        for t in lps:
+            offsets.append(self._offset)
+            self._offset += len(t.token)
+        return {
+            "tokens": [t.token for t in lps],
+            "token_logprobs": [t.logprob for t in lps],
+            "top_logprobs": [{s: lp for s, _id, lp in t.top[:k]} for t in lps],
+            "text_offset": offsets,
+        }
+
+    def _choice(self, text: str | None, lps: dict | None, finish: str | None, delta: bool) -> dict:
+        if self.chat:
+            if delta:
+                body = {"delta": {} if text is None else {"content": text}}
+            else:
+                body = {"message": {"role": "assistant", "content": text, "refusal": None}}
+        else:
+            body = {"text": text or ""}
+        return {"index": 0, **body, "logprobs": lps, "finish_reason": finish}
+
+    def _envelope(self, chunk: bool) -> dict:
+        if self.chat:
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+
+    # -- streaming
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
+        out = {**self._envelope(True), "choices": choices}
+        if self.p.include_usage:
+            out["usage"] = usage
+        return out
+
+    def opening_chunks(self) -> list[dict]:
+        if self.chat:
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            return [self.chunk([role])]
+        if self.echo_text:
+            return [self.chunk([self._choice(self.echo_text, None, None, True)])]
+        return []
+
+    def piece_chunk(self, text: str, lps: list[TokenLogprob] | None) -> dict:
+        return self.chunk([self._choice(text, self._logprobs(lps), None, True)])
+
+    def closing_chunks(self, done: DoneEvent) -> list[dict]:
+        last = self.chunk([self._choice(None, None, FINISH_REASONS.get(done.finish_reason, "stop"), True)])
+        if not self.p.include_usage:
+            return [last]
+        return [last, self.chunk([], usage_body(done))]
+
+    # -- whole response
+    def body(self, text: str, lps: list[TokenLogprob], done: DoneEvent) -> dict:
+        finish = FINISH_REASONS.get(done.finish_reason, "stop")
+        choice = self._choice(self.echo_text + text, self._logprobs(lps), finish, False)
+        return {**self._envelope(False), "choices": [choice], "usage": usage_body(done)}
