@@ -45,6 +45,7 @@ from pathlib import Path
 import anyio
 import uvicorn
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -264,8 +265,10 @@ class _Service:
         gen = self._submit(parsed.generation)
         responder = Responder(parsed, self.model_name, self.fingerprint)
         if parsed.stream:
+            # the background task also cancels a stream whose client left before it started
             return StreamingResponse(self._stream(responder, gen), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                     background=BackgroundTask(gen.cancel))
         work = asyncio.ensure_future(self._collect(responder, gen))
         gone = asyncio.ensure_future(_wait_disconnect(request))
         try:

@@ -56,7 +56,8 @@ class Metrics:
             if isinstance(event, StatsEvent):
                 self.last_stats.update(event.stats)
             elif isinstance(event, DoneEvent):
-                self.last_stats.update(event.stats)
+                if event.finish_reason != "cancelled":  # a cut-short run's speeds mislead
+                    self.last_stats.update(event.stats)
                 self.prompt_tokens += event.usage.prompt_tokens
                 self.generated_tokens += event.usage.completion_tokens
                 self.generations[event.finish_reason] += 1

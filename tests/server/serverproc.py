@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +33,39 @@ def wait_until(cond, timeout: float, what: str, interval: float = 0.02):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def run_concurrently(fn, args: list, timeout: float) -> list:
+    """``fn(arg)`` for every arg, each in its own thread, released together; the results in
+    order (the first failure is raised)."""
+    results: list = [None] * len(args)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(args))
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait(timeout)
+            results[i] = fn(args[i])
+        except BaseException as exc:  # noqa: BLE001 - handed to the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(len(args))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), f"clients still running after {timeout} s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def stream_chat(client: openai.OpenAI, content: str, **kw) -> str:
+    """The text of a streamed chat completion of one user message."""
+    chunks = client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}],
+                                            stream=True, **kw)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 class ServerProcess:

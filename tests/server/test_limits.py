@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 
 import httpx
 import openai
 import pytest
 
-from serverproc import wait_until
+from serverproc import run_concurrently, stream_chat, wait_until
 
 CHAT = "/v1/chat/completions"
 
@@ -216,27 +215,10 @@ def test_disconnect_cancels_non_streaming_generation(slow_server):
 
 # ----------------------------------------------------------------------------- concurrency
 def test_concurrent_clients_get_their_own_streams(fake_server):
-    n = 16
-    results: dict[int, str] = {}
-    errors: list[BaseException] = []
     client = fake_server.client()
-
-    def worker(i: int):
-        try:
-            words = " ".join(f"client{i}-word{j}" for j in range(20))
-            chunks = client.chat.completions.create(model="m", messages=msg(words), stream=True)
-            results[i] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    for i in range(n):
-        assert results[i] == "You said: " + " ".join(f"client{i}-word{j}" for j in range(20))
+    prompts = [" ".join(f"client{i}-word{j}" for j in range(20)) for i in range(16)]
+    texts = run_concurrently(lambda p: stream_chat(client, p), prompts, timeout=60)
+    assert texts == ["You said: " + p for p in prompts]
 
 
 def test_metrics(fake_server):

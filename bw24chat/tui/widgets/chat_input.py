@@ -19,7 +19,14 @@ class ChatInput(TextArea):
     )
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus", compact=True)
+        super().__init__(
+            id=id,
+            soft_wrap=True,
+            tab_behavior="focus",
+            compact=True,
+            highlight_cursor_line=False,
+            placeholder="Message · Enter sends · Shift+Enter new line · /help",
+        )
         self.history: list[str] = []
         self._history_pos: int | None = None  # index into history while browsing it
         self._draft = ""  # what was typed before browsing started

@@ -1,0 +1,191 @@
+"""Run-time compilation of ``kernels/*.cu`` (one op family per file) with NVRTC through CuPy.
+
+* Source: ``kernels/<family>.cu`` with local ``#include "x.cuh"`` lines inlined, so the exact
+  text compiled is the cache key (CuPy keys its on-disk cache by source, options, arch and
+  NVRTC version; an included header that changed would otherwise hit a stale entry).
+* Target: the GPU present: ``sm_90a`` on Hopper (wgmma/TMA allowed), ``sm_120a`` on consumer
+  Blackwell, plain ``sm_XY`` elsewhere.  ``BW24CHAT_PORTABLE=1`` compiles Hopper for plain
+  ``sm_90`` so that the portable path (mma.sync, no wgmma/TMA) runs and is tested there;
+  kernels select with ``#if defined(__CUDA_ARCH_FEAT_SM90_ALL)``.
+* Specialization: ``defines`` become ``-D`` options (head dim, group size, tiles...).
+* Cache: CuPy's kernel cache, placed in the platformdirs cache dir (paths.kernel_cache_dir),
+  so a second start compiles nothing.
+* Failure raises :class:`KernelCompileError` carrying the NVRTC log.
+
+``compile_cubin`` compiles to a cubin for any arch *without a GPU* (NVRTC through ctypes, so
+ptxas runs): the CI compile check of every kernel for sm_90a and sm_120a uses it.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+import re
+import sys
+from pathlib import Path
+
+from ..paths import kernel_cache_dir
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+class KernelCompileError(RuntimeError):
+    def __init__(self, family: str, options: tuple, log: str):
+        self.family, self.options, self.log = family, options, log
+        super().__init__(f"NVRTC failed to compile kernels/{family}.cu with {' '.join(options)}:\n{log}")
+
+
+def kernel_dir() -> Path:
+    try:
+        from importlib.resources import files
+
+        p = Path(str(files("bw24chat.kernels")))
+        if (p / "__init__.py").exists():
+            return p
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "kernels"
+
+
+def families() -> list[str]:
+    return sorted(p.stem for p in kernel_dir().glob("*.cu"))
+
+
+def load_source(family: str) -> str:
+    root = kernel_dir()
+    seen: set[str] = set()
+
+    def inline(text: str) -> str:
+        def sub(m):
+            name = m.group(1)
+            if name in seen:  # headers use #pragma once semantics
+                return ""
+            seen.add(name)
+            return inline((root / name).read_text(encoding="utf-8"))
+
+        return _INCLUDE.sub(sub, text)
+
+    return inline((root / f"{family}.cu").read_text(encoding="utf-8"))
+
+
+def arch_for(major: int, minor: int, portable: bool = False) -> str:
+    cc = f"{major}{minor}"
+    if portable:
+        return f"sm_{cc}"
+    if cc in ("90", "100", "120"):
+        return f"sm_{cc}a"
+    return f"sm_{cc}"
+
+
+def _cuda_include_dirs() -> list[str]:
+    dirs = []
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(env):
+            dirs.append(os.path.join(os.environ[env], "include"))
+    dirs += ["/usr/local/cuda/include"]
+    for sp in sys.path:
+        dirs += glob.glob(os.path.join(sp, "nvidia", "cu1*", "include"))
+        dirs += glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "include"))
+    return [d for d in dirs if os.path.exists(os.path.join(d, "cuda_fp16.h"))]
+
+
+def _options(arch: str, defines: dict | None) -> tuple[str, ...]:
+    # no --use_fast_math: exactness contracts rely on IEEE division, sqrt and expf/logf
+    opts = [f"-arch={arch}", "-std=c++17", "-DBW24_KERNEL=1"]
+    for k, v in sorted((defines or {}).items()):
+        opts.append(f"-D{k}={v}")
+    inc = _cuda_include_dirs()
+    if inc:
+        opts.append(f"-I{inc[0]}")
+    return tuple(opts)
+
+
+# ----------------------------------------------------------------------------- CuPy path
+def _device_arch() -> str:
+    import cupy
+
+    dev = cupy.cuda.Device()
+    major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
+    return arch_for(int(major), int(minor), portable=os.environ.get("BW24CHAT_PORTABLE") == "1")
+
+
+@functools.lru_cache(maxsize=None)
+def get_module(family: str, defines: tuple = ()):
+    """The compiled module for ``family`` with ``defines`` (a sorted tuple of (name, value))."""
+    import cupy
+
+    os.environ.setdefault("CUPY_CACHE_DIR", str(kernel_cache_dir()))
+    options = _options(_device_arch(), dict(defines))
+    src = load_source(family)
+    try:
+        mod = cupy.RawModule(code=src, options=options, backend="nvrtc")
+        mod.compile()
+    except cupy.cuda.compiler.CompileException as exc:
+        raise KernelCompileError(family, options, exc.get_message() if hasattr(exc, "get_message") else str(exc)) from None
+    return mod
+
+
+def get_kernel(family: str, name: str, **defines):
+    """A launchable cupy.RawKernel: ``k(grid, block, args, shared_mem=...)``."""
+    return get_module(family, tuple(sorted(defines.items()))).get_function(name)
+
+
+def active_arch() -> str:
+    return _device_arch()
+
+
+# ----------------------------------------------------------------------------- GPU-less path
+def _find_nvrtc() -> str:
+    cands = [os.environ.get("BW24CHAT_NVRTC", "")]
+    for sp in sys.path:
+        cands += sorted(glob.glob(os.path.join(sp, "nvidia", "cu1*", "lib", "libnvrtc.so*")), reverse=True)
+        cands += sorted(glob.glob(os.path.join(sp, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*")), reverse=True)
+    cands += sorted(glob.glob("/usr/local/cuda/lib64/libnvrtc.so*"), reverse=True)
+    for c in cands:
+        if c and os.path.exists(c) and "builtins" not in c and "alt" not in c:
+            return c
+    raise FileNotFoundError("libnvrtc not found: pip install nvidia-cuda-nvrtc (or set BW24CHAT_NVRTC)")
+
+
+@functools.lru_cache(maxsize=1)
+def _nvrtc():
+    lib = ctypes.CDLL(_find_nvrtc())
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+def nvrtc_version() -> tuple[int, int]:
+    lib = _nvrtc()
+    a, b = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(a), ctypes.byref(b))
+    return a.value, b.value
+
+
+def compile_cubin(family: str, arch: str, defines: dict | None = None, extra: tuple = ()) -> tuple[bytes, str]:
+    """Compile kernels/<family>.cu to a cubin for ``arch`` (e.g. "sm_90a", "sm_120a") without a
+    GPU.  Returns (cubin, log); raises KernelCompileError with the log on failure."""
+    lib = _nvrtc()
+    src = load_source(family).encode()
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, f"{family}.cu".encode(), 0, None, None)
+    if rc:
+        raise RuntimeError(f"nvrtcCreateProgram: {lib.nvrtcGetErrorString(rc).decode()}")
+    opts = [o.replace("-arch=", "--gpu-architecture=") for o in _options(arch, defines)] + list(extra)
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    try:
+        rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        n = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, buf)
+        log = buf.value.decode(errors="replace")
+        if rc:
+            raise KernelCompileError(family, tuple(opts), log)
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+        out = ctypes.create_string_buffer(n.value)
+        if lib.nvrtcGetCUBIN(prog, out):
+            raise KernelCompileError(family, tuple(opts), "nvrtcGetCUBIN failed (is the arch a real sm_XY?)\n" + log)
+        return out.raw, log
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))

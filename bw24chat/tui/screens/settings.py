@@ -1,0 +1,130 @@
+"""Settings: sampling, engine options, theme and the default system prompt, saved to
+``config.toml``.  The form is built from ``SETTINGS``; the choices of the select fields come
+from the command-line parser so that the two can never offer different values."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.validation import Integer, Number
+from textual.widgets import Button, Footer, Header, Input, Label, Select, TextArea
+
+from ...config import save_config
+from ...options import add_engine_args
+
+if TYPE_CHECKING:
+    from ..app import ChatApp
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str  # the EngineOptions / SamplingParams attribute
+    section: str  # "sampling" | "engine"
+    label: str
+    kind: type  # int, float or str (str: a choice among the CLI's)
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    optional: bool = False  # blank means None
+
+
+SETTINGS = (
+    Setting("temperature", "sampling", "Temperature", float, "0 = greedy", 0, 5),
+    Setting("top_p", "sampling", "Top-p", float, "1 = off", 0, 1),
+    Setting("top_k", "sampling", "Top-k", int, "0 = off", 0),
+    Setting("min_p", "sampling", "Min-p", float, "0 = off", 0, 1),
+    Setting("max_tokens", "sampling", "Max tokens", int, "per reply", 1),
+    Setting("seed", "sampling", "Seed", int, "blank = random", optional=True),
+    Setting("speculative", "engine", "Speculative", str, "multi-token-prediction drafts"),
+    Setting("spec_k", "engine", "Speculative K", int, "draft tokens per step", 1, 16),
+    Setting("kv_cache", "engine", "KV cache", str, "cache precision"),
+    Setting("vram_budget_gb", "engine", "VRAM budget", float, "GiB, 0 = all free", 0),
+)
+
+
+@cache
+def cli_choices() -> dict[str, list[str]]:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    return {action.dest: list(action.choices) for action in parser._actions if action.choices}
+
+
+class SettingsScreen(Screen):
+    app: ChatApp
+
+    BINDINGS = [Binding("ctrl+s", "save", "Save"), Binding("escape", "app.pop_screen", "Cancel")]
+
+    def _target(self, setting: Setting):
+        options = self.app.config.options
+        return options.sampling if setting.section == "sampling" else options
+
+    def compose(self):
+        yield Header(show_clock=False)
+        with VerticalScroll(id="settings-form"):
+            for section, title in (("sampling", "Sampling"), ("engine", "Engine (applies at the next model load)")):
+                yield Label(title, classes="section-title")
+                with Grid(classes="settings-grid"):
+                    for setting in SETTINGS:
+                        if setting.section == section:
+                            yield Label(setting.label)
+                            yield self._field(setting)
+                            yield Label(setting.help, classes="hint")
+            yield Label("Interface", classes="section-title")
+            with Grid(classes="settings-grid"):
+                yield Label("Theme")
+                themes = sorted(self.app.available_themes)
+                yield Select([(t, t) for t in themes], value=self.app.theme, allow_blank=False, id="set-theme")
+                yield Label("also: command palette", classes="hint")
+            yield Label("Default system prompt (new conversations)", classes="section-title")
+            yield TextArea(self.app.config.system_prompt, id="set-system-prompt", soft_wrap=True)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Save", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+        yield Footer()
+
+    def _field(self, setting: Setting):
+        value = getattr(self._target(setting), setting.key)
+        field_id = f"set-{setting.key}"
+        if setting.kind is str:
+            return Select([(c, c) for c in cli_choices()[setting.key]], value=value, allow_blank=False, id=field_id)
+        validator = (Integer if setting.kind is int else Number)(minimum=setting.minimum, maximum=setting.maximum)
+        text = "" if value is None else str(value)
+        return Input(text, id=field_id, validators=[validator], valid_empty=setting.optional, compact=True)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.app.pop_screen()
+
+    def action_save(self) -> None:
+        values, invalid = {}, []
+        for setting in SETTINGS:
+            widget = self.query_one(f"#set-{setting.key}")
+            if isinstance(widget, Select):
+                values[setting] = widget.value
+                continue
+            text = widget.value.strip()
+            if not text and setting.optional:
+                values[setting] = None
+            elif widget.validate(text).is_valid:
+                values[setting] = setting.kind(float(text)) if setting.kind is int else setting.kind(text)
+            else:
+                invalid.append(setting.label)
+        if invalid:
+            self.notify("Check: " + ", ".join(invalid), title="Not saved", severity="error")
+            return
+        config = self.app.config
+        for setting, value in values.items():
+            setattr(self._target(setting), setting.key, value)
+        config.theme = self.query_one("#set-theme", Select).value
+        config.system_prompt = self.query_one("#set-system-prompt", TextArea).text.strip()
+        self.app.theme = config.theme
+        path = save_config(config)
+        self.notify(f"Saved to {path}", title="Settings")
+        self.app.pop_screen()

@@ -1,0 +1,98 @@
+"""Live engine figures: one row per stat the engine reports (a row appears only once its
+key has been seen, since no engine has to report every key) and a sparkline of decode
+tokens/s over the conversation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from textual.containers import Vertical
+from textual.widgets import Label, Sparkline, Static
+
+from ..formatting import human_bytes, human_duration, percent
+
+LABEL_WIDTH = 11
+
+
+def _both(a: str, b: str, fmt: Callable[[float], str], unit: str = "") -> Callable[[dict], str | None]:
+    """A "used / total" row that needs ``a`` and shows ``b`` when present."""
+
+    def render(stats: dict) -> str | None:
+        if a not in stats:
+            return None
+        return fmt(stats[a]) + (f" / {fmt(stats[b])}" if b in stats else "") + unit
+
+    return render
+
+
+def _one(key: str, fmt: Callable) -> Callable[[dict], str | None]:
+    return lambda stats: fmt(stats[key]) if key in stats else None
+
+
+def _tiers(rates: dict) -> str:
+    pad = "\n" + " " * LABEL_WIDTH
+    return pad.join(f"{tier} {percent(rate)}" for tier, rate in rates.items())
+
+
+@dataclass(frozen=True)
+class StatRow:
+    name: str  # also the widget id suffix
+    label: str
+    render: Callable[[dict], str | None]
+
+
+STAT_ROWS = (
+    StatRow("decode", "Decode", _one("decode_tps", lambda v: f"{v:.1f} tok/s")),
+    StatRow("prefill", "Prefill", _one("prefill_tps", lambda v: f"{v:.1f} tok/s")),
+    StatRow("ttft", "First tok", _one("ttft_s", human_duration)),
+    StatRow("context", "Context", _both("ctx_used", "ctx_max", lambda v: f"{int(v):,}")),
+    StatRow("vram", "VRAM", _both("vram_used", "vram_total", lambda v: human_bytes(v).removesuffix(" GiB"), " GiB")),
+    StatRow("gpu", "GPU", _one("gpu_name", str)),
+    StatRow("backend", "Backend", _one("backend", str)),
+    StatRow("spec-accept", "Spec acc.", _one("spec_acceptance", percent)),
+    StatRow("spec-len", "Spec len", _one("spec_mean_len", lambda v: f"{v:.2f} tok")),
+    StatRow("experts", "Expert hit", _one("expert_hit_rates", _tiers)),
+)
+
+
+class StatsPanel(Vertical):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.stats: dict = {}
+        self.tps_history: list[float] = []
+
+    def compose(self):
+        yield Label("Stats", classes="panel-title")
+        for row in STAT_ROWS:
+            yield Static("", id=f"stat-{row.name}", classes="stat")
+        yield Label("Decode tok/s", id="tps-label", classes="panel-title")
+        yield Sparkline([], id="tps-sparkline")
+
+    def on_mount(self) -> None:
+        self._render_rows()
+
+    def update_stats(self, stats: dict) -> None:
+        """Merge newly reported figures (keys not in ``stats`` keep their last value)."""
+        self.stats.update(stats)
+        if "decode_tps" in stats:
+            self.tps_history.append(float(stats["decode_tps"]))
+            self.query_one("#tps-sparkline", Sparkline).data = list(self.tps_history)
+        self._render_rows()
+
+    def reset(self, tps_history: list[float] = ()) -> None:
+        """A new conversation: forget the figures, start the sparkline from ``tps_history``."""
+        self.stats = {}
+        self.tps_history = list(tps_history)
+        self.query_one("#tps-sparkline", Sparkline).data = list(self.tps_history)
+        self._render_rows()
+
+    def _render_rows(self) -> None:
+        for row in STAT_ROWS:
+            text = row.render(self.stats)
+            widget = self.query_one(f"#stat-{row.name}", Static)
+            widget.display = text is not None
+            if text is not None:
+                widget.update(f"[b]{row.label:<{LABEL_WIDTH}}[/b]{text}")
+        has_history = bool(self.tps_history)
+        self.query_one("#tps-label").display = has_history
+        self.query_one("#tps-sparkline").display = has_history

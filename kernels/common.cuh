@@ -1,0 +1,38 @@
+// common.cuh — shared helpers for every kernel family (inlined by kernel_build.load_source).
+//
+// Exactness notes (see ../shared notes and bw24chat/quants.py): where a kernel must reproduce a
+// NumPy reference bit for bit, write products and sums with __fmul_rn / __fadd_rn so that the
+// compiler cannot contract them into an FMA (NVRTC contracts by default, NumPy never does).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#if defined(__CUDACC_RTC__)
+// NVRTC has no libc headers: the fixed-width integer types, as <stdint.h> defines them on LP64.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <stdint.h>
+#endif
+
+#define BW24_DEVICE __device__ __forceinline__
+
+BW24_DEVICE float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+BW24_DEVICE float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+BW24_DEVICE float f16_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+BW24_DEVICE float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }

@@ -1,0 +1,74 @@
+"""The server run from a thread of this process (``start_in_thread``, as the TUI would), and what
+reaches the engine: sampling parameters, defaults, the reported model name."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from bw24chat.api import SamplingParams
+from bw24chat.fake_engine import FakeEngine
+from bw24chat.server import start_in_thread
+from bw24chat.server.protocol import APIError, Limits, parse_chat
+
+
+@pytest.fixture
+def served():
+    """(fake engine, base URL) for a server in a thread, with engine defaults set."""
+    engine = FakeEngine(replies=["one two three four five six"], token_delay=0)
+    defaults = SamplingParams(temperature=0.25, top_p=0.8, max_tokens=5, stop=["six"])
+    server, thread = start_in_thread(engine, port=0, api_key="k", defaults=defaults, model_name="my-model",
+                                     max_tokens_cap=100)
+    try:
+        yield engine, server.url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.close()
+    assert not thread.is_alive()
+
+
+def test_start_in_thread_serves(served):
+    engine, url = served
+    assert httpx.get(url + "/health").json()["model"] == "my-model"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    r = client.chat.completions.create(model="whatever", messages=[{"role": "user", "content": "hi"}])
+    assert r.model == "my-model"
+    assert [m.id for m in client.models.list()] == ["my-model"]
+
+
+def test_sampling_parameters_reach_the_engine(served):
+    engine, url = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], temperature=1.3, top_p=0.5, seed=99,
+        max_tokens=9, stop=["x", "y"], extra_body={"top_k": 40, "min_p": 0.1, "repetition_penalty": 1.2},
+    )
+    sp = engine.requests[-1].sampling
+    assert (sp.temperature, sp.top_p, sp.seed, sp.max_tokens, sp.stop) == (1.3, 0.5, 99, 9, ["x", "y"])
+    assert (sp.top_k, sp.min_p, sp.repeat_penalty) == (40, 0.1, 1.2)
+    assert engine.requests[-1].messages == [{"role": "user", "content": "hi"}]
+
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    sp = engine.requests[-1].sampling
+    assert (sp.temperature, sp.top_p, sp.max_tokens, sp.stop, sp.seed) == (0.25, 0.8, 5, ["six"], None)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+
+    client.completions.create(model="m", prompt="p", max_tokens=3, logprobs=2)
+    req = engine.requests[-1]
+    assert req.prompt == "p" and req.messages is None and req.sampling.max_tokens == 3 and req.logprobs == 2
+    assert not req.echo  # echo is done by the server, not the engine
+
+
+def test_protocol_parsing():
+    limits = Limits(max_tokens_cap=50, defaults=SamplingParams(max_tokens=512))
+    p = parse_chat({"messages": [{"role": "developer", "content": "sys"}, {"role": "user", "content": None}],
+                    "max_tokens": 10, "max_completion_tokens": 20, "logprobs": True}, limits)
+    assert p.generation.messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": ""}]
+    assert p.generation.sampling.max_tokens == 20  # max_completion_tokens wins
+    assert p.generation.sampling.seed is None
+    assert p.logprobs == 0 and p.generation.logprobs == 1  # the chosen token's logprob, no alternatives
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}]}, limits).generation.sampling.max_tokens == 50
+    with pytest.raises(APIError) as e:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "stream_options": []}, limits)
+    assert e.value.status == 400 and e.value.param == "stream_options"

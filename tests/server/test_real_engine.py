@@ -1,0 +1,58 @@
+"""The server on the real NumPy engine (SmolLM2-135M-Instruct Q4_1): concurrent clients each
+get exactly what they get alone."""
+from __future__ import annotations
+
+import pytest
+from serverproc import run_concurrently, stream_chat
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Name a primary colour.",
+    "Count from one to five.",
+    "Say hello in Spanish.",
+    "What is 2 + 2?",
+    "Write a haiku about rain.",
+    "What is the opposite of hot?",
+    "Name a planet in the solar system.",
+    "What do bees make?",
+    "Give me a synonym for happy.",
+    "What language is spoken in Brazil?",
+    "Name a fruit that is yellow.",
+    "How many legs does a spider have?",
+    "What is the boiling point of water?",
+    "Tell me a fun fact about cats.",
+    "What colour is the sky on a clear day?",
+]
+
+
+@pytest.fixture(scope="module")
+def real_server(request, start_server):
+    try:
+        model_path = request.getfixturevalue("smollm2_path")
+    except pytest.FixtureLookupError:
+        pytest.skip("the smollm2_path fixture (tests/conftest.py) is not available")
+    pytest.importorskip("bw24chat.engine")
+    return start_server("-m", str(model_path), "--device", "cpu", "--max-queue", "32", ready_timeout=600)
+
+
+@pytest.mark.slow
+def test_concurrent_greedy_streams_match_solo_runs(real_server):
+    client = real_server.client(timeout=600)
+    greedy = dict(temperature=0, max_tokens=8)
+    alone = [stream_chat(client, p, **greedy) for p in PROMPTS]
+    assert all(alone), alone
+
+    together = run_concurrently(lambda p: stream_chat(client, p, **greedy), PROMPTS, timeout=900)
+    assert together == alone
+
+
+@pytest.mark.slow
+def test_real_engine_usage_and_seed(real_server):
+    client = real_server.client(timeout=600)
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8)
+    a = client.chat.completions.create(temperature=0.9, seed=1234, **kw)
+    b = client.chat.completions.create(temperature=0.9, seed=1234, **kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert 1 <= a.usage.completion_tokens <= 8
+    assert a.usage.prompt_tokens >= 5  # at least the words of the message
+    assert a.choices[0].finish_reason in ("stop", "length")

@@ -1,0 +1,33 @@
+"""Every kernel family compiles to a cubin (ptxas runs) for sm_90a and sm_120a, without a GPU,
+through NVRTC (pip nvidia-cuda-nvrtc + CUDA headers from nvidia-cuda-runtime)."""
+import pytest
+
+from bw24chat.backends import kernel_build as kb
+
+try:
+    kb._find_nvrtc()
+    HAVE_NVRTC = True
+except FileNotFoundError:
+    HAVE_NVRTC = False
+
+pytestmark = pytest.mark.skipif(not HAVE_NVRTC, reason="libnvrtc not installed (pip install nvidia-cuda-nvrtc)")
+
+
+def test_there_are_kernels():
+    assert len(kb.families()) >= 1
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("family", kb.families())
+def test_kernel_compiles(family, arch):
+    cubin, log = kb.compile_cubin(family, arch)
+    assert cubin[:4] == b"\x7fELF", "NVRTC returned something that is not a cubin"
+    assert "error" not in log.lower()
+
+
+def test_compile_error_carries_the_log(tmp_path, monkeypatch):
+    (tmp_path / "broken.cu").write_text('extern "C" __global__ void k() { this is not C++; }\n')
+    monkeypatch.setattr(kb, "kernel_dir", lambda: tmp_path)
+    with pytest.raises(kb.KernelCompileError) as ei:
+        kb.compile_cubin("broken", "sm_90a")
+    assert "broken.cu" in ei.value.log and "error" in ei.value.log
