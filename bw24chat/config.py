@@ -16,6 +16,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .api import SamplingParams
 from .options import EngineOptions
@@ -187,6 +188,15 @@ def save_config(config: Config, path: Path | None = None) -> Path:
     return path
 
 
+def update_saved_config(change: Callable[[Config], None], path: Path | None = None) -> Config:
+    """Apply ``change`` to the config *file* (not to a config with command-line overrides in
+    it, which must not be saved by a side effect such as picking a theme)."""
+    config = load_config(path)
+    change(config)
+    save_config(config, path)
+    return config
+
+
 __all__ = [
     "Config",
     "ENGINE_KEYS",
@@ -196,5 +206,6 @@ __all__ = [
     "dumps_toml",
     "load_config",
     "save_config",
+    "update_saved_config",
     "with_cli_overrides",
 ]

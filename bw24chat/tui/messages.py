@@ -26,15 +26,19 @@ class EngineLoading(Message):
 
 
 class EngineReady(Message):
-    def __init__(self, engine: EngineAPI, spec: str) -> None:
+    """``load_id`` tells the latest load from one the user has since replaced."""
+
+    def __init__(self, load_id: int, engine: EngineAPI, spec: str) -> None:
         super().__init__()
+        self.load_id = load_id
         self.engine = engine
         self.spec = spec
 
 
 class EngineFailed(Message):
-    def __init__(self, spec: str | None, error: str) -> None:
+    def __init__(self, load_id: int, spec: str | None, error: str) -> None:
         super().__init__()
+        self.load_id = load_id
         self.spec = spec
         self.error = error
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from serverproc import ServerProcess
+from .serverproc import ServerProcess
 
 
 @pytest.fixture(scope="module")

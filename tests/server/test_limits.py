@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from serverproc import run_concurrently, stream_chat, wait_until
+from .serverproc import run_concurrently, stream_chat, wait_until
 
 CHAT = "/v1/chat/completions"
 

@@ -3,7 +3,7 @@ get exactly what they get alone."""
 from __future__ import annotations
 
 import pytest
-from serverproc import run_concurrently, stream_chat
+from .serverproc import run_concurrently, stream_chat
 
 PROMPTS = [
     "What is the capital of France?",

@@ -8,7 +8,6 @@ at most every ``PERSIST_INTERVAL_S``, marked incomplete until its final event.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,10 +44,9 @@ PERSIST_INTERVAL_S = 0.5
 
 @dataclass
 class ActiveReply:
-    handle: RequestHandle
+    handle: RequestHandle | None  # None when the engine refused the request
     message: ChatMessage
     view: MessageView
-    last_persist: float = 0.0
 
 
 class ChatScreen(Screen):
@@ -72,6 +70,7 @@ class ChatScreen(Screen):
         self.active: ActiveReply | None = None
         self.editing: ChatMessage | None = None
         self._stopped: dict[int, ChatMessage] = {}  # replies stopped by Esc, awaiting their DoneEvent
+        self._persist_timer = None
 
     def compose(self):
         yield Header(show_clock=False)
@@ -155,9 +154,8 @@ class ChatScreen(Screen):
         self.stats_panel.reset([m.stats["decode_tps"] for m in messages if "decode_tps" in m.stats])
         if self.app.engine is not None:
             self.stats_panel.update_stats(self.app.engine.stats())
-        self.prompt.history = [m.content for m in messages if m.role == "user"]
+        self.prompt.prompt_history = [m.content for m in messages if m.role == "user"]
         self._show_system_prompt()
-        self.messages_box.scroll_end(animate=False)
         self.prompt.focus()
 
     def action_new_chat(self) -> None:
@@ -222,13 +220,12 @@ class ChatScreen(Screen):
         conversation.messages.append(reply)
         view = MessageView(reply, live=True)
         await self.messages_box.mount(view)
-        self.messages_box.scroll_end(animate=False)
         try:
             handle = self.app.engine.submit(request)
         except Exception as exc:  # noqa: BLE001 - EngineBusy / EngineClosed: shown on the reply
             await self._finish(ActiveReply(None, reply, view), ErrorEvent(f"{type(exc).__name__}: {exc}"))
             return
-        self.active = ActiveReply(handle, reply, view, time.monotonic())
+        self.active = ActiveReply(handle, reply, view)
         self._consume(handle)
 
     @work(thread=True, group="reply")
@@ -249,13 +246,17 @@ class ChatScreen(Screen):
     def on_reply_chunk(self, message: ReplyChunk) -> None:
         if not self._is_active(message.handle_id):
             return  # stopped or replaced: what was shown stays as it was
-        active = self.active
-        active.message.content += message.text
-        active.view.append(message.text)
-        now = time.monotonic()
-        if now - active.last_persist >= PERSIST_INTERVAL_S:
-            active.last_persist = now
-            self.app.store.update_message(active.message)
+        self.active.message.content += message.text
+        self.active.view.append(message.text)
+        if self._persist_timer is None:
+            self._persist_timer = self.set_timer(PERSIST_INTERVAL_S, self._persist_partial_reply)
+
+    def _persist_partial_reply(self) -> None:
+        """Store the reply so far (at most every PERSIST_INTERVAL_S, and never later than that
+        after a chunk, so a kill loses at most that much)."""
+        self._persist_timer = None
+        if self.active is not None:
+            self.app.store.update_message(self.active.message)
 
     def on_reply_stats(self, message: ReplyStats) -> None:
         if self._is_active(message.handle_id):
@@ -297,16 +298,22 @@ class ChatScreen(Screen):
 
     def action_stop(self) -> None:
         """Esc: stop the reply now (the text so far stays), or leave edit mode."""
-        if self.active is None:
+        stopped = self.stop_reply()
+        if stopped is None:
             self._end_edit()
-            return
+        else:
+            self.run_worker(stopped.view.finish(), group="finish")
+
+    def stop_reply(self) -> ActiveReply | None:
+        """Cancel the reply being written and store it as stopped; the stopped reply, if any."""
         active, self.active = self.active, None
-        active.handle.cancel()
-        active.message.finish_reason = "cancelled"
-        active.message.complete = True
-        self.app.store.update_message(active.message)
-        self._stopped[active.handle.id] = active.message
-        self.run_worker(active.view.finish(), group="finish")
+        if active is not None:
+            active.handle.cancel()
+            active.message.finish_reason = "cancelled"
+            active.message.complete = True
+            self.app.store.update_message(active.message)
+            self._stopped[active.handle.id] = active.message
+        return active
 
     # ------------------------------------------------------------------ regenerate / edit
     async def _truncate_from(self, message: ChatMessage) -> None:

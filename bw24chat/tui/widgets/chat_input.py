@@ -27,13 +27,13 @@ class ChatInput(TextArea):
             highlight_cursor_line=False,
             placeholder="Message · Enter sends · Shift+Enter new line · /help",
         )
-        self.history: list[str] = []
+        self.prompt_history: list[str] = []
         self._history_pos: int | None = None  # index into history while browsing it
         self._draft = ""  # what was typed before browsing started
 
     def remember(self, prompt: str) -> None:
-        if prompt and (not self.history or self.history[-1] != prompt):
-            self.history.append(prompt)
+        if prompt and (not self.prompt_history or self.prompt_history[-1] != prompt):
+            self.prompt_history.append(prompt)
         self._history_pos = None
 
     async def _on_key(self, event: events.Key) -> None:
@@ -51,15 +51,15 @@ class ChatInput(TextArea):
         await super()._on_key(event)
 
     def action_cursor_up(self, select: bool = False) -> None:
-        if select or self.cursor_location[0] > 0 or not self.history:
+        if select or self.cursor_location[0] > 0 or not self.prompt_history:
             super().action_cursor_up(select)
             return
         if self._history_pos is None:
             self._draft = self.text
-            self._history_pos = len(self.history)
+            self._history_pos = len(self.prompt_history)
         if self._history_pos > 0:
             self._history_pos -= 1
-            self._show(self.history[self._history_pos])
+            self._show(self.prompt_history[self._history_pos])
 
     def action_cursor_down(self, select: bool = False) -> None:
         last_row = self.document.line_count - 1
@@ -67,11 +67,11 @@ class ChatInput(TextArea):
             super().action_cursor_down(select)
             return
         self._history_pos += 1
-        if self._history_pos >= len(self.history):
+        if self._history_pos >= len(self.prompt_history):
             self._history_pos = None
             self._show(self._draft)
         else:
-            self._show(self.history[self._history_pos])
+            self._show(self.prompt_history[self._history_pos])
 
     def _show(self, text: str) -> None:
         self.load_text(text)

@@ -1,0 +1,250 @@
+"""NumPy references for the CUDA op contracts that numpy_backend.py / rope.py / sampling.py do not
+already state: KV-cache storage (bf16, q8_0, fp8 E4M3 rounding and layout), the decode split
+rule, attention over the stored (rounded) cache, and Philox4x64-10 raw outputs.
+
+RMSNorm, RoPE, SwiGLU and the sampling contract are NOT restated here: the tests compare the
+kernels with ``NumpyBackend.rmsnorm``, ``rope.apply_rope`` and ``sampling.sample_token``.
+
+KV cache layouts (one per layer, for K and for V alike; N = n_ctx, K = kv heads, hd = head dim):
+  bf16  uint16 (N, K, hd): bf16 bits, round-to-nearest-even from float32.
+  q8_0  uint8 flat, N*K*hd*17/16 bytes, planar: int8 codes (N, K, hd) first, then the f16
+        scales (N, K, hd/32).  Per 32 consecutive values of one head vector, ggml's
+        quantize_row_q8_0_ref: d = amax/127, id = d ? 1/d : 0, q = roundf(x*id) (half away
+        from zero), d stored as f16.  Planar (not ggml's interleaved 34-byte blocks) so that
+        code rows stay 16-byte aligned for vector loads whatever hd is.
+  fp8   uint8 flat, N*K*(hd+4) bytes, planar: E4M3 codes (N, K, hd), then f32 scales (N, K).
+        One scale per head vector: d = amax/448, code = e4m3_rn_satfinite(x / d).  Chosen over a
+        fixed scale because keys carry per-token outlier magnitudes that a fixed scale would clip
+        or crush without calibration data; one f32 per vector costs 4/hd bytes (3% at hd=128).
+Dequantized values are code * d in float32 (q8_0: d is the f16 scale widened to float32).
+
+Shape legend: T query tokens, H query heads, K kv heads, G = H/K, hd head dim, S keys, V vocab.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+KV_TYPES = ("bf16", "q8_0", "fp8")
+E4M3_MAX = 448.0
+
+# --------------------------------------------------------------------------- bf16 / fp8 rounding
+
+
+def bf16_round_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even (as __float2bfloat16_rn; NaN kept NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    return np.where(nan, np.uint32(0x7FC0), rounded).astype(np.uint16)
+
+
+def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    return bf16_bits_to_f32(bf16_round_bits(x))
+
+
+def e4m3_round(x: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest E4M3 value (ties to even), saturated to +-448 (cvt.rn.satfinite)."""
+    x = np.asarray(x, dtype=np.float32).astype(np.float64)
+    a = np.minimum(np.abs(x), E4M3_MAX)
+    _, e = np.frexp(np.where(a > 0, a, 1.0))  # a = m * 2^e, m in [0.5, 1)
+    exp = np.maximum(e - 1, -6)  # unbiased exponent, subnormals share 2^-6
+    step = np.ldexp(1.0, exp - 3)  # 3 mantissa bits
+    q = np.round(a / step) * step  # np.round: half to even; a/step exact (power of two)
+    return (np.sign(x) * np.minimum(q, E4M3_MAX)).astype(np.float32)
+
+
+_E4M3_TABLE = None
+
+
+def e4m3_decode(codes: np.ndarray) -> np.ndarray:
+    global _E4M3_TABLE
+    if _E4M3_TABLE is None:
+        c = np.arange(256)
+        s = np.where(c & 0x80, -1.0, 1.0)
+        e = (c >> 3) & 0xF
+        m = c & 7
+        v = np.where(e == 0, m / 8.0 * 2.0**-6, (1 + m / 8.0) * 2.0 ** (e - 7.0))
+        v = np.where((e == 15) & (m == 7), np.nan, v)
+        _E4M3_TABLE = (s * v).astype(np.float32)
+    return _E4M3_TABLE[np.asarray(codes, dtype=np.uint8)]
+
+
+def e4m3_encode(vals: np.ndarray) -> np.ndarray:
+    """E4M3 values (already rounded by e4m3_round) -> codes."""
+    v = np.asarray(vals, dtype=np.float32)
+    table = e4m3_decode(np.arange(256, dtype=np.uint8))
+    pos = np.where(np.isnan(table[:128]), np.inf, table[:128])
+    idx = np.searchsorted(pos[:127], np.abs(v)).astype(np.uint8)  # table[0..126] ascending
+    return np.where(np.signbit(v), idx | np.uint8(0x80), idx).astype(np.uint8)  # -0 -> 0x80 as cvt does
+
+
+def roundf(x: np.ndarray) -> np.ndarray:
+    """C roundf (half away from zero), exact in float32."""
+    a = np.abs(x)
+    f = np.floor(a)
+    return np.copysign(f + (a - f >= np.float32(0.5)), x).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+def kv_cache_nbytes(kv_type: str, n_ctx: int, n_kv: int, head_dim: int) -> int:
+    n = n_ctx * n_kv * head_dim
+    if kv_type == "bf16":
+        return 2 * n
+    if kv_type == "q8_0":
+        assert head_dim % 32 == 0
+        return n + n // 16
+    if kv_type == "fp8":
+        return n + 4 * n_ctx * n_kv
+    raise ValueError(f"unknown kv cache type {kv_type!r}")
+
+
+def kv_quantize(x: np.ndarray, kv_type: str):
+    """x: (..., hd) float32 head vectors -> (codes, scales) as stored.
+    bf16: (uint16 bits, None); q8_0: (int8 (..., hd), f16 (..., hd/32)); fp8: (uint8, f32 (...,))."""
+    x = np.asarray(x, dtype=np.float32)
+    if kv_type == "bf16":
+        return bf16_round_bits(x), None
+    hd = x.shape[-1]
+    if kv_type == "q8_0":
+        blocks = x.reshape(*x.shape[:-1], hd // 32, 32)
+        d = np.max(np.abs(blocks), axis=-1, keepdims=True) / np.float32(127.0)
+        with np.errstate(divide="ignore"):
+            idv = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+        q = roundf(blocks * idv).astype(np.int8).reshape(x.shape)
+        return q, d[..., 0].astype(np.float16)
+    if kv_type == "fp8":
+        d = (np.max(np.abs(x), axis=-1) / np.float32(E4M3_MAX)).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = np.where(d[..., None] > 0, x / d[..., None], np.float32(0.0))
+        return e4m3_encode(e4m3_round(y)), d
+    raise ValueError(kv_type)
+
+
+def kv_dequantize(codes: np.ndarray, scales, kv_type: str) -> np.ndarray:
+    """Inverse of kv_quantize: the float32 values every kernel computes with."""
+    if kv_type == "bf16":
+        return bf16_bits_to_f32(codes)
+    if kv_type == "q8_0":
+        hd = codes.shape[-1]
+        b = codes.astype(np.float32).reshape(*codes.shape[:-1], hd // 32, 32)
+        return (b * scales.astype(np.float32)[..., None]).reshape(codes.shape)
+    if kv_type == "fp8":
+        return e4m3_decode(codes) * scales.astype(np.float32)[..., None]
+    raise ValueError(kv_type)
+
+
+def kv_cache_pack(codes: np.ndarray, scales, kv_type: str) -> np.ndarray:
+    """(codes (N, K, hd), scales) -> the flat/host image of the device cache buffer."""
+    if kv_type == "bf16":
+        return np.ascontiguousarray(codes, dtype=np.uint16)
+    return np.concatenate([np.ascontiguousarray(codes).view(np.uint8).reshape(-1),
+                           np.ascontiguousarray(scales).view(np.uint8).reshape(-1)])
+
+
+def kv_cache_unpack(buf: np.ndarray, kv_type: str, n_ctx: int, n_kv: int, hd: int):
+    """The device cache buffer (as host bytes) -> (codes (N, K, hd), scales)."""
+    if kv_type == "bf16":
+        return np.asarray(buf, dtype=np.uint16).reshape(n_ctx, n_kv, hd), None
+    b = np.asarray(buf).view(np.uint8).reshape(-1)
+    n = n_ctx * n_kv * hd
+    if kv_type == "q8_0":
+        return b[:n].view(np.int8).reshape(n_ctx, n_kv, hd), b[n:n + n // 16].view(np.float16).reshape(n_ctx, n_kv, hd // 32)
+    return b[:n].reshape(n_ctx, n_kv, hd), b[n:n + 4 * n_ctx * n_kv].view(np.float32).reshape(n_ctx, n_kv)
+
+
+def kv_cache_values(buf: np.ndarray, kv_type: str, n_ctx: int, n_kv: int, hd: int) -> np.ndarray:
+    """The float32 (N, K, hd) values a device cache buffer stores."""
+    return kv_dequantize(*kv_cache_unpack(buf, kv_type, n_ctx, n_kv, hd), kv_type)
+
+
+# --------------------------------------------------------------------------- attention
+
+DECODE_TILE = 32  # keys per decode tile (attention.cu TK)
+
+
+def decode_splits(length: int, max_splits: int, tile: int = DECODE_TILE) -> tuple[int, int]:
+    """(number of splits, keys per split) for a decode row attending ``length`` keys.
+
+    Depends only on the row's own length and the static max_splits, never on how many rows
+    are in the launch: that is what keeps decode and speculative verify bit-identical."""
+    tiles = -(-length // tile)
+    per = -(-tiles // max_splits)
+    return -(-tiles // per), per * tile
+
+
+def attention_ref(q: np.ndarray, keys: np.ndarray, vals: np.ndarray, positions: np.ndarray, scale: float,
+                  dtype=np.float64) -> np.ndarray:
+    """Causal GQA attention in ``dtype``: q (T, H, hd) at ``positions`` (T,), keys/vals (S, K, hd)
+    as stored; row t attends keys 0..positions[t].  Returns (T, H, hd)."""
+    T, H, hd = q.shape
+    K = keys.shape[1]
+    G = H // K
+    qd, kd, vd = (np.asarray(a, dtype=dtype) for a in (q, keys, vals))
+    out = np.empty((T, H, hd), dtype)
+    for t in range(T):
+        n = int(positions[t]) + 1
+        for h in range(H):
+            s = kd[:n, h // G] @ qd[t, h] * dtype(scale)
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ vd[:n, h // G]
+    return out
+
+
+def attention_flash_ref(q, keys, vals, positions, scale, block: int = 64) -> np.ndarray:
+    """The same contract computed the way the kernels do (float32, online softmax over key
+    blocks at absolute multiples of ``block``, log-sum-exp merge), to show the blockwise
+    algebra equals plain softmax attention."""
+    T, H, hd = q.shape
+    K = keys.shape[1]
+    G = H // K
+    out = np.empty((T, H, hd), np.float32)
+    for t in range(T):
+        n = int(positions[t]) + 1
+        for h in range(H):
+            m, l, acc = -np.inf, np.float32(0), np.zeros(hd, np.float32)
+            for b0 in range(0, n, block):
+                kb = keys[b0:min(n, b0 + block), h // G].astype(np.float32)
+                s = (kb @ q[t, h].astype(np.float32)) * np.float32(scale)
+                mn = max(m, float(s.max()))
+                alpha = np.float32(math.exp(m - mn)) if m != -np.inf else np.float32(0)
+                p = np.exp(s - np.float32(mn)).astype(np.float32)
+                l = l * alpha + p.sum(dtype=np.float32)
+                acc = acc * alpha + p @ vals[b0:min(n, b0 + block), h // G].astype(np.float32)
+                m = mn
+            out[t, h] = acc / l
+    return out
+
+
+# --------------------------------------------------------------------------- Philox4x64-10
+
+_M64 = (1 << 64) - 1
+_PHILOX_M = (0xD2E7470EE14C6C93, 0xCA5A826395121157)
+_PHILOX_W = (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)
+
+
+def philox4x64_block(counter: tuple[int, int, int, int], key: tuple[int, int], rounds: int = 10) -> tuple[int, ...]:
+    """One Philox4x64 block (Salmon et al. SC'11, Random123 philox4x64round)."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + _PHILOX_W[0]) & _M64, (k1 + _PHILOX_W[1]) & _M64
+        p0, p1 = _PHILOX_M[0] * c0, _PHILOX_M[1] * c2
+        c0, c1, c2, c3 = ((p1 >> 64) ^ c1 ^ k0) & _M64, p1 & _M64, ((p0 >> 64) ^ c3 ^ k1) & _M64, p0 & _M64
+    return c0, c1, c2, c3
+
+
+def philox_first_raw(seed: int, position: int) -> int:
+    """``np.random.Philox(key=[seed lo, seed hi], counter=[position, 0, 0, 0]).random_raw()``:
+    NumPy increments the 256-bit counter before the first block and returns its word 0."""
+    ctr = ((position & _M64) + 1) | 0  # 256-bit increment with carry
+    c = [ctr & _M64, ctr >> 64, 0, 0]
+    return philox4x64_block(tuple(c), (seed & _M64, (seed >> 64) & _M64))[0]

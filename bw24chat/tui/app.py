@@ -1,0 +1,179 @@
+"""The App: owns the engine, the config and the conversation store; screens do the rest.
+
+``run_app(options)`` is the entry point.  With ``options.model`` it opens straight into the
+chat and loads that model; without, it opens the model manager (which offers the default
+model when none is found).  Models load on a worker thread through ``engine_factory``
+(default: ``bw24chat.engine.open_engine``), reporting ``LoadProgress`` to the chat screen.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Callable
+
+from textual import work
+from textual.app import App
+
+from ..api import EngineAPI, LoadProgress
+from ..config import load_config, update_saved_config, with_cli_overrides
+from ..conversations import ConversationStore
+from ..hub import DownloadProgress
+from ..options import EngineOptions
+from .commands import ChatCommands
+from .formatting import human_bytes
+from .messages import EngineFailed, EngineLoading, EngineReady
+from .screens.chat import ChatScreen
+from .screens.conversations import ConversationsScreen
+from .screens.help import HelpScreen
+from .screens.models import ModelsScreen
+from .screens.settings import SettingsScreen
+
+ProgressCallback = Callable[[LoadProgress], None]
+EngineFactory = Callable[[EngineOptions, ProgressCallback | None], EngineAPI]
+
+
+def open_engine(options: EngineOptions, progress: ProgressCallback | None = None) -> EngineAPI:
+    from ..engine import open_engine as open_real_engine  # imported late: heavy, and optional in UI tests
+
+    return open_real_engine(options, progress)
+
+
+def fetch_default_model(report: ProgressCallback) -> Path:
+    """The default model's path, downloading it first if needed (progress as a load stage)."""
+    from ..model_store import default_model_path
+
+    def on_progress(p) -> None:
+        if isinstance(p, LoadProgress):
+            report(p)
+        elif isinstance(p, DownloadProgress):
+            detail = f"{human_bytes(p.downloaded)} / {human_bytes(p.total)}"
+            report(LoadProgress("downloading", p.fraction or 0.0, detail))
+
+    return default_model_path(progress=on_progress)
+
+
+class ChatApp(App):
+    CSS_PATH = "bw24chat.tcss"
+    TITLE = "bw24chat"
+    COMMANDS = App.COMMANDS | {ChatCommands}
+
+    def __init__(
+        self,
+        options: EngineOptions | None = None,
+        engine_factory: EngineFactory | None = None,
+        *,
+        store: ConversationStore | None = None,
+        hf_cache: Path | None = None,  # the Hugging Face cache to list (default: the user's)
+    ) -> None:
+        super().__init__()
+        self.options = options or EngineOptions()
+        self.config = with_cli_overrides(load_config(), self.options)
+        self.engine_factory = engine_factory or open_engine
+        self.store = store or ConversationStore()
+        self.hf_cache = hf_cache
+        self.engine: EngineAPI | None = None
+        self.model_spec: str | None = None
+        self.loading_name = ""
+        self._load_ids = itertools.count(1)
+        self._load_id = 0
+        self.chat = ChatScreen()
+
+    async def on_mount(self) -> None:
+        if self.config.theme in self.available_themes:
+            self.theme = self.config.theme
+        self.theme_changed_signal.subscribe(self, self._save_theme)
+        await self.push_screen(self.chat)
+        if self.options.model:
+            self.load_model(self.options.model)
+        else:
+            self.push_screen(ModelsScreen())
+
+    def _save_theme(self, theme) -> None:
+        self.config.theme = theme.name
+        update_saved_config(lambda c: setattr(c, "theme", theme.name))
+
+    def on_unmount(self) -> None:
+        self.chat.stop_reply()  # the partial reply is saved as stopped
+        if self.engine is not None:
+            self.engine.close()
+        self.store.close()
+
+    # ------------------------------------------------------------------ engine
+    def load_model(self, spec: str | None) -> None:
+        """Load ``spec`` (None: the default model, downloaded if needed) and show the chat."""
+        self.show_chat()
+        self.chat.action_stop()
+        old, self.engine = self.engine, None
+        self._load_id = next(self._load_ids)
+        self.loading_name = Path(spec).name if spec else "the default model"
+        self.chat.show_load_text(f"Loading {self.loading_name}…", 0.0)
+        self._load_engine(self._load_id, spec, old)
+
+    @work(thread=True, group="engine")
+    def _load_engine(self, load_id: int, spec: str | None, old: EngineAPI | None) -> None:
+        if old is not None:
+            old.close()  # free its memory before the next model takes its place
+
+        def report(progress: LoadProgress) -> None:
+            self.chat.post_message(EngineLoading(progress))
+
+        try:
+            if spec is None:
+                spec = str(fetch_default_model(report))
+            engine = self.engine_factory(self.config.engine_options(spec), report)
+        except Exception as exc:  # noqa: BLE001 - any failure is reported in the UI
+            self.post_message(EngineFailed(load_id, spec, f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(EngineReady(load_id, engine, spec))
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        if message.load_id != self._load_id:  # replaced by a later load while it loaded
+            self.run_worker(message.engine.close, thread=True)
+            return
+        self.engine, self.model_spec = message.engine, message.spec
+        saved = update_saved_config(lambda c: c.remember_model(message.spec))
+        self.config.recent_models = saved.recent_models
+        if self.chat.conversation is not None:
+            self.store.set_model(self.chat.conversation.id, message.spec)
+        self.chat.engine_ready()
+        self.notify(f"{self.engine.info.name} is ready", title="Model loaded")
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        if message.load_id != self._load_id:
+            return
+        self.chat.engine_failed()
+        self.notify(message.error, title="Could not load the model", severity="error", timeout=10)
+        self.action_models()
+
+    # ------------------------------------------------------------------ screens
+    def show_chat(self) -> None:
+        """Close whatever screens are above the chat."""
+        while self.screen is not self.chat and len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def _open(self, screen_type: type) -> None:
+        if not isinstance(self.screen, screen_type):
+            self.push_screen(screen_type())
+
+    def action_models(self) -> None:
+        self._open(ModelsScreen)
+
+    def action_settings(self) -> None:
+        self._open(SettingsScreen)
+
+    def action_conversations(self) -> None:
+        self._open(ConversationsScreen)
+
+    def action_help(self) -> None:
+        self._open(HelpScreen)
+
+    async def action_chat(self, action: str) -> None:
+        """Run a chat-screen action from anywhere (the command palette)."""
+        self.show_chat()
+        await self.chat.run_action(action)
+
+
+def run_app(options: EngineOptions, engine_factory: EngineFactory | None = None) -> int:
+    app = ChatApp(options, engine_factory)
+    app.run()
+    return app.return_code or 0

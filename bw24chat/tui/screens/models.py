@@ -1,0 +1,269 @@
+"""The model manager: models on this machine (with the VRAM they would need against the VRAM
+free), a path typed by hand, and Hugging Face search with downloads (progress, cancel,
+resume).  Scanning, searching and downloading run on worker threads that report back with
+messages, so the screen stays responsive on a slow disk or network."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static, TabbedContent, TabPane
+
+from ... import hub, model_catalog
+from ..formatting import human_bytes, human_duration, human_rate
+from ..messages import CatalogScanned, DownloadEnded, DownloadProgressed, HubFailed, HubFilesListed, HubSearchDone
+from ..widgets.progress_line import ProgressLine
+
+if TYPE_CHECKING:
+    from ..app import ChatApp
+
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (Q4_1, about 90 MB)"
+
+
+def vram_text(needed: int | None, gpu: model_catalog.GpuMemory | None) -> str:
+    if needed is None:
+        return "?"
+    text = human_bytes(needed)
+    if gpu is None:
+        return text
+    return f"{text} ✓" if needed <= gpu.free else f"{text} ✗"
+
+
+class ModelsScreen(Screen):
+    app: ChatApp
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("ctrl+r", "rescan", "Rescan"),
+        Binding("ctrl+f", "find", "Search the Hub"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(id="models")
+        self.models: list[model_catalog.LocalModel] = []
+        self.gpu: model_catalog.GpuMemory | None = None
+        self.hub_models: list[hub.HubModel] = []
+        self.repo_files: hub.RepoFiles | None = None
+        self._cancel_download: threading.Event | None = None
+        self._select_after_scan: str | None = None  # a just-downloaded model to put the cursor on
+
+    def compose(self):
+        yield Header(show_clock=False)
+        with TabbedContent(id="model-tabs"):
+            with TabPane("Local", id="local-tab"):
+                yield Static("", id="gpu-line")
+                with Vertical(id="first-run"):
+                    yield Static(
+                        "No model found on this machine. bw24chat can fetch a small one to start with.",
+                        classes="hint",
+                    )
+                    yield Button(f"Get {DEFAULT_MODEL_LABEL}", variant="primary", id="get-default")
+                yield DataTable(id="local-models", cursor_type="row", zebra_stripes=True)
+                with Horizontal(classes="form-row"):
+                    yield Input(placeholder="Path to a GGUF file or a Hugging Face model folder", id="model-path")
+                    yield Button("Open", id="open-path")
+            with TabPane("Hugging Face", id="hub-tab"):
+                with Horizontal(classes="form-row"):
+                    yield Input(placeholder="Search models by name", id="hub-query")
+                    yield Select(
+                        [("GGUF", "gguf"), ("safetensors", "safetensors"), ("any format", "any")],
+                        value="gguf",
+                        allow_blank=False,
+                        id="hub-format",
+                    )
+                    yield Button("Search", id="hub-search")
+                yield DataTable(id="hub-results", cursor_type="row", zebra_stripes=True)
+                yield DataTable(id="hub-files", cursor_type="row", zebra_stripes=True)
+                with Horizontal(id="download-row"):
+                    yield ProgressLine(id="download-progress")
+                    yield Button("Cancel", id="download-cancel", variant="error")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#local-models", DataTable).add_columns("Name", "Arch", "Format", "Size", "VRAM est.", "Location")
+        self.query_one("#hub-results", DataTable).add_columns("Repository", "Downloads", "Likes")
+        self.query_one("#hub-files", DataTable).add_columns("Choice", "Format", "Files", "Size", "VRAM est.")
+        self.query_one("#first-run").display = False
+        self.query_one("#hub-files").display = False
+        self.query_one("#download-cancel").display = False
+        self.query_one("#gpu-line", Static).update("Looking for models…")
+        self.action_rescan()
+        self.query_one("#local-models").focus()
+
+    # ------------------------------------------------------------------ local models
+    def action_rescan(self) -> None:
+        self._scan(list(self.app.config.recent_models))
+
+    @work(thread=True, exclusive=True, group="catalog")
+    def _scan(self, recent: list[str]) -> None:
+        models = model_catalog.list_local_models(recent, self.app.hf_cache)
+        self.post_message(CatalogScanned(models, model_catalog.gpu_memory()))
+
+    def on_catalog_scanned(self, message: CatalogScanned) -> None:
+        self.models, self.gpu = message.models, message.gpu
+        gpu = self.gpu
+        self.query_one("#gpu-line", Static).update(
+            f"[b]GPU[/b] {gpu.name} · {human_bytes(gpu.free)} free of {human_bytes(gpu.total)}"
+            if gpu
+            else "[b]GPU[/b] none found (pynvml / CuPy): models run on the CPU"
+        )
+        table = self.query_one("#local-models", DataTable)
+        table.clear()
+        for index, m in enumerate(self.models):
+            fmt = f"{m.fmt} {m.quant}" if m.quant else m.fmt
+            name = f"{m.name} (unreadable: {m.error})" if m.error else m.name
+            table.add_row(name, m.arch or "?", fmt, human_bytes(m.size), vram_text(m.vram_needed, gpu), m.location, key=str(index))
+        self.query_one("#first-run").display = not self.models
+        if self._select_after_scan is not None:
+            for index, m in enumerate(self.models):
+                if m.spec == self._select_after_scan:
+                    table.move_cursor(row=index)
+            self._select_after_scan = None
+
+    @on(DataTable.RowSelected, "#local-models")
+    def open_selected(self, event: DataTable.RowSelected) -> None:
+        self.app.load_model(self.models[int(event.row_key.value)].spec)
+
+    @on(Button.Pressed, "#get-default")
+    def get_default(self) -> None:
+        self.app.load_model(None)
+
+    @on(Button.Pressed, "#open-path")
+    @on(Input.Submitted, "#model-path")
+    def open_path(self) -> None:
+        text = self.query_one("#model-path", Input).value.strip()
+        if not text:
+            return
+        path = Path(text).expanduser()
+        if not (path.is_file() or model_catalog.is_hf_folder(path)):
+            self.notify(f"Not a GGUF file or a model folder: {text}", severity="error")
+            return
+        self.app.load_model(str(path))
+
+    # ------------------------------------------------------------------ Hugging Face
+    def action_find(self) -> None:
+        self.query_one("#model-tabs", TabbedContent).active = "hub-tab"
+        self.query_one("#hub-query", Input).focus()
+
+    @on(Button.Pressed, "#hub-search")
+    @on(Input.Submitted, "#hub-query")
+    def search(self) -> None:
+        query = self.query_one("#hub-query", Input).value.strip()
+        fmt = self.query_one("#hub-format", Select).value
+        self.query_one("#hub-results", DataTable).loading = True
+        self._search(query, None if fmt == "any" else fmt)
+
+    @work(thread=True, exclusive=True, group="hub")
+    def _search(self, query: str, fmt: str | None) -> None:
+        try:
+            self.post_message(HubSearchDone(hub.search_models(query, fmt)))
+        except Exception as exc:  # noqa: BLE001 - network errors are shown, not raised
+            self.post_message(HubFailed("search", f"{type(exc).__name__}: {exc}"))
+
+    def on_hub_search_done(self, message: HubSearchDone) -> None:
+        self.hub_models = message.models
+        table = self.query_one("#hub-results", DataTable)
+        table.loading = False
+        table.clear()
+        for index, m in enumerate(self.hub_models):
+            table.add_row(m.repo_id, f"{m.downloads:,}", f"{m.likes:,}", key=str(index))
+        if not self.hub_models:
+            self.notify("No model matches", severity="warning")
+        else:
+            table.focus()
+
+    def on_hub_failed(self, message: HubFailed) -> None:
+        for table in self.query(DataTable):
+            table.loading = False
+        self.notify(message.error, title=f"Hugging Face {message.what} failed", severity="error")
+
+    @on(DataTable.RowSelected, "#hub-results")
+    def list_files(self, event: DataTable.RowSelected) -> None:
+        files = self.query_one("#hub-files", DataTable)
+        files.display = True
+        files.loading = True
+        self._list_files(self.hub_models[int(event.row_key.value)].repo_id)
+
+    @work(thread=True, exclusive=True, group="hub")
+    def _list_files(self, repo_id: str) -> None:
+        try:
+            self.post_message(HubFilesListed(hub.list_choices(repo_id)))
+        except Exception as exc:  # noqa: BLE001
+            self.post_message(HubFailed("listing", f"{type(exc).__name__}: {exc}"))
+
+    def on_hub_files_listed(self, message: HubFilesListed) -> None:
+        self.repo_files = message.files
+        table = self.query_one("#hub-files", DataTable)
+        table.loading = False
+        table.clear()
+        for index, c in enumerate(self.repo_files.choices):
+            needed = model_catalog.estimate_vram(c.size, None, None) if c.size else None
+            table.add_row(c.label, c.fmt, str(len(c.files)), human_bytes(c.size), vram_text(needed, self.gpu), key=str(index))
+        if not self.repo_files.choices:
+            self.notify("This repository has no GGUF or safetensors weights", severity="warning")
+        else:
+            table.focus()
+
+    @on(DataTable.RowSelected, "#hub-files")
+    def download_selected(self, event: DataTable.RowSelected) -> None:
+        if self._cancel_download is not None:
+            self.notify("A download is already running", severity="warning")
+            return
+        choice = self.repo_files.choices[int(event.row_key.value)]
+        self._cancel_download = threading.Event()
+        self.query_one("#download-progress", ProgressLine).report(f"Starting {choice.label}…", None)
+        self.query_one("#download-cancel").display = True
+        self._download(self.repo_files, choice, self._cancel_download)
+
+    @work(thread=True, group="download")
+    def _download(self, repo: hub.RepoFiles, choice: hub.DownloadChoice, cancel: threading.Event) -> None:
+        try:
+            hub.download_files(
+                repo.repo_id,
+                choice.files,
+                revision=repo.revision,
+                progress=lambda p: self.post_message(DownloadProgressed(p)),
+                cancel=cancel,
+            )
+        except hub.DownloadCancelled:
+            self.post_message(DownloadEnded(None, cancelled=True))
+            return
+        except Exception as exc:  # noqa: BLE001
+            self.post_message(DownloadEnded(None, f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(DownloadEnded(str(hub.repo_dir(repo.repo_id) / choice.main_file)))
+
+    def on_download_progressed(self, message: DownloadProgressed) -> None:
+        p = message.progress
+        eta = f" · ETA {human_duration(p.eta_s)}" if p.eta_s is not None else ""
+        files = f" ({p.files_done + 1}/{p.files_total})" if p.files_total > 1 else ""
+        text = f"{Path(p.filename).name}{files}: {human_bytes(p.downloaded)} / {human_bytes(p.total)} · {human_rate(p.speed)}{eta}"
+        self.query_one("#download-progress", ProgressLine).report(text, p.fraction)
+
+    @on(Button.Pressed, "#download-cancel")
+    def cancel_download(self) -> None:
+        if self._cancel_download is not None:
+            self._cancel_download.set()
+
+    def on_download_ended(self, message: DownloadEnded) -> None:
+        self._cancel_download = None
+        self.query_one("#download-cancel").display = False
+        progress = self.query_one("#download-progress", ProgressLine)
+        if message.cancelled:
+            progress.report("Download cancelled: start it again to resume", None)
+            return
+        if message.error:
+            progress.report(f"Download failed: {message.error}", None)
+            self.notify(message.error, title="Download failed", severity="error")
+            return
+        progress.hide()
+        self.notify("Downloaded: press Enter on it to load it", title="Download complete")
+        self._select_after_scan = message.path
+        self.query_one("#model-tabs", TabbedContent).active = "local-tab"
+        self.action_rescan()
+        self.query_one("#local-models").focus()

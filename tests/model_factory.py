@@ -1,0 +1,108 @@
+"""Tiny random checkpoints for tests: HF directories (config.json, safetensors in BF16/F16/F32,
+FP8 block-scaled, ModelOpt NVFP4; a byte-level tokenizer.json) written from NumPy arrays."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """tensors: name -> (safetensors dtype, array whose bytes are stored as is)."""
+    header, blobs, off = {}, [], 0
+    for name, (dtype, arr) in tensors.items():
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)))
+        fh.write(h)
+        for b in blobs:
+            fh.write(b)
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even float32 -> bfloat16 bit patterns (uint16)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def byte_level_tokenizer_json(path: Path, extra_special: list[str] = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")) -> int:
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(list(extra_special))
+    tk.save(str(path))
+    return tk.get_vocab_size()
+
+
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=256)
+
+ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def random_weights(cfg: dict, family: str, vocab: int, rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
+    D, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    H, K, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    w = lambda *s: (rng.standard_normal(s) * 0.08).astype(np.float32)  # noqa: E731
+    norm = lambda n: (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
+    t = {"model.embed_tokens.weight": w(vocab, D), "model.norm.weight": norm(D)}
+    if not tied:
+        t["lm_head.weight"] = w(vocab, D)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(D)
+        t[p + "post_attention_layernorm.weight"] = norm(D)
+        t[p + "self_attn.q_proj.weight"] = w(H * hd, D)
+        t[p + "self_attn.k_proj.weight"] = w(K * hd, D)
+        t[p + "self_attn.v_proj.weight"] = w(K * hd, D)
+        t[p + "self_attn.o_proj.weight"] = w(D, H * hd)
+        t[p + "mlp.gate_proj.weight"] = w(F, D)
+        t[p + "mlp.up_proj.weight"] = w(F, D)
+        t[p + "mlp.down_proj.weight"] = w(D, F)
+        if family == "qwen2":
+            for n, o in (("q", H * hd), ("k", K * hd), ("v", K * hd)):
+                t[p + f"self_attn.{n}_proj.bias"] = w(o)
+        if family == "qwen3":
+            t[p + "self_attn.q_norm.weight"] = norm(hd)
+            t[p + "self_attn.k_norm.weight"] = norm(hd)
+    return t
+
+
+def make_hf_dir(root: Path, family: str = "llama", dtype: str = "BF16", tied: bool = False, seed: int = 0, **overrides) -> tuple[Path, dict]:
+    """Write a tiny random model; return (dir, float32 weights as stored, i.e. after rounding)."""
+    root.mkdir(parents=True, exist_ok=True)
+    vocab = byte_level_tokenizer_json(root / "tokenizer.json")
+    cfg = dict(TINY, **overrides)
+    cfg.update(architectures=[ARCHS[family]], model_type=family, vocab_size=vocab, tie_word_embeddings=tied)
+    (root / "config.json").write_text(json.dumps(cfg))
+    (root / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|im_end|>", "bos_token": None,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    }))
+    rng = np.random.default_rng(seed)
+    weights = random_weights(cfg, family, vocab, rng, tied)
+    stored, as_float = {}, {}
+    for name, a in weights.items():
+        if dtype == "BF16" and a.ndim == 2:
+            bits = f32_to_bf16_bits(a)
+            stored[name] = ("BF16", bits)
+            as_float[name] = (bits.astype(np.uint32) << 16).view(np.float32)
+        elif dtype == "F16" and a.ndim == 2:
+            h = a.astype(np.float16)
+            stored[name] = ("F16", h)
+            as_float[name] = h.astype(np.float32)
+        else:
+            stored[name] = ("F32", a)
+            as_float[name] = a
+    write_safetensors(root / "model.safetensors", stored)
+    return root, as_float

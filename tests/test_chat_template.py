@@ -1,0 +1,46 @@
+"""Chat templates render exactly as transformers renders them; untrusted templates are sandboxed;
+models without a template get a clear fallback."""
+import pytest
+
+from bw24chat.chat_template import ChatFormatter, ChatTemplateError
+
+
+def test_renders_like_transformers(smollm2, reference):
+    tok = smollm2.tokenizer
+    fmt = ChatFormatter(tok.chat_template, tok.token(tok.bos_id), tok.token(tok.eos_id))
+    for case in reference["templates"]:
+        assert fmt.render(case["messages"], case["add_generation_prompt"]) == case["rendered"]
+
+
+def test_sandbox_blocks_attribute_escape():
+    evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(ChatTemplateError):
+        ChatFormatter(evil, None, None).render([{"role": "user", "content": "x"}])
+
+
+def test_sandbox_blocks_mutation():
+    evil = "{% set _ = messages.append({'role': 'x', 'content': 'y'}) %}{{ messages | length }}"
+    with pytest.raises(ChatTemplateError):
+        ChatFormatter(evil, None, None).render([{"role": "user", "content": "x"}])
+
+
+def test_raise_exception_reaches_the_user():
+    t = "{{ raise_exception('only user/assistant roles') }}"
+    with pytest.raises(ChatTemplateError, match="only user/assistant"):
+        ChatFormatter(t, None, None).render([{"role": "user", "content": "x"}])
+
+
+def test_fallbacks_without_template():
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    chatml = ChatFormatter(None, None, None, has_chatml=True)
+    assert not chatml.has_template
+    assert chatml.render(msgs) == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    assert ChatFormatter(None, None, None).render(msgs) == "S\n\nUser: U\nAssistant:"
+
+
+def test_multi_turn_and_system(smollm2):
+    tok = smollm2.tokenizer
+    fmt = ChatFormatter(tok.chat_template, None, None)
+    out = fmt.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"},
+                      {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}])
+    assert out.count("<|im_start|>") == 5 and "Be brief." in out and out.endswith("<|im_start|>assistant\n")

@@ -1,0 +1,51 @@
+"""The NumPy sampler (the contract the device sampler reproduces)."""
+import numpy as np
+
+from bw24chat.api import SamplingParams
+from bw24chat.sampling import apply_repeat_penalty, philox_uniform, sample_token
+
+
+def test_greedy_is_first_argmax():
+    l = np.array([0.1, 3.0, 3.0, -1], np.float32)
+    assert sample_token(l, SamplingParams(temperature=0), 1, 0) == 1
+
+
+def test_philox_matches_numpy_generator_definition():
+    bg = np.random.Philox(key=[7, 0], counter=[11, 0, 0, 0])
+    x = int(bg.random_raw())
+    assert philox_uniform(7, 11) == (x >> 11) / 2**53
+    assert 0.0 <= philox_uniform(2**70 + 3, 5) < 1.0
+
+
+def test_same_seed_same_tokens_and_positions_differ():
+    rng = np.random.default_rng()
+    l = rng.standard_normal(1000).astype(np.float32)
+    p = SamplingParams(temperature=1.0)
+    a = [sample_token(l, p, 42, pos) for pos in range(50)]
+    b = [sample_token(l, p, 42, pos) for pos in range(50)]
+    assert a == b and len(set(a)) > 5
+
+
+def test_top_k_one_is_greedy_and_top_p_min_p_restrict():
+    rng = np.random.default_rng()
+    l = rng.standard_normal(500).astype(np.float32) * 3
+    best = int(np.argmax(l))
+    for pos in range(20):
+        assert sample_token(l, SamplingParams(temperature=1.5, top_k=1), 3, pos) == best
+        assert sample_token(l, SamplingParams(temperature=1.0, top_p=1e-9), 3, pos) == best
+        assert sample_token(l, SamplingParams(temperature=1.0, min_p=0.999), 3, pos) == best
+    top5 = set(np.argsort(-l)[:5].tolist())
+    assert {sample_token(l, SamplingParams(temperature=2.0, top_k=5), 9, pos) for pos in range(200)} <= top5
+
+
+def test_distribution_follows_softmax():
+    l = np.log(np.array([0.5, 0.3, 0.2], np.float32))
+    draws = np.bincount([sample_token(l, SamplingParams(temperature=1.0), 1234, pos) for pos in range(6000)], minlength=3) / 6000
+    np.testing.assert_allclose(draws, [0.5, 0.3, 0.2], atol=0.03)
+
+
+def test_repeat_penalty():
+    l = np.array([2.0, -2.0, 1.0], np.float32)
+    out = apply_repeat_penalty(l, [0, 1, 1], 2.0, 64)
+    np.testing.assert_array_equal(out, np.array([1.0, -4.0, 1.0], np.float32))
+    assert sample_token(np.array([2.0, 1.9], np.float32), SamplingParams(temperature=0, repeat_penalty=1.5), 0, 0, [0]) == 1

@@ -1,0 +1,296 @@
+"""Settings, conversations, model manager, help and the command palette, with a FakeEngine."""
+from __future__ import annotations
+
+import threading
+import tomllib
+
+import pytest
+
+from bw24chat.api import LoadProgress
+from bw24chat.config import config_path, load_config
+from bw24chat.conversations import ChatMessage
+from bw24chat.fake_engine import FakeEngine
+from bw24chat.tui.screens.chat import ChatScreen
+from bw24chat.tui.screens.conversations import ConversationsScreen
+from bw24chat.tui.screens.dialogs import Confirm, TextPrompt
+from bw24chat.tui.screens.help import HelpScreen
+from bw24chat.tui.screens.models import ModelsScreen
+from bw24chat.tui.screens.settings import SettingsScreen
+from tests.tui.tui_helpers import send, start_chat, wait_for, wait_for_notification, write_gguf
+
+pytestmark = pytest.mark.anyio
+
+
+# ----------------------------------------------------------------------------- settings
+async def test_settings_are_saved_to_toml_and_used(make_app):
+    engine = FakeEngine(token_delay=0.002)
+    app = make_app(engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), what="settings")
+        screen = app.screen
+        screen.query_one("#set-temperature").value = "0.2"
+        screen.query_one("#set-top_k").value = "40"
+        screen.query_one("#set-seed").value = "1234"
+        screen.query_one("#set-kv_cache").value = "q8_0"
+        screen.query_one("#set-speculative").value = "mtp"
+        screen.query_one("#set-vram_budget_gb").value = "6.5"
+        screen.query_one("#set-system-prompt").load_text("Be kind.")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen is app.chat, what="the chat after saving")
+
+        data = tomllib.loads(config_path().read_text())
+        assert data["sampling"]["temperature"] == 0.2
+        assert data["sampling"]["top_k"] == 40 and data["sampling"]["seed"] == 1234
+        assert data["engine"]["kv_cache"] == "q8_0" and data["engine"]["speculative"] == "mtp"
+        assert data["engine"]["vram_budget_gb"] == 6.5
+        assert data["ui"]["system_prompt"] == "Be kind."
+
+        await send(pilot, "hi")
+        sampling = engine.requests[-1].sampling
+        assert (sampling.temperature, sampling.top_k, sampling.seed) == (0.2, 40, 1234)
+        assert engine.requests[-1].messages[0] == {"role": "system", "content": "Be kind."}
+        assert app.config.engine_options("m").kv_cache == "q8_0"
+
+    # a new app reads them back and shows them
+    app2 = make_app(FakeEngine())
+    async with app2.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app2.screen, SettingsScreen), what="settings")
+        assert app2.screen.query_one("#set-temperature").value == "0.2"
+        assert app2.screen.query_one("#set-kv_cache").value == "q8_0"
+        assert app2.screen.query_one("#set-seed").value == "1234"
+
+
+async def test_invalid_settings_are_not_saved(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), what="settings")
+        app.screen.query_one("#set-temperature").value = "hot"
+        app.screen.query_one("#set-top_p").value = "1.5"  # above its maximum
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)
+        saved = load_config().options.sampling
+        assert (saved.temperature, saved.top_p) == (0.7, 1.0)  # the defaults: nothing was saved
+        await wait_for_notification(pilot, "error", "Temperature")
+        await wait_for_notification(pilot, "error", "Top-p")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is app.chat, what="the chat")
+
+
+async def test_a_theme_change_is_remembered(make_app):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await start_chat(pilot)
+        app.theme = "nord"
+        await pilot.pause()
+        assert load_config().theme == "nord"
+
+
+# ----------------------------------------------------------------------------- conversations
+async def test_conversations_list_open_rename_export_delete(make_app, private_dirs):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        older = app.store.create(title="About cats")
+        app.store.add_message(older.id, ChatMessage("user", "Do cats purr?"))
+        app.store.add_message(older.id, ChatMessage("assistant", "Yes, they do."))
+        newer = app.store.create(title="About dogs")
+        app.store.add_message(newer.id, ChatMessage("user", "Do dogs bark?"))
+
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the conversation list")
+        table = app.screen.query_one("#conversations")
+        assert table.row_count == 2
+        assert table.get_row_at(0)[0] == "About dogs"  # most recent first
+
+        # rename the first row
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, TextPrompt), what="the rename dialog")
+        app.screen.query_one("#dialog-text").value = "Dogs and barking"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the list")
+        assert app.store.load(newer.id).title == "Dogs and barking"
+        assert app.screen.query_one("#conversations").get_row_at(0)[0] == "Dogs and barking"
+
+        # export it
+        await pilot.press("x")
+        exports = list((private_dirs["data"] / "exports").glob("*.md"))
+        assert len(exports) == 1 and "Do dogs bark?" in exports[0].read_text()
+
+        # delete it (after confirming)
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, Confirm), what="the confirmation")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the list")
+        assert [s.title for s in app.store.list()] == ["About cats"]
+        assert app.screen.query_one("#conversations").row_count == 1
+
+        # open the other one
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.screen is app.chat and app.chat.conversation is not None, what="the chat")
+        await pilot.pause()
+        assert app.chat.conversation.id == older.id
+        assert [v.message.content for v in app.chat.views] == ["Do cats purr?", "Yes, they do."]
+        assert app.chat.prompt.prompt_history == ["Do cats purr?"]
+
+        # and go on with it
+        await send(pilot, "And lions?")
+        assert [m.role for m in app.store.load(older.id).messages] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_deleting_the_open_conversation_starts_a_new_one(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        await send(pilot, "hello")
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the list")
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, Confirm), what="the confirmation")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.chat.conversation is None and not app.chat.views, what="an empty chat")
+        assert app.store.list() == []
+
+
+# ----------------------------------------------------------------------------- model manager
+async def test_first_start_without_a_model_offers_the_default_one(make_app, monkeypatch, private_dirs):
+    default = write_gguf(private_dirs["models"] / "default" / "SmolLM2-135M-Instruct-Q4_1.gguf")
+    fetched = []
+
+    def fake_fetch(report):
+        report(LoadProgress("downloading", 0.5, "45 MiB / 90 MiB"))
+        fetched.append(True)
+        return default
+
+    monkeypatch.setattr("bw24chat.tui.app.fetch_default_model", fake_fetch)
+    private_dirs["models"].joinpath("default", default.name).unlink()  # nothing local at first
+    app = make_app(model=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.query_one("#first-run").display, what="the default-model offer")
+        assert screen.query_one("#local-models").row_count == 0
+        await pilot.click("#get-default")
+        await start_chat(pilot)
+        assert fetched and app.factory_calls[-1].model == str(default)
+        assert app.screen is app.chat
+        assert load_config().recent_models == [str(default)]
+
+
+async def test_local_models_are_listed_and_open_on_enter(make_app, private_dirs):
+    gguf_path = write_gguf(private_dirs["models"] / "acme--tiny" / "tiny-Q8_0.gguf", name="Tiny", file_type=7)
+    snapshot = private_dirs["hf"] / "models--acme--cached" / "snapshots" / ("a" * 40)
+    write_gguf(snapshot / "cached-Q4_1.gguf", name="Cached")
+    (private_dirs["hf"] / "models--acme--cached" / "refs").mkdir(parents=True)
+    (private_dirs["hf"] / "models--acme--cached" / "refs" / "main").write_text("a" * 40)
+    app = make_app(model=None, hf_cache=private_dirs["hf"])
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        table = app.screen.query_one("#local-models")
+        await wait_for(pilot, lambda: table.row_count == 2, what="two local models")
+        rows = [table.get_row_at(i) for i in range(2)]
+        assert rows[0][0] == "Tiny" and rows[0][1] == "llama" and rows[0][2] == "gguf Q8_0"
+        assert rows[0][5] == "models/acme--tiny/tiny-Q8_0.gguf"
+        assert rows[1][0] == "Cached" and rows[1][5] == "acme/cached/cached-Q4_1.gguf"
+        assert not app.screen.query_one("#first-run").display
+        table.focus()
+        await pilot.press("enter")
+        await start_chat(pilot)
+        assert app.factory_calls[-1].model == str(gguf_path)
+        assert load_config().recent_models == [str(gguf_path)]
+
+
+async def test_a_path_typed_by_hand_opens(make_app, tmp_path):
+    path = write_gguf(tmp_path / "elsewhere" / "mine.gguf")
+    app = make_app(model=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        field = app.screen.query_one("#model-path")
+        field.value = str(tmp_path / "missing.gguf")
+        await pilot.click("#open-path")
+        await wait_for_notification(pilot, "error", "missing.gguf")
+        field.value = str(path)
+        field.focus()
+        await pilot.press("enter")
+        await start_chat(pilot)
+        assert app.factory_calls[-1].model == str(path)
+
+
+async def test_loading_shows_progress_and_a_failure_is_reported(make_app):
+    from bw24chat.tui.app import ChatApp
+    from bw24chat.options import EngineOptions
+    from bw24chat.tui.widgets.progress_line import ProgressLine
+
+    release = threading.Event()
+    reached = threading.Event()
+
+    def slow_factory(options, progress):
+        progress(LoadProgress("reading", 1.0))
+        progress(LoadProgress("compiling", 0.5, "matmul kernels"))
+        reached.set()
+        release.wait(10)
+        if options.model == "broken":
+            raise RuntimeError("unsupported architecture")
+        return FakeEngine()
+
+    app = ChatApp(EngineOptions(model="slow.gguf"), slow_factory)
+    async with app.run_test(size=(120, 40)) as pilot:
+        line = app.chat.query_one("#load-progress", ProgressLine)
+        await wait_for(pilot, lambda: reached.is_set() and "compiling" in str(line.query_one(".progress-text").render()), what="progress")
+        assert line.display and "matmul kernels" in str(line.query_one(".progress-text").render())
+        release.set()
+        await start_chat(pilot)
+        assert not line.display
+        release.clear()
+        reached.clear()
+        app.load_model("broken")
+        await wait_for(pilot, reached.is_set, what="the second load")
+        release.set()
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager after a failure")
+        await wait_for_notification(pilot, "error", "unsupported architecture")
+        await wait_for(pilot, lambda: app.screen.query("#local-models"), what="the model manager's table")
+        assert app.engine is None
+
+
+async def test_sending_without_a_model_says_so(make_app):
+    app = make_app(model=None)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen), what="the chat")
+        app.chat.prompt.load_text("hello?")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.chat.prompt.text == "hello?"  # kept, not lost
+        await wait_for_notification(pilot, "warning", "No model loaded")
+
+
+# ----------------------------------------------------------------------------- help, palette
+async def test_help_lists_keys_and_slash_commands(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 50)) as pilot:
+        await start_chat(pilot)
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        source = app.screen.query_one("Markdown").source
+        for text in ("/clear", "/system", "/model", "/retry", "/save", "/help", "`escape`", "`ctrl+r`", "Regenerate", "new line"):
+            assert text in source
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is app.chat, what="the chat")
+
+
+async def test_command_palette_offers_the_app_commands(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"conversations")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the conversations screen")
