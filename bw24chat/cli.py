@@ -36,13 +36,12 @@ def _open(options, quiet: bool):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        from .server.app import add_serve_args, serve
+        from .server.app import add_serve_args, serve_from_args
 
         p = argparse.ArgumentParser(prog="bw24chat serve", description="OpenAI-compatible HTTP server")
         add_engine_args(p)
         add_serve_args(p)
-        a = p.parse_args(argv[1:])
-        return serve(options_from_args(a), a)
+        return serve_from_args(p.parse_args(argv[1:]))
     if argv and argv[0] in ("bench", "check"):
         from . import tools_cli
 

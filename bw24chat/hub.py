@@ -233,11 +233,22 @@ def download_files(
     with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, read=60.0)) as client:
         for index, remote in enumerate(remotes):
             target = dest_dir / remote.name
-            _fetch(client, remote, target, headers, cancel, retries, lambda n, i=index, r=remote: report(r.name, n, i))
+            # large files are served by a CDN through a signed URL: the token stays on the Hub
+            file_headers = headers if _same_origin(remote.url, hub_endpoint()) else _without_auth(headers)
+            _fetch(client, remote, target, file_headers, cancel, retries, lambda n, i=index, r=remote: report(r.name, n, i))
             done_bytes += target.stat().st_size
             report(remote.name, 0, index + 1, force=True)
             paths.append(target)
     return paths
+
+
+def _same_origin(a: str, b: str) -> bool:
+    ua, ub = httpx.URL(a), httpx.URL(b)
+    return (ua.scheme, ua.host, ua.port) == (ub.scheme, ub.host, ub.port)
+
+
+def _without_auth(headers: dict) -> dict:
+    return {k: v for k, v in headers.items() if k.lower() != "authorization"}
 
 
 def download_file(repo_id: str, filename: str, dest_dir: Path | None = None, **kwargs) -> Path:

@@ -126,9 +126,42 @@ def get_module(family: str, defines: tuple = ()):
     return mod
 
 
-def get_kernel(family: str, name: str, **defines):
-    """A launchable cupy.RawKernel: ``k(grid, block, args, shared_mem=...)``."""
-    return get_module(family, tuple(sorted(defines.items()))).get_function(name)
+class LaunchCounter:
+    """Counts kernel launches made from Python (every launch goes through a Kernel wrapper).
+    ``bw24chat check`` uses it to prove that graph decode launches nothing outside the graph."""
+
+    count = 0
+
+
+class Kernel:
+    """A cupy.RawKernel that counts its launches; attribute access (e.g.
+    ``max_dynamic_shared_size_bytes``) passes through to the RawKernel."""
+
+    __slots__ = ("_raw", "name")
+
+    def __init__(self, raw, name: str):
+        object.__setattr__(self, "_raw", raw)
+        object.__setattr__(self, "name", name)
+
+    def __call__(self, grid, block, args, **kw):
+        LaunchCounter.count += 1
+        return self._raw(grid, block, args, **kw)
+
+    def __getattr__(self, item):
+        return getattr(self._raw, item)
+
+    def __setattr__(self, key, value):
+        setattr(self._raw, key, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(family: str, name: str, defines: tuple) -> Kernel:
+    return Kernel(get_module(family, defines).get_function(name), name)
+
+
+def get_kernel(family: str, name: str, **defines) -> Kernel:
+    """A launchable kernel: ``k(grid, block, args, shared_mem=...)`` (memoized)."""
+    return _kernel(family, name, tuple(sorted(defines.items())))
 
 
 def active_arch() -> str:

@@ -1,0 +1,255 @@
+// formats.cuh — device decoders of the repacked weight layouts (bw24chat/backends/cuda_weights.py
+// writes them; its decode_planes() is the NumPy mirror of this file, tested bit for bit against
+// bw24chat.quants.dequantize in tests/test_repack.py).  Shared by dequant.cu, matvec.cu, gemm.cu.
+//
+// One compile = one format: FMT (default BF16).  Every format is cut into 16-byte CHUNKS of VPC
+// values, stored row-major in plane q ([rows, in/VPC] uint4), so that one thread's 16-byte load
+// covers whole scale groups and consecutive lanes read consecutive chunks (coalesced):
+//   F32   VPC 4   q = the floats                     BF16/F16 VPC 8  q = the 16-bit values
+//   Q8_0  VPC 16  q = int8 values; s = f16 d per 32 values (u16 [rows, in/32])
+//   4-bit family, VPC 32: q = a "nibble chunk": byte j low nibble = value j, high nibble = value
+//         16+j (ggml's Q4_0 order, kept for every format, repacked where ggml differs)
+//     Q4_0  s = f16 d per chunk                     Q4_1  s = (f16 d, f16 m) per chunk (u32)
+//     Q5_0  s = d; h = u32 5th bits per chunk        Q5_1  s = (d, m); h = u32
+//     Q4_K  s = the 16 leading bytes of the 256-block (d, dmin, 12 B packed 6-bit scale/min)
+//           per superblock (uint4); chunk = sub-block kc%8
+//     Q5_K  as Q4_K + h = u32 5th bits per chunk
+//     Q6_K  s = the 16 int8 scales per superblock (uint4); d = f16 per superblock (u16);
+//           h = uint2 2-bit highs per chunk; values 0-15 of a chunk use scale 2*(kc%8), 16-31
+//           use 2*(kc%8)+1
+//     NVFP4 s = 4 ue4m3 scales per 64 values (u32); chunk kc uses bytes 2*(kc&1), +1 (values
+//           0-15, 16-31); codes are E2M1 nibbles.  The per-tensor FP32 global scale is a
+//           per-row float array (fused matrices may concatenate tensors with different scales)
+//           applied by the caller: matvec multiplies the finished row sum, dequant each value.
+//   h-plane bit layout (so that a single shift + mask merges the high bits of 4 values into the
+//   byte lanes of the nibble word g = bytes 4g..4g+3, whose low nibbles are values 4g+j and high
+//   nibbles values 16+4g+j, j = 0..3):
+//     5th bits (u32): bit 8j+g = value 4g+j, bit 8j+4+g = value 16+4g+j
+//     Q6_K (uint2):  word x byte j bits 2g,2g+1 = high 2 bits of value 4g+j; word y: of 16+4g+j
+//
+// Exact values (bit-equal to quants.py, which mirrors ggml-quants.c), per chunk:
+//   w = a*q            (Q4_0, Q5_0, Q8_0 as q*d, Q6_K with a = d*sc, NVFP4 with a = ue4m3/2)
+//   w = a*q + b        (Q4_1/Q5_1: b = m; Q4_K/Q5_K: a = d*sc, b = -(dmin*mn), and x + (-y) is
+//                       bit-identical to x - y)
+// with q an exact small integer held in a float; rounded product then rounded sum (no FMA).
+// Small integers become floats without I2F (quarter rate on sm_90): PRMT puts byte j under the
+// exponent of 2^23 and one exact FADD removes 2^23 + offset.
+#pragma once
+
+#define F_F32 0
+#define F_F16 1
+#define F_BF16 2
+#define F_Q8_0 3
+#define F_Q4_0 4
+#define F_Q4_1 5
+#define F_Q5_0 6
+#define F_Q5_1 7
+#define F_Q4_K 8
+#define F_Q5_K 9
+#define F_Q6_K 10
+#define F_NVFP4 11
+
+#ifndef FMT
+#define FMT F_BF16
+#endif
+
+#if FMT == F_F32
+#define VPC 4
+#elif FMT == F_F16 || FMT == F_BF16
+#define VPC 8
+#elif FMT == F_Q8_0
+#define VPC 16
+#else
+#define VPC 32
+#endif
+#define IS_FLOAT_FMT (FMT <= F_BF16)
+#define HAS_MIN (FMT == F_Q4_1 || FMT == F_Q5_1 || FMT == F_Q4_K || FMT == F_Q5_K)
+#define TWO_SCALES (FMT == F_Q6_K || FMT == F_NVFP4)
+#define HAS_H5 (FMT == F_Q5_0 || FMT == F_Q5_1 || FMT == F_Q5_K)
+#if FMT == F_Q4_0
+#define QOFF 8.0f
+#elif FMT == F_Q5_0
+#define QOFF 16.0f
+#elif FMT == F_Q6_K
+#define QOFF 32.0f
+#elif FMT == F_Q8_0
+#define QOFF 128.0f
+#else
+#define QOFF 0.0f
+#endif
+
+// the raw data of one chunk (unused fields are never assigned and cost no registers)
+struct Raw {
+    uint4 q;
+    uint2 h;
+    uint4 s;
+    uint32_t d;
+};
+
+BW24_DEVICE uint4 ld_stream16(const uint4* p) {
+    // weights are read once per kernel: do not let them evict x / scales from L1
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+BW24_DEVICE uint32_t word_of(const uint4& v, int g) { return g == 0 ? v.x : g == 1 ? v.y : g == 2 ? v.z : v.w; }
+BW24_DEVICE uint32_t byte_of(uint32_t w, int j) { return (w >> (8 * j)) & 0xFFu; }
+
+// issue the loads of chunk kc of row `row` (nck = chunks per row)
+BW24_DEVICE void fetch_chunk(Raw& r, const uint4* __restrict__ wq, const void* __restrict__ wh,
+                             const void* __restrict__ ws, const void* __restrict__ wd, long row, int nck, int kc) {
+    const long ci = row * nck + kc;
+    r.q = ld_stream16(wq + ci);
+#if HAS_H5
+    r.h.x = __ldg((const unsigned int*)wh + ci);
+#elif FMT == F_Q6_K
+    r.h = __ldg((const uint2*)wh + ci);
+#endif
+#if FMT == F_Q8_0 || FMT == F_NVFP4
+    // one scale record per 2 chunks
+    r.s.x = FMT == F_Q8_0 ? (uint32_t)__ldg((const unsigned short*)ws + (row * (nck >> 1) + (kc >> 1)))
+                          : __ldg((const unsigned int*)ws + (row * (nck >> 1) + (kc >> 1)));
+#elif FMT == F_Q4_0 || FMT == F_Q5_0
+    r.s.x = __ldg((const unsigned short*)ws + ci);
+#elif FMT == F_Q4_1 || FMT == F_Q5_1
+    r.s.x = __ldg((const unsigned int*)ws + ci);
+#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
+    r.s = __ldg((const uint4*)ws + (row * (nck >> 3) + (kc >> 3)));
+#if FMT == F_Q6_K
+    r.d = __ldg((const unsigned short*)wd + (row * (nck >> 3) + (kc >> 3)));
+#endif
+#endif
+}
+
+// ue4m3 scale halved (quants.ue4m3_to_f32_half): the 7 bits placed as f32 bits <<20 read as
+// 2^(e-127)(1+m/8) (e>0) or m*2^-129 (e=0, subnormal); times 2^119 is 2^(e-8)(1+m/8), m*2^-10:
+// exact.  0x00 and 0x7F decode to 0; bit 7 is ignored (as the reference's masks do).
+BW24_DEVICE float ue4m3_half(uint32_t x) {
+    return (x == 0u || x == 0x7Fu) ? 0.0f : __fmul_rn(__uint_as_float((x & 0x7Fu) << 20), __uint_as_float(0x7B000000u));
+}
+
+// per-chunk scale a0 (values 0-15 or all), a1 (values 16-31 for TWO_SCALES), additive b
+BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float& b) {
+    a0 = 1.0f;
+    a1 = 1.0f;
+    b = 0.0f;
+#if FMT == F_Q8_0 || FMT == F_Q4_0 || FMT == F_Q5_0
+    a0 = f16_bits_to_f32((uint16_t)(r.s.x & 0xFFFFu));
+#elif FMT == F_Q4_1 || FMT == F_Q5_1
+    a0 = f16_bits_to_f32((uint16_t)(r.s.x & 0xFFFFu));
+    b = f16_bits_to_f32((uint16_t)(r.s.x >> 16));
+#elif FMT == F_Q4_K || FMT == F_Q5_K
+    // quants.k_scale_min: bytes 4-7 scales (low 6 bits), 8-11 mins, 12-15 low nibbles of 4-7
+    const int sub = kc & 7, j = sub & 3;
+    const float d = f16_bits_to_f32((uint16_t)(r.s.x & 0xFFFFu));
+    const float dmin = f16_bits_to_f32((uint16_t)(r.s.x >> 16));
+    const uint32_t A = byte_of(r.s.y, j), Mb = byte_of(r.s.z, j), Hb = byte_of(r.s.w, j);
+    uint32_t sc, mn;
+    if (sub < 4) {
+        sc = A & 63u;
+        mn = Mb & 63u;
+    } else {
+        sc = (Hb & 0x0Fu) | ((A >> 2) & 0x30u);
+        mn = (Hb >> 4) | ((Mb >> 2) & 0x30u);
+    }
+    a0 = __fmul_rn(d, (float)sc);
+    b = -__fmul_rn(dmin, (float)mn);
+#elif FMT == F_Q6_K
+    const int sub = kc & 7;
+    const float d = f16_bits_to_f32((uint16_t)r.d);
+    const uint32_t sw = word_of(r.s, sub >> 1);  // scales 2*sub, 2*sub+1 = bytes (2*sub)&3, +1 of word sub>>1
+    a0 = __fmul_rn(d, (float)(int)(int8_t)byte_of(sw, (2 * sub) & 3));
+    a1 = __fmul_rn(d, (float)(int)(int8_t)byte_of(sw, ((2 * sub) & 3) + 1));
+#elif FMT == F_NVFP4
+    const int half = kc & 1;
+    a0 = ue4m3_half(byte_of(r.s.x, 2 * half));
+    a1 = ue4m3_half(byte_of(r.s.x, 2 * half + 1));
+#endif
+}
+
+BW24_DEVICE uint32_t shl_signed(uint32_t v, int s) { return s >= 0 ? v << s : v >> (-s); }
+
+// nibble family: the code bytes of values 4g+j (lo) and 16+4g+j (hi), high bits merged in
+BW24_DEVICE void qwords(const Raw& r, int g, uint32_t& lo, uint32_t& hi) {
+    const uint32_t w = word_of(r.q, g);
+    lo = w & 0x0F0F0F0Fu;
+    hi = (w >> 4) & 0x0F0F0F0Fu;
+#if HAS_H5
+    lo |= shl_signed(r.h.x, 4 - g) & 0x10101010u;
+    hi |= (r.h.x >> g) & 0x10101010u;
+#elif FMT == F_Q6_K
+    lo |= shl_signed(r.h.x, 4 - 2 * g) & 0x30303030u;
+    hi |= shl_signed(r.h.y, 4 - 2 * g) & 0x30303030u;
+#endif
+}
+
+// byte j of a code word -> exact float of (code - QOFF); NVFP4: the doubled E2M1 value
+BW24_DEVICE float qval(uint32_t w, int j) {
+#if FMT == F_NVFP4
+    // E2M1 magnitude bits placed at f32 bits 22-24 read as (doubled value) * 2^-127 (value 1
+    // is the subnormal 2^-127); times 2^127 is exact.  Sign bit 3 -> bit 31.
+    const uint32_t c = w >> (8 * j);
+    const uint32_t bits = ((c << 22) & 0x01C00000u) | ((c << 28) & 0x80000000u);
+    return __fmul_rn(__uint_as_float(bits), __uint_as_float(0x7F000000u));
+#else
+    return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)j)), 8388608.0f + QOFF);
+#endif
+}
+
+BW24_DEVICE float wexact(float a, float q, float b) {
+#if HAS_MIN
+    return __fadd_rn(__fmul_rn(a, q), b);
+#else
+    (void)b;
+    return __fmul_rn(a, q);
+#endif
+}
+
+// float formats: value e (0..VPC-1) of the chunk
+BW24_DEVICE float fval(const Raw& r, int e) {
+#if FMT == F_F32
+    return __uint_as_float(word_of(r.q, e));
+#elif FMT == F_BF16
+    const uint32_t w = word_of(r.q, e >> 1);
+    return __uint_as_float((e & 1) ? (w & 0xFFFF0000u) : (w << 16));
+#else
+    const uint32_t w = word_of(r.q, e >> 1);
+    return f16_bits_to_f32((uint16_t)((e & 1) ? (w >> 16) : (w & 0xFFFFu)));
+#endif
+}
+
+// the exact f32 values of chunk kc (bit-equal to quants.dequantize), natural order
+BW24_DEVICE void decode_exact(const Raw& r, int kc, float* v) {
+#if IS_FLOAT_FMT
+    (void)kc;
+#pragma unroll
+    for (int e = 0; e < VPC; ++e) v[e] = fval(r, e);
+#else
+    float a0, a1, b;
+    chunk_scales(r, kc, a0, a1, b);
+#if FMT == F_Q8_0
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        const uint32_t w = word_of(r.q, g) ^ 0x80808080u;  // int8 -> int8 + 128 as unsigned
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[4 * g + j] = __fmul_rn(qval(w, j), a0);
+    }
+#else
+#if !TWO_SCALES
+    a1 = a0;
+#endif
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        uint32_t lo, hi;
+        qwords(r, g, lo, hi);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[4 * g + j] = wexact(a0, qval(lo, j), b);
+            v[16 + 4 * g + j] = wexact(a1, qval(hi, j), b);
+        }
+    }
+#endif
+#endif
+}
