@@ -42,10 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         add_engine_args(p)
         add_serve_args(p)
         return serve_from_args(p.parse_args(argv[1:]))
-    if argv and argv[0] in ("bench", "check"):
-        from . import tools_cli
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
 
-        return getattr(tools_cli, argv[0])(argv[1:])
+        return bench_main(argv[1:])
+    if argv and argv[0] == "check":
+        from .check import main as check_main
+
+        return check_main(argv[1:])
 
     a = _main_parser().parse_args(argv)
     options = options_from_args(a)

@@ -190,8 +190,10 @@ BW24_DEVICE float qval(uint32_t w, int j) {
 #if FMT == F_NVFP4
     // E2M1 magnitude bits placed at f32 bits 22-24 read as (doubled value) * 2^-127 (value 1
     // is the subnormal 2^-127); times 2^127 is exact.  Sign bit 3 -> bit 31.
+    // Code 8 (-0) is +0 in the reference table (E2M1_X2[8] = 0): no sign on a zero magnitude.
     const uint32_t c = w >> (8 * j);
-    const uint32_t bits = ((c << 22) & 0x01C00000u) | ((c << 28) & 0x80000000u);
+    const uint32_t mag = (c << 22) & 0x01C00000u;
+    const uint32_t bits = mag | (mag ? ((c << 28) & 0x80000000u) : 0u);
     return __fmul_rn(__uint_as_float(bits), __uint_as_float(0x7F000000u));
 #else
     return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)j)), 8388608.0f + QOFF);

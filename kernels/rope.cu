@@ -133,6 +133,8 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
         const float inv = 1.0f / sqrtf(ss / (float)HD + eps);
 #pragma unroll
         for (int i = 0; i < EPL; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], inv), nw[lane + 32 * i]);
+#else
+        (void)nw;
 #endif
 #pragma unroll
         for (int i = 0; i < EPL; ++i) buf[w][lane + 32 * i] = x[i];

@@ -184,13 +184,14 @@ class CudaRunner:
     def _step_body(self):
         """One graph: H2D (token, pos) from pinned memory -> decode -> sample -> D2H token."""
         cp = self.cp
-        self.d_tokens[:1].data.copy_from_host_async(self.h_io, 4, self.stream)
-        self.d_pos[:1].data.copy_from_host_async(self.h_io.ptr + 4, 4, self.stream)  # noqa
+        # raw runtime copies: CuPy refuses H2D copies while capturing, CUDA allows them from pinned memory
+        rt = cp.cuda.runtime
+        rt.memcpyAsync(self.d_tokens.data.ptr, self.h_io.ptr, 4, rt.memcpyHostToDevice, self.stream.ptr)
+        rt.memcpyAsync(self.d_pos.data.ptr, self.h_io.ptr + 4, 4, rt.memcpyHostToDevice, self.stream.ptr)
         ops.positions_to_lengths(self.d_pos[:1], self.d_len[:1])
         self._decode_body(1)
         self.sampler.sample(self.d_pos[:1], self.d_tokens[:1])
-        self.d_next[:1].data.copy_to_host_async(self.h_io.ptr + 8, 4, self.stream)
-        return cp
+        rt.memcpyAsync(self.h_io.ptr + 8, self.d_next.data.ptr, 4, rt.memcpyDeviceToHost, self.stream.ptr)
 
     def _capture(self):
         with self.stream:
@@ -223,9 +224,15 @@ class CudaRunner:
         with self.stream:
             self.d_pos[:1].set(np.array([pos], np.int32))
             self.sampler.sample(self.d_pos[:1], None)
-            self.d_next[:1].data.copy_to_host_async(self.h_io.ptr + 8, 4, self.stream)
+            rt = self.cp.cuda.runtime
+            rt.memcpyAsync(self.h_io.ptr + 8, self.d_next.data.ptr, 4, rt.memcpyDeviceToHost, self.stream.ptr)
         self.stream.synchronize()
         return int(self.h_view[2])
+
+    def decode_logits(self, token: int, pos: int) -> np.ndarray:
+        """One decode step (graph or eager, as configured); host copy of its logits (checks)."""
+        self.sample(self.decode(token, pos), SamplingParams(temperature=0), 0, pos + 1, [])
+        return self.logits_host()
 
     def logits_host(self) -> np.ndarray:
         self.stream.synchronize()

@@ -78,7 +78,7 @@ class SettingsScreen(Screen):
             with Grid(classes="settings-grid"):
                 yield Label("Theme")
                 themes = sorted(self.app.available_themes)
-                yield Select([(t, t) for t in themes], value=self.app.theme, allow_blank=False, id="set-theme")
+                yield Select([(t, t) for t in themes], value=self.app.theme, allow_blank=False, id="set-theme", compact=True)
                 yield Label("also: command palette", classes="hint")
             yield Label("Default system prompt (new conversations)", classes="section-title")
             yield TextArea(self.app.config.system_prompt, id="set-system-prompt", soft_wrap=True)
@@ -91,7 +91,7 @@ class SettingsScreen(Screen):
         value = getattr(self._target(setting), setting.key)
         field_id = f"set-{setting.key}"
         if setting.kind is str:
-            return Select([(c, c) for c in cli_choices()[setting.key]], value=value, allow_blank=False, id=field_id)
+            return Select([(c, c) for c in cli_choices()[setting.key]], value=value, allow_blank=False, id=field_id, compact=True)
         validator = (Integer if setting.kind is int else Number)(minimum=setting.minimum, maximum=setting.maximum)
         text = "" if value is None else str(value)
         return Input(text, id=field_id, validators=[validator], valid_empty=setting.optional, compact=True)

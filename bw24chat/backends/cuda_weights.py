@@ -1,0 +1,288 @@
+"""Weights on the device in their quantized form, repacked at load for coalesced 16-byte loads.
+
+The device layout (kernels/formats.cuh is the contract) cuts every row into 16-byte *chunks*
+of VPC values: F32 4, F16/BF16 8, Q8_0 16, and 32 for every 4-bit-based format, whose chunk is
+a "nibble chunk" (byte j: value j in the low nibble, value 16+j in the high one).  Scales and
+high bits live in separate planes (``s``, ``d``, ``h``), so a warp's chunk loads are one
+contiguous 512-byte run.  Several tensors of one format and width are concatenated along the
+output rows (the runner fuses Wq|Wk|Wv and Wgate|Wup).
+
+``repack_host`` builds the planes with NumPy (no GPU needed); ``decode_planes`` is the NumPy
+mirror of the device decoder (same integer tricks, same float op order) and is tested bit for
+bit against ``bw24chat.quants.dequantize`` (tests/test_repack.py); ``upload`` moves the planes
+to CuPy arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import quants
+
+# format id (the FMT define of kernels/formats.cuh) and values per 16-byte chunk
+FORMATS = {
+    "F32": (0, 4), "F16": (1, 8), "BF16": (2, 8), "Q8_0": (3, 16),
+    "Q4_0": (4, 32), "Q4_1": (5, 32), "Q5_0": (6, 32), "Q5_1": (7, 32),
+    "Q4_K": (8, 32), "Q5_K": (9, 32), "Q6_K": (10, 32), "NVFP4": (11, 32),
+}
+HAS_MIN = {"Q4_1", "Q5_1", "Q4_K", "Q5_K"}
+
+
+def fmt_id(fmt: str) -> int:
+    return FORMATS[fmt][0]
+
+
+def vpc(fmt: str) -> int:
+    return FORMATS[fmt][1]
+
+
+@dataclass
+class HostPlanes:
+    """Repacked planes of one (possibly fused) matrix, all row-major with `out` rows."""
+    fmt: str
+    out: int
+    in_: int
+    q: np.ndarray  # uint8 [out, in/VPC*16]
+    h: np.ndarray | None = None  # uint8 [out, nck*4] (5th bits) or [out, nck*8] (Q6_K)
+    s: np.ndarray | None = None  # uint8 scale records
+    d: np.ndarray | None = None  # uint8 [out, nsb*2] (Q6_K f16 d)
+    gscale: np.ndarray | None = None  # float32 [out] (NVFP4 per-row global scale)
+    global_scales: tuple = ()  # the per-tensor NVFP4 scales, in order
+
+
+# ----------------------------------------------------------------------------- packing helpers
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """(..., 32) 4-bit codes -> (..., 16) bytes: byte j = code j | code (16+j) << 4."""
+    c = codes.astype(np.uint8)
+    return (c[..., :16] & 0x0F) | ((c[..., 16:] & 0x0F) << 4)
+
+
+def pack_h5(bits: np.ndarray) -> np.ndarray:
+    """(..., 32) 5th bits -> (..., 4) bytes: u32 bit 8j+g = value 4g+j, bit 8j+4+g = value 16+4g+j."""
+    b = bits.astype(np.uint32) & 1
+    lo = b[..., :16].reshape(*b.shape[:-1], 4, 4)  # [g, j]
+    hi = b[..., 16:].reshape(*b.shape[:-1], 4, 4)
+    g = np.arange(4, dtype=np.uint32).reshape(4, 1)
+    j = np.arange(4, dtype=np.uint32).reshape(1, 4)
+    w = ((lo << (8 * j + g)) | (hi << (8 * j + 4 + g))).sum(axis=(-2, -1), dtype=np.uint32)
+    return w.astype("<u4").view(np.uint8).reshape(*b.shape[:-1], 4)
+
+
+def pack_h6(hi2: np.ndarray) -> np.ndarray:
+    """(..., 32) 2-bit highs -> (..., 8) bytes: word0 byte j bits 2g..2g+1 = value 4g+j; word1 of 16+4g+j."""
+    b = hi2.astype(np.uint32) & 3
+    g = np.arange(4, dtype=np.uint32).reshape(4, 1)
+    j = np.arange(4, dtype=np.uint32).reshape(1, 4)
+    words = []
+    for half in (b[..., :16], b[..., 16:]):
+        t = half.reshape(*b.shape[:-1], 4, 4)
+        words.append((t << (8 * j + 2 * g)).sum(axis=(-2, -1), dtype=np.uint32))
+    w = np.stack(words, axis=-1).astype("<u4")
+    return w.view(np.uint8).reshape(*b.shape[:-1], 8)
+
+
+def _rows(raw: np.ndarray, out: int) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.uint8).reshape(out, -1)
+
+
+def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
+    """The planes of one tensor (uint8 arrays with `out` rows)."""
+    if fmt not in FORMATS:
+        raise NotImplementedError(f"no CUDA layout for {fmt}")
+    V = vpc(fmt)
+    if in_ % V:
+        raise ValueError(f"{fmt}: in={in_} must be a multiple of {V} (one 16-byte chunk)")
+    u8 = _rows(raw, out)
+    if fmt in ("F32", "F16", "BF16"):
+        return {"q": u8}
+    bs, ts = quants.block_info(quants.T[fmt])
+    if in_ % bs:
+        raise ValueError(f"{fmt}: in={in_} must be a multiple of the block ({bs})")
+    nb = in_ // bs
+    b = u8.reshape(out, nb, ts)
+    if fmt == "Q8_0":
+        return {"q": b[:, :, 2:34].reshape(out, -1), "s": b[:, :, 0:2].reshape(out, -1)}
+    if fmt == "Q4_0":
+        return {"q": b[:, :, 2:18].reshape(out, -1), "s": b[:, :, 0:2].reshape(out, -1)}
+    if fmt == "Q4_1":
+        return {"q": b[:, :, 4:20].reshape(out, -1), "s": b[:, :, 0:4].reshape(out, -1)}
+    if fmt in ("Q5_0", "Q5_1"):
+        o = 2 if fmt == "Q5_0" else 4
+        qh = np.ascontiguousarray(b[:, :, o:o + 4]).view("<u4")  # (out, nb, 1)
+        bits = (qh >> np.arange(32, dtype=np.uint32)) & 1  # bit v -> value v
+        return {"q": b[:, :, o + 4:o + 20].reshape(out, -1), "h": pack_h5(bits).reshape(out, -1),
+                "s": b[:, :, 0:o].reshape(out, -1)}
+    if fmt in ("Q4_K", "Q5_K"):
+        off = 16 if fmt == "Q4_K" else 48
+        qs = b[:, :, off:off + 128].reshape(out, nb, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+        codes = (qs & 0x0F).reshape(out, nb, 8, 32)  # sub-block s, value v (quants._q4_k)
+        planes = {"q": pack_nibbles(codes).reshape(out, -1), "s": b[:, :, 0:16].reshape(out, -1)}
+        if fmt == "Q5_K":
+            qh = b[:, :, 16:48].reshape(out, nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+            planes["h"] = pack_h5(qh & 1).reshape(out, -1)
+        return planes
+    if fmt == "Q6_K":
+        ql, qh = b[:, :, 0:128], b[:, :, 128:192]
+        lo = ((ql.reshape(out, nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(out, nb, 8, 32)
+        hi = ((qh.reshape(out, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 0x03).reshape(out, nb, 8, 32)
+        return {"q": pack_nibbles(lo).reshape(out, -1), "h": pack_h6(hi).reshape(out, -1),
+                "s": b[:, :, 192:208].reshape(out, -1), "d": b[:, :, 208:210].reshape(out, -1)}
+    if fmt == "NVFP4":
+        qs = b[:, :, 4:36].reshape(out, nb, 4, 8)
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, nb, 2, 32)  # value order
+        return {"q": pack_nibbles(codes).reshape(out, -1), "s": b[:, :, 0:4].reshape(out, -1)}
+    raise AssertionError(fmt)
+
+
+def repack_host(qtensors: list) -> HostPlanes:
+    """Repack one or more QTensors (same format and width) into one matrix of concatenated rows."""
+    if not qtensors:
+        raise ValueError("nothing to upload")
+    fmt = qtensors[0].fmt
+    in_ = int(qtensors[0].shape[-1])
+    parts, gs = [], []
+    for t in qtensors:
+        if t.fmt != fmt or int(t.shape[-1]) != in_ or len(t.shape) != 2:
+            raise ValueError(f"upload fuses 2-D tensors of one format and width: {t.name} is {t.fmt} {t.shape}")
+        parts.append(repack_one(fmt, t.raw, int(t.shape[0]), in_))
+        gs.append(np.full(int(t.shape[0]), np.float32(t.global_scale), np.float32))
+    out = sum(int(t.shape[0]) for t in qtensors)
+    cat = lambda k: np.ascontiguousarray(np.concatenate([p[k] for p in parts], axis=0)) if k in parts[0] else None  # noqa: E731
+    hp = HostPlanes(fmt, out, in_, cat("q"), cat("h"), cat("s"), cat("d"))
+    if fmt == "NVFP4":
+        hp.gscale = np.concatenate(gs)
+        hp.global_scales = tuple(float(t.global_scale) for t in qtensors)
+    elif any(t.global_scale != 1.0 for t in qtensors):
+        raise ValueError("a global scale is only supported for NVFP4")
+    return hp
+
+
+# ----------------------------------------------------------------------------- NumPy mirror of formats.cuh
+def _f16(u8: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(u8).view("<f2").astype(np.float32)
+
+
+def _ue4m3_half(x: np.ndarray) -> np.ndarray:
+    bits = ((x.astype(np.uint32) & 0x7F) << 20).view(np.float32) * np.float32(2.0**119)
+    return np.where((x == 0) | (x == 0x7F), np.float32(0), bits).astype(np.float32)
+
+
+def decode_planes(hp: HostPlanes) -> np.ndarray:
+    """float32 [out, in] exactly as formats.cuh decode_exact computes it (global scale applied
+    per row for NVFP4, as the dequantize kernel does)."""
+    fmt, out, in_ = hp.fmt, hp.out, hp.in_
+    V = vpc(fmt)
+    nck = in_ // V
+    if fmt == "F32":
+        return hp.q.view("<f4").reshape(out, in_).astype(np.float32)
+    if fmt == "F16":
+        return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
+    if fmt == "BF16":
+        return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
+    words = hp.q.reshape(out, nck, 4, 4).view("<u4")[..., 0]  # (out, nck, 4) words g
+    kc = np.arange(nck)
+    if fmt == "Q8_0":
+        d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2]  # (out, nck)
+        w = words ^ np.uint32(0x80808080)
+        bytes_ = ((w[..., None] >> (8 * np.arange(4, dtype=np.uint32))) & 0xFF).reshape(out, nck, 16)
+        q = (bytes_ | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + 128.0)
+        return (q * d[..., None]).reshape(out, in_)
+    # nibble family: code bytes lo (values 4g+j), hi (16+4g+j)
+    lo = words & np.uint32(0x0F0F0F0F)
+    hi = (words >> 4) & np.uint32(0x0F0F0F0F)
+    if fmt in ("Q5_0", "Q5_1", "Q5_K"):
+        h = hp.h.reshape(out, nck, 4).view("<u4")  # (out, nck, 1)
+        lo = lo | (np.stack([h[..., 0] << np.uint32(4 - gg) for gg in range(4)], -1) & np.uint32(0x10101010))
+        hi = hi | (np.stack([h[..., 0] >> np.uint32(gg) for gg in range(4)], -1) & np.uint32(0x10101010))
+    elif fmt == "Q6_K":
+        h = hp.h.reshape(out, nck, 2, 4).view("<u4")[..., 0]  # (out, nck, 2)
+
+        def sh(v, s):
+            return (v << np.uint32(s)) if s >= 0 else (v >> np.uint32(-s))
+
+        lo = lo | (np.stack([sh(h[..., 0], 4 - 2 * gg) for gg in range(4)], -1) & np.uint32(0x30303030))
+        hi = hi | (np.stack([sh(h[..., 1], 4 - 2 * gg) for gg in range(4)], -1) & np.uint32(0x30303030))
+    j = (8 * np.arange(4, dtype=np.uint32))
+
+    def qvals(w):  # (out, nck, 4 words) -> (out, nck, 16) values 4g+j
+        c = (w[..., None] >> j) & np.uint32(0xFF)
+        if fmt == "NVFP4":
+            mag = (c << 22) & np.uint32(0x01C00000)
+            bits = mag | np.where(mag != 0, (c << 28) & np.uint32(0x80000000), np.uint32(0))
+            return (bits.view(np.float32) * np.float32(2.0**127)).reshape(out, nck, 16)
+        off = {"Q4_0": 8.0, "Q5_0": 16.0, "Q6_K": 32.0}.get(fmt, 0.0)
+        return ((c | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + off)).reshape(out, nck, 16)
+
+    qlo, qhi = qvals(lo), qvals(hi)
+    b = None
+    if fmt in ("Q4_0", "Q5_0"):
+        a0 = _f16(hp.s.reshape(out, nck, 2))
+        a1 = a0
+    elif fmt in ("Q4_1", "Q5_1"):
+        dm = _f16(hp.s.reshape(out, nck, 2, 2))  # (out, nck, 2, 1)
+        a0, b = dm[:, :, 0], dm[:, :, 1]
+        a1 = a0
+    elif fmt in ("Q4_K", "Q5_K"):
+        s = hp.s.reshape(out, nck // 8, 16)
+        d, dmin = _f16(s[..., 0:2]), _f16(s[..., 2:4])
+        sc, mn = quants.k_scale_min(s[..., 4:16].reshape(-1, 12))
+        sc, mn = sc.reshape(out, -1, 8), mn.reshape(out, -1, 8)
+        a0 = (d * sc.astype(np.float32)).reshape(out, nck, 1)
+        b = -(dmin * mn.astype(np.float32)).reshape(out, nck, 1)
+        a1 = a0
+    elif fmt == "Q6_K":
+        sc = hp.s.reshape(out, nck // 8, 16).view(np.int8).astype(np.float32)
+        d = _f16(hp.d.reshape(out, nck // 8, 2))
+        ds = (d * sc).reshape(out, nck, 2)
+        a0, a1 = ds[..., 0:1], ds[..., 1:2]
+    elif fmt == "NVFP4":
+        sc = _ue4m3_half(hp.s.reshape(out, nck, 2))
+        a0, a1 = sc[..., 0:1], sc[..., 1:2]
+    vlo, vhi = a0 * qlo, a1 * qhi
+    if b is not None:
+        vlo, vhi = vlo + b, vhi + b
+    v = np.concatenate([vlo, vhi], axis=-1).reshape(out, in_)
+    if hp.gscale is not None:
+        v = v * hp.gscale[:, None]
+    return v.astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- device side
+@dataclass
+class DeviceWeight:
+    """A (possibly fused) matrix on the device.  ``in_`` is the input width (``in`` is a Python
+    keyword).  Planes absent for a format are None; ``gscale`` (NVFP4) is the per-row global
+    scale as a float32 device array, ``global_scale`` the Python float when all fused tensors
+    share one (else the tuple of them)."""
+    fmt: str
+    out: int
+    in_: int
+    q: object
+    h: object = None
+    s: object = None
+    d: object = None
+    gscale: object = None
+    global_scale: float | tuple = 1.0
+    nbytes: int = 0
+    fmt_id: int = field(default=0)
+    vpc: int = field(default=0)
+
+    @property
+    def nck(self) -> int:
+        return self.in_ // self.vpc
+
+
+def upload(qtensors: list, host: HostPlanes | None = None) -> DeviceWeight:
+    """QTensors (one format, one width) -> DeviceWeight of their rows concatenated."""
+    import cupy as cp
+
+    hp = host if host is not None else repack_host(list(qtensors))
+    dev = lambda a: None if a is None else cp.asarray(a)  # noqa: E731
+    planes = [hp.q, hp.h, hp.s, hp.d, hp.gscale]
+    gsu = set(hp.global_scales)
+    gs = (hp.global_scales[0] if len(gsu) == 1 else hp.global_scales) if hp.global_scales else 1.0
+    return DeviceWeight(
+        hp.fmt, hp.out, hp.in_, dev(hp.q), dev(hp.h), dev(hp.s), dev(hp.d), dev(hp.gscale), gs,
+        int(sum(a.nbytes for a in planes if a is not None)), fmt_id(hp.fmt), vpc(hp.fmt),
+    )

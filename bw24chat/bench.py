@@ -1,0 +1,166 @@
+"""``bw24chat bench``: prefill and decode speed against the measured roofline.
+
+Rooflines are measured in the same run: device-to-device copy bandwidth (bytes read + written
+over time, 2 GiB buffers) and the fp16 tensor-core GEMM rate through cuBLAS (8192^3; Hopper's
+bf16 and fp16 tensor-core rates are equal).
+  decode roofline (tok/s) = copy bandwidth / bytes that must be read per token
+                             (every weight matrix once + the embedding row + KV cache at that context)
+  prefill roofline (tok/s) = GEMM rate / FLOPs per token (2 x matrix parameters + attention)
+All timings: CUDA events after warm-up, medians of >= 5 runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def _events_ms(cp, fn, runs: int, warmup: int = 2) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    out = []
+    for _ in range(runs):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(cp.cuda.get_elapsed_time(a, b))
+    return out
+
+
+def measure_copy_bandwidth(cp, nbytes: int = 2 << 30, runs: int = 10) -> float:
+    src = cp.empty(nbytes // 4, cp.float32)
+    src.fill(1.0)
+    dst = cp.empty_like(src)
+    ms = statistics.median(_events_ms(cp, lambda: dst.__setitem__(slice(None), src), runs))
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def measure_gemm_rate(cp, n: int = 8192, runs: int = 10) -> float:
+    a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    ms = statistics.median(_events_ms(cp, lambda: cp.matmul(a, b), runs))
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def weight_bytes(runner) -> int:
+    """Bytes the decode step must read: every matrix once (embedding: one row)."""
+    total = 0
+    for L in runner.layers:
+        total += sum(L[k].nbytes for k in ("qkv", "o", "gu", "down"))
+    total += runner.w_out.nbytes
+    total += runner.w_embed.nbytes // runner.args.vocab_size
+    return total
+
+
+def kv_bytes_per_token(runner, ctx: int) -> int:
+    a = runner.args
+    per_elem = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0}[runner.kv_type]
+    return int(2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * ctx * per_elem)
+
+
+def flops_per_token(runner, ctx: int) -> float:
+    a = runner.args
+    D, H, K, hd, F = runner.dims
+    mat = a.num_hidden_layers * (D * (H + 2 * K) * hd + H * hd * D + 3 * D * F) + D * a.vocab_size
+    attn = a.num_hidden_layers * 4 * H * hd * ctx / 2  # causal: half the keys on average
+    return 2 * mat + attn
+
+
+def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str) -> list[dict]:
+    rng = np.random.default_rng(0)
+    V = runner.args.vocab_size
+    rows = []
+    for T in (512, 2048):
+        if T >= runner.n_ctx:
+            continue
+        ids = rng.integers(0, V, T)
+        ms = statistics.median(_events_ms(cp, lambda: runner.prefill(ids, 0), runs, warmup=1))
+        tps = T / (ms * 1e-3)
+        roof = gemm_rate / flops_per_token(runner, T)
+        rows.append(dict(model=label, test=f"pp{T}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof, ms=ms))
+    from .api import SamplingParams
+
+    sp = SamplingParams(temperature=0)
+    for ctx in (512, 8192):
+        if ctx + 130 >= runner.n_ctx:
+            continue
+        ids = rng.integers(0, V, ctx)
+        runner.prefill(ids, 0)
+        tok = int(ids[-1])
+        # warm-up (captures the graph)
+        for i in range(3):
+            tok = runner.sample(runner.decode(tok, ctx + i), sp, 0, ctx + i, [])
+        walls, gpu = [], []
+        for r in range(runs):
+            t0 = time.perf_counter()
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(runner.stream)
+            for i in range(128):
+                tok = runner.sample(runner.decode(tok, ctx + i), sp, 0, ctx + i, [])
+            b.record(runner.stream)
+            b.synchronize()
+            walls.append(time.perf_counter() - t0)
+            gpu.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+        wall, g = statistics.median(walls), statistics.median(gpu)
+        tps = 128 / wall
+        nbytes = weight_bytes(runner) + kv_bytes_per_token(runner, ctx + 64)
+        roof = copy_bw / nbytes
+        rows.append(dict(model=label, test=f"tg128@{ctx}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
+                         bytes_per_token=nbytes, host_overhead=wall / max(g, 1e-9)))
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bw24chat bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", help="model path (GGUF / HF dir)")
+    p.add_argument("--synthetic", help="named shape with random weights: " + ", ".join(__import__("bw24chat.synthetic", fromlist=["SHAPES"]).SHAPES))
+    p.add_argument("--weights", default="bf16", help="comma list for --synthetic: bf16,q8_0,q4_k,nvfp4,...")
+    p.add_argument("--kv-cache", default="bf16")
+    p.add_argument("--ctx", type=int, default=10240)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--json", help="also write the JSON here")
+    a = p.parse_args(argv)
+    import cupy as cp
+
+    from .backends.cuda_runner import CudaRunner
+
+    copy_bw, gemm_rate = measure_copy_bandwidth(cp), measure_gemm_rate(cp)
+    rows = []
+    if a.synthetic:
+        from .synthetic import synthetic_checkpoint
+
+        for fmt in a.weights.split(","):
+            ck = synthetic_checkpoint(a.synthetic, fmt.upper())
+            runner = CudaRunner(ck, a.ctx, a.kv_cache)
+            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}")
+            del runner
+            cp.get_default_memory_pool().free_all_blocks()
+    else:
+        from .loaders import load_checkpoint
+
+        ck = load_checkpoint(a.model)
+        runner = CudaRunner(ck, a.ctx, a.kv_cache)
+        rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name)
+    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache, "rows": rows}
+    out = json.dumps(result, indent=1)
+    print(out)
+    if a.json:
+        open(a.json, "w").write(out)
+    print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}")
+    print(f"{'model':24} {'test':12} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
+    for r in rows:
+        print(f"{r['model']:24} {r['test']:12} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
+              f"{r.get('bytes_per_token', ''):>12} {r.get('host_overhead', float('nan')):8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,162 @@
+"""``bw24chat check``: every CUDA kernel against its NumPy reference on fresh random inputs, then
+the exactness gates on a model for every weight format x KV-cache type:
+
+  prefill-vs-decode   argmax of the tensor-core prefill logits = argmax of the decode path at
+                      every position of a 512-token prompt, except near-ties (top-2 margin
+                      < 1e-3, counted and reported)
+  chunk-invariance    prefill logits bit-identical for chunk sizes 256 and 512
+  graph-vs-eager      graph decode = eager decode, token for token (greedy, 32 tokens)
+  seed                the same seed twice = the same sampled tokens
+  graph-launches      no kernel launched from Python during graph decode steps
+
+Prints a table; exits non-zero on any failure.  ``BW24CHAT_PORTABLE=1`` (or --portable) runs
+everything on the portable kernels (mma.sync, no wgmma/TMA), as sm_120a would.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .api import SamplingParams
+
+DEFAULT_FORMATS = "bf16,f16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k,nvfp4"
+DEFAULT_KV = "bf16,q8_0,fp8"
+
+
+@dataclass
+class Result:
+    section: str
+    name: str
+    value: str
+    limit: str
+    ok: bool
+
+
+def _greedy(runner, prompt, n, use_graph: bool, sp=None, seed=0):
+    runner.use_graph = use_graph
+    runner.graph = None
+    sp = sp or SamplingParams(temperature=0)
+    logits = runner.prefill(prompt, 0)
+    pos = len(prompt)
+    hist = list(int(t) for t in prompt)
+    tok = runner.sample(logits, sp, seed, pos, hist)
+    out = [tok]
+    for i in range(n - 1):
+        hist.append(tok)
+        tok = runner.sample(runner.decode(tok, pos + i), sp, seed, pos + i + 1, hist)
+        out.append(tok)
+    return out
+
+
+def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> list[Result]:
+    import cupy as cp
+
+    from .backends.kernel_build import LaunchCounter
+
+    res = []
+    rng = np.random.default_rng()
+    V = runner.args.vocab_size
+    prompt = rng.integers(0, V, n_prompt)
+    # chunk invariance
+    a = cp.asnumpy(runner.prefill_all(prompt, 0, chunk=512))
+    b = cp.asnumpy(runner.prefill_all(prompt, 0, chunk=256))
+    nbad = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+    res.append(Result(label, "prefill chunk 256 vs 512", f"{nbad} bits differ", "0", nbad == 0 and np.isfinite(a).all()))
+    # prefill argmax vs decode argmax, position by position (decode path: matvec kernels, graph)
+    runner.use_graph = True
+    runner.graph = None
+    dec = np.empty_like(a)
+    for i, t in enumerate(prompt):
+        dec[i] = runner.decode_logits(int(t), i)
+    top2 = np.sort(a, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    near = margin < 1e-3
+    mism = (np.argmax(a, 1) != np.argmax(dec, 1)) & ~near
+    rel = float(np.linalg.norm(a - dec) / np.linalg.norm(dec))
+    res.append(Result(label, "prefill argmax = decode argmax", f"{int(mism.sum())} mismatches, {int(near.sum())} near-ties, rel L2 {rel:.1e}",
+                      "0 (ties < 1e-3 excluded)", int(mism.sum()) == 0))
+    # graph vs eager
+    short = prompt[:64]
+    g = _greedy(runner, short, n_gen, True)
+    e = _greedy(runner, short, n_gen, False)
+    res.append(Result(label, "graph decode = eager decode", f"{sum(x != y for x, y in zip(g, e))} of {n_gen} differ", "0", g == e))
+    # seed reproducibility
+    sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, repeat_penalty=1.1)
+    s1 = _greedy(runner, short, n_gen, True, sp, seed=1234)
+    s2 = _greedy(runner, short, n_gen, True, sp, seed=1234)
+    s3 = _greedy(runner, short, n_gen, True, sp, seed=4321)
+    res.append(Result(label, "same seed = same tokens", "equal" if s1 == s2 else "differ", "equal", s1 == s2 and s1 != s3))
+    # no launches outside the graph during graph decode
+    runner.use_graph = True
+    _greedy(runner, short, 4, True)
+    before = LaunchCounter.count
+    pos = len(short) + 4
+    tok = 1
+    for i in range(16):
+        tok = runner.sample(runner.decode(tok, pos + i), SamplingParams(temperature=0), 0, pos + i + 1, [])
+    launched = LaunchCounter.count - before
+    res.append(Result(label, "launches outside graph (16 steps)", str(launched), "0", launched == 0))
+    return res
+
+
+def kernel_checks() -> list[Result]:
+    from . import kernel_checks as kc
+
+    return [Result("kernels", name, value, limit, ok) for name, value, limit, ok in kc.run_all()]
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bw24chat check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", help="also gate this model (GGUF / HF dir)")
+    p.add_argument("--synthetic", default="tiny", help="random-weight shape gated in every format (bw24chat.synthetic.SHAPES)")
+    p.add_argument("--formats", default=DEFAULT_FORMATS)
+    p.add_argument("--kv", default=DEFAULT_KV)
+    p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--skip-gates", action="store_true")
+    p.add_argument("--portable", action="store_true", help="force the portable (non-wgmma) kernels")
+    a = p.parse_args(argv)
+    if a.portable:
+        os.environ["BW24CHAT_PORTABLE"] = "1"
+    import cupy as cp
+
+    from .backends import kernel_build
+    from .backends.cuda_runner import CudaRunner
+    from .synthetic import synthetic_checkpoint
+
+    t0 = time.time()
+    results: list[Result] = []
+    if not a.skip_kernels:
+        results += kernel_checks()
+    if not a.skip_gates:
+        for fmt in a.formats.split(","):
+            ck = synthetic_checkpoint(a.synthetic, fmt.upper())
+            for kv in a.kv.split(","):
+                runner = CudaRunner(ck, 2048, kv, prefill_chunk=512)
+                results += model_gates(runner, f"{a.synthetic}/{fmt}/kv={kv}")
+                del runner
+                cp.get_default_memory_pool().free_all_blocks()
+        if a.model:
+            from .loaders import load_checkpoint
+
+            ck = load_checkpoint(a.model)
+            for kv in a.kv.split(","):
+                runner = CudaRunner(ck, 2048, kv, prefill_chunk=512)
+                results += model_gates(runner, f"{ck.name[:20]}/kv={kv}")
+                del runner
+    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    print(f"\nbw24chat check on {dev} ({kernel_build.active_arch()}), {time.time() - t0:.0f}s")
+    w = max(len(r.section) for r in results) if results else 10
+    for r in results:
+        print(f"{'PASS' if r.ok else 'FAIL'}  {r.section:{w}}  {r.name:36} {r.value:48} limit {r.limit}")
+    bad = [r for r in results if not r.ok]
+    print(f"{len(results) - len(bad)} passed, {len(bad)} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,102 @@
+"""Random-weight checkpoints of real model shapes, for benchmarks and checks of shapes too large
+to carry, in any weight format without a quantizer: quantized formats get random *valid* blocks
+(random codes, scales drawn in a sane range), so every byte a real model would read is read.
+
+Layers share one set of host arrays (each is uploaded to its own device buffer, so device reads
+are still distinct and never served from L2); the logits are therefore meaningless but the work
+per token is exactly a real model's.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as T
+from tokenizers import Tokenizer, models
+
+from . import quants
+from .loaders import Checkpoint
+from .loaders.tensor import QTensor
+from .tokenizer import TokenizerInfo
+
+SHAPES = {
+    # Qwen3-8B with a 49k vocabulary: the shape llama.cpp was measured on (engine notes)
+    "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=49152,
+                     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "qwen3-8b-151k": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                          max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "llama3-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                      max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                         max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "tiny": dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
+                 max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+
+
+def _f16_bytes(rng, n, lo, hi) -> np.ndarray:
+    return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+
+def random_matrix(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> QTensor:
+    """A random valid tensor in ``fmt`` with values of magnitude ~0.01-0.05 (logits stay sane)."""
+    if fmt == "BF16":
+        bits = rng.integers(0, 1 << 16, (rows, cols), dtype=np.uint16)
+        bits = (bits & 0x807F) | np.uint16(121 << 7)  # +-[1, 2) * 2^-6
+        return QTensor("", "BF16", (rows, cols), bits)
+    if fmt == "F16":
+        return QTensor("", "F16", (rows, cols), (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
+    qt = T[fmt]
+    bs, ts = quants.block_info(qt)
+    nb = rows * (cols // bs)
+    raw = rng.integers(0, 256, (nb, ts), dtype=np.uint8)
+    # overwrite the scale fields with sane values (layouts in quants.py)
+    if fmt in ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL"):
+        raw[:, 0:2] = _f16_bytes(rng, nb, 2e-4, 2e-3) if fmt == "Q8_0" else _f16_bytes(rng, nb, 2e-3, 6e-3)
+    elif fmt in ("Q4_1", "Q5_1"):
+        raw[:, 0:2] = _f16_bytes(rng, nb, 2e-3, 6e-3)
+        raw[:, 2:4] = _f16_bytes(rng, nb, -0.04, -0.02)
+    elif fmt in ("Q4_K", "Q5_K"):
+        raw[:, 0:2] = _f16_bytes(rng, nb, 1e-4, 3e-4)
+        raw[:, 2:4] = _f16_bytes(rng, nb, 1e-4, 3e-4)
+    elif fmt == "Q6_K":
+        raw[:, 208:210] = _f16_bytes(rng, nb, 1e-5, 4e-5)
+    elif fmt == "NVFP4":
+        raw[:, 0:4] = rng.integers(0x18, 0x28, (nb, 4), dtype=np.uint8)  # E4M3 scales ~ 2^-4..2^-2
+    else:
+        raise ValueError(f"no synthetic generator for {fmt}")
+    return QTensor("", fmt, (rows, cols), raw.reshape(rows, -1), global_scale=0.05 if fmt == "NVFP4" else 1.0)
+
+
+def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, embed_fmt: str | None = None) -> Checkpoint:
+    cfg = dict(SHAPES[shape] if isinstance(shape, str) else shape)
+    cfg["rope_style"] = "neox"
+    rng = np.random.default_rng(seed)
+    D, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    H, K, hd, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"]
+    shared = {
+        "attn_q": random_matrix(fmt, H * hd, D, rng), "attn_k": random_matrix(fmt, K * hd, D, rng),
+        "attn_v": random_matrix(fmt, K * hd, D, rng), "attn_o": random_matrix(fmt, D, H * hd, rng),
+        "ffn_gate": random_matrix(fmt, F, D, rng), "ffn_up": random_matrix(fmt, F, D, rng),
+        "ffn_down": random_matrix(fmt, D, F, rng),
+    }
+    ones = lambda n: QTensor("", "F32", (n,), (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))  # noqa: E731
+    tensors = {"tok_embd": random_matrix(embed_fmt or fmt, V, D, rng), "output_norm": ones(D)}
+    if not cfg.get("tie_word_embeddings"):
+        tensors["output"] = random_matrix(embed_fmt or fmt, V, D, rng)
+    for i in range(L):
+        for k, v in shared.items():
+            tensors[f"blk.{i}.{k}"] = QTensor(f"blk.{i}.{k}", v.fmt, v.shape, v.raw, v.global_scale)
+        tensors[f"blk.{i}.attn_norm"] = ones(D)
+        tensors[f"blk.{i}.ffn_norm"] = ones(D)
+        if cfg["model_type"] == "qwen3":
+            tensors[f"blk.{i}.attn_q_norm"] = ones(hd)
+            tensors[f"blk.{i}.attn_k_norm"] = ones(hd)
+    for n, t in tensors.items():
+        t.name = n
+    tk = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    return Checkpoint(path=f"<synthetic {shape} {fmt}>", source="synthetic", name=f"synthetic-{shape}-{fmt.lower()}",
+                      config=cfg, tensors=tensors, tokenizer=TokenizerInfo(tk))

@@ -1,0 +1,556 @@
+// attention.cu — causal GQA attention over the KV cache: split-K decode (flash-decoding) and
+// FlashAttention-2 prefill on tensor cores (mma.sync m16n8k16 bf16, f32 accumulators).
+//
+// Shape legend: m decode rows (1..8, consecutive positions), T prefill tokens, H query heads,
+// K kv heads, G = H/K group size, GQ query heads handled together by one block (a divisor of G),
+// NSG = G/GQ, HD head dim, N cache positions (n_ctx), L_r keys attended by decode row r.
+//
+// Layouts: q float32 [rows, H, HD]; out float32 [rows, H, HD] (= [rows, H*HD]);
+//   cache_k / cache_v: one layer, see bw24chat/backends/kernel_refs.py (bf16 uint16 [N, K, HD];
+//   q8_0 planar int8 [N, K, HD] + f16 scales [N, K, HD/32]; fp8 planar E4M3 [N, K, HD] + f32
+//   scale per head vector [N, K]).  Values = code * scale in float32.
+// NumPy references: kernel_refs.attention_ref (float64, on the dequantized cache) — the tests'
+//   target (rel. error <= 2e-3) — and NumpyBackend.attention (float32) for the same math.
+// Scores are kept in the log2 domain: s = (q . k) * scale * log2(e), p = exp2(s - max).
+//
+// ---------------------------------------------------------------- decode (attn_decode)
+// Row r attends keys 0..L_r-1, L_r = lengths[r] (device int32, so a CUDA graph replays with new
+// lengths).  Split rule (kernel_refs.decode_splits; depends only on L_r and the static
+// max_splits, never on m): tiles = ceil(L/TK), per = ceil(tiles/max_splits),
+// n_split = ceil(tiles/per); split s covers tiles [s*per, min(tiles, (s+1)*per)).
+// Grid (m, max_splits, K*NSG), 128 threads; blocks with s >= n_split(L_r) exit at once, so the
+// grid never depends on lengths (graph-safe).  Row index is the fastest grid dimension so the m
+// rows of one split run side by side and share the K/V tile through L2.
+// A block: one row, one kv head, GQ query heads, one split.  K/V tiles of TK=32 keys stream
+// through a 3-stage cp.async pipeline in shared memory.  A "sub-warp" of LPK = HD/8 lanes owns
+// one key at a time (each lane 8 dims, GQ partial dots reduced by an xor butterfly); the block's
+// 4*32/LPK sub-warps take keys sid, sid+NSUB, ... of each tile and keep their own online
+// softmax (max m, sum l, acc[GQ][8]).  End of split: sub-warps merged in sub-warp order in
+// shared memory; with one split the row is finished there, else (m, l, acc) go to the
+// workspace and the last block of (row, kv head, head group) to arrive (atomic counter,
+// reset by that block, so the workspace is reusable by the next launch/graph replay) merges the
+// splits in split order.  Every step's order is fixed by L_r alone: row results are bit-equal
+// whether launched with m = 1 or m = 8 and whatever the other rows hold.
+//
+// ---------------------------------------------------------------- prefill (attn_prefill)
+// Queries t < T at positions start+t (start a plain int: prefill is not graph-captured) attend
+// keys 0..start+t (already written by qk_norm_rope_kv_write).  Rows of a block are the
+// (token, head) pairs i = t*GQ + g of one kv head's head group, BM = 64 rows (4 warps x 16),
+// so the GQ heads share every K/V tile.  Key blocks of BN = 64 at absolute multiples of 64,
+// always visited 0, 1, 2, ...: a key block entirely in a row's future leaves that row's state
+// bit-unchanged (alpha = exp2(0) = 1, p = 0), so each row's result is identical whatever the
+// prefill chunking (tests check 256- vs 512-token chunks bit for bit).
+// Grid (ceil(T*GQ/64), K*NSG) (x reversed: the longest tiles start first), 128 threads,
+// dynamic smem 2 stages x (K + V) x 64 x (HD+8) bf16 (69632 B at HD=128: needs the opt-in).
+// bf16 caches: tiles by cp.async (double-buffered); q8_0/fp8: codes dequantized to bf16 on the
+// way into shared memory.  Q is rounded to bf16, P to bf16 for P.V; S, O, m, l stay f32.
+//
+// Defines: HD (64/128; any of 32/64/128/256 for decode), GQ (heads per block, decode <= 8),
+//          KV_TYPE (0 bf16, 1 q8_0, 2 fp8).
+#include "common.cuh"
+
+#ifndef HD
+#define HD 128
+#endif
+#ifndef GQ
+#define GQ 4
+#endif
+#ifndef KV_TYPE
+#define KV_TYPE 0
+#endif
+
+#define KV_BF16 0
+#define KV_Q8_0 1
+#define KV_FP8 2
+
+#if KV_TYPE == KV_BF16
+#define ES 2  // code bytes per value
+#define SCB 0  // scale bytes per key row
+#elif KV_TYPE == KV_Q8_0
+#define ES 1
+#define SCB (HD / 16)
+#else
+#define ES 1
+#define SCB 4
+#endif
+#define ROWB (HD * ES)
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// ------------------------------------------------------------------ small helpers
+BW24_DEVICE uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+BW24_DEVICE void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+BW24_DEVICE void cp_async4(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+BW24_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+BW24_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// 4 E4M3 codes (bytes of x, low first) -> 4 floats / 256 (exact: E4M3 placed in f16 bits; the
+// caller folds the 2^8 into the scale).
+BW24_DEVICE void e4m3x4_to_f32_div256(uint32_t x, float* o) {
+    const uint32_t lo = ((x & 0x00800080u) << 8) | ((x & 0x007F007Fu) << 7);  // bytes 0, 2
+    const uint32_t hi = (x & 0x80008000u) | ((x & 0x7F007F00u) >> 1);        // bytes 1, 3
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    o[0] = a.x; o[1] = b.x; o[2] = a.y; o[3] = b.y;
+}
+
+// 8 stored values starting at p (16 B of bf16 or 8 B of codes) -> float32 codes.
+BW24_DEVICE void load8(const uint8_t* p, float* o) {
+#if KV_TYPE == KV_BF16
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        o[2 * i] = __uint_as_float(w[i] << 16);
+        o[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+#elif KV_TYPE == KV_Q8_0
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        o[i] = (float)(int8_t)(u.x >> (8 * i));
+        o[4 + i] = (float)(int8_t)(u.y >> (8 * i));
+    }
+#else
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    e4m3x4_to_f32_div256(u.x, o);
+    e4m3x4_to_f32_div256(u.y, o + 4);
+#endif
+}
+
+// The float32 scale that multiplies the codes of dims [d0, d0+8) of a key row whose scale bytes
+// start at sp (shared or global).
+BW24_DEVICE float row_scale(const uint8_t* sp, int d0) {
+#if KV_TYPE == KV_BF16
+    return 1.0f;
+#elif KV_TYPE == KV_Q8_0
+    return __half2float(reinterpret_cast<const __half*>(sp)[d0 / 32]);
+#else
+    return *reinterpret_cast<const float*>(sp) * 256.0f;
+#endif
+}
+
+// =================================================================== decode
+#define DTHREADS 128
+#define TK 32
+#define STAGES 3
+#define LPK (HD / 8)           // lanes per key
+#define KPW (32 / LPK)         // keys per warp step
+#define NSUB (4 * KPW)         // sub-warps per block
+#define KPS (TK / NSUB)        // keys per sub-warp per tile
+#define STAGE_BYTES (2 * TK * ROWB + 2 * TK * SCB)
+
+static_assert(LPK >= 1 && LPK <= 32 && (32 % LPK) == 0, "HD/8 must divide 32");
+static_assert(TK % NSUB == 0, "tile must split evenly over sub-warps");
+static_assert(GQ >= 1, "GQ");
+
+// Dynamic shared memory the decode kernel needs (the wrapper computes the same number).
+#define DECODE_MERGE_BYTES (NSUB * GQ * (HD + 2) * 4)
+#define DECODE_SMEM (STAGES * STAGE_BYTES > DECODE_MERGE_BYTES ? STAGES * STAGE_BYTES : DECODE_MERGE_BYTES)
+
+extern "C" __global__ void __launch_bounds__(DTHREADS)
+attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
+            const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
+            float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int s_last;
+    const int r = blockIdx.x, s = blockIdx.y;
+    const int L = lengths[r];
+    if (L <= 0) return;
+    const int tiles = (L + TK - 1) / TK;
+    const int per = (tiles + max_splits - 1) / max_splits;
+    const int nsplit = (tiles + per - 1) / per;
+    if (s >= nsplit) return;
+    const int t0 = s * per, ntile = min(tiles, t0 + per) - t0;
+
+    const int G = H / K, NSG = G / GQ;
+    const int h = blockIdx.z / NSG, sg = blockIdx.z % NSG;
+    const int hq0 = h * G + sg * GQ;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int sl = lane % LPK, sid = warp * KPW + lane / LPK;
+    const long long scale_plane = (long long)n_ctx * K * HD;  // byte offset of the scale plane
+
+    float qr[GQ][8];
+#pragma unroll
+    for (int g = 0; g < GQ; ++g) {
+        const float4* qp = reinterpret_cast<const float4*>(q + ((long long)r * H + hq0 + g) * HD + sl * 8);
+        const float4 a = qp[0], b = qp[1];
+        qr[g][0] = a.x; qr[g][1] = a.y; qr[g][2] = a.z; qr[g][3] = a.w;
+        qr[g][4] = b.x; qr[g][5] = b.y; qr[g][6] = b.z; qr[g][7] = b.w;
+    }
+    float m_[GQ], l_[GQ], acc[GQ][8];
+#pragma unroll
+    for (int g = 0; g < GQ; ++g) {
+        m_[g] = NEG_INF; l_[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+    }
+
+    auto issue = [&](int tile, int st) {
+        uint8_t* base = smem + st * STAGE_BYTES;
+        const int key0 = tile * TK;
+        for (int c = tid; c < TK * ROWB / 16; c += DTHREADS) {
+            const int kk = c / (ROWB / 16), off = (c % (ROWB / 16)) * 16;
+            const int j = key0 + kk;
+            const bool ok = j < L;
+            const long long g = ((long long)(ok ? j : 0) * K + h) * ROWB + off;
+            cp_async16(base + kk * ROWB + off, cache_k + g, ok ? 16 : 0);
+            cp_async16(base + TK * ROWB + kk * ROWB + off, cache_v + g, ok ? 16 : 0);
+        }
+#if SCB > 0
+        for (int c = tid; c < TK * SCB / 4; c += DTHREADS) {
+            const int kk = c / (SCB / 4), off = (c % (SCB / 4)) * 4;
+            const int j = key0 + kk;
+            const bool ok = j < L;
+            const long long g = scale_plane + ((long long)(ok ? j : 0) * K + h) * SCB + off;
+            cp_async4(base + 2 * TK * ROWB + kk * SCB + off, cache_k + g, ok ? 4 : 0);
+            cp_async4(base + 2 * TK * ROWB + TK * SCB + kk * SCB + off, cache_v + g, ok ? 4 : 0);
+        }
+#endif
+    };
+
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < ntile) issue(t0 + i, i);
+        cp_async_commit();
+    }
+    for (int it = 0; it < ntile; ++it) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile `it` visible to all; everyone is done with tile it-1's stage
+        if (it + STAGES - 1 < ntile) issue(t0 + it + STAGES - 1, (it + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        const uint8_t* base = smem + (it % STAGES) * STAGE_BYTES;
+        const uint8_t* sK = base;
+        const uint8_t* sV = base + TK * ROWB;
+        const uint8_t* sKs = base + 2 * TK * ROWB;
+        const uint8_t* sVs = sKs + TK * SCB;
+        const int key0 = (t0 + it) * TK;
+        float p[KPS][GQ];
+#pragma unroll
+        for (int kk = 0; kk < KPS; ++kk) {
+            const int jl = sid + NSUB * kk;
+            float kf[8];
+            load8(sK + jl * ROWB + sl * 8 * ES, kf);
+            const float ksc = row_scale(sKs + jl * SCB, sl * 8);
+#pragma unroll
+            for (int g = 0; g < GQ; ++g) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d = fmaf(qr[g][e], kf[e], d);
+#if KV_TYPE != KV_BF16
+                d *= ksc;
+#endif
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                p[kk][g] = key0 + jl < L ? d * scale_log2 : NEG_INF;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GQ; ++g) {
+            float mx = m_[g];
+#pragma unroll
+            for (int kk = 0; kk < KPS; ++kk) mx = fmaxf(mx, p[kk][g]);
+            if (mx == NEG_INF) {  // nothing valid seen yet by this sub-warp
+#pragma unroll
+                for (int kk = 0; kk < KPS; ++kk) p[kk][g] = 0.0f;
+                continue;
+            }
+            const float alpha = exp2f(m_[g] - mx);
+            m_[g] = mx;
+            l_[g] *= alpha;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+#pragma unroll
+            for (int kk = 0; kk < KPS; ++kk) {
+                p[kk][g] = exp2f(p[kk][g] - mx);
+                l_[g] += p[kk][g];
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KPS; ++kk) {
+            const int jl = sid + NSUB * kk;
+            float vf[8];
+            load8(sV + jl * ROWB + sl * 8 * ES, vf);
+            const float vsc = row_scale(sVs + jl * SCB, sl * 8);
+#pragma unroll
+            for (int g = 0; g < GQ; ++g) {
+#if KV_TYPE != KV_BF16
+                const float pv = p[kk][g] * vsc;
+#else
+                const float pv = p[kk][g];
+#endif
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pv, vf[e], acc[g][e]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // pipeline buffers are reused for the merge
+
+    // ---- merge the sub-warps of this block, in sub-warp order
+    float* macc = reinterpret_cast<float*>(smem);  // [NSUB][GQ][HD]
+    float* mm = macc + NSUB * GQ * HD;              // [NSUB][GQ]
+    float* ml = mm + NSUB * GQ;
+#pragma unroll
+    for (int g = 0; g < GQ; ++g) {
+        float4* dst = reinterpret_cast<float4*>(macc + (sid * GQ + g) * HD + sl * 8);
+        dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+        dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        if (sl == 0) { mm[sid * GQ + g] = m_[g]; ml[sid * GQ + g] = l_[g]; }
+    }
+    __syncthreads();
+    const int ms = max_splits;
+    float* ws_ml = ws;                                         // [max_rows][H][ms][2]
+    float* ws_acc = ws + (long long)max_rows * H * ms * 2;     // [max_rows][H][ms][HD]
+    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+        const int g = idx / HD, d = idx % HD;
+        float M = NEG_INF;
+        for (int b = 0; b < NSUB; ++b) M = fmaxf(M, mm[b * GQ + g]);
+        float Ls = 0.0f, O = 0.0f;
+        for (int b = 0; b < NSUB; ++b) {
+            const float mv = mm[b * GQ + g];
+            if (mv != NEG_INF) {
+                const float f = exp2f(mv - M);
+                Ls = fmaf(ml[b * GQ + g], f, Ls);
+                O = fmaf(macc[(b * GQ + g) * HD + d], f, O);
+            }
+        }
+        const long long rh = (long long)r * H + hq0 + g;
+        if (nsplit == 1) {
+            out[rh * HD + d] = O / Ls;
+        } else {
+            ws_acc[(rh * ms + s) * HD + d] = O;
+            if (d == 0) { ws_ml[(rh * ms + s) * 2] = M; ws_ml[(rh * ms + s) * 2 + 1] = Ls; }
+        }
+    }
+    if (nsplit == 1) return;
+
+    // ---- last block of (row, kv head, head group) merges the splits, in split order
+    __threadfence();
+    __syncthreads();
+    int* cnt = ws_cnt + ((long long)r * K * NSG + blockIdx.z);
+    if (tid == 0) s_last = atomicAdd(cnt, 1) == nsplit - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+        const int g = idx / HD, d = idx % HD;
+        const long long rh = (long long)r * H + hq0 + g;
+        float M = NEG_INF;
+        for (int b = 0; b < nsplit; ++b) M = fmaxf(M, __ldcg(ws_ml + (rh * ms + b) * 2));
+        float Ls = 0.0f, O = 0.0f;
+        for (int b = 0; b < nsplit; ++b) {
+            const float f = exp2f(__ldcg(ws_ml + (rh * ms + b) * 2) - M);
+            Ls = fmaf(__ldcg(ws_ml + (rh * ms + b) * 2 + 1), f, Ls);
+            O = fmaf(__ldcg(ws_acc + (rh * ms + b) * HD + d), f, O);
+        }
+        out[rh * HD + d] = O / Ls;
+    }
+    if (tid == 0) *cnt = 0;  // ready for the next launch / graph replay
+}
+
+// =================================================================== prefill
+#define PTHREADS 128
+#define BM 64
+#define BN 64
+#define LDK (HD + 8)  // bf16 elements per shared row: 16 B pad keeps ldmatrix/LDS conflict-free
+#define PTILE_ELEMS (BN * LDK)
+#define PREFILL_SMEM (2 * 2 * PTILE_ELEMS * 2)
+
+static_assert(HD % 16 == 0, "prefill needs HD % 16 == 0");
+
+BW24_DEVICE uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+BW24_DEVICE void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+BW24_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// Fill one stage (K and V tiles of key block kb) for kv head h; keys >= kv_len are zero.
+BW24_DEVICE void prefill_load(__nv_bfloat16* sK, __nv_bfloat16* sV, const uint8_t* __restrict__ ck,
+                              const uint8_t* __restrict__ cv, int kb, int kv_len, int K, int h, long long scale_plane) {
+    for (int c = threadIdx.x; c < BN * HD / 8; c += PTHREADS) {
+        const int kk = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+        const int j = kb * BN + kk;
+        const bool ok = j < kv_len;
+        const long long row = (long long)(ok ? j : 0) * K + h;
+#if KV_TYPE == KV_BF16
+        cp_async16(sK + kk * LDK + d8, ck + (row * HD + d8) * 2, ok ? 16 : 0);
+        cp_async16(sV + kk * LDK + d8, cv + (row * HD + d8) * 2, ok ? 16 : 0);
+#else
+        float kf[8], vf[8];
+        load8(ck + row * HD + d8, kf);
+        load8(cv + row * HD + d8, vf);
+        const float ks = ok ? row_scale(ck + scale_plane + row * SCB, d8) : 0.0f;
+        const float vs = ok ? row_scale(cv + scale_plane + row * SCB, d8) : 0.0f;
+        uint4 ko, vo;
+        ko.x = pack_bf16(kf[0] * ks, kf[1] * ks); ko.y = pack_bf16(kf[2] * ks, kf[3] * ks);
+        ko.z = pack_bf16(kf[4] * ks, kf[5] * ks); ko.w = pack_bf16(kf[6] * ks, kf[7] * ks);
+        vo.x = pack_bf16(vf[0] * vs, vf[1] * vs); vo.y = pack_bf16(vf[2] * vs, vf[3] * vs);
+        vo.z = pack_bf16(vf[4] * vs, vf[5] * vs); vo.w = pack_bf16(vf[6] * vs, vf[7] * vs);
+        *reinterpret_cast<uint4*>(sK + kk * LDK + d8) = ko;
+        *reinterpret_cast<uint4*>(sV + kk * LDK + d8) = vo;
+#endif
+    }
+#if KV_TYPE == KV_BF16
+    cp_async_commit();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(PTHREADS)
+attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
+             int T, int H, int K, int start, int n_ctx, float scale_log2, float* __restrict__ out) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][K|V][BN][LDK]
+    const int G = H / K, NSG = G / GQ;
+    const int h = blockIdx.y / NSG, sg = blockIdx.y % NSG;
+    const int bx = gridDim.x - 1 - blockIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nrows = T * GQ;
+    const int i_last = min(nrows, (bx + 1) * BM) - 1;
+    const int kv_len = start + i_last / GQ + 1;  // keys any row of this block may attend
+    const int nkb = (kv_len + BN - 1) / BN;
+    const long long scale_plane = (long long)n_ctx * K * HD;
+    (void)scale_plane;  // used by the q8_0/fp8 tile loaders only
+
+    // this lane's two rows (a: lane/4, b: lane/4 + 8 within the warp's 16)
+    const int ia = bx * BM + warp * 16 + (lane >> 2), ib = ia + 8;
+    const bool va = ia < nrows, vb = ib < nrows;
+    const int ta = va ? ia / GQ : i_last / GQ, tb = vb ? ib / GQ : i_last / GQ;
+    const int pa = start + ta, pb = start + tb;
+    const long long qa_off = ((long long)ta * H + h * G + sg * GQ + (va ? ia % GQ : 0)) * HD;
+    const long long qb_off = ((long long)tb * H + h * G + sg * GQ + (vb ? ib % GQ : 0)) * HD;
+    const int c2 = 2 * (lane & 3);
+
+    uint32_t qf[HD / 16][4];
+#pragma unroll
+    for (int kt = 0; kt < HD / 16; ++kt) {
+        const int c = kt * 16 + c2;
+        const float2 a0 = va ? *reinterpret_cast<const float2*>(q + qa_off + c) : make_float2(0.f, 0.f);
+        const float2 b0 = vb ? *reinterpret_cast<const float2*>(q + qb_off + c) : make_float2(0.f, 0.f);
+        const float2 a1 = va ? *reinterpret_cast<const float2*>(q + qa_off + c + 8) : make_float2(0.f, 0.f);
+        const float2 b1 = vb ? *reinterpret_cast<const float2*>(q + qb_off + c + 8) : make_float2(0.f, 0.f);
+        qf[kt][0] = pack_bf16(a0.x, a0.y);
+        qf[kt][1] = pack_bf16(b0.x, b0.y);
+        qf[kt][2] = pack_bf16(a1.x, a1.y);
+        qf[kt][3] = pack_bf16(b1.x, b1.y);
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
+
+    prefill_load(tiles, tiles + PTILE_ELEMS, cache_k, cache_v, 0, kv_len, K, h, scale_plane);
+    for (int kb = 0; kb < nkb; ++kb) {
+        const int st = kb & 1;
+        if (kb + 1 < nkb) {
+            __nv_bfloat16* nb = tiles + (st ^ 1) * 2 * PTILE_ELEMS;
+            prefill_load(nb, nb + PTILE_ELEMS, cache_k, cache_v, kb + 1, kv_len, K, h, scale_plane);
+#if KV_TYPE == KV_BF16
+            cp_async_wait<1>();
+#endif
+        } else {
+#if KV_TYPE == KV_BF16
+            cp_async_wait<0>();
+#endif
+        }
+        __syncthreads();
+        const __nv_bfloat16* sK = tiles + st * 2 * PTILE_ELEMS;
+        const __nv_bfloat16* sV = sK + PTILE_ELEMS;
+
+        // S = Q K^T (16 x 64 per warp)
+        float sc[BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const __nv_bfloat16* kr = sK + (nt * 8 + (lane >> 2)) * LDK + c2;
+#pragma unroll
+            for (int kt = 0; kt < HD / 16; ++kt) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kt * 16);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kt * 16 + 8);
+                mma_bf16(sc[nt], qf[kt], b0, b1);
+            }
+        }
+        // causal mask, scale, row max
+        float mxa = NEG_INF, mxb = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+            const int key = kb * BN + nt * 8 + c2;
+            sc[nt][0] = key <= pa ? sc[nt][0] * scale_log2 : NEG_INF;
+            sc[nt][1] = key + 1 <= pa ? sc[nt][1] * scale_log2 : NEG_INF;
+            sc[nt][2] = key <= pb ? sc[nt][2] * scale_log2 : NEG_INF;
+            sc[nt][3] = key + 1 <= pb ? sc[nt][3] * scale_log2 : NEG_INF;
+            mxa = fmaxf(mxa, fmaxf(sc[nt][0], sc[nt][1]));
+            mxb = fmaxf(mxb, fmaxf(sc[nt][2], sc[nt][3]));
+        }
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+        const float na = fmaxf(ma, mxa), nb2 = fmaxf(mb, mxb);  // finite: key 0 is in every row's past
+        const float alpha_a = exp2f(ma - na), alpha_b = exp2f(mb - nb2);
+        ma = na; mb = nb2;
+        float ra = 0.0f, rb = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+            sc[nt][0] = exp2f(sc[nt][0] - na);
+            sc[nt][1] = exp2f(sc[nt][1] - na);
+            sc[nt][2] = exp2f(sc[nt][2] - nb2);
+            sc[nt][3] = exp2f(sc[nt][3] - nb2);
+            ra += sc[nt][0] + sc[nt][1];
+            rb += sc[nt][2] + sc[nt][3];
+        }
+        ra += __shfl_xor_sync(0xffffffffu, ra, 1);
+        ra += __shfl_xor_sync(0xffffffffu, ra, 2);
+        rb += __shfl_xor_sync(0xffffffffu, rb, 1);
+        rb += __shfl_xor_sync(0xffffffffu, rb, 2);
+        la = la * alpha_a + ra;
+        lb = lb * alpha_b + rb;
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) {
+            o[n][0] *= alpha_a; o[n][1] *= alpha_a;
+            o[n][2] *= alpha_b; o[n][3] *= alpha_b;
+        }
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint32_t pa4[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                                     pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                     pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+            const __nv_bfloat16* vr = sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vr + dp * 16);
+                mma_bf16(o[2 * dp], pa4, b[0], b[1]);
+                mma_bf16(o[2 * dp + 1], pa4, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // stage st is refilled next iteration
+    }
+    const float ia_inv = 1.0f / la, ib_inv = 1.0f / lb;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+        const int d = n * 8 + c2;
+        if (va) *reinterpret_cast<float2*>(out + qa_off + d) = make_float2(o[n][0] * ia_inv, o[n][1] * ia_inv);
+        if (vb) *reinterpret_cast<float2*>(out + qb_off + d) = make_float2(o[n][2] * ib_inv, o[n][3] * ib_inv);
+    }
+}

@@ -1,0 +1,71 @@
+"""CPU check of the CUDA weight layout: repacked planes decoded by the NumPy mirror of
+kernels/formats.cuh (cuda_weights.decode_planes) equal bw24chat.quants.dequantize bit for bit,
+for every format, random valid blocks, fused (concatenated) tensors and odd sizes."""
+import numpy as np
+import pytest
+
+from bw24chat import quants
+from bw24chat.backends import cuda_weights as cw
+from bw24chat.loaders.tensor import QTensor
+
+FMTS = list(cw.FORMATS)
+
+
+def random_qtensor(rng, fmt: str, out: int, in_: int, name: str = "w", global_scale: float = 1.0) -> QTensor:
+    """Random valid data: random codes, finite random scales (f16 in [1e-3, 1e-1], ue4m3 codes
+    that are not NaN, small Q4_K/Q5_K/Q6_K sub-scales of every bit pattern)."""
+    if fmt == "F32":
+        return QTensor(name, fmt, (out, in_), rng.standard_normal((out, in_)).astype(np.float32))
+    if fmt == "F16":
+        return QTensor(name, fmt, (out, in_), rng.standard_normal((out, in_)).astype(np.float16))
+    if fmt == "BF16":
+        f = rng.standard_normal((out, in_)).astype(np.float32)
+        return QTensor(name, fmt, (out, in_), (f.view(np.uint32) >> 16).astype(np.uint16))
+    T = quants.T[fmt]
+    bs, ts = quants.block_info(T)
+    nb = out * in_ // bs
+    b = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
+    f16 = lambda n: (rng.uniform(1e-3, 1e-1, n) * rng.choice([-1, 1], n)).astype(np.float16).view(np.uint8).reshape(n, 2)  # noqa: E731
+    if fmt in ("Q8_0", "Q4_0", "Q5_0"):
+        b[:, 0:2] = f16(nb)
+    elif fmt in ("Q4_1", "Q5_1"):
+        b[:, 0:2], b[:, 2:4] = f16(nb), f16(nb)
+    elif fmt in ("Q4_K", "Q5_K"):
+        b[:, 0:2], b[:, 2:4] = f16(nb), f16(nb)
+    elif fmt == "Q6_K":
+        b[:, 208:210] = f16(nb)
+    elif fmt == "NVFP4":
+        s = rng.integers(0, 0x7F, size=(nb, 4), dtype=np.uint8)  # 0x7F is NaN in E4M3
+        s[rng.random((nb, 4)) < 0.05] = 0x7F  # ... which decodes to 0: cover it
+        b[:, 0:4] = s
+    return QTensor(name, fmt, (out, in_), b.reshape(out, -1), global_scale=global_scale)
+
+
+def reference(ts: list) -> np.ndarray:
+    return np.concatenate([t.dequantize() for t in ts], axis=0)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_repack_round_trip_bit_exact(fmt):
+    rng = np.random.default_rng()
+    bs = max(quants.block_info(quants.T[fmt])[0] if fmt not in ("F32", "F16", "BF16") else 1, cw.vpc(fmt))
+    in_ = bs * int(rng.integers(1, 5))
+    gs = [1.0, 1.0, 1.0] if fmt != "NVFP4" else [0.75, 1.0, 3.0e-3]
+    ts = [random_qtensor(rng, fmt, int(n), in_, f"w{i}", gs[i]) for i, n in enumerate(rng.integers(1, 9, 3))]
+    hp = cw.repack_host(ts)
+    assert hp.out == sum(t.shape[0] for t in ts) and hp.q.shape == (hp.out, in_ // cw.vpc(fmt) * 16)
+    got, ref = cw.decode_planes(hp), reference(ts)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{np.sum(got.view(np.uint32) != ref.view(np.uint32))} bit mismatches"
+
+
+def test_repack_rejects_mixed_formats():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError):
+        cw.repack_host([random_qtensor(rng, "Q8_0", 2, 32), random_qtensor(rng, "Q4_0", 2, 32)])
+
+
+def test_nibble_chunk_layout():
+    codes = np.arange(32, dtype=np.uint8) % 16
+    b = cw.pack_nibbles(codes)
+    assert list(b & 15) == list(codes[:16]) and list(b >> 4) == list(codes[16:])
