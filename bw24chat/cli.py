@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "quality":
+        from .quality import main as quality_main
+
+        return quality_main(argv[1:])
     if argv and argv[0] == "check":
         from .check import main as check_main
 

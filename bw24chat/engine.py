@@ -98,6 +98,10 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
     t0 = time.perf_counter()
     ckpt = load_checkpoint(path)
     report(LoadProgress("reading", 1.0, f"{ckpt.name}: {ckpt.n_params / 1e6:.0f}M parameters"))
+    if options.quantize:
+        from .quantize import requantize_checkpoint
+
+        requantize_checkpoint(ckpt, options.quantize, lambda f: report(LoadProgress("quantizing", f, options.quantize)))
     device, note = pick_device(options.device)
     if device == "cuda":
         from .backends.cuda_runner import make_cuda_runner

@@ -175,6 +175,7 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int sl = lane % LPK, sid = warp * KPW + lane / LPK;
     const long long scale_plane = (long long)n_ctx * K * HD;  // byte offset of the scale plane
+    (void)scale_plane;
 
     float qr[GQ][8];
 #pragma unroll

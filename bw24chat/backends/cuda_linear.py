@@ -1,0 +1,108 @@
+"""Launch wrappers for the linear-algebra kernels on repacked weights (DeviceWeight):
+``matvec`` (decode, m = 1..8 rows, fused rmsnorm/swiglu prologue and store/add epilogue),
+``gemm`` (prefill on tensor cores), ``embed`` (row gather) and ``dequantize`` (whole tensor).
+
+All take preallocated CuPy outputs, launch on the current stream and neither allocate nor
+synchronize, so the decode step can be captured in a CUDA graph.  Absent optional pointers are
+passed as a null 64-bit value.  Contracts: kernels/matvec.cu, gemm.cu, dequant.cu.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .cuda_weights import DeviceWeight
+from .kernel_build import get_kernel
+
+MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
+MV_ROWS_PER_BLOCK = 8 * MV_R
+MV_SMEM_FLOATS = 8192  # x staging budget per block (32 KB), split over the m rows
+GM_TILE = 128
+GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes
+PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
+EPILOGUES = {"store": 0, "add": 1}
+_NULL = np.uint64(0)
+
+
+def _ptr(a):
+    return _NULL if a is None else a
+
+
+def _wargs(W: DeviceWeight) -> tuple:
+    return (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), _ptr(W.gscale))
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm_kernel(fmt_id: int):
+    k = get_kernel("gemm", "gemm", FMT=fmt_id)
+    k.max_dynamic_shared_size_bytes = GM_SMEM
+    return k
+
+
+def matvec_tile(W: DeviceWeight, m: int) -> int:
+    """k-tile width (values) staged in shared memory: a multiple of 32 chunks; any value gives
+    the same results (the per-lane chunk order does not depend on it)."""
+    wt = 32 * W.vpc
+    need = -(-W.in_ // wt) * wt
+    return min(need, max(wt, (MV_SMEM_FLOATS // m) // wt * wt))
+
+
+def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
+           norm_w=None, eps: float = 1e-6) -> None:
+    """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T.
+
+    x: float32 [m, W.in] (rmsnorm: the raw residual; swiglu: [m, 2*W.in] = gate|up);
+    norm_w: float32 [W.in] for rmsnorm.  Row r of an m-row call equals bit for bit the 1-row
+    call on that row."""
+    if not 1 <= m <= 8:
+        raise ValueError(f"matvec handles 1..8 rows, got {m}")
+    pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
+    ldx = 2 * W.in_ if pro == 2 else W.in_
+    if x.dtype != np.float32 or out.dtype != np.float32 or x.size < m * ldx or out.size < m * W.out:
+        raise ValueError("matvec: x and out must be float32 [m, in] / [m, out]")
+    if pro == 1 and norm_w is None:
+        raise ValueError("rmsnorm prologue needs norm_w")
+    tk = matvec_tile(W, m)
+    smem = 4 * (m * tk + m * (tk // 32) + m * 8)
+    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R)
+    grid = (-(-W.out // MV_ROWS_PER_BLOCK),)
+    k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
+                     np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
+
+
+def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store") -> None:
+    """out[T, W.out] (=|+=) bf16(x[T, W.in]) @ bf16(W).T on tensor cores (f32 accumulation).
+    Row values do not depend on T (no split-K)."""
+    if x.dtype != np.float32 or out.dtype != np.float32 or x.size < T * W.in_ or out.size < T * W.out:
+        raise ValueError("gemm: x and out must be float32 [T, in] / [T, out]")
+    if T <= 0:
+        return
+    k = _gemm_kernel(W.fmt_id)
+    grid = (-(-W.out // GM_TILE), -(-T // GM_TILE))
+    k(grid, (256,), (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(EPILOGUES[epilogue])),
+      shared_mem=GM_SMEM)
+
+
+def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out) -> None:
+    if out.dtype != np.float32 or out.size < n_rows * W.in_:
+        raise ValueError("out must be float32 [rows, in]")
+    if n_rows <= 0:
+        return
+    total = n_rows * W.nck
+    grid = (max(1, min(-(-total // 256), 132 * 16)),)
+    k = get_kernel("dequant", "dequant_rows", FMT=W.fmt_id)
+    k(grid, (256,), (*_wargs(W), _ptr(ids), np.int32(n_rows), np.int32(W.in_), out))
+
+
+def embed(W: DeviceWeight, ids_dev, out) -> None:
+    """out[T, W.in] = rows ids[t] of the table, float32, bit-exact with quants.dequantize
+    (NVFP4: times the global scale, as QTensor.dequantize).  ids_dev: int32 device array [T]."""
+    if ids_dev.dtype != np.int32:
+        raise ValueError("embed: ids must be int32")
+    _dequant_rows(W, ids_dev, int(ids_dev.size), out)
+
+
+def dequantize(W: DeviceWeight, out) -> None:
+    """out[W.out, W.in] = the whole matrix as float32, bit-exact with QTensor.dequantize."""
+    _dequant_rows(W, None, W.out, out)

@@ -1,0 +1,294 @@
+"""Thin launch wrappers for kernels/norm.cu, rope.cu, attention.cu and sampling.cu.
+
+Conventions (the CUDA-graph decode runner relies on them): arguments are CuPy arrays; every op
+launches on the current stream into preallocated outputs, never allocates device memory, never
+synchronizes, never copies to the host.  Values that change per decode step (positions,
+lengths, sampling parameters, seed, ring fill) are read by the kernels from device memory.
+Kernel handles are memoized by kernel_build.get_kernel; scalars are passed as NumPy scalars of
+the kernel's parameter type (CuPy would pass a Python int as a 64-bit integer).
+
+Shape legend: T tokens, D width, H query heads, K kv heads, G = H/K, hd head dim, R rotary dims,
+N cache positions (n_ctx), m decode rows, V vocabulary.  KV cache layouts: kernel_refs.py.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .kernel_build import get_kernel
+from .kernel_refs import KV_TYPES, kv_cache_nbytes
+
+KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2}
+DECODE_MAX_ROWS = 8
+DECODE_TILE = 32
+SAMPLE_PARAM_WORDS = 16
+_M64 = (1 << 64) - 1
+
+_smem_set: set = set()
+
+
+def _launch(kernel, grid, block, args, smem: int = 0):
+    if smem > 48 * 1024 and id(kernel) not in _smem_set:
+        kernel.max_dynamic_shared_size_bytes = smem
+        _smem_set.add(id(kernel))
+    kernel(grid, block, args, shared_mem=smem)
+
+
+def _i32(v) -> np.int32:
+    return np.int32(v)
+
+
+def _f32(v) -> np.float32:
+    return np.float32(v)
+
+
+# ============================================================================ KV cache buffers
+
+
+def kv_cache_alloc(kv_type: str, n_ctx: int, n_kv: int, head_dim: int):
+    """A zeroed device buffer for one layer's K (or V) cache (allocation: call at setup only).
+    bf16: uint16 (N, K, hd); q8_0 / fp8: flat uint8 (planar codes then scales)."""
+    import cupy as cp
+
+    if kv_type == "bf16":
+        return cp.zeros((n_ctx, n_kv, head_dim), cp.uint16)
+    return cp.zeros(kv_cache_nbytes(kv_type, n_ctx, n_kv, head_dim), cp.uint8)
+
+
+def _cache_ctx(cache, kv_type: str, n_kv: int, hd: int) -> int:
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"unknown kv cache type {kv_type!r}")
+    n = cache.nbytes // kv_cache_nbytes(kv_type, 1, n_kv, hd)
+    assert kv_cache_nbytes(kv_type, n, n_kv, hd) == cache.nbytes, "cache buffer size does not match its layout"
+    return n
+
+
+# ============================================================================ norm.cu
+
+
+def _norm_cfg(D: int) -> tuple[int, int]:
+    if D % 4:
+        raise ValueError("rmsnorm needs D % 4 == 0")
+    nt = 256 if D <= 8192 else 1024
+    vpt = max(1, -(-D // (4 * nt)))
+    if vpt > 8:
+        raise ValueError(f"rmsnorm: D={D} too large")
+    return nt, vpt
+
+
+def rmsnorm(x, w, eps: float, out) -> None:
+    """out[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * w.  x, out: float32 (..., D) contiguous
+    (rows = everything but the last axis: pass (T*H, hd) views for a per-head norm); w (D,)."""
+    D = x.shape[-1]
+    rows = x.size // D
+    nt, vpt = _norm_cfg(D)
+    k = get_kernel("norm", "rmsnorm", NT=nt, VPT=vpt)
+    if rows:
+        _launch(k, (rows,), (nt,), (x, w, _f32(eps), _i32(D), out))
+
+
+def add_rmsnorm(x, residual, w, eps: float, out) -> None:
+    """residual += x (in place); out = rmsnorm(residual) * w.  x, residual, out: float32 (T, D)."""
+    D = x.shape[-1]
+    rows = x.size // D
+    nt, vpt = _norm_cfg(D)
+    k = get_kernel("norm", "add_rmsnorm", NT=nt, VPT=vpt)
+    if rows:
+        _launch(k, (rows,), (nt,), (x, residual, w, _f32(eps), _i32(D), out))
+
+
+# ============================================================================ rope.cu
+
+
+def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
+                          rot_dim: int, cache_k, cache_v, kv_type: str | None) -> None:
+    """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
+
+    q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
+    k_norm_w, (hd,) float32, are given: both or neither) and rotated IN PLACE; k and v are stored
+    at cache row positions_dev[t] (int32 (T,), device) in cache_k / cache_v (kv_type "bf16" |
+    "q8_0" | "fp8"; None: no cache write).  cos / sin: float32 (n_pos, R/2) device copies of
+    rope.build_rope_table's tables.  rope_style "neox" | "normal"."""
+    T, H, hd = q.shape
+    K = k.shape[1]
+    if T == 0:
+        return
+    if (q_norm_w is None) != (k_norm_w is None):
+        raise ValueError("q_norm_w and k_norm_w: both or neither")
+    kvt = 3 if kv_type is None else KV_CODE[kv_type]
+    n_ctx = 0 if kv_type is None else _cache_ctx(cache_k, kv_type, K, hd)
+    kern = get_kernel("rope", "qk_norm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"),
+                      QK_NORM=int(q_norm_w is not None), KV_TYPE=kvt)
+    items = T * (H + 2 * K)
+    qn = q_norm_w if q_norm_w is not None else q  # unused pointer when QK_NORM == 0
+    kn = k_norm_w if k_norm_w is not None else q
+    ck = cache_k if kv_type is not None else q
+    cv = cache_v if kv_type is not None else q
+    _launch(kern, ((items + 3) // 4,), (128,),
+            (q, k, v, qn, kn, _f32(eps), cos, sin, positions_dev, _i32(rot_dim), _i32(T), _i32(H), _i32(K), ck, cv,
+             _i32(n_ctx)))
+
+
+# ============================================================================ attention.cu
+
+
+def _decode_gq(G: int) -> int:
+    return max(d for d in range(1, min(G, 8) + 1) if G % d == 0)
+
+
+def _n_sm() -> int:
+    try:
+        import cupy as cp
+
+        return int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    except Exception:  # noqa: BLE001
+        return 132
+
+
+def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None) -> int:
+    """Splits per (row, kv head, head group): enough blocks for ~2 per SM at one row."""
+    nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
+    n_sm = n_sm or _n_sm()
+    return max(1, min(64, -(-2 * n_sm // (n_kv_heads * nsg))))
+
+
+def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
+    ms = attn_decode_max_splits(n_heads, n_kv_heads, n_sm)
+    nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
+    cnt_bytes = -(-(max_rows * n_kv_heads * nsg * 4) // 256) * 256
+    part_bytes = max_rows * n_heads * ms * (head_dim + 2) * 4
+    return ms, cnt_bytes, part_bytes
+
+
+def attn_decode_workspace_bytes(n_heads: int, n_kv_heads: int, head_dim: int, max_rows: int = DECODE_MAX_ROWS,
+                                n_sm: int | None = None) -> int:
+    """Bytes of the decode workspace (split partials + arrival counters).  Allocate it ZEROED
+    once (cp.zeros(n, cp.uint8)); the kernel leaves the counters at zero after each launch."""
+    _, cnt, part = _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm)
+    return cnt + part
+
+
+def _decode_smem(hd: int, gq: int, kv_type: str) -> int:
+    es = 2 if kv_type == "bf16" else 1
+    scb = 0 if kv_type == "bf16" else (hd // 16 if kv_type == "q8_0" else 4)
+    stage = 2 * DECODE_TILE * hd * es + 2 * DECODE_TILE * scb
+    nsub = 4 * (32 // (hd // 8))
+    return max(3 * stage, nsub * gq * (hd + 2) * 4)
+
+
+def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
+                max_rows: int = DECODE_MAX_ROWS) -> None:
+    """Split-K decode attention for m (1..max_rows) query rows.
+
+    q (m', H, hd) float32 with m' >= m (rows 0..m-1 used); row r attends keys 0..lengths_dev[r]-1
+    (int32 device array, >= 1; for speculative verify the rows are consecutive positions so
+    lengths are L, L+1, ...); cache_k / cache_v: one layer in kv_type layout; out (m', H, hd)
+    float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
+    (zeroed once at allocation); scale: softmax scale (1/sqrt(hd))."""
+    _, H, hd = q.shape
+    K = cache_k.shape[1] if kv_type == "bf16" else None
+    if K is None:
+        raise ValueError("pass n_kv via a bf16-shaped cache or use attn_decode_kv")
+    attn_decode_kv(q, cache_k, cache_v, kv_type, K, lengths_dev, m, scale, out, workspace, max_rows)
+
+
+def attn_decode_kv(q, cache_k, cache_v, kv_type: str, n_kv: int, lengths_dev, m: int, scale: float, out, workspace,
+                   max_rows: int = DECODE_MAX_ROWS) -> None:
+    """attn_decode with the number of kv heads given explicitly (needed for the flat q8_0 / fp8
+    cache buffers)."""
+    _, H, hd = q.shape
+    K = n_kv
+    if not 1 <= m <= max_rows:
+        raise ValueError(f"m={m} outside 1..{max_rows}")
+    G = H // K
+    gq = _decode_gq(G)
+    nsg = G // gq
+    n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
+    ms, cnt_bytes, part_bytes = _decode_ws_layout(H, K, hd, max_rows)
+    assert workspace.nbytes >= cnt_bytes + part_bytes, "decode workspace too small"
+    ws_cnt = workspace[:cnt_bytes].view(np.int32)
+    ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
+    kern = get_kernel("attention", "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type])
+    _launch(kern, (m, ms, K * nsg), (128,),
+            (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
+             _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),
+            smem=_decode_smem(hd, gq, kv_type))
+
+
+def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out, n_kv: int | None = None) -> None:
+    """Causal prefill attention (tensor cores) for T queries at positions start..start+T-1 over
+    keys 0..start+T-1 already in the cache.  q, out: float32 (T, H, hd); cache in kv_type layout
+    (n_kv required for the flat q8_0 / fp8 buffers); start: host int (prefill is not captured)."""
+    _, H, hd = q.shape
+    K = n_kv if n_kv is not None else cache_k.shape[1]
+    if T == 0:
+        return
+    G = H // K
+    n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
+    kern = get_kernel("attention", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type])
+    smem = 2 * 2 * 64 * (hd + 8) * 2
+    _launch(kern, (-(-(T * G) // 64), K), (128,),
+            (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),
+             _f32(scale * math.log2(math.e)), out), smem=smem)
+
+
+# ============================================================================ sampling.cu
+
+
+def pack_sampling_params(p, seed: int, hist_len: int = 0, push: bool = False) -> np.ndarray:
+    """SamplingParams + seed (int, up to 128 bits) + ring fill -> the uint64[16] host image of
+    the device params (copy it into a device array; a graph replays with new contents)."""
+    a = np.zeros(SAMPLE_PARAM_WORDS, np.uint64)
+    f64 = lambda x: np.float64(x).view(np.uint64)  # noqa: E731
+    a[0] = f64(p.temperature)
+    a[1] = np.uint64(max(int(p.top_k), 0))
+    a[2] = f64(p.top_p)
+    a[3] = f64(p.min_p)
+    a[4] = f64(p.repeat_penalty)
+    a[5] = np.uint64(max(int(p.repeat_last_n), 0))
+    a[6] = np.uint64(seed & _M64)
+    a[7] = np.uint64((seed >> 64) & _M64)
+    a[8] = np.uint64(hist_len)
+    a[9] = np.uint64(1 if push else 0)
+    return a
+
+
+def sample_workspace_bytes(vocab: int) -> int:
+    """Bytes of the sampler workspace: uint32 keys [V] then float64 e [V] (8-aligned)."""
+    return -(-vocab * 4 // 8) * 8 + vocab * 8
+
+
+_SAMPLE_SHARED = 32 * 256 * 4 + 32 * 256 * 8 + 32 * 8 + 32 * 8 + 8 + 8 + 8 + 8  # SampleShared
+
+
+def sample(logits, params_dev, out_token_dev, recent_ids_dev, pos_dev, workspace) -> None:
+    """One token from logits (V,) float32 per bw24chat/sampling.py.  params_dev: uint64[16]
+    device (pack_sampling_params); out_token_dev: int32 device (>= 1 element); recent_ids_dev:
+    int32 device ring [R] (R >= repeat_last_n; may be size 0 when no penalty); pos_dev: int32
+    device, element 0 = the position keying the Philox draw; workspace: uint8 device buffer of
+    sample_workspace_bytes(V)."""
+    V = logits.shape[-1]
+    kb = -(-V * 4 // 8) * 8
+    keys = workspace[: V * 4].view(np.uint32)
+    e = workspace[kb: kb + V * 8].view(np.float64)
+    smem = _SAMPLE_SHARED + 8 + ((V + 31) // 32) * 4
+    kern = get_kernel("sampling", "sample")
+    ring_cap = int(recent_ids_dev.size)
+    ring = recent_ids_dev if ring_cap else out_token_dev
+    _launch(kern, (1,), (1024,), (logits, _i32(V), params_dev, pos_dev, ring, _i32(ring_cap), keys, e, out_token_dev),
+            smem=smem)
+
+
+def argmax(x, out_token_dev) -> None:
+    """out_token_dev[0] = first index of the maximum of x (V,) float32 (np.argmax, no NaNs)."""
+    kern = get_kernel("sampling", "argmax")
+    _launch(kern, (1,), (1024,), (x, _i32(x.shape[-1]), out_token_dev))
+
+
+def philox_raw(keys_dev, positions_dev, out_dev) -> None:
+    """Test hook: out[i] = first raw 64-bit Philox4x64-10 output for key keys_dev[i] (uint64[n,2])
+    and counter (positions_dev[i] (uint64), 0, 0, 0), as np.random.Philox(...).random_raw()."""
+    n = int(out_dev.size)
+    kern = get_kernel("sampling", "philox_raw")
+    _launch(kern, (-(-n // 256),), (256,), (keys_dev, positions_dev, _i32(n), out_dev))

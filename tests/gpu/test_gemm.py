@@ -1,0 +1,68 @@
+"""Prefill GEMM on tensor cores: vs float64 references (<= 1e-3 when x and W are rounded to
+bf16 first, <= 1e-2 against the unrounded values; relative to sum |x||w|), T not a multiple of
+the tile, the add epilogue, and T-independence (rows computed in a T=256 call equal the same
+rows of a T=512 call bit for bit)."""
+import numpy as np
+import pytest
+
+from bw24chat.backends import cuda_weights as cw
+from tests.gpu.test_dequant_embed import FMTS, block_of, make_weight
+
+
+def bf16(a):
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def check(got, x, w, tol):
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    err = np.abs(got.astype(np.float64) - ref)
+    assert np.all(err <= tol * bound + 1e-30), f"max rel err {np.max(err / (bound + 1e-30)):.3g}"
+
+
+def run(cp, W, x, T, epi="store", init=None):
+    from bw24chat.backends import cuda_linear as cl
+
+    out = cp.full((T, W.out), cp.nan, dtype=cp.float32) if init is None else cp.asarray(init)
+    cl.gemm(W, cp.asarray(np.ascontiguousarray(x[:T])), out, T, epilogue=epi)
+    return cp.asnumpy(out)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gemm_matches_reference(cp, rng, fmt):
+    nb = max(1, 320 // block_of(fmt)) + int(rng.integers(0, 3))
+    ts, w = make_weight(rng, fmt, rows=(int(rng.integers(100, 200)), int(rng.integers(1, 40))), nblocks=nb)
+    W = cw.upload(ts)
+    hp = cw.repack_host(ts)
+    gs = hp.gscale if hp.gscale is not None else np.ones(W.out, np.float32)
+    hp.gscale = None  # the kernel rounds W to bf16 before applying the NVFP4 global scale
+    wq = bf16(cw.decode_planes(hp)).astype(np.float64) * gs[:, None]
+    for T in (1, 7, 100, 513):
+        x = rng.standard_normal((T, W.in_)).astype(np.float32)
+        got = run(cp, W, x, T)
+        check(got, bf16(x), wq, 1e-3)
+        check(got, x, w, 1e-2)
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
+def test_gemm_rows_do_not_depend_on_T(cp, rng, fmt):
+    ts, w = make_weight(rng, fmt, rows=(136,), nblocks=max(1, 512 // block_of(fmt)))
+    W = cw.upload(ts)
+    x = rng.standard_normal((512, W.in_)).astype(np.float32)
+    full = run(cp, W, x, 512)
+    a = run(cp, W, x[:256], 256)
+    b = run(cp, W, x[256:], 256)
+    c = run(cp, W, x[100:], 412)  # a shift that moves rows to other places in their tiles
+    assert np.array_equal(full[:256].view(np.uint32), a.view(np.uint32))
+    assert np.array_equal(full[256:].view(np.uint32), b.view(np.uint32))
+    assert np.array_equal(full[100:].view(np.uint32), c.view(np.uint32))
+
+
+def test_gemm_add_epilogue(cp, rng):
+    ts, w = make_weight(rng, "Q6_K", rows=(130,), nblocks=2)
+    W = cw.upload(ts)
+    x = rng.standard_normal((9, W.in_)).astype(np.float32)
+    res = rng.standard_normal((9, W.out)).astype(np.float32)
+    y = run(cp, W, x, 9)
+    assert np.array_equal(run(cp, W, x, 9, epi="add", init=res), (res + y).astype(np.float32))
