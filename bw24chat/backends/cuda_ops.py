@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from .kernel_build import get_kernel
-from .kernel_refs import KV_TYPES, kv_cache_nbytes
+from .kernel_refs import KV_TYPES, kv_cache_nbytes, kv_cache_shape
 
 KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2}
 DECODE_MAX_ROWS = 8
@@ -48,19 +48,20 @@ def _f32(v) -> np.float32:
 
 def kv_cache_alloc(kv_type: str, n_ctx: int, n_kv: int, head_dim: int):
     """A zeroed device buffer for one layer's K (or V) cache (allocation: call at setup only).
-    bf16: uint16 (N, K, hd); q8_0 / fp8: flat uint8 (planar codes then scales)."""
+    Its shape is kv_cache_shape(...): (N, K, ...) for every type, so that N and K can be read
+    off it; the bytes of q8_0 / fp8 are planar (kernel_refs.py), not indexed by that shape."""
     import cupy as cp
 
-    if kv_type == "bf16":
-        return cp.zeros((n_ctx, n_kv, head_dim), cp.uint16)
-    return cp.zeros(kv_cache_nbytes(kv_type, n_ctx, n_kv, head_dim), cp.uint8)
+    shape, dtype = kv_cache_shape(kv_type, n_ctx, n_kv, head_dim)
+    return cp.zeros(shape, dtype)
 
 
 def _cache_ctx(cache, kv_type: str, n_kv: int, hd: int) -> int:
     if kv_type not in KV_TYPES:
         raise ValueError(f"unknown kv cache type {kv_type!r}")
-    n = cache.nbytes // kv_cache_nbytes(kv_type, 1, n_kv, hd)
-    assert kv_cache_nbytes(kv_type, n, n_kv, hd) == cache.nbytes, "cache buffer size does not match its layout"
+    n = cache.shape[0]
+    if tuple(cache.shape) != kv_cache_shape(kv_type, n, n_kv, hd)[0]:
+        raise ValueError(f"cache shape {cache.shape} is not a {kv_type} cache for {n_kv} kv heads of {hd}")
     return n
 
 
@@ -183,22 +184,11 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
 
     q (m', H, hd) float32 with m' >= m (rows 0..m-1 used); row r attends keys 0..lengths_dev[r]-1
     (int32 device array, >= 1; for speculative verify the rows are consecutive positions so
-    lengths are L, L+1, ...); cache_k / cache_v: one layer in kv_type layout; out (m', H, hd)
+    lengths are L, L+1, ...); cache_k / cache_v: one layer (kv_cache_alloc); out (m', H, hd)
     float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
     (zeroed once at allocation); scale: softmax scale (1/sqrt(hd))."""
     _, H, hd = q.shape
-    K = cache_k.shape[1] if kv_type == "bf16" else None
-    if K is None:
-        raise ValueError("pass n_kv via a bf16-shaped cache or use attn_decode_kv")
-    attn_decode_kv(q, cache_k, cache_v, kv_type, K, lengths_dev, m, scale, out, workspace, max_rows)
-
-
-def attn_decode_kv(q, cache_k, cache_v, kv_type: str, n_kv: int, lengths_dev, m: int, scale: float, out, workspace,
-                   max_rows: int = DECODE_MAX_ROWS) -> None:
-    """attn_decode with the number of kv heads given explicitly (needed for the flat q8_0 / fp8
-    cache buffers)."""
-    _, H, hd = q.shape
-    K = n_kv
+    K = cache_k.shape[1]
     if not 1 <= m <= max_rows:
         raise ValueError(f"m={m} outside 1..{max_rows}")
     G = H // K
@@ -216,12 +206,12 @@ def attn_decode_kv(q, cache_k, cache_v, kv_type: str, n_kv: int, lengths_dev, m:
             smem=_decode_smem(hd, gq, kv_type))
 
 
-def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out, n_kv: int | None = None) -> None:
+def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out) -> None:
     """Causal prefill attention (tensor cores) for T queries at positions start..start+T-1 over
-    keys 0..start+T-1 already in the cache.  q, out: float32 (T, H, hd); cache in kv_type layout
-    (n_kv required for the flat q8_0 / fp8 buffers); start: host int (prefill is not captured)."""
+    keys 0..start+T-1 already in the cache.  q, out: float32 (T', H, hd), T' >= T; cache:
+    kv_cache_alloc; start: host int (prefill is not graph-captured)."""
     _, H, hd = q.shape
-    K = n_kv if n_kv is not None else cache_k.shape[1]
+    K = cache_k.shape[1]
     if T == 0:
         return
     G = H // K

@@ -7,15 +7,16 @@ kernels with ``NumpyBackend.rmsnorm``, ``rope.apply_rope`` and ``sampling.sample
 
 KV cache layouts (one per layer, for K and for V alike; N = n_ctx, K = kv heads, hd = head dim):
   bf16  uint16 (N, K, hd): bf16 bits, round-to-nearest-even from float32.
-  q8_0  uint8 flat, N*K*hd*17/16 bytes, planar: int8 codes (N, K, hd) first, then the f16
+  q8_0  uint8 (N, K, hd*17/16) = N*K*hd*17/16 bytes, planar: int8 codes (N, K, hd) first, then the f16
         scales (N, K, hd/32).  Per 32 consecutive values of one head vector, ggml's
         quantize_row_q8_0_ref: d = amax/127, id = d ? 1/d : 0, q = roundf(x*id) (half away
         from zero), d stored as f16.  Planar (not ggml's interleaved 34-byte blocks) so that
         code rows stay 16-byte aligned for vector loads whatever hd is.
-  fp8   uint8 flat, N*K*(hd+4) bytes, planar: E4M3 codes (N, K, hd), then f32 scales (N, K).
+  fp8   uint8 (N, K, hd+4) = N*K*(hd+4) bytes, planar: E4M3 codes (N, K, hd), then f32 scales (N, K).
         One scale per head vector: d = amax/448, code = e4m3_rn_satfinite(x / d).  Chosen over a
         fixed scale because keys carry per-token outlier magnitudes that a fixed scale would clip
         or crush without calibration data; one f32 per vector costs 4/hd bytes (3% at hd=128).
+The (N, K, ...) shape only carries N and K; the bytes are not indexed by it.
 Dequantized values are code * d in float32 (q8_0: d is the f16 scale widened to float32).
 
 Shape legend: T query tokens, H query heads, K kv heads, G = H/K, hd head dim, S keys, V vocab.
@@ -106,6 +107,15 @@ def kv_cache_nbytes(kv_type: str, n_ctx: int, n_kv: int, head_dim: int) -> int:
     raise ValueError(f"unknown kv cache type {kv_type!r}")
 
 
+def kv_cache_shape(kv_type: str, n_ctx: int, n_kv: int, head_dim: int) -> tuple[tuple, type]:
+    """(shape, dtype) of a cache buffer: (N, K, row units) so that N and K read off the shape;
+    for q8_0 / fp8 the row unit is bytes and the bytes are planar (see the module docstring)."""
+    per_row = kv_cache_nbytes(kv_type, 1, 1, head_dim)
+    if kv_type == "bf16":
+        return (n_ctx, n_kv, head_dim), np.uint16
+    return (n_ctx, n_kv, per_row), np.uint8
+
+
 def kv_quantize(x: np.ndarray, kv_type: str):
     """x: (..., hd) float32 head vectors -> (codes, scales) as stored.
     bf16: (uint16 bits, None); q8_0: (int8 (..., hd), f16 (..., hd/32)); fp8: (uint8, f32 (...,))."""
@@ -142,11 +152,13 @@ def kv_dequantize(codes: np.ndarray, scales, kv_type: str) -> np.ndarray:
 
 
 def kv_cache_pack(codes: np.ndarray, scales, kv_type: str) -> np.ndarray:
-    """(codes (N, K, hd), scales) -> the flat/host image of the device cache buffer."""
+    """(codes (N, K, hd), scales) -> the host image of the device cache buffer (kv_cache_shape)."""
     if kv_type == "bf16":
         return np.ascontiguousarray(codes, dtype=np.uint16)
-    return np.concatenate([np.ascontiguousarray(codes).view(np.uint8).reshape(-1),
+    n, k, hd = codes.shape
+    flat = np.concatenate([np.ascontiguousarray(codes).view(np.uint8).reshape(-1),
                            np.ascontiguousarray(scales).view(np.uint8).reshape(-1)])
+    return flat.reshape(kv_cache_shape(kv_type, n, k, hd)[0])
 
 
 def kv_cache_unpack(buf: np.ndarray, kv_type: str, n_ctx: int, n_kv: int, hd: int):
