@@ -46,6 +46,9 @@ class NumpyRunner:
     def sample(self, logits, params: SamplingParams, seed: int, pos: int, history: list[int]) -> int:
         return sample_token(logits, params, seed, pos, history)
 
+    def host_logits(self, logits) -> np.ndarray:
+        return logits
+
     def memory_info(self) -> dict:
         return {"kv_bytes": self.cache.nbytes}
 
@@ -141,8 +144,8 @@ class Generator:
             if tok in self.tok.stop_ids:
                 finish = "stop"
                 break
-            if logprobs and logits is not None:
-                pending_lp.append(self._logprob(logits, tok, logprobs))
+            if logprobs:
+                pending_lp.append(self._logprob(self.runner.host_logits(logits), tok, logprobs))
             out_ids.append(tok)
             history.append(tok)
             pending_ids.append(tok)

@@ -101,7 +101,14 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
                       const float* __restrict__ q_norm_w, const float* __restrict__ k_norm_w, float eps,
                       const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                       const int* __restrict__ positions, int rot_dim, int T, int H, int K,
-                      void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx) {
+                      void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx,
+                      int stride_q, int stride_k, int stride_v, const float* __restrict__ bias,
+                      float* __restrict__ q_out) {
+    // q_out: optional contiguous (T, H, HD) destination of the rotated q (the attention kernels
+    // read q densely); null: q is rotated in place.
+    // stride_*: floats between consecutive tokens' rows (lets q, k, v be column slices of one
+    // fused qkv matvec output).  bias: optional [(H + 2K) * HD] q|k|v projection biases
+    // (Qwen2), added before the QK-norm and RoPE, as the reference adds them in linear().
     __shared__ float buf[WARPS][HD];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int slots = H + 2 * K;
@@ -114,15 +121,23 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
     const float* nw = nullptr;
     int kind;  // 0 q, 1 k, 2 v
     if (slot < H) {
-        src = q + ((long long)t * H + slot) * HD; kind = 0; nw = q_norm_w;
+        src = q + (long long)t * stride_q + (long long)slot * HD; kind = 0; nw = q_norm_w;
     } else if (slot < H + K) {
-        src = k + ((long long)t * K + (slot - H)) * HD; kind = 1; nw = k_norm_w;
+        src = k + (long long)t * stride_k + (long long)(slot - H) * HD; kind = 1; nw = k_norm_w;
     } else {
-        src = (float*)v + ((long long)t * K + (slot - H - K)) * HD; kind = 2;
+        src = (float*)v + (long long)t * stride_v + (long long)(slot - H - K) * HD; kind = 2;
     }
     float x[EPL];
 #pragma unroll
     for (int i = 0; i < EPL; ++i) x[i] = src[lane + 32 * i];
+    if (bias != nullptr) {
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) x[i] = __fadd_rn(x[i], bias[(long long)slot * HD + lane + 32 * i]);
+        if (kind == 2) {  // v is not rotated: store the biased value back for the attention to read
+#pragma unroll
+            for (int i = 0; i < EPL; ++i) src[lane + 32 * i] = x[i];
+        }
+    }
 
     if (kind < 2) {
 #if QK_NORM
@@ -158,8 +173,9 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
                 x[i] = first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
             }
         }
+        float* dst = (kind == 0 && q_out != nullptr) ? q_out + ((long long)t * H + slot) * HD : src;
 #pragma unroll
-        for (int i = 0; i < EPL; ++i) src[lane + 32 * i] = x[i];
+        for (int i = 0; i < EPL; ++i) dst[lane + 32 * i] = x[i];
     }
 #if KV_TYPE != KV_NONE
     if (kind > 0 && pos >= 0 && pos < n_ctx) {

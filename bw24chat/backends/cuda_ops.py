@@ -25,13 +25,15 @@ DECODE_TILE = 32
 SAMPLE_PARAM_WORDS = 16
 _M64 = (1 << 64) - 1
 
-_smem_set: set = set()
+_smem_set: dict = {}  # CUfunction handle -> dynamic shared memory limit already requested
 
 
 def _launch(kernel, grid, block, args, smem: int = 0):
-    if smem > 48 * 1024 and id(kernel) not in _smem_set:
+    # opt in above 47 KB: the 48 KB default also covers the kernel's static shared memory
+    key = getattr(kernel, "ptr", None) or id(kernel)
+    if smem > 47 * 1024 and _smem_set.get(key, 0) < smem:
         kernel.max_dynamic_shared_size_bytes = smem
-        _smem_set.add(id(kernel))
+        _smem_set[key] = smem
     kernel(grid, block, args, shared_mem=smem)
 
 
@@ -103,16 +105,22 @@ def add_rmsnorm(x, residual, w, eps: float, out) -> None:
 
 
 def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
-                          rot_dim: int, cache_k, cache_v, kv_type: str | None) -> None:
+                          rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None) -> None:
     """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
 
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
     k_norm_w, (hd,) float32, are given: both or neither) and rotated IN PLACE; k and v are stored
     at cache row positions_dev[t] (int32 (T,), device) in cache_k / cache_v (kv_type "bf16" |
     "q8_0" | "fp8"; None: no cache write).  cos / sin: float32 (n_pos, R/2) device copies of
-    rope.build_rope_table's tables.  rope_style "neox" | "normal"."""
+    rope.build_rope_table's tables.  rope_style "neox" | "normal".  q, k, v may be column
+    slices of one fused (T, (H+2K)*hd) buffer (their row strides are passed); bias: optional
+    float32 ((H+2K)*hd,) q|k|v biases added first (v is then updated in place too); q_out:
+    optional contiguous float32 (T, H, hd) that receives the rotated q instead of q itself."""
     T, H, hd = q.shape
     K = k.shape[1]
+    for a in (q, k, v):
+        if a.strides[1] != hd * 4 or a.strides[2] != 4:
+            raise ValueError("q, k, v: heads and head dims must be contiguous (only the token stride may differ)")
     if T == 0:
         return
     if (q_norm_w is None) != (k_norm_w is None):
@@ -128,7 +136,8 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     cv = cache_v if kv_type is not None else q
     _launch(kern, ((items + 3) // 4,), (128,),
             (q, k, v, qn, kn, _f32(eps), cos, sin, positions_dev, _i32(rot_dim), _i32(T), _i32(H), _i32(K), ck, cv,
-             _i32(n_ctx)))
+             _i32(n_ctx), _i32(q.strides[0] // 4), _i32(k.strides[0] // 4), _i32(v.strides[0] // 4),
+             bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0)))
 
 
 # ============================================================================ attention.cu
@@ -282,3 +291,12 @@ def philox_raw(keys_dev, positions_dev, out_dev) -> None:
     n = int(out_dev.size)
     kern = get_kernel("sampling", "philox_raw")
     _launch(kern, (-(-n // 256),), (256,), (keys_dev, positions_dev, _i32(n), out_dev))
+
+
+# ============================================================================ elementwise.cu
+
+
+def swiglu(gu, act) -> None:
+    """act (T, F) = silu(gate) * up from gu (T, 2F) = gate | up (float32)."""
+    T, F = act.shape
+    _launch(get_kernel("elementwise", "swiglu_rows"), (-(-F // 256), T), (256,), (gu, act, _i32(T), _i32(F)))

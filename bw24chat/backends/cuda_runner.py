@@ -34,6 +34,12 @@ from . import cuda_ops as ops
 from .cuda_weights import upload
 
 MAX_ROWS = 8
+RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
+
+# Host <-> device step image (pinned on the host, mirrored on the device): one H2D copy at the
+# start of the graph, one D2H copy of the sampled token at its end.
+_IO_TOKEN, _IO_POS, _IO_LEN, _IO_OUT, _IO_PARAMS, _IO_RING = 0, 4, 8, 12, 16, 16 + 8 * ops.SAMPLE_PARAM_WORDS
+_IO_BYTES = _IO_RING + 4 * RING
 
 
 class CudaRunner:
@@ -52,7 +58,8 @@ class CudaRunner:
         t = checkpoint.tensors
         report = progress or (lambda f: None)
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        self.dims = (D, H, K, hd, a.intermediate_size)
+        F = a.intermediate_size
+        self.dims = (D, H, K, hd, F)
         f32 = lambda q: cp.asarray(np.ascontiguousarray(q.dequantize(), np.float32).reshape(-1))  # noqa: E731
 
         # ---------------------------------------------------------------- weights
@@ -83,33 +90,35 @@ class CudaRunner:
         self.attn_scale = 1.0 / float(np.sqrt(hd))
 
         # ---------------------------------------------------------------- KV cache
-        self.cache_k, self.cache_v = [], []
-        for _ in range(a.num_hidden_layers):
-            ck, cv = ops.new_kv_cache(self.n_ctx, K, hd, kv_type)
-            self.cache_k.append(ck)
-            self.cache_v.append(cv)
+        self.cache_k = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(a.num_hidden_layers)]
+        self.cache_v = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(a.num_hidden_layers)]
 
         # ---------------------------------------------------------------- buffers (fixed addresses)
         Q = (H + 2 * K) * hd
-        F = a.intermediate_size
         m, T = MAX_ROWS, prefill_chunk
         z = lambda *s: cp.zeros(s, cp.float32)  # noqa: E731
-        self.d_x, self.d_qkv, self.d_attn, self.d_gu = z(m, D), z(m, Q), z(m, H * hd), z(m, 2 * F)
+        self.d_x, self.d_qkv, self.d_q, self.d_attn, self.d_gu = z(m, D), z(m, Q), z(m, H, hd), z(m, H, hd), z(m, 2 * F)
         self.d_logits = z(m, a.vocab_size)
-        self.d_tokens = cp.zeros(m, cp.int32)
-        self.d_pos = cp.zeros(m, cp.int32)  # position of each decode row
-        self.d_len = cp.zeros(m, cp.int32)  # keys each row attends (pos + 1)
-        self.d_next = cp.zeros(m, cp.int32)  # sampled ids
-        self.attn_ws = cp.zeros(ops.attn_decode_workspace_bytes(MAX_ROWS, H, hd, self.n_ctx) // 4 + 1, cp.float32)
-        self.p_x, self.p_h, self.p_qkv, self.p_attn = z(T, D), z(T, D), z(T, Q), z(T, H * hd)
+        self.attn_ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS), cp.uint8)
+        self.sample_ws = cp.zeros(ops.sample_workspace_bytes(a.vocab_size), cp.uint8)
+        self.p_x, self.p_h, self.p_qkv = z(T, D), z(T, D), z(T, Q)
+        self.p_q, self.p_attn = z(T, H, hd), z(T, H, hd)
         self.p_gu, self.p_act = z(T, 2 * F), z(T, F)
         self.p_ids, self.p_pos = cp.zeros(T, cp.int32), cp.zeros(T, cp.int32)
-        self.sampler = ops.DeviceSampler(a.vocab_size, self.d_logits[0], self.d_next[:1])
-        self.h_io = cp.cuda.alloc_pinned_memory(16)  # token in, position in, token out
-        self.h_view = np.frombuffer(self.h_io, np.int32, 4)
+        # the step image: token, position, keys attended (= position + 1 = the sampled token's
+        # position, which keys the Philox draw), sampled token, sampling params, recent ids
+        self.h_io = cp.cuda.alloc_pinned_memory(_IO_BYTES)
+        self.h_i32 = np.frombuffer(self.h_io, np.int32, _IO_BYTES // 4)
+        self.h_params = np.frombuffer(self.h_io, np.uint64, ops.SAMPLE_PARAM_WORDS, _IO_PARAMS)
+        self.d_io = cp.zeros(_IO_BYTES, cp.uint8)
+        self.d_tokens = self.d_io[_IO_TOKEN:_IO_TOKEN + 4].view(cp.int32)
+        self.d_pos = self.d_io[_IO_POS:_IO_POS + 4].view(cp.int32)
+        self.d_len = self.d_io[_IO_LEN:_IO_LEN + 4].view(cp.int32)
+        self.d_next = self.d_io[_IO_OUT:_IO_OUT + 4].view(cp.int32)
+        self.d_params = self.d_io[_IO_PARAMS:_IO_RING].view(cp.uint64)
+        self.d_ring = self.d_io[_IO_RING:].view(cp.int32)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graph = None
-        self.graph_m = 0
 
     # ==================================================================== prefill
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
@@ -118,18 +127,17 @@ class CudaRunner:
         T = len(ids)
         D, H, K, hd, F = self.dims
         eps = a.rms_norm_eps
-        self.p_ids[:T].set(np.asarray(ids, np.int32))
-        self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32))
-        x, h, qkv, attn, gu, act = self.p_x[:T], self.p_h[:T], self.p_qkv[:T], self.p_attn[:T], self.p_gu[:T], self.p_act[:T]
+        self.p_ids[:T].set(np.asarray(ids, np.int32), stream=self.stream)
+        self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=self.stream)
+        x, h, qkv, q_rot, attn = self.p_x[:T], self.p_h[:T], self.p_qkv[:T], self.p_q[:T], self.p_attn[:T]
+        gu, act = self.p_gu[:T], self.p_act[:T]
         lin.embed(self.w_embed, self.p_ids[:T], x)
         for li, L in enumerate(self.layers):
             ops.rmsnorm(x, L["attn_norm"], eps, h)
             lin.gemm(L["qkv"], h, qkv, T)
-            q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + K) * hd], qkv[:, (H + K) * hd :]
-            ops.qk_norm_rope_kv_write(q, k, v, L["bias"], L["q_norm"], L["k_norm"], eps, self.rope_cos, self.rope_sin,
-                                      self.p_pos[:T], self.rope_style, self.rot_dim, self.cache_k[li], self.cache_v[li], self.kv_type)
-            ops.attn_prefill(q, self.cache_k[li], self.cache_v[li], self.kv_type, start, T, self.attn_scale, attn, H, K, hd)
-            lin.gemm(L["o"], attn, x, T, epilogue="add")
+            self._rope_kv(qkv, q_rot, L, self.p_pos[:T], li, T)
+            ops.attn_prefill(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, start, T, self.attn_scale, attn)
+            lin.gemm(L["o"], attn.reshape(T, H * hd), x, T, epilogue="add")
             ops.rmsnorm(x, L["ffn_norm"], eps, h)
             lin.gemm(L["gu"], h, gu, T)
             ops.swiglu(gu, act)
@@ -139,59 +147,69 @@ class CudaRunner:
             ops.rmsnorm(x, self.output_norm, eps, h)
             lin.gemm(self.w_out, h, out, T)
             return out
-        # last row only: the decode-path LM head (rmsnorm fused) into logits row 0
-        self.d_x[0] = x[T - 1]
-        lin.matvec(self.w_out, self.d_x[:1], self.d_logits[:1], 1, prologue=("rmsnorm", self.output_norm, eps))
+        # the last row through the decode path's LM head (rmsnorm fused) into logits row 0
+        lin.matvec(self.w_out, x[T - 1:T], self.d_logits[:1], 1, prologue="rmsnorm", norm_w=self.output_norm, eps=eps)
         return self.d_logits[0]
 
+    def _rope_kv(self, qkv, q_rot, L, positions, li, T):
+        D, H, K, hd, F = self.dims
+        q = qkv[:, : H * hd].reshape(T, H, hd)  # (T, H, hd) column slices of the fused output
+        k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
+        v = qkv[:, (H + K) * hd:].reshape(T, K, hd)
+        ops.qk_norm_rope_kv_write(q, k, v, L["q_norm"], L["k_norm"], self.args.rms_norm_eps, self.rope_cos, self.rope_sin,
+                                  positions, self.rope_style, self.rot_dim, self.cache_k[li], self.cache_v[li], self.kv_type,
+                                  bias=L["bias"], q_out=q_rot)
+
     def prefill(self, ids: np.ndarray, start: int):
-        """Run ids at positions start..; returns the device logits of the last position."""
+        """Run ids at positions start..; the device logits of the last position (d_logits[0])."""
         with self.stream:
             logits = None
             for s in range(0, len(ids), self.prefill_chunk):
-                logits = self._prefill_chunk(ids[s : s + self.prefill_chunk], start + s, False)
+                logits = self._prefill_chunk(ids[s: s + self.prefill_chunk], start + s, False)
         return logits
 
     def prefill_all(self, ids: np.ndarray, start: int, chunk: int | None = None):
         """Logits at every position (T, V) on the device (checks: chunk invariance, argmax)."""
         chunk = chunk or self.prefill_chunk
-        outs = []
+        if chunk > self.prefill_chunk:
+            raise ValueError(f"chunk {chunk} > the buffers' {self.prefill_chunk}")
         with self.stream:
-            for s in range(0, len(ids), chunk):
-                outs.append(self._prefill_chunk(ids[s : s + chunk], start + s, True))
-        return self.cp.concatenate(outs)
+            outs = [self._prefill_chunk(ids[s: s + chunk], start + s, True) for s in range(0, len(ids), chunk)]
+            return self.cp.concatenate(outs)
 
     # ==================================================================== decode step
     def _decode_body(self, m: int):
-        """The kernels of one decode step for m rows (tokens and positions already in
-        d_tokens/d_pos/d_len on the device).  Captured into the graph, or run eagerly."""
+        """The kernels of one decode step for m rows (tokens, positions and lengths already in
+        d_io).  Captured into the graph, or run eagerly: the same launches either way."""
         a = self.args
         D, H, K, hd, F = self.dims
         eps = a.rms_norm_eps
-        x, qkv, attn, gu = self.d_x[:m], self.d_qkv[:m], self.d_attn[:m], self.d_gu[:m]
+        x, qkv, q_rot, attn, gu = self.d_x[:m], self.d_qkv[:m], self.d_q[:m], self.d_attn[:m], self.d_gu[:m]
         lin.embed(self.w_embed, self.d_tokens[:m], x)
         for li, L in enumerate(self.layers):
-            lin.matvec(L["qkv"], x, qkv, m, prologue=("rmsnorm", L["attn_norm"], eps))
-            q, k, v = qkv[:, : H * hd], qkv[:, H * hd : (H + K) * hd], qkv[:, (H + K) * hd :]
-            ops.qk_norm_rope_kv_write(q, k, v, L["bias"], L["q_norm"], L["k_norm"], eps, self.rope_cos, self.rope_sin,
-                                      self.d_pos[:m], self.rope_style, self.rot_dim, self.cache_k[li], self.cache_v[li], self.kv_type)
-            ops.attn_decode(q, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn, self.attn_ws, H, K, hd)
-            lin.matvec(L["o"], attn, x, m, epilogue="add")
-            lin.matvec(L["gu"], x, gu, m, prologue=("rmsnorm", L["ffn_norm"], eps))
+            lin.matvec(L["qkv"], x, qkv, m, prologue="rmsnorm", norm_w=L["attn_norm"], eps=eps)
+            self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
+            ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn, self.attn_ws)
+            lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add")
+            lin.matvec(L["gu"], x, gu, m, prologue="rmsnorm", norm_w=L["ffn_norm"], eps=eps)
             lin.matvec(L["down"], gu, x, m, prologue="swiglu", epilogue="add")
-        lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue=("rmsnorm", self.output_norm, eps))
+        lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue="rmsnorm", norm_w=self.output_norm, eps=eps)
+
+    def _h2d_io(self):
+        rt = self.cp.cuda.runtime
+        # a raw runtime copy: CuPy refuses H2D copies while capturing; CUDA allows them from pinned memory
+        rt.memcpyAsync(self.d_io.data.ptr, self.h_io.ptr, _IO_BYTES, rt.memcpyHostToDevice, self.stream.ptr)
+
+    def _d2h_token(self):
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(self.h_io.ptr + _IO_OUT, self.d_io.data.ptr + _IO_OUT, 4, rt.memcpyDeviceToHost, self.stream.ptr)
 
     def _step_body(self):
-        """One graph: H2D (token, pos) from pinned memory -> decode -> sample -> D2H token."""
-        cp = self.cp
-        # raw runtime copies: CuPy refuses H2D copies while capturing, CUDA allows them from pinned memory
-        rt = cp.cuda.runtime
-        rt.memcpyAsync(self.d_tokens.data.ptr, self.h_io.ptr, 4, rt.memcpyHostToDevice, self.stream.ptr)
-        rt.memcpyAsync(self.d_pos.data.ptr, self.h_io.ptr + 4, 4, rt.memcpyHostToDevice, self.stream.ptr)
-        ops.positions_to_lengths(self.d_pos[:1], self.d_len[:1])
+        """One decode step: H2D step image -> decode -> sample -> D2H sampled token."""
+        self._h2d_io()
         self._decode_body(1)
-        self.sampler.sample(self.d_pos[:1], self.d_tokens[:1])
-        rt.memcpyAsync(self.h_io.ptr + 8, self.d_next.data.ptr, 4, rt.memcpyDeviceToHost, self.stream.ptr)
+        ops.sample(self.d_logits[0], self.d_params, self.d_next, self.d_ring, self.d_len, self.sample_ws)
+        self._d2h_token()
 
     def _capture(self):
         with self.stream:
@@ -201,16 +219,24 @@ class CudaRunner:
             finally:
                 self.graph = self.stream.end_capture()
 
+    def _write_io(self, token: int, pos: int, params: SamplingParams, seed: int, history: list[int]):
+        n = min(len(history), params.repeat_last_n, RING) if params.repeat_penalty != 1.0 else 0
+        self.h_i32[_IO_TOKEN // 4] = token
+        self.h_i32[_IO_POS // 4] = pos
+        self.h_i32[_IO_LEN // 4] = pos + 1
+        self.h_params[:] = ops.pack_sampling_params(params, seed, n)
+        if n:
+            self.h_i32[_IO_RING // 4:_IO_RING // 4 + n] = history[-n:]
+
     def decode(self, token: int, pos: int):
         """Record the pending step; the work runs in sample() (decode and sampling are one graph)."""
         self._pending = (int(token), int(pos))
         return self
 
     def sample(self, logits, params: SamplingParams, seed: int, pos: int, history: list[int]) -> int:
-        self.sampler.set_params(params, seed, history)
-        if logits is self:  # a decode step: token/pos -> graph -> next token
+        if logits is self:  # a decode step: token at pos -> graph -> the token at pos + 1
             tok, p = self._pending
-            self.h_view[0], self.h_view[1] = tok, p
+            self._write_io(tok, p, params, seed, history)
             if self.use_graph:
                 if self.graph is None:
                     self._capture()
@@ -218,20 +244,22 @@ class CudaRunner:
             else:
                 with self.stream:
                     self._step_body()
-            self.stream.synchronize()
-            return int(self.h_view[2])
-        # first token after prefill: the logits are already in d_logits[0]
-        with self.stream:
-            self.d_pos[:1].set(np.array([pos], np.int32))
-            self.sampler.sample(self.d_pos[:1], None)
-            rt = self.cp.cuda.runtime
-            rt.memcpyAsync(self.h_io.ptr + 8, self.d_next.data.ptr, 4, rt.memcpyDeviceToHost, self.stream.ptr)
+        else:  # the first token after prefill: its logits are already in d_logits[0]
+            self._write_io(0, pos - 1, params, seed, history)
+            with self.stream:
+                self._h2d_io()
+                ops.sample(self.d_logits[0], self.d_params, self.d_next, self.d_ring, self.d_len, self.sample_ws)
+                self._d2h_token()
         self.stream.synchronize()
-        return int(self.h_view[2])
+        return int(self.h_i32[_IO_OUT // 4])
 
     def decode_logits(self, token: int, pos: int) -> np.ndarray:
         """One decode step (graph or eager, as configured); host copy of its logits (checks)."""
         self.sample(self.decode(token, pos), SamplingParams(temperature=0), 0, pos + 1, [])
+        return self.logits_host()
+
+    def host_logits(self, logits) -> np.ndarray:
+        """Host copy of the logits the last prefill or decode step left (for logprobs)."""
         return self.logits_host()
 
     def logits_host(self) -> np.ndarray:

@@ -1,0 +1,116 @@
+"""attention.cu (decode split-K and tensor-core prefill) against the float64 reference on the
+stored cache values (kernel_refs.attention_ref), plus the bit-identity contracts:
+decode row results independent of m and of the other rows; prefill rows independent of the
+chunking."""
+import math
+
+import numpy as np
+import pytest
+
+from bw24chat.backends import cuda_ops as ops
+from bw24chat.backends import kernel_refs as kr
+
+
+def _make_cache(cp, rng, kv_type, N, K, hd):
+    """Random K and V, stored in kv_type -> (device K, device V, float32 values K, V)."""
+    out = []
+    for _ in range(2):
+        x = (rng.standard_normal((N, K, hd)) * rng.uniform(0.5, 2.0)).astype(np.float32)
+        buf = kr.kv_cache_pack(*kr.kv_quantize(x, kv_type), kv_type)
+        out.append((cp.asarray(buf), kr.kv_cache_values(buf, kv_type, N, K, hd)))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def _rel_err(got, ref):
+    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+
+
+def _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd):
+    m = len(lengths)
+    ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd), cp.uint8)
+    out = cp.full((m, H, hd), np.nan, cp.float32)
+    ops.attn_decode(cp.asarray(q), ck, cv, kv_type, cp.asarray(np.asarray(lengths, np.int32)), m, scale, out, ws)
+    return out.get(), ws
+
+
+SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128), (8, 8, 64), (64, 4, 128)]
+
+
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+@pytest.mark.parametrize("H,K,hd", SHAPES)
+def test_decode_matches_reference(cp, rng, kv_type, H, K, hd):
+    scale = 1.0 / math.sqrt(hd)
+    for L, m in [(1, 1), (63, 3), (65, 8), (1000, 2), (8193, 1), (8193, 8)]:
+        N = L + m + 3
+        ck, cv, kv, vv = _make_cache(cp, rng, kv_type, N, K, hd)
+        q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
+        lengths = [L + r for r in range(m)]
+        got, ws = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+        ref = kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)
+        assert not np.isnan(got).any()
+        assert _rel_err(got, ref) <= 2e-3, (L, m)
+        cnt = ws.get()[: ops._decode_ws_layout(H, K, hd, ops.DECODE_MAX_ROWS)[1]].view(np.int32)
+        assert not cnt.any(), "arrival counters must be left at zero"
+
+
+@pytest.mark.parametrize("kv_type", ["bf16", "q8_0"])
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
+def test_decode_rows_bit_identical_for_any_m(cp, rng, kv_type, H, K, hd):
+    scale = 1.0 / math.sqrt(hd)
+    for L in (40, 511, 4097):
+        N = L + 8
+        ck, cv, _, _ = _make_cache(cp, rng, kv_type, N, K, hd)
+        q = rng.standard_normal((8, H, hd)).astype(np.float32)
+        lengths = [L + r for r in range(8)]
+        batch, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+        again, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+        assert np.array_equal(batch, again), "run to run"
+        for r in (0, 3, 7):
+            single, _ = _decode(cp, q[r:r + 1], ck, cv, kv_type, [lengths[r]], scale, H, K, hd)
+            assert np.array_equal(single[0], batch[r]), (L, r)
+        q2 = q.copy()
+        q2[[0, 1, 2, 4, 5, 6, 7]] = rng.standard_normal((7, H, hd))
+        other, _ = _decode(cp, q2, ck, cv, kv_type, lengths, scale, H, K, hd)
+        assert np.array_equal(other[3], batch[3]), "a row must not depend on the other rows"
+
+
+def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None):
+    T, H, hd = q.shape
+    qd = cp.asarray(q)
+    out = cp.full((T, H, hd), np.nan, cp.float32)
+    chunk = chunk or T
+    for c0 in range(0, T, chunk):
+        c1 = min(T, c0 + chunk)
+        ops.attn_prefill(qd[c0:c1], ck, cv, kv_type, start + c0, c1 - c0, scale, out[c0:c1])
+    return out.get()
+
+
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+@pytest.mark.parametrize("H,K,hd", [(9, 3, 64), (32, 8, 128), (16, 16, 128), (28, 4, 128)])
+def test_prefill_matches_reference(cp, rng, kv_type, H, K, hd):
+    scale = 1.0 / math.sqrt(hd)
+    for T, start in [(1, 0), (3, 0), (17, 5), (100, 0), (100, 1000), (64, 63)]:
+        N = start + T + 7
+        ck, cv, kv, vv = _make_cache(cp, rng, kv_type, N, K, hd)
+        q = rng.standard_normal((T, H, hd)).astype(np.float32)
+        got = _prefill(cp, q, ck, cv, kv_type, start, scale)
+        ref = kr.attention_ref(q, kv, vv, np.arange(start, start + T), scale)
+        assert not np.isnan(got).any()
+        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        assert err <= 2e-3, (T, start, err)
+        assert _rel_err(got, ref) <= 1e-2, (T, start)
+
+
+@pytest.mark.parametrize("kv_type", ["bf16", "fp8"])
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
+def test_prefill_chunking_bit_identical(cp, rng, kv_type, H, K, hd):
+    T, start = 1024, 37
+    N = start + T
+    ck, cv, _, _ = _make_cache(cp, rng, kv_type, N, K, hd)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    scale = 1.0 / math.sqrt(hd)
+    a = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=256)
+    b = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=512)
+    c = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=100)
+    assert np.array_equal(a, b)
+    assert np.array_equal(a, c)
