@@ -127,7 +127,12 @@ BW24_DEVICE void fetch_chunk(Raw& r, const uint4* __restrict__ wq, const void* _
 // 2^(e-127)(1+m/8) (e>0) or m*2^-129 (e=0, subnormal); times 2^119 is 2^(e-8)(1+m/8), m*2^-10:
 // exact.  0x00 and 0x7F decode to 0; bit 7 is ignored (as the reference's masks do).
 BW24_DEVICE float ue4m3_half(uint32_t x) {
-    return (x == 0u || x == 0x7Fu) ? 0.0f : __fmul_rn(__uint_as_float((x & 0x7Fu) << 20), __uint_as_float(0x7B000000u));
+    if (x == 0u || x == 0x7Fu) return 0.0f;
+    const uint32_t e = (x >> 3) & 0xFu, m = x & 7u;
+    // e == 0: m * 2^-10 from an exact small integer (no subnormal intermediate: a flush-to-zero
+    // build or unit would turn 2^-129-scale f32 subnormals into 0, measured on the H200)
+    if (e == 0u) return __fmul_rn(__uint2float_rn(m), 0.0009765625f);
+    return __fmul_rn(__uint_as_float((x & 0x7Fu) << 20), __uint_as_float(0x7B000000u));
 }
 
 // per-chunk scale a0 (values 0-15 or all), a1 (values 16-31 for TWO_SCALES), additive b
@@ -191,10 +196,12 @@ BW24_DEVICE float qval(uint32_t w, int j) {
     // E2M1 magnitude bits placed at f32 bits 22-24 read as (doubled value) * 2^-127 (value 1
     // is the subnormal 2^-127); times 2^127 is exact.  Sign bit 3 -> bit 31.
     // Code 8 (-0) is +0 in the reference table (E2M1_X2[8] = 0): no sign on a zero magnitude.
-    const uint32_t c = w >> (8 * j);
-    const uint32_t mag = (c << 22) & 0x01C00000u;
-    const uint32_t bits = mag | (mag ? ((c << 28) & 0x80000000u) : 0u);
-    return __fmul_rn(__uint_as_float(bits), __uint_as_float(0x7F000000u));
+    // The doubled magnitudes 0,1,2,3,4,6,8,12 from a nibble table, made exact floats by the
+    // 2^23 trick; no subnormals involved (they flush to zero under FTZ).
+    const uint32_t c = (w >> (8 * j)) & 0xFu;
+    const uint32_t mag = (0xC8643210u >> (4u * (c & 7u))) & 0xFu;
+    const float f = __fsub_rn(__uint_as_float(0x4B000000u | mag), 8388608.0f);
+    return ((c & 8u) && mag) ? -f : f;
 #else
     return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)j)), 8388608.0f + QOFF);
 #endif

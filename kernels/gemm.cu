@@ -9,6 +9,12 @@
 //   rounded to bf16 (exact for BF16 weights); x is f32 [T, n_in], rounded to bf16 in the A-tile
 //   load; gs = gscale[o] (NVFP4 global scale) or 1.
 //   NumPy reference: bf16(x) @ bf16(W).T in float64 (tests/gpu/test_gemm.py).
+// Precision (GEMM_SPLIT, default 1): x is split into bf16 hi + lo parts, x_hi = bf16(x),
+//   x_lo = bf16(x - x_hi), and each k16 step issues mma(W, x_hi) then mma(W, x_lo) into the
+//   same f32 accumulator ("bf16x2" error compensation, Markidis et al. 2018): the activation
+//   rounding error drops from ~2^-9 to ~2^-17, so the prefill logits follow the f32 decode path
+//   (bw24chat check: prefill argmax = decode argmax).  The weights are exactly bf16 (BF16) or
+//   rounded once (quantized formats).  GEMM_SPLIT=0 is the fast plain-bf16 variant.
 // T-independence: no split-K; every output's k order is the fixed sequence of 64-wide k tiles,
 // each 4 mma k16 steps in order, so a row's values do not depend on T or on the row's place in
 // its tile (prefill of 256 vs 512 tokens gives identical rows).
@@ -22,6 +28,9 @@
 #include "common.cuh"
 #include "formats.cuh"
 
+#ifndef GEMM_SPLIT
+#define GEMM_SPLIT 1
+#endif
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
@@ -55,6 +64,9 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
     extern __shared__ float4 smem4[];
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][BM][LD]
     __nv_bfloat16* Ws = As + 2 * GM_BM * GM_LD;                    // [2][BN][LD]
+#if GEMM_SPLIT
+    __nv_bfloat16* Al = Ws + 2 * GM_BN * GM_LD;                    // [2][BM][LD] x_lo
+#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
     const int n0 = blockIdx.x * GM_BN;
@@ -87,8 +99,14 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #pragma unroll
         for (int j = 0; j < GM_ACH; ++j) {
             const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
-            *reinterpret_cast<uint2*>(A + r * GM_LD + c) =
-                make_uint2(pack_bf16x2(areg[j].x, areg[j].y), pack_bf16x2(areg[j].z, areg[j].w));
+            const uint32_t h01 = pack_bf16x2(areg[j].x, areg[j].y), h23 = pack_bf16x2(areg[j].z, areg[j].w);
+            *reinterpret_cast<uint2*>(A + r * GM_LD + c) = make_uint2(h01, h23);
+#if GEMM_SPLIT
+            // x - bf16(x) is exact in f32; its own bf16 rounding is the residual error
+            const float x0 = __fsub_rn(areg[j].x, __uint_as_float(h01 << 16)), x1 = __fsub_rn(areg[j].y, __uint_as_float(h01 & 0xFFFF0000u));
+            const float x2 = __fsub_rn(areg[j].z, __uint_as_float(h23 << 16)), x3 = __fsub_rn(areg[j].w, __uint_as_float(h23 & 0xFFFF0000u));
+            *reinterpret_cast<uint2*>(Al + buf * GM_BM * GM_LD + r * GM_LD + c) = make_uint2(pack_bf16x2(x0, x1), pack_bf16x2(x2, x3));
+#endif
         }
 #pragma unroll
         for (int j = 0; j < GM_WCH; ++j) {
@@ -100,11 +118,16 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #pragma unroll
                 for (int e = 0; e < VPC; ++e) v[e] = 0.0f;
             }
+#if VPC == 4
+            // F32 chunks hold 4 values: an 8-byte store (a 16-byte one would be misaligned)
+            *reinterpret_cast<uint2*>(W + r * GM_LD + cl * VPC) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+#else
 #pragma unroll
             for (int e = 0; e < VPC; e += 8)
                 *reinterpret_cast<uint4*>(W + r * GM_LD + cl * VPC + e) =
                     make_uint4(pack_bf16x2(v[e], v[e + 1]), pack_bf16x2(v[e + 2], v[e + 3]),
                                pack_bf16x2(v[e + 4], v[e + 5]), pack_bf16x2(v[e + 6], v[e + 7]));
+#endif
         }
     };
 
@@ -126,16 +149,23 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
         const __nv_bfloat16* W = Ws + buf * GM_BN * GM_LD + (wn * 32) * GM_LD;
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; ++kk) {
-            uint32_t af[4][4], bq[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(af[mi], A + (mi * 16 + (lane & 15)) * GM_LD + kk * 16 + (lane >> 4) * 8);
+            uint32_t af[4], bq[2][4];
 #pragma unroll
             for (int nj = 0; nj < 2; ++nj)
                 ldmatrix_x4(bq[nj], W + (nj * 16 + ((lane >> 4) << 3) + (lane & 7)) * GM_LD + kk * 16 + ((lane >> 3) & 1) * 8);
+            // per accumulator, a fixed order: k16 step kk, then hi before lo
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi)
+            for (int mi = 0; mi < 4; ++mi) {
+                const int aoff = (mi * 16 + (lane & 15)) * GM_LD + kk * 16 + (lane >> 4) * 8;
+                ldmatrix_x4(af, A + aoff);
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af[mi], bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
+                for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af, bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
+#if GEMM_SPLIT
+                ldmatrix_x4(af, Al + buf * GM_BM * GM_LD + (wm * 64) * GM_LD + aoff);
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af, bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
+#endif
+            }
         }
         if (kt + 1 < nkt) store_tile(kt + 1, buf ^ 1);
         __syncthreads();

@@ -19,7 +19,8 @@ MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_ROWS_PER_BLOCK = 8 * MV_R
 MV_SMEM_FLOATS = 8192  # x staging budget per block (32 KB), split over the m rows
 GM_TILE = 128
-GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes
+GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes (GEMM_SPLIT=0)
+GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
 EPILOGUES = {"store": 0, "add": 1}
 _NULL = np.uint64(0)
@@ -34,9 +35,9 @@ def _wargs(W: DeviceWeight) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _gemm_kernel(fmt_id: int):
-    k = get_kernel("gemm", "gemm", FMT=fmt_id)
-    k.max_dynamic_shared_size_bytes = GM_SMEM
+def _gemm_kernel(fmt_id: int, precise: bool):
+    k = get_kernel("gemm", "gemm", FMT=fmt_id, GEMM_SPLIT=int(precise))
+    k.max_dynamic_shared_size_bytes = GM_SMEM_SPLIT if precise else GM_SMEM
     return k
 
 
@@ -71,17 +72,18 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
 
 
-def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store") -> None:
-    """out[T, W.out] (=|+=) bf16(x[T, W.in]) @ bf16(W).T on tensor cores (f32 accumulation).
-    Row values do not depend on T (no split-K)."""
+def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True) -> None:
+    """out[T, W.out] (=|+=) x[T, W.in] @ bf16(W).T on tensor cores (f32 accumulation); x is
+    split into bf16 hi + lo parts (precise=True: activation error ~2^-17) or rounded to bf16
+    (precise=False: twice the tensor-core rate).  Row values do not depend on T (no split-K)."""
     if x.dtype != np.float32 or out.dtype != np.float32 or x.size < T * W.in_ or out.size < T * W.out:
         raise ValueError("gemm: x and out must be float32 [T, in] / [T, out]")
     if T <= 0:
         return
-    k = _gemm_kernel(W.fmt_id)
+    k = _gemm_kernel(W.fmt_id, precise)
     grid = (-(-W.out // GM_TILE), -(-T // GM_TILE))
     k(grid, (256,), (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(EPILOGUES[epilogue])),
-      shared_mem=GM_SMEM)
+      shared_mem=GM_SMEM_SPLIT if precise else GM_SMEM)
 
 
 def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out) -> None:

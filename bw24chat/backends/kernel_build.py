@@ -92,7 +92,8 @@ def _cuda_include_dirs() -> list[str]:
 
 def _options(arch: str, defines: dict | None) -> tuple[str, ...]:
     # no --use_fast_math: exactness contracts rely on IEEE division, sqrt and expf/logf
-    opts = [f"-arch={arch}", "-std=c++17", "-DBW24_KERNEL=1"]
+    # -ftz=false: subnormals are values (NVFP4/E4M3 decoders, tiny probabilities), never zeros
+    opts = [f"-arch={arch}", "-std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-DBW24_KERNEL=1"]
     for k, v in sorted((defines or {}).items()):
         opts.append(f"-D{k}={v}")
     inc = _cuda_include_dirs()
