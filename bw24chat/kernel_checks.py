@@ -1,0 +1,177 @@
+"""The kernel section of ``bw24chat check``: every CUDA kernel family against its NumPy
+reference on fresh random inputs (odd sizes included), with the limits of the issue:
+dequantization 0 bit mismatches; matvec / GEMM with f32 accumulation vs float64: relative error
+<= 1e-3 (precise prefill GEMM: <= 1e-4); attention <= 2e-3; RoPE bit-exact; device sampling picks
+the NumPy sampler's token.  The GPU pytest suite (tests/gpu) covers the same ground in more
+cases; this module is what a user runs on their own GPU.
+
+Each check returns (name, measured, limit, ok).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .api import SamplingParams
+from .loaders.tensor import QTensor
+from .synthetic import random_matrix
+
+FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "NVFP4"]
+
+
+def _rel(got, ref) -> float:
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(np.asarray(got, np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _weight(fmt: str, rows: int, cols: int, rng) -> QTensor:
+    if fmt == "F32":
+        return QTensor("w", "F32", (rows, cols), (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32))
+    return random_matrix(fmt, rows, cols, rng)
+
+
+def check_linear(cp, rng) -> list[tuple]:
+    from .backends import cuda_linear as lin
+    from .backends.cuda_weights import upload
+
+    out = []
+    for fmt in FORMATS:
+        cols = 256 * int(rng.integers(2, 5))  # a multiple of every block size
+        rows = int(rng.integers(97, 300))  # odd row counts
+        t = _weight(fmt, rows, cols, rng)
+        W = upload([t])
+        ref_w = t.dequantize()
+        # dequantize: bit for bit
+        d = cp.full((rows, cols), np.nan, cp.float32)
+        lin.dequantize(W, d)
+        bad = int(np.count_nonzero(cp.asnumpy(d).view(np.uint32) != ref_w.view(np.uint32)))
+        out.append((f"dequantize {fmt}", f"{bad} bit mismatches", "0", bad == 0))
+        # matvec m = 1..8: f32 accumulation vs float64, and each row bit-equal to its m=1 result
+        x = rng.standard_normal((8, cols)).astype(np.float32)
+        ref = x.astype(np.float64) @ ref_w.astype(np.float64).T
+        y8 = cp.full((8, rows), np.nan, cp.float32)
+        lin.matvec(W, cp.asarray(x), y8, 8)
+        y8 = cp.asnumpy(y8)
+        rows_equal = True
+        for r in range(8):
+            y1 = cp.full((1, rows), np.nan, cp.float32)
+            lin.matvec(W, cp.asarray(x[r:r + 1]), y1, 1)
+            rows_equal &= bool(np.array_equal(cp.asnumpy(y1).view(np.uint32), y8[r:r + 1].view(np.uint32)))
+        err = _rel(y8, ref)
+        out.append((f"matvec {fmt} m=1..8", f"rel {err:.1e}, rows {'bit-equal' if rows_equal else 'DIFFER'}", "1e-3, equal",
+                    err <= 1e-3 and rows_equal))
+        # prefill GEMM, T not a multiple of the tile
+        T = int(rng.integers(100, 300))
+        xg = rng.standard_normal((T, cols)).astype(np.float32)
+        g = cp.full((T, rows), np.nan, cp.float32)
+        lin.gemm(W, cp.asarray(xg), g, T)
+        # the kernel rounds W to bf16 before the NVFP4 global scale; BF16 and NVFP4 values
+        # (E2M1 x E4M3: <= 6 significant bits) are exact in bf16 already
+        wb = ref_w if fmt in ("BF16", "NVFP4") else _bf16(ref_w)
+        err = _rel(cp.asnumpy(g), xg.astype(np.float64) @ wb.astype(np.float64).T)
+        out.append((f"gemm {fmt} T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
+    return out
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def check_norm_rope(cp, rng) -> list[tuple]:
+    from .backends import cuda_ops as ops
+    from .backends.numpy_backend import NumpyBackend
+    from .rope import apply_rope, build_rope_table
+
+    out = []
+    T, D = 7, 4096 + 64
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, D).astype(np.float32)
+    y = cp.full((T, D), np.nan, cp.float32)
+    ops.rmsnorm(cp.asarray(x), cp.asarray(w), 1e-6, y)
+    err = _rel(cp.asnumpy(y), NumpyBackend().rmsnorm(x.astype(np.float64), w, 1e-6))
+    out.append(("rmsnorm", f"rel {err:.1e}", "1e-6", err <= 1e-6))
+    for style in ("neox", "normal"):
+        H, K, hd = 8, 2, 128
+        tab = build_rope_table(hd, 1.0, 1e6, None, 4096, style, 4096)
+        q = rng.standard_normal((T, H, hd)).astype(np.float32)
+        k = rng.standard_normal((T, K, hd)).astype(np.float32)
+        v = rng.standard_normal((T, K, hd)).astype(np.float32)
+        pos = rng.integers(0, 4096, T).astype(np.int32)
+        qd, kd, vd = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+        ops.qk_norm_rope_kv_write(qd, kd, vd, None, None, 1e-6, cp.asarray(tab.cos), cp.asarray(tab.sin), cp.asarray(pos),
+                                  style, tab.rot_dim, None, None, None)
+        bad = int(np.count_nonzero(cp.asnumpy(qd).view(np.uint32) != apply_rope(q, pos, tab).view(np.uint32)))
+        bad += int(np.count_nonzero(cp.asnumpy(kd).view(np.uint32) != apply_rope(k, pos, tab).view(np.uint32)))
+        out.append((f"rope {style}", f"{bad} bit mismatches", "0", bad == 0))
+    return out
+
+
+def check_attention(cp, rng) -> list[tuple]:
+    from .backends import cuda_ops as ops
+    from .backends import kernel_refs as kr
+
+    out = []
+    for kv_type in ("bf16", "q8_0", "fp8"):
+        H, K, hd = 32, 8, 128
+        N = 1500
+        caches = []
+        for _ in range(2):
+            x = rng.standard_normal((N, K, hd)).astype(np.float32)
+            buf = kr.kv_cache_pack(*kr.kv_quantize(x, kv_type), kv_type)
+            caches.append((cp.asarray(buf), kr.kv_cache_values(buf, kv_type, N, K, hd)))
+        (ck, kv), (cv, vv) = caches
+        scale = 1.0 / math.sqrt(hd)
+        lengths = np.array([1, 77, 1031, 1499], np.int32)
+        q = rng.standard_normal((len(lengths), H, hd)).astype(np.float32)
+        ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd), cp.uint8)
+        o = cp.full((len(lengths), H, hd), np.nan, cp.float32)
+        ops.attn_decode(cp.asarray(q), ck, cv, kv_type, cp.asarray(lengths), len(lengths), scale, o, ws)
+        ref = kr.attention_ref(q, kv, vv, lengths - 1, scale)
+        err = _rel(cp.asnumpy(o), ref)
+        out.append((f"attention decode kv={kv_type}", f"rel {err:.1e}", "2e-3", err <= 2e-3))
+        T, start = 133, 1001
+        qp = rng.standard_normal((T, H, hd)).astype(np.float32)
+        op = cp.full((T, H, hd), np.nan, cp.float32)
+        ops.attn_prefill(cp.asarray(qp), ck, cv, kv_type, start, T, scale, op)
+        err = _rel(cp.asnumpy(op), kr.attention_ref(qp, kv, vv, np.arange(start, start + T), scale))
+        out.append((f"attention prefill kv={kv_type}", f"rel {err:.1e}", "2e-3", err <= 2e-3))
+    return out
+
+
+def check_sampling(cp, rng) -> list[tuple]:
+    from .backends import cuda_ops as ops
+    from .sampling import sample_token
+
+    V = 151936
+    same = total = 0
+    ws = cp.zeros(ops.sample_workspace_bytes(V), cp.uint8)
+    tok = cp.zeros(1, cp.int32)
+    ring = cp.zeros(256, cp.int32)
+    for i in range(40):
+        logits = (rng.standard_normal(V) * rng.uniform(0.5, 4)).astype(np.float32)
+        p = SamplingParams(temperature=float(rng.choice([0.0, 0.7, 1.0, 1.3])), top_k=int(rng.choice([0, 1, 40])),
+                           top_p=float(rng.choice([1.0, 0.9, 0.5])), min_p=float(rng.choice([0.0, 0.05])),
+                           repeat_penalty=float(rng.choice([1.0, 1.2])), repeat_last_n=64)
+        seed, pos = int(rng.integers(0, 2**63)), int(rng.integers(0, 100000))
+        hist = [int(h) for h in rng.integers(0, V, 64)]
+        ring[:64] = cp.asarray(np.asarray(hist, np.int32))
+        params = cp.asarray(ops.pack_sampling_params(p, seed, 64 if p.repeat_penalty != 1.0 else 0))
+        ops.sample(cp.asarray(logits), params, tok, ring, cp.asarray(np.array([pos], np.int32)), ws)
+        same += int(int(tok.get()[0]) == sample_token(logits, p, seed, pos, hist))
+        total += 1
+    return [("device sampler = NumPy sampler", f"{same}/{total} equal", "all", same == total)]
+
+
+def run_all() -> list[tuple]:
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    res = []
+    for fn in (check_linear, check_norm_rope, check_attention, check_sampling):
+        try:
+            res += fn(cp, rng)
+        except Exception as exc:  # noqa: BLE001 - a crashing family is a failed check, reported
+            res.append((fn.__name__, f"{type(exc).__name__}: {str(exc)[:80]}", "runs", False))
+    return res
