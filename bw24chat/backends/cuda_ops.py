@@ -215,18 +215,24 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
             smem=_decode_smem(hd, gq, kv_type))
 
 
-def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out) -> None:
+def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out,
+                 precise: bool = True) -> None:
     """Causal prefill attention (tensor cores) for T queries at positions start..start+T-1 over
     keys 0..start+T-1 already in the cache.  q, out: float32 (T', H, hd), T' >= T; cache:
-    kv_cache_alloc; start: host int (prefill is not graph-captured)."""
+    kv_cache_alloc; start: host int (prefill is not graph-captured).
+    precise=True (default): Q and P enter the MMAs as split bf16 (hi + lo, PREFILL_SPLIT=1), ~1e-5
+    from the float64 reference, close to the f32 decode path; False: plain bf16 Q and P
+    (PREFILL_SPLIT=0), about half the MMA work, ~2e-3.  Either way rows are bit-identical
+    whatever the chunking."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if T == 0:
         return
     G = H // K
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
-    kern = get_kernel("attention", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type])
-    smem = 2 * 2 * 64 * (hd + 8) * 2
+    kern = get_kernel("attention", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type],
+                      PREFILL_SPLIT=int(bool(precise)))
+    smem = 2 * 2 * 64 * (hd + 8) * 2  # PREFILL_SMEM: 2 stages x (K, V) x 64 x (hd+8) bf16, either variant
     _launch(kern, (-(-(T * G) // 64), K), (128,),
             (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),
              _f32(scale * math.log2(math.e)), out), smem=smem)

@@ -210,10 +210,33 @@ def attention_ref(q: np.ndarray, keys: np.ndarray, vals: np.ndarray, positions: 
     return out
 
 
-def attention_flash_ref(q, keys, vals, positions, scale, block: int = 64) -> np.ndarray:
+def bf16x2_split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 x -> (hi, lo) float32 values of bf16 numbers, hi = bf16(x), lo = bf16(x - hi)
+    (x - hi is exact in float32): x - (hi + lo) is within 2^-17 |x| (the prefill's PREFILL_SPLIT)."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = bf16_round(x)
+    return hi, bf16_round((x - hi).astype(np.float32))
+
+
+def _mma_operand(x: np.ndarray, operands: str) -> np.ndarray:
+    """What an MMA operand of float32 x contributes: x itself, bf16(x), or hi + lo (bf16x2)."""
+    if operands == "f32":
+        return np.asarray(x, dtype=np.float32)
+    if operands == "bf16":
+        return bf16_round(x)
+    if operands == "bf16x2":
+        hi, lo = bf16x2_split(x)
+        return hi.astype(np.float64) + lo  # exact sum (the MMAs take the products exactly)
+    raise ValueError(operands)
+
+
+def attention_flash_ref(q, keys, vals, positions, scale, block: int = 64, operands: str = "f32") -> np.ndarray:
     """The same contract computed the way the kernels do (float32, online softmax over key
     blocks at absolute multiples of ``block``, log-sum-exp merge), to show the blockwise
-    algebra equals plain softmax attention."""
+    algebra equals plain softmax attention.  ``operands`` emulates how attn_prefill feeds q and
+    the probabilities p to its MMAs: "f32" (unrounded), "bf16" (PREFILL_SPLIT=0) or "bf16x2"
+    (hi + lo, PREFILL_SPLIT=1); keys and values are used as given (exact bf16 in the kernel).
+    The MMA's own accumulation is modelled as float64 dot products rounded to float32."""
     T, H, hd = q.shape
     K = keys.shape[1]
     G = H // K
@@ -222,14 +245,16 @@ def attention_flash_ref(q, keys, vals, positions, scale, block: int = 64) -> np.
         n = int(positions[t]) + 1
         for h in range(H):
             m, l, acc = -np.inf, np.float32(0), np.zeros(hd, np.float32)
+            qo = _mma_operand(q[t, h], operands)
             for b0 in range(0, n, block):
-                kb = keys[b0:min(n, b0 + block), h // G].astype(np.float32)
-                s = (kb @ q[t, h].astype(np.float32)) * np.float32(scale)
+                kb = keys[b0:min(n, b0 + block), h // G]
+                s = (kb.astype(np.float64) @ qo).astype(np.float32) * np.float32(scale)
                 mn = max(m, float(s.max()))
                 alpha = np.float32(math.exp(m - mn)) if m != -np.inf else np.float32(0)
                 p = np.exp(s - np.float32(mn)).astype(np.float32)
                 l = l * alpha + p.sum(dtype=np.float32)
-                acc = acc * alpha + p @ vals[b0:min(n, b0 + block), h // G].astype(np.float32)
+                pv = (_mma_operand(p, operands) @ vals[b0:min(n, b0 + block), h // G].astype(np.float64))
+                acc = acc * alpha + pv.astype(np.float32)
                 m = mn
             out[t, h] = acc / l
     return out

@@ -74,43 +74,52 @@ def test_decode_rows_bit_identical_for_any_m(cp, rng, kv_type, H, K, hd):
         assert np.array_equal(other[3], batch[3]), "a row must not depend on the other rows"
 
 
-def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None):
+def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None, precise=True):
     T, H, hd = q.shape
     qd = cp.asarray(q)
     out = cp.full((T, H, hd), np.nan, cp.float32)
     chunk = chunk or T
     for c0 in range(0, T, chunk):
         c1 = min(T, c0 + chunk)
-        ops.attn_prefill(qd[c0:c1], ck, cv, kv_type, start + c0, c1 - c0, scale, out[c0:c1])
+        ops.attn_prefill(qd[c0:c1], ck, cv, kv_type, start + c0, c1 - c0, scale, out[c0:c1], precise=precise)
     return out.get()
 
 
+# (relative L2 error, max error / max |ref|) limits against the float64 reference.  precise:
+# split-bf16 Q and P (bf16x2), K/V exact bf16 -> ~3e-6 (f32 accumulation, exp2); plain bf16
+# Q and P: ~2-3e-3 (a NumPy emulation of both variants gives these figures).
+PREFILL_TOL = {True: (1e-4, 1e-4), False: (5e-3, 1e-2)}
+
+
+@pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("kv_type", kr.KV_TYPES)
 @pytest.mark.parametrize("H,K,hd", [(9, 3, 64), (32, 8, 128), (16, 16, 128), (28, 4, 128)])
-def test_prefill_matches_reference(cp, rng, kv_type, H, K, hd):
+def test_prefill_matches_reference(cp, rng, kv_type, H, K, hd, precise):
     scale = 1.0 / math.sqrt(hd)
+    tol_l2, tol_max = PREFILL_TOL[precise]
     for T, start in [(1, 0), (3, 0), (17, 5), (100, 0), (100, 1000), (64, 63)]:
         N = start + T + 7
         ck, cv, kv, vv = _make_cache(cp, rng, kv_type, N, K, hd)
         q = rng.standard_normal((T, H, hd)).astype(np.float32)
-        got = _prefill(cp, q, ck, cv, kv_type, start, scale)
+        got = _prefill(cp, q, ck, cv, kv_type, start, scale, precise=precise)
         ref = kr.attention_ref(q, kv, vv, np.arange(start, start + T), scale)
         assert not np.isnan(got).any()
         err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-        assert err <= 2e-3, (T, start, err)
-        assert _rel_err(got, ref) <= 1e-2, (T, start)
+        assert err <= tol_l2, (T, start, err)
+        assert _rel_err(got, ref) <= tol_max, (T, start, _rel_err(got, ref))
 
 
+@pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("kv_type", ["bf16", "fp8"])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
-def test_prefill_chunking_bit_identical(cp, rng, kv_type, H, K, hd):
+def test_prefill_chunking_bit_identical(cp, rng, kv_type, H, K, hd, precise):
     T, start = 1024, 37
     N = start + T
     ck, cv, _, _ = _make_cache(cp, rng, kv_type, N, K, hd)
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     scale = 1.0 / math.sqrt(hd)
-    a = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=256)
-    b = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=512)
-    c = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=100)
+    a = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=256, precise=precise)
+    b = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=512, precise=precise)
+    c = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=100, precise=precise)
     assert np.array_equal(a, b)
     assert np.array_equal(a, c)

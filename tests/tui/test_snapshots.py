@@ -20,14 +20,11 @@ def fixed_gpu(monkeypatch):
 
 
 async def settle(pilot) -> None:
-    """Stop what would differ between two runs: toasts, blinking cursors, and tables whose
-    column widths are not measured yet (DataTable measures new rows when it next idles)."""
+    """Stop what would differ between two runs: toasts and blinking cursors."""
     app = pilot.app
     app.clear_notifications()
     for widget in app.screen.query("Input, TextArea"):
         widget.cursor_blink = False
-    tables = list(app.screen.query("DataTable"))
-    await wait_for(pilot, lambda: not any(t._require_update_dimensions for t in tables), what="measured tables")
     await pilot.pause()
 
 

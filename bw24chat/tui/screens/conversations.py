@@ -8,6 +8,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from ..widgets.table import fill_table
 from .dialogs import Confirm, TextPrompt
 
 if TYPE_CHECKING:
@@ -33,18 +34,13 @@ class ConversationsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns("Title", "Messages", "Updated")
         self.refresh_list()
-        table.focus()
+        self.query_one(DataTable).focus()
 
     def refresh_list(self) -> None:
-        table = self.query_one(DataTable)
-        table.clear()
         summaries = self.app.store.list()
-        for s in summaries:
-            updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
-            table.add_row(s.title, str(s.n_messages), updated, key=s.id)
+        rows = ((s.id, (s.title, str(s.n_messages), time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated)))) for s in summaries)
+        fill_table(self.query_one(DataTable), ("Title", "Messages", "Updated"), rows)
         empty = self.query_one("#conversations-empty", Static)
         empty.update("No conversations yet." if not summaries else "")
         empty.display = not summaries

@@ -18,6 +18,7 @@ from ... import hub, model_catalog
 from ..formatting import human_bytes, human_duration, human_rate
 from ..messages import CatalogScanned, DownloadEnded, DownloadProgressed, HubFailed, HubFilesListed, HubSearchDone
 from ..widgets.progress_line import ProgressLine
+from ..widgets.table import fill_table
 
 if TYPE_CHECKING:
     from ..app import ChatApp
@@ -32,6 +33,21 @@ def vram_text(needed: int | None, gpu: model_catalog.GpuMemory | None) -> str:
     if gpu is None:
         return text
     return f"{text} ✓" if needed <= gpu.free else f"{text} ✗"
+
+
+LOCAL_COLUMNS = ("Name", "Arch", "Format", "Size", "VRAM est.", "Location")
+
+
+def local_row(m: model_catalog.LocalModel, gpu: model_catalog.GpuMemory | None) -> tuple[str, ...]:
+    fmt = f"{m.fmt} {m.quant}" if m.quant else m.fmt
+    name = f"{m.name} (unreadable: {m.error})" if m.error else m.name
+    return (name, m.arch or "?", fmt, human_bytes(m.size), vram_text(m.vram_needed, gpu), m.location)
+
+
+def choice_row(c: hub.DownloadChoice, gpu: model_catalog.GpuMemory | None) -> tuple[str, ...]:
+    # weights as downloaded plus the fixed workspace: the KV cache needs the model's shape
+    needed = model_catalog.estimate_vram(c.size, None, None) if c.size else None
+    return (c.label, c.fmt, str(len(c.files)), human_bytes(c.size), vram_text(needed, gpu))
 
 
 class ModelsScreen(Screen):
@@ -85,9 +101,6 @@ class ModelsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#local-models", DataTable).add_columns("Name", "Arch", "Format", "Size", "VRAM est.", "Location")
-        self.query_one("#hub-results", DataTable).add_columns("Repository", "Downloads", "Likes")
-        self.query_one("#hub-files", DataTable).add_columns("Choice", "Format", "Files", "Size", "VRAM est.")
         self.query_one("#first-run").display = False
         self.query_one("#hub-files").display = False
         self.query_one("#download-cancel").display = False
@@ -113,11 +126,7 @@ class ModelsScreen(Screen):
             else "[b]GPU[/b] none found (pynvml / CuPy): models run on the CPU"
         )
         table = self.query_one("#local-models", DataTable)
-        table.clear()
-        for index, m in enumerate(self.models):
-            fmt = f"{m.fmt} {m.quant}" if m.quant else m.fmt
-            name = f"{m.name} (unreadable: {m.error})" if m.error else m.name
-            table.add_row(name, m.arch or "?", fmt, human_bytes(m.size), vram_text(m.vram_needed, gpu), m.location, key=str(index))
+        fill_table(table, LOCAL_COLUMNS, ((str(i), local_row(m, gpu)) for i, m in enumerate(self.models)))
         self.query_one("#first-run").display = not self.models
         if self._select_after_scan is not None:
             for index, m in enumerate(self.models):
@@ -169,9 +178,8 @@ class ModelsScreen(Screen):
         self.hub_models = message.models
         table = self.query_one("#hub-results", DataTable)
         table.loading = False
-        table.clear()
-        for index, m in enumerate(self.hub_models):
-            table.add_row(m.repo_id, f"{m.downloads:,}", f"{m.likes:,}", key=str(index))
+        rows = ((str(i), (m.repo_id, f"{m.downloads:,}", f"{m.likes:,}")) for i, m in enumerate(self.hub_models))
+        fill_table(table, ("Repository", "Downloads", "Likes"), rows)
         if not self.hub_models:
             self.notify("No model matches", severity="warning")
         else:
@@ -200,10 +208,8 @@ class ModelsScreen(Screen):
         self.repo_files = message.files
         table = self.query_one("#hub-files", DataTable)
         table.loading = False
-        table.clear()
-        for index, c in enumerate(self.repo_files.choices):
-            needed = model_catalog.estimate_vram(c.size, None, None) if c.size else None
-            table.add_row(c.label, c.fmt, str(len(c.files)), human_bytes(c.size), vram_text(needed, self.gpu), key=str(index))
+        rows = ((str(i), choice_row(c, self.gpu)) for i, c in enumerate(self.repo_files.choices))
+        fill_table(table, ("Choice", "Format", "Files", "Size", "VRAM est."), rows)
         if not self.repo_files.choices:
             self.notify("This repository has no GGUF or safetensors weights", severity="warning")
         else:

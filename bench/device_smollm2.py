@@ -1,0 +1,60 @@
+"""SmolLM2-135M-Instruct Q4_1 on the device: the CUDA and NumPy backends give the same greedy
+64 tokens (chat prompts), then the check gates on this real model."""
+import sys
+import time
+
+import numpy as np
+
+
+def greedy(runner, tok, prompt_ids, n=64):
+    from bw24chat.api import SamplingParams
+    from bw24chat.generate import Generator
+
+    g = Generator(runner, tok)
+    logits, _ = g.prefill(prompt_ids)
+    sp = SamplingParams(temperature=0)
+    hist = list(prompt_ids)
+    out = []
+    for i in range(n):
+        t = runner.sample(logits, sp, 0, len(hist), hist)
+        out.append(t)
+        hist.append(t)
+        logits = g.decode(t)
+    return out
+
+
+def main(path):
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.backends.numpy_backend import NumpyBackend
+    from bw24chat.chat_template import ChatFormatter
+    from bw24chat.check import model_gates
+    from bw24chat.generate import NumpyRunner
+    from bw24chat.loaders import load_checkpoint
+    from bw24chat.models import build_model
+
+    ck = load_checkpoint(path)
+    tok = ck.tokenizer
+    fmt = ChatFormatter(tok.chat_template, None, None)
+    prompts = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis briefly.",
+               "List three prime numbers."]
+    npr = NumpyRunner(build_model(ck, NumpyBackend(), 2048))
+    cur = CudaRunner(ck, 2048, "bf16")
+    ok = 0
+    for p in prompts:
+        ids = tok.encode(fmt.render([{"role": "user", "content": p}]))
+        t0 = time.time()
+        a = greedy(npr, tok, ids)
+        b = greedy(cur, tok, ids)
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 64)
+        ok += same == 64
+        print(f"{p[:32]:34} equal for {same}/64 tokens  ({time.time() - t0:.1f}s)  {tok.decode(b)[:60]!r}", flush=True)
+    print(f"CUDA = NumPy greedy 64 tokens on {ok}/{len(prompts)} prompts")
+    for kv in ("bf16", "q8_0", "fp8"):
+        r = CudaRunner(ck, 2048, kv)
+        for g in model_gates(r, f"smollm2/kv={kv}"):
+            print(("PASS " if g.ok else "FAIL ") + f"{g.section} {g.name}: {g.value}", flush=True)
+        del r
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
