@@ -31,6 +31,11 @@
 #ifndef GEMM_SPLIT
 #define GEMM_SPLIT 1
 #endif
+// Weights whose exact f32 values are not bf16 numbers (F32, F16 and the integer-scaled formats;
+// not BF16, nor NVFP4 whose E2M1 x E4M3 products have <= 6 significant bits) are split too in
+// the precise variant: W = W_hi + W_lo, and each k16 step adds x_hi.W_hi, x_lo.W_hi, x_hi.W_lo
+// (x_lo.W_lo, ~2^-18 relative, is dropped) -- so prefill matches the exact-weight decode path.
+#define W_SPLIT (GEMM_SPLIT && FMT != F_BF16 && FMT != F_NVFP4)
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
@@ -66,6 +71,9 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
     __nv_bfloat16* Ws = As + 2 * GM_BM * GM_LD;                    // [2][BN][LD]
 #if GEMM_SPLIT
     __nv_bfloat16* Al = Ws + 2 * GM_BN * GM_LD;                    // [2][BM][LD] x_lo
+#endif
+#if W_SPLIT
+    __nv_bfloat16* Wl = Al + 2 * GM_BM * GM_LD;                    // [2][BN][LD] W_lo
 #endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
@@ -118,15 +126,29 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #pragma unroll
                 for (int e = 0; e < VPC; ++e) v[e] = 0.0f;
             }
+#if W_SPLIT
+            float vl[VPC];
+#pragma unroll
+            for (int e = 0; e < VPC; ++e) vl[e] = __fsub_rn(v[e], __bfloat162float(__float2bfloat16_rn(v[e])));
+#endif
 #if VPC == 4
             // F32 chunks hold 4 values: an 8-byte store (a 16-byte one would be misaligned)
             *reinterpret_cast<uint2*>(W + r * GM_LD + cl * VPC) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+#if W_SPLIT
+            *reinterpret_cast<uint2*>(Wl + buf * GM_BN * GM_LD + r * GM_LD + cl * VPC) = make_uint2(pack_bf16x2(vl[0], vl[1]), pack_bf16x2(vl[2], vl[3]));
+#endif
 #else
 #pragma unroll
-            for (int e = 0; e < VPC; e += 8)
+            for (int e = 0; e < VPC; e += 8) {
                 *reinterpret_cast<uint4*>(W + r * GM_LD + cl * VPC + e) =
                     make_uint4(pack_bf16x2(v[e], v[e + 1]), pack_bf16x2(v[e + 2], v[e + 3]),
                                pack_bf16x2(v[e + 4], v[e + 5]), pack_bf16x2(v[e + 6], v[e + 7]));
+#if W_SPLIT
+                *reinterpret_cast<uint4*>(Wl + buf * GM_BN * GM_LD + r * GM_LD + cl * VPC + e) =
+                    make_uint4(pack_bf16x2(vl[e], vl[e + 1]), pack_bf16x2(vl[e + 2], vl[e + 3]),
+                               pack_bf16x2(vl[e + 4], vl[e + 5]), pack_bf16x2(vl[e + 6], vl[e + 7]));
+#endif
+            }
 #endif
         }
     };
@@ -166,6 +188,19 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
                 for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af, bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
 #endif
             }
+#if W_SPLIT
+            // third term: x_hi . W_lo (same accumulators, after hi.hi and lo.hi of this k16 step)
+            const __nv_bfloat16* WL = Wl + buf * GM_BN * GM_LD + (wn * 32) * GM_LD;
+#pragma unroll
+            for (int nj = 0; nj < 2; ++nj)
+                ldmatrix_x4(bq[nj], WL + (nj * 16 + ((lane >> 4) << 3) + (lane & 7)) * GM_LD + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+                ldmatrix_x4(af, A + (mi * 16 + (lane & 15)) * GM_LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af, bq[ni >> 1][(ni & 1) * 2], bq[ni >> 1][(ni & 1) * 2 + 1]);
+            }
+#endif
         }
         if (kt + 1 < nkt) store_tile(kt + 1, buf ^ 1);
         __syncthreads();

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -36,6 +35,11 @@ import httpx
 import pytest
 
 from bw24chat import hub
+from bw24chat.fake_engine import FakeEngine
+from bw24chat.options import EngineOptions
+from bw24chat.tui.app import ChatApp
+from bw24chat.tui.screens.models import ModelsScreen
+from tests.tui.tui_helpers import click, wait_for
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -429,29 +433,41 @@ def test_an_existing_complete_file_is_not_downloaded_again(fake_hub, tiny_repo):
 
 
 # ----------------------------------------------------------------------------- the model manager
+def model_manager_app(opened: list | None = None) -> ChatApp:
+    """The app as on a first start (no -m); ``opened`` collects the models it loads."""
+
+    def factory(options, progress):
+        if opened is not None:
+            opened.append(options.model)
+        return FakeEngine()
+
+    return ChatApp(EngineOptions(), factory)
+
+
+async def list_tiny_quants(pilot) -> ModelsScreen:
+    """Search the Hub for "tiny" in the model manager and open the first result's quants."""
+    app = pilot.app
+    await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+    screen = app.screen
+    await pilot.press("ctrl+f")
+    await pilot.press(*"tiny", "enter")
+    results = screen.query_one("#hub-results")
+    await wait_for(pilot, lambda: results.row_count == 1, what="search results")
+    assert results.get_row_at(0)[0] == "acme/Tiny-GGUF"
+    await pilot.press("enter")
+    files = screen.query_one("#hub-files")
+    await wait_for(pilot, lambda: files.row_count == 2 and files.has_focus, what="the quant list")
+    assert [files.get_row_at(i)[0] for i in range(2)] == ["Q4_1", "Q8_0"]
+    return screen
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_search_and_download_in_the_model_manager(fake_hub, tiny_repo, tmp_path, anyio_backend):
-    from bw24chat.fake_engine import FakeEngine
-    from bw24chat.options import EngineOptions
-    from bw24chat.tui.app import ChatApp
-    from bw24chat.tui.screens.models import ModelsScreen
-    from tests.tui.tui_helpers import wait_for
-
+async def test_search_and_download_in_the_model_manager(fake_hub, tiny_repo, anyio_backend):
     opened = []
-    app = ChatApp(EngineOptions(), lambda options, progress: opened.append(options.model) or FakeEngine())
+    app = model_manager_app(opened)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
-        screen = app.screen
-        await pilot.press("ctrl+f")
-        await pilot.press(*"tiny", "enter")
-        results = screen.query_one("#hub-results")
-        await wait_for(pilot, lambda: results.row_count == 1, what="search results")
-        assert results.get_row_at(0)[0] == "acme/Tiny-GGUF"
-        await pilot.press("enter")
-        files = screen.query_one("#hub-files")
-        await wait_for(pilot, lambda: files.row_count == 2 and files.has_focus, what="the quant list")
-        assert [files.get_row_at(i)[0] for i in range(2)] == ["Q4_1", "Q8_0"]
+        screen = await list_tiny_quants(pilot)
         await pilot.press("enter")  # download Q4_1
         local = screen.query_one("#local-models")
         target = hub.repo_dir("acme/Tiny-GGUF") / "tiny-Q4_1.gguf"
@@ -466,26 +482,14 @@ async def test_search_and_download_in_the_model_manager(fake_hub, tiny_repo, tmp
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_download_can_be_cancelled_in_the_model_manager(fake_hub, tiny_repo, anyio_backend):
-    from bw24chat.fake_engine import FakeEngine
-    from bw24chat.options import EngineOptions
-    from bw24chat.tui.app import ChatApp
-    from bw24chat.tui.screens.models import ModelsScreen
-    from tests.tui.tui_helpers import wait_for
-
     fake_hub.chunk_delay = 0.05  # about 2.5 s for the file: time to press Cancel
-    app = ChatApp(EngineOptions(), lambda options, progress: FakeEngine())
+    app = model_manager_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
-        screen = app.screen
-        await pilot.press("ctrl+f")
-        await pilot.press(*"tiny", "enter")
-        await wait_for(pilot, lambda: screen.query_one("#hub-results").row_count == 1, what="search results")
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: screen.query_one("#hub-files").row_count == 2, what="the quant list")
+        screen = await list_tiny_quants(pilot)
         await pilot.press("enter")
         text = screen.query_one("#download-progress .progress-text")
         await wait_for(pilot, lambda: "MiB/s" in str(text.render()) or "KiB/s" in str(text.render()), what="progress")
-        await pilot.click("#download-cancel")
+        await click(pilot, "#download-cancel")
         await wait_for(pilot, lambda: "cancelled" in str(text.render()), what="the cancellation")
         part = hub.part_path(hub.repo_dir("acme/Tiny-GGUF") / "tiny-Q4_1.gguf")
         assert 0 < part.stat().st_size < len(TINY_Q4)

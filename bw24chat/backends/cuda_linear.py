@@ -21,6 +21,8 @@ MV_SMEM_FLOATS = 8192  # x staging budget per block (32 KB), split over the m ro
 GM_TILE = 128
 GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes (GEMM_SPLIT=0)
 GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
+GM_SMEM_SPLIT_W = GM_SMEM_SPLIT + 2 * 128 * 72 * 2  # + the W_lo tiles (weights not exact in bf16)
+_W_EXACT_IN_BF16 = ("BF16", "NVFP4")
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
 EPILOGUES = {"store": 0, "add": 1}
 _NULL = np.uint64(0)
@@ -35,9 +37,15 @@ def _wargs(W: DeviceWeight) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _gemm_kernel(fmt_id: int, precise: bool):
-    k = get_kernel("gemm", "gemm", FMT=fmt_id, GEMM_SPLIT=int(precise))
-    k.max_dynamic_shared_size_bytes = GM_SMEM_SPLIT if precise else GM_SMEM
+def _gemm_smem(fmt: str, precise: bool) -> int:
+    if not precise:
+        return GM_SMEM
+    return GM_SMEM_SPLIT if fmt in _W_EXACT_IN_BF16 else GM_SMEM_SPLIT_W
+
+
+def _gemm_kernel(W: DeviceWeight, precise: bool):
+    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(precise))
+    k.max_dynamic_shared_size_bytes = _gemm_smem(W.fmt, precise)
     return k
 
 
@@ -73,17 +81,17 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
 
 
 def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True) -> None:
-    """out[T, W.out] (=|+=) x[T, W.in] @ bf16(W).T on tensor cores (f32 accumulation); x is
-    split into bf16 hi + lo parts (precise=True: activation error ~2^-17) or rounded to bf16
-    (precise=False: twice the tensor-core rate).  Row values do not depend on T (no split-K)."""
+    """out[T, W.out] (=|+=) x[T, W.in] @ W.T on tensor cores (f32 accumulation).  precise=True:
+    x, and W where its values are not bf16 numbers, are split into bf16 hi + lo parts (error
+    ~2^-16, matching the exact decode path); precise=False: x and W rounded to bf16 (fastest).  Row values do not depend on T (no split-K)."""
     if x.dtype != np.float32 or out.dtype != np.float32 or x.size < T * W.in_ or out.size < T * W.out:
         raise ValueError("gemm: x and out must be float32 [T, in] / [T, out]")
     if T <= 0:
         return
-    k = _gemm_kernel(W.fmt_id, precise)
+    k = _gemm_kernel(W, precise)
     grid = (-(-W.out // GM_TILE), -(-T // GM_TILE))
     k(grid, (256,), (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(EPILOGUES[epilogue])),
-      shared_mem=GM_SMEM_SPLIT if precise else GM_SMEM)
+      shared_mem=_gemm_smem(W.fmt, precise))
 
 
 def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out) -> None:

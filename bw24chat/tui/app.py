@@ -2,7 +2,7 @@
 
 ``run_app(options)`` is the entry point.  With ``options.model`` it opens straight into the
 chat and loads that model; without, it opens the model manager (which offers the default
-model when none is found).  Models load on a worker thread through ``engine_factory``
+model when none is found; the engine fetches it on first use).  Models load on a worker thread through ``engine_factory``
 (default: ``bw24chat.engine.open_engine``), reporting ``LoadProgress`` to the chat screen.
 """
 from __future__ import annotations
@@ -17,15 +17,13 @@ from textual.app import App
 from ..api import EngineAPI, LoadProgress
 from ..config import load_config, update_saved_config, with_cli_overrides
 from ..conversations import ConversationStore
-from ..hub import DownloadProgress
 from ..options import EngineOptions
 from .commands import ChatCommands
-from .formatting import human_bytes
 from .messages import EngineFailed, EngineLoading, EngineReady
 from .screens.chat import ChatScreen
 from .screens.conversations import ConversationsScreen
 from .screens.help import HelpScreen
-from .screens.models import ModelsScreen
+from .screens.models import DEFAULT_MODEL_SPEC, ModelsScreen
 from .screens.settings import SettingsScreen
 
 ProgressCallback = Callable[[LoadProgress], None]
@@ -36,20 +34,6 @@ def open_engine(options: EngineOptions, progress: ProgressCallback | None = None
     from ..engine import open_engine as open_real_engine  # imported late: heavy, and optional in UI tests
 
     return open_real_engine(options, progress)
-
-
-def fetch_default_model(report: ProgressCallback) -> Path:
-    """The default model's path, downloading it first if needed (progress as a load stage)."""
-    from ..model_store import default_model_path
-
-    def on_progress(p) -> None:
-        if isinstance(p, LoadProgress):
-            report(p)
-        elif isinstance(p, DownloadProgress):
-            detail = f"{human_bytes(p.downloaded)} / {human_bytes(p.total)}"
-            report(LoadProgress("downloading", p.fraction or 0.0, detail))
-
-    return default_model_path(progress=on_progress)
 
 
 class ChatApp(App):
@@ -99,18 +83,19 @@ class ChatApp(App):
         self.store.close()
 
     # ------------------------------------------------------------------ engine
-    def load_model(self, spec: str | None) -> None:
-        """Load ``spec`` (None: the default model, downloaded if needed) and show the chat."""
+    def load_model(self, spec: str) -> None:
+        """Load ``spec`` (a path, a repo id in the HF cache, or DEFAULT_MODEL_SPEC) and show
+        the chat, where the progress shows."""
         self.show_chat()
         self.chat.action_stop()
         old, self.engine = self.engine, None
         self._load_id = next(self._load_ids)
-        self.loading_name = Path(spec).name if spec else "the default model"
+        self.loading_name = "the default model" if spec == DEFAULT_MODEL_SPEC else Path(spec).name
         self.chat.show_load_text(f"Loading {self.loading_name}…", 0.0)
         self._load_engine(self._load_id, spec, old)
 
     @work(thread=True, group="engine")
-    def _load_engine(self, load_id: int, spec: str | None, old: EngineAPI | None) -> None:
+    def _load_engine(self, load_id: int, spec: str, old: EngineAPI | None) -> None:
         if old is not None:
             old.close()  # free its memory before the next model takes its place
 
@@ -118,8 +103,6 @@ class ChatApp(App):
             self.chat.post_message(EngineLoading(progress))
 
         try:
-            if spec is None:
-                spec = str(fetch_default_model(report))
             engine = self.engine_factory(self.config.engine_options(spec), report)
         except Exception as exc:  # noqa: BLE001 - any failure is reported in the UI
             self.post_message(EngineFailed(load_id, spec, f"{type(exc).__name__}: {exc}"))

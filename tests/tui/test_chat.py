@@ -9,7 +9,7 @@ from bw24chat.fake_engine import DEFAULT_REPLY, FakeEngine
 from bw24chat.tui.screens.help import HelpScreen
 from bw24chat.tui.screens.models import ModelsScreen
 from bw24chat.tui.widgets.message_view import MessageView
-from tests.tui.tui_helpers import HeldEngine, send, start_chat, wait_for, wait_for_notification
+from tests.tui.tui_helpers import HeldEngine, send, send_and_hold, start_chat, wait_for, wait_for_notification
 
 pytestmark = pytest.mark.anyio
 
@@ -40,8 +40,7 @@ async def test_escape_stops_the_reply_at_once_and_keeps_the_partial_text(make_ap
     app = make_app(engine)
     async with app.run_test() as pilot:
         await start_chat(pilot)
-        await send(pilot, "write code", wait=False)
-        await wait_for(pilot, engine.holding.is_set, what="the engine to hold")
+        await send_and_hold(pilot, engine, "write code")
         chat = app.chat
         await wait_for(pilot, lambda: chat.active.message.content == engine.held_text(), what="the held text")
         handle = chat.active.handle
@@ -74,13 +73,18 @@ async def test_an_engine_error_is_shown_on_the_reply(make_app):
         await wait_for_notification(pilot, "error", "fake engine failure")
 
 
-async def test_regenerate_replaces_the_last_reply(make_app):
+@pytest.mark.parametrize("on_the_reply", [False, True], ids=["ctrl+r", "r-on-the-reply"])
+async def test_regenerate_replaces_the_last_reply(make_app, on_the_reply):
     engine = FakeEngine(replies=["first answer", "second answer"], token_delay=0.002)
     app = make_app(engine)
     async with app.run_test() as pilot:
         await start_chat(pilot)
         await send(pilot, "question")
-        await pilot.press("ctrl+r")
+        if on_the_reply:
+            app.chat.views[-1].focus()
+            await pilot.press("r")
+        else:
+            await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: app.chat.active is None and len(engine.requests) == 2, what="the second reply")
         await pilot.pause()
         messages = app.chat.conversation.messages
@@ -217,19 +221,6 @@ async def test_copy_a_message_and_its_code_block(make_app):
         assert app.clipboard == DEFAULT_REPLY
 
 
-async def test_message_keys_regenerate_an_assistant_reply(make_app):
-    engine = FakeEngine(replies=["one", "two"], token_delay=0.002)
-    app = make_app(engine)
-    async with app.run_test() as pilot:
-        await start_chat(pilot)
-        await send(pilot, "q")
-        app.chat.views[-1].focus()
-        await pilot.press("r")
-        await wait_for(pilot, lambda: len(engine.requests) == 2 and app.chat.active is None, what="the new reply")
-        await pilot.pause()
-        assert [m.content for m in app.chat.conversation.messages] == ["q", "two"]
-
-
 async def test_typing_stays_responsive_while_a_reply_streams(make_app):
     app = make_app(FakeEngine(token_delay=0.02))  # [[slow]]: 0.2 s a token, seconds in all
     async with app.run_test() as pilot:
@@ -249,8 +240,7 @@ async def test_a_partial_reply_is_stored_as_it_streams_and_marked_incomplete(mak
     app = make_app(engine)
     async with app.run_test() as pilot:
         await start_chat(pilot)
-        await send(pilot, "tell me", wait=False)
-        await wait_for(pilot, engine.holding.is_set, what="the engine to hold")
+        await send_and_hold(pilot, engine, "tell me")
         conversation_id = app.chat.conversation.id
         # another connection, as a restarted app would open it after a kill
         other = ConversationStore(app.store.path)

@@ -10,13 +10,16 @@ from bw24chat.api import LoadProgress
 from bw24chat.config import config_path, load_config
 from bw24chat.conversations import ChatMessage
 from bw24chat.fake_engine import FakeEngine
+from bw24chat.options import EngineOptions
+from bw24chat.tui.app import ChatApp
 from bw24chat.tui.screens.chat import ChatScreen
 from bw24chat.tui.screens.conversations import ConversationsScreen
 from bw24chat.tui.screens.dialogs import Confirm, TextPrompt
 from bw24chat.tui.screens.help import HelpScreen
 from bw24chat.tui.screens.models import ModelsScreen
 from bw24chat.tui.screens.settings import SettingsScreen
-from tests.tui.tui_helpers import send, start_chat, wait_for, wait_for_notification, write_gguf
+from bw24chat.tui.widgets.progress_line import ProgressLine
+from tests.tui.tui_helpers import click, open_screen, send, start_chat, wait_for, wait_for_notification, write_gguf
 
 pytestmark = pytest.mark.anyio
 
@@ -27,8 +30,7 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
     app = make_app(engine)
     async with app.run_test(size=(120, 40)) as pilot:
         await start_chat(pilot)
-        await pilot.press("f2")
-        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), what="settings")
+        await open_screen(pilot, "f2", SettingsScreen)
         screen = app.screen
         screen.query_one("#set-temperature").value = "0.2"
         screen.query_one("#set-top_k").value = "40"
@@ -57,8 +59,7 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
     app2 = make_app(FakeEngine())
     async with app2.run_test(size=(120, 40)) as pilot:
         await start_chat(pilot)
-        await pilot.press("f2")
-        await wait_for(pilot, lambda: isinstance(app2.screen, SettingsScreen), what="settings")
+        await open_screen(pilot, "f2", SettingsScreen)
         assert app2.screen.query_one("#set-temperature").value == "0.2"
         assert app2.screen.query_one("#set-kv_cache").value == "q8_0"
         assert app2.screen.query_one("#set-seed").value == "1234"
@@ -68,8 +69,7 @@ async def test_invalid_settings_are_not_saved(make_app):
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await start_chat(pilot)
-        await pilot.press("f2")
-        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), what="settings")
+        await open_screen(pilot, "f2", SettingsScreen)
         app.screen.query_one("#set-temperature").value = "hot"
         app.screen.query_one("#set-top_p").value = "1.5"  # above its maximum
         await pilot.press("ctrl+s")
@@ -103,8 +103,7 @@ async def test_conversations_list_open_rename_export_delete(make_app, private_di
         newer = app.store.create(title="About dogs")
         app.store.add_message(newer.id, ChatMessage("user", "Do dogs bark?"))
 
-        await pilot.press("f4")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the conversation list")
+        await open_screen(pilot, "f4", ConversationsScreen)
         table = app.screen.query_one("#conversations")
         assert table.row_count == 2
         assert table.get_row_at(0)[0] == "About dogs"  # most recent first
@@ -149,8 +148,7 @@ async def test_deleting_the_open_conversation_starts_a_new_one(make_app):
     async with app.run_test(size=(120, 40)) as pilot:
         await start_chat(pilot)
         await send(pilot, "hello")
-        await pilot.press("f4")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the list")
+        await open_screen(pilot, "f4", ConversationsScreen)
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(app.screen, Confirm), what="the confirmation")
         await pilot.press("enter")
@@ -159,28 +157,18 @@ async def test_deleting_the_open_conversation_starts_a_new_one(make_app):
 
 
 # ----------------------------------------------------------------------------- model manager
-async def test_first_start_without_a_model_offers_the_default_one(make_app, monkeypatch, private_dirs):
-    default = write_gguf(private_dirs["models"] / "default" / "SmolLM2-135M-Instruct-Q4_1.gguf")
-    fetched = []
-
-    def fake_fetch(report):
-        report(LoadProgress("downloading", 0.5, "45 MiB / 90 MiB"))
-        fetched.append(True)
-        return default
-
-    monkeypatch.setattr("bw24chat.tui.app.fetch_default_model", fake_fetch)
-    private_dirs["models"].joinpath("default", default.name).unlink()  # nothing local at first
+async def test_first_start_without_a_model_offers_the_default_one(make_app):
     app = make_app(model=None)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
         screen = app.screen
         await wait_for(pilot, lambda: screen.query_one("#first-run").display, what="the default-model offer")
         assert screen.query_one("#local-models").row_count == 0
-        await pilot.click("#get-default")
+        await click(pilot, "#get-default")
         await start_chat(pilot)
-        assert fetched and app.factory_calls[-1].model == str(default)
+        assert app.factory_calls[-1].model == "default"  # the engine resolves (and fetches) it
         assert app.screen is app.chat
-        assert load_config().recent_models == [str(default)]
+        assert load_config().recent_models == ["default"]
 
 
 async def test_local_models_are_listed_and_open_on_enter(make_app, private_dirs):
@@ -213,7 +201,7 @@ async def test_a_path_typed_by_hand_opens(make_app, tmp_path):
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
         field = app.screen.query_one("#model-path")
         field.value = str(tmp_path / "missing.gguf")
-        await pilot.click("#open-path")
+        await click(pilot, "#open-path")
         await wait_for_notification(pilot, "error", "missing.gguf")
         field.value = str(path)
         field.focus()
@@ -223,10 +211,6 @@ async def test_a_path_typed_by_hand_opens(make_app, tmp_path):
 
 
 async def test_loading_shows_progress_and_a_failure_is_reported(make_app):
-    from bw24chat.tui.app import ChatApp
-    from bw24chat.options import EngineOptions
-    from bw24chat.tui.widgets.progress_line import ProgressLine
-
     release = threading.Event()
     reached = threading.Event()
 
@@ -276,8 +260,7 @@ async def test_help_lists_keys_and_slash_commands(make_app):
     app = make_app()
     async with app.run_test(size=(120, 50)) as pilot:
         await start_chat(pilot)
-        await pilot.press("f1")
-        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        await open_screen(pilot, "f1", HelpScreen)
         source = app.screen.query_one("Markdown").source
         for text in ("/clear", "/system", "/model", "/retry", "/save", "/help", "`escape`", "`ctrl+r`", "Regenerate", "new line"):
             assert text in source

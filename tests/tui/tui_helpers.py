@@ -98,6 +98,26 @@ async def send(pilot, text: str, wait: bool = True) -> None:
         await pilot.pause()
 
 
+async def click(pilot, selector: str) -> None:
+    """Click the widget once it is laid out on screen (a click before that would miss it)."""
+    widget = pilot.app.screen.query_one(selector)
+    await wait_for(pilot, lambda: widget.region.area > 0, what=f"{selector} on screen")
+    await pilot.click(selector)
+
+
+async def send_and_hold(pilot, engine: HeldEngine, text: str) -> None:
+    """Send ``text`` and wait until ``engine`` holds its reply mid-stream."""
+    await send(pilot, text, wait=False)
+    await wait_for(pilot, engine.holding.is_set, what="the engine to hold")
+
+
+async def open_screen(pilot, key: str, screen_type: type):
+    """Press ``key`` and wait for a ``screen_type`` screen; return it."""
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, screen_type), what=screen_type.__name__)
+    return pilot.app.screen
+
+
 def write_gguf(path: Path, name: str = "Tiny Llama", file_type: int = 3, n_ctx: int = 2048) -> Path:
     """A small valid GGUF (llama metadata, one tensor) for the model catalog."""
     import gguf

@@ -23,7 +23,9 @@ from ..widgets.table import fill_table
 if TYPE_CHECKING:
     from ..app import ChatApp
 
-DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (Q4_1, about 90 MB)"
+DEFAULT_MODEL_SPEC = "default"  # resolved by the engine to the default model, fetched on first use
+
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (Q4_1, 98 MB)"
 
 
 def vram_text(needed: int | None, gpu: model_catalog.GpuMemory | None) -> str:
@@ -140,7 +142,7 @@ class ModelsScreen(Screen):
 
     @on(Button.Pressed, "#get-default")
     def get_default(self) -> None:
-        self.app.load_model(None)
+        self.app.load_model(DEFAULT_MODEL_SPEC)
 
     @on(Button.Pressed, "#open-path")
     @on(Input.Submitted, "#model-path")

@@ -1,0 +1,71 @@
+"""The live stats panel: a row for each figure the engine reports, none for the others, and a
+sparkline of decode tokens/s."""
+from __future__ import annotations
+
+import pytest
+from textual.app import App
+
+from bw24chat.fake_engine import FakeEngine
+from bw24chat.tui.widgets.stats_panel import STAT_ROWS, StatsPanel
+from tests.tui.tui_helpers import send, start_chat
+
+pytestmark = pytest.mark.anyio
+
+
+class PanelApp(App):
+    def compose(self):
+        yield StatsPanel(id="stats")
+
+
+def shown(panel: StatsPanel) -> dict[str, str]:
+    return {row.name: str(panel.query_one(f"#stat-{row.name}").render()) for row in STAT_ROWS if panel.query_one(f"#stat-{row.name}").display}
+
+
+async def test_only_reported_figures_are_shown():
+    app = PanelApp()
+    async with app.run_test(size=(40, 30)) as pilot:
+        panel = app.query_one(StatsPanel)
+        assert shown(panel) == {}
+        assert not panel.query_one("#tps-sparkline").display
+        panel.update_stats({"decode_tps": 41.25, "ctx_used": 300, "backend": "cuda"})
+        await pilot.pause()
+        rows = shown(panel)
+        assert set(rows) == {"decode", "context", "backend"}
+        assert "41.2 tok/s" in rows["decode"] and "300" in rows["context"] and "/" not in rows["context"]
+        assert panel.query_one("#tps-sparkline").display
+
+        panel.update_stats({"ctx_max": 4096, "vram_used": 3 * 2**30, "vram_total": 24 * 2**30, "ttft_s": 0.25})
+        panel.update_stats({"spec_acceptance": 0.5, "spec_mean_len": 2.0, "expert_hit_rates": {"vram": 0.9, "host": 0.1}})
+        panel.update_stats({"gpu_name": "H200", "prefill_tps": 1000.0})
+        await pilot.pause()
+        rows = shown(panel)
+        assert set(rows) == {row.name for row in STAT_ROWS}
+        assert "300 / 4,096" in rows["context"]
+        assert "3.0 / 24.0 GiB" in rows["vram"]
+        assert "250 ms" in rows["ttft"]
+        assert "50%" in rows["spec-accept"] and "2.00 tok" in rows["spec-len"]
+        assert "vram 90%" in rows["experts"] and "host 10%" in rows["experts"]
+        assert "41.2 tok/s" in rows["decode"]  # a figure not in the latest event keeps its value
+
+        panel.reset([10.0, 20.0])
+        await pilot.pause()
+        assert shown(panel) == {} and panel.tps_history == [10.0, 20.0]
+
+
+async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
+    app = make_app(FakeEngine(token_delay=0.002))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        panel = app.chat.stats_panel
+        # before any reply: what engine.stats() reports (no decode speed yet)
+        assert set(shown(panel)) == {"context", "vram", "gpu", "backend"}
+        await send(pilot, "hello")
+        assert set(shown(panel)) == {row.name for row in STAT_ROWS}  # the FakeEngine reports everything
+        samples = len(panel.tps_history)
+        assert samples >= 2 and panel.query_one("#tps-sparkline").data == panel.tps_history
+        await send(pilot, "again")
+        assert len(panel.tps_history) > samples  # the sparkline spans the conversation
+        reply = app.chat.conversation.messages[-1]
+        assert reply.stats["decode_tps"] == panel.tps_history[-1]
+        await pilot.press("ctrl+t")
+        assert not panel.display
