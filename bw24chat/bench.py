@@ -61,7 +61,7 @@ def weight_bytes(runner) -> int:
 
 def kv_bytes_per_token(runner, ctx: int) -> int:
     a = runner.args
-    per_elem = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0}[runner.kv_type]
+    per_elem = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0 + 4 / runner.args.head_dim, "f32": 4.0}[runner.kv_type]
     return int(2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * ctx * per_elem)
 
 

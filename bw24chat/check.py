@@ -25,7 +25,7 @@ import numpy as np
 from .api import SamplingParams
 
 DEFAULT_FORMATS = "bf16,f16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k,nvfp4"
-DEFAULT_KV = "bf16,q8_0,fp8"
+DEFAULT_KV = "bf16,q8_0,fp8,f32"
 
 
 @dataclass

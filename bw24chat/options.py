@@ -12,7 +12,7 @@ class EngineOptions:
     model: str | None = None  # GGUF path, HF directory, or HF repo id in the local cache
     device: str = "auto"  # auto | cpu | cuda
     n_ctx: int = 0  # 0: the model's own maximum (capped by memory on the device)
-    kv_cache: str = "bf16"  # bf16 | q8_0 | fp8   (CUDA backend)
+    kv_cache: str = "bf16"  # bf16 | q8_0 | fp8 | f32   (CUDA backend)
     quantize: str | None = None  # re-encode weights at load: nvfp4 | q8_0
     speculative: str = "off"  # off | mtp
     spec_k: int = 4
@@ -26,7 +26,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-m", "--model", help="GGUF file, Hugging Face directory, or repo id in the local HF cache")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     g.add_argument("--ctx", dest="n_ctx", type=int, default=0, help="context length (default: the model's)")
-    g.add_argument("--kv-cache", choices=["bf16", "q8_0", "fp8"], default="bf16")
+    g.add_argument("--kv-cache", choices=["bf16", "q8_0", "fp8", "f32"], default="bf16",
+                   help="KV cache type on the GPU (f32: exact, 2x the bytes of bf16)")
     g.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None, help="re-encode weights at load")
     g.add_argument("--speculative", choices=["off", "mtp"], default="off")
     g.add_argument("--spec-k", type=int, default=4)

@@ -70,25 +70,27 @@ def main(outdir: str, big: bool = False) -> int:
         del model
         torch.cuda.empty_cache()
         ck = load_checkpoint(d)
-        r = CudaRunner(ck, 1024, "bf16")
-        dec = np.stack([r.decode_logits(int(t), i) for i, t in enumerate(prompt)])
-        pre = cp.asnumpy(r.prefill_all(prompt, 0)).astype(np.float64)
-        rel_dec = float(np.linalg.norm(dec - ref_logits) / np.linalg.norm(ref_logits))
-        rel_pre = float(np.linalg.norm(pre - ref_logits) / np.linalg.norm(ref_logits))
-        # greedy 32 on the decode path
-        tok = int(np.argmax(dec[-1]))
-        ours = [tok]
-        for i in range(31):
-            tok = int(np.argmax(r.decode_logits(tok, len(prompt) + i)))
-            ours.append(tok)
-        same = next((i for i, (x, y) in enumerate(zip(ours, ref_tokens)) if x != y), 32)
-        rows.append(dict(model=kind, rel_l2_decode=rel_dec, rel_l2_prefill=rel_pre, greedy_equal_steps=same, seconds=time.time() - t0))
-        print(json.dumps(rows[-1]), flush=True)
-        del r
-        cp.get_default_memory_pool().free_all_blocks()
-    print(f"\n{'model':12} {'rel L2 decode':>14} {'rel L2 prefill':>15} {'greedy equal':>13}")
+        for kv in ("f32", "bf16"):
+            r = CudaRunner(ck, 1024, kv)
+            dec = np.stack([r.decode_logits(int(t), i) for i, t in enumerate(prompt)])
+            pre = cp.asnumpy(r.prefill_all(prompt, 0)).astype(np.float64)
+            rel_dec = float(np.linalg.norm(dec - ref_logits) / np.linalg.norm(ref_logits))
+            rel_pre = float(np.linalg.norm(pre - ref_logits) / np.linalg.norm(ref_logits))
+            # greedy 32 on the decode path
+            tok = int(np.argmax(dec[-1]))
+            ours = [tok]
+            for i in range(31):
+                tok = int(np.argmax(r.decode_logits(tok, len(prompt) + i)))
+                ours.append(tok)
+            same = next((i for i, (x, y) in enumerate(zip(ours, ref_tokens)) if x != y), 32)
+            rows.append(dict(model=kind, kv=kv, rel_l2_decode=rel_dec, rel_l2_prefill=rel_pre, greedy_equal_steps=same,
+                             seconds=time.time() - t0))
+            print(json.dumps(rows[-1]), flush=True)
+            del r
+            cp.get_default_memory_pool().free_all_blocks()
+    print(f"\n{'model':12} {'kv':5} {'rel L2 decode':>14} {'rel L2 prefill':>15} {'greedy equal':>13}")
     for x in rows:
-        print(f"{x['model']:12} {x['rel_l2_decode']:14.2e} {x['rel_l2_prefill']:15.2e} {x['greedy_equal_steps']:>10}/32")
+        print(f"{x['model']:12} {x['kv']:5} {x['rel_l2_decode']:14.2e} {x['rel_l2_prefill']:15.2e} {x['greedy_equal_steps']:>10}/32")
     return 0
 
 

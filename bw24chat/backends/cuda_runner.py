@@ -31,7 +31,8 @@ from ..models import get_family
 from ..rope import build_rope_table
 from . import cuda_linear as lin
 from . import cuda_ops as ops
-from .cuda_weights import upload
+from .cuda_weights import repack_host
+from .cuda_weights import upload as upload_planes
 
 MAX_ROWS = 8
 RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
@@ -61,6 +62,15 @@ class CudaRunner:
         F = a.intermediate_size
         self.dims = (D, H, K, hd, F)
         f32 = lambda q: cp.asarray(np.ascontiguousarray(q.dequantize(), np.float32).reshape(-1))  # noqa: E731
+        planes = {}
+
+        def upload(tensors):
+            # the host repack is memoized on the source arrays: random-weight benchmark models
+            # share one set of arrays across layers (each layer still gets its own device copy)
+            key = tuple(id(x.raw) for x in tensors)
+            if key not in planes:
+                planes[key] = repack_host(tensors)
+            return upload_planes(tensors, planes[key])
 
         # ---------------------------------------------------------------- weights
         self.w_embed = upload([t["tok_embd"]])
