@@ -19,16 +19,18 @@ import time
 import numpy as np
 
 
-def _events_ms(cp, fn, runs: int, warmup: int = 2) -> list[float]:
+def _events_ms(cp, fn, runs: int, warmup: int = 2, stream=None) -> list[float]:
+    """CUDA-event times (ms) of fn(), recorded on the stream fn's work runs on (events on another
+    stream would time nothing: the runner works on its own non-blocking stream)."""
     for _ in range(warmup):
         fn()
     cp.cuda.Device().synchronize()
     out = []
     for _ in range(runs):
         a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
+        a.record(stream)
         fn()
-        b.record()
+        b.record(stream)
         b.synchronize()
         out.append(cp.cuda.get_elapsed_time(a, b))
     return out
@@ -82,7 +84,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
             continue
         runner.precise = precise
         ids = rng.integers(0, V, T)
-        ms = statistics.median(_events_ms(cp, lambda: runner.prefill(ids, 0), runs, warmup=1))
+        ms = statistics.median(_events_ms(cp, lambda: runner.prefill(ids, 0), runs, warmup=1, stream=runner.stream))
         tps = T / (ms * 1e-3)
         roof = gemm_rate / flops_per_token(runner, T)
         rows.append(dict(model=label, test=f"pp{T}" + ("" if precise else "-fast"), tok_s=tps, roofline_tok_s=roof,

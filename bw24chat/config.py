@@ -9,17 +9,19 @@ hand-edited file can never stop the app from starting.
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import math
 import os
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Callable
 
 from .api import SamplingParams
-from .options import EngineOptions
+from .options import EngineOptions, add_engine_args
 from .paths import config_dir
 
 # The EngineOptions / SamplingParams fields the settings screen edits and the file keeps.
@@ -94,12 +96,20 @@ def _coerce(value, default):
     return None
 
 
+@cache
+def cli_choices() -> dict[str, list[str]]:
+    """The allowed values of the options that have a fixed set, as the command line has them."""
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    return {action.dest: list(action.choices) for action in parser._actions if action.choices}
+
+
 def _load_section(target, section: dict, keys: tuple[str, ...]) -> None:
     defaults = type(target)()
     for key in keys:
         if key in section:
             value = _coerce(section[key], getattr(defaults, key))
-            if value is not None:
+            if value is not None and value in cli_choices().get(key, [value]):
                 setattr(target, key, value)
 
 
@@ -202,6 +212,7 @@ __all__ = [
     "ENGINE_KEYS",
     "SAMPLING_KEYS",
     "atomic_write_text",
+    "cli_choices",
     "config_path",
     "dumps_toml",
     "load_config",

@@ -119,13 +119,13 @@ class ChatApp(App):
         if self.chat.conversation is not None:
             self.store.set_model(self.chat.conversation.id, message.spec)
         self.chat.engine_ready()
-        self.notify(f"{self.engine.info.name} is ready", title="Model loaded")
+        self.notify(f"{self.engine.info.name} is ready", title="Model loaded", markup=False)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         if message.load_id != self._load_id:
             return
         self.chat.engine_failed()
-        self.notify(message.error, title="Could not load the model", severity="error", timeout=10)
+        self.notify(message.error, title="Could not load the model", severity="error", timeout=10, markup=False)
         self.action_models()
 
     # ------------------------------------------------------------------ screens

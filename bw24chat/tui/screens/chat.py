@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import on, work
+from textual import work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
@@ -117,7 +118,7 @@ class ChatScreen(Screen):
 
     def _show_system_prompt(self) -> None:
         line = self.query_one("#system-line", Static)
-        line.update(f"[b]System:[/b] {first_line(self.system_prompt, 200)}")
+        line.update(Content.from_markup("[b]System:[/b] $text", text=first_line(self.system_prompt, 200)))
         line.display = bool(self.system_prompt)
 
     # ------------------------------------------------------------------ engine loading
@@ -168,7 +169,6 @@ class ChatScreen(Screen):
             self.action_new_chat()
 
     # ------------------------------------------------------------------ the prompt
-    @on(PromptSubmitted)
     async def on_prompt_submitted(self, event: PromptSubmitted) -> None:
         text = event.text
         self.prompt.remember(text.strip())
@@ -176,7 +176,7 @@ class ChatScreen(Screen):
         if call is not None:
             self.prompt.clear()
             if call.command is None:
-                self.notify(f"Unknown command /{call.name} (see /help)", severity="error")
+                self.notify(f"Unknown command /{call.name} (see /help)", severity="error", markup=False)
             else:
                 await getattr(self, f"slash_{call.command.name}")(call.arg)
             return
@@ -277,7 +277,7 @@ class ChatScreen(Screen):
         if isinstance(event, ErrorEvent):
             reply.finish_reason = "error"
             reply.error = event.message
-            self.notify(event.message, title="The engine failed", severity="error")
+            self.notify(event.message, title="The engine failed", severity="error", markup=False)
         else:
             reply.finish_reason = event.finish_reason
             reply.stats = event.stats
@@ -417,7 +417,7 @@ class ChatScreen(Screen):
             self.notify("Nothing to export yet", severity="warning")
             return
         written = self.app.store.export_to_file(self.conversation.id, Path(path) if path else None)
-        self.notify(f"Saved to {written}", title="Exported")
+        self.notify(f"Saved to {written}", title="Exported", markup=False)
 
     # ------------------------------------------------------------------ slash commands
     async def slash_clear(self, arg: str) -> None:

@@ -89,10 +89,10 @@ class ConversationsScreen(Screen):
                 self.app.store.delete(conversation_id)
                 self.app.chat.forget_conversation(conversation_id)
                 self.refresh_list()
-                self.notify(f"Deleted “{title}”")
+                self.notify(f"Deleted “{title}”", markup=False)
 
         self.app.push_screen(Confirm(f"Delete “{title}”?", ok_label="Delete"), done)
 
     def action_export(self) -> None:
         path = self.app.store.export_to_file(self.selected_id)
-        self.notify(f"Saved to {path}", title="Exported")
+        self.notify(f"Saved to {path}", title="Exported", markup=False)

@@ -152,7 +152,7 @@ class ModelsScreen(Screen):
             return
         path = Path(text).expanduser()
         if not (path.is_file() or model_catalog.is_hf_folder(path)):
-            self.notify(f"Not a GGUF file or a model folder: {text}", severity="error")
+            self.notify(f"Not a GGUF file or a model folder: {text}", severity="error", markup=False)
             return
         self.app.load_model(str(path))
 
@@ -190,7 +190,7 @@ class ModelsScreen(Screen):
     def on_hub_failed(self, message: HubFailed) -> None:
         for table in self.query(DataTable):
             table.loading = False
-        self.notify(message.error, title=f"Hugging Face {message.what} failed", severity="error")
+        self.notify(message.error, title=f"Hugging Face {message.what} failed", severity="error", markup=False)
 
     @on(DataTable.RowSelected, "#hub-results")
     def list_files(self, event: DataTable.RowSelected) -> None:
@@ -267,7 +267,7 @@ class ModelsScreen(Screen):
             return
         if message.error:
             progress.report(f"Download failed: {message.error}", None)
-            self.notify(message.error, title="Download failed", severity="error")
+            self.notify(message.error, title="Download failed", severity="error", markup=False)
             return
         progress.hide()
         self.notify("Downloaded: press Enter on it to load it", title="Download complete")

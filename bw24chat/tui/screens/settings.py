@@ -3,9 +3,7 @@
 from the command-line parser so that the two can never offer different values."""
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING
 
 from textual.binding import Binding
@@ -14,8 +12,7 @@ from textual.screen import Screen
 from textual.validation import Integer, Number
 from textual.widgets import Button, Footer, Header, Input, Label, Select, TextArea
 
-from ...config import save_config
-from ...options import add_engine_args
+from ...config import cli_choices, save_config
 
 if TYPE_CHECKING:
     from ..app import ChatApp
@@ -45,13 +42,6 @@ SETTINGS = (
     Setting("kv_cache", "engine", "KV cache", str, "cache precision"),
     Setting("vram_budget_gb", "engine", "VRAM budget", float, "GiB, 0 = all free", 0),
 )
-
-
-@cache
-def cli_choices() -> dict[str, list[str]]:
-    parser = argparse.ArgumentParser()
-    add_engine_args(parser)
-    return {action.dest: list(action.choices) for action in parser._actions if action.choices}
 
 
 class SettingsScreen(Screen):
@@ -126,5 +116,5 @@ class SettingsScreen(Screen):
         config.system_prompt = self.query_one("#set-system-prompt", TextArea).text.strip()
         self.app.theme = config.theme
         path = save_config(config)
-        self.notify(f"Saved to {path}", title="Settings")
+        self.notify(f"Saved to {path}", title="Settings", markup=False)
         self.app.pop_screen()
