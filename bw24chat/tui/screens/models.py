@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static, TabbedContent, TabPane
 
@@ -123,9 +124,11 @@ class ModelsScreen(Screen):
         self.models, self.gpu = message.models, message.gpu
         gpu = self.gpu
         self.query_one("#gpu-line", Static).update(
-            f"[b]GPU[/b] {gpu.name} · {human_bytes(gpu.free)} free of {human_bytes(gpu.total)}"
+            Content.from_markup(
+                "[b]GPU[/b] $name · $free free of $total", name=gpu.name, free=human_bytes(gpu.free), total=human_bytes(gpu.total)
+            )
             if gpu
-            else "[b]GPU[/b] none found (pynvml / CuPy): models run on the CPU"
+            else Content.from_markup("[b]GPU[/b] none found (pynvml / CuPy): models run on the CPU")
         )
         table = self.query_one("#local-models", DataTable)
         fill_table(table, LOCAL_COLUMNS, ((str(i), local_row(m, gpu)) for i, m in enumerate(self.models)))

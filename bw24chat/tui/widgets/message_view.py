@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from markdown_it import MarkdownIt
 from textual.binding import Binding
+from textual.content import Content
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown, Static
 
@@ -96,7 +97,7 @@ class MessageView(Vertical, can_focus=True):
     def _show_state(self) -> None:
         note = finish_note(self.message) if self.message.role == "assistant" and not self.live else None
         note_widget = self.query_one(".note", Static)
-        note_widget.update(note or "")
+        note_widget.update(Content(note or ""))  # plain text: an error message may hold brackets
         note_widget.display = bool(note)
         self.set_class(bool(self.message.error), "-error")
         self.set_class(self.message.finish_reason == "context_full", "-context-full")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from textual.containers import Horizontal
+from textual.content import Content
 from textual.widgets import Label, ProgressBar
 
 from ...api import LoadProgress
@@ -21,7 +22,7 @@ class ProgressLine(Horizontal):
     def report(self, text: str, fraction: float | None) -> None:
         """Show ``text`` and the bar at ``fraction`` (None: indeterminate)."""
         self.display = True
-        self.query_one(".progress-text", Label).update(text)
+        self.query_one(".progress-text", Label).update(Content(text))  # plain: file names may hold brackets
         bar = self.query_one(ProgressBar)
         if fraction is None:
             bar.update(total=None)

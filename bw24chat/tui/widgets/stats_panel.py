@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from textual.containers import Vertical
+from textual.content import Content
 from textual.widgets import Label, Sparkline, Static
 
 from ..formatting import human_bytes, human_duration, percent
@@ -92,7 +93,7 @@ class StatsPanel(Vertical):
             widget = self.query_one(f"#stat-{row.name}", Static)
             widget.display = text is not None
             if text is not None:
-                widget.update(f"[b]{row.label:<{LABEL_WIDTH}}[/b]{text}")
+                widget.update(Content.from_markup(f"[b]{row.label:<{LABEL_WIDTH}}[/b]$value", value=text))
         has_history = bool(self.tps_history)
         self.query_one("#tps-label").display = has_history
         self.query_one("#tps-sparkline").display = has_history
