@@ -16,6 +16,7 @@ from gguf import quants as gq
 from gguf.constants import GGMLQuantizationType as T
 
 from .loaders.hf_loader import _nvfp4_modelopt_to_ggml
+from .quants import f32_to_bf16_bits
 from .loaders.tensor import FP8_E4M3, QTensor
 
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
@@ -68,9 +69,7 @@ def quantize_q8_0(w: np.ndarray, name: str = "") -> QTensor:
 
 
 def to_bf16(w: np.ndarray, name: str = "") -> QTensor:
-    u = np.ascontiguousarray(w, np.float32).view(np.uint32).astype(np.uint64)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return QTensor(name, "BF16", w.shape, bits)
+    return QTensor(name, "BF16", w.shape, f32_to_bf16_bits(w))
 
 
 QUANTIZERS = {"nvfp4": quantize_nvfp4, "q8_0": quantize_q8_0, "bf16": to_bf16}

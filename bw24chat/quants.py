@@ -177,6 +177,13 @@ def _iq4_xs(b):
     return (dl * q).reshape(n, QK_K)
 
 
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (ggml_compute_fp32_to_bf16
+    without its NaN quieting: callers never pass NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def _bf16(b):
     return (np.ascontiguousarray(b).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 

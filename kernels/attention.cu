@@ -74,6 +74,7 @@
 #define KV_BF16 0
 #define KV_Q8_0 1
 #define KV_FP8 2
+#define KV_F32 3
 
 #if KV_TYPE == KV_BF16
 #define ES 2  // code bytes per value
@@ -81,11 +82,17 @@
 #elif KV_TYPE == KV_Q8_0
 #define ES 1
 #define SCB (HD / 16)
-#else
+#elif KV_TYPE == KV_FP8
 #define ES 1
 #define SCB 4
+#elif KV_TYPE == KV_F32
+#define ES 4
+#define SCB 0
+#else
+#error "KV_TYPE must be 0 (bf16), 1 (q8_0), 2 (fp8) or 3 (f32)"
 #endif
 #define ROWB (HD * ES)
+#define KV_SCALED (KV_TYPE == KV_Q8_0 || KV_TYPE == KV_FP8)  // values = code * per-row scale
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -112,7 +119,7 @@ BW24_DEVICE void e4m3x4_to_f32_div256(uint32_t x, float* o) {
     o[0] = a.x; o[1] = b.x; o[2] = a.y; o[3] = b.y;
 }
 
-// 8 stored values starting at p (16 B of bf16 or 8 B of codes) -> float32 codes.
+// 8 stored values starting at p (16 B of bf16, 8 B of codes or 32 B of f32) -> float32 codes.
 BW24_DEVICE void load8(const uint8_t* p, float* o) {
 #if KV_TYPE == KV_BF16
     const uint4 u = *reinterpret_cast<const uint4*>(p);
@@ -129,22 +136,27 @@ BW24_DEVICE void load8(const uint8_t* p, float* o) {
         o[i] = (float)(int8_t)(u.x >> (8 * i));
         o[4 + i] = (float)(int8_t)(u.y >> (8 * i));
     }
-#else
+#elif KV_TYPE == KV_FP8
     const uint2 u = *reinterpret_cast<const uint2*>(p);
     e4m3x4_to_f32_div256(u.x, o);
     e4m3x4_to_f32_div256(u.y, o + 4);
+#else
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
 #endif
 }
 
 // The float32 scale that multiplies the codes of dims [d0, d0+8) of a key row whose scale bytes
 // start at sp (shared or global).
 BW24_DEVICE float row_scale(const uint8_t* sp, int d0) {
-#if KV_TYPE == KV_BF16
-    return 1.0f;
-#elif KV_TYPE == KV_Q8_0
+#if KV_TYPE == KV_Q8_0
     return __half2float(reinterpret_cast<const __half*>(sp)[d0 / 32]);
-#else
+#elif KV_TYPE == KV_FP8
     return *reinterpret_cast<const float*>(sp) * 256.0f;
+#else
+    (void)sp; (void)d0;
+    return 1.0f;  // bf16, f32: no scale
 #endif
 }
 
@@ -252,12 +264,13 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
             float kf[8];
             load8(sK + jl * ROWB + sl * 8 * ES, kf);
             const float ksc = row_scale(sKs + jl * SCB, sl * 8);
+            (void)ksc;
 #pragma unroll
             for (int g = 0; g < GQ; ++g) {
                 float d = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) d = fmaf(qr[g][e], kf[e], d);
-#if KV_TYPE != KV_BF16
+#if KV_SCALED
                 d *= ksc;
 #endif
 #pragma unroll
@@ -292,9 +305,10 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
             float vf[8];
             load8(sV + jl * ROWB + sl * 8 * ES, vf);
             const float vsc = row_scale(sVs + jl * SCB, sl * 8);
+            (void)vsc;
 #pragma unroll
             for (int g = 0; g < GQ; ++g) {
-#if KV_TYPE != KV_BF16
+#if KV_SCALED
                 const float pv = p[kk][g] * vsc;
 #else
                 const float pv = p[kk][g];

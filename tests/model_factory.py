@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from bw24chat.quants import f32_to_bf16_bits
+
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
     """tensors: name -> (safetensors dtype, array whose bytes are stored as is)."""
@@ -25,12 +27,6 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
         fh.write(h)
         for b in blobs:
             fh.write(b)
-
-
-def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even float32 -> bfloat16 bit patterns (uint16)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def byte_level_tokenizer_json(path: Path, extra_special: list[str] = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")) -> int:

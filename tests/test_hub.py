@@ -39,7 +39,7 @@ from bw24chat.fake_engine import FakeEngine
 from bw24chat.options import EngineOptions
 from bw24chat.tui.app import ChatApp
 from bw24chat.tui.screens.models import ModelsScreen
-from tests.tui.tui_helpers import click, wait_for
+from tests.tui.tui_helpers import click, row_text, wait_for
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -453,11 +453,11 @@ async def list_tiny_quants(pilot) -> ModelsScreen:
     await pilot.press(*"tiny", "enter")
     results = screen.query_one("#hub-results")
     await wait_for(pilot, lambda: results.row_count == 1, what="search results")
-    assert results.get_row_at(0)[0] == "acme/Tiny-GGUF"
+    assert row_text(results, 0)[0] == "acme/Tiny-GGUF"
     await pilot.press("enter")
     files = screen.query_one("#hub-files")
     await wait_for(pilot, lambda: files.row_count == 2 and files.has_focus, what="the quant list")
-    assert [files.get_row_at(i)[0] for i in range(2)] == ["Q4_1", "Q8_0"]
+    assert [row_text(files, i)[0] for i in range(2)] == ["Q4_1", "Q8_0"]
     return screen
 
 

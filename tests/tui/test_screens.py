@@ -19,7 +19,16 @@ from bw24chat.tui.screens.help import HelpScreen
 from bw24chat.tui.screens.models import ModelsScreen
 from bw24chat.tui.screens.settings import SettingsScreen
 from bw24chat.tui.widgets.progress_line import ProgressLine
-from tests.tui.tui_helpers import click, open_screen, send, start_chat, wait_for, wait_for_notification, write_gguf
+from tests.tui.tui_helpers import (
+    click,
+    open_screen,
+    row_text,
+    send,
+    start_chat,
+    wait_for,
+    wait_for_notification,
+    write_gguf,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -106,16 +115,16 @@ async def test_conversations_list_open_rename_export_delete(make_app, private_di
         await open_screen(pilot, "f4", ConversationsScreen)
         table = app.screen.query_one("#conversations")
         assert table.row_count == 2
-        assert table.get_row_at(0)[0] == "About dogs"  # most recent first
+        assert row_text(table, 0)[0] == "About dogs"  # most recent first
 
         # rename the first row
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, TextPrompt), what="the rename dialog")
-        app.screen.query_one("#dialog-text").value = "Dogs and barking"
+        app.screen.query_one("#dialog-text").value = "Dogs [and] barking [/b]"  # not markup: shown as typed
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the list")
-        assert app.store.load(newer.id).title == "Dogs and barking"
-        assert app.screen.query_one("#conversations").get_row_at(0)[0] == "Dogs and barking"
+        assert app.store.load(newer.id).title == "Dogs [and] barking [/b]"
+        assert row_text(app.screen.query_one("#conversations"), 0)[0] == "Dogs [and] barking [/b]"
 
         # export it
         await pilot.press("x")
@@ -182,7 +191,7 @@ async def test_local_models_are_listed_and_open_on_enter(make_app, private_dirs)
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
         table = app.screen.query_one("#local-models")
         await wait_for(pilot, lambda: table.row_count == 2, what="two local models")
-        rows = [table.get_row_at(i) for i in range(2)]
+        rows = [row_text(table, i) for i in range(2)]
         assert rows[0][0] == "Tiny" and rows[0][1] == "llama" and rows[0][2] == "gguf Q8_0"
         assert rows[0][5] == "models/acme--tiny/tiny-Q8_0.gguf"
         assert rows[1][0] == "Cached" and rows[1][5] == "acme/cached/cached-Q4_1.gguf"

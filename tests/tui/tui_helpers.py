@@ -98,6 +98,11 @@ async def send(pilot, text: str, wait: bool = True) -> None:
         await pilot.pause()
 
 
+def row_text(table, index: int) -> list[str]:
+    """The cells of a DataTable row as plain strings."""
+    return [str(cell) for cell in table.get_row_at(index)]
+
+
 async def click(pilot, selector: str) -> None:
     """Click the widget once it is laid out on screen (a click before that would miss it)."""
     widget = pilot.app.screen.query_one(selector)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from rich.cells import cell_len
+from rich.text import Text
 from textual.widgets import DataTable
 
 
@@ -20,4 +21,4 @@ def fill_table(table: DataTable, columns: Sequence[str], rows: Iterable[tuple[st
     for label, width in zip(columns, widths):
         table.add_column(label, width=width)
     for key, cells in rows:
-        table.add_row(*cells, key=key)
+        table.add_row(*(Text(cell) for cell in cells), key=key)  # plain text: a str cell is parsed as markup
