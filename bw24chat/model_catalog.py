@@ -15,8 +15,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import atomic_write_text
 from .hub import quant_of, split_gguf_name
-from .paths import models_dir
+from .paths import cache_dir, models_dir
 
 ESTIMATE_CTX = 4096
 _WORKSPACE_BYTES = 256 * 2**20
@@ -102,17 +103,62 @@ def estimate_vram(weights_bytes: int, shape: ModelShape | None, n_ctx_train: int
 
 
 # ----------------------------------------------------------------------------- describe
-_described: dict[tuple[str, int, float], LocalModel] = {}
+class _DescriptionCache:
+    """Descriptions by (path, size, mtime), kept in ``cache_dir()/model_catalog.json``:
+    GGUFReader parses every header field (a 100k-entry vocabulary included), seconds per
+    file, so a model is read once, not at every visit of the model manager."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict] | None = None
+        self._dirty = False
+
+    @staticmethod
+    def _path() -> Path:
+        return cache_dir() / "model_catalog.json"
+
+    @staticmethod
+    def key(path: Path) -> str:
+        stat = path.stat()
+        return f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+
+    def _load(self) -> dict[str, dict]:
+        if self._entries is None:
+            try:
+                self._entries = json.loads(self._path().read_text())
+            except (OSError, ValueError):
+                self._entries = {}
+        return self._entries
+
+    def get(self, key: str) -> LocalModel | None:
+        entry = self._load().get(key)
+        if entry is None:
+            return None
+        try:
+            return LocalModel(**{**entry, "path": Path(entry["path"])})
+        except TypeError:  # written by another version of LocalModel
+            return None
+
+    def put(self, key: str, model: LocalModel) -> None:
+        self._load()[key] = {**dataclasses.asdict(model), "path": str(model.path)}
+        self._dirty = True
+
+    def save(self) -> None:
+        if self._dirty:
+            atomic_write_text(self._path(), json.dumps(self._entries))
+            self._dirty = False
+
+
+_described = _DescriptionCache()
 
 
 def describe_model(path: Path, source: str = "manual", location: str | None = None) -> LocalModel:
     """A GGUF file (first shard for a split one) or a Hugging Face folder, described."""
     path = Path(path)
     location = location or _short_path(path)
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime)
-    if key in _described:
-        return dataclasses.replace(_described[key], source=source, location=location)
+    key = _described.key(path)
+    cached = _described.get(key)
+    if cached is not None:
+        return dataclasses.replace(cached, source=source, location=location)
     model = LocalModel(name=path.name, path=path, source=source, location=location, fmt="gguf" if path.is_file() else "safetensors")
     try:
         if path.is_file():
@@ -121,7 +167,7 @@ def describe_model(path: Path, source: str = "manual", location: str | None = No
             _describe_hf_folder(model)
     except Exception as exc:  # noqa: BLE001 - a broken file is listed with its error, not hidden
         model.error = f"{type(exc).__name__}: {exc}"
-    _described[key] = model
+    _described.put(key, model)
     return model
 
 
@@ -249,6 +295,7 @@ def list_local_models(recent: list[str] | tuple[str, ...] = (), hf_cache: Path |
         path = Path(spec).expanduser()
         if path.is_file() or (path.is_dir() and is_hf_folder(path)):
             models.append(describe_model(path, "recent"))
+    _described.save()
     seen: set[Path] = set()
     unique = []
     for model in models:

@@ -8,7 +8,8 @@
 // Layouts: q float32 [rows, H, HD]; out float32 [rows, H, HD] (= [rows, H*HD]);
 //   cache_k / cache_v: one layer, see bw24chat/backends/kernel_refs.py (bf16 uint16 [N, K, HD];
 //   q8_0 planar int8 [N, K, HD] + f16 scales [N, K, HD/32]; fp8 planar E4M3 [N, K, HD] + f32
-//   scale per head vector [N, K]).  Values = code * scale in float32.
+//   scale per head vector [N, K]; f32 float32 [N, K, HD], the exact reference cache).
+//   Values = code * scale in float32 (f32: the values themselves).
 // NumPy references: kernel_refs.attention_ref (float64, on the dequantized cache) — the tests'
 //   target (decode: max rel. error <= 2e-3; prefill: rel. L2 <= 1e-4 with PREFILL_SPLIT=1,
 //   <= 5e-3 with 0) — and NumpyBackend.attention (float32) for the same math;
@@ -44,18 +45,25 @@
 // bit-unchanged (alpha = exp2(0) = 1, p = 0), so each row's result is identical whatever the
 // prefill chunking (tests check 256- vs 512-token chunks bit for bit).
 // Grid (ceil(T*GQ/64), K*NSG) (x reversed: the longest tiles start first), 128 threads,
-// dynamic smem 2 stages x (K + V) x 64 x (HD+8) bf16 (69632 B at HD=128: needs the opt-in).
-// bf16 caches: tiles by cp.async (double-buffered); q8_0/fp8: codes dequantized to bf16 on the
-// way into shared memory.  S, O, m, l stay f32.  The two f32 MMA operands (Q, and P for P.V)
+// dynamic smem 2 stages x tiles x 64 x (HD+8) bf16 (PREFILL_SMEM; the wrapper's
+// prefill_smem_bytes): tiles = K, V (69632 B at HD=128: needs the opt-in), or with KV_SPLIT
+// K_hi, V_hi, K_lo, V_lo (73728 B at HD=64, 139264 B at HD=128: one block per SM).
+// bf16 caches: tiles by cp.async (double-buffered).  q8_0/fp8/f32: each value is loaded and
+// dequantized to its exact f32 value (code * scale, as the reference), and with PREFILL_SPLIT=1
+// (KV_SPLIT) stored as bf16 hi = bf16(v) and lo = bf16(v - hi) tiles, so K and V are exact to
+// 2^-17 like Q and P; PREFILL_SPLIT=0 stores bf16(v) only.  Per 16-wide k step the MMAs run in
+// the fixed order Q_hi.K_hi, Q_lo.K_hi, Q_hi.K_lo (S) and P_hi.V_hi, P_lo.V_hi, P_hi.V_lo (O),
+// so chunk invariance holds as before.  S, O, m, l stay f32.  The two f32 MMA operands (Q, and P for P.V)
 // are split-bf16 ("bf16x2", Markidis et al. 2018) when PREFILL_SPLIT=1: x = hi + lo with
 // hi = bf16(x), lo = bf16(x - hi) (x - hi exact in f32), and S = Q_hi.K^T + Q_lo.K^T,
 // O += P_hi.V + P_lo.V as two MMAs into the same f32 accumulator, per 16-wide k step hi then
-// lo (a fixed order: chunk invariance holds as before).  K and V are exactly bf16 already, so
+// lo (a fixed order: chunk invariance holds as before).  K and V are exact (bf16 cache, or hi+lo), so
 // the operands carry ~16 significant bits (residual 2^-17 relative) and the result agrees with
 // the float64 reference to ~1e-5.  PREFILL_SPLIT=0: Q and P rounded to bf16 (~2e-3, 2x fewer MMAs).
 //
 // Defines: HD (64/128; any of 32/64/128/256 for decode), GQ (heads per block, decode <= 8),
-//          KV_TYPE (0 bf16, 1 q8_0, 2 fp8), PREFILL_SPLIT (1: bf16x2 Q and P, default; 0: bf16).
+//          KV_TYPE (0 bf16, 1 q8_0, 2 fp8, 3 f32), PREFILL_SPLIT (1: bf16x2 Q and P, and K, V
+//          for non-bf16 caches, default; 0: bf16).
 #include "common.cuh"
 
 #ifndef HD
@@ -389,9 +397,20 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
 #define BN 64
 #define LDK (HD + 8)  // bf16 elements per shared row: 16 B pad keeps ldmatrix/LDS conflict-free
 #define PTILE_ELEMS (BN * LDK)
-#define PREFILL_SMEM (2 * 2 * PTILE_ELEMS * 2)
+// KV_SPLIT: K and V enter the MMAs as exact f32 split into bf16 hi + lo tiles (q8_0, fp8, f32
+// caches with PREFILL_SPLIT=1); bf16 caches hold exact bf16 values already.
+#define KV_SPLIT (KV_TYPE != KV_BF16 && PREFILL_SPLIT)
+#if KV_SPLIT
+#define PTILES 4  // per stage: K_hi, V_hi, K_lo, V_lo
+#else
+#define PTILES 2  // per stage: K, V
+#endif
+#define PSTAGE_ELEMS (PTILES * PTILE_ELEMS)
+#define PREFILL_SMEM (2 * PSTAGE_ELEMS * 2)  // 2 stages, bf16 (the wrapper computes the same)
 
 static_assert(HD % 16 == 0, "prefill needs HD % 16 == 0");
+// PREFILL_SMEM <= 227 KB for HD <= 128 (the prefill's head dims; HD=256 builds serve decode only
+// with KV_SPLIT, and the wrapper refuses a launch above the limit).
 
 BW24_DEVICE uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -403,7 +422,7 @@ BW24_DEVICE void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
     const float2 hf = __bfloat1622float2(h);
     hi = *reinterpret_cast<const uint32_t*>(&h);
-    lo = pack_bf16(x - hf.x, y - hf.y);
+    lo = pack_bf16(__fsub_rn(x, hf.x), __fsub_rn(y, hf.y));
 }
 
 BW24_DEVICE void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -416,33 +435,65 @@ BW24_DEVICE void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, ui
 BW24_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(smem_addr(p))
+                 : "memory");
 }
 
-// Fill one stage (K and V tiles of key block kb) for kv head h; keys >= kv_len are zero.
-BW24_DEVICE void prefill_load(__nv_bfloat16* sK, __nv_bfloat16* sV, const uint8_t* __restrict__ ck,
-                              const uint8_t* __restrict__ cv, int kb, int kv_len, int K, int h, long long scale_plane) {
+// 8 f32 values -> bf16 at hi (and, with KV_SPLIT, the bf16 residuals at lo); 16-B stores.
+BW24_DEVICE void store8_tile(__nv_bfloat16* hi, __nv_bfloat16* lo, const float* v) {
+#if KV_SPLIT
+    uint4 h, l;
+    split_bf16x2(v[0], v[1], h.x, l.x);
+    split_bf16x2(v[2], v[3], h.y, l.y);
+    split_bf16x2(v[4], v[5], h.z, l.z);
+    split_bf16x2(v[6], v[7], h.w, l.w);
+    *reinterpret_cast<uint4*>(hi) = h;
+    *reinterpret_cast<uint4*>(lo) = l;
+#else
+    (void)lo;
+    uint4 h;
+    h.x = pack_bf16(v[0], v[1]); h.y = pack_bf16(v[2], v[3]);
+    h.z = pack_bf16(v[4], v[5]); h.w = pack_bf16(v[6], v[7]);
+    *reinterpret_cast<uint4*>(hi) = h;
+#endif
+}
+
+// Fill one stage (the K and V tiles of key block kb, plus their lo tiles with KV_SPLIT) for kv
+// head h; keys >= kv_len are zero.  bf16: cp.async (committed as one group); other types:
+// loaded, dequantized to exact f32 (code * scale, the reference's float32 product) and stored
+// synchronously.  The caller separates this fill from the reads of the same stage by barriers.
+BW24_DEVICE void prefill_load(__nv_bfloat16* stage, const uint8_t* __restrict__ ck, const uint8_t* __restrict__ cv,
+                              int kb, int kv_len, int K, int h, long long scale_plane) {
+    __nv_bfloat16* sK = stage;
+    __nv_bfloat16* sV = stage + PTILE_ELEMS;
     for (int c = threadIdx.x; c < BN * HD / 8; c += PTHREADS) {
         const int kk = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
         const int j = kb * BN + kk;
         const bool ok = j < kv_len;
-        const long long row = (long long)(ok ? j : 0) * K + h;
+        const long long row = (long long)(ok ? j : 0) * K + h;  // cache row (pos * K + head)
 #if KV_TYPE == KV_BF16
+        (void)scale_plane;
         cp_async16(sK + kk * LDK + d8, ck + (row * HD + d8) * 2, ok ? 16 : 0);
         cp_async16(sV + kk * LDK + d8, cv + (row * HD + d8) * 2, ok ? 16 : 0);
 #else
         float kf[8], vf[8];
-        load8(ck + row * HD + d8, kf);
-        load8(cv + row * HD + d8, vf);
-        const float ks = ok ? row_scale(ck + scale_plane + row * SCB, d8) : 0.0f;
-        const float vs = ok ? row_scale(cv + scale_plane + row * SCB, d8) : 0.0f;
-        uint4 ko, vo;
-        ko.x = pack_bf16(kf[0] * ks, kf[1] * ks); ko.y = pack_bf16(kf[2] * ks, kf[3] * ks);
-        ko.z = pack_bf16(kf[4] * ks, kf[5] * ks); ko.w = pack_bf16(kf[6] * ks, kf[7] * ks);
-        vo.x = pack_bf16(vf[0] * vs, vf[1] * vs); vo.y = pack_bf16(vf[2] * vs, vf[3] * vs);
-        vo.z = pack_bf16(vf[4] * vs, vf[5] * vs); vo.w = pack_bf16(vf[6] * vs, vf[7] * vs);
-        *reinterpret_cast<uint4*>(sK + kk * LDK + d8) = ko;
-        *reinterpret_cast<uint4*>(sV + kk * LDK + d8) = vo;
+        if (ok) {
+            load8(ck + (row * HD + d8) * ES, kf);
+            load8(cv + (row * HD + d8) * ES, vf);
+#if KV_SCALED
+            const float ks = row_scale(ck + scale_plane + row * SCB, d8);
+            const float vs = row_scale(cv + scale_plane + row * SCB, d8);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) { kf[e] = __fmul_rn(kf[e], ks); vf[e] = __fmul_rn(vf[e], vs); }
+#else
+            (void)scale_plane;
+#endif
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.0f;
+        }
+        store8_tile(sK + kk * LDK + d8, sK + 2 * PTILE_ELEMS + kk * LDK + d8, kf);
+        store8_tile(sV + kk * LDK + d8, sV + 2 * PTILE_ELEMS + kk * LDK + d8, vf);
 #endif
     }
 #if KV_TYPE == KV_BF16
@@ -450,23 +501,24 @@ BW24_DEVICE void prefill_load(__nv_bfloat16* sK, __nv_bfloat16* sV, const uint8_
 #endif
 }
 
-// min 2 blocks/SM (<= 255 registers, what 2 x 69.6 KB of smem allows anyway): without it ptxas
-// capped the PREFILL_SPLIT=1, HD=64 q8_0/fp8 variants at 128 registers and spilled.
+// min 2 blocks/SM (<= 255 registers): without it ptxas capped the PREFILL_SPLIT=1, HD=64
+// q8_0/fp8 variants at 128 registers and spilled.  (KV_SPLIT at HD=128 needs 136 KB of shared
+// memory: one block per SM.)
 extern "C" __global__ void __launch_bounds__(PTHREADS, 2)
 attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
              int T, int H, int K, int start, int n_ctx, float scale_log2, float* __restrict__ out) {
     extern __shared__ __align__(16) uint8_t smem[];
-    __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][K|V][BN][LDK]
+    __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][PTILES][BN][LDK]
     const int G = H / K, NSG = G / GQ;
     const int h = blockIdx.y / NSG, sg = blockIdx.y % NSG;
     const int bx = gridDim.x - 1 - blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    (void)tid;
     const int nrows = T * GQ;
     const int i_last = min(nrows, (bx + 1) * BM) - 1;
     const int kv_len = start + i_last / GQ + 1;  // keys any row of this block may attend
     const int nkb = (kv_len + BN - 1) / BN;
-    const long long scale_plane = (long long)n_ctx * K * HD;
-    (void)scale_plane;  // used by the q8_0/fp8 tile loaders only
+    const long long scale_plane = (long long)n_ctx * K * HD;  // q8_0/fp8: byte offset of the scale plane
 
     // this lane's two rows (a: lane/4, b: lane/4 + 8 within the warp's 16)
     const int ia = bx * BM + warp * 16 + (lane >> 2), ib = ia + 8;
@@ -505,12 +557,12 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
     for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
 
-    prefill_load(tiles, tiles + PTILE_ELEMS, cache_k, cache_v, 0, kv_len, K, h, scale_plane);
+    prefill_load(tiles, cache_k, cache_v, 0, kv_len, K, h, scale_plane);
     for (int kb = 0; kb < nkb; ++kb) {
         const int st = kb & 1;
+        // Stage st^1 was last read in iteration kb-1, which ended with a barrier: refill it.
         if (kb + 1 < nkb) {
-            __nv_bfloat16* nb = tiles + (st ^ 1) * 2 * PTILE_ELEMS;
-            prefill_load(nb, nb + PTILE_ELEMS, cache_k, cache_v, kb + 1, kv_len, K, h, scale_plane);
+            prefill_load(tiles + (st ^ 1) * PSTAGE_ELEMS, cache_k, cache_v, kb + 1, kv_len, K, h, scale_plane);
 #if KV_TYPE == KV_BF16
             cp_async_wait<1>();
 #endif
@@ -519,23 +571,32 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
             cp_async_wait<0>();
 #endif
         }
-        __syncthreads();
-        const __nv_bfloat16* sK = tiles + st * 2 * PTILE_ELEMS;
+        __syncthreads();  // stage st complete and visible to every warp
+        const __nv_bfloat16* sK = tiles + st * PSTAGE_ELEMS;
         const __nv_bfloat16* sV = sK + PTILE_ELEMS;
+#if KV_SPLIT
+        const __nv_bfloat16* sKl = sK + 2 * PTILE_ELEMS;
+        const __nv_bfloat16* sVl = sK + 3 * PTILE_ELEMS;
+#endif
 
-        // S = Q K^T (16 x 64 per warp)
+        // S = Q K^T (16 x 64 per warp); per 16-wide k step: Q_hi.K_hi, Q_lo.K_hi, Q_hi.K_lo
         float sc[BN / 8][4];
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-            const __nv_bfloat16* kr = sK + (nt * 8 + (lane >> 2)) * LDK + c2;
+            const int koff = (nt * 8 + (lane >> 2)) * LDK + c2;
 #pragma unroll
             for (int kt = 0; kt < HD / 16; ++kt) {
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kt * 16);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kt * 16 + 8);
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16 + 8);
                 mma_bf16(sc[nt], qf[kt], b0, b1);
 #if PREFILL_SPLIT
                 mma_bf16(sc[nt], ql[kt], b0, b1);
+#endif
+#if KV_SPLIT
+                const uint32_t l0 = *reinterpret_cast<const uint32_t*>(sKl + koff + kt * 16);
+                const uint32_t l1 = *reinterpret_cast<const uint32_t*>(sKl + koff + kt * 16 + 8);
+                mma_bf16(sc[nt], qf[kt], l0, l1);
 #endif
             }
         }
@@ -579,7 +640,7 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
             o[n][0] *= alpha_a; o[n][1] *= alpha_a;
             o[n][2] *= alpha_b; o[n][3] *= alpha_b;
         }
-        // O += P V
+        // O += P V; per 16-key step and 8-dim tile: P_hi.V_hi, P_lo.V_hi, P_hi.V_lo
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
 #if PREFILL_SPLIT
@@ -593,22 +654,32 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
                                      pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                                      pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #endif
-            const __nv_bfloat16* vr = sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
+            const int voff = (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
 #pragma unroll
             for (int dp = 0; dp < HD / 16; ++dp) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, vr + dp * 16);
+                ldmatrix_x4_trans(b, sV + voff + dp * 16);
+#if KV_SPLIT
+                uint32_t bl[4];
+                ldmatrix_x4_trans(bl, sVl + voff + dp * 16);
+#endif
                 mma_bf16(o[2 * dp], pa4, b[0], b[1]);
 #if PREFILL_SPLIT
                 mma_bf16(o[2 * dp], pl4, b[0], b[1]);
+#endif
+#if KV_SPLIT
+                mma_bf16(o[2 * dp], pa4, bl[0], bl[1]);
 #endif
                 mma_bf16(o[2 * dp + 1], pa4, b[2], b[3]);
 #if PREFILL_SPLIT
                 mma_bf16(o[2 * dp + 1], pl4, b[2], b[3]);
 #endif
+#if KV_SPLIT
+                mma_bf16(o[2 * dp + 1], pa4, bl[2], bl[3]);
+#endif
             }
         }
-        __syncthreads();  // stage st is refilled next iteration
+        __syncthreads();  // every warp is done with stage st: the next iteration may refill it
     }
     const float ia_inv = 1.0f / la, ib_inv = 1.0f / lb;
 #pragma unroll

@@ -24,12 +24,13 @@
 //     q8_0 : per 32 dims (= one register index across the warp): d = amax/127, id = d ? 1/d : 0,
 //            code = roundf(x*id), f16 d  (ggml quantize_row_q8_0_ref)
 //     fp8  : per head vector: d = amax/448, code = cvt.rn.satfinite.e4m3(x / d) (0 when d == 0)
+//     f32  : x itself (the exact reference cache)
 //   Positions >= n_ctx are not written (the caller sizes the cache).
 //
 // Launch geometry: one warp per (t, slot); 128-thread blocks (4 warps);
 //   grid = ceil(T*(H+2K) / 4); no shared memory beyond 4*HD floats (static).
 // Defines: HD (head dim, multiple of 32, <= 256), NEOX (1 neox / 0 normal), QK_NORM (0/1),
-//          KV_TYPE (0 bf16, 1 q8_0, 2 fp8, 3 none: only q and k are rotated in place).
+//          KV_TYPE (0 bf16, 1 q8_0, 2 fp8, 3 f32, 255 none: only q and k are rotated in place).
 #include "common.cuh"
 
 #ifndef HD
@@ -48,7 +49,8 @@
 #define KV_BF16 0
 #define KV_Q8_0 1
 #define KV_FP8 2
-#define KV_NONE 3
+#define KV_F32 3
+#define KV_NONE 255
 
 #define EPL (HD / 32)  // values per lane; lane l holds dims l + 32*i
 #define WARPS 4
@@ -93,6 +95,13 @@ BW24_DEVICE void kv_store(void* cache, long long row, long long n_rows, const fl
 #pragma unroll
     for (int i = 0; i < EPL; ++i) c[lane + 32 * i] = f32_to_e4m3(d > 0.0f ? x[i] / d : 0.0f);
     if (lane == 0) *sc = d;
+#elif KV_TYPE == KV_F32
+    (void)n_rows;
+    float* c = (float*)cache + row * HD;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) c[lane + 32 * i] = x[i];
+#elif KV_TYPE != KV_NONE
+#error "KV_TYPE must be 0 (bf16), 1 (q8_0), 2 (fp8), 3 (f32) or 255 (none)"
 #endif
 }
 

@@ -67,7 +67,7 @@ def test_kv_cache_pack_roundtrip(rng, kv_type):
     assert buf.nbytes == kr.kv_cache_nbytes(kv_type, N, K, hd)
     assert buf.shape == kr.kv_cache_shape(kv_type, N, K, hd)[0]
     vals = kr.kv_cache_values(buf, kv_type, N, K, hd)
-    rel = {"bf16": 2.0**-8, "q8_0": 1 / 127, "fp8": 2.0**-3}[kv_type]
+    rel = {"bf16": 2.0**-8, "q8_0": 1 / 127, "fp8": 2.0**-3, "f32": 0.0}[kv_type]
     amax = np.abs(x).max(axis=-1, keepdims=True)
     assert np.all(np.abs(vals - x) <= rel * amax)
 
@@ -97,3 +97,22 @@ def test_flash_reference_equals_plain_attention(rng):
     cache.k[0, :start], cache.v[0, :start] = keys[:start], vals[:start]
     o = NumpyBackend().attention(q, keys[start:], vals[start:], cache, 0, start, 0.2)
     np.testing.assert_allclose(o.reshape(T, H, hd), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_f32_cache_is_exact(rng):
+    N, K, hd = 4, 2, 64
+    x = rng.standard_normal((N, K, hd)).astype(np.float32)
+    buf = kr.kv_cache_pack(*kr.kv_quantize(x, "f32"), "f32")
+    assert buf.dtype == np.float32 and buf.shape == (N, K, hd)
+    assert kr.kv_cache_nbytes("f32", N, K, hd) == 4 * N * K * hd
+    assert np.array_equal(kr.kv_cache_values(buf.view(np.uint8), "f32", N, K, hd), x)
+
+
+def test_kv_split_residual_bound(rng):
+    """The prefill's hi + lo split of exact K/V values (KV_SPLIT): |v - (hi + lo)| <= 2^-16 |v|,
+    and the dropped lo.lo product of an MMA is below 2^-16 of the hi.hi one."""
+    v = (rng.standard_normal(100000) * 10.0 ** rng.uniform(-3, 3, 100000)).astype(np.float32)
+    hi, lo = kr.bf16x2_split(v)
+    r = np.abs(v.astype(np.float64) - hi - lo)
+    assert np.all(r <= np.abs(v) * 2.0**-16)
+    assert np.all(np.abs(lo) <= np.abs(hi) * 2.0**-8)

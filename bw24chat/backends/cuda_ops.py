@@ -19,7 +19,8 @@ import numpy as np
 from .kernel_build import get_kernel
 from .kernel_refs import KV_TYPES, kv_cache_nbytes, kv_cache_shape
 
-KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2}
+KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2, "f32": 3}
+KV_NONE = 255  # rope.cu: no cache write
 DECODE_MAX_ROWS = 8
 DECODE_TILE = 32
 SAMPLE_PARAM_WORDS = 16
@@ -111,7 +112,7 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
     k_norm_w, (hd,) float32, are given: both or neither) and rotated IN PLACE; k and v are stored
     at cache row positions_dev[t] (int32 (T,), device) in cache_k / cache_v (kv_type "bf16" |
-    "q8_0" | "fp8"; None: no cache write).  cos / sin: float32 (n_pos, R/2) device copies of
+    "q8_0" | "fp8" | "f32"; None: no cache write).  cos / sin: float32 (n_pos, R/2) device copies of
     rope.build_rope_table's tables.  rope_style "neox" | "normal".  q, k, v may be column
     slices of one fused (T, (H+2K)*hd) buffer (their row strides are passed); bias: optional
     float32 ((H+2K)*hd,) q|k|v biases added first (v is then updated in place too); q_out:
@@ -125,7 +126,7 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
         return
     if (q_norm_w is None) != (k_norm_w is None):
         raise ValueError("q_norm_w and k_norm_w: both or neither")
-    kvt = 3 if kv_type is None else KV_CODE[kv_type]
+    kvt = KV_NONE if kv_type is None else KV_CODE[kv_type]
     n_ctx = 0 if kv_type is None else _cache_ctx(cache_k, kv_type, K, hd)
     kern = get_kernel("rope", "qk_norm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"),
                       QK_NORM=int(q_norm_w is not None), KV_TYPE=kvt)
@@ -180,8 +181,8 @@ def attn_decode_workspace_bytes(n_heads: int, n_kv_heads: int, head_dim: int, ma
 
 
 def _decode_smem(hd: int, gq: int, kv_type: str) -> int:
-    es = 2 if kv_type == "bf16" else 1
-    scb = 0 if kv_type == "bf16" else (hd // 16 if kv_type == "q8_0" else 4)
+    es = {"bf16": 2, "q8_0": 1, "fp8": 1, "f32": 4}[kv_type]
+    scb = {"bf16": 0, "q8_0": hd // 16, "fp8": 4, "f32": 0}[kv_type]
     stage = 2 * DECODE_TILE * hd * es + 2 * DECODE_TILE * scb
     nsub = 4 * (32 // (hd // 8))
     return max(3 * stage, nsub * gq * (hd + 2) * 4)
@@ -215,15 +216,24 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
             smem=_decode_smem(hd, gq, kv_type))
 
 
+def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True) -> int:
+    """attention.cu PREFILL_SMEM: 2 stages x tiles x 64 keys x (hd+8) bf16, tiles = K, V, plus
+    K_lo, V_lo for q8_0 / fp8 / f32 caches when precise (73728 B at hd=64, 139264 B at hd=128:
+    one block per SM there)."""
+    tiles = 4 if (precise and kv_type != "bf16") else 2
+    return 2 * tiles * 64 * (hd + 8) * 2
+
+
 def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out,
                  precise: bool = True) -> None:
     """Causal prefill attention (tensor cores) for T queries at positions start..start+T-1 over
     keys 0..start+T-1 already in the cache.  q, out: float32 (T', H, hd), T' >= T; cache:
     kv_cache_alloc; start: host int (prefill is not graph-captured).
-    precise=True (default): Q and P enter the MMAs as split bf16 (hi + lo, PREFILL_SPLIT=1), ~1e-5
-    from the float64 reference, close to the f32 decode path; False: plain bf16 Q and P
-    (PREFILL_SPLIT=0), about half the MMA work, ~2e-3.  Either way rows are bit-identical
-    whatever the chunking."""
+    precise=True (default): Q and P enter the MMAs as split bf16 (hi + lo, PREFILL_SPLIT=1), and
+    for q8_0 / fp8 / f32 caches the exact f32 K and V values too (three MMAs: hi.hi, lo.hi,
+    hi.lo), ~1e-5 from the float64 reference on the stored values for every kv type, close to the
+    f32 decode path; False: plain bf16 Q, P, K and V (PREFILL_SPLIT=0), about half the MMA work,
+    ~2e-3.  Either way rows are bit-identical whatever the chunking."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if T == 0:
@@ -232,7 +242,9 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
     kern = get_kernel("attention", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type],
                       PREFILL_SPLIT=int(bool(precise)))
-    smem = 2 * 2 * 64 * (hd + 8) * 2  # PREFILL_SMEM: 2 stages x (K, V) x 64 x (hd+8) bf16, either variant
+    smem = prefill_smem_bytes(hd, kv_type, precise)
+    if smem > 227 * 1024:
+        raise ValueError(f"attn_prefill: hd={hd} kv={kv_type} precise={precise} needs {smem} B of shared memory (> 227 KB)")
     _launch(kern, (-(-(T * G) // 64), K), (128,),
             (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),
              _f32(scale * math.log2(math.e)), out), smem=smem)

@@ -16,6 +16,8 @@ KV cache layouts (one per layer, for K and for V alike; N = n_ctx, K = kv heads,
         One scale per head vector: d = amax/448, code = e4m3_rn_satfinite(x / d).  Chosen over a
         fixed scale because keys carry per-token outlier magnitudes that a fixed scale would clip
         or crush without calibration data; one f32 per vector costs 4/hd bytes (3% at hd=128).
+  f32   float32 (N, K, hd): the values themselves (the exact reference cache: the NumPy backend
+        and transformers keep float32 K/V).
 The (N, K, ...) shape only carries N and K; the bytes are not indexed by it.
 Dequantized values are code * d in float32 (q8_0: d is the f16 scale widened to float32).
 
@@ -27,7 +29,7 @@ import math
 
 import numpy as np
 
-KV_TYPES = ("bf16", "q8_0", "fp8")
+KV_TYPES = ("bf16", "q8_0", "fp8", "f32")
 E4M3_MAX = 448.0
 
 # --------------------------------------------------------------------------- bf16 / fp8 rounding
@@ -104,6 +106,8 @@ def kv_cache_nbytes(kv_type: str, n_ctx: int, n_kv: int, head_dim: int) -> int:
         return n + n // 16
     if kv_type == "fp8":
         return n + 4 * n_ctx * n_kv
+    if kv_type == "f32":
+        return 4 * n
     raise ValueError(f"unknown kv cache type {kv_type!r}")
 
 
@@ -113,15 +117,20 @@ def kv_cache_shape(kv_type: str, n_ctx: int, n_kv: int, head_dim: int) -> tuple[
     per_row = kv_cache_nbytes(kv_type, 1, 1, head_dim)
     if kv_type == "bf16":
         return (n_ctx, n_kv, head_dim), np.uint16
+    if kv_type == "f32":
+        return (n_ctx, n_kv, head_dim), np.float32
     return (n_ctx, n_kv, per_row), np.uint8
 
 
 def kv_quantize(x: np.ndarray, kv_type: str):
     """x: (..., hd) float32 head vectors -> (codes, scales) as stored.
-    bf16: (uint16 bits, None); q8_0: (int8 (..., hd), f16 (..., hd/32)); fp8: (uint8, f32 (...,))."""
+    bf16: (uint16 bits, None); q8_0: (int8 (..., hd), f16 (..., hd/32)); fp8: (uint8, f32 (...,));
+    f32: (float32 copy, None)."""
     x = np.asarray(x, dtype=np.float32)
     if kv_type == "bf16":
         return bf16_round_bits(x), None
+    if kv_type == "f32":
+        return x.copy(), None
     hd = x.shape[-1]
     if kv_type == "q8_0":
         blocks = x.reshape(*x.shape[:-1], hd // 32, 32)
@@ -142,6 +151,8 @@ def kv_dequantize(codes: np.ndarray, scales, kv_type: str) -> np.ndarray:
     """Inverse of kv_quantize: the float32 values every kernel computes with."""
     if kv_type == "bf16":
         return bf16_bits_to_f32(codes)
+    if kv_type == "f32":
+        return np.asarray(codes, dtype=np.float32)
     if kv_type == "q8_0":
         hd = codes.shape[-1]
         b = codes.astype(np.float32).reshape(*codes.shape[:-1], hd // 32, 32)
@@ -155,6 +166,8 @@ def kv_cache_pack(codes: np.ndarray, scales, kv_type: str) -> np.ndarray:
     """(codes (N, K, hd), scales) -> the host image of the device cache buffer (kv_cache_shape)."""
     if kv_type == "bf16":
         return np.ascontiguousarray(codes, dtype=np.uint16)
+    if kv_type == "f32":
+        return np.ascontiguousarray(codes, dtype=np.float32)
     n, k, hd = codes.shape
     flat = np.concatenate([np.ascontiguousarray(codes).view(np.uint8).reshape(-1),
                            np.ascontiguousarray(scales).view(np.uint8).reshape(-1)])
@@ -165,6 +178,8 @@ def kv_cache_unpack(buf: np.ndarray, kv_type: str, n_ctx: int, n_kv: int, hd: in
     """The device cache buffer (as host bytes) -> (codes (N, K, hd), scales)."""
     if kv_type == "bf16":
         return np.asarray(buf, dtype=np.uint16).reshape(n_ctx, n_kv, hd), None
+    if kv_type == "f32":
+        return np.asarray(buf).view(np.float32).reshape(n_ctx, n_kv, hd), None
     b = np.asarray(buf).view(np.uint8).reshape(-1)
     n = n_ctx * n_kv * hd
     if kv_type == "q8_0":
@@ -235,7 +250,9 @@ def attention_flash_ref(q, keys, vals, positions, scale, block: int = 64, operan
     blocks at absolute multiples of ``block``, log-sum-exp merge), to show the blockwise
     algebra equals plain softmax attention.  ``operands`` emulates how attn_prefill feeds q and
     the probabilities p to its MMAs: "f32" (unrounded), "bf16" (PREFILL_SPLIT=0) or "bf16x2"
-    (hi + lo, PREFILL_SPLIT=1); keys and values are used as given (exact bf16 in the kernel).
+    (hi + lo, PREFILL_SPLIT=1); keys and values are used as given (exact bf16 in the kernel; for
+    q8_0 / fp8 / f32 caches with PREFILL_SPLIT=1 the kernel also splits K and V into hi + lo and
+    drops only the lo.lo products; "bf16x2" here models K and V as exact).
     The MMA's own accumulation is modelled as float64 dot products rounded to float32."""
     T, H, hd = q.shape
     K = keys.shape[1]

@@ -9,6 +9,7 @@ import pytest
 
 from bw24chat.backends import cuda_ops as ops
 from bw24chat.backends import kernel_refs as kr
+from bw24chat.rope import build_rope_table
 
 
 def _make_cache(cp, rng, kv_type, N, K, hd):
@@ -53,7 +54,7 @@ def test_decode_matches_reference(cp, rng, kv_type, H, K, hd):
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
-@pytest.mark.parametrize("kv_type", ["bf16", "q8_0"])
+@pytest.mark.parametrize("kv_type", ["bf16", "q8_0", "f32"])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, kv_type, H, K, hd):
     scale = 1.0 / math.sqrt(hd)
@@ -85,9 +86,10 @@ def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None, precise=True):
     return out.get()
 
 
-# (relative L2 error, max error / max |ref|) limits against the float64 reference.  precise:
-# split-bf16 Q and P (bf16x2), K/V exact bf16 -> ~3e-6 (f32 accumulation, exp2); plain bf16
-# Q and P: ~2-3e-3 (a NumPy emulation of both variants gives these figures).
+# (relative L2 error, max error / max |ref|) limits against the float64 reference on the stored
+# values.  precise: split-bf16 Q and P (bf16x2), K/V exact bf16 or (q8_0, fp8, f32) split into
+# hi + lo -> ~3e-6..1e-5 (f32 accumulation, exp2); plain bf16 Q, P (and K, V for the non-bf16
+# caches): ~2-3e-3 (a NumPy emulation of both variants gives these figures).
 PREFILL_TOL = {True: (1e-4, 1e-4), False: (5e-3, 1e-2)}
 
 
@@ -110,7 +112,7 @@ def test_prefill_matches_reference(cp, rng, kv_type, H, K, hd, precise):
 
 
 @pytest.mark.parametrize("precise", [True, False])
-@pytest.mark.parametrize("kv_type", ["bf16", "fp8"])
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_prefill_chunking_bit_identical(cp, rng, kv_type, H, K, hd, precise):
     T, start = 1024, 37
@@ -123,3 +125,74 @@ def test_prefill_chunking_bit_identical(cp, rng, kv_type, H, K, hd, precise):
     c = _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=100, precise=precise)
     assert np.array_equal(a, b)
     assert np.array_equal(a, c)
+
+
+def _rand_kv(rng, n, K, hd):
+    return (rng.standard_normal((n, K, hd)) * rng.uniform(0.5, 2.0)).astype(np.float32)
+
+
+@pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+@pytest.mark.parametrize("H,K,hd", [(9, 3, 64), (32, 8, 128)])
+def test_prefill_chunking_large_cache(cp, rng, kv_type, H, K, hd, precise):
+    """The model's situation (SmolLM2: H=9, K=3, hd=64, an n_ctx=2048 cache): the cache is
+    filled chunk by chunk through qk_norm_rope_kv_write (the scale plane of q8_0 / fp8 sits
+    at n_ctx, far beyond start+T), stale data from an earlier run lies beyond the written
+    positions, and two chunks of 256 must give the bits of one chunk of 512.  Then the result
+    against the float64 reference on the stored values."""
+    N, T = 2048, 512
+    scale = 1.0 / math.sqrt(hd)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    k = _rand_kv(rng, T, K, hd) * np.float32(3.0)
+    v = _rand_kv(rng, T, K, hd)
+    t = build_rope_table(hd, 1.0, 1e4, None, N, "neox", N)
+    cos, sin = cp.asarray(t.cos), cp.asarray(t.sin)
+    ck, cv = ops.kv_cache_alloc(kv_type, N, K, hd), ops.kv_cache_alloc(kv_type, N, K, hd)
+
+    def write(c0, c1):  # the cache rows of positions c0..c1-1 (k, v unrotated: rot_dim 0)
+        qq = cp.asarray(q[c0:c1])
+        ops.qk_norm_rope_kv_write(qq, cp.asarray(k[c0:c1]), cp.asarray(v[c0:c1]), None, None, 1e-6, cos, sin,
+                                  cp.arange(c0, c1, dtype=cp.int32), "neox", 0, ck, cv, kv_type)
+
+    def run(chunk, poison):
+        for c in (ck, cv):  # stale, different bytes everywhere beyond what this run writes
+            c.view(cp.uint8).fill(poison)
+        out = cp.full((T, H, hd), np.nan, cp.float32)
+        qd = cp.asarray(q)
+        for c0 in range(0, T, chunk):
+            write(c0, c0 + chunk)
+            ops.attn_prefill(qd[c0:c0 + chunk], ck, cv, kv_type, c0, chunk, scale, out[c0:c0 + chunk], precise=precise)
+        cp.cuda.runtime.deviceSynchronize()
+        return out.get()
+
+    a = run(512, 0x00)
+    b = run(256, 0x3C)  # f16 1.0 / bf16 pattern / f32 finite: stale but finite
+    c = run(256, 0x00)
+    assert not np.isnan(a).any()
+    nbad = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+    assert nbad == 0, f"{nbad} bits differ between chunks of 512 and 256"
+    assert np.array_equal(b, c)
+    kv = kr.kv_cache_values(ck.get(), kv_type, N, K, hd)[:T]
+    vv = kr.kv_cache_values(cv.get(), kv_type, N, K, hd)[:T]
+    if kv_type == "f32":
+        assert np.array_equal(kv, k) and np.array_equal(vv, v)
+    ref = kr.attention_ref(q, kv, vv, np.arange(T), scale)
+    tol_l2, tol_max = PREFILL_TOL[precise]
+    err = float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+    assert err <= tol_l2, err
+    assert _rel_err(a, ref) <= tol_max
+
+
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+def test_prefill_matches_decode_large_cache(cp, rng, kv_type):
+    """Prefill rows agree with the decode kernel on the same n_ctx=2048 cache (the model's check
+    compares prefill with decode logits): both ~1e-5 from the float64 reference."""
+    H, K, hd, N, T = 9, 3, 64, 2048, 300
+    scale = 1.0 / math.sqrt(hd)
+    x = [_rand_kv(rng, N, K, hd) for _ in range(2)]
+    ck, cv = (cp.asarray(kr.kv_cache_pack(*kr.kv_quantize(a, kv_type), kv_type)) for a in x)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    pre = _prefill(cp, q, ck, cv, kv_type, 0, scale, chunk=128)
+    rows = [0, 1, 63, 64, 200, 299]
+    dec, _ = _decode(cp, q[rows[:6]], ck, cv, kv_type, [r + 1 for r in rows[:6]], scale, H, K, hd)
+    assert float(np.linalg.norm(pre[rows] - dec) / np.linalg.norm(dec)) <= 3e-5

@@ -90,3 +90,19 @@ def test_vram_text_compares_with_the_free_memory():
     assert vram_text(3 * 2**30, gpu) == "3.0 GiB ✗"
     assert vram_text(2**30, None) == "1.0 GiB"
     assert vram_text(None, gpu) == "?"
+
+
+def test_descriptions_are_cached_on_disk_until_the_file_changes(private_dirs, monkeypatch):
+    path = write_gguf(private_dirs["models"] / "m.gguf", name="Cached")
+    assert list_local_models()[0].name == "Cached"
+    assert (private_dirs["cache"] / "model_catalog.json").exists()
+
+    monkeypatch.setattr(model_catalog, "_described", model_catalog._DescriptionCache())  # as a new process
+
+    def must_not_read(model):
+        raise AssertionError("read the GGUF again")
+
+    monkeypatch.setattr(model_catalog, "_describe_gguf", must_not_read)
+    assert list_local_models()[0].name == "Cached"
+    write_gguf(path, name="Changed")  # a new file: read again (here: the error shows)
+    assert list_local_models()[0].error

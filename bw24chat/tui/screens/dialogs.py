@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
@@ -41,7 +42,7 @@ class TextPrompt(_Dialog):
 
     def compose(self):
         with Vertical(classes="dialog-box"):
-            yield Label(self.title_text, classes="dialog-title")
+            yield Label(Content(self.title_text), classes="dialog-title")
             if self.multiline:
                 yield TextArea(self.value, id="dialog-text", soft_wrap=True)
             else:
@@ -67,7 +68,7 @@ class Confirm(_Dialog):
 
     def compose(self):
         with Vertical(classes="dialog-box"):
-            yield Label(self.question, classes="dialog-title")
+            yield Label(Content(self.question), classes="dialog-title")  # plain: it may quote user text
             yield from self.buttons(self.ok_label)
 
     def on_mount(self) -> None:
