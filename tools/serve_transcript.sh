@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 if [[ -n "${MODEL:-}" ]]; then engine=(-m "$MODEL" --device "${DEVICE:-auto}"); else engine=(--fake --fake-echo); fi
-python -m bw24chat.server "${engine[@]}" --port 0 --port-file "$tmp/port" --log-level warning 2>"$tmp/log" &
+python3 -m bw24chat.server "${engine[@]}" --port 0 --port-file "$tmp/port" --log-level warning 2>"$tmp/log" &
 pid=$!
 for _ in $(seq 600); do [[ -s "$tmp/port" ]] && curl -sf "http://127.0.0.1:$(cat "$tmp/port")/health" >/dev/null && break; sleep 0.5; done
 base="http://127.0.0.1:$(cat "$tmp/port")"
