@@ -189,7 +189,11 @@ class CudaRunner:
             raise ValueError(f"chunk {chunk} > the buffers' {self.prefill_chunk}")
         with self.stream:
             outs = [self._prefill_chunk(ids[s: s + chunk], start + s, True) for s in range(0, len(ids), chunk)]
-            return self.cp.concatenate(outs)
+            out = self.cp.concatenate(outs)
+        # the runner works on its own non-blocking stream: a caller reading `out` on another
+        # stream (cp.asnumpy uses the current one) must not race the kernels still running
+        self.stream.synchronize()
+        return out
 
     # ==================================================================== decode step
     def _decode_body(self, m: int):
