@@ -180,6 +180,18 @@ async def test_first_start_without_a_model_offers_the_default_one(make_app):
         assert load_config().recent_models == ["default"]
 
 
+async def test_first_start_enter_alone_gets_the_default_model(make_app):
+    """A newcomer with no model presses Enter: the offer has the focus, so that fetches it."""
+    app = make_app(model=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        await wait_for(pilot, lambda: app.screen.query_one("#first-run").display, what="the default-model offer")
+        await wait_for(pilot, lambda: app.focused is not None and app.focused.id == "get-default", what="focus on the offer")
+        await pilot.press("enter")
+        await start_chat(pilot)
+        assert app.factory_calls[-1].model == "default"
+
+
 async def test_local_models_are_listed_and_open_on_enter(make_app, private_dirs):
     gguf_path = write_gguf(private_dirs["models"] / "acme--tiny" / "tiny-Q8_0.gguf", name="Tiny", file_type=7)
     snapshot = private_dirs["hf"] / "models--acme--cached" / "snapshots" / ("a" * 40)

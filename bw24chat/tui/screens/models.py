@@ -133,6 +133,9 @@ class ModelsScreen(Screen):
         table = self.query_one("#local-models", DataTable)
         fill_table(table, LOCAL_COLUMNS, ((str(i), local_row(m, gpu)) for i, m in enumerate(self.models)))
         self.query_one("#first-run").display = not self.models
+        if not self.models:
+            # a first start: Enter fetches and opens the default model
+            self.query_one("#get-default", Button).focus()
         if self._select_after_scan is not None:
             for index, m in enumerate(self.models):
                 if m.spec == self._select_after_scan:
