@@ -44,7 +44,9 @@ def e2m1_round(x: np.ndarray) -> np.ndarray:
     return idx | np.where((x < 0) & (idx > 0), np.uint8(8), np.uint8(0))
 
 
-def quantize_nvfp4(w: np.ndarray, name: str = "") -> QTensor:
+def nvfp4_encode(w: np.ndarray, name: str = "") -> tuple[np.ndarray, np.ndarray, np.float32]:
+    """float32 [out, in] -> ModelOpt NVFP4 tensors: packed codes U8 [out, in/2] (element 2i in the
+    low nibble), E4M3 block scales U8 [out, in/16], per-tensor FP32 scale (weight_scale_2)."""
     w = np.asarray(w, np.float32)
     rows, cols = w.shape
     if cols % 64:
@@ -58,7 +60,13 @@ def quantize_nvfp4(w: np.ndarray, name: str = "") -> QTensor:
     with np.errstate(divide="ignore", invalid="ignore"):
         scaled = np.where(sval[..., None] > 0, blocks / sval[..., None], 0).astype(np.float32)
     codes = e2m1_round(scaled).reshape(rows, cols)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)  # ModelOpt packing
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    return packed, sc, g
+
+
+def quantize_nvfp4(w: np.ndarray, name: str = "") -> QTensor:
+    packed, sc, g = nvfp4_encode(w, name)
+    rows, cols = np.shape(w)
     return QTensor(name, "NVFP4", (rows, cols), _nvfp4_modelopt_to_ggml(packed, sc), global_scale=float(g))
 
 

@@ -3,30 +3,13 @@ FP8 block-scaled, ModelOpt NVFP4; a byte-level tokenizer.json) written from NumP
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from bw24chat.loaders.hf_loader import write_safetensors  # noqa: F401  (re-exported for tests)
 from bw24chat.quants import f32_to_bf16_bits
-
-
-def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
-    """tensors: name -> (safetensors dtype, array whose bytes are stored as is)."""
-    header, blobs, off = {}, [], 0
-    for name, (dtype, arr) in tensors.items():
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(h)))
-        fh.write(h)
-        for b in blobs:
-            fh.write(b)
 
 
 def byte_level_tokenizer_json(path: Path, extra_special: list[str] = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")) -> int:

@@ -58,6 +58,25 @@ class SafetensorsFile:
         return arr, kind
 
 
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]], metadata: dict | None = None) -> None:
+    """Write a safetensors file: name -> (safetensors dtype, array whose bytes are stored as is)."""
+    header, blobs, off = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, (dtype, arr) in tensors.items():
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)))
+        fh.write(h)
+        for b in blobs:
+            fh.write(b)
+
+
 def _open_shards(model_dir: Path) -> dict[str, SafetensorsFile]:
     """tensor name -> the file holding it."""
     index = model_dir / "model.safetensors.index.json"
