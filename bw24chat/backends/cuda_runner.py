@@ -284,6 +284,14 @@ class CudaRunner:
         self.stream.synchronize()
         return self.cp.asnumpy(self.d_logits[0])
 
+    def warmup(self) -> None:
+        """Compile every kernel the runner uses (NVRTC, cached on disk after the first start) and
+        capture the decode graph, so the first request pays neither.  Positions 0..2 of the cache
+        are overwritten later like any other."""
+        self.prefill(np.array([0, 1], np.int64), 0)
+        self.sample(self.d_logits[0], SamplingParams(temperature=0), 0, 2, [])
+        self.sample(self.decode(0, 2), SamplingParams(temperature=0), 0, 3, [])
+
     def memory_info(self) -> dict:
         free, total = self.cp.cuda.runtime.memGetInfo()
         return {"vram_used": total - free, "vram_total": total}
@@ -296,5 +304,8 @@ def make_cuda_runner(checkpoint, options, report):
 
     runner = CudaRunner(checkpoint, options.n_ctx, options.kv_cache,
                         progress=lambda f: report(LoadProgress("uploading", f)))
+    report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
+    runner.warmup()
+    report(LoadProgress("compiling", 1.0))
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     return runner, name

@@ -1,0 +1,80 @@
+"""Tokens/s of 1 vs N concurrent streaming clients against `bw24chat serve` (in-process server,
+real engine): the aggregate rate and each stream's rate.  The engine serves requests first come,
+first served (no batched decoding yet), so N streams share one decode loop.
+
+    python bench/serve_concurrency.py -m MODEL [--device cuda] [--streams 8] [--max-tokens 128]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+import httpx
+
+
+def one_stream(url: str, i: int, max_tokens: int, out: list) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": f"Write a long story number {i} about the sea."}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = None
+    n = 0
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                if '"usage":{' in line.replace(" ", ""):
+                    import json
+
+                    u = json.loads(line[6:]).get("usage")
+                    if u:
+                        n = u["completion_tokens"]
+                elif first is None and '"content":"' in line.replace(" ", "") and '"content":""' not in line.replace(" ", ""):
+                    first = time.perf_counter()
+    out.append(dict(tokens=n, seconds=time.perf_counter() - t0, ttft=(first or t0) - t0))
+
+
+def run(url: str, streams: int, max_tokens: int) -> dict:
+    res: list = []
+    threads = [threading.Thread(target=one_stream, args=(url, i, max_tokens, res)) for i in range(streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    toks = sum(r["tokens"] for r in res)
+    return dict(streams=streams, tokens=toks, wall_s=wall, aggregate_tok_s=toks / wall,
+                median_stream_tok_s=statistics.median(r["tokens"] / r["seconds"] for r in res),
+                max_ttft_s=max(r["ttft"] for r in res))
+
+
+def main() -> int:
+    from bw24chat.engine import open_engine
+    from bw24chat.options import EngineOptions
+    from bw24chat.server.app import start_in_thread
+
+    p = argparse.ArgumentParser()
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    a = p.parse_args()
+    engine = open_engine(EngineOptions(model=a.model, device=a.device))
+    server, thread = start_in_thread(engine)
+    try:
+        run(server.url, 1, 8)  # warm-up (kernel compiles, graph capture)
+        rows = [run(server.url, 1, a.max_tokens), run(server.url, a.streams, a.max_tokens)]
+    finally:
+        server.should_exit = True
+        thread.join()
+        engine.close()
+    print(f"{engine.info.name} on {engine.info.device_name} ({engine.info.backend})")
+    print(f"{'streams':>7} {'tokens':>7} {'wall s':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17} {'max TTFT s':>11}")
+    for r in rows:
+        print(f"{r['streams']:7d} {r['tokens']:7d} {r['wall_s']:8.2f} {r['aggregate_tok_s']:16.1f} {r['median_stream_tok_s']:17.1f} {r['max_ttft_s']:11.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
