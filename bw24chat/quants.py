@@ -178,10 +178,12 @@ def _iq4_xs(b):
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (ggml_compute_fp32_to_bf16
-    without its NaN quieting: callers never pass NaN)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, as __float2bfloat16_rn
+    and ggml_compute_fp32_to_bf16 (NaN becomes the quiet NaN 0x7FC0)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded).astype(np.uint16)
 
 
 def _bf16(b):

@@ -29,18 +29,15 @@ import math
 
 import numpy as np
 
+from ..quants import f32_to_bf16_bits
+
 KV_TYPES = ("bf16", "q8_0", "fp8", "f32")
 E4M3_MAX = 448.0
 
 # --------------------------------------------------------------------------- bf16 / fp8 rounding
 
 
-def bf16_round_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits (uint16), round to nearest even (as __float2bfloat16_rn; NaN kept NaN)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    nan = np.isnan(np.asarray(x, dtype=np.float32))
-    return np.where(nan, np.uint32(0x7FC0), rounded).astype(np.uint16)
+bf16_round_bits = f32_to_bf16_bits  # float32 -> bf16 bits, round to nearest even (quants.py)
 
 
 def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
