@@ -297,12 +297,34 @@ class CudaRunner:
         return {"vram_used": total - free, "vram_total": total}
 
 
+KV_BYTES_PER_VALUE = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0, "f32": 4.0}
+RESERVE_BYTES = 3 << 29  # activation buffers, workspaces, prefill scratch, CUDA context slack
+
+
+def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: int, n_layers: int, n_kv: int,
+                head_dim: int, kv_type: str) -> int:
+    """The context the KV cache can hold: the request (or the model's maximum) capped by what is
+    left of the VRAM budget after the weights and a reserve, in multiples of 256 (at least 256)."""
+    want = min(requested or max_ctx, max_ctx)
+    per_token = 2 * n_layers * n_kv * (head_dim * KV_BYTES_PER_VALUE[kv_type] + (4 if kv_type == "fp8" else 0))
+    fits = int((budget_bytes - weight_bytes - RESERVE_BYTES) // per_token)
+    return max(256, min(want, fits) // 256 * 256) if fits < want else want
+
+
 def make_cuda_runner(checkpoint, options, report):
     import cupy as cp
 
     from ..api import LoadProgress
+    from ..models import get_family
 
-    runner = CudaRunner(checkpoint, options.n_ctx, options.kv_cache,
+    a = get_family(checkpoint.arch).ModelArgs.from_dict(checkpoint.config)
+    free, _total = cp.cuda.runtime.memGetInfo()
+    budget = int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else free
+    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, checkpoint.nbytes, a.num_hidden_layers,
+                        a.num_key_value_heads, a.head_dim, options.kv_cache)
+    if n_ctx < min(options.n_ctx or a.max_position_embeddings, a.max_position_embeddings):
+        report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))
+    runner = CudaRunner(checkpoint, n_ctx, options.kv_cache,
                         progress=lambda f: report(LoadProgress("uploading", f)))
     report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
     runner.warmup()
