@@ -122,6 +122,76 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
     return rows
 
 
+def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list[dict]:
+    """Where one decode step's GPU time goes, measured inside CUDA graphs.
+
+    One eager decode step is recorded launch by launch (kernel_build.LaunchCounter.record); the
+    launches are grouped by kernel (with its compile-time defines), grid and shared memory, i.e.
+    by role: qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler.  Each
+    group (e.g. the 36 attention launches of one step, over 36 different caches, so the L2 holds
+    no more than it would in the real step) is captured as its own graph and replayed `inner`
+    times between CUDA events; medians of `reps`.  The full step graph is timed the same way:
+    its time minus the sum of the groups is what the joins between kernels cost (launch gaps,
+    tails), since groups run their launches back to back just as the step does."""
+    from .api import SamplingParams
+    from .backends.kernel_build import LaunchCounter
+
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, runner.args.vocab_size, ctx)
+    runner.prefill(ids, 0)
+    sp = SamplingParams(temperature=0)
+    tok = int(ids[-1])
+    for i in range(3):  # captures the step graph
+        tok = runner.sample(runner.decode(tok, ctx + i), sp, 0, ctx + i, [])
+    runner._write_io(tok, ctx, sp, 0, [])
+    stream = runner.stream
+
+    def time_graph(graph) -> float:
+        for _ in range(2):
+            graph.launch(stream)
+        stream.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream)
+            for _ in range(inner):
+                graph.launch(stream)
+            b.record(stream)
+            b.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / inner)
+        return statistics.median(ts)
+
+    step_us = time_graph(runner.graph)
+    LaunchCounter.record = []
+    try:
+        with stream:
+            runner._step_body()
+        stream.synchronize()
+        launches = LaunchCounter.record
+    finally:
+        LaunchCounter.record = None
+    groups: dict = {}
+    for k, grid, block, args, kw in launches:
+        groups.setdefault((id(k), grid, block, kw.get("shared_mem", 0)), []).append((k, grid, block, args, kw))
+    rows = []
+    for key, ls in groups.items():
+        with stream:
+            stream.begin_capture()
+            try:
+                for k, grid, block, args, kw in ls:
+                    k._raw(grid, block, args, **kw)
+            finally:
+                g = stream.end_capture()
+        us = time_graph(g)
+        rows.append(dict(kernel=ls[0][0].label, grid=list(ls[0][1]), launches=len(ls), us_per_step=us,
+                         us_per_launch=us / len(ls)))
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    rows.append(dict(kernel="(sum of groups)", grid=[], launches=len(launches), us_per_step=total, us_per_launch=0.0))
+    rows.append(dict(kernel="(whole step graph)", grid=[], launches=len(launches), us_per_step=step_us, us_per_launch=0.0))
+    return rows
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bw24chat bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", help="model path (GGUF / HF dir)")
@@ -131,12 +201,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ctx", type=int, default=10240)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", help="also write the JSON here")
+    p.add_argument("--profile", action="store_true",
+                   help="only the per-kernel decode profile (in-graph times of each role) at context 512 and 8192")
     a = p.parse_args(argv)
     import cupy as cp
 
     from .backends.cuda_runner import CudaRunner
 
-    copy_bw, gemm_rate = measure_copy_bandwidth(cp), measure_gemm_rate(cp)
+    copy_bw, gemm_rate = (0.0, 0.0) if a.profile else (measure_copy_bandwidth(cp), measure_gemm_rate(cp))
     rows = []
     if a.synthetic:
         from .synthetic import synthetic_checkpoint
@@ -144,7 +216,10 @@ def main(argv: list[str]) -> int:
         for fmt in a.weights.split(","):
             ck = synthetic_checkpoint(a.synthetic, fmt.upper())
             runner = CudaRunner(ck, a.ctx, a.kv_cache)
-            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}")
+            if a.profile:
+                _print_profile(runner, cp, f"{a.synthetic}/{fmt}", a.ctx)
+            else:
+                rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}")
             del runner
             cp.get_default_memory_pool().free_all_blocks()
     else:
@@ -152,7 +227,12 @@ def main(argv: list[str]) -> int:
 
         ck = load_checkpoint(a.model)
         runner = CudaRunner(ck, a.ctx, a.kv_cache)
-        rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name)
+        if a.profile:
+            _print_profile(runner, cp, ck.name, a.ctx)
+        else:
+            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name)
+    if a.profile:
+        return 0
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache, "rows": rows}
     out = json.dumps(result, indent=1)
@@ -165,6 +245,18 @@ def main(argv: list[str]) -> int:
         print(f"{r['model']:24} {r['test']:12} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
               f"{r.get('bytes_per_token', ''):>12} {r.get('host_overhead', float('nan')):8.3f}")
     return 0
+
+
+def _print_profile(runner, cp, label: str, max_ctx: int) -> None:
+    for ctx in (512, 8192):
+        if ctx + 8 >= min(runner.n_ctx, max_ctx):
+            continue
+        rows = profile_decode(runner, cp, ctx)
+        print(json.dumps(dict(model=label, ctx=ctx, profile=rows)))
+        print(f"\n{label} decode step at context {ctx}: in-graph GPU time per role")
+        for r in rows:
+            print(f"  {r['kernel'][:70]:70} grid {str(r['grid']):16} x{r['launches']:<4} {r['us_per_step']:9.1f} us"
+                  + (f"  ({r['us_per_launch']:.2f} us each)" if r['us_per_launch'] else ""))
 
 
 if __name__ == "__main__":

@@ -132,20 +132,27 @@ class LaunchCounter:
     ``bw24chat check`` uses it to prove that graph decode launches nothing outside the graph."""
 
     count = 0
+    # when a list, every launch is also appended as (kernel, grid, block, args, kwargs):
+    # ``bw24chat bench --profile`` replays the recorded launches of one decode step grouped by
+    # kernel and shape, each group as its own CUDA graph, to time every role in-graph
+    record: list | None = None
 
 
 class Kernel:
     """A cupy.RawKernel that counts its launches; attribute access (e.g.
     ``max_dynamic_shared_size_bytes``) passes through to the RawKernel."""
 
-    __slots__ = ("_raw", "name")
+    __slots__ = ("_raw", "name", "label")
 
-    def __init__(self, raw, name: str):
+    def __init__(self, raw, name: str, label: str = ""):
         object.__setattr__(self, "_raw", raw)
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "label", label or name)
 
     def __call__(self, grid, block, args, **kw):
         LaunchCounter.count += 1
+        if LaunchCounter.record is not None:
+            LaunchCounter.record.append((self, tuple(grid), tuple(block), tuple(args), dict(kw)))
         return self._raw(grid, block, args, **kw)
 
     def __getattr__(self, item):
@@ -157,7 +164,8 @@ class Kernel:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(family: str, name: str, defines: tuple) -> Kernel:
-    return Kernel(get_module(family, defines).get_function(name), name)
+    label = name + "".join(f" {k}={v}" for k, v in defines)
+    return Kernel(get_module(family, defines).get_function(name), name, label)
 
 
 def get_kernel(family: str, name: str, **defines) -> Kernel:

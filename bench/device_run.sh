@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call = one stage (the lease is short: each stage builds, checks and times many things).
+#   bash bench/device_run.sh STAGE   (run from the repo root on the GPU machine, .whl carried)
+# Stages: part1 (SmolLM2 first half + kernel check + gates + decode profile), part2 (SmolLM2 second
+# half + real-model gates + serve concurrency + GPU pytest), bench (full bench table).
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export BW24CHAT_CACHE_DIR=/root/bw24cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
+SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+case "$1" in
+part1)
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL
+  python3 -m bw24chat check 2>&1 | tee $OUT/check.log | grep -v "^  ok" | tail -60
+  python3 -m bw24chat check --skip-kernels --synthetic smollm2-135m --formats q8_0,nvfp4 --kv f32,fp8,bf16,q8_0 2>&1 | tee $OUT/check_smol_shape.log | tail -30
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,nvfp4}" --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log
+  ;;
+part2)
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
+  sha256sum $SMOL | cut -c1-16
+  python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
+  python3 bench/serve_concurrency.py -m $SMOL --device cuda --streams 8 --max-tokens 128 2>&1 | tee $OUT/serve.log | tail -12
+  for f in tests/gpu/test_*.py; do BW24CHAT_TEST_MODEL=$SMOL timeout 300 python3 -m pytest -q -x -p no:cacheprovider $f 2>&1 | tail -4; done | tee $OUT/pytest_gpu.log
+  ;;
+bench)
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
+esac
