@@ -24,6 +24,12 @@ part2)
   python3 bench/serve_concurrency.py -m $SMOL --device cuda --streams 8 --max-tokens 128 2>&1 | tee $OUT/serve.log | tail -12
   for f in tests/gpu/test_*.py; do BW24CHAT_TEST_MODEL=$SMOL timeout 300 python3 -m pytest -q -x -p no:cacheprovider $f 2>&1 | tail -4; done | tee $OUT/pytest_gpu.log
   ;;
+iter)
+  for f in tests/gpu/test_matvec.py tests/gpu/test_attention.py tests/gpu/test_dequant_embed.py tests/gpu/test_gemm.py; do timeout 300 python3 -m pytest -q -p no:cacheprovider $f 2>&1 | grep -v "^\.\|^$" | tail -12; done | tee $OUT/pytest_gpu.log
+  python3 -m bw24chat check --formats "${FORMATS:-bf16,q8_0,q4_k,q6_k,nvfp4,q4_1}" 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -30
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${PWEIGHTS:-bf16,nvfp4,q4_k}" --profile --ctx 1024 2>&1 | grep -v '^{' | tee $OUT/profile.log
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;

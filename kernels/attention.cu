@@ -375,18 +375,40 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     __syncthreads();
     if (!s_last) return;
     __threadfence();
+    // The split weights f_b = exp2(m_b - M) and the sum Ls are computed once per head into
+    // shared memory (the pipeline buffers are free now); then every (head, dim) output sums its
+    // nsplit partials in split order, with the partials' L2 loads issued 8 at a time ahead of
+    // the FMA chain (a serial load-use chain here cost ~0.5 us per split, measured: 14.8 us per
+    // layer at context 512 on the H100).  Same operations in the same order as before.
+    float* sf = reinterpret_cast<float*>(smem);  // [GQ][ms] split weights
+    float* sL = sf + GQ * ms;                    // [GQ] 1 / Ls is not taken: O / Ls as before
+    if (tid < GQ) {
+        const long long rh = (long long)r * H + hq0 + tid;
+        float M = NEG_INF;
+        for (int b = 0; b < nsplit; ++b) M = fmaxf(M, __ldcg(ws_ml + (rh * ms + b) * 2));
+        float Ls = 0.0f;
+        for (int b = 0; b < nsplit; ++b) {
+            const float f = exp2f(__ldcg(ws_ml + (rh * ms + b) * 2) - M);
+            sf[tid * ms + b] = f;
+            Ls = fmaf(__ldcg(ws_ml + (rh * ms + b) * 2 + 1), f, Ls);
+        }
+        sL[tid] = Ls;
+    }
+    __syncthreads();
     for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
         const int g = idx / HD, d = idx % HD;
         const long long rh = (long long)r * H + hq0 + g;
-        float M = NEG_INF;
-        for (int b = 0; b < nsplit; ++b) M = fmaxf(M, __ldcg(ws_ml + (rh * ms + b) * 2));
-        float Ls = 0.0f, O = 0.0f;
-        for (int b = 0; b < nsplit; ++b) {
-            const float f = exp2f(__ldcg(ws_ml + (rh * ms + b) * 2) - M);
-            Ls = fmaf(__ldcg(ws_ml + (rh * ms + b) * 2 + 1), f, Ls);
-            O = fmaf(__ldcg(ws_acc + (rh * ms + b) * HD + d), f, O);
+        const float* part = ws_acc + rh * ms * HD + d;
+        float O = 0.0f;
+        for (int b0 = 0; b0 < nsplit; b0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = b0 + u < nsplit ? __ldcg(part + (long long)(b0 + u) * HD) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                if (b0 + u < nsplit) O = fmaf(v[u], sf[g * ms + b0 + u], O);
         }
-        out[rh * HD + d] = O / Ls;
+        out[rh * HD + d] = O / sL[g];
     }
     if (tid == 0) *cnt = 0;  // ready for the next launch / graph replay
 }

@@ -36,3 +36,8 @@ BW24_DEVICE float warp_max(float v) {
 
 BW24_DEVICE float f16_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
 BW24_DEVICE float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
+
+// SwiGLU's activation, silu(g) * u = g / (1 + exp(-g)) * u, each operation rounded on its own as
+// NumpyBackend.swiglu computes it (IEEE expf): the prefill (elementwise.cu) and the decode
+// matvec (prologue and epilogue) share this one function, so both paths agree bit for bit.
+BW24_DEVICE float swiglu_act(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }

@@ -126,13 +126,14 @@ BW24_DEVICE void fetch_chunk(Raw& r, const uint4* __restrict__ wq, const void* _
 // ue4m3 scale halved (quants.ue4m3_to_f32_half): the 7 bits placed as f32 bits <<20 read as
 // 2^(e-127)(1+m/8) (e>0) or m*2^-129 (e=0, subnormal); times 2^119 is 2^(e-8)(1+m/8), m*2^-10:
 // exact.  0x00 and 0x7F decode to 0; bit 7 is ignored (as the reference's masks do).
+// Computed through f16 instead: the 7 bits placed at f16 bits 7-13 read as E4M3 * 2^-8 exactly,
+// subnormals included (f16 has one more exponent bit and 7 more mantissa bits than E4M3, and
+// f16 subnormals are converted exactly: no f32 subnormal arises); times 2^7 is E4M3 / 2.
+// About half the instructions of the branchy form this replaced, with the same values.
 BW24_DEVICE float ue4m3_half(uint32_t x) {
-    if (x == 0u || x == 0x7Fu) return 0.0f;
-    const uint32_t e = (x >> 3) & 0xFu, m = x & 7u;
-    // e == 0: m * 2^-10 from an exact small integer (no subnormal intermediate: a flush-to-zero
-    // build or unit would turn 2^-129-scale f32 subnormals into 0, measured on the H200)
-    if (e == 0u) return __fmul_rn(__uint2float_rn(m), 0.0009765625f);
-    return __fmul_rn(__uint_as_float((x & 0x7Fu) << 20), __uint_as_float(0x7B000000u));
+    x &= 0x7Fu;
+    const float v = __fmul_rn(__half2float(__ushort_as_half((unsigned short)(x << 7))), 128.0f);
+    return x == 0x7Fu ? 0.0f : v;
 }
 
 // per-chunk scale a0 (values 0-15 or all), a1 (values 16-31 for TWO_SCALES), additive b
@@ -207,6 +208,35 @@ BW24_DEVICE float qval(uint32_t w, int j) {
 #endif
 }
 
+// NVFP4: the four codes in bytes 0-3 of t (low nibbles; t = a qwords() word) -> the exact floats
+// of their doubled E2M1 values, in order.  A 16-entry byte table (doubled value + 12: 0..24)
+// is looked up four codes at a time with PRMT (entries 0-7 and 8-15 from two register pairs,
+// then picked by the code's sign bit), and each byte is made a float by the 2^23 trick.  The
+// selector nibbles come out as codes (0, 2, 1, 3) (t | t >> 12 packs bytes 0..3 into nibbles
+// 0, 2, 1, 3), hence the byte positions below.  Code 8 (-0) gives +0, as the reference table
+// does.  ~2.3 instructions per value instead of ~10 for the shift-and-select form (qval).
+BW24_DEVICE void nvfp4_x4(uint32_t t, float (&f)[4]) {
+    const uint32_t sel = t | (t >> 12);
+    const uint32_t idx = sel & 0x7777u;  // __byte_perm uses 3 bits per nibble; masked to be explicit
+    const uint32_t pos = __byte_perm(0x0F0E0D0Cu, 0x18141210u, idx);  // codes 0-7:  12 + {0,1,2,3,4,6,8,12}
+    const uint32_t neg = __byte_perm(0x090A0B0Cu, 0x00040608u, idx);  // codes 8-15: 12 - {0,1,2,3,4,6,8,12}
+    const uint32_t e = __byte_perm(pos, neg, ((sel & 0x8888u) >> 1) | 0x3210u);
+    f[0] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7440u)), 8388620.0f);
+    f[1] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7442u)), 8388620.0f);
+    f[2] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7441u)), 8388620.0f);
+    f[3] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7443u)), 8388620.0f);
+}
+
+// the four exact code floats of a qwords() word, in order j = 0..3
+BW24_DEVICE void qvals4(uint32_t t, float (&f)[4]) {
+#if FMT == F_NVFP4
+    nvfp4_x4(t, f);
+#else
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[j] = qval(t, j);
+#endif
+}
+
 BW24_DEVICE float wexact(float a, float q, float b) {
 #if HAS_MIN
     return __fadd_rn(__fmul_rn(a, q), b);
@@ -253,10 +283,13 @@ BW24_DEVICE void decode_exact(const Raw& r, int kc, float* v) {
     for (int g = 0; g < 4; ++g) {
         uint32_t lo, hi;
         qwords(r, g, lo, hi);
+        float fl[4], fh[4];
+        qvals4(lo, fl);
+        qvals4(hi, fh);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            v[4 * g + j] = wexact(a0, qval(lo, j), b);
-            v[16 + 4 * g + j] = wexact(a1, qval(hi, j), b);
+            v[4 * g + j] = wexact(a0, fl[j], b);
+            v[16 + 4 * g + j] = wexact(a1, fh[j], b);
         }
     }
 #endif

@@ -5,6 +5,8 @@
 //     for m < MV_M (compile-time, 1..8), o < n_out:
 //       y[m, o] = gs[o] * sum_k W[o, k] * xin[m, k]       (gs = gscale[o] for NVFP4, else 1)
 //       epi 0 (store): out[m*n_out + o] = y;   epi 1 (add, the residual): out[...] += y
+//       epi 2 (swiglu, n_out even, rows interleaved gate_i, up_i):
+//                      out[m*(n_out/2) + i] = swiglu_act(y[m, 2i], y[m, 2i+1])  (common.cuh)
 //     prologue pro (xin from the raw x, row stride ldx floats):
 //       0 none:   xin = x[m, k]
 //       1 rmsnorm: xin = (x[m,k] * inv_m) * normw[k], inv_m = 1/sqrt(sum_k x[m,k]^2 / n_in + eps)
@@ -52,6 +54,10 @@
 #define PRO_NONE 0
 #define PRO_RMS 1
 #define PRO_SWIGLU 2
+#define EPI_STORE 0
+#define EPI_ADD 1
+#define EPI_SWIGLU 2  // rows interleaved gate_i, up_i: out[m, i] = silu(y[2i]) * y[2i+1]
+static_assert(MV_R % 2 == 0, "the swiglu epilogue pairs rows (2i, 2i+1) inside one warp");
 
 // swizzled smem index -> natural position in the tile
 BW24_DEVICE int unswizzle(int s) {
@@ -64,10 +70,7 @@ BW24_DEVICE float prologue_x(const float* __restrict__ x, long off, int p, int n
                              const float* __restrict__ normw) {
     const float v = x[off + p];
     if (pro == PRO_RMS) return __fmul_rn(__fmul_rn(v, inv), normw[p]);
-    if (pro == PRO_SWIGLU) {
-        const float u = x[off + n_in + p];
-        return __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
-    }
+    if (pro == PRO_SWIGLU) return swiglu_act(v, x[off + n_in + p]);
     return v;
 }
 
@@ -131,11 +134,8 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
         for (int r = 0; r < MV_R; ++r) {
             uint32_t lo, hi;
             qwords(raw[r], g, lo, hi);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                ql[r][j] = qval(lo, j);
-                qh[r][j] = qval(hi, j);
-            }
+            qvals4(lo, ql[r]);
+            qvals4(hi, qh[r]);
         }
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
@@ -190,6 +190,19 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nck = n_in / VPC;
     const long row0 = ((long)blockIdx.x * MV_NW + warp) * MV_R;
+
+    // The first batch of weight loads goes out before the prologue: its memory latency then
+    // overlaps the prologue's x reads, reduction and staging instead of following them (the
+    // small projections are a few microseconds long, so this start-up is a large share).
+    Raw raw[MV_U][MV_R];
+    const int nkc_first = min(tk, n_in) / VPC;
+#pragma unroll
+    for (int u = 0; u < MV_U; ++u) {
+        const int kk = lane + 32 * u;
+        if (kk < nkc_first)
+#pragma unroll
+            for (int r = 0; r < MV_R; ++r) fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kk);
+    }
 
     float inv[MV_M];
 #pragma unroll
@@ -249,14 +262,15 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         __syncthreads();
         const int nkc = tkk / VPC, kcb = k0 / VPC;
         for (int i0 = 0; i0 * 32 < nkc; i0 += MV_U) {
-            Raw raw[MV_U][MV_R];
+            if (k0 != 0 || i0 != 0) {  // the first batch was fetched before the prologue
 #pragma unroll
-            for (int u = 0; u < MV_U; ++u) {
-                const int kk = lane + 32 * (i0 + u);
-                if (kk < nkc)
+                for (int u = 0; u < MV_U; ++u) {
+                    const int kk = lane + 32 * (i0 + u);
+                    if (kk < nkc)
 #pragma unroll
-                    for (int r = 0; r < MV_R; ++r)
-                        fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
+                        for (int r = 0; r < MV_R; ++r)
+                            fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
+                }
             }
 #pragma unroll
             for (int u = 0; u < MV_U; ++u) {
@@ -268,15 +282,27 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     }
 
 #pragma unroll
-    for (int m = 0; m < MV_M; ++m)
+    for (int m = 0; m < MV_M; ++m) {
+        float v[MV_R];
 #pragma unroll
         for (int r = 0; r < MV_R; ++r) {
-            float v = warp_sum(acc[m][r]);
-            const long o = row0 + r;
-            if (lane == 0 && o < n_out) {
-                if (gscale) v = __fmul_rn(v, gscale[o]);
-                float* dst = out + (long)m * n_out + o;
-                *dst = epi ? __fadd_rn(*dst, v) : v;
+            v[r] = warp_sum(acc[m][r]);
+            if (gscale && row0 + r < n_out) v[r] = __fmul_rn(v[r], gscale[row0 + r]);
+        }
+        if (lane != 0) continue;
+        if (epi == EPI_SWIGLU) {  // rows (2i, 2i+1) = (gate_i, up_i) -> out[m, i], row stride n_out/2
+#pragma unroll
+            for (int r = 0; r + 1 < MV_R; r += 2)
+                if (row0 + r + 1 < n_out) out[(long)m * (n_out >> 1) + ((row0 + r) >> 1)] = swiglu_act(v[r], v[r + 1]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < MV_R; ++r) {
+                const long o = row0 + r;
+                if (o < n_out) {
+                    float* dst = out + (long)m * n_out + o;
+                    *dst = epi == EPI_ADD ? __fadd_rn(*dst, v[r]) : v[r];
+                }
             }
         }
+    }
 }

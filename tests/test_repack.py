@@ -69,3 +69,20 @@ def test_nibble_chunk_layout():
     codes = np.arange(32, dtype=np.uint8) % 16
     b = cw.pack_nibbles(codes)
     assert list(b & 15) == list(codes[:16]) and list(b >> 4) == list(codes[16:])
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q5_1"])
+def test_repack_interleaved_rows(fmt):
+    """interleave=True (the fused gate/up matrix): row 2i = tensor 0 row i, row 2i+1 = tensor 1
+    row i, every plane (codes, scales, highs, NVFP4 per-row global scale) interleaved alike."""
+    rng = np.random.default_rng()
+    bs = max(quants.block_info(quants.T[fmt])[0] if fmt not in ("F32", "F16", "BF16") else 1, cw.vpc(fmt))
+    in_, n = bs * int(rng.integers(1, 4)), int(rng.integers(1, 7))
+    gs = [0.5, 3.0e-2] if fmt == "NVFP4" else [1.0, 1.0]
+    ts = [random_qtensor(rng, fmt, n, in_, f"w{i}", gs[i]) for i in range(2)]
+    hp = cw.repack_host(ts, interleave=True)
+    got = cw.decode_planes(hp)
+    ref = np.stack([ts[0].dequantize(), ts[1].dequantize()], axis=1).reshape(2 * n, in_)
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    with pytest.raises(ValueError):
+        cw.repack_host([ts[0], random_qtensor(rng, fmt, n + 1, in_, "w2")], interleave=True)

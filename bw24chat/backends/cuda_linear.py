@@ -24,7 +24,7 @@ GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
 GM_SMEM_SPLIT_W = GM_SMEM_SPLIT + 2 * 128 * 72 * 2  # + the W_lo tiles (weights not exact in bf16)
 _W_EXACT_IN_BF16 = ("BF16", "NVFP4")
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
-EPILOGUES = {"store": 0, "add": 1}
+EPILOGUES = {"store": 0, "add": 1, "swiglu": 2}
 _NULL = np.uint64(0)
 
 
@@ -59,7 +59,8 @@ def matvec_tile(W: DeviceWeight, m: int) -> int:
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
            norm_w=None, eps: float = 1e-6) -> None:
-    """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T.
+    """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T; epilogue "swiglu" (W's rows interleaved
+    gate_i, up_i): out[m, W.out/2] = silu(y[:, 0::2]) * y[:, 1::2].
 
     x: float32 [m, W.in] (rmsnorm: the raw residual; swiglu: [m, 2*W.in] = gate|up);
     norm_w: float32 [W.in] for rmsnorm.  Row r of an m-row call equals bit for bit the 1-row
@@ -68,8 +69,11 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
     ldx = 2 * W.in_ if pro == 2 else W.in_
-    if x.dtype != np.float32 or out.dtype != np.float32 or x.size < m * ldx or out.size < m * W.out:
-        raise ValueError("matvec: x and out must be float32 [m, in] / [m, out]")
+    n_y = W.out // 2 if epi == 2 else W.out
+    if epi == 2 and W.out % 2:
+        raise ValueError("the swiglu epilogue needs interleaved gate/up rows (an even row count)")
+    if x.dtype != np.float32 or out.dtype != np.float32 or x.size < m * ldx or out.size < m * n_y:
+        raise ValueError("matvec: x and out must be float32 [m, in] / [m, out] ([m, out/2] for swiglu)")
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
     tk = matvec_tile(W, m)

@@ -135,8 +135,11 @@ def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
     raise AssertionError(fmt)
 
 
-def repack_host(qtensors: list) -> HostPlanes:
-    """Repack one or more QTensors (same format and width) into one matrix of concatenated rows."""
+def repack_host(qtensors: list, interleave: bool = False) -> HostPlanes:
+    """Repack one or more QTensors (same format and width) into one matrix of concatenated rows,
+    or with interleave=True (equal row counts) of interleaved rows: row n*i + j = row i of
+    tensor j (the fused gate/up matrix: gate_i, up_i side by side, so the warp that finishes
+    row 2i also holds row 2i+1 and the matvec can apply SwiGLU in its epilogue)."""
     if not qtensors:
         raise ValueError("nothing to upload")
     fmt = qtensors[0].fmt
@@ -148,10 +151,19 @@ def repack_host(qtensors: list) -> HostPlanes:
         parts.append(repack_one(fmt, t.raw, int(t.shape[0]), in_))
         gs.append(np.full(int(t.shape[0]), np.float32(t.global_scale), np.float32))
     out = sum(int(t.shape[0]) for t in qtensors)
-    cat = lambda k: np.ascontiguousarray(np.concatenate([p[k] for p in parts], axis=0)) if k in parts[0] else None  # noqa: E731
+    if interleave and len({int(t.shape[0]) for t in qtensors}) != 1:
+        raise ValueError("interleave needs tensors with equal row counts")
+
+    def join(arrays):
+        if not interleave:
+            return np.ascontiguousarray(np.concatenate(arrays, axis=0))
+        st = np.stack(arrays, axis=1)  # (rows, n, ...) -> rows interleaved
+        return np.ascontiguousarray(st.reshape((-1,) + st.shape[2:]))
+
+    cat = lambda k: join([p[k] for p in parts]) if k in parts[0] else None  # noqa: E731
     hp = HostPlanes(fmt, out, in_, cat("q"), cat("h"), cat("s"), cat("d"))
     if fmt == "NVFP4":
-        hp.gscale = np.concatenate(gs)
+        hp.gscale = join(gs)
         hp.global_scales = tuple(float(t.global_scale) for t in qtensors)
     elif any(t.global_scale != 1.0 for t in qtensors):
         raise ValueError("a global scale is only supported for NVFP4")

@@ -90,7 +90,12 @@ def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None, precise=True):
 # values.  precise: split-bf16 Q and P (bf16x2), K/V exact bf16 or (q8_0, fp8, f32) split into
 # hi + lo -> ~3e-6..1e-5 (f32 accumulation, exp2); plain bf16 Q, P (and K, V for the non-bf16
 # caches): ~2-3e-3 (a NumPy emulation of both variants gives these figures).
-PREFILL_TOL = {True: (1e-4, 1e-4), False: (5e-3, 1e-2)}
+# (rel L2, max |err| / max |ref|) against the float64 reference.  precise=False feeds Q, P (and K,
+# V of non-bf16 caches) to the MMAs rounded to bf16 (2^-9 relative each): a score q.k of
+# magnitude ~4 moves by ~1e-2 in the worst element, so single outputs can be off by ~1e-2 of
+# the largest; the L2 error stays ~3e-3.  test_prefill_fast_matches_its_emulation checks that
+# this error is the operand rounding and nothing else.
+PREFILL_TOL = {True: (1e-4, 1e-4), False: (1e-2, 3e-2)}
 
 
 @pytest.mark.parametrize("precise", [True, False])
@@ -109,6 +114,26 @@ def test_prefill_matches_reference(cp, rng, kv_type, H, K, hd, precise):
         err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
         assert err <= tol_l2, (T, start, err)
         assert _rel_err(got, ref) <= tol_max, (T, start, _rel_err(got, ref))
+
+
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+def test_prefill_fast_matches_its_emulation(cp, rng, kv_type):
+    """precise=False against kernel_refs.attention_flash_ref(operands="bf16") on K and V rounded
+    to bf16 (what the kernel feeds its MMAs): the remaining differences are rounding-boundary
+    flips of single operands, far below the operand rounding itself."""
+    from bw24chat.quants import f32_to_bf16_bits
+
+    H, K, hd, T, start = 9, 3, 64, 40, 30
+    ck, cv, kv, vv = _make_cache(cp, rng, kv_type, start + T, K, hd)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    scale = 1.0 / math.sqrt(hd)
+    got = _prefill(cp, q, ck, cv, kv_type, start, scale, precise=False)
+    bf = lambda a: (f32_to_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+    emu = kr.attention_flash_ref(q, bf(kv), bf(vv), np.arange(start, start + T), scale, operands="bf16")
+    exact = kr.attention_ref(q, kv, vv, np.arange(start, start + T), scale)
+    e_emu = float(np.linalg.norm(got - emu) / np.linalg.norm(emu))
+    e_exact = float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+    assert e_emu <= 0.25 * e_exact and e_emu <= 1e-3, (e_emu, e_exact)
 
 
 @pytest.mark.parametrize("precise", [True, False])
