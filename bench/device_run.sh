@@ -27,7 +27,7 @@ part2)
 iter)
   for f in tests/gpu/test_matvec.py tests/gpu/test_attention.py tests/gpu/test_dequant_embed.py tests/gpu/test_gemm.py; do timeout 300 python3 -m pytest -q -p no:cacheprovider $f 2>&1 | grep -v "^\.\|^$" | tail -12; done | tee $OUT/pytest_gpu.log
   python3 -m bw24chat check --formats "${FORMATS:-bf16,q8_0,q4_k,q6_k,nvfp4,q4_1}" 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -30
-  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${PWEIGHTS:-bf16,nvfp4,q4_k}" --profile --ctx 1024 2>&1 | grep -v '^{' | tee $OUT/profile.log
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${PWEIGHTS:-bf16,nvfp4,q4_k}" --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;
 bench)
