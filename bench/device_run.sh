@@ -30,6 +30,14 @@ iter)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${PWEIGHTS:-bf16,nvfp4,q4_k}" --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;
+final)
+  python3 -m bw24chat check --formats "${FORMATS:-bf16,q8_0,q4_k,nvfp4}" 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -30
+  grep "step over prefill" $OUT/check.log | head -20
+  (timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention.py -k "decode"; timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or Q8_0 or F32 or F16") 2>&1 | grep -v "^\.\|^$" | tail -8 | tee $OUT/pytest_gpu.log
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log
+  python3 tools/device_reference.py /root/ref --big --long 2>&1 | tee $OUT/reference.log | tail -12
+  ;;
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;

@@ -42,7 +42,15 @@
 #define MV_R 2
 #endif
 #ifndef MV_U  // chunks in flight per lane and row: fewer for large MV_M (registers)
+// m = 1 with float or Q8_0 weights is bound by bytes in flight, not instructions: 8 chunks x 2
+// rows of 16 B per lane (115 / 127 registers, no spills at sm_90a) keep ~128 KB in flight per
+// SM, where 4 left the 4096-row projections at ~50 % of the copy bandwidth (H200 profile,
+// bench/NOTES.md).  The 4-bit decoders are instruction-bound and would spill with 8.
+#if MV_M == 1 && (IS_FLOAT_FMT || FMT == F_Q8_0)
+#define MV_U 8
+#else
 #define MV_U (MV_M <= 2 ? 4 : 2)
+#endif
 #endif
 #ifndef MV_MINB  // blocks per SM the register budget must allow (2 = at most 128 registers)
 #define MV_MINB (MV_M == 1 ? 2 : 1)

@@ -6,7 +6,11 @@ loader into the CUDA runner.  transformers runs the same weights upcast to float
 Reported: relative L2 error of the final logits (our decode path, token by token; and our
 tensor-core prefill path), and whether greedy decoding agrees for 32 steps.
 
-    python3 tools/device_reference.py OUTDIR [--big]
+    python3 tools/device_reference.py OUTDIR [--big] [--long] [--only=kind,kind]
+
+--long adds the >= 32k context check: a tiny Qwen3 (max_position_embeddings 40960) over a
+32,776-token prompt, compared on the last 1024 positions (decode path token by token over the
+whole prompt, and the chunked tensor-core prefill).
 """
 from __future__ import annotations
 
@@ -28,6 +32,10 @@ def build(kind: str, out: Path, big: bool):
     elif kind == "qwen3-tiny":
         cfg = AutoConfig.for_model("qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
                                    num_key_value_heads=2, head_dim=64, vocab_size=4096, max_position_embeddings=2048, tie_word_embeddings=True)
+    elif kind == "qwen3-tiny-long":  # the >= 32k context check: a tiny model, a 32,776-token prompt
+        cfg = AutoConfig.for_model("qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+                                   num_key_value_heads=2, head_dim=64, vocab_size=4096, max_position_embeddings=40960,
+                                   rope_theta=1000000.0, tie_word_embeddings=True, attn_implementation="sdpa")
     elif kind == "qwen3-8b":
         cfg = AutoConfig.for_model("qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                                    num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
@@ -41,7 +49,7 @@ def build(kind: str, out: Path, big: bool):
     return model
 
 
-def main(outdir: str, big: bool = False) -> int:
+def main(outdir: str, big: bool = False, long: bool = False, only: tuple = ()) -> int:
     import cupy as cp
     import torch
 
@@ -53,7 +61,12 @@ def main(outdir: str, big: bool = False) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     rows = []
-    for kind in ["llama-tiny", "qwen3-tiny"] + (["qwen3-8b"] if big else []):
+    kinds = ["llama-tiny", "qwen3-tiny"] + (["qwen3-8b"] if big else []) + (["qwen3-tiny-long"] if long else [])
+    if only:
+        kinds = [k for k in kinds if k in only]
+    for kind in kinds:
+        n_prompt, n_ctx = (32776, 33000) if kind.endswith("-long") else (40, 1024)
+        tail = slice(n_prompt - 1024, n_prompt) if kind.endswith("-long") else slice(0, n_prompt)
         d = Path(outdir) / kind
         t0 = time.time()
         model = build(kind, d, big)
@@ -61,9 +74,9 @@ def main(outdir: str, big: bool = False) -> int:
         model = model.float().eval()
         V = model.config.vocab_size
         rng = np.random.default_rng(1)
-        prompt = rng.integers(0, V, 40)
+        prompt = rng.integers(0, V, n_prompt)
         with torch.no_grad():
-            ref_logits = model(torch.tensor(prompt[None], device="cuda")).logits[0].double().cpu().numpy()
+            ref_logits = model(torch.tensor(prompt[None], device="cuda")).logits[0, tail].double().cpu().numpy()
             gen = model.generate(torch.tensor(prompt[None], device="cuda"), max_new_tokens=32, do_sample=False,
                                  attention_mask=torch.ones(1, len(prompt), device="cuda", dtype=torch.long), eos_token_id=None, pad_token_id=0)
             ref_tokens = gen[0, len(prompt):].tolist()
@@ -71,9 +84,10 @@ def main(outdir: str, big: bool = False) -> int:
         torch.cuda.empty_cache()
         ck = load_checkpoint(d)
         for kv in ("f32", "bf16"):
-            r = CudaRunner(ck, 1024, kv)
-            dec = np.stack([r.decode_logits(int(t), i) for i, t in enumerate(prompt)])
-            pre = cp.asnumpy(r.prefill_all(prompt, 0)).astype(np.float64)
+            r = CudaRunner(ck, n_ctx, kv)
+            dec = [r.decode_logits(int(t), i) for i, t in enumerate(prompt)]
+            dec = np.stack(dec[tail])
+            pre = cp.asnumpy(r.prefill_all(prompt, 0)[tail]).astype(np.float64)
             rel_dec = float(np.linalg.norm(dec - ref_logits) / np.linalg.norm(ref_logits))
             rel_pre = float(np.linalg.norm(pre - ref_logits) / np.linalg.norm(ref_logits))
             # greedy 32 on the decode path
@@ -95,4 +109,6 @@ def main(outdir: str, big: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], "--big" in sys.argv))
+    only = tuple(a.split("=", 1)[1] for a in sys.argv if a.startswith("--only="))
+    only = tuple(x for o in only for x in o.split(","))
+    sys.exit(main(sys.argv[1], "--big" in sys.argv, "--long" in sys.argv, only))
