@@ -38,6 +38,18 @@ final)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log
   python3 tools/device_reference.py /root/ref --big --long 2>&1 | tee $OUT/reference.log | tail -12
   ;;
+tc)
+  # NVFP4 on tensor cores: correctness first; if it fails, everything after runs the SIMT kernel
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "NVFP4" 2>&1 | tail -15 | tee $OUT/pytest_tc.log
+  grep -q " failed" $OUT/pytest_tc.log && export BW24CHAT_MATVEC=simt && echo "TC FAILED: SIMT from here on"
+  (timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or Q8_0 or F16 or F32"; timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention.py -k "decode") 2>&1 | grep -v "^\.\|^$" | tail -6 | tee $OUT/pytest_gpu.log
+  python3 -m bw24chat check --formats "${FORMATS:-bf16,q8_0,q4_k,nvfp4}" 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -25
+  grep "step over prefill" $OUT/check.log | head -16
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log | grep "matvec\|attn\|whole"
+  BW24CHAT_MATVEC=simt python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{' | tee $OUT/profile_simt.log | grep "matvec\|whole"
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  timeout 240 python3 tools/device_reference.py /root/ref --big --long 2>&1 | tee $OUT/reference.log | tail -12
+  ;;
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;

@@ -130,9 +130,10 @@ BW24_DEVICE void fetch_chunk(Raw& r, const uint4* __restrict__ wq, const void* _
 // subnormals included (f16 has one more exponent bit and 7 more mantissa bits than E4M3, and
 // f16 subnormals are converted exactly: no f32 subnormal arises); times 2^7 is E4M3 / 2.
 // About half the instructions of the branchy form this replaced, with the same values.
+// Only the byte 0x7F itself decodes to 0 (0xFF is 0x7F's magnitude with bit 7 ignored, as in
+// the reference's masks: 240).
 BW24_DEVICE float ue4m3_half(uint32_t x) {
-    x &= 0x7Fu;
-    const float v = __fmul_rn(__half2float(__ushort_as_half((unsigned short)(x << 7))), 128.0f);
+    const float v = __fmul_rn(__half2float(__ushort_as_half((unsigned short)((x & 0x7Fu) << 7))), 128.0f);
     return x == 0x7Fu ? 0.0f : v;
 }
 

@@ -314,3 +314,254 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         }
     }
 }
+
+// =====================================================================================
+// matvec_tc — NVFP4 decode on tensor cores (same contract as matvec; selected by the wrapper
+// for NVFP4 weights).  The SIMT kernel above spends ~6 instructions per weight turning E2M1
+// codes into floats (measured instruction-bound at ~20 % of the copy bandwidth, H200 profile in
+// bench/NOTES.md); here the tensor cores do the multiply-adds and a code costs ~2 instructions.
+//
+// Math.  Per row o and NVFP4 block b (16 values): A[o, k] = E2M1(code) * E4M3(scale_b), an exact
+// f16 number (<= 5 significant bits, 2^-10 <= |A| <= 2880 or 0); the activations, after the
+// prologue, per token m: x' = x * 2^s_m (s_m = 14 - floor(log2(max_k |x[m, k]|)), exact), split
+// x' = hi + lo with hi = f16(x'), lo = f16(x' - hi) (x' - hi exact in f32).  Then
+//   y[m, o] = gs[o] * 2^-s_m * sum over k-steps of (A . hi + A . lo)   (f32 tensor-core accumulate)
+// — the f16 products are exact and the x rounding left is ~2^-22 relative, as the SIMT path.
+// Codes: E2M1 (s e1 e0 m) becomes the E4M3 byte s<<7 | (e1 e0 m)<<2 = E2M1 * 2^-6 exactly (e = 0
+// lands on E4M3 subnormals: m * 2^-7), four codes per word with two shifts and two masks; then
+// cvt.rn.f16x2.e4m3x2 (sm_89+) and one HMUL2 by the block scale as f16 (E4M3 bits << 7 =
+// E4M3 * 2^-8, times 2^14: exact).
+// MMA k-slot order.  mma.m16n8k16 (row.col): lane (g = lane/4, t = lane%4) holds A rows g and
+// g+8 at k-slots {2t, 2t+1, 2t+8, 2t+9} and B column (token) g at the same slots.  A "super-step"
+// covers 4 chunks (128 values) of the row: lane t reads chunk cb+t of rows g and g+8 (16-byte
+// loads, 64 contiguous bytes per row across the 4 lanes), and k-step (h, wi), h = 0..1 (low /
+// high nibbles = block 2c / 2c+1), wi = 0..3 (word), puts values 16h+4wi+{0,1} of its chunk in
+// slots 2t+{0,1} and +{2,3} in 2t+8+{0,1}.  So one MMA mixes 4 blocks of different scales: A is
+// pre-scaled (above).  B is staged once per block in shared memory in the same order: per token
+// and 4 positions, a uint4 {hi(p0,p1), hi(p2,p3), lo(p0,p1), lo(p2,p3)}.
+// Order (exactness): warp w takes the super-steps ss = w, w + 4, ... in increasing order, each
+// k-step's MMA A.hi then A.lo into one accumulator chain; the 4 warps' partial sums are added in
+// warp order.  Nothing depends on MV_M (the x k-tile size does, but not the order), and an MMA's
+// column (token) j depends only on A and B column j: rows are bit-identical for m = 1..8.
+// Geometry: 32 output rows per block (two 16-row MMA tiles sharing every B fragment), 4 warps,
+// grid ceil(n_out / 32).  Dynamic shared: MV_M * tkx * 4 (x, tkx a multiple of 512) + 4 KB.
+#if FMT == F_NVFP4
+#define TC_NW 4
+#define TC_ROWS 32
+#define TC_U 2  // super-steps per lane in flight: 2 x (2 tiles x 2 rows) 16-byte loads
+
+BW24_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t v16) {
+    uint32_t d;
+    asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(d) : "r"(v16));
+    return d;
+}
+
+BW24_DEVICE uint32_t hmul2_u32(uint32_t a, uint32_t b) {
+    __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+
+BW24_DEVICE void mma_f16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// the two block scales of chunk c of a row (scale word sw) as f16x2 broadcast pairs, times 2^14
+BW24_DEVICE void tc_scales(uint32_t sw, int c, uint32_t (&sc)[2]) {
+    const uint32_t b2 = (sw >> (16 * (c & 1))) & 0xFFFFu;  // bytes: block 2c, block 2c+1
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t b = (b2 >> (8 * h)) & 0xFFu;
+        const uint32_t f = b == 0x7Fu ? 0u : ((b & 0x7Fu) << 7);  // E4M3 * 2^-8 as f16 bits (0x7F -> 0)
+        const uint32_t f2 = hmul2_u32(f | (f << 16), 0x74007400u);  // * 2^14 (0x7400 = 16384)
+        sc[h] = f2;
+    }
+}
+
+// A fragment registers of one row for k-step (h, wi): (slots 2t,2t+1), (slots 2t+8, 2t+9)
+BW24_DEVICE void tc_afrag(const uint4& q, int h, int wi, uint32_t sc, uint32_t& lo_pair, uint32_t& hi_pair) {
+    const uint32_t w = word_of(q, wi);
+    const uint32_t e4 = h ? (((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u))
+                          : (((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u));
+    lo_pair = hmul2_u32(e4m3x2_to_f16x2(e4 & 0xFFFFu), sc);
+    hi_pair = hmul2_u32(e4m3x2_to_f16x2(e4 >> 16), sc);
+}
+
+extern "C" __global__ void __launch_bounds__(TC_NW * 32)
+matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+          const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
+          float* __restrict__ out, const float* __restrict__ normw, int n_out, int n_in, int ldx, int tkx,
+          int pro, int epi, float eps) {
+    (void)wh; (void)wd;
+    extern __shared__ float4 smem4[];
+    uint4* xs = reinterpret_cast<uint4*>(smem4);                   // [MV_M][tkx/4]
+    float* red = reinterpret_cast<float*>(xs + MV_M * (tkx / 4));  // [TC_NW][TC_ROWS][8] partial sums
+    float* stat = red + TC_NW * TC_ROWS * 8;                       // [MV_M][TC_NW] reductions
+    float* minv = stat + MV_M * TC_NW;                             // [MV_M] rms inverse
+    float* mscale = minv + MV_M;                                   // [MV_M] 2^s_m
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nck = n_in / 32;
+    const int nss = (nck + 3) / 4;  // super-steps of 4 chunks
+    const long row0 = (long)blockIdx.x * TC_ROWS;
+    const unsigned int* ws32 = reinterpret_cast<const unsigned int*>(ws);
+    long rows[4];  // this lane's rows: tile 0 g, g+8; tile 1 g, g+8
+#pragma unroll
+    for (int i = 0; i < 4; ++i) rows[i] = min(row0 + 16 * (i >> 1) + g + 8 * (i & 1), (long)n_out - 1);
+
+    // first super-steps' loads go out before the prologue (as in matvec)
+    uint4 q[TC_U][4];
+    uint32_t sw[TC_U][4];
+    auto fetch = [&](int u, int ss) {
+        const int c = ss * 4 + t;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (ss < nss && c < nck) {
+                q[u][i] = ld_stream16(wq + rows[i] * nck + c);
+                sw[u][i] = __ldg(ws32 + rows[i] * (nck >> 1) + (c >> 1));
+            } else {
+                q[u][i] = make_uint4(0u, 0u, 0u, 0u);  // codes 0: A = 0 (and x = 0 there)
+                sw[u][i] = 0u;
+            }
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < TC_U; ++u) fetch(u, warp + TC_NW * u);
+
+    // ---- prologue statistics per token: rms inverse, then max |xin| -> 2^s
+    for (int m = 0; m < MV_M; ++m) {
+        float inv = 1.0f;
+        if (pro == PRO_RMS) {
+            float s = 0.0f;
+            for (int p = tid; p < n_in; p += TC_NW * 32) {
+                const float v = x[(long)m * ldx + p];
+                s = __fmaf_rn(v, v, s);
+            }
+            s = warp_sum(s);
+            if (lane == 0) stat[m * TC_NW + warp] = s;
+            __syncthreads();
+            float tot = stat[m * TC_NW];
+#pragma unroll
+            for (int w = 1; w < TC_NW; ++w) tot = __fadd_rn(tot, stat[m * TC_NW + w]);
+            inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(tot, (float)n_in), eps)));
+            __syncthreads();
+        }
+        float amax = 0.0f;
+        for (int p = tid; p < n_in; p += TC_NW * 32) amax = fmaxf(amax, fabsf(prologue_x(x, (long)m * ldx, p, n_in, pro, inv, normw)));
+        amax = warp_max(amax);
+        if (lane == 0) stat[m * TC_NW + warp] = amax;
+        __syncthreads();
+        if (tid == 0) {
+            float a = stat[m * TC_NW];
+            for (int w = 1; w < TC_NW; ++w) a = fmaxf(a, stat[m * TC_NW + w]);
+            // 2^(14 - floor(log2 a)): the largest |x'| lands in [2^14, 2^15)
+            const int e = a > 0.0f ? ((__float_as_uint(a) >> 23) & 0xFF) - 127 : 0;
+            minv[m] = inv;
+            mscale[m] = __uint_as_float((uint32_t)(127 + 14 - max(-100, min(100, e))) << 23);
+        }
+        __syncthreads();
+    }
+
+    float acc[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    const int ss_per_tile = tkx / 128;  // a multiple of TC_NW (tkx is a multiple of 512)
+    for (int k0 = 0, st0 = 0; k0 < n_in; k0 += tkx, st0 += ss_per_tile) {
+        // ---- stage x' = prologue(x) * 2^s as f16 hi/lo, 4 positions per uint4
+        __syncthreads();
+        for (int m = 0; m < MV_M; ++m) {
+            const float inv = minv[m], sc = mscale[m];
+            for (int qi = tid; qi < tkx / 4; qi += TC_NW * 32) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int p = k0 + 4 * qi + e;
+                    v[e] = p < n_in ? __fmul_rn(prologue_x(x, (long)m * ldx, p, n_in, pro, inv, normw), sc) : 0.0f;
+                }
+                const __half2 h01 = __floats2half2_rn(v[0], v[1]), h23 = __floats2half2_rn(v[2], v[3]);
+                const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+                const __half2 l01 = __floats2half2_rn(__fsub_rn(v[0], f01.x), __fsub_rn(v[1], f01.y));
+                const __half2 l23 = __floats2half2_rn(__fsub_rn(v[2], f23.x), __fsub_rn(v[3], f23.y));
+                uint4 o;
+                o.x = *reinterpret_cast<const uint32_t*>(&h01);
+                o.y = *reinterpret_cast<const uint32_t*>(&h23);
+                o.z = *reinterpret_cast<const uint32_t*>(&l01);
+                o.w = *reinterpret_cast<const uint32_t*>(&l23);
+                xs[m * (tkx / 4) + qi] = o;
+            }
+        }
+        __syncthreads();
+        // ---- this warp's super-steps of the tile (st0 + warp, + 4, ...), TC_U at a time
+        const int st1 = min(nss, st0 + ss_per_tile);
+        for (int ss = st0 + warp; ss < st1; ss += TC_NW * TC_U) {
+            if (k0 != 0 || ss != warp) {  // the very first batch was fetched before the prologue
+#pragma unroll
+                for (int u = 0; u < TC_U; ++u) fetch(u, ss + TC_NW * u);
+            }
+#pragma unroll
+            for (int u = 0; u < TC_U; ++u) {
+                const int s2 = ss + TC_NW * u;
+                if (s2 >= st1) break;
+                const int c = s2 * 4 + t;
+                uint32_t sc[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) tc_scales(sw[u][i], c, sc[i]);
+                const int qbase = (c * 32 - k0) / 4;  // x group of the chunk's first value
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int wi = 0; wi < 4; ++wi) {
+                        uint4 b = make_uint4(0u, 0u, 0u, 0u);
+                        if (g < MV_M) b = xs[g * (tkx / 4) + qbase + 4 * h + wi];
+                        uint32_t a[4][2];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) tc_afrag(q[u][i], h, wi, sc[i][h], a[i][0], a[i][1]);
+#pragma unroll
+                        for (int tile = 0; tile < 2; ++tile) {
+                            // A regs: (row g, slots 2t..), (row g+8, 2t..), (row g, 2t+8..), (row g+8, 2t+8..)
+                            mma_f16_16816(acc[tile], a[2 * tile][0], a[2 * tile + 1][0], a[2 * tile][1], a[2 * tile + 1][1], b.x, b.y);
+                            mma_f16_16816(acc[tile], a[2 * tile][0], a[2 * tile + 1][0], a[2 * tile][1], a[2 * tile + 1][1], b.z, b.w);
+                        }
+                    }
+            }
+        }
+    }
+
+    // ---- partial sums of the 4 warps, added in warp order; epilogue
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = tile * 16 + g + 8 * (j >> 1), col = 2 * t + (j & 1);
+            red[(warp * TC_ROWS + r) * 8 + col] = acc[tile][j];
+        }
+    __syncthreads();
+    for (int i = tid; i < TC_ROWS * MV_M; i += TC_NW * 32) {
+        const int r = i / MV_M, m = i - r * MV_M;
+        const long o = row0 + r;
+        float v = red[r * 8 + m];
+#pragma unroll
+        for (int w = 1; w < TC_NW; ++w) v = __fadd_rn(v, red[(w * TC_ROWS + r) * 8 + m]);
+        v = __fdiv_rn(v, mscale[m]);  // exact: a power of two
+        if (o < n_out && gscale) v = __fmul_rn(v, gscale[o]);
+        red[r * 8 + m] = v;  // finished value, read back by the pair owner below
+    }
+    __syncthreads();
+    for (int i = tid; i < TC_ROWS * MV_M; i += TC_NW * 32) {
+        const int r = i / MV_M, m = i - r * MV_M;
+        const long o = row0 + r;
+        if (o >= n_out) continue;
+        const float v = red[r * 8 + m];
+        if (epi == EPI_SWIGLU) {
+            if ((r & 1) == 0 && o + 1 < n_out) out[(long)m * (n_out >> 1) + (o >> 1)] = swiglu_act(v, red[(r + 1) * 8 + m]);
+        } else {
+            float* dst = out + (long)m * n_out + o;
+            *dst = epi == EPI_ADD ? __fadd_rn(*dst, v) : v;
+        }
+    }
+}
+#endif

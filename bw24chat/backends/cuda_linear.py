@@ -9,6 +9,7 @@ passed as a null 64-bit value.  Contracts: kernels/matvec.cu, gemm.cu, dequant.c
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
@@ -57,8 +58,21 @@ def matvec_tile(W: DeviceWeight, m: int) -> int:
     return min(need, max(wt, (MV_SMEM_FLOATS // m) // wt * wt))
 
 
+TC_ROWS = 32  # matvec.cu matvec_tc: output rows per block
+TC_SMEM_X = 64 * 1024  # x staging budget of matvec_tc (4 bytes per value and token)
+_tc_smem_set: dict = {}
+
+
+def matvec_impl(W: DeviceWeight) -> str:
+    """"tc" (tensor cores, matvec_tc) for NVFP4 weights, else "simt".  BW24CHAT_MATVEC=simt
+    forces the SIMT kernel everywhere (benchmark comparisons)."""
+    if os.environ.get("BW24CHAT_MATVEC", "") == "simt":
+        return "simt"
+    return "tc" if W.fmt == "NVFP4" else "simt"
+
+
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
-           norm_w=None, eps: float = 1e-6) -> None:
+           norm_w=None, eps: float = 1e-6, impl: str | None = None) -> None:
     """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T; epilogue "swiglu" (W's rows interleaved
     gate_i, up_i): out[m, W.out/2] = silu(y[:, 0::2]) * y[:, 1::2].
 
@@ -76,6 +90,17 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         raise ValueError("matvec: x and out must be float32 [m, in] / [m, out] ([m, out/2] for swiglu)")
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
+    if (impl or matvec_impl(W)) == "tc":
+        need = -(-W.in_ // 512) * 512
+        tkx = min(need, max(512, (TC_SMEM_X // (4 * m)) // 512 * 512))
+        smem = 4 * m * tkx + 4 * (4 * TC_ROWS * 8 + 4 * m + 2 * m)
+        k = get_kernel("matvec", "matvec_tc", FMT=W.fmt_id, MV_M=m, MV_R=MV_R)
+        if smem > 47 * 1024 and _tc_smem_set.get(id(k), 0) < smem:
+            k.max_dynamic_shared_size_bytes = smem
+            _tc_smem_set[id(k)] = smem
+        k((-(-W.out // TC_ROWS),), (128,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
+                                            np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
+        return
     tk = matvec_tile(W, m)
     smem = 4 * (m * tk + m * (tk // 32) + m * 8)
     k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R)
