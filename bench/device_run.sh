@@ -50,6 +50,18 @@ tc)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   timeout 240 python3 tools/device_reference.py /root/ref --big --long 2>&1 | tee $OUT/reference.log | tail -12
   ;;
+v1)
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL
+  timeout 200 python3 bench/matvec_variants.py --formats nvfp4,bf16 2>&1 | tee $OUT/variants.log | tail -14
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log | grep "matvec\|whole" | head -7
+  ;;
+v2)
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
+  sha256sum $SMOL | cut -c1-16
+  python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -26
+  python3 -m bw24chat check --skip-kernels --formats nvfp4,q4_k --kv bf16,f32 2>&1 | tee $OUT/check.log | tail -4
+  ;;
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;

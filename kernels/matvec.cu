@@ -42,11 +42,10 @@
 #define MV_R 2
 #endif
 #ifndef MV_U  // chunks in flight per lane and row: fewer for large MV_M (registers)
-// m = 1 with float or Q8_0 weights is bound by bytes in flight, not instructions: 8 chunks x 2
-// rows of 16 B per lane (115 / 127 registers, no spills at sm_90a) keep ~128 KB in flight per
-// SM, where 4 left the 4096-row projections at ~50 % of the copy bandwidth (H200 profile,
-// bench/NOTES.md).  The 4-bit decoders are instruction-bound and would spill with 8.
-#if MV_M == 1 && (IS_FLOAT_FMT || FMT == F_Q8_0)
+// Q8_0 at m = 1: 8 chunks x 2 rows of 16 B per lane in flight (127 registers, no spills):
+// 202 -> 230 tok/s on the Qwen3-8B shape (H200).  The same for BF16 was slower (173 -> 163:
+// 115 registers leave 2 blocks per SM instead of 3), and the 4-bit decoders would spill.
+#if MV_M == 1 && FMT == F_Q8_0
 #define MV_U 8
 #else
 #define MV_U (MV_M <= 2 ? 4 : 2)
@@ -343,12 +342,17 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 // k-step's MMA A.hi then A.lo into one accumulator chain; the 4 warps' partial sums are added in
 // warp order.  Nothing depends on MV_M (the x k-tile size does, but not the order), and an MMA's
 // column (token) j depends only on A and B column j: rows are bit-identical for m = 1..8.
-// Geometry: 32 output rows per block (two 16-row MMA tiles sharing every B fragment), 4 warps,
-// grid ceil(n_out / 32).  Dynamic shared: MV_M * tkx * 4 (x, tkx a multiple of 512) + 4 KB.
+// Geometry: 32 output rows per block (two 16-row MMA tiles sharing every B fragment), TC_NW
+// warps (4), grid ceil(n_out / 32).  Dynamic shared: MV_M * tkx * 4 (x, tkx a multiple of
+// 128 * TC_NW) + TC_NW KB.
 #if FMT == F_NVFP4
-#define TC_NW 4
+#ifndef TC_NW
+#define TC_NW 4  // warps per block (split-K ways)
+#endif
 #define TC_ROWS 32
-#define TC_U 2  // super-steps per lane in flight: 2 x (2 tiles x 2 rows) 16-byte loads
+#ifndef TC_U
+#define TC_U 2  // super-steps per lane in flight: TC_U x (2 tiles x 2 rows) 16-byte loads
+#endif
 
 BW24_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t v16) {
     uint32_t d;
@@ -469,7 +473,7 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
-    const int ss_per_tile = tkx / 128;  // a multiple of TC_NW (tkx is a multiple of 512)
+    const int ss_per_tile = tkx / 128;  // a multiple of TC_NW (tkx is a multiple of 128 * TC_NW)
     for (int k0 = 0, st0 = 0; k0 < n_in; k0 += tkx, st0 += ss_per_tile) {
         // ---- stage x' = prologue(x) * 2^s as f16 hi/lo, 4 positions per uint4
         __syncthreads();

@@ -63,12 +63,19 @@ TC_SMEM_X = 64 * 1024  # x staging budget of matvec_tc (4 bytes per value and to
 _tc_smem_set: dict = {}
 
 
+TC_MIN_ROWS = 8192  # matvec_tc only from this many output rows (see matvec_impl)
+
+
 def matvec_impl(W: DeviceWeight) -> str:
-    """"tc" (tensor cores, matvec_tc) for NVFP4 weights, else "simt".  BW24CHAT_MATVEC=simt
-    forces the SIMT kernel everywhere (benchmark comparisons)."""
-    if os.environ.get("BW24CHAT_MATVEC", "") == "simt":
-        return "simt"
-    return "tc" if W.fmt == "NVFP4" else "simt"
+    """"tc" (tensor cores, matvec_tc) for NVFP4 matrices of >= TC_MIN_ROWS rows, else "simt".
+    Measured on the H200 (Qwen3-8B shapes, bench/NOTES.md): the tensor-core kernel wins where
+    the grid is large (gate|up 24576 rows: 39 vs 54 us; LM head: 66 vs 102 us) and loses on the
+    4096-row projections (o: 14 vs 12 us, down: 41 vs 33 us), whose 128 blocks of split-K warps
+    keep too few loads in flight.  BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons)."""
+    force = os.environ.get("BW24CHAT_MATVEC", "")
+    if force in ("simt", "tc"):
+        return force if (force == "simt" or W.fmt == "NVFP4") else "simt"
+    return "tc" if W.fmt == "NVFP4" and W.out >= TC_MIN_ROWS else "simt"
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
@@ -91,19 +98,23 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
     if (impl or matvec_impl(W)) == "tc":
-        need = -(-W.in_ // 512) * 512
-        tkx = min(need, max(512, (TC_SMEM_X // (4 * m)) // 512 * 512))
-        smem = 4 * m * tkx + 4 * (4 * TC_ROWS * 8 + 4 * m + 2 * m)
-        k = get_kernel("matvec", "matvec_tc", FMT=W.fmt_id, MV_M=m, MV_R=MV_R)
+        nw, u = int(os.environ.get("BW24CHAT_TC_NW", 4)), int(os.environ.get("BW24CHAT_TC_U", 2))
+        unit = 128 * nw
+        need = -(-W.in_ // unit) * unit
+        tkx = min(need, max(unit, (TC_SMEM_X // (4 * m)) // unit * unit))
+        smem = 4 * m * tkx + 4 * (nw * TC_ROWS * 8 + nw * m + 2 * m)
+        defs = {} if (nw, u) == (4, 2) else {"TC_NW": nw, "TC_U": u}
+        k = get_kernel("matvec", "matvec_tc", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **defs)
         if smem > 47 * 1024 and _tc_smem_set.get(id(k), 0) < smem:
             k.max_dynamic_shared_size_bytes = smem
             _tc_smem_set[id(k)] = smem
-        k((-(-W.out // TC_ROWS),), (128,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
+        k((-(-W.out // TC_ROWS),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
     tk = matvec_tile(W, m)
     smem = 4 * (m * tk + m * (tk // 32) + m * 8)
-    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R)
+    mv_u = os.environ.get("BW24CHAT_MV_U")  # chunks in flight per lane (experiments; matvec.cu MV_U)
+    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **({"MV_U": int(mv_u)} if mv_u else {}))
     grid = (-(-W.out // MV_ROWS_PER_BLOCK),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)

@@ -1,0 +1,102 @@
+"""Decode matvec variants on the Qwen3-8B projection shapes, timed inside CUDA graphs (device):
+
+    python3 bench/matvec_variants.py [--formats nvfp4,bf16]
+
+For each shape (qkv 6144x4096, o 4096x4096, gate|up 24576x4096, down 4096x12288, LM head
+49152x4096), COPIES random weight copies (together well past the 60 MB L2) are launched back to
+back in one captured graph (rmsnorm prologue where the decode step has one), replayed 10 times
+between CUDA events; median of 7.  Variants are selected through the wrappers' environment
+switches (BW24CHAT_MATVEC, BW24CHAT_TC_NW, BW24CHAT_TC_U, BW24CHAT_MV_U), so the kernels timed
+are the ones the engine runs.  Prints us per launch and GB/s of weight bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
+          "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
+VARIANTS = {
+    "NVFP4": [("simt", {"BW24CHAT_MATVEC": "simt"}), ("tc nw4 u2", {"BW24CHAT_MATVEC": "tc"}),
+              ("tc nw4 u4", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_U": "4"}),
+              ("tc nw8 u2", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "8"}),
+              ("tc nw8 u4", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "4"})],
+    "BF16": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u8", {"BW24CHAT_MV_U": "8"}), ("simt u6", {"BW24CHAT_MV_U": "6"})],
+    "Q4_K": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u2", {"BW24CHAT_MV_U": "2"})],
+}
+COPIES = 6
+SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U")
+
+
+def main() -> int:
+    import cupy as cp
+
+    from bw24chat.backends import cuda_linear as lin
+    from bw24chat.backends.cuda_weights import repack_host, upload
+    from bw24chat.synthetic import random_matrix
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", default="nvfp4,bf16")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    stream = cp.cuda.Stream(non_blocking=True)
+    rows = []
+    for fmt in [f.upper() for f in args.formats.split(",")]:
+        for name, (out, in_, pro) in SHAPES.items():
+            t = random_matrix(fmt, out, in_, rng)
+            hp = repack_host([t])
+            Ws = [upload([t], hp) for _ in range(COPIES)]
+            x = cp.asarray(rng.standard_normal((1, in_)).astype(np.float32))
+            nw = cp.asarray(rng.uniform(0.5, 1.5, in_).astype(np.float32))
+            y = cp.empty((1, out), cp.float32)
+            for label, env in VARIANTS.get(fmt, [("default", {})]):
+                for k in SWITCHES:
+                    os.environ.pop(k, None)
+                os.environ.update(env)
+                with stream:
+                    for W in Ws:  # compile + set attributes outside the capture
+                        lin.matvec(W, x, y, 1, prologue=pro, norm_w=nw)
+                    stream.synchronize()
+                    stream.begin_capture()
+                    for W in Ws:
+                        lin.matvec(W, x, y, 1, prologue=pro, norm_w=nw)
+                    g = stream.end_capture()
+                for _ in range(2):
+                    g.launch(stream)
+                ts = []
+                for _ in range(7):
+                    a, b = cp.cuda.Event(), cp.cuda.Event()
+                    a.record(stream)
+                    for _ in range(10):
+                        g.launch(stream)
+                    b.record(stream)
+                    b.synchronize()
+                    ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / (10 * COPIES))
+                us = statistics.median(ts)
+                gbs = Ws[0].nbytes / (us * 1e-6) / 1e9
+                rows.append((fmt, name, label, us, gbs))
+                print(f"{fmt:6} {name:8} {label:12} {us:8.2f} us {gbs:7.0f} GB/s", flush=True)
+            del Ws
+            cp.get_default_memory_pool().free_all_blocks()
+    for k in SWITCHES:
+        os.environ.pop(k, None)
+    print("\nbest per shape:")
+    for fmt in sorted({r[0] for r in rows}):
+        for name in SHAPES:
+            cand = [r for r in rows if r[0] == fmt and r[1] == name]
+            if cand:
+                b = min(cand, key=lambda r: r[3])
+                print(f"  {fmt:6} {name:8} {b[2]:12} {b[3]:8.2f} us {b[4]:7.0f} GB/s   (" +
+                      ", ".join(f"{r[2]} {r[3]:.1f}" for r in cand) + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
