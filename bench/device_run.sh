@@ -62,6 +62,12 @@ v2)
   python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -26
   python3 -m bw24chat check --skip-kernels --formats nvfp4,q4_k --kv bf16,f32 2>&1 | tee $OUT/check.log | tail -4
   ;;
+fin)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "NVFP4" 2>&1 | tail -3 | tee $OUT/pytest_tc.log
+  python3 -m bw24chat check --formats nvfp4 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -8
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log | grep "matvec\|attn\|whole" | head -8
+  ;;
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
 VARIANTS = {
-    "NVFP4": [("simt", {"BW24CHAT_MATVEC": "simt"}), ("tc nw4 u2", {"BW24CHAT_MATVEC": "tc"}),
-              ("tc nw4 u4", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_U": "4"}),
-              ("tc nw8 u2", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "8"}),
+    "NVFP4": [("simt", {"BW24CHAT_MATVEC": "simt"}), ("tc nw4 u2", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "2"}),
+              ("tc nw4 u4", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "4"}),
+              ("tc nw8 u2", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
               ("tc nw8 u4", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "4"})],
     "BF16": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u8", {"BW24CHAT_MV_U": "8"}), ("simt u6", {"BW24CHAT_MV_U": "6"})],
     "Q4_K": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u2", {"BW24CHAT_MV_U": "2"})],

@@ -63,19 +63,26 @@ TC_SMEM_X = 64 * 1024  # x staging budget of matvec_tc (4 bytes per value and to
 _tc_smem_set: dict = {}
 
 
-TC_MIN_ROWS = 8192  # matvec_tc only from this many output rows (see matvec_impl)
+TC_LARGE_ROWS = 8192  # matvec_tc geometry switch (see matvec_impl)
 
 
 def matvec_impl(W: DeviceWeight) -> str:
-    """"tc" (tensor cores, matvec_tc) for NVFP4 matrices of >= TC_MIN_ROWS rows, else "simt".
-    Measured on the H200 (Qwen3-8B shapes, bench/NOTES.md): the tensor-core kernel wins where
-    the grid is large (gate|up 24576 rows: 39 vs 54 us; LM head: 66 vs 102 us) and loses on the
-    4096-row projections (o: 14 vs 12 us, down: 41 vs 33 us), whose 128 blocks of split-K warps
-    keep too few loads in flight.  BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons)."""
+    """"tc" (tensor cores, matvec_tc) for NVFP4 weights, else "simt".  BW24CHAT_MATVEC=simt|tc
+    forces one kernel (comparisons; "tc" applies to NVFP4 only)."""
     force = os.environ.get("BW24CHAT_MATVEC", "")
-    if force in ("simt", "tc"):
-        return force if (force == "simt" or W.fmt == "NVFP4") else "simt"
-    return "tc" if W.fmt == "NVFP4" and W.out >= TC_MIN_ROWS else "simt"
+    if force == "simt":
+        return "simt"
+    return "tc" if W.fmt == "NVFP4" else "simt"
+
+
+def tc_geometry(W: DeviceWeight) -> tuple[int, int]:
+    """(warps per block, super-steps in flight) of matvec_tc.  Measured on the H200 with
+    bench/matvec_variants.py (Qwen3-8B shapes, us per launch, SIMT kernel in brackets): below
+    8192 rows the grid is small and 8 split-K warps x 4 super-steps keep enough loads in flight
+    (qkv 15.2 [16.3], o 10.1 [11.8], down 25.2 [31.7]); from 8192 rows 4 x 2 (gate|up 38.7
+    [53.6], LM head 65.6 [100.2]).  BW24CHAT_TC_NW / BW24CHAT_TC_U override (experiments)."""
+    nw, u = (4, 2) if W.out >= TC_LARGE_ROWS else (8, 4)
+    return int(os.environ.get("BW24CHAT_TC_NW", nw)), int(os.environ.get("BW24CHAT_TC_U", u))
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
@@ -98,7 +105,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
     if (impl or matvec_impl(W)) == "tc":
-        nw, u = int(os.environ.get("BW24CHAT_TC_NW", 4)), int(os.environ.get("BW24CHAT_TC_U", 2))
+        nw, u = tc_geometry(W)
         unit = 128 * nw
         need = -(-W.in_ // unit) * unit
         tkx = min(need, max(unit, (TC_SMEM_X // (4 * m)) // unit * unit))
