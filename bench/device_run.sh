@@ -68,6 +68,10 @@ fin)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log | grep "matvec\|attn\|whole" | head -8
   ;;
+last)
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  timeout 60 python3 bench/matvec_variants.py --formats q4_k 2>&1 | tee $OUT/variants.log | tail -6
+  ;;
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;

@@ -92,8 +92,12 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
     runner.precise = True
     from .api import SamplingParams
 
-    sp = SamplingParams(temperature=0)
-    for ctx in (512, 8192):
+    greedy = SamplingParams(temperature=0)
+    # greedy at both contexts; at 512 also the chat defaults (temperature 0.7) and a truncated
+    # sampler (top-k 40, top-p 0.9): the device sampler's cost over a full vocabulary shows there
+    cases = [(512, "", greedy), (8192, "", greedy), (512, "-t0.7", SamplingParams()),
+             (512, "-k40p0.9", SamplingParams(temperature=0.7, top_k=40, top_p=0.9))]
+    for ctx, tag, sp in cases:
         if ctx + 130 >= runner.n_ctx:
             continue
         ids = rng.integers(0, V, ctx)
@@ -102,6 +106,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         # warm-up (captures the graph)
         for i in range(3):
             tok = runner.sample(runner.decode(tok, ctx + i), sp, 0, ctx + i, [])
+        tok = int(ids[-1])
         walls, gpu = [], []
         for r in range(runs):
             t0 = time.perf_counter()
@@ -117,7 +122,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         tps = 128 / wall
         nbytes = weight_bytes(runner) + kv_bytes_per_token(runner, ctx + 64)
         roof = copy_bw / nbytes
-        rows.append(dict(model=label, test=f"tg128@{ctx}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
+        rows.append(dict(model=label, test=f"tg128@{ctx}{tag}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
                          bytes_per_token=nbytes, host_overhead=wall / max(g, 1e-9)))
     return rows
 
@@ -240,9 +245,9 @@ def main(argv: list[str]) -> int:
     if a.json:
         open(a.json, "w").write(out)
     print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}")
-    print(f"{'model':24} {'test':12} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
+    print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
     for r in rows:
-        print(f"{r['model']:24} {r['test']:12} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
+        print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
               f"{r.get('bytes_per_token', ''):>12} {r.get('host_overhead', float('nan')):8.3f}")
     return 0
 
