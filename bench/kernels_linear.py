@@ -6,6 +6,11 @@ matvec at m=1 (and m=8 for one shape): median of >= 5 CUDA-event timings after w
 rotating among enough weight copies (> 2x the 60 MB L2) that L2 cannot serve them; GB/s on
 weight bytes (all planes) and % of 4.2 TB/s.  gemm: TFLOP/s at T = 512 and 2048 vs ~790.
 Random weights (valid blocks); a compact table is printed last.  Runs in well under 2 minutes.
+
+Caveat (measured 2026-12-02): these are single launches from Python between CUDA events, so a
+kernel shorter than the ~6 us CuPy launch path is timed as the launch (attention at 512 keys read
+42 us here and 13 us inside a graph).  For in-situ figures use `bw24chat bench --profile` and
+`bench/matvec_variants.py`, which time inside CUDA graphs.
 """
 from __future__ import annotations
 

@@ -9,6 +9,11 @@ rotated (> 150 MB) that L2 cannot serve them.  Prefill attention: TFLOP/s (4*H*h
 query-key pair) at T = 512 / 2048 from position 0.  RMSNorm / add+RMSNorm (D = 4096), the fused
 qk-norm+rope+kv-write (T = 1 and 2048), argmax and the sampler (V = 151936).
 CUDA events, 2 warm-up rounds, median of 7; a compact table is printed last.
+
+Caveat (measured 2026-12-02): these are single launches from Python between CUDA events, so a
+kernel shorter than the ~6 us CuPy launch path is timed as the launch (attention at 512 keys read
+42 us here and 13 us inside a graph).  For in-situ figures use `bw24chat bench --profile` and
+`bench/matvec_variants.py`, which time inside CUDA graphs.
 """
 from __future__ import annotations
 
