@@ -1,5 +1,5 @@
 """Command line: ``bw24chat`` (the app), ``bw24chat --headless``, ``bw24chat serve``,
-``bw24chat bench``, ``bw24chat check``."""
+``bw24chat bench``, ``bw24chat check``, ``bw24chat quality``, ``bw24chat info``."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ from .options import add_engine_args, options_from_args
 def _main_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bw24chat",
-        description="Chat with a local LLM in the terminal. Subcommands: serve, bench, check (bw24chat SUBCOMMAND -h).",
+        description="Chat with a local LLM in the terminal. Subcommands: serve, bench, check, quality, info (bw24chat SUBCOMMAND -h).",
     )
     p.add_argument("prompt", nargs="?", help="headless: the prompt (default: read stdin)")
     p.add_argument("--headless", action="store_true", help="no TUI: answer the prompt on stdout")
@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         from .quality import main as quality_main
 
         return quality_main(argv[1:])
+    if argv and argv[0] == "info":
+        from .info import main as info_main
+
+        return info_main(argv[1:])
     if argv and argv[0] == "check":
         from .check import main as check_main
 

@@ -55,7 +55,8 @@ class FakeEngine(EngineThread):
             n_ctx=n_ctx,
             backend="fake",
             device_name="Fake GPU",
-            formats={"blk.*.attn_q.weight": "Q4_1", "token_embd.weight": "Q8_0"},
+            formats={"tok_embd": "Q8_0", **{f"blk.{i}.{r}": "Q4_1" for i in range(4) for r in ("attn_q", "ffn_down")},
+                     "blk.4.ffn_down": "Q6_K", "output_norm": "F32"},
         )
         self._ctx_used = 0
         super().__init__(max_queue=max_queue, name="bw24chat-fake-engine")

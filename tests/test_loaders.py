@@ -123,3 +123,32 @@ def test_missing_or_bad_model(tmp_path):
     bad.write_bytes(b"NOPE" + b"\0" * 100)
     with pytest.raises(ValueError):
         load_checkpoint(bad)
+
+
+def test_summarize_formats_groups_layers_by_role_and_format():
+    from bw24chat.loaders import summarize_formats
+
+    formats = {"tok_embd": "BF16", "output": "Q8_0", "output_norm": "F32"}
+    for i in range(6):
+        formats[f"blk.{i}.attn_q"] = "NVFP4"
+        formats[f"blk.{i}.ffn_down"] = "Q6_K" if i in (0, 1, 5) else "NVFP4"
+    rows = summarize_formats(formats)
+    assert ("tok_embd", "BF16", "-") in rows and ("output", "Q8_0", "-") in rows
+    assert ("attn_q", "NVFP4", "0-5") in rows
+    assert ("ffn_down", "Q6_K", "0-1,5") in rows and ("ffn_down", "NVFP4", "2-4") in rows
+    assert len(rows) == 6
+
+
+def test_info_command_on_the_real_model(smollm2_path, capsys):
+    """`bw24chat info` on SmolLM2 Q4_1: every layer role listed with its ggml type."""
+    import json
+
+    from bw24chat.cli import main
+
+    assert main(["info", "-m", str(smollm2_path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["arch"] == "llama" and d["parameters"] > 100e6
+    rows = {(r["role"], r["format"]): r["layers"] for r in d["formats"]}
+    assert rows[("attn_q", "Q4_1")] == "0-29"
+    assert main(["info", "-m", str(smollm2_path)]) == 0
+    assert "attn_q" in capsys.readouterr().out

@@ -39,6 +39,37 @@ class Checkpoint:
         return {n: t.fmt for n, t in self.tensors.items()}
 
 
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    out, start = [], None
+    for i, n in enumerate(ids):
+        if start is None:
+            start = n
+        if i + 1 == len(ids) or ids[i + 1] != n + 1:
+            out.append(str(start) if start == n else f"{start}-{n}")
+            start = None
+    return ",".join(out)
+
+
+def summarize_formats(formats: dict[str, str]) -> list[tuple[str, str, str]]:
+    """Per-role storage formats of a checkpoint, for people: (role, format, layers).
+
+    Layer tensors ("blk.N.<role>") are grouped by role and format with their layer ranges, so a
+    mixed checkpoint reads at a glance ("ffn_down  Q6_K  0-3,32-35" / "ffn_down  Q4_K  4-31");
+    other tensors (embedding, LM head, final norm) keep their names with layers "-"."""
+    layered: dict[tuple[str, str], list[int]] = {}
+    rows = []
+    for name, fmt in formats.items():
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+            layered.setdefault((parts[2], fmt), []).append(int(parts[1]))
+        else:
+            rows.append((name, fmt, "-"))
+    for (role, fmt), ids in sorted(layered.items(), key=lambda kv: (kv[0][0], min(kv[1]))):
+        rows.append((role, fmt, _ranges(sorted(ids))))
+    return rows
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     p = Path(path)
     if p.is_dir():
@@ -56,4 +87,4 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     raise ValueError(f"{p}: not a GGUF file (bad magic {magic!r}) and not a model directory")
 
 
-__all__ = ["Checkpoint", "QTensor", "load_checkpoint"]
+__all__ = ["Checkpoint", "QTensor", "load_checkpoint", "summarize_formats"]

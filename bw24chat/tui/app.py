@@ -23,6 +23,7 @@ from .messages import EngineFailed, EngineLoading, EngineReady
 from .screens.chat import ChatScreen
 from .screens.conversations import ConversationsScreen
 from .screens.help import HelpScreen
+from .screens.model_info import ModelInfoScreen
 from .screens.models import DEFAULT_MODEL_SPEC, ModelsScreen
 from .screens.settings import SettingsScreen
 
@@ -149,6 +150,9 @@ class ChatApp(App):
 
     def action_help(self) -> None:
         self._open(HelpScreen)
+
+    def action_model_info(self) -> None:
+        self._open(ModelInfoScreen)
 
     async def action_chat(self, action: str) -> None:
         """Run a chat-screen action from anywhere (the command palette)."""

@@ -25,6 +25,7 @@ SLASH_COMMANDS = (
     SlashCommand("model", "[PATH|REPO]", "load a model (no argument: open the model manager)"),
     SlashCommand("retry", "", "regenerate the last reply"),
     SlashCommand("save", "[PATH]", "export this conversation to Markdown"),
+    SlashCommand("info", "", "the loaded model: size, backend, storage format per layer"),
     SlashCommand("help", "", "keys and commands"),
 )
 _BY_NAME = {c.name: c for c in SLASH_COMMANDS}
@@ -60,6 +61,7 @@ PALETTE_ENTRIES = (
     PaletteEntry("Models", "Open the model manager: local models, Hugging Face search and downloads", "models"),
     PaletteEntry("Conversations", "List, open, rename, delete and export conversations", "conversations"),
     PaletteEntry("Settings", "Sampling, speculative decoding, KV cache, VRAM budget", "settings"),
+    PaletteEntry("Model info", "The loaded model: size, backend, storage format of each layer", "model_info"),
     PaletteEntry("Help", "Keys and slash commands", "help"),
     PaletteEntry("New chat", "Start a new conversation", "chat('new_chat')"),
     PaletteEntry("Regenerate", "Regenerate the last reply", "chat('regenerate')"),

@@ -298,3 +298,22 @@ async def test_command_palette_offers_the_app_commands(make_app):
         await pilot.pause(0.3)
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ConversationsScreen), what="the conversations screen")
+
+
+async def test_info_shows_the_storage_format_of_each_layer(make_app):
+    """/info opens the model screen; the fake engine's mixed checkpoint (Q4_1 layers 0-3 with a
+    Q6_K ffn_down in layer 4, a Q8_0 embedding) reads as one row per (role, format)."""
+    from bw24chat.tui.screens.model_info import ModelInfoScreen
+
+    app = make_app()
+    async with app.run_test(size=(120, 50)) as pilot:
+        await start_chat(pilot)
+        app.chat.prompt.load_text("/info")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelInfoScreen), what="the model info screen")
+        source = app.screen.query_one("Markdown").source
+        for text in ("# fake-model", "| `ffn_down` | Q4_1 | 0-3 |", "| `ffn_down` | Q6_K | 4 |",
+                     "| `attn_q` | Q4_1 | 0-3 |", "| `tok_embd` | Q8_0 | - |", "Fake GPU"):
+            assert text in source, text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is app.chat, what="the chat")

@@ -443,3 +443,6 @@ class ChatScreen(Screen):
 
     async def slash_help(self, arg: str) -> None:
         self.app.action_help()
+
+    async def slash_info(self, arg: str) -> None:
+        self.app.action_model_info()
