@@ -449,13 +449,16 @@ async def list_tiny_quants(pilot) -> ModelsScreen:
     app = pilot.app
     await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
     screen = app.screen
-    await pilot.press("ctrl+f")
-    await pilot.press(*"tiny", "enter")
     results = screen.query_one("#hub-results")
+    files = screen.query_one("#hub-files")
+    await pilot.press("ctrl+f")
+    # type only once the search box has the focus: keys sent earlier go to the local list
+    query = screen.query_one("#hub-query")
+    await wait_for(pilot, lambda: query.has_focus, what="the search box")
+    await pilot.press(*"tiny", "enter")
     await wait_for(pilot, lambda: results.row_count == 1, what="search results")
     assert row_text(results, 0)[0] == "acme/Tiny-GGUF"
     await pilot.press("enter")
-    files = screen.query_one("#hub-files")
     await wait_for(pilot, lambda: files.row_count == 2 and files.has_focus, what="the quant list")
     assert [row_text(files, i)[0] for i in range(2)] == ["Q4_1", "Q8_0"]
     return screen

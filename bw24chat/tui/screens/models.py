@@ -133,8 +133,10 @@ class ModelsScreen(Screen):
         table = self.query_one("#local-models", DataTable)
         fill_table(table, LOCAL_COLUMNS, ((str(i), local_row(m, gpu)) for i, m in enumerate(self.models)))
         self.query_one("#first-run").display = not self.models
-        if not self.models:
-            # a first start: Enter fetches and opens the default model
+        if not self.models and (self.focused is None or self.focused is table):
+            # a first start: Enter fetches and opens the default model — unless the user has
+            # already moved on (e.g. ctrl+f to the Hub search) while the scan ran: the scan
+            # finishing must not pull the focus away from what they are typing into
             self.query_one("#get-default", Button).focus()
         if self._select_after_scan is not None:
             for index, m in enumerate(self.models):
