@@ -72,6 +72,12 @@ last)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   timeout 60 python3 bench/matvec_variants.py --formats q4_k 2>&1 | tee $OUT/variants.log | tail -6
   ;;
+pdl)
+  # programmatic dependent launch: correctness under it first, then decode with it off / on
+  BW24CHAT_PDL=1 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "swiglu or add_epilogue" 2>&1 | tail -2
+  BW24CHAT_PDL=1 timeout 80 python3 -m bw24chat check --skip-kernels --formats bf16,nvfp4 --kv bf16,f32 2>&1 | tee $OUT/check.log | tail -3
+  for pdl in 0 1; do BW24CHAT_PDL=$pdl python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --decode-only --json $OUT/bench_pdl$pdl.json 2>&1 | grep "tg128" | sed "s/^/pdl=$pdl /" | tee -a $OUT/bench.log; done
+  ;;
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;

@@ -75,11 +75,11 @@ def flops_per_token(runner, ctx: int) -> float:
     return 2 * mat + attn
 
 
-def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str) -> list[dict]:
+def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str, decode_only: bool = False) -> list[dict]:
     rng = np.random.default_rng(0)
     V = runner.args.vocab_size
     rows = []
-    for T, precise in ((512, True), (2048, True), (512, False)):
+    for T, precise in () if decode_only else ((512, True), (2048, True), (512, False)):
         if T >= runner.n_ctx:
             continue
         runner.precise = precise
@@ -206,6 +206,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ctx", type=int, default=10240)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", help="also write the JSON here")
+    p.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
     p.add_argument("--profile", action="store_true",
                    help="only the per-kernel decode profile (in-graph times of each role) at context 512 and 8192")
     a = p.parse_args(argv)
@@ -224,7 +225,7 @@ def main(argv: list[str]) -> int:
             if a.profile:
                 _print_profile(runner, cp, f"{a.synthetic}/{fmt}", a.ctx)
             else:
-                rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}")
+                rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}", a.decode_only)
             del runner
             cp.get_default_memory_pool().free_all_blocks()
     else:
@@ -235,7 +236,7 @@ def main(argv: list[str]) -> int:
         if a.profile:
             _print_profile(runner, cp, ck.name, a.ctx)
         else:
-            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name)
+            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name, a.decode_only)
     if a.profile:
         return 0
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()

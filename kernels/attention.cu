@@ -190,6 +190,7 @@ extern "C" __global__ void __launch_bounds__(DTHREADS)
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
             const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
             float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
+    PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int s_last;
     const int r = blockIdx.x, s = blockIdx.y;
@@ -538,6 +539,7 @@ BW24_DEVICE void prefill_load(__nv_bfloat16* stage, const uint8_t* __restrict__ 
 extern "C" __global__ void __launch_bounds__(PTHREADS, 2)
 attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
              int T, int H, int K, int start, int n_ctx, float scale_log2, float* __restrict__ out) {
+    PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t smem[];
     __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][PTILES][BN][LDK]
     const int G = H / K, NSG = G / GQ;

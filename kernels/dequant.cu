@@ -18,6 +18,7 @@ extern "C" __global__ void __launch_bounds__(256)
 dequant_rows(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
              const void* __restrict__ wd, const float* __restrict__ gscale, const int* __restrict__ ids,
              int n_rows, int n_in, float* __restrict__ out) {
+    PDL_ENTRY();
     const int nck = n_in / VPC;
     const long total = (long)n_rows * nck;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {

@@ -11,6 +11,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ act, int T, int F) {
+    PDL_ENTRY();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     const int t = blockIdx.y;
     if (j >= F || t >= T) return;

@@ -66,6 +66,7 @@ extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
      const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
      float* __restrict__ out, int T, int n_out, int n_in, int epi) {
+    PDL_ENTRY();
     extern __shared__ float4 smem4[];
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][BM][LD]
     __nv_bfloat16* Ws = As + 2 * GM_BM * GM_LD;                    // [2][BN][LD]

@@ -201,6 +201,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     // The first batch of weight loads goes out before the prologue: its memory latency then
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
+    pdl_trigger();
     Raw raw[MV_U][MV_R];
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
@@ -210,6 +211,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kk);
     }
+    pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
     float inv[MV_M];
 #pragma unroll
@@ -430,8 +432,10 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
             }
         }
     };
+    pdl_trigger();
 #pragma unroll
     for (int u = 0; u < TC_U; ++u) fetch(u, warp + TC_NW * u);
+    pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
     // ---- prologue statistics per token: rms inverse, then max |xin| -> 2^s
     for (int m = 0; m < MV_M; ++m) {

@@ -63,6 +63,7 @@ BW24_DEVICE void norm_store(const float4 (&v)[VPT], float ss, int D, float eps, 
 
 extern "C" __global__ void __launch_bounds__(NT)
 rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float eps, int D, float* __restrict__ out) {
+    PDL_ENTRY();
     __shared__ float red[NT / 32];
     const long long row = blockIdx.x;
     const float4* xr = (const float4*)(x + row * D);
@@ -82,6 +83,7 @@ rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float eps, int
 extern "C" __global__ void __launch_bounds__(NT)
 add_rmsnorm(const float* __restrict__ x, float* __restrict__ residual, const float* __restrict__ w, float eps, int D,
             float* __restrict__ out) {
+    PDL_ENTRY();
     __shared__ float red[NT / 32];
     const long long row = blockIdx.x;
     const float4* xr = (const float4*)(x + row * D);

@@ -113,6 +113,7 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
                       void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx,
                       int stride_q, int stride_k, int stride_v, const float* __restrict__ bias,
                       float* __restrict__ q_out) {
+    PDL_ENTRY();
     // q_out: optional contiguous (T, H, HD) destination of the rotated q (the attention kernels
     // read q densely); null: q is rotated in place.
     // stride_*: floats between consecutive tokens' rows (lets q, k, v be column slices of one

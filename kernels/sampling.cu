@@ -64,6 +64,7 @@ BW24_DEVICE uint64_t philox_first_raw(uint64_t k0, uint64_t k1, uint64_t pos) {
 
 extern "C" __global__ void philox_raw(const uint64_t* __restrict__ keys, const uint64_t* __restrict__ positions, int n,
                                       uint64_t* __restrict__ out) {
+    PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = philox_first_raw(keys[2 * i], keys[2 * i + 1], positions[i]);
 }
@@ -209,6 +210,7 @@ extern "C" __global__ void __launch_bounds__(SNT)
 sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__ params, const int* __restrict__ pos_dev,
        int* __restrict__ ring, int ring_cap, uint32_t* __restrict__ keys, double* __restrict__ e,
        int* __restrict__ out_token) {
+    PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t dyn[];
     SampleShared& sh = *reinterpret_cast<SampleShared*>(dyn);
     uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn + sizeof(SampleShared));
@@ -309,6 +311,7 @@ sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__
 // First index of the maximum of x[0..V) (np.argmax without NaNs), one block of 1024 threads.
 extern "C" __global__ void __launch_bounds__(SNT)
 argmax(const float* __restrict__ x, int V, int* __restrict__ out_token) {
+    PDL_ENTRY();
     __shared__ uint64_t red[NWARP];
     uint64_t best = ~0ull;
     for (int i = threadIdx.x; i < V; i += SNT) {

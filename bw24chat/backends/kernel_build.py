@@ -23,6 +23,8 @@ import glob
 import os
 import re
 import sys
+
+import numpy as np
 from pathlib import Path
 
 from ..paths import kernel_cache_dir
@@ -153,6 +155,8 @@ class Kernel:
         LaunchCounter.count += 1
         if LaunchCounter.record is not None:
             LaunchCounter.record.append((self, tuple(grid), tuple(block), tuple(args), dict(kw)))
+        if pdl_enabled():
+            return launch_pdl(self._raw, grid, block, args, kw.get("shared_mem", 0))
         return self._raw(grid, block, args, **kw)
 
     def __getattr__(self, item):
@@ -160,6 +164,77 @@ class Kernel:
 
     def __setattr__(self, key, value):
         setattr(self._raw, key, value)
+
+
+# ----------------------------------------------------------------- programmatic dependent launch
+# CuPy's RawKernel cannot pass launch attributes, so with BW24CHAT_PDL=1 (on sm_90+) every kernel
+# goes out through the driver's cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+# SERIALIZATION: a kernel may start while the one before it drains (its blocks run up to their
+# pdl_wait, common.cuh), which CUDA graphs capture as programmatic edges.  Structures as in
+# cuda.h (CUDA 12/13).
+class _LaunchAttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("as_int", ctypes.c_int)]
+
+
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_ARG_TYPES = {np.int32: ctypes.c_int32, np.uint32: ctypes.c_uint32, np.int64: ctypes.c_int64,
+              np.uint64: ctypes.c_uint64, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
+
+
+@functools.lru_cache(maxsize=None)
+def _libcuda():
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    lib.cuLaunchKernelEx.restype = ctypes.c_int
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_supported() -> bool:
+    import cupy
+
+    return cupy.cuda.Device().compute_capability >= "90"
+
+
+def pdl_enabled() -> bool:
+    return os.environ.get("BW24CHAT_PDL", "0") == "1" and _pdl_supported()
+
+
+def _arg(a):
+    data = getattr(a, "data", None)
+    if data is not None and hasattr(data, "ptr"):  # a CuPy array: its device address
+        return ctypes.c_void_p(data.ptr)
+    t = _ARG_TYPES.get(type(a))
+    if t is None:
+        raise TypeError(f"kernel argument of type {type(a).__name__}: pass CuPy arrays or NumPy scalars")
+    return t(a.item())
+
+
+def launch_pdl(raw, grid, block, args, shared_mem: int = 0) -> None:
+    import cupy
+
+    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+    holders = [_arg(a) for a in args]
+    params = (ctypes.c_void_p * max(1, len(holders)))(*[ctypes.cast(ctypes.pointer(h), ctypes.c_void_p) for h in holders])
+    attr = _LaunchAttr()
+    attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.as_int = 1
+    cfg = _LaunchConfig(*grid, *block, int(shared_mem), ctypes.c_void_p(cupy.cuda.get_current_stream().ptr or None),
+                        ctypes.pointer(attr), 1)
+    rc = _libcuda().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(raw.kernel.ptr), params, None)
+    if rc != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc} ({getattr(raw, 'name', '?')})")
 
 
 @functools.lru_cache(maxsize=None)
