@@ -167,6 +167,8 @@ class Kernel:
 
 
 # ----------------------------------------------------------------- programmatic dependent launch
+# Off by default: measured slower as it stands (bench/NOTES.md, 2026-12-02: the dependents are
+# triggered at each kernel's first instruction; next, trigger after the main loops).
 # CuPy's RawKernel cannot pass launch attributes, so with BW24CHAT_PDL=1 (on sm_90+) every kernel
 # goes out through the driver's cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
 # SERIALIZATION: a kernel may start while the one before it drains (its blocks run up to their
