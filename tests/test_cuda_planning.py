@@ -13,3 +13,25 @@ def test_context_fits_the_budget():
     assert fit_context(131072, 8192, 24 * gib, 16 * gib, 32, 8, 128, "bf16") == 8192  # a request that fits
     assert fit_context(131072, 0, 24 * gib, 16 * gib, 32, 8, 128, "q8_0") > n  # a smaller cache holds more
     assert fit_context(4096, 0, 17 * gib, 16 * gib + gib // 2, 32, 8, 128, "bf16") == 256  # never below 256
+
+
+def test_pdl_launch_structures_match_cuda_h():
+    """The ctypes mirrors used for cuLaunchKernelEx (kernel_build.launch_pdl) have cuda.h's
+    layout: CUlaunchAttribute 72 bytes (id, pad to 8, 64-byte value union), CUlaunchConfig 56
+    bytes with hStream at 32 and attrs at 40; kernel arguments become the C types the kernels
+    declare, and anything else is refused rather than guessed."""
+    import ctypes
+
+    import numpy as np
+    import pytest
+
+    from bw24chat.backends import kernel_build as kb
+
+    assert ctypes.sizeof(kb._LaunchAttr) == 72 and kb._LaunchAttr.value.offset == 8
+    assert ctypes.sizeof(kb._LaunchConfig) == 56
+    assert kb._LaunchConfig.hStream.offset == 32 and kb._LaunchConfig.attrs.offset == 40
+    assert isinstance(kb._arg(np.int32(-3)), ctypes.c_int32) and kb._arg(np.int32(-3)).value == -3
+    assert isinstance(kb._arg(np.float32(1.5)), ctypes.c_float)
+    assert isinstance(kb._arg(np.uint64(0)), ctypes.c_uint64)
+    with pytest.raises(TypeError):
+        kb._arg(3)  # a Python int has no fixed width: the launch wrappers pass NumPy scalars
