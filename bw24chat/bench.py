@@ -249,7 +249,7 @@ def main(argv: list[str]) -> int:
     print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
     for r in rows:
         print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
-              f"{r.get('bytes_per_token', ''):>12} {r.get('host_overhead', float('nan')):8.3f}")
+              f"{r.get('bytes_per_token', ''):>12} " + (f"{r['host_overhead']:8.3f}" if "host_overhead" in r else f"{'-':>8}"))
     return 0
 
 
