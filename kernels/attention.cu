@@ -379,9 +379,10 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     // Every L2 round trip here is paid once per layer on the critical path (this block runs
     // last), so loads go out together: all nsplit (m, l) pairs at once into shared memory, then
     // the split weights f_b = exp2(m_b - M) and Ls per head from shared memory, then each
-    // (head, dim) output sums its partials with 16 loads in flight.  (The load-use chain of the
-    // first version, 2*nsplit dependent L2 loads, cost 13 us per layer at context 512 and 28 us
-    // at 8192 on the H200.)  Same operations in the same order as that version.
+    // (head, dim) output sums its partials with 16 loads in flight.  Same operations in the same
+    // order as the first version, which chained 2*nsplit dependent L2 loads; measured on the
+    // H200 this took the kernel from 13.1 to 11.9 us per layer at 512 keys and 28.6 to 25.1 us
+    // at 8192 (bench/NOTES.md): the merge was not the main cost.
     float* sml = reinterpret_cast<float*>(smem);  // [GQ][ms][2] (m, l) of every split
     float* sf = sml + GQ * ms * 2;                // [GQ][ms] split weights
     float* sL = sf + GQ * ms;                     // [GQ] softmax sums
