@@ -17,14 +17,13 @@ from .loaders import Checkpoint
 from .loaders.tensor import QTensor
 from .tokenizer import TokenizerInfo
 
+_QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=49152,
+                 max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 SHAPES = {
     # Qwen3-8B with a 49k vocabulary: the shape llama.cpp was measured on (engine notes)
-    "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=49152,
-                     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
-    "qwen3-8b-151k": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                          max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "qwen3-8b": _QWEN3_8B,
+    "qwen3-8b-151k": {**_QWEN3_8B, "vocab_size": 151936},  # the real vocabulary
     "llama3-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
                       max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),

@@ -37,6 +37,13 @@ BW24_DEVICE float warp_max(float v) {
 BW24_DEVICE float f16_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
 BW24_DEVICE float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
 
+// RMSNorm's scale 1 / sqrt(sum_sq / n + eps), each operation rounded on its own (IEEE division
+// and square root, as NumpyBackend.rmsnorm): the norm kernels, the fused QK-norm and both matvec
+// prologues compute it here, so every path scales a row identically from the same sum.
+BW24_DEVICE float rms_inv(float sum_sq, int n, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_sq, (float)n), eps)));
+}
+
 // SwiGLU's activation, silu(g) * u = g / (1 + exp(-g)) * u, each operation rounded on its own as
 // NumpyBackend.swiglu computes it (IEEE expf): the prefill (elementwise.cu) and the decode
 // matvec (prologue and epilogue) share this one function, so both paths agree bit for bit.

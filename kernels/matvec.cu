@@ -236,7 +236,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             float s = red[m * MV_NW];
 #pragma unroll
             for (int w = 1; w < MV_NW; ++w) s = __fadd_rn(s, red[m * MV_NW + w]);
-            inv[m] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)n_in), eps)));
+            inv[m] = rms_inv(s, n_in, eps);
         }
     }
 
@@ -452,7 +452,7 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
             float tot = stat[m * TC_NW];
 #pragma unroll
             for (int w = 1; w < TC_NW; ++w) tot = __fadd_rn(tot, stat[m * TC_NW + w]);
-            inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(tot, (float)n_in), eps)));
+            inv = rms_inv(tot, n_in, eps);
             __syncthreads();
         }
         float amax = 0.0f;

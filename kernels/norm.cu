@@ -45,7 +45,7 @@ BW24_DEVICE float sq4(float4 a) {
 BW24_DEVICE void norm_store(const float4 (&v)[VPT], float ss, int D, float eps, const float4* __restrict__ w,
                             float4* __restrict__ o) {
     const int D4 = D >> 2;
-    const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+    const float inv = rms_inv(ss, D, eps);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int j = threadIdx.x + i * NT;

@@ -155,7 +155,7 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
 #pragma unroll
         for (int i = 0; i < EPL; ++i) ss = __fadd_rn(ss, __fmul_rn(x[i], x[i]));
         ss = warp_sum(ss);
-        const float inv = 1.0f / sqrtf(ss / (float)HD + eps);
+        const float inv = rms_inv(ss, HD, eps);
 #pragma unroll
         for (int i = 0; i < EPL; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], inv), nw[lane + 32 * i]);
 #else
