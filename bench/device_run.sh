@@ -81,4 +81,12 @@ pdl)
 bench)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights "${WEIGHTS:-bf16,q8_0,q4_k,nvfp4}" --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;
+floor)
+  # what decode-sized kernels can reach (launch + streaming floors), then where matvec time goes (ncu)
+  timeout 150 python3 bench/decode_floor.py 2>&1 | tee $OUT/floor.log
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  NCU="ncu --clock-control none --kernel-name regex:matvec --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis"
+  timeout 240 $NCU python3 bench/ncu_matvec.py --formats nvfp4,bf16 > $OUT/ncu_matvec.txt 2>&1
+  grep -E "launched|matvec|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|stall|Eligible" $OUT/ncu_matvec.txt | head -150
+  ;;
 esac
