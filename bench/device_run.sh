@@ -89,4 +89,21 @@ floor)
   timeout 240 $NCU python3 bench/ncu_matvec.py --formats nvfp4,bf16 > $OUT/ncu_matvec.txt 2>&1
   grep -E "launched|matvec|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|stall|Eligible" $OUT/ncu_matvec.txt | head -150
   ;;
+mv)
+  # persistent matvec kernels with a rolling load window: correctness, variants, decode, ncu
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py 2>&1 | tail -4 | tee $OUT/pytest_mv.log
+  timeout 260 python3 bench/matvec_variants.py --formats ${MVF:-nvfp4,bf16,q8_0} 2>&1 | tee $OUT/variants.log | grep -A40 "best per shape"
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --decode-only --json $OUT/bench.json 2>&1 | grep "tg128" | tee $OUT/bench.log
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  timeout 120 ncu --clock-control none --kernel-name regex:matvec --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats python3 bench/ncu_matvec.py --formats nvfp4,bf16 --shapes qkv,gate\|up,down > $OUT/ncu_mv.txt 2>&1
+  grep -E "^  matvec|DRAM Throughput|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" $OUT/ncu_mv.txt | head -60
+  ;;
+mv2)
+  # BF16 / F16 decode on tensor cores (matvec_tc): correctness, variants, gates, decode, profile
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py 2>&1 | tail -4 | tee $OUT/pytest_mv.log
+  timeout 150 python3 bench/matvec_variants.py --formats ${MVF:-bf16,q8_0} 2>&1 | tee $OUT/variants.log | grep -A40 "best per shape"
+  timeout 200 python3 -m bw24chat check --skip-kernels --formats bf16,f16 --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -12
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --decode-only --json $OUT/bench.json 2>&1 | grep "tg128" | grep -v '"test"' | tee $OUT/bench.log
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log | tail -22
+  ;;
 esac

@@ -6,7 +6,8 @@ For each shape (qkv 6144x4096, o 4096x4096, gate|up 24576x4096, down 4096x12288,
 49152x4096), COPIES random weight copies (together well past the 60 MB L2) are launched back to
 back in one captured graph (rmsnorm prologue where the decode step has one), replayed 10 times
 between CUDA events; median of 7.  Variants are selected through the wrappers' environment
-switches (BW24CHAT_MATVEC, BW24CHAT_TC_NW, BW24CHAT_TC_U, BW24CHAT_MV_U), so the kernels timed
+switches (BW24CHAT_MATVEC, BW24CHAT_TC_NW, BW24CHAT_TC_U, BW24CHAT_MV_U,
+BW24CHAT_MV_PERSIST), so the kernels timed
 are the ones the engine runs.  Prints us per launch and GB/s of weight bytes.
 """
 from __future__ import annotations
@@ -24,15 +25,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
 VARIANTS = {
-    "NVFP4": [("simt", {"BW24CHAT_MATVEC": "simt"}), ("tc nw4 u2", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "2"}),
-              ("tc nw4 u4", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "4"}),
-              ("tc nw8 u2", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
-              ("tc nw8 u4", {"BW24CHAT_MATVEC": "tc", "BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "4"})],
-    "BF16": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u8", {"BW24CHAT_MV_U": "8"}), ("simt u6", {"BW24CHAT_MV_U": "6"})],
-    "Q4_K": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u2", {"BW24CHAT_MV_U": "2"})],
+    "NVFP4": [("tc nw4 u2", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "2"}),
+              ("tc nw4 u4", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "4"}),
+              ("tc nw8 u2", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
+              ("tc nw8 u4", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "4"}),
+              ("default 1 tile/blk", {"BW24CHAT_MV_PERSIST": "0"})],
+    "BF16": [("tc nw4 u2", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "2"}),
+             ("tc nw8 u2", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
+             ("tc nw4 u3", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "3"}),
+             ("simt u4", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_U": "4"})],
+    "Q8_0": [("simt u4", {}), ("simt u6", {"BW24CHAT_MV_U": "6"})],
+    "Q4_K": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u3", {"BW24CHAT_MV_U": "3"})],
 }
 COPIES = 6
-SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U")
+SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST")
 
 
 def main() -> int:

@@ -26,12 +26,12 @@
 // difference only; q are exact small integers).
 //
 // Layout / geometry: 256 threads = 8 warps, MV_R consecutive rows per warp (each x value read
-// from shared memory feeds MV_R rows), grid = ceil(n_out / (8*MV_R)).  x (after the prologue)
+// from shared memory feeds MV_R rows), tiles of 8*MV_R rows; persistent grid (below).  x (after the prologue)
 // is staged per k-tile of tk values (tk a multiple of WT = 32*VPC) in shared memory as
 // xs[m][tk] in a swizzled order: value e of the chunk that lane L reads in warp-tile w sits at
 // w*WT + (e/4)*128 + 4L + e%4, so each float4 read of a warp is 512 contiguous bytes
 // (conflict-free).  Dynamic shared: 4*(MV_M*tk + MV_M*tk/32 + MV_M*8) bytes.
-// Each lane keeps MV_U chunks x MV_R rows of 16-byte loads in flight.
+// Each lane keeps MV_U - 1..MV_U chunks x MV_R rows of 16-byte loads in flight (rolling window).
 #include "common.cuh"
 #include "formats.cuh"
 
@@ -41,12 +41,12 @@
 #ifndef MV_R
 #define MV_R 2
 #endif
-#ifndef MV_U  // chunks in flight per lane and row: fewer for large MV_M (registers)
-// Q8_0 at m = 1: 8 chunks x 2 rows of 16 B per lane in flight (127 registers, no spills):
-// 202 -> 230 tok/s on the Qwen3-8B shape (H200).  The same for BF16 was slower (173 -> 163:
-// 115 registers leave 2 blocks per SM instead of 3), and the 4-bit decoders would spill.
-#if MV_M == 1 && FMT == F_Q8_0
-#define MV_U 8
+#ifndef MV_U  // chunk slots of the rolling load window per lane and row (fewer for large MV_M: registers)
+// Measured (H200, Qwen3-8B shapes, bench/matvec_variants.py): Q8_0 with the rolling window 4 slots
+// beat 7 on every shape (gate|up 40.5 vs 46.8 us; the batch-then-consume loop had wanted 8).
+// Q5_K / Q6_K spill at 4 slots with the window's extra chunk copy: 3.
+#if MV_M == 1 && (FMT == F_Q5_K || FMT == F_Q6_K)
+#define MV_U 3
 #else
 #define MV_U (MV_M <= 2 ? 4 : 2)
 #endif
@@ -185,6 +185,13 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
 #endif
 }
 
+// Persistent tiles (as matvec_tc): block b takes the 8*MV_R-row tiles b, b + gridDim.x, ...
+// (cuda_linear sizes the grid to the resident capacity with the same tile count per block).  The
+// rmsnorm statistic is computed once per block and, when x fits (tk >= n_in, "resident"), so is
+// the staged x; otherwise every tile re-stages each k-tile.  Loads run in a rolling window:
+// chunk slot u (= i % MV_U for the lane's i-th chunk of the k-tile) is refilled with chunk
+// i + MV_U as soon as chunk i is consumed, and the next tile's first chunks go out before this
+// tile's epilogue.  A row's value does not depend on the block that computes it.
 extern "C" __global__ void __launch_bounds__(MV_NT, MV_MINB)
 matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
        const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
@@ -196,21 +203,25 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     float* red = xsum + MV_M * (tk / 32);         // [MV_M][MV_NW]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nck = n_in / VPC;
-    const long row0 = ((long)blockIdx.x * MV_NW + warp) * MV_R;
+    const int ntiles = (n_out + MV_NW * MV_R - 1) / (MV_NW * MV_R);
+    const bool resident = tk >= n_in;
+    int tile = blockIdx.x;
+    if (tile >= ntiles) return;
+    long row0 = ((long)tile * MV_NW + warp) * MV_R;
 
     // The first batch of weight loads goes out before the prologue: its memory latency then
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
     pdl_trigger();
     Raw raw[MV_U][MV_R];
+    auto fetch = [&](int u, int kk, int kcb, int nkc) {
+        if (kk < nkc)
+#pragma unroll
+            for (int r = 0; r < MV_R; ++r) fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
+    };
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
-    for (int u = 0; u < MV_U; ++u) {
-        const int kk = lane + 32 * u;
-        if (kk < nkc_first)
-#pragma unroll
-            for (int r = 0; r < MV_R; ++r) fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kk);
-    }
+    for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
     float inv[MV_M];
@@ -221,6 +232,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
             float s = 0.0f;
+#pragma unroll 4
             for (int p = tid; p < n_in; p += MV_NT) {
                 const float v = x[(long)m * ldx + p];
                 s = __fmaf_rn(v, v, s);
@@ -240,79 +252,93 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         }
     }
 
-    float acc[MV_M][MV_R];
-#pragma unroll
-    for (int m = 0; m < MV_M; ++m)
-#pragma unroll
-        for (int r = 0; r < MV_R; ++r) acc[m][r] = 0.0f;
-
-    for (int k0 = 0; k0 < n_in; k0 += tk) {
-        const int tkk = min(tk, n_in - k0);
-        __syncthreads();  // the previous tile (and red[]) is consumed
+    for (bool staged = false;;) {
+        float acc[MV_M][MV_R];
 #pragma unroll
         for (int m = 0; m < MV_M; ++m)
-            for (int s = tid; s < tk; s += MV_NT) {
-                const int t = unswizzle(s);
-                if (t < tkk) xs[m * tk + s] = prologue_x(x, (long)m * ldx, k0 + t, n_in, pro, inv[m], normw);
-            }
-#if HAS_MIN
-        __syncthreads();
-        for (int c = tid; c < MV_M * (tk / 32); c += MV_NT) {
-            const int m = c / (tk / 32), cl = c - m * (tk / 32);
-            if (cl * 32 < tkk) {
-                const float* b = xs + m * tk + (cl >> 5) * WT + 4 * (cl & 31);
-                float s = b[0];
 #pragma unroll
-                for (int e = 1; e < 32; ++e) s = __fadd_rn(s, b[(e >> 2) * 128 + (e & 3)]);
-                xsum[c] = s;
-            }
-        }
+            for (int r = 0; r < MV_R; ++r) acc[m][r] = 0.0f;
+
+        for (int k0 = 0; k0 < n_in; k0 += tk) {
+            const int tkk = min(tk, n_in - k0);
+            const int nkc = tkk / VPC, kcb = k0 / VPC;
+            if (!(resident && staged)) {
+                __syncthreads();  // the previous tile (and red[]) is consumed
+#pragma unroll
+                for (int m = 0; m < MV_M; ++m)
+#pragma unroll 4
+                    for (int s = tid; s < tk; s += MV_NT) {
+                        const int t = unswizzle(s);
+                        if (t < tkk) xs[m * tk + s] = prologue_x(x, (long)m * ldx, k0 + t, n_in, pro, inv[m], normw);
+                    }
+#if HAS_MIN
+                __syncthreads();
+                for (int c = tid; c < MV_M * (tk / 32); c += MV_NT) {
+                    const int m = c / (tk / 32), cl = c - m * (tk / 32);
+                    if (cl * 32 < tkk) {
+                        const float* b = xs + m * tk + (cl >> 5) * WT + 4 * (cl & 31);
+                        float s = b[0];
+#pragma unroll
+                        for (int e = 1; e < 32; ++e) s = __fadd_rn(s, b[(e >> 2) * 128 + (e & 3)]);
+                        xsum[c] = s;
+                    }
+                }
 #endif
-        __syncthreads();
-        const int nkc = tkk / VPC, kcb = k0 / VPC;
-        for (int i0 = 0; i0 * 32 < nkc; i0 += MV_U) {
-            if (k0 != 0 || i0 != 0) {  // the first batch was fetched before the prologue
+                __syncthreads();
+                staged = true;
+            }
+            if (k0 != 0) {  // a later k-tile: its first window (the first was fetched ahead)
+#pragma unroll
+                for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, kcb, nkc);
+            }
+            for (int i0 = 0; i0 * 32 < nkc; i0 += MV_U) {
 #pragma unroll
                 for (int u = 0; u < MV_U; ++u) {
                     const int kk = lane + 32 * (i0 + u);
-                    if (kk < nkc)
+                    if (kk < nkc) {
+                        Raw cur[MV_R];
 #pragma unroll
-                        for (int r = 0; r < MV_R; ++r)
-                            fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
+                        for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
+                        fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
+                        chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
+                    }
                 }
             }
-#pragma unroll
-            for (int u = 0; u < MV_U; ++u) {
-                const int kk = lane + 32 * (i0 + u);
-                if (kk < nkc)
-                    chunk_dot(raw[u], kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
-            }
         }
-    }
 
+        // the next tile's first window goes out before this tile's reduction and stores
+        const long this_row0 = row0;
+        tile += gridDim.x;
+        if (tile < ntiles) {
+            row0 = ((long)tile * MV_NW + warp) * MV_R;
 #pragma unroll
-    for (int m = 0; m < MV_M; ++m) {
-        float v[MV_R];
-#pragma unroll
-        for (int r = 0; r < MV_R; ++r) {
-            v[r] = warp_sum(acc[m][r]);
-            if (gscale && row0 + r < n_out) v[r] = __fmul_rn(v[r], gscale[row0 + r]);
+            for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
         }
-        if (lane != 0) continue;
-        if (epi == EPI_SWIGLU) {  // rows (2i, 2i+1) = (gate_i, up_i) -> out[m, i], row stride n_out/2
 #pragma unroll
-            for (int r = 0; r + 1 < MV_R; r += 2)
-                if (row0 + r + 1 < n_out) out[(long)m * (n_out >> 1) + ((row0 + r) >> 1)] = swiglu_act(v[r], v[r + 1]);
-        } else {
+        for (int m = 0; m < MV_M; ++m) {
+            float v[MV_R];
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) {
-                const long o = row0 + r;
-                if (o < n_out) {
-                    float* dst = out + (long)m * n_out + o;
-                    *dst = epi == EPI_ADD ? __fadd_rn(*dst, v[r]) : v[r];
+                v[r] = warp_sum(acc[m][r]);
+                if (gscale && this_row0 + r < n_out) v[r] = __fmul_rn(v[r], gscale[this_row0 + r]);
+            }
+            if (lane != 0) continue;
+            if (epi == EPI_SWIGLU) {  // rows (2i, 2i+1) = (gate_i, up_i) -> out[m, i], row stride n_out/2
+#pragma unroll
+                for (int r = 0; r + 1 < MV_R; r += 2)
+                    if (this_row0 + r + 1 < n_out) out[(long)m * (n_out >> 1) + ((this_row0 + r) >> 1)] = swiglu_act(v[r], v[r + 1]);
+            } else {
+#pragma unroll
+                for (int r = 0; r < MV_R; ++r) {
+                    const long o = this_row0 + r;
+                    if (o < n_out) {
+                        float* dst = out + (long)m * n_out + o;
+                        *dst = epi == EPI_ADD ? __fadd_rn(*dst, v[r]) : v[r];
+                    }
                 }
             }
         }
+        if (tile >= ntiles) break;
     }
 }
 
@@ -324,7 +350,8 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 //
 // Math.  Per row o and NVFP4 block b (16 values): A[o, k] = E2M1(code) * E4M3(scale_b), an exact
 // f16 number (<= 5 significant bits, 2^-10 <= |A| <= 2880 or 0); the activations, after the
-// prologue, per token m: x' = x * 2^s_m (s_m = 14 - floor(log2(max_k |x[m, k]|)), exact), split
+// prologue, per token m: x' = x * 2^s_m (s_m = 13 - floor(log2(a_m)), a_m within 2 ulps of
+// max_k |x[m, k]| (tc_stats), so max |x'| < 2^14 < the f16 maximum; exact), split
 // x' = hi + lo with hi = f16(x'), lo = f16(x' - hi) (x' - hi exact in f32).  Then
 //   y[m, o] = gs[o] * 2^-s_m * sum over k-steps of (A . hi + A . lo)   (f32 tensor-core accumulate)
 // — the f16 products are exact and the x rounding left is ~2^-22 relative, as the SIMT path.
@@ -344,10 +371,23 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 // k-step's MMA A.hi then A.lo into one accumulator chain; the 4 warps' partial sums are added in
 // warp order.  Nothing depends on MV_M (the x k-tile size does, but not the order), and an MMA's
 // column (token) j depends only on A and B column j: rows are bit-identical for m = 1..8.
-// Geometry: 32 output rows per block (two 16-row MMA tiles sharing every B fragment), TC_NW
-// warps (4), grid ceil(n_out / 32).  Dynamic shared: MV_M * tkx * 4 (x, tkx a multiple of
-// 128 * TC_NW) + TC_NW KB.
-#if FMT == F_NVFP4
+// Geometry: 32-row tiles (two 16-row MMA tiles sharing every B fragment), TC_NW warps per block;
+// persistent: the grid is at most the resident capacity and each block loops over tiles
+// (cuda_linear.tc_grid).  The prologue statistics and x' staging were per tile (each of the
+// 768 gate|up blocks re-read and re-reduced all of x in three scalar passes) and are per block
+// now, in one float4 pass plus one in-place conversion.  Dynamic shared: MV_M * tkx * 4 (x,
+// tkx a multiple of 128 * TC_NW) + TC_NW KB + 8 * TC_NW + 8 * MV_M bytes.
+// BF16 / F16 weights (same kernel): the 16-byte chunk holds 8 values in natural order, so a
+// super-step covers 32 values of a row and has 2 k-steps; k-step ks puts values 4ks, 4ks+1 (word
+// 2ks) in slots 2t, 2t+1 and 4ks+2, 4ks+3 (word 2ks+1) in 2t+8, 2t+9 — the A registers are the
+// loaded words themselves, no decoding.  F16 uses the f16 MMA with the scaled f16 split above;
+// BF16 the bf16 MMA with x = hi + lo, hi = bf16(x), lo = bf16(x - hi) (no scaling: bf16 has the
+// f32 exponent range), x rounding ~2^-17 relative — the precise prefill GEMM's split.  The SIMT
+// kernel spent ~2 instructions per BF16 weight (unpack + FMA, plus the x reads from shared
+// memory) and was issue-bound on the small projections (bench/NOTES.md, ncu).
+#if FMT == F_NVFP4 || FMT == F_BF16 || FMT == F_F16
+#define TC_KSTEPS (VPC / 4)  // k-steps per super-step: NVFP4 8 (h = ks / 4, wi = ks % 4), BF16/F16 2
+#define TC_BF16 (FMT == F_BF16)
 #ifndef TC_NW
 #define TC_NW 4  // warps per block (split-K ways)
 #endif
@@ -368,9 +408,23 @@ BW24_DEVICE uint32_t hmul2_u32(uint32_t a, uint32_t b) {
 }
 
 BW24_DEVICE void mma_f16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+BW24_DEVICE void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+BW24_DEVICE void mma_tc(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+#if TC_BF16
+    mma_bf16_16816(c, a0, a1, a2, a3, b0, b1);
+#else
+    mma_f16_16816(c, a0, a1, a2, a3, b0, b1);
+#endif
 }
 
 // the two block scales of chunk c of a row (scale word sw) as f16x2 broadcast pairs, times 2^14
@@ -394,6 +448,92 @@ BW24_DEVICE void tc_afrag(const uint4& q, int h, int wi, uint32_t sc, uint32_t& 
     hi_pair = hmul2_u32(e4m3x2_to_f16x2(e4 >> 16), sc);
 }
 
+// A registers of one row for k-step ks of the chunk q (sc: NVFP4 block scales of the chunk)
+BW24_DEVICE void tc_afrag_ks(const uint4& q, int ks, const uint32_t (&sc)[2], uint32_t& lo_pair, uint32_t& hi_pair) {
+#if FMT == F_NVFP4
+    tc_afrag(q, ks >> 2, ks & 3, sc[ks >> 2], lo_pair, hi_pair);
+#else
+    (void)sc;
+    lo_pair = word_of(q, 2 * ks);
+    hi_pair = word_of(q, 2 * ks + 1);
+#endif
+}
+
+// Statistics of token m's prologue input, once per block (not per tile): ss = sum_k x^2 (rmsnorm:
+// lanes take float4 groups tid, tid + NT, ... in order, then warp_sum, then warps in order) and
+// am = max_k |x_k * w_k| (rmsnorm) or max_k |prologue(x)_k|; with resident x (tkx >= n_in) the
+// raw values (rmsnorm) or the prologue's output (otherwise) are kept in xs as float4 for the
+// staging pass, which touches only the slots its own thread wrote (no barrier between).
+BW24_DEVICE void tc_stats(const float* __restrict__ x, const float* __restrict__ normw, float4* xraw, int m, int ldx,
+                          int n_in, int pro, bool resident, float eps, float* stat, float* minv, float* mscale) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float4* x4 = reinterpret_cast<const float4*>(x + (long)m * ldx);
+    const float4* w4 = reinterpret_cast<const float4*>(normw);
+    float ss = 0.0f, am = 0.0f;
+#pragma unroll 4
+    for (int qi = tid; qi < n_in / 4; qi += TC_NW * 32) {
+        float4 v = x4[qi];
+        if (pro == PRO_RMS) {
+            const float4 w = __ldg(w4 + qi);
+            ss = __fmaf_rn(v.x, v.x, ss); ss = __fmaf_rn(v.y, v.y, ss);
+            ss = __fmaf_rn(v.z, v.z, ss); ss = __fmaf_rn(v.w, v.w, ss);
+            am = fmaxf(am, fmaxf(fmaxf(fabsf(v.x * w.x), fabsf(v.y * w.y)), fmaxf(fabsf(v.z * w.z), fabsf(v.w * w.w))));
+        } else {
+            if (pro == PRO_SWIGLU) {
+                const float4 u = x4[n_in / 4 + qi];
+                v = make_float4(swiglu_act(v.x, u.x), swiglu_act(v.y, u.y), swiglu_act(v.z, u.z), swiglu_act(v.w, u.w));
+            }
+            am = fmaxf(am, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        if (resident) xraw[qi] = v;
+    }
+    ss = warp_sum(ss);
+    am = warp_max(am);
+    if (lane == 0) { stat[2 * warp] = ss; stat[2 * warp + 1] = am; }
+    __syncthreads();
+    if (tid == 0) {
+        float s = stat[0], a = stat[1];
+#pragma unroll
+        for (int w = 1; w < TC_NW; ++w) { s = __fadd_rn(s, stat[2 * w]); a = fmaxf(a, stat[2 * w + 1]); }
+        const float inv = pro == PRO_RMS ? rms_inv(s, n_in, eps) : 1.0f;
+        a = __fmul_rn(a, inv);  // within 2 ulps of max |xin|
+        // 2^(13 - floor(log2 a)): the largest |x'| lands below 2^14 (f16 max 65504), with room
+        // for the rounding of the estimate; x' = x * 2^s is exact, so s only sets where the
+        // hi/lo split lands, not the value
+        const int e = a > 0.0f ? ((__float_as_uint(a) >> 23) & 0xFF) - 127 : 0;
+        minv[m] = inv;
+        mscale[m] = TC_BF16 ? 1.0f : __uint_as_float((uint32_t)(127 + 13 - max(-100, min(100, e))) << 23);
+    }
+    __syncthreads();
+}
+
+// x' = prologue(x) * 2^s as f16 hi/lo for positions 4qi..4qi+3 (p = the first one); zero past n_in
+BW24_DEVICE uint4 tc_split4(float4 v, float sc) {
+    v = make_float4(__fmul_rn(v.x, sc), __fmul_rn(v.y, sc), __fmul_rn(v.z, sc), __fmul_rn(v.w, sc));
+#if TC_BF16
+    const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
+    const float2 f01 = __bfloat1622float2(h01), f23 = __bfloat1622float2(h23);
+    const __nv_bfloat162 l01 = __floats2bfloat162_rn(__fsub_rn(v.x, f01.x), __fsub_rn(v.y, f01.y));
+    const __nv_bfloat162 l23 = __floats2bfloat162_rn(__fsub_rn(v.z, f23.x), __fsub_rn(v.w, f23.y));
+#else
+    const __half2 h01 = __floats2half2_rn(v.x, v.y), h23 = __floats2half2_rn(v.z, v.w);
+    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+    const __half2 l01 = __floats2half2_rn(__fsub_rn(v.x, f01.x), __fsub_rn(v.y, f01.y));
+    const __half2 l23 = __floats2half2_rn(__fsub_rn(v.z, f23.x), __fsub_rn(v.w, f23.y));
+#endif
+    uint4 o;
+    o.x = *reinterpret_cast<const uint32_t*>(&h01);
+    o.y = *reinterpret_cast<const uint32_t*>(&h23);
+    o.z = *reinterpret_cast<const uint32_t*>(&l01);
+    o.w = *reinterpret_cast<const uint32_t*>(&l23);
+    return o;
+}
+
+// Persistent tiles: block b takes the 32-row tiles b, b + gridDim.x, ... (the wrapper sizes the
+// grid to the resident capacity and evens out the tiles per block).  The prologue statistics
+// and, when x fits (tkx >= n_in), the staged x' are computed once per block; the next tile's
+// first weight loads go out before the current tile's cross-warp reduction.  A tile's values
+// do not depend on which block computes it.
 extern "C" __global__ void __launch_bounds__(TC_NW * 32)
 matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
           const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
@@ -403,20 +543,26 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
     extern __shared__ float4 smem4[];
     uint4* xs = reinterpret_cast<uint4*>(smem4);                   // [MV_M][tkx/4]
     float* red = reinterpret_cast<float*>(xs + MV_M * (tkx / 4));  // [TC_NW][TC_ROWS][8] partial sums
-    float* stat = red + TC_NW * TC_ROWS * 8;                       // [MV_M][TC_NW] reductions
-    float* minv = stat + MV_M * TC_NW;                             // [MV_M] rms inverse
+    float* stat = red + TC_NW * TC_ROWS * 8;                       // [TC_NW][2] reductions
+    float* minv = stat + 2 * TC_NW;                                // [MV_M] rms inverse
     float* mscale = minv + MV_M;                                   // [MV_M] 2^s_m
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int nck = n_in / 32;
-    const int nss = (nck + 3) / 4;  // super-steps of 4 chunks
-    const long row0 = (long)blockIdx.x * TC_ROWS;
+    const int nck = n_in / VPC;
+    const int nss = (nck + 3) / 4;  // super-steps of 4 chunks (4 * VPC values of a row)
+    const int ntiles = (n_out + TC_ROWS - 1) / TC_ROWS;
+    const bool resident = tkx >= n_in;
+#if FMT == F_NVFP4
     const unsigned int* ws32 = reinterpret_cast<const unsigned int*>(ws);
+#else
+    (void)ws;
+#endif
     long rows[4];  // this lane's rows: tile 0 g, g+8; tile 1 g, g+8
+    auto set_rows = [&](int tile) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) rows[i] = min(row0 + 16 * (i >> 1) + g + 8 * (i & 1), (long)n_out - 1);
+        for (int i = 0; i < 4; ++i) rows[i] = min((long)tile * TC_ROWS + 16 * (i >> 1) + g + 8 * (i & 1), (long)n_out - 1);
+    };
 
-    // first super-steps' loads go out before the prologue (as in matvec)
     uint4 q[TC_U][4];
     uint32_t sw[TC_U][4];
     auto fetch = [&](int u, int ss) {
@@ -425,151 +571,155 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
         for (int i = 0; i < 4; ++i) {
             if (ss < nss && c < nck) {
                 q[u][i] = ld_stream16(wq + rows[i] * nck + c);
+#if FMT == F_NVFP4
                 sw[u][i] = __ldg(ws32 + rows[i] * (nck >> 1) + (c >> 1));
+#endif
             } else {
-                q[u][i] = make_uint4(0u, 0u, 0u, 0u);  // codes 0: A = 0 (and x = 0 there)
+                q[u][i] = make_uint4(0u, 0u, 0u, 0u);  // codes / values 0: A = 0 (and x = 0 there)
                 sw[u][i] = 0u;
             }
         }
     };
+    int tile = blockIdx.x;
+    if (tile >= ntiles) return;
+    set_rows(tile);
+    // the first super-steps' loads go out before the prologue (as in matvec)
     pdl_trigger();
 #pragma unroll
     for (int u = 0; u < TC_U; ++u) fetch(u, warp + TC_NW * u);
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
-    // ---- prologue statistics per token: rms inverse, then max |xin| -> 2^s
     for (int m = 0; m < MV_M; ++m) {
-        float inv = 1.0f;
-        if (pro == PRO_RMS) {
-            float s = 0.0f;
-            for (int p = tid; p < n_in; p += TC_NW * 32) {
-                const float v = x[(long)m * ldx + p];
-                s = __fmaf_rn(v, v, s);
-            }
-            s = warp_sum(s);
-            if (lane == 0) stat[m * TC_NW + warp] = s;
-            __syncthreads();
-            float tot = stat[m * TC_NW];
-#pragma unroll
-            for (int w = 1; w < TC_NW; ++w) tot = __fadd_rn(tot, stat[m * TC_NW + w]);
-            inv = rms_inv(tot, n_in, eps);
-            __syncthreads();
-        }
-        float amax = 0.0f;
-        for (int p = tid; p < n_in; p += TC_NW * 32) amax = fmaxf(amax, fabsf(prologue_x(x, (long)m * ldx, p, n_in, pro, inv, normw)));
-        amax = warp_max(amax);
-        if (lane == 0) stat[m * TC_NW + warp] = amax;
-        __syncthreads();
-        if (tid == 0) {
-            float a = stat[m * TC_NW];
-            for (int w = 1; w < TC_NW; ++w) a = fmaxf(a, stat[m * TC_NW + w]);
-            // 2^(14 - floor(log2 a)): the largest |x'| lands in [2^14, 2^15)
-            const int e = a > 0.0f ? ((__float_as_uint(a) >> 23) & 0xFF) - 127 : 0;
-            minv[m] = inv;
-            mscale[m] = __uint_as_float((uint32_t)(127 + 14 - max(-100, min(100, e))) << 23);
-        }
-        __syncthreads();
-    }
-
-    float acc[2][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-
-    const int ss_per_tile = tkx / 128;  // a multiple of TC_NW (tkx is a multiple of 128 * TC_NW)
-    for (int k0 = 0, st0 = 0; k0 < n_in; k0 += tkx, st0 += ss_per_tile) {
-        // ---- stage x' = prologue(x) * 2^s as f16 hi/lo, 4 positions per uint4
-        __syncthreads();
-        for (int m = 0; m < MV_M; ++m) {
+        float4* xraw = reinterpret_cast<float4*>(xs + m * (tkx / 4));
+        tc_stats(x, normw, xraw, m, ldx, n_in, pro, resident, eps, stat, minv, mscale);
+        if (resident) {  // own slots only: the thread wrote exactly these in tc_stats
             const float inv = minv[m], sc = mscale[m];
+            const float4* w4 = reinterpret_cast<const float4*>(normw);
             for (int qi = tid; qi < tkx / 4; qi += TC_NW * 32) {
-                float v[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int p = k0 + 4 * qi + e;
-                    v[e] = p < n_in ? __fmul_rn(prologue_x(x, (long)m * ldx, p, n_in, pro, inv, normw), sc) : 0.0f;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (qi < n_in / 4) {
+                    v = xraw[qi];
+                    if (pro == PRO_RMS) {
+                        const float4 w = __ldg(w4 + qi);
+                        v = make_float4(__fmul_rn(__fmul_rn(v.x, inv), w.x), __fmul_rn(__fmul_rn(v.y, inv), w.y),
+                                        __fmul_rn(__fmul_rn(v.z, inv), w.z), __fmul_rn(__fmul_rn(v.w, inv), w.w));
+                    }
                 }
-                const __half2 h01 = __floats2half2_rn(v[0], v[1]), h23 = __floats2half2_rn(v[2], v[3]);
-                const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
-                const __half2 l01 = __floats2half2_rn(__fsub_rn(v[0], f01.x), __fsub_rn(v[1], f01.y));
-                const __half2 l23 = __floats2half2_rn(__fsub_rn(v[2], f23.x), __fsub_rn(v[3], f23.y));
-                uint4 o;
-                o.x = *reinterpret_cast<const uint32_t*>(&h01);
-                o.y = *reinterpret_cast<const uint32_t*>(&h23);
-                o.z = *reinterpret_cast<const uint32_t*>(&l01);
-                o.w = *reinterpret_cast<const uint32_t*>(&l23);
-                xs[m * (tkx / 4) + qi] = o;
+                xs[m * (tkx / 4) + qi] = tc_split4(v, sc);
             }
         }
-        __syncthreads();
-        // ---- this warp's super-steps of the tile (st0 + warp, + 4, ...), TC_U at a time
-        const int st1 = min(nss, st0 + ss_per_tile);
-        for (int ss = st0 + warp; ss < st1; ss += TC_NW * TC_U) {
-            if (k0 != 0 || ss != warp) {  // the very first batch was fetched before the prologue
+    }
+    __syncthreads();
+
+    const int ss_per_tile = tkx / (4 * VPC);  // a multiple of TC_NW * TC_U (tkx: a multiple of 4 * VPC * TC_NW * TC_U)
+    for (;;) {
+        float acc[2][4];
 #pragma unroll
-                for (int u = 0; u < TC_U; ++u) fetch(u, ss + TC_NW * u);
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+        for (int k0 = 0, st0 = 0; k0 < n_in; k0 += tkx, st0 += ss_per_tile) {
+            if (!resident) {  // ---- stage this k-tile of x' (x larger than the staging budget)
+                __syncthreads();
+                for (int m = 0; m < MV_M; ++m) {
+                    const float inv = minv[m], sc = mscale[m];
+                    for (int qi = tid; qi < tkx / 4; qi += TC_NW * 32) {
+                        float v[4];
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int p = k0 + 4 * qi + e;
+                            v[e] = p < n_in ? prologue_x(x, (long)m * ldx, p, n_in, pro, inv, normw) : 0.0f;
+                        }
+                        xs[m * (tkx / 4) + qi] = tc_split4(make_float4(v[0], v[1], v[2], v[3]), sc);
+                    }
+                }
+                __syncthreads();
             }
+            // ---- this warp's super-steps of the k-tile, ss = warp + TC_NW * j in increasing order.
+            // A rolling window: slot u = j % TC_U holds step j's weights; as soon as a step is
+            // consumed its slot is refilled with step j + TC_U, so TC_U - 1..TC_U steps stay in
+            // flight all the time (fetching all slots, then consuming all, drained the window to
+            // zero before every refill).  st0 is a multiple of TC_NW * TC_U (tkx a multiple of
+            // 128 * TC_NW * TC_U), so the slot of a step never depends on the k-tile.
+            const int st1 = min(nss, st0 + ss_per_tile);
+            for (int ssb = st0 + warp; ssb < st1; ssb += TC_NW * TC_U) {
 #pragma unroll
-            for (int u = 0; u < TC_U; ++u) {
-                const int s2 = ss + TC_NW * u;
-                if (s2 >= st1) break;
-                const int c = s2 * 4 + t;
-                uint32_t sc[4][2];
+                for (int u = 0; u < TC_U; ++u) {
+                    const int s2 = ssb + TC_NW * u;
+                    if (s2 >= st1) break;
+                    const int c = s2 * 4 + t;
+                    uint32_t sc[4][2] = {};
+#if FMT == F_NVFP4
 #pragma unroll
-                for (int i = 0; i < 4; ++i) tc_scales(sw[u][i], c, sc[i]);
-                const int qbase = (c * 32 - k0) / 4;  // x group of the chunk's first value
+                    for (int i = 0; i < 4; ++i) tc_scales(sw[u][i], c, sc[i]);
+#endif
+                    uint4 qc[4];
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
+                    for (int i = 0; i < 4; ++i) qc[i] = q[u][i];
+                    fetch(u, s2 + TC_NW * TC_U);  // past nss: zero fill, no load
+                    const int qbase = (c * VPC - k0) / 4;  // x group of the chunk's first value
 #pragma unroll
-                    for (int wi = 0; wi < 4; ++wi) {
+                    for (int ks = 0; ks < TC_KSTEPS; ++ks) {
                         uint4 b = make_uint4(0u, 0u, 0u, 0u);
-                        if (g < MV_M) b = xs[g * (tkx / 4) + qbase + 4 * h + wi];
+                        if (g < MV_M) b = xs[g * (tkx / 4) + qbase + ks];
                         uint32_t a[4][2];
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) tc_afrag(q[u][i], h, wi, sc[i][h], a[i][0], a[i][1]);
+                        for (int i = 0; i < 4; ++i) tc_afrag_ks(qc[i], ks, sc[i], a[i][0], a[i][1]);
 #pragma unroll
-                        for (int tile = 0; tile < 2; ++tile) {
+                        for (int mt = 0; mt < 2; ++mt) {
                             // A regs: (row g, slots 2t..), (row g+8, 2t..), (row g, 2t+8..), (row g+8, 2t+8..)
-                            mma_f16_16816(acc[tile], a[2 * tile][0], a[2 * tile + 1][0], a[2 * tile][1], a[2 * tile + 1][1], b.x, b.y);
-                            mma_f16_16816(acc[tile], a[2 * tile][0], a[2 * tile + 1][0], a[2 * tile][1], a[2 * tile + 1][1], b.z, b.w);
+                            mma_tc(acc[mt], a[2 * mt][0], a[2 * mt + 1][0], a[2 * mt][1], a[2 * mt + 1][1], b.x, b.y);
+                            mma_tc(acc[mt], a[2 * mt][0], a[2 * mt + 1][0], a[2 * mt][1], a[2 * mt + 1][1], b.z, b.w);
                         }
                     }
+                }
             }
         }
-    }
 
-    // ---- partial sums of the 4 warps, added in warp order; epilogue
+        // ---- the next tile's first loads go out now; they land during this tile's reduction
+        const long row0 = (long)tile * TC_ROWS;
+        tile += gridDim.x;
+        if (tile < ntiles) {
+            set_rows(tile);
 #pragma unroll
-    for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int r = tile * 16 + g + 8 * (j >> 1), col = 2 * t + (j & 1);
-            red[(warp * TC_ROWS + r) * 8 + col] = acc[tile][j];
+            for (int u = 0; u < TC_U; ++u) fetch(u, warp + TC_NW * u);
         }
-    __syncthreads();
-    for (int i = tid; i < TC_ROWS * MV_M; i += TC_NW * 32) {
-        const int r = i / MV_M, m = i - r * MV_M;
-        const long o = row0 + r;
-        float v = red[r * 8 + m];
+
+        // ---- partial sums of the warps, added in warp order; epilogue
+        __syncthreads();  // the previous tile's epilogue has read red[]
 #pragma unroll
-        for (int w = 1; w < TC_NW; ++w) v = __fadd_rn(v, red[(w * TC_ROWS + r) * 8 + m]);
-        v = __fdiv_rn(v, mscale[m]);  // exact: a power of two
-        if (o < n_out && gscale) v = __fmul_rn(v, gscale[o]);
-        red[r * 8 + m] = v;  // finished value, read back by the pair owner below
-    }
-    __syncthreads();
-    for (int i = tid; i < TC_ROWS * MV_M; i += TC_NW * 32) {
-        const int r = i / MV_M, m = i - r * MV_M;
-        const long o = row0 + r;
-        if (o >= n_out) continue;
-        const float v = red[r * 8 + m];
-        if (epi == EPI_SWIGLU) {
-            if ((r & 1) == 0 && o + 1 < n_out) out[(long)m * (n_out >> 1) + (o >> 1)] = swiglu_act(v, red[(r + 1) * 8 + m]);
-        } else {
-            float* dst = out + (long)m * n_out + o;
-            *dst = epi == EPI_ADD ? __fadd_rn(*dst, v) : v;
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int r = mt * 16 + g + 8 * (j >> 1), col = 2 * t + (j & 1);
+                red[(warp * TC_ROWS + r) * 8 + col] = acc[mt][j];
+            }
+        __syncthreads();
+        for (int i = tid; i < TC_ROWS * MV_M; i += TC_NW * 32) {
+            const int r = i / MV_M, m = i - r * MV_M;
+            const long o = row0 + r;
+            float v = red[r * 8 + m];
+#pragma unroll
+            for (int w = 1; w < TC_NW; ++w) v = __fadd_rn(v, red[(w * TC_ROWS + r) * 8 + m]);
+            v = __fdiv_rn(v, mscale[m]);  // exact: a power of two
+            if (o < n_out && gscale) v = __fmul_rn(v, gscale[o]);
+            red[r * 8 + m] = v;  // finished value, read back by the pair owner below
         }
+        __syncthreads();
+        for (int i = tid; i < TC_ROWS * MV_M; i += TC_NW * 32) {
+            const int r = i / MV_M, m = i - r * MV_M;
+            const long o = row0 + r;
+            if (o >= n_out) continue;
+            const float v = red[r * 8 + m];
+            if (epi == EPI_SWIGLU) {
+                if ((r & 1) == 0 && o + 1 < n_out) out[(long)m * (n_out >> 1) + (o >> 1)] = swiglu_act(v, red[(r + 1) * 8 + m]);
+            } else {
+                float* dst = out + (long)m * n_out + o;
+                *dst = epi == EPI_ADD ? __fadd_rn(*dst, v) : v;
+            }
+        }
+        if (tile >= ntiles) break;
     }
 }
 #endif

@@ -18,7 +18,8 @@ from .kernel_build import get_kernel
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_ROWS_PER_BLOCK = 8 * MV_R
-MV_SMEM_FLOATS = 8192  # x staging budget per block (32 KB), split over the m rows
+MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
+# resident up to 16k inputs (down 12288 no longer re-stages a second k-tile behind a barrier)
 GM_TILE = 128
 GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes (GEMM_SPLIT=0)
 GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
@@ -60,29 +61,77 @@ def matvec_tile(W: DeviceWeight, m: int) -> int:
 
 TC_ROWS = 32  # matvec.cu matvec_tc: output rows per block
 TC_SMEM_X = 64 * 1024  # x staging budget of matvec_tc (4 bytes per value and token)
-_tc_smem_set: dict = {}
+_smem_set: dict = {}
+
+
+def _ensure_smem(k, smem: int) -> None:
+    """Raise the kernel's dynamic shared-memory limit past the 48 KB default when needed."""
+    if smem > 47 * 1024 and _smem_set.get(id(k), 0) < smem:
+        k.max_dynamic_shared_size_bytes = smem
+        _smem_set[id(k)] = smem
 
 
 TC_LARGE_ROWS = 8192  # matvec_tc geometry switch (see matvec_impl)
 
 
+TC_FORMATS = ("NVFP4", "BF16", "F16")
+
+
 def matvec_impl(W: DeviceWeight) -> str:
-    """"tc" (tensor cores, matvec_tc) for NVFP4 weights, else "simt".  BW24CHAT_MATVEC=simt|tc
-    forces one kernel (comparisons; "tc" applies to NVFP4 only)."""
+    """"tc" (tensor cores, matvec_tc) for NVFP4, BF16 and F16 weights, else "simt".
+    BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons; "tc" applies to those formats only)."""
     force = os.environ.get("BW24CHAT_MATVEC", "")
     if force == "simt":
         return "simt"
-    return "tc" if W.fmt == "NVFP4" else "simt"
+    return "tc" if W.fmt in TC_FORMATS else "simt"
 
 
 def tc_geometry(W: DeviceWeight) -> tuple[int, int]:
     """(warps per block, super-steps in flight) of matvec_tc.  Measured on the H200 with
-    bench/matvec_variants.py (Qwen3-8B shapes, us per launch, SIMT kernel in brackets): below
-    8192 rows the grid is small and 8 split-K warps x 4 super-steps keep enough loads in flight
-    (qkv 15.2 [16.3], o 10.1 [11.8], down 25.2 [31.7]); from 8192 rows 4 x 2 (gate|up 38.7
-    [53.6], LM head 65.6 [100.2]).  BW24CHAT_TC_NW / BW24CHAT_TC_U override (experiments)."""
-    nw, u = (4, 2) if W.out >= TC_LARGE_ROWS else (8, 4)
+    bench/matvec_variants.py (Qwen3-8B shapes, persistent tiles, rolling load window; us per
+    launch): NVFP4 8 x 2 below 8192 rows (qkv 14.4, o 10.4, down 23.0) and 4 x 2 from 8192 (gate|up
+    35.0, LM head 62.6).  BF16/F16: see bench/NOTES.md.  BW24CHAT_TC_NW / BW24CHAT_TC_U override
+    (experiments)."""
+    if W.fmt == "NVFP4":
+        nw, u = (4, 2) if W.out >= TC_LARGE_ROWS else (8, 2)
+    else:
+        nw, u = 4, 2  # 96 registers (4 x 4 spills)
     return int(os.environ.get("BW24CHAT_TC_NW", nw)), int(os.environ.get("BW24CHAT_TC_U", u))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_resources() -> tuple[int, int]:
+    import cupy as cp
+
+    a = cp.cuda.Device().attributes
+    return int(a["MultiProcessorCount"]), int(a["MaxSharedMemoryPerMultiprocessor"])
+
+
+def resident_blocks(k, threads: int, smem: int) -> int:
+    """Blocks of ``k`` one multiprocessor holds at once (registers, shared memory, warps), from
+    the compiled kernel's register count: the occupancy calculator's rules (registers allocated
+    per warp in units of 256, 1 KB of shared memory reserved per block, 64 warps per SM)."""
+    _, smem_sm = _sm_resources()
+    warps = -(-threads // 32)
+    regs_warp = -(-max(1, k.num_regs) * 32 // 256) * 256
+    by_regs = (65536 // regs_warp) // warps
+    by_smem = smem_sm // (smem + 1024)
+    return max(1, min(by_regs, by_smem, 64 // warps, 32))
+
+
+def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
+    """Grid of the persistent matvec kernels: at most the resident capacity, tiles spread evenly
+    (the same count per block, so no block runs a lone extra tile at the end).
+    BW24CHAT_MV_PERSIST=0: one tile per block (comparisons); BW24CHAT_MV_MAX_BLOCKS=N caps the
+    grid (tests: many tiles per block must give the same bits as one)."""
+    if os.environ.get("BW24CHAT_MV_PERSIST", "1") == "0":
+        return ntiles
+    sms, _ = _sm_resources()
+    cap = sms * resident_blocks(k, threads, smem)
+    if os.environ.get("BW24CHAT_MV_MAX_BLOCKS"):
+        cap = min(cap, int(os.environ["BW24CHAT_MV_MAX_BLOCKS"]))
+    per_block = -(-ntiles // cap)
+    return -(-ntiles // per_block)
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
@@ -105,24 +154,25 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
     if (impl or matvec_impl(W)) == "tc":
+        if x.data.ptr % 16 or ldx % 4:
+            raise ValueError("matvec_tc reads x as float4: 16-byte aligned rows")
         nw, u = tc_geometry(W)
-        unit = 128 * nw
+        unit = 4 * W.vpc * nw * u  # matvec_tc: whole rolling windows (super-steps of 4 chunks) per k-tile
         need = -(-W.in_ // unit) * unit
         tkx = min(need, max(unit, (TC_SMEM_X // (4 * m)) // unit * unit))
-        smem = 4 * m * tkx + 4 * (nw * TC_ROWS * 8 + nw * m + 2 * m)
+        smem = 4 * m * tkx + 4 * (nw * TC_ROWS * 8 + 2 * nw + 2 * m)
         defs = {} if (nw, u) == (4, 2) else {"TC_NW": nw, "TC_U": u}
         k = get_kernel("matvec", "matvec_tc", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **defs)
-        if smem > 47 * 1024 and _tc_smem_set.get(id(k), 0) < smem:
-            k.max_dynamic_shared_size_bytes = smem
-            _tc_smem_set[id(k)] = smem
-        k((-(-W.out // TC_ROWS),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
+        _ensure_smem(k, smem)
+        k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
     tk = matvec_tile(W, m)
     smem = 4 * (m * tk + m * (tk // 32) + m * 8)
     mv_u = os.environ.get("BW24CHAT_MV_U")  # chunks in flight per lane (experiments; matvec.cu MV_U)
     k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **({"MV_U": int(mv_u)} if mv_u else {}))
-    grid = (-(-W.out // MV_ROWS_PER_BLOCK),)
+    _ensure_smem(k, smem)
+    grid = (persistent_grid(k, 256, smem, -(-W.out // MV_ROWS_PER_BLOCK)),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
 

@@ -102,3 +102,38 @@ def test_matvec_swiglu_epilogue_interleaved(cp, rng, fmt):
     act = cp.full((8, n), cp.nan, dtype=cp.float32)
     ops.swiglu(cp.asarray(y), act)
     assert np.array_equal(cp.asnumpy(act).view(np.uint32), outs[8].view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "F32"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
+    """The matvec kernels are persistent (each block loops over row tiles, the x staging done
+    once per block).  A grid capped at 3 blocks — dozens of tiles per block, the next tile's loads
+    issued before the current one's epilogue — gives the same bits as the default grid and as one
+    tile per block, for the rmsnorm prologue and the store / add / swiglu epilogues."""
+    from bw24chat.backends import cuda_linear as cl
+
+    n = int(rng.integers(300, 700))
+    ts, w = make_weight(rng, fmt, rows=(n, n), nblocks=int(rng.integers(2, 5)))
+    W = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    res = rng.standard_normal((m, W.out)).astype(np.float32)
+
+    def all_epilogues():
+        got = [run(cp, W, x, m, "rmsnorm", norm_w=norm_w), run(cp, W, x, m, epi="add", init=res)]
+        sw = cp.full((m, n), cp.nan, dtype=cp.float32)
+        cl.matvec(W, cp.asarray(x), sw, m, epilogue="swiglu")
+        return got + [cp.asnumpy(sw)]
+
+    base = all_epilogues()
+    w_rows = np.empty_like(w)  # the uploaded row order: gate_0, up_0, gate_1, ...
+    w_rows[0::2], w_rows[1::2] = w[:n], w[n:]
+    check_close(base[0], prologue_ref(x, "rmsnorm", W.in_, norm_w), w_rows)
+    for env in ({"BW24CHAT_MV_MAX_BLOCKS": "3"}, {"BW24CHAT_MV_PERSIST": "0"}):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        for a, b in zip(all_epilogues(), base):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{env} changed the bits"
+        for k in env:
+            monkeypatch.delenv(k)
