@@ -106,4 +106,12 @@ mv2)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --decode-only --json $OUT/bench.json 2>&1 | grep "tg128" | grep -v '"test"' | tee $OUT/bench.log
   python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log | tail -22
   ;;
+x3)
+  # BF16: SIMT at 3 blocks/SM vs tensor cores; NVFP4 16-warp tiles; PDL with the matvecs' late trigger
+  timeout 200 python3 bench/matvec_variants.py --formats bf16,nvfp4 2>&1 | tee $OUT/variants.log | grep -A12 "best per shape"
+  BW24CHAT_PDL=1 timeout 100 python3 -m bw24chat check --skip-kernels --formats bf16,nvfp4 --kv bf16,f32 2>&1 | tee $OUT/check_pdl.log | tail -2
+  for env in "BW24CHAT_MATVEC=simt BW24CHAT_MV_MINB=3" "BW24CHAT_TC_NW=8" "BW24CHAT_PDL=1 BW24CHAT_MATVEC=simt BW24CHAT_MV_MINB=3"; do
+    env $env python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | sed "s/^/$env: /" | tee -a $OUT/bench.log; done
+  for pdl in 0 1; do BW24CHAT_PDL=$pdl python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | sed "s/^/pdl=$pdl /" | tee -a $OUT/bench.log; done
+  ;;
 esac

@@ -25,20 +25,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
 VARIANTS = {
-    "NVFP4": [("tc nw4 u2", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "2"}),
-              ("tc nw4 u4", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "4"}),
-              ("tc nw8 u2", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
-              ("tc nw8 u4", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "4"}),
-              ("default 1 tile/blk", {"BW24CHAT_MV_PERSIST": "0"})],
-    "BF16": [("tc nw4 u2", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "2"}),
-             ("tc nw8 u2", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
-             ("tc nw4 u3", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "3"}),
-             ("simt u4", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_U": "4"})],
+    "NVFP4": [("tc nw8 u2", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
+              ("tc nw16 u2", {"BW24CHAT_TC_NW": "16", "BW24CHAT_TC_U": "2"}),
+              ("tc nw4 u2", {"BW24CHAT_TC_NW": "4", "BW24CHAT_TC_U": "2"})],
+    "BF16": [("tc nw8 u2", {"BW24CHAT_TC_NW": "8", "BW24CHAT_TC_U": "2"}),
+             ("tc nw16 u2", {"BW24CHAT_TC_NW": "16", "BW24CHAT_TC_U": "2"}),
+             ("tc nw16 u1", {"BW24CHAT_TC_NW": "16", "BW24CHAT_TC_U": "1"}),
+             ("simt u4", {"BW24CHAT_MATVEC": "simt"}),
+             ("simt u4 minb3", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_MINB": "3"}),
+             ("simt u3 minb3", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_MINB": "3", "BW24CHAT_MV_U": "3"})],
     "Q8_0": [("simt u4", {}), ("simt u6", {"BW24CHAT_MV_U": "6"})],
     "Q4_K": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u3", {"BW24CHAT_MV_U": "3"})],
 }
 COPIES = 6
-SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST")
+SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB")
 
 
 def main() -> int:

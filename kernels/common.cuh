@@ -55,7 +55,9 @@ BW24_DEVICE float swiglu_act(float g, float u) { return __fmul_rn(__fdiv_rn(g, _
 // grid has completed and its memory is visible.  Every kernel calls pdl_wait before it reads
 // anything an earlier kernel wrote and before it writes anything; the decode matvecs first issue
 // their weight loads (read-only data), so those overlap the previous kernel's tail.  Without the
-// launch attribute both are no-ops.
+// launch attribute both are no-ops.  The matvecs trigger when a block's last tile has streamed
+// (triggering at entry let several future kernels sit resident and prefetch against the running
+// one: measured slower, bench/NOTES.md); the short kernels trigger at entry (PDL_ENTRY).
 BW24_DEVICE void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

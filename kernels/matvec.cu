@@ -212,7 +212,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     // The first batch of weight loads goes out before the prologue: its memory latency then
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
-    pdl_trigger();
     Raw raw[MV_U][MV_R];
     auto fetch = [&](int u, int kk, int kcb, int nkc) {
         if (kk < nkc)
@@ -313,6 +312,8 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             row0 = ((long)tile * MV_NW + warp) * MV_R;
 #pragma unroll
             for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
+        } else {
+            pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
@@ -584,7 +585,6 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
     if (tile >= ntiles) return;
     set_rows(tile);
     // the first super-steps' loads go out before the prologue (as in matvec)
-    pdl_trigger();
 #pragma unroll
     for (int u = 0; u < TC_U; ++u) fetch(u, warp + TC_NW * u);
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
@@ -684,6 +684,8 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
             set_rows(tile);
 #pragma unroll
             for (int u = 0; u < TC_U; ++u) fetch(u, warp + TC_NW * u);
+        } else {
+            pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }
 
         // ---- partial sums of the warps, added in warp order; epilogue

@@ -134,6 +134,16 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
     return -(-ntiles // per_block)
 
 
+def _simt_defines(W: DeviceWeight, m: int) -> dict:
+    """Compile-time overrides of the SIMT matvec: BW24CHAT_MV_U (load-window slots) and
+    BW24CHAT_MV_MINB (blocks per SM the register budget must allow), for experiments."""
+    d = {}
+    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB")):
+        if os.environ.get(env):
+            d[name] = int(os.environ[env])
+    return d
+
+
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
            norm_w=None, eps: float = 1e-6, impl: str | None = None) -> None:
     """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T; epilogue "swiglu" (W's rows interleaved
@@ -169,8 +179,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         return
     tk = matvec_tile(W, m)
     smem = 4 * (m * tk + m * (tk // 32) + m * 8)
-    mv_u = os.environ.get("BW24CHAT_MV_U")  # chunks in flight per lane (experiments; matvec.cu MV_U)
-    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **({"MV_U": int(mv_u)} if mv_u else {}))
+    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **_simt_defines(W, m))
     _ensure_smem(k, smem)
     grid = (persistent_grid(k, 256, smem, -(-W.out // MV_ROWS_PER_BLOCK)),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
