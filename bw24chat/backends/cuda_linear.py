@@ -75,27 +75,35 @@ TC_LARGE_ROWS = 8192  # matvec_tc geometry switch (see matvec_impl)
 
 
 TC_FORMATS = ("NVFP4", "BF16", "F16")
+TC_FLOAT_MAX_ROWS = 4096  # BF16/F16: tensor cores up to this many rows, the SIMT kernel above
 
 
 def matvec_impl(W: DeviceWeight) -> str:
-    """"tc" (tensor cores, matvec_tc) for NVFP4, BF16 and F16 weights, else "simt".
-    BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons; "tc" applies to those formats only)."""
+    """"tc" (tensor cores, matvec_tc) or "simt", by measurement (H200, bench/matvec_variants.py,
+    Qwen3-8B shapes, us per launch; bench/NOTES.md): NVFP4 always tc (~2 instructions per weight
+    against ~6 in SIMT).  BF16/F16: tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs
+    41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
+    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3).  Other formats: SIMT.
+    BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons; "tc" applies to TC_FORMATS only)."""
     force = os.environ.get("BW24CHAT_MATVEC", "")
-    if force == "simt":
+    if force == "simt" or W.fmt not in TC_FORMATS:
         return "simt"
-    return "tc" if W.fmt in TC_FORMATS else "simt"
+    if force == "tc" or W.fmt == "NVFP4":
+        return "tc"
+    return "tc" if W.out <= TC_FLOAT_MAX_ROWS else "simt"
 
 
 def tc_geometry(W: DeviceWeight) -> tuple[int, int]:
     """(warps per block, super-steps in flight) of matvec_tc.  Measured on the H200 with
     bench/matvec_variants.py (Qwen3-8B shapes, persistent tiles, rolling load window; us per
-    launch): NVFP4 8 x 2 below 8192 rows (qkv 14.4, o 10.4, down 23.0) and 4 x 2 from 8192 (gate|up
-    35.0, LM head 62.6).  BF16/F16: see bench/NOTES.md.  BW24CHAT_TC_NW / BW24CHAT_TC_U override
-    (experiments)."""
+    launch): NVFP4 16 x 2 up to 4096 rows (o 10.0, down 20.1), 8 x 2 below 8192 (qkv 14.5), 4 x 2
+    from 8192 (gate|up 34.9, LM head 62.8); BF16/F16 16 x 1 (o 14.1, down 32.3; 8 x 2: 18.0,
+    47.2).  BW24CHAT_TC_NW / BW24CHAT_TC_U override (experiments)."""
     if W.fmt == "NVFP4":
-        nw, u = (4, 2) if W.out >= TC_LARGE_ROWS else (8, 2)
+        nw = 16 if W.out <= 4096 else 8 if W.out < TC_LARGE_ROWS else 4
+        u = 2
     else:
-        nw, u = 4, 2  # 96 registers (4 x 4 spills)
+        nw, u = 16, 1
     return int(os.environ.get("BW24CHAT_TC_NW", nw)), int(os.environ.get("BW24CHAT_TC_U", u))
 
 

@@ -155,7 +155,7 @@ class Kernel:
         LaunchCounter.count += 1
         if LaunchCounter.record is not None:
             LaunchCounter.record.append((self, tuple(grid), tuple(block), tuple(args), dict(kw)))
-        if pdl_enabled():
+        if pdl_enabled(self.name):
             return launch_pdl(self._raw, grid, block, args, kw.get("shared_mem", 0))
         return self._raw(grid, block, args, **kw)
 
@@ -167,13 +167,14 @@ class Kernel:
 
 
 # ----------------------------------------------------------------- programmatic dependent launch
-# Off by default: measured slower as it stands (bench/NOTES.md, 2026-12-02: the dependents are
-# triggered at each kernel's first instruction; next, trigger after the main loops).
-# CuPy's RawKernel cannot pass launch attributes, so with BW24CHAT_PDL=1 (on sm_90+) every kernel
-# goes out through the driver's cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
-# SERIALIZATION: a kernel may start while the one before it drains (its blocks run up to their
+# CuPy's RawKernel cannot pass launch attributes, so with PDL on (sm_90+) a kernel goes out
+# through the driver's cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+# SERIALIZATION: it may start while the one before it drains (its blocks run up to their
 # pdl_wait, common.cuh), which CUDA graphs capture as programmatic edges.  Structures as in
 # cuda.h (CUDA 12/13).
+# BW24CHAT_PDL: "0" off, "1" every kernel, "notc" every kernel but matvec_tc (the tensor-core
+# decode matvec, whose early start measured slower: bench/NOTES.md).  Default: PDL_DEFAULT.
+PDL_DEFAULT = "0"
 class _LaunchAttrValue(ctypes.Union):
     _fields_ = [("pad", ctypes.c_char * 64), ("as_int", ctypes.c_int)]
 
@@ -209,8 +210,11 @@ def _pdl_supported() -> bool:
     return cupy.cuda.Device().compute_capability >= "90"
 
 
-def pdl_enabled() -> bool:
-    return os.environ.get("BW24CHAT_PDL", "0") == "1" and _pdl_supported()
+def pdl_enabled(kernel_name: str = "") -> bool:
+    mode = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT)
+    if mode == "0" or (mode == "notc" and kernel_name == "matvec_tc"):
+        return False
+    return mode in ("1", "notc") and _pdl_supported()
 
 
 def _arg(a):
