@@ -20,7 +20,7 @@
 // ---------------------------------------------------------------- decode (attn_decode)
 // Row r attends keys 0..L_r-1, L_r = lengths[r] (device int32, so a CUDA graph replays with new
 // lengths).  Split rule (kernel_refs.decode_splits; depends only on L_r and the static
-// max_splits, never on m): tiles = ceil(L/TK), per = ceil(tiles/max_splits),
+// max_splits, never on m): tiles = ceil(L/TK), per = max(DEC_MIN_PER, ceil(tiles/max_splits)),
 // n_split = ceil(tiles/per); split s covers tiles [s*per, min(tiles, (s+1)*per)).
 // Grid (m, max_splits, K*NSG), 128 threads; blocks with s >= n_split(L_r) exit at once, so the
 // grid never depends on lengths (graph-safe).  Row index is the fastest grid dimension so the m
@@ -77,6 +77,9 @@
 #endif
 #ifndef PREFILL_SPLIT
 #define PREFILL_SPLIT 1
+#endif
+#ifndef DEC_MIN_PER  // decode: at least this many key tiles per split (fewer splits to merge at short context)
+#define DEC_MIN_PER 1
 #endif
 
 #define KV_BF16 0
@@ -197,7 +200,7 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     const int L = lengths[r];
     if (L <= 0) return;
     const int tiles = (L + TK - 1) / TK;
-    const int per = (tiles + max_splits - 1) / max_splits;
+    const int per = max(DEC_MIN_PER, (tiles + max_splits - 1) / max_splits);
     const int nsplit = (tiles + per - 1) / per;
     if (s >= nsplit) return;
     const int t0 = s * per, ntile = min(tiles, t0 + per) - t0;

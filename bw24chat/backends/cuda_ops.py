@@ -13,6 +13,7 @@ N cache positions (n_ctx), m decode rows, V vocabulary.  KV cache layouts: kerne
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -209,7 +210,9 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     assert workspace.nbytes >= cnt_bytes + part_bytes, "decode workspace too small"
     ws_cnt = workspace[:cnt_bytes].view(np.int32)
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
-    kern = get_kernel("attention", "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type])
+    min_per = int(os.environ.get("BW24CHAT_ATTN_MIN_PER", "1"))  # experiments: tiles per split at least
+    kern = get_kernel("attention", "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
+                      **({"DEC_MIN_PER": min_per} if min_per != 1 else {}))
     _launch(kern, (m, ms, K * nsg), (128,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),

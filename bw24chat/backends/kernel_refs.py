@@ -194,13 +194,14 @@ def kv_cache_values(buf: np.ndarray, kv_type: str, n_ctx: int, n_kv: int, hd: in
 DECODE_TILE = 32  # keys per decode tile (attention.cu TK)
 
 
-def decode_splits(length: int, max_splits: int, tile: int = DECODE_TILE) -> tuple[int, int]:
-    """(number of splits, keys per split) for a decode row attending ``length`` keys.
+def decode_splits(length: int, max_splits: int, tile: int = DECODE_TILE, min_per: int = 1) -> tuple[int, int]:
+    """(number of splits, keys per split) for a decode row attending ``length`` keys
+    (attention.cu attn_decode; min_per = its DEC_MIN_PER, tiles per split at least).
 
     Depends only on the row's own length and the static max_splits, never on how many rows
     are in the launch: that is what keeps decode and speculative verify bit-identical."""
     tiles = -(-length // tile)
-    per = -(-tiles // max_splits)
+    per = max(min_per, -(-tiles // max_splits))
     return -(-tiles // per), per * tile
 
 
