@@ -174,7 +174,7 @@ class Kernel:
 # cuda.h (CUDA 12/13).
 # BW24CHAT_PDL: "0" off, "1" every kernel, "notc" every kernel but matvec_tc (the tensor-core
 # decode matvec, whose early start measured slower: bench/NOTES.md).  Default: PDL_DEFAULT.
-PDL_DEFAULT = "0"
+PDL_DEFAULT = "notc"
 class _LaunchAttrValue(ctypes.Union):
     _fields_ = [("pad", ctypes.c_char * 64), ("as_int", ctypes.c_int)]
 
