@@ -371,16 +371,16 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 // slots 2t+{0,1} and +{2,3} in 2t+8+{0,1}.  So one MMA mixes 4 blocks of different scales: A is
 // pre-scaled (above).  B is staged once per block in shared memory in the same order: per token
 // and 4 positions, a uint4 {hi(p0,p1), hi(p2,p3), lo(p0,p1), lo(p2,p3)}.
-// Order (exactness): warp w takes the super-steps ss = w, w + 4, ... in increasing order, each
-// k-step's MMA A.hi then A.lo into one accumulator chain; the 4 warps' partial sums are added in
-// warp order.  Nothing depends on MV_M (the x k-tile size does, but not the order), and an MMA's
+// Order (exactness): warp w takes the super-steps ss = w, w + TC_NW, ... in increasing order, each
+// k-step's MMA A.hi then A.lo into one accumulator chain; the TC_NW warps' partial sums are added
+// in warp order.  Nothing depends on MV_M (the x k-tile size does, but not the order), and an MMA's
 // column (token) j depends only on A and B column j: rows are bit-identical for m = 1..8.
 // Geometry: 32-row tiles (two 16-row MMA tiles sharing every B fragment), TC_NW warps per block;
 // persistent: the grid is at most the resident capacity and each block loops over tiles
-// (cuda_linear.tc_grid).  The prologue statistics and x' staging were per tile (each of the
+// (cuda_linear.persistent_grid).  The prologue statistics and x' staging were per tile (each of the
 // 768 gate|up blocks re-read and re-reduced all of x in three scalar passes) and are per block
 // now, in one float4 pass plus one in-place conversion.  Dynamic shared: MV_M * tkx * 4 (x,
-// tkx a multiple of 128 * TC_NW) + TC_NW KB + 8 * TC_NW + 8 * MV_M bytes.
+// tkx a multiple of 4 * VPC * TC_NW * TC_U) + TC_NW KB + 8 * TC_NW + 8 * MV_M bytes.
 // BF16 / F16 weights (same kernel): the 16-byte chunk holds 8 values in natural order, so a
 // super-step covers 32 values of a row and has 2 k-steps; k-step ks puts values 4ks, 4ks+1 (word
 // 2ks) in slots 2t, 2t+1 and 4ks+2, 4ks+3 (word 2ks+1) in 2t+8, 2t+9 — the A registers are the
@@ -644,7 +644,7 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
             // consumed its slot is refilled with step j + TC_U, so TC_U - 1..TC_U steps stay in
             // flight all the time (fetching all slots, then consuming all, drained the window to
             // zero before every refill).  st0 is a multiple of TC_NW * TC_U (tkx a multiple of
-            // 128 * TC_NW * TC_U), so the slot of a step never depends on the k-tile.
+            // 4 * VPC * TC_NW * TC_U), so the slot of a step never depends on the k-tile.
             const int st1 = min(nss, st0 + ss_per_tile);
             for (int ssb = st0 + warp; ssb < st1; ssb += TC_NW * TC_U) {
 #pragma unroll

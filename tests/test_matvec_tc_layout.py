@@ -81,3 +81,54 @@ def test_e4m3_byte_trick_is_e2m1_times_2_pow_minus_6():
         lo = int(e4m3_bytes(np.uint32(code), 0)) & 0xFF
         hi = int(e4m3_bytes(np.uint32(code << 4), 1)) & 0xFF
         assert float(FP8_E4M3[lo]) == want and float(FP8_E4M3[hi]) == want
+
+
+def emulate_float16bit(hp, x: np.ndarray) -> np.ndarray:
+    """matvec_tc for BF16/F16 weights: lane (g, t) of super-step ss loads chunk c = 4 ss + t (8
+    values, natural order) of rows g and g+8; k-step ks puts words 2ks (values 4ks, 4ks+1) in
+    slots 2t, 2t+1 and 2ks+1 (values 4ks+2, 4ks+3) in 2t+8, 2t+9, and B column g takes x at the same
+    positions (x group 2c + ks of the staged uint4s).  Exact arithmetic in place of the MMAs."""
+    out, in_ = hp.out, hp.in_
+    nck = in_ // 8
+    words = hp.q.reshape(out, nck, 16).view("<u4").reshape(out, nck, 4)
+    bits = hp.q.reshape(out, nck, 16).view("<u2").reshape(out, nck, 8)
+    m = x.shape[0]
+    y = np.zeros((m, out))
+    as_float = (lambda b: (b.astype(np.uint32) << 16).view(np.float32)) if hp.fmt == "BF16" else (lambda b: b.view(np.float16))
+    for row0 in range(0, out, 32):
+        for tile in range(2):
+            for ss in range(-(-nck // 4)):
+                for ks in range(2):
+                    A = np.zeros((16, 16))
+                    B = np.zeros((16, m))
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        c = ss * 4 + t
+                        if c >= nck:
+                            continue
+                        slots = [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]
+                        for r8 in (0, 8):
+                            row = min(row0 + 16 * tile + g + r8, out - 1)
+                            lo, hi = words[row, c, 2 * ks], words[row, c, 2 * ks + 1]
+                            halves = np.array([lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16], dtype=np.uint16)
+                            assert np.array_equal(halves, bits[row, c, 4 * ks:4 * ks + 4])  # word = value pair
+                            A[g + r8, slots] = as_float(halves).astype(np.float64)
+                        group = 2 * c + ks  # the staged uint4 index: positions 4*group .. +3
+                        B[slots, :] = x[:, 4 * group + np.arange(4)].T
+                    rows = np.arange(row0 + 16 * tile, row0 + 16 * tile + 16)
+                    ok = rows < out
+                    y[:, rows[ok]] += (A @ B).T[:, ok]
+    return y
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "F16"])
+@pytest.mark.parametrize("rows,in_", [(37, 256), (5, 40), (64, 96)])
+def test_matvec_tc_float_mapping_equals_reference(fmt, rows, in_):
+    rng = np.random.default_rng()
+    ts = [random_qtensor(rng, fmt, rows, in_, "w", 0.75)]
+    hp = cw.repack_host(ts)
+    x = rng.standard_normal((3, in_))
+    w = ts[0].dequantize().astype(np.float64)
+    got = emulate_float16bit(hp, x)
+    ref = x @ w.T
+    assert np.allclose(got, ref, rtol=1e-12, atol=1e-9 * np.abs(ref).max())
