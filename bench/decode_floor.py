@@ -45,6 +45,8 @@ COPIES = 6
 
 
 def time_graph(cp, stream, launch, copies):
+    """us per launch of launch(0..copies-1) captured in one CUDA graph (launch(0) first runs
+    once outside the capture: compiles, sets attributes): median of 7 timings of 10 replays."""
     with stream:
         launch(0)
         stream.synchronize()

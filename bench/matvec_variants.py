@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_floor import time_graph  # noqa: E402  (one graph-timing loop for the bench scripts)
 
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
@@ -66,26 +67,7 @@ def main() -> int:
                 for k in SWITCHES:
                     os.environ.pop(k, None)
                 os.environ.update(env)
-                with stream:
-                    for W in Ws:  # compile + set attributes outside the capture
-                        lin.matvec(W, x, y, 1, prologue=pro, norm_w=nw)
-                    stream.synchronize()
-                    stream.begin_capture()
-                    for W in Ws:
-                        lin.matvec(W, x, y, 1, prologue=pro, norm_w=nw)
-                    g = stream.end_capture()
-                for _ in range(2):
-                    g.launch(stream)
-                ts = []
-                for _ in range(7):
-                    a, b = cp.cuda.Event(), cp.cuda.Event()
-                    a.record(stream)
-                    for _ in range(10):
-                        g.launch(stream)
-                    b.record(stream)
-                    b.synchronize()
-                    ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / (10 * COPIES))
-                us = statistics.median(ts)
+                us = time_graph(cp, stream, lambda c: lin.matvec(Ws[c], x, y, 1, prologue=pro, norm_w=nw), COPIES)
                 gbs = Ws[0].nbytes / (us * 1e-6) / 1e9
                 rows.append((fmt, name, label, us, gbs))
                 print(f"{fmt:6} {name:8} {label:12} {us:8.2f} us {gbs:7.0f} GB/s", flush=True)

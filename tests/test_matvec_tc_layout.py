@@ -27,38 +27,48 @@ def scale_value(sw: int, c: int, h: int) -> float:
     return float(FP8_E4M3[b & 0x7F]) * 64.0
 
 
-def emulate(hp, x: np.ndarray) -> np.ndarray:
-    """y[m, o] as matvec_tc computes it, with exact (float64) arithmetic in place of the MMAs."""
-    out, in_ = hp.out, hp.in_
-    nck = in_ // 32
-    nss = -(-nck // 4)
-    q = hp.q.reshape(out, nck, 16)
-    s32 = hp.s.reshape(out, -1).view("<u4").reshape(out, nck // 2)
+def replay_mmas(out: int, nck: int, ksteps: int, x: np.ndarray, a_values, x_group) -> np.ndarray:
+    """The MMA sequence of matvec_tc with exact (float64) arithmetic: for every 32-row tile, its
+    two 16-row MMA tiles, super-step ss (chunks 4 ss + t) and k-step ks, lane (g, t) fills A rows
+    g and g+8 at k-slots {2t, 2t+1, 2t+8, 2t+9} with a_values(row, c, ks) (4 numbers) and B
+    column g with x at positions 4 * x_group(c, ks) + 0..3.  Returns y[m, out]."""
     m = x.shape[0]
     y = np.zeros((m, out))
+    slots_of = lambda t: [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]  # noqa: E731
     for row0 in range(0, out, 32):
         for tile in range(2):
-            for ss in range(nss):  # any warp order: exact arithmetic here
-                for h in range(2):
-                    for wi in range(4):
-                        A = np.zeros((16, 16))
-                        B = np.zeros((16, m))
-                        for lane in range(32):
-                            g, t = lane >> 2, lane & 3
-                            c = ss * 4 + t
-                            if c >= nck:
-                                continue
-                            for r8 in (0, 8):
-                                row = min(row0 + 16 * tile + g + r8, out - 1)
-                                word = q[row, c, 4 * wi:4 * wi + 4].view("<u4")[0]
-                                e4 = int(e4m3_bytes(word, h))
-                                vals = [float(FP8_E4M3[(e4 >> (8 * j)) & 0xFF]) * scale_value(s32[row, c >> 1], c, h) for j in range(4)]
-                                A[g + r8, [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]] = vals
-                            pos = c * 32 + 16 * h + 4 * wi + np.arange(4)
-                            B[[2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9], :] = x[:, pos].T
-                        rows = np.arange(row0 + 16 * tile, row0 + 16 * tile + 16)
-                        ok = rows < out
-                        y[:, rows[ok]] += (A @ B).T[:, ok]
+            for ss in range(-(-nck // 4)):  # any warp order: exact arithmetic here
+                for ks in range(ksteps):
+                    A = np.zeros((16, 16))
+                    B = np.zeros((16, m))
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        c = ss * 4 + t
+                        if c >= nck:
+                            continue
+                        for r8 in (0, 8):
+                            A[g + r8, slots_of(t)] = a_values(min(row0 + 16 * tile + g + r8, out - 1), c, ks)
+                        B[slots_of(t), :] = x[:, 4 * x_group(c, ks) + np.arange(4)].T
+                    rows = np.arange(row0 + 16 * tile, row0 + 16 * tile + 16)
+                    ok = rows < out
+                    y[:, rows[ok]] += (A @ B).T[:, ok]
+    return y
+
+
+def emulate(hp, x: np.ndarray) -> np.ndarray:
+    """y[m, o] as matvec_tc computes it for NVFP4: k-step ks = 4h + wi takes the E4M3 bytes of
+    word wi's low (h = 0) or high (h = 1) nibbles, pre-scaled by block 2c + h's scale."""
+    out, in_ = hp.out, hp.in_
+    nck = in_ // 32
+    q = hp.q.reshape(out, nck, 16)
+    s32 = hp.s.reshape(out, -1).view("<u4").reshape(out, nck // 2)
+
+    def a_values(row, c, ks):
+        h, wi = ks >> 2, ks & 3
+        e4 = int(e4m3_bytes(q[row, c, 4 * wi:4 * wi + 4].view("<u4")[0], h))
+        return [float(FP8_E4M3[(e4 >> (8 * j)) & 0xFF]) * scale_value(s32[row, c >> 1], c, h) for j in range(4)]
+
+    y = replay_mmas(out, nck, 8, x, a_values, lambda c, ks: c * 8 + 4 * (ks >> 2) + (ks & 3))
     return y * hp.gscale[None, :].astype(np.float64)
 
 
@@ -84,41 +94,22 @@ def test_e4m3_byte_trick_is_e2m1_times_2_pow_minus_6():
 
 
 def emulate_float16bit(hp, x: np.ndarray) -> np.ndarray:
-    """matvec_tc for BF16/F16 weights: lane (g, t) of super-step ss loads chunk c = 4 ss + t (8
-    values, natural order) of rows g and g+8; k-step ks puts words 2ks (values 4ks, 4ks+1) in
-    slots 2t, 2t+1 and 2ks+1 (values 4ks+2, 4ks+3) in 2t+8, 2t+9, and B column g takes x at the same
-    positions (x group 2c + ks of the staged uint4s).  Exact arithmetic in place of the MMAs."""
+    """matvec_tc for BF16/F16 weights: a chunk is 8 values in natural order; k-step ks puts
+    words 2ks (values 4ks, 4ks+1) in slots 2t, 2t+1 and 2ks+1 (values 4ks+2, 4ks+3) in 2t+8, 2t+9,
+    B takes x group 2c + ks of the staged uint4s."""
     out, in_ = hp.out, hp.in_
     nck = in_ // 8
     words = hp.q.reshape(out, nck, 16).view("<u4").reshape(out, nck, 4)
     bits = hp.q.reshape(out, nck, 16).view("<u2").reshape(out, nck, 8)
-    m = x.shape[0]
-    y = np.zeros((m, out))
     as_float = (lambda b: (b.astype(np.uint32) << 16).view(np.float32)) if hp.fmt == "BF16" else (lambda b: b.view(np.float16))
-    for row0 in range(0, out, 32):
-        for tile in range(2):
-            for ss in range(-(-nck // 4)):
-                for ks in range(2):
-                    A = np.zeros((16, 16))
-                    B = np.zeros((16, m))
-                    for lane in range(32):
-                        g, t = lane >> 2, lane & 3
-                        c = ss * 4 + t
-                        if c >= nck:
-                            continue
-                        slots = [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]
-                        for r8 in (0, 8):
-                            row = min(row0 + 16 * tile + g + r8, out - 1)
-                            lo, hi = words[row, c, 2 * ks], words[row, c, 2 * ks + 1]
-                            halves = np.array([lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16], dtype=np.uint16)
-                            assert np.array_equal(halves, bits[row, c, 4 * ks:4 * ks + 4])  # word = value pair
-                            A[g + r8, slots] = as_float(halves).astype(np.float64)
-                        group = 2 * c + ks  # the staged uint4 index: positions 4*group .. +3
-                        B[slots, :] = x[:, 4 * group + np.arange(4)].T
-                    rows = np.arange(row0 + 16 * tile, row0 + 16 * tile + 16)
-                    ok = rows < out
-                    y[:, rows[ok]] += (A @ B).T[:, ok]
-    return y
+
+    def a_values(row, c, ks):
+        lo, hi = words[row, c, 2 * ks], words[row, c, 2 * ks + 1]
+        halves = np.array([lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16], dtype=np.uint16)
+        assert np.array_equal(halves, bits[row, c, 4 * ks:4 * ks + 4])  # a word is a value pair, low first
+        return as_float(halves).astype(np.float64)
+
+    return replay_mmas(out, nck, 2, x, a_values, lambda c, ks: 2 * c + ks)
 
 
 @pytest.mark.parametrize("fmt", ["BF16", "F16"])
