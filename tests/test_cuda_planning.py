@@ -35,3 +35,36 @@ def test_pdl_launch_structures_match_cuda_h():
     assert isinstance(kb._arg(np.uint64(0)), ctypes.c_uint64)
     with pytest.raises(TypeError):
         kb._arg(3)  # a Python int has no fixed width: the launch wrappers pass NumPy scalars
+
+
+def test_pdl_modes(monkeypatch):
+    """BW24CHAT_PDL: 0 off, 1 every kernel, notc (the default) every kernel but matvec_tc; never
+    below sm_90 (compute capabilities compared as numbers: "120" >= "90")."""
+    from bw24chat.backends import kernel_build as kb
+
+    monkeypatch.setattr(kb, "_pdl_supported", lambda: True)
+    monkeypatch.delenv("BW24CHAT_PDL", raising=False)
+    assert kb.PDL_DEFAULT == "notc"
+    assert kb.pdl_enabled("matvec") and kb.pdl_enabled("attn_decode") and not kb.pdl_enabled("matvec_tc")
+    monkeypatch.setenv("BW24CHAT_PDL", "1")
+    assert kb.pdl_enabled("matvec_tc")
+    monkeypatch.setenv("BW24CHAT_PDL", "0")
+    assert not kb.pdl_enabled("matvec")
+    monkeypatch.setenv("BW24CHAT_PDL", "notc")
+    monkeypatch.setattr(kb, "_pdl_supported", lambda: False)
+    assert not kb.pdl_enabled("matvec")
+
+
+def test_pdl_supported_compares_numbers(monkeypatch):
+    import sys
+    import types
+
+    from bw24chat.backends import kernel_build as kb
+
+    for cc, want in (("80", False), ("90", True), ("100", True), ("120", True)):
+        dev = types.SimpleNamespace(compute_capability=cc)
+        fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda d=dev: d))
+        monkeypatch.setitem(sys.modules, "cupy", fake)
+        kb._pdl_supported.cache_clear()
+        assert kb._pdl_supported() is want, cc
+    kb._pdl_supported.cache_clear()

@@ -207,7 +207,7 @@ def _libcuda():
 def _pdl_supported() -> bool:
     import cupy
 
-    return cupy.cuda.Device().compute_capability >= "90"
+    return int(cupy.cuda.Device().compute_capability) >= 90  # "120" >= "90" is False as strings
 
 
 def pdl_enabled(kernel_name: str = "") -> bool:
