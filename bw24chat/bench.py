@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from .backends.kernel_build import PDL_DEFAULT, pdl_supported
 
 
 def _events_ms(cp, fn, runs: int, warmup: int = 2, stream=None) -> list[float]:
@@ -240,12 +243,16 @@ def main(argv: list[str]) -> int:
     if a.profile:
         return 0
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-    result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache, "rows": rows}
+    switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("BW24CHAT_") and k not in ("BW24CHAT_CACHE_DIR", "BW24CHAT_MODELS_DIR")}
+    pdl = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT) if pdl_supported() else "0 (needs sm_90+)"
+    result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache,
+              "pdl": pdl, "switches": switches, "rows": rows}
     out = json.dumps(result, indent=1)
     print(out)
     if a.json:
         open(a.json, "w").write(out)
-    print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}")
+    print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}, "
+          f"PDL {pdl}" + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))
     print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
     for r in rows:
         print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
