@@ -76,10 +76,13 @@ BW24_DEVICE int unswizzle(int s) {
     return w * WT + (l4 >> 2) * VPC + grp * 4 + (l4 & 3);
 }
 
+// rmsnorm applied to one value: (x * inv) * w, the order numpy_backend.rmsnorm uses
+BW24_DEVICE float rms_apply(float v, float inv, float w) { return __fmul_rn(__fmul_rn(v, inv), w); }
+
 BW24_DEVICE float prologue_x(const float* __restrict__ x, long off, int p, int n_in, int pro, float inv,
                              const float* __restrict__ normw) {
     const float v = x[off + p];
-    if (pro == PRO_RMS) return __fmul_rn(__fmul_rn(v, inv), normw[p]);
+    if (pro == PRO_RMS) return rms_apply(v, inv, normw[p]);
     if (pro == PRO_SWIGLU) return swiglu_act(v, x[off + n_in + p]);
     return v;
 }
@@ -511,7 +514,8 @@ BW24_DEVICE void tc_stats(const float* __restrict__ x, const float* __restrict__
     __syncthreads();
 }
 
-// x' = prologue(x) * 2^s as f16 hi/lo for positions 4qi..4qi+3 (p = the first one); zero past n_in
+// four consecutive prologue outputs v -> x' = v * sc split into hi/lo (f16, or bf16 for BF16
+// weights) as the staged uint4 {hi(0,1), hi(2,3), lo(0,1), lo(2,3)}
 BW24_DEVICE uint4 tc_split4(float4 v, float sc) {
     v = make_float4(__fmul_rn(v.x, sc), __fmul_rn(v.y, sc), __fmul_rn(v.z, sc), __fmul_rn(v.w, sc));
 #if TC_BF16
@@ -604,8 +608,8 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
                     v = xraw[qi];
                     if (pro == PRO_RMS) {
                         const float4 w = __ldg(w4 + qi);
-                        v = make_float4(__fmul_rn(__fmul_rn(v.x, inv), w.x), __fmul_rn(__fmul_rn(v.y, inv), w.y),
-                                        __fmul_rn(__fmul_rn(v.z, inv), w.z), __fmul_rn(__fmul_rn(v.w, inv), w.w));
+                        v = make_float4(rms_apply(v.x, inv, w.x), rms_apply(v.y, inv, w.y),
+                                        rms_apply(v.z, inv, w.z), rms_apply(v.w, inv, w.w));
                     }
                 }
                 xs[m * (tkx / 4) + qi] = tc_split4(v, sc);

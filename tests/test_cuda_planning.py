@@ -42,7 +42,7 @@ def test_pdl_modes(monkeypatch):
     below sm_90 (compute capabilities compared as numbers: "120" >= "90")."""
     from bw24chat.backends import kernel_build as kb
 
-    monkeypatch.setattr(kb, "_pdl_supported", lambda: True)
+    monkeypatch.setattr(kb, "pdl_supported", lambda: True)
     monkeypatch.delenv("BW24CHAT_PDL", raising=False)
     assert kb.PDL_DEFAULT == "notc"
     assert kb.pdl_enabled("matvec") and kb.pdl_enabled("attn_decode") and not kb.pdl_enabled("matvec_tc")
@@ -51,11 +51,11 @@ def test_pdl_modes(monkeypatch):
     monkeypatch.setenv("BW24CHAT_PDL", "0")
     assert not kb.pdl_enabled("matvec")
     monkeypatch.setenv("BW24CHAT_PDL", "notc")
-    monkeypatch.setattr(kb, "_pdl_supported", lambda: False)
+    monkeypatch.setattr(kb, "pdl_supported", lambda: False)
     assert not kb.pdl_enabled("matvec")
 
 
-def test_pdl_supported_compares_numbers(monkeypatch):
+def testpdl_supported_compares_numbers(monkeypatch):
     import sys
     import types
 
@@ -65,6 +65,32 @@ def test_pdl_supported_compares_numbers(monkeypatch):
         dev = types.SimpleNamespace(compute_capability=cc)
         fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda d=dev: d))
         monkeypatch.setitem(sys.modules, "cupy", fake)
-        kb._pdl_supported.cache_clear()
-        assert kb._pdl_supported() is want, cc
-    kb._pdl_supported.cache_clear()
+        kb.pdl_supported.cache_clear()
+        assert kb.pdl_supported() is want, cc
+    kb.pdl_supported.cache_clear()
+
+
+def test_resident_blocks_match_the_occupancy_calculator(monkeypatch):
+    """Nsight Compute's "Block Limit Registers" on the H200 (bench/NOTES.md): 151 registers x 256
+    threads -> 1 block per SM, 93 x 128 -> 5, 80 x 256 -> 3; shared memory and warps cap too."""
+    from bw24chat.backends import cuda_linear as cl
+
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
+    assert cl._resident_blocks(151, 256, 24 * 1024) == 1
+    assert cl._resident_blocks(93, 128, 20 * 1024) == 5
+    assert cl._resident_blocks(80, 256, 17 * 1024) == 3
+    assert cl._resident_blocks(32, 128, 100 * 1024) == 2  # shared memory: 228 KB / (100 + 1) KB
+    assert cl._resident_blocks(16, 1024, 0) == 2  # warps: 64 per SM
+
+
+def test_persistent_grid_spreads_tiles_evenly(monkeypatch):
+    from bw24chat.backends import cuda_linear as cl
+
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
+    monkeypatch.setattr(cl, "resident_blocks", lambda k, t, s: 5)  # capacity 660 blocks
+    assert cl.persistent_grid(None, 128, 0, 768) == 384  # 2 tiles per block, none with a lone extra
+    assert cl.persistent_grid(None, 128, 0, 128) == 128
+    monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", "3")
+    assert cl.persistent_grid(None, 128, 0, 100) == 3
+    monkeypatch.setenv("BW24CHAT_MV_PERSIST", "0")
+    assert cl.persistent_grid(None, 128, 0, 100) == 100

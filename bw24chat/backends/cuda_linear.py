@@ -115,13 +115,24 @@ def _sm_resources() -> tuple[int, int]:
     return int(a["MultiProcessorCount"]), int(a["MaxSharedMemoryPerMultiprocessor"])
 
 
+_resident: dict = {}
+
+
 def resident_blocks(k, threads: int, smem: int) -> int:
     """Blocks of ``k`` one multiprocessor holds at once (registers, shared memory, warps), from
     the compiled kernel's register count: the occupancy calculator's rules (registers allocated
-    per warp in units of 256, 1 KB of shared memory reserved per block, 64 warps per SM)."""
+    per warp in units of 256, 1 KB of shared memory reserved per block, 64 warps per SM).
+    Memoized per (kernel, threads, shared bytes): the register count is a driver query."""
+    key = (id(k), threads, smem)
+    if key not in _resident:
+        _resident[key] = _resident_blocks(k.num_regs, threads, smem)
+    return _resident[key]
+
+
+def _resident_blocks(num_regs: int, threads: int, smem: int) -> int:
     _, smem_sm = _sm_resources()
     warps = -(-threads // 32)
-    regs_warp = -(-max(1, k.num_regs) * 32 // 256) * 256
+    regs_warp = -(-max(1, num_regs) * 32 // 256) * 256
     by_regs = (65536 // regs_warp) // warps
     by_smem = smem_sm // (smem + 1024)
     return max(1, min(by_regs, by_smem, 64 // warps, 32))
@@ -142,7 +153,7 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
     return -(-ntiles // per_block)
 
 
-def _simt_defines(W: DeviceWeight, m: int) -> dict:
+def _simt_defines() -> dict:
     """Compile-time overrides of the SIMT matvec: BW24CHAT_MV_U (load-window slots) and
     BW24CHAT_MV_MINB (blocks per SM the register budget must allow), for experiments."""
     d = {}
@@ -187,7 +198,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         return
     tk = matvec_tile(W, m)
     smem = 4 * (m * tk + m * (tk // 32) + m * 8)
-    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **_simt_defines(W, m))
+    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **_simt_defines())
     _ensure_smem(k, smem)
     grid = (persistent_grid(k, 256, smem, -(-W.out // MV_ROWS_PER_BLOCK)),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),

@@ -204,22 +204,18 @@ def _libcuda():
 
 
 @functools.lru_cache(maxsize=None)
-def _pdl_supported() -> bool:
+def pdl_supported() -> bool:
+    """Programmatic dependent launch exists on this GPU (sm_90+)."""
     import cupy
 
     return int(cupy.cuda.Device().compute_capability) >= 90  # "120" >= "90" is False as strings
-
-
-def pdl_supported() -> bool:
-    """Programmatic dependent launch exists on this GPU (sm_90+)."""
-    return _pdl_supported()
 
 
 def pdl_enabled(kernel_name: str = "") -> bool:
     mode = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT)
     if mode == "0" or (mode == "notc" and kernel_name == "matvec_tc"):
         return False
-    return mode in ("1", "notc") and _pdl_supported()
+    return mode in ("1", "notc") and pdl_supported()
 
 
 def _arg(a):
