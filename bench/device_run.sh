@@ -11,6 +11,19 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+wg)
+  # the wgmma prefill GEMM: correctness first (both kernels); if gemm_wg fails, the rest runs mma
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py 2>&1 | grep -v "^\.\|^$" | tail -15 | tee $OUT/pytest_gemm.log
+  grep -q " failed\| error" $OUT/pytest_gemm.log && export BW24CHAT_GEMM=mma && echo "WG FAILED: mma from here on"
+  timeout 300 python3 bench/gemm_variants.py --check --formats "${GFORMATS:-bf16,q8_0,nvfp4}" 2>&1 | tee $OUT/gemm_variants.log | tail -60
+  python3 -m bw24chat check --skip-kernels --formats bf16,q8_0 --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -12
+  ;;
+wgp)
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py 2>&1 | grep -v "^\.\|^$" | tail -15 | tee $OUT/pytest_gemm.log
+  grep -q " failed\| error" $OUT/pytest_gemm.log && export BW24CHAT_WGP=0 && echo "WGP FAILED: register-staged wg from here on"
+  timeout 300 python3 bench/gemm_variants.py --check --formats bf16,q8_0,nvfp4 --variants "${GVARIANTS:-mma,wg n128,wgp n128 s3,wgp n128 s4,wgp n256 s3,wgp n256 s4}" 2>&1 | tee $OUT/gemm_variants.log | tail -12
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
 part1)
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL
   python3 -m bw24chat check 2>&1 | tee $OUT/check.log | grep -v "^  ok" | tail -60

@@ -42,8 +42,6 @@
 #define GM_LD (GM_BK + 8)
 #define GM_NT 256
 #define GM_CPR (GM_BK / VPC)                  // weight chunks per row per k tile
-#define GM_WCH (GM_BN * GM_CPR / GM_NT)       // weight chunks per thread per k tile
-#define GM_ACH (GM_BM * GM_BK / 4 / GM_NT)    // x float4 per thread per k tile (8)
 
 BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -62,63 +60,75 @@ BW24_DEVICE void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, ui
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-extern "C" __global__ void __launch_bounds__(GM_NT)
-gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
-     const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
-     float* __restrict__ out, int T, int n_out, int n_in, int epi) {
-    PDL_ENTRY();
-    extern __shared__ float4 smem4[];
-    __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][BM][LD]
-    __nv_bfloat16* Ws = As + 2 * GM_BM * GM_LD;                    // [2][BN][LD]
-#if GEMM_SPLIT
-    __nv_bfloat16* Al = Ws + 2 * GM_BN * GM_LD;                    // [2][BM][LD] x_lo
-#endif
-#if W_SPLIT
-    __nv_bfloat16* Wl = Al + 2 * GM_BM * GM_LD;                    // [2][BN][LD] W_lo
-#endif
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp >> 2, wn = warp & 3;
-    const int n0 = blockIdx.x * GM_BN;
-    const long m0 = (long)blockIdx.y * GM_BM;
-    const int nck = n_in / VPC;
-    const int nkt = (n_in + GM_BK - 1) / GM_BK;
 
-    float4 areg[GM_ACH];
-    Raw wreg[GM_WCH];
-    bool wok[GM_WCH];
+// four x values -> bf16 hi = bf16(x) and lo = bf16(x - hi) (x - bf16(x) is exact in f32; lo's
+// own rounding is the residual error, ~2^-17 relative), each as 4 packed bf16
+BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
+    const uint32_t h01 = pack_bf16x2(v.x, v.y), h23 = pack_bf16x2(v.z, v.w);
+    hi = make_uint2(h01, h23);
+    const float x0 = __fsub_rn(v.x, __uint_as_float(h01 << 16)), x1 = __fsub_rn(v.y, __uint_as_float(h01 & 0xFFFF0000u));
+    const float x2 = __fsub_rn(v.z, __uint_as_float(h23 << 16)), x3 = __fsub_rn(v.w, __uint_as_float(h23 & 0xFFFF0000u));
+    lo = make_uint2(pack_bf16x2(x0, x1), pack_bf16x2(x2, x3));
+}
 
-    auto load_tile = [&](int kt) {
-        const int k0 = kt * GM_BK;
+// Tile offsets (bf16 elements) of value (row r, k) in a 64-wide k tile: padded rows for the
+// ldmatrix path (row stride 72: the 8 rows of an ldmatrix land in distinct banks), or the
+// canonical K-major layout with the 128-byte swizzle that wgmma's descriptors read (PTX ISA,
+// "Shared Memory Matrix Layout", swizzle mode 128B: a row is 128 bytes = 64 bf16, 8-row groups
+// of 1024 bytes; the 16-byte unit u of row r sits at unit u ^ (r % 8)).  Both keep the 4- and
+// 8-value runs the stager writes contiguous.
+struct PaddedTile { static BW24_DEVICE int off(int r, int k) { return r * GM_LD + k; } };
+struct Swizzle128Tile { static BW24_DEVICE int off(int r, int k) { return r * GM_BK + ((((k >> 3) ^ (r & 7)) << 3) | (k & 7)); } };
+
+// Register-staged producer of one k tile: x rows [m0, m0 + GM_BM) as f32 (-> bf16, and the bf16
+// residual x - bf16(x) when split) and weight rows [n0, n0 + BN) decoded to their exact values
+// (-> bf16, and the residual when W_SPLIT).  load() issues the global loads into registers;
+// store() converts and writes them to shared memory in the layout L.  Out-of-range rows and k
+// are zeros.  Both GEMM kernels use it, so both see the same operand values.
+template <int BN>
+struct TileStager {
+    static constexpr int ACH = GM_BM * GM_BK / 4 / GM_NT;  // x float4 per thread per k tile (8)
+    static constexpr int WCH = BN * GM_CPR / GM_NT;         // weight chunks per thread per k tile
+    float4 areg[ACH];
+    Raw wreg[WCH];
+    bool wok[WCH];
+
+    BW24_DEVICE void load(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+                          const void* __restrict__ wd, const float* __restrict__ x, int T, int n_out, int n_in,
+                          long m0, int n0, int kt) {
+        const int tid = threadIdx.x, k0 = kt * GM_BK, nck = n_in / VPC;
 #pragma unroll
-        for (int j = 0; j < GM_ACH; ++j) {
+        for (int j = 0; j < ACH; ++j) {
             const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
             areg[j] = (m0 + r < T && k0 + c < n_in) ? *reinterpret_cast<const float4*>(x + (m0 + r) * n_in + k0 + c)
                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
-        for (int j = 0; j < GM_WCH; ++j) {
+        for (int j = 0; j < WCH; ++j) {
             const int i = tid + GM_NT * j, r = i / GM_CPR, kc = k0 / VPC + i % GM_CPR;
             wok[j] = (n0 + r < n_out) && kc < nck;
             if (wok[j]) fetch_chunk(wreg[j], wq, wh, ws, wd, n0 + r, nck, kc);
         }
-    };
-    auto store_tile = [&](int kt, int buf) {
-        __nv_bfloat16* A = As + buf * GM_BM * GM_LD;
-        __nv_bfloat16* W = Ws + buf * GM_BN * GM_LD;
+    }
+
+    // A, Al: x hi / lo tiles [GM_BM rows]; W, Wl: weight hi / lo tiles [BN rows] (Al, Wl unused
+    // unless GEMM_SPLIT / W_SPLIT)
+    template <class L>
+    BW24_DEVICE void store(__nv_bfloat16* A, __nv_bfloat16* Al, __nv_bfloat16* W, __nv_bfloat16* Wl, int kt) const {
+        const int tid = threadIdx.x;
+        (void)Al; (void)Wl;
 #pragma unroll
-        for (int j = 0; j < GM_ACH; ++j) {
+        for (int j = 0; j < ACH; ++j) {
             const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
-            const uint32_t h01 = pack_bf16x2(areg[j].x, areg[j].y), h23 = pack_bf16x2(areg[j].z, areg[j].w);
-            *reinterpret_cast<uint2*>(A + r * GM_LD + c) = make_uint2(h01, h23);
+            uint2 hi, lo;
+            split_bf16x4(areg[j], hi, lo);
+            *reinterpret_cast<uint2*>(A + L::off(r, c)) = hi;
 #if GEMM_SPLIT
-            // x - bf16(x) is exact in f32; its own bf16 rounding is the residual error
-            const float x0 = __fsub_rn(areg[j].x, __uint_as_float(h01 << 16)), x1 = __fsub_rn(areg[j].y, __uint_as_float(h01 & 0xFFFF0000u));
-            const float x2 = __fsub_rn(areg[j].z, __uint_as_float(h23 << 16)), x3 = __fsub_rn(areg[j].w, __uint_as_float(h23 & 0xFFFF0000u));
-            *reinterpret_cast<uint2*>(Al + buf * GM_BM * GM_LD + r * GM_LD + c) = make_uint2(pack_bf16x2(x0, x1), pack_bf16x2(x2, x3));
+            *reinterpret_cast<uint2*>(Al + L::off(r, c)) = lo;
 #endif
         }
 #pragma unroll
-        for (int j = 0; j < GM_WCH; ++j) {
+        for (int j = 0; j < WCH; ++j) {
             const int i = tid + GM_NT * j, r = i / GM_CPR, cl = i % GM_CPR;
             float v[VPC];
             if (wok[j]) {
@@ -134,24 +144,54 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #endif
 #if VPC == 4
             // F32 chunks hold 4 values: an 8-byte store (a 16-byte one would be misaligned)
-            *reinterpret_cast<uint2*>(W + r * GM_LD + cl * VPC) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+            *reinterpret_cast<uint2*>(W + L::off(r, cl * VPC)) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
 #if W_SPLIT
-            *reinterpret_cast<uint2*>(Wl + buf * GM_BN * GM_LD + r * GM_LD + cl * VPC) = make_uint2(pack_bf16x2(vl[0], vl[1]), pack_bf16x2(vl[2], vl[3]));
+            *reinterpret_cast<uint2*>(Wl + L::off(r, cl * VPC)) = make_uint2(pack_bf16x2(vl[0], vl[1]), pack_bf16x2(vl[2], vl[3]));
 #endif
 #else
 #pragma unroll
             for (int e = 0; e < VPC; e += 8) {
-                *reinterpret_cast<uint4*>(W + r * GM_LD + cl * VPC + e) =
+                *reinterpret_cast<uint4*>(W + L::off(r, cl * VPC + e)) =
                     make_uint4(pack_bf16x2(v[e], v[e + 1]), pack_bf16x2(v[e + 2], v[e + 3]),
                                pack_bf16x2(v[e + 4], v[e + 5]), pack_bf16x2(v[e + 6], v[e + 7]));
 #if W_SPLIT
-                *reinterpret_cast<uint4*>(Wl + buf * GM_BN * GM_LD + r * GM_LD + cl * VPC + e) =
+                *reinterpret_cast<uint4*>(Wl + L::off(r, cl * VPC + e)) =
                     make_uint4(pack_bf16x2(vl[e], vl[e + 1]), pack_bf16x2(vl[e + 2], vl[e + 3]),
                                pack_bf16x2(vl[e + 4], vl[e + 5]), pack_bf16x2(vl[e + 6], vl[e + 7]));
 #endif
             }
 #endif
         }
+    }
+};
+
+// the epilogue of one output: gs[col] scale, then store or add (ldo: out's row stride)
+BW24_DEVICE void gemm_put(float* __restrict__ out, const float* __restrict__ gscale, long row, int col, int ldo, int epi, float v) {
+    if (gscale) v = __fmul_rn(v, gscale[col]);
+    float* dst = out + row * ldo + col;
+    *dst = epi ? __fadd_rn(*dst, v) : v;
+}
+
+extern "C" __global__ void __launch_bounds__(GM_NT)
+gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+     const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
+     float* __restrict__ out, int T, int n_out, int n_in, int epi) {
+    PDL_ENTRY();
+    extern __shared__ float4 smem4[];
+    __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][BM][LD]
+    __nv_bfloat16* Ws = As + 2 * GM_BM * GM_LD;                    // [2][BN][LD]
+    __nv_bfloat16* Al = Ws + 2 * GM_BN * GM_LD;                    // [2][BM][LD] x_lo (GEMM_SPLIT)
+    __nv_bfloat16* Wl = Al + (GEMM_SPLIT ? 2 * GM_BM * GM_LD : 0); // [2][BN][LD] W_lo (W_SPLIT)
+    (void)Wl;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int n0 = blockIdx.x * GM_BN;
+    const long m0 = (long)blockIdx.y * GM_BM;
+    const int nkt = (n_in + GM_BK - 1) / GM_BK;
+    TileStager<GM_BN> st;
+    auto store = [&](int kt, int buf) {
+        st.template store<PaddedTile>(As + buf * GM_BM * GM_LD, Al + buf * GM_BM * GM_LD,
+                                      Ws + buf * GM_BN * GM_LD, Wl + buf * GM_BN * GM_LD, kt);
     };
 
     float acc[4][4][4];
@@ -162,12 +202,12 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
 
-    load_tile(0);
-    store_tile(0, 0);
+    st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, 0);
+    store(0, 0);
     __syncthreads();
     for (int kt = 0; kt < nkt; ++kt) {
         const int buf = kt & 1;
-        if (kt + 1 < nkt) load_tile(kt + 1);
+        if (kt + 1 < nkt) st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, kt + 1);
         const __nv_bfloat16* A = As + buf * GM_BM * GM_LD + (wm * 64) * GM_LD;
         const __nv_bfloat16* W = Ws + buf * GM_BN * GM_LD + (wn * 32) * GM_LD;
 #pragma unroll
@@ -203,7 +243,7 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
             }
 #endif
         }
-        if (kt + 1 < nkt) store_tile(kt + 1, buf ^ 1);
+        if (kt + 1 < nkt) store(kt + 1, buf ^ 1);
         __syncthreads();
     }
 
@@ -216,11 +256,340 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
             for (int h = 0; h < 4; ++h) {
                 const long row = m0 + wm * 64 + mi * 16 + g + (h >> 1) * 8;
                 const int col = n0 + wn * 32 + ni * 8 + 2 * t4 + (h & 1);
-                if (row < T && col < n_out) {
-                    float v = acc[mi][ni][h];
-                    if (gscale) v = __fmul_rn(v, gscale[col]);
-                    float* dst = out + row * n_out + col;
-                    *dst = epi ? __fadd_rn(*dst, v) : v;
-                }
+                if (row < T && col < n_out) gemm_put(out, gscale, row, col, n_out, epi, acc[mi][ni][h]);
             }
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm_wg — the same contract on Hopper's warpgroup MMA (sm_90a only: wgmma.mma_async
+// m64nNk16 bf16 -> f32, both operands read from shared memory through matrix descriptors).
+// Geometry: block tile 128 tokens x WG_BN out rows x 64 k, 256 threads = 2 warpgroups, warpgroup
+// w owns tokens [64w, 64w + 64) x all WG_BN rows (accumulators WG_BN / 2 f32 per thread; PTX
+// ISA "Register fragments", wgmma D: warp v of the group holds rows 16v..16v+15, element
+// d[4j + 2h + e] = (row 16v + g + 8h, col 8j + 2t + e), g = lane / 4, t = lane % 4).
+// Grid (ceil(T / 128), ceil(n_out / WG_BN)): the token tiles of one weight tile are adjacent
+// block ids, so they run together and the weight tile is read from HBM once (its siblings hit
+// L2); x of one prefill chunk (<= 8 MB f32) stays in L2.
+// Pipeline: the TileStager's register-staged double buffer, 128-byte-swizzled tiles (1024-byte
+// aligned): loads of k tile i+1 go out, the wgmmas of tile i are issued and committed, tile
+// i+1 is converted and stored to the other buffer while they run, then wait_group 0,
+// fence.proxy.async (the generic-proxy stores become visible to the async proxy that wgmma
+// reads through) and one barrier.
+// Order (T-independence and the precise split): per output, the 64-wide k tiles in order, in
+// each its 4 k16 steps in order, in each x_hi.W, then x_lo.W (GEMM_SPLIT), then x_hi.W_lo
+// (W_SPLIT) — each a wgmma into the same accumulators, issued in that order (wgmmas on the same
+// accumulator execute in issue order).  No split-K; a row's values do not depend on T.
+#ifndef WG_BN
+#define WG_BN 128
+#endif
+#define WG_ACC (WG_BN / 2)
+#define WG_A_BYTES (GM_BM * GM_BK * 2)
+#define WG_W_BYTES (WG_BN * GM_BK * 2)
+#define WG_STAGE_BYTES ((1 + GEMM_SPLIT) * WG_A_BYTES + (1 + W_SPLIT) * WG_W_BYTES)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_AVAILABLE 1
+BW24_DEVICE void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+BW24_DEVICE void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+
+// shared memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address >> 4
+// (bits 0-13), leading byte offset (unused by swizzled K-major layouts: 1), stride byte offset
+// 1024 >> 4 (8-row groups), swizzle mode 1 = 128B (bits 62-63)
+BW24_DEVICE uint64_t wg_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) | ((uint64_t)1 << 62);
+}
+
+BW24_DEVICE void wg_mma(float (&d)[WG_ACC], uint64_t da, uint64_t db) {
+#if WG_BN == 256
+    wgmma_m64n256k16(d, da, db);
+#else
+    wgmma_m64n128k16(d, da, db);
+#endif
+}
+
+// keeps the compiler from moving accumulator accesses across the asynchronous wgmma window
+BW24_DEVICE void wg_fence_acc(float (&d)[WG_ACC]) {
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#else
+#define WG_AVAILABLE 0
+#endif
+
+extern "C" __global__ void __launch_bounds__(GM_NT)
+gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+        const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
+        float* __restrict__ out, int T, int n_out, int n_in, int epi) {
+#if WG_AVAILABLE
+    PDL_ENTRY();
+    extern __shared__ float4 smem4[];
+    const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem4);
+    const uint32_t sbase = (sraw + 1023u) & ~1023u;  // the swizzle pattern is keyed on address bits 7-9
+    char* gbase = reinterpret_cast<char*>(smem4) + (sbase - sraw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wgi = warp >> 2;
+    const long m0 = (long)blockIdx.x * GM_BM;
+    const int n0 = blockIdx.y * WG_BN;
+    const int nkt = (n_in + GM_BK - 1) / GM_BK;
+    // stage s: [A_hi | A_lo (split) | W_hi | W_lo (W_SPLIT)]
+    auto a_off = [&](int s, int part) { return (uint32_t)(s * WG_STAGE_BYTES + part * WG_A_BYTES); };
+    auto w_off = [&](int s, int part) { return (uint32_t)(s * WG_STAGE_BYTES + (1 + GEMM_SPLIT) * WG_A_BYTES + part * WG_W_BYTES); };
+    TileStager<WG_BN> st;
+    auto store = [&](int kt, int s) {
+        st.template store<Swizzle128Tile>(reinterpret_cast<__nv_bfloat16*>(gbase + a_off(s, 0)),
+                                          reinterpret_cast<__nv_bfloat16*>(gbase + a_off(s, 1)),
+                                          reinterpret_cast<__nv_bfloat16*>(gbase + w_off(s, 0)),
+                                          reinterpret_cast<__nv_bfloat16*>(gbase + w_off(s, 1)), kt);
+    };
+
+    float d[WG_ACC];
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
+
+    st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, 0);
+    store(0, 0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    for (int kt = 0; kt < nkt; ++kt) {
+        const int s = kt & 1;
+        if (kt + 1 < nkt) st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, kt + 1);
+        wg_fence_acc(d);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        const uint32_t a_hi = sbase + a_off(s, 0) + wgi * 64 * GM_BK * 2, w_hi = sbase + w_off(s, 0);
+#pragma unroll
+        for (int ks = 0; ks < GM_BK / 16; ++ks) {
+            // a k16 step is 32 bytes further along the (swizzled) 128-byte rows
+            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + 32 * ks));
+#if GEMM_SPLIT
+            wg_mma(d, wg_desc(a_hi + WG_A_BYTES + 32 * ks), wg_desc(w_hi + 32 * ks));
+#endif
+#if W_SPLIT
+            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + WG_W_BYTES + 32 * ks));
+#endif
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        if (kt + 1 < nkt) store(kt + 1, s ^ 1);  // the other stage: its wgmmas (tile kt - 1) are done
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wg_fence_acc(d);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+    }
+
+    const int g = lane >> 2, t4 = lane & 3;
+    const long rbase = m0 + wgi * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int j = 0; j < WG_BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            const long row = rbase + 8 * (h >> 1);
+            const int col = n0 + 8 * j + 2 * t4 + (h & 1);
+            if (row < T && col < n_out) gemm_put(out, gscale, row, col, n_out, epi, d[4 * j + h]);
+        }
+#else
+    (void)wq; (void)wh; (void)ws; (void)wd; (void)gscale; (void)x; (void)out; (void)T; (void)n_out; (void)n_in; (void)epi;
+    __trap();  // built for a GPU without wgmma: the wrapper never launches this kernel there
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm_wgp — the same contract on sm_90a with both operands as bf16 planes: x as x_hi = bf16(x)
+// and, when split, x_lo = bf16(x - x_hi) (split_bf16 below: the stager's formulas), W as its
+// bf16 values [n_out, n_in] (BF16 weights: the repacked plane itself; other formats: a row
+// block dequantized by dequant_bf16 below, with W_lo = bf16(W - bf16(W)) where W_SPLIT asks for
+// it, WGP_WLO=1).  Every operand is then a plain 16-byte copy: a cp.async ring of WGP_STAGES
+// stages straight into the 128-byte-swizzled tiles, no staging registers.  Tile k+WGP_STAGES-2
+// is requested while the wgmmas of tile k run and those of tile k-1 may still be in flight
+// (wait_group 1), so the tensor cores see neither the load latency nor the barrier.  Same
+// per-output order as gemm / gemm_wg (k tiles, k16 steps, x_hi.W, x_lo.W, x_hi.W_lo): the same
+// bits.  Same fragment layout and grid; out has row stride ldo (a row block writes its columns).
+#ifndef WGP_STAGES
+#define WGP_STAGES 4
+#endif
+#ifndef WGP_WLO
+#define WGP_WLO 0
+#endif
+#define WGP_STAGE_BYTES ((1 + GEMM_SPLIT) * WG_A_BYTES + (1 + WGP_WLO) * WG_W_BYTES)
+
+BW24_DEVICE void cp_async16(uint32_t dst, const void* src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(GM_NT)
+gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const float* __restrict__ gscale,
+         const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl, float* __restrict__ out,
+         int T, int n_out, int n_in, int ldo, int epi) {
+#if WG_AVAILABLE && FMT == F_BF16
+    PDL_ENTRY();
+    extern __shared__ float4 smem4[];
+    const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem4);
+    const uint32_t sbase = (sraw + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wgi = warp >> 2;
+    const long m0 = (long)blockIdx.x * GM_BM;
+    const int n0 = blockIdx.y * WG_BN;
+    const int nkt = (n_in + GM_BK - 1) / GM_BK, nck = n_in / 8;
+    (void)xl; (void)wlo;
+    // tile kt -> stage s: 16-byte unit u (8 values) of row r lands at unit u ^ (r % 8) of the row
+    auto load = [&](int kt, int s) {
+        const uint32_t st = sbase + s * WGP_STAGE_BYTES;
+        const int c0 = kt * (GM_BK / 8);
+#pragma unroll
+        for (int j = 0; j < GM_BM * 8 / GM_NT; ++j) {
+            const int i = tid + GM_NT * j, r = i >> 3, u = i & 7;
+            const bool ok = m0 + r < T && c0 + u < nck;
+            const long e = ok ? (m0 + r) * n_in + (c0 + u) * 8 : 0;
+            const uint32_t d = st + r * 128 + ((u ^ (r & 7)) << 4);
+            cp_async16(d, xh + e, ok);
+#if GEMM_SPLIT
+            cp_async16(d + WG_A_BYTES, xl + e, ok);
+#endif
+        }
+        const uint32_t sw = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
+#pragma unroll
+        for (int j = 0; j < WG_BN * 8 / GM_NT; ++j) {
+            const int i = tid + GM_NT * j, r = i >> 3, u = i & 7;
+            const bool ok = n0 + r < n_out && c0 + u < nck;
+            const long e = ok ? (long)(n0 + r) * nck + c0 + u : 0;
+            cp_async16(sw + r * 128 + ((u ^ (r & 7)) << 4), wq + e, ok);
+#if WGP_WLO
+            cp_async16(sw + WG_W_BYTES + r * 128 + ((u ^ (r & 7)) << 4), wlo + e, ok);
+#endif
+        }
+    };
+
+    float d[WG_ACC];
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < WGP_STAGES - 2; ++s) {
+        if (s < nkt) load(s, s);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int kt = 0; kt < nkt; ++kt) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(WGP_STAGES - 3) : "memory");  // tile kt landed (own copies)
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();  // everyone's copies landed; the wgmmas of tile kt - 2 are done everywhere
+        if (kt + WGP_STAGES - 2 < nkt) load(kt + WGP_STAGES - 2, (kt + WGP_STAGES - 2) % WGP_STAGES);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        const uint32_t st = sbase + (kt % WGP_STAGES) * WGP_STAGE_BYTES;
+        const uint32_t a_hi = st + wgi * 64 * GM_BK * 2, w_hi = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
+        wg_fence_acc(d);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < GM_BK / 16; ++ks) {
+            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + 32 * ks));
+#if GEMM_SPLIT
+            wg_mma(d, wg_desc(a_hi + WG_A_BYTES + 32 * ks), wg_desc(w_hi + 32 * ks));
+#endif
+#if WGP_WLO
+            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + WG_W_BYTES + 32 * ks));
+#endif
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        wg_fence_acc(d);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_fence_acc(d);
+
+    const int g = lane >> 2, t4 = lane & 3;
+    const long rbase = m0 + wgi * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int j = 0; j < WG_BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            const long row = rbase + 8 * (h >> 1);
+            const int col = n0 + 8 * j + 2 * t4 + (h & 1);
+            if (row < T && col < n_out) gemm_put(out, gscale, row, col, ldo, epi, d[4 * j + h]);
+        }
+#else
+    (void)wq; (void)wlo; (void)gscale; (void)xh; (void)xl; (void)out; (void)T; (void)n_out; (void)n_in; (void)ldo; (void)epi;
+    __trap();  // compiled with FMT=BF16 (bf16 planes) on sm_90a only; the wrapper launches it nowhere else
+#endif
+}
+
+// split_bf16: hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]) (lo only when lo != null), i < n —
+// the TileStager's conversion, done once per GEMM instead of once per block
+extern "C" __global__ void split_bf16(const float4* __restrict__ x, uint2* __restrict__ hi, uint2* __restrict__ lo, long n4) {
+    PDL_ENTRY();
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n4; i += (long)gridDim.x * blockDim.x) {
+        uint2 h, l;
+        split_bf16x4(x[i], h, l);
+        hi[i] = h;
+        if (lo) lo[i] = l;
+    }
+}
+
+// dequant_bf16: rows [row0, row0 + n_rows) of a repacked matrix (this compile's FMT) as bf16
+// planes for gemm_wgp: hi[t, k] = bf16(W[row0 + t, k]) and, when lo != null, lo[t, k] =
+// bf16(W - hi) — the TileStager's values (decode_exact; the NVFP4 global scale is left to the
+// GEMM epilogue).  Grid-stride, one 16-byte chunk per thread-iteration.
+extern "C" __global__ void __launch_bounds__(256)
+dequant_bf16(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+             const void* __restrict__ wd, long row0, int n_rows, int n_in, __nv_bfloat16* __restrict__ hi,
+             __nv_bfloat16* __restrict__ lo) {
+    PDL_ENTRY();
+    const int nck = n_in / VPC;
+    const long total = (long)n_rows * nck;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+        const long t = i / nck;
+        const int kc = (int)(i - t * nck);
+        Raw r;
+        fetch_chunk(r, wq, wh, ws, wd, row0 + t, nck, kc);
+        float v[VPC];
+        decode_exact(r, kc, v);
+#pragma unroll
+        for (int e = 0; e < VPC; e += 4) {
+            uint2 h, l;
+            split_bf16x4(make_float4(v[e], v[e + 1], v[e + 2], v[e + 3]), h, l);
+            *reinterpret_cast<uint2*>(hi + t * n_in + (long)kc * VPC + e) = h;
+            if (lo) *reinterpret_cast<uint2*>(lo + t * n_in + (long)kc * VPC + e) = l;
+        }
+    }
 }

@@ -51,6 +51,33 @@ def _gemm_kernel(W: DeviceWeight, precise: bool):
     return k
 
 
+WG_BM = 128  # gemm.cu gemm_wg: tokens per block
+WG_BN_DEFAULT = 128  # out rows per block (WG_BN; BW24CHAT_WG_BN overrides)
+
+
+def gemm_impl() -> str:
+    """"wg" (gemm_wg, Hopper warpgroup MMA) where the GPU is compiled for sm_90a, else "mma"
+    (the portable mma.sync kernel, also what sm_120a runs).  BW24CHAT_GEMM=mma forces the
+    portable kernel on Hopper (comparisons, and `check` of the path other GPUs take)."""
+    from .kernel_build import active_arch
+
+    if os.environ.get("BW24CHAT_GEMM", "") == "mma":
+        return "mma"
+    return "wg" if active_arch() == "sm_90a" else "mma"
+
+
+def _wg_bn() -> int:
+    return int(os.environ.get("BW24CHAT_WG_BN", WG_BN_DEFAULT))
+
+
+def _wg_smem(fmt: str, precise: bool, bn: int) -> int:
+    """gemm_wg dynamic shared bytes: 2 stages of [x hi (| x lo)] + [W (| W lo)] tiles of 64 bf16
+    per row, plus 1 KB to align the stages to 1024 bytes (the 128-byte swizzle)."""
+    x_parts = 2 if precise else 1
+    w_parts = 2 if precise and fmt not in _W_EXACT_IN_BF16 else 1
+    return 2 * (x_parts * WG_BM + w_parts * bn) * 64 * 2 + 1024
+
+
 def matvec_tile(W: DeviceWeight, m: int) -> int:
     """k-tile width (values) staged in shared memory: a multiple of 32 chunks; any value gives
     the same results (the per-lane chunk order does not depend on it)."""
@@ -205,18 +232,98 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
 
 
-def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True) -> None:
+def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True, impl: str | None = None) -> None:
     """out[T, W.out] (=|+=) x[T, W.in] @ W.T on tensor cores (f32 accumulation).  precise=True:
     x, and W where its values are not bf16 numbers, are split into bf16 hi + lo parts (error
-    ~2^-16, matching the exact decode path); precise=False: x and W rounded to bf16 (fastest).  Row values do not depend on T (no split-K)."""
+    ~2^-16, matching the exact decode path); precise=False: x and W rounded to bf16 (fastest).
+    Row values do not depend on T (no split-K).  impl: "wg" | "mma" (default gemm_impl())."""
     if x.dtype != np.float32 or out.dtype != np.float32 or x.size < T * W.in_ or out.size < T * W.out:
         raise ValueError("gemm: x and out must be float32 [T, in] / [T, out]")
     if T <= 0:
         return
+    args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(EPILOGUES[epilogue]))
+    impl = impl or gemm_impl()
+    if impl == "wg" and os.environ.get("BW24CHAT_WGP", "1") != "0":
+        _gemm_wgp(W, x, out, T, args[-1], precise)
+        return
+    if impl == "wg":
+        bn = _wg_bn()
+        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(precise), WG_BN=bn)
+        smem = _wg_smem(W.fmt, precise, bn)
+        _ensure_smem(k, smem)
+        k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
+        return
     k = _gemm_kernel(W, precise)
-    grid = (-(-W.out // GM_TILE), -(-T // GM_TILE))
-    k(grid, (256,), (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(EPILOGUES[epilogue])),
-      shared_mem=_gemm_smem(W.fmt, precise))
+    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(W.fmt, precise))
+
+
+_scratch: dict = {}
+WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)
+WGP_DEQ_VALUES = 32 * 1024 * 1024  # row block dequantized per gemm_wgp launch (64 MB of bf16 per plane)
+
+
+def _scratch_u16(name: str, n: int):
+    """A grow-only device scratch of n uint16 per (name, device): prefill is not graph-captured and
+    every user runs on the one stream right after filling it, so one buffer serves all calls."""
+    import cupy as cp
+
+    key = (name, cp.cuda.Device().id)
+    buf = _scratch.get(key)
+    if buf is None or buf.size < n:
+        buf = _scratch[key] = cp.empty(n, cp.uint16)
+    return buf
+
+
+def _bf16_planes(x, n: int, with_lo: bool):
+    """x[:n] (f32) as bf16 planes hi = bf16(x), lo = bf16(x - hi) (split_bf16)."""
+    hi = _scratch_u16("x_hi", n)
+    lo = _scratch_u16("x_lo", n) if with_lo else None
+    n4 = n // 4
+    k = get_kernel("gemm", "split_bf16")
+    k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
+    return hi, lo
+
+
+def wgp_stages(precise: bool, w_lo: bool, bn: int) -> int:
+    """cp.async ring depth of gemm_wgp: BW24CHAT_WGP_STAGES (default 4), at most what fits in
+    the shared memory of one block, at least 3 (prefetch distance stages - 2 >= 1)."""
+    stage = ((2 if precise else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
+    want = int(os.environ.get("BW24CHAT_WGP_STAGES", 4))
+    return max(3, min(want, (WGP_SMEM_MAX - 1024) // stage)), stage
+
+
+def _gemm_wgp(W: DeviceWeight, x, out, T: int, epi, precise: bool) -> None:
+    """gemm_wgp: x split once into bf16 planes; BF16 weights read in place, other formats
+    dequantized to bf16 (and W_lo where their values are not bf16 numbers, when precise) one row
+    block at a time into scratch (as llama.cpp's dequantize-then-GEMM prefill), each block's
+    GEMM writing its columns of out.  Row blocks do not change any output's k order."""
+    bn = _wg_bn()
+    w_lo = precise and W.fmt not in _W_EXACT_IN_BF16
+    stages, stage = wgp_stages(precise, w_lo, bn)
+    xh, xl = _bf16_planes(x, T * W.in_, precise)
+    k = get_kernel("gemm", "gemm_wgp", FMT=2, GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
+    smem = stages * stage + 1024
+    _ensure_smem(k, smem)
+
+    def launch(wq, wl, r0: int, n: int) -> None:
+        gs = _NULL if W.gscale is None else np.uint64(W.gscale.data.ptr + 4 * r0)
+        k((-(-T // WG_BM), -(-n // bn)), (256,),
+          (wq, _ptr(wl), gs, xh, _ptr(xl), np.uint64(out.data.ptr + 4 * r0), np.int32(T), np.int32(n),
+           np.int32(W.in_), np.int32(W.out), epi), shared_mem=smem)
+
+    if W.fmt == "BF16":
+        launch(W.q, None, 0, W.out)
+        return
+    rows = max(256, WGP_DEQ_VALUES // W.in_ // 256 * 256)
+    rows = min(rows, W.out)
+    whi = _scratch_u16("w_hi", rows * W.in_)
+    wlo = _scratch_u16("w_lo", rows * W.in_) if w_lo else None
+    deq = get_kernel("gemm", "dequant_bf16", FMT=W.fmt_id)
+    for r0 in range(0, W.out, rows):
+        n = min(rows, W.out - r0)
+        deq((max(1, min(-(-(n * W.nck) // 256), 132 * 16)),), (256,),
+            (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), np.int64(r0), np.int32(n), np.int32(W.in_), whi, _ptr(wlo)))
+        launch(whi, wlo, r0, n)
 
 
 def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out) -> None:

@@ -20,16 +20,31 @@ def check(got, x, w, tol):
     assert np.all(err <= tol * bound + 1e-30), f"max rel err {np.max(err / (bound + 1e-30)):.3g}"
 
 
-def run(cp, W, x, T, epi="store", init=None, precise=True):
+def impls():
+    """The GEMM kernels this GPU runs: the portable mma.sync kernel always, the wgmma kernel on
+    sm_90a (both are tested where both run)."""
+    from bw24chat.backends.kernel_build import active_arch
+
+    return ["mma", "wg"] if active_arch() == "sm_90a" else ["mma"]
+
+
+@pytest.fixture(params=["mma", "wg"])
+def impl(request, cp):
+    if request.param not in impls():
+        pytest.skip("gemm_wg needs sm_90a")
+    return request.param
+
+
+def run(cp, W, x, T, epi="store", init=None, precise=True, impl=None):
     from bw24chat.backends import cuda_linear as cl
 
     out = cp.full((T, W.out), cp.nan, dtype=cp.float32) if init is None else cp.asarray(init)
-    cl.gemm(W, cp.asarray(np.ascontiguousarray(x[:T])), out, T, epilogue=epi, precise=precise)
+    cl.gemm(W, cp.asarray(np.ascontiguousarray(x[:T])), out, T, epilogue=epi, precise=precise, impl=impl)
     return cp.asnumpy(out)
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_gemm_matches_reference(cp, rng, fmt):
+def test_gemm_matches_reference(cp, rng, fmt, impl):
     nb = max(1, 320 // block_of(fmt)) + int(rng.integers(0, 3))
     ts, w = make_weight(rng, fmt, rows=(int(rng.integers(100, 200)), int(rng.integers(1, 40))), nblocks=nb)
     W = cw.upload(ts)
@@ -39,31 +54,77 @@ def test_gemm_matches_reference(cp, rng, fmt):
     wq = bf16(cw.decode_planes(hp)).astype(np.float64) * gs[:, None]
     for T in (1, 7, 100, 513):
         x = rng.standard_normal((T, W.in_)).astype(np.float32)
-        got = run(cp, W, x, T)
+        got = run(cp, W, x, T, impl=impl)
         check(got, x, w, 2e-5)  # precise: split x (and W where not bf16-exact) -> the exact weights
-        fast = run(cp, W, x, T, precise=False)
+        fast = run(cp, W, x, T, precise=False, impl=impl)
         check(fast, bf16(x), wq, 1e-3)
 
 
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
-def test_gemm_rows_do_not_depend_on_T(cp, rng, fmt, precise):
+def test_gemm_rows_do_not_depend_on_T(cp, rng, fmt, precise, impl):
     ts, w = make_weight(rng, fmt, rows=(136,), nblocks=max(1, 512 // block_of(fmt)))
     W = cw.upload(ts)
     x = rng.standard_normal((512, W.in_)).astype(np.float32)
-    full = run(cp, W, x, 512, precise=precise)
-    a = run(cp, W, x[:256], 256, precise=precise)
-    b = run(cp, W, x[256:], 256, precise=precise)
-    c = run(cp, W, x[100:], 412, precise=precise)  # a shift that moves rows to other places in their tiles
+    full = run(cp, W, x, 512, precise=precise, impl=impl)
+    a = run(cp, W, x[:256], 256, precise=precise, impl=impl)
+    b = run(cp, W, x[256:], 256, precise=precise, impl=impl)
+    c = run(cp, W, x[100:], 412, precise=precise, impl=impl)  # a shift that moves rows to other places in their tiles
     assert np.array_equal(full[:256].view(np.uint32), a.view(np.uint32))
     assert np.array_equal(full[256:].view(np.uint32), b.view(np.uint32))
     assert np.array_equal(full[100:].view(np.uint32), c.view(np.uint32))
 
 
-def test_gemm_add_epilogue(cp, rng):
+def test_gemm_add_epilogue(cp, rng, impl):
     ts, w = make_weight(rng, "Q6_K", rows=(130,), nblocks=2)
     W = cw.upload(ts)
     x = rng.standard_normal((9, W.in_)).astype(np.float32)
     res = rng.standard_normal((9, W.out)).astype(np.float32)
-    y = run(cp, W, x, 9)
-    assert np.array_equal(run(cp, W, x, 9, epi="add", init=res), (res + y).astype(np.float32))
+    y = run(cp, W, x, 9, impl=impl)
+    assert np.array_equal(run(cp, W, x, 9, epi="add", init=res, impl=impl), (res + y).astype(np.float32))
+
+
+@pytest.mark.parametrize("bn", ["128", "256"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
+def test_gemm_wg_tile_widths_agree(cp, rng, fmt, bn, monkeypatch):
+    """gemm_wg with 128 or 256 rows per block gives the same bits (the k order does not depend
+    on the tile), and the same values as the portable kernel within the precise bound."""
+    if "wg" not in impls():
+        pytest.skip("gemm_wg needs sm_90a")
+    ts, w = make_weight(rng, fmt, rows=(300,), nblocks=max(1, 640 // block_of(fmt)))
+    W = cw.upload(ts)
+    x = rng.standard_normal((200, W.in_)).astype(np.float32)
+    monkeypatch.setenv("BW24CHAT_WG_BN", "128")
+    base = run(cp, W, x, 200, impl="wg")
+    monkeypatch.setenv("BW24CHAT_WG_BN", bn)
+    got = run(cp, W, x, 200, impl="wg")
+    assert np.array_equal(base.view(np.uint32), got.view(np.uint32))
+    check(got, x, w, 2e-5)
+
+
+@pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("stages,bn", [("3", "128"), ("4", "128"), ("5", "128"), ("4", "256")])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "F16"])
+def test_gemm_wgp_equals_register_staged(cp, rng, fmt, stages, bn, precise, monkeypatch):
+    """gemm_wgp (x as bf16 planes, weights as bf16 planes read in place (BF16) or dequantized a
+    row block at a time (others), cp.async ring) gives the same bits as the register-staged
+    gemm_wg for every ring depth, tile width and row blocking, T and n_in off the tiles."""
+    from bw24chat.backends import cuda_linear as cl
+
+    if "wg" not in impls():
+        pytest.skip("gemm_wg needs sm_90a")
+    nb = max(1, 600 // block_of(fmt))  # n_in ~600: a partial last k tile
+    ts, w = make_weight(rng, fmt, rows=(333, 290), nblocks=nb)
+    W = cw.upload(ts)
+    x = rng.standard_normal((259, W.in_)).astype(np.float32)
+    monkeypatch.setenv("BW24CHAT_WGP", "0")
+    base = run(cp, W, x, 259, impl="wg", precise=precise)
+    monkeypatch.setenv("BW24CHAT_WGP", "1")
+    monkeypatch.setenv("BW24CHAT_WGP_STAGES", stages)
+    monkeypatch.setenv("BW24CHAT_WG_BN", bn)
+    monkeypatch.setattr(cl, "WGP_DEQ_VALUES", 1)  # 256-row blocks: 623 rows take three
+    got = run(cp, W, x, 259, impl="wg", precise=precise)
+    assert np.array_equal(base.view(np.uint32), got.view(np.uint32))
+    res = rng.standard_normal((259, W.out)).astype(np.float32)
+    added = run(cp, W, x, 259, epi="add", init=res, impl="wg", precise=precise)
+    assert np.array_equal(added, (res + got).astype(np.float32))
