@@ -21,8 +21,16 @@ wg)
 wgp)
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py 2>&1 | grep -v "^\.\|^$" | tail -15 | tee $OUT/pytest_gemm.log
   grep -q " failed\| error" $OUT/pytest_gemm.log && export BW24CHAT_WGP=0 && echo "WGP FAILED: register-staged wg from here on"
-  timeout 300 python3 bench/gemm_variants.py --check --formats bf16,q8_0,nvfp4 --variants "${GVARIANTS:-mma,wg n128,wgp n128 s3,wgp n128 s4,wgp n256 s3,wgp n256 s4}" 2>&1 | tee $OUT/gemm_variants.log | tail -12
+  timeout 300 python3 bench/gemm_variants.py --check --formats "${GFORMATS:-bf16,q8_0,nvfp4}" --variants "${GVARIANTS:-mma,wg n128,wgp n128 s3,wgp n128 s4,wgp n256 s3,wgp n256 s4}" 2>&1 | tee $OUT/gemm_variants.log | tail -12
   python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
+wgp2)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py 2>&1 | grep -v "^\.\|^$" | tail -8 | tee $OUT/pytest_gemm.log
+  grep -q " failed\| error" $OUT/pytest_gemm.log && export BW24CHAT_WGP=0 && echo "WGP FAILED: register-staged wg from here on"
+  timeout 150 python3 bench/gemm_variants.py --formats q8_0,nvfp4 --variants "mma,wg n128,wgp auto" 2>&1 | tee $OUT/gemm_variants.log | tail -9
+  timeout 60 python3 bench/gemm_variants.py --formats bf16 --variants "wgp auto" 2>&1 | tee -a $OUT/gemm_variants.log | tail -3
+  python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  timeout 200 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 2>&1 | tee $OUT/check.log | grep -v "^PASS\|^  ok" | tail -25
   ;;
 part1)
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL

@@ -1,4 +1,5 @@
 """Host-side planning of the CUDA runner (no GPU needed): the KV cache is sized to the VRAM budget."""
+import pytest
 from bw24chat.backends.cuda_runner import fit_context
 
 
@@ -94,3 +95,27 @@ def test_persistent_grid_spreads_tiles_evenly(monkeypatch):
     assert cl.persistent_grid(None, 128, 0, 100) == 3
     monkeypatch.setenv("BW24CHAT_MV_PERSIST", "0")
     assert cl.persistent_grid(None, 128, 0, 100) == 100
+
+
+@pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("w_lo", [True, False])
+@pytest.mark.parametrize("n_out", [100, 4096, 6144, 24576])
+@pytest.mark.parametrize("force_bn", [None, "128", "256"])
+@pytest.mark.parametrize("force_stages", [None, "3", "4", "5", "8"])
+def test_wgp_geometry_fits_shared_memory(monkeypatch, precise, w_lo, n_out, force_bn, force_stages):
+    """gemm_wgp's ring always fits one block's shared memory (227 KB opt-in), has >= 3 stages
+    (prefetch distance >= 1), and its bytes per stage match the tiles it holds."""
+    from bw24chat.backends import cuda_linear as cl
+
+    for k, v in (("BW24CHAT_WG_BN", force_bn), ("BW24CHAT_WGP_STAGES", force_stages)):
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
+    bn, stages, stage = cl.wgp_geometry(n_out, precise, w_lo)
+    assert bn in (128, 256) and stages >= 3
+    assert stage == ((2 if precise else 1) * 128 + (2 if w_lo else 1) * bn) * 64 * 2
+    assert stages * stage + 1024 <= 227 * 1024
+    if force_bn is None:
+        wide_fits = 3 * ((2 if precise else 1) * 128 + (2 if w_lo else 1) * 256) * 128 + 1024 <= 227 * 1024
+        assert bn == (256 if n_out >= cl.WGP_WIDE_ROWS and wide_fits else 128)

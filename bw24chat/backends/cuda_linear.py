@@ -284,12 +284,26 @@ def _bf16_planes(x, n: int, with_lo: bool):
     return hi, lo
 
 
-def wgp_stages(precise: bool, w_lo: bool, bn: int) -> int:
-    """cp.async ring depth of gemm_wgp: BW24CHAT_WGP_STAGES (default 4), at most what fits in
-    the shared memory of one block, at least 3 (prefetch distance stages - 2 >= 1)."""
-    stage = ((2 if precise else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
+WGP_WIDE_ROWS = 6144  # gemm_wgp: 256-row tiles from this many rows (qkv, gate|up), 128 below
+
+
+def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
+    """(rows per block, ring stages, bytes per stage) of gemm_wgp.  Measured on the H200
+    (bench/gemm_variants.py, Qwen3-8B shapes, T = 512, BF16; bench/NOTES.md): 256-row tiles
+    win on the wide matrices (fast: qkv 71 vs 78 us, gate|up 206 vs 236), 128 on the 4096-row
+    ones (o 45 vs 67, down 112 vs 171: 256-row tiles leave SMs idle); a 4-stage ring beats 3
+    wherever it fits.  The ring is as deep as fits in one block's shared memory (at most 4,
+    BW24CHAT_WGP_STAGES overrides the cap); a tile width whose 3-stage ring does not fit falls
+    back to 128 rows.  BW24CHAT_WG_BN forces the width."""
+    bn = int(os.environ.get("BW24CHAT_WG_BN", 256 if n_out >= WGP_WIDE_ROWS else 128))
     want = int(os.environ.get("BW24CHAT_WGP_STAGES", 4))
-    return max(3, min(want, (WGP_SMEM_MAX - 1024) // stage)), stage
+    while True:
+        stage = ((2 if precise else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
+        fit = (WGP_SMEM_MAX - 1024) // stage
+        if fit >= 3 or bn == 128:
+            break
+        bn = 128
+    return bn, max(3, min(want, fit)), stage
 
 
 def _gemm_wgp(W: DeviceWeight, x, out, T: int, epi, precise: bool) -> None:
@@ -297,9 +311,8 @@ def _gemm_wgp(W: DeviceWeight, x, out, T: int, epi, precise: bool) -> None:
     dequantized to bf16 (and W_lo where their values are not bf16 numbers, when precise) one row
     block at a time into scratch (as llama.cpp's dequantize-then-GEMM prefill), each block's
     GEMM writing its columns of out.  Row blocks do not change any output's k order."""
-    bn = _wg_bn()
     w_lo = precise and W.fmt not in _W_EXACT_IN_BF16
-    stages, stage = wgp_stages(precise, w_lo, bn)
+    bn, stages, stage = wgp_geometry(W.out, precise, w_lo)
     xh, xl = _bf16_planes(x, T * W.in_, precise)
     k = get_kernel("gemm", "gemm_wgp", FMT=2, GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
     smem = stages * stage + 1024
