@@ -32,6 +32,19 @@ wgp2)
   python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   timeout 200 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 2>&1 | tee $OUT/check.log | grep -v "^PASS\|^  ok" | tail -25
   ;;
+pf)
+  # where the quantized prefill time goes: default, PDL off, register-staged wg (prefill rows only)
+  for env in "X=1" "BW24CHAT_PDL=0" "BW24CHAT_WGP=0"; do env $env python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --prefill-only 2>&1 | grep "pp" | sed "s/^/$env /"; done | tee $OUT/pf.log
+  timeout 120 python3 bench/gemm_variants.py --formats nvfp4 --variants "wg n128,wgp auto" 2>&1 | tail -3
+  for f in tests/gpu/test_*.py; do [ $f = tests/gpu/test_gemm.py ] || timeout 150 python3 -m pytest -q -p no:cacheprovider $f 2>&1 | tail -2 | sed "s|^|$f: |"; done | tee $OUT/pytest_gpu.log
+  ;;
+last2)
+  timeout 90 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 2>&1 | tee $OUT/check.log | grep -v "^PASS\|^  ok" | tail -8
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py 2>&1 | tail -2 | tee $OUT/pytest_gemm.log
+  timeout 150 python3 tools/device_reference.py /root/ref --big 2>&1 | tee $OUT/reference.log | tail -8
+  timeout 50 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k --prefill-only 2>&1 | grep "pp" | grep -v test | tee $OUT/bench_q4k.log
+  BW24CHAT_PORTABLE=1 timeout 60 python3 -m bw24chat check --skip-kernels --formats bf16,nvfp4 --kv bf16 2>&1 | tee $OUT/check_portable.log | tail -3
+  ;;
 part1)
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL
   python3 -m bw24chat check 2>&1 | tee $OUT/check.log | grep -v "^  ok" | tail -60

@@ -78,7 +78,8 @@ def flops_per_token(runner, ctx: int) -> float:
     return 2 * mat + attn
 
 
-def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str, decode_only: bool = False) -> list[dict]:
+def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str, decode_only: bool = False,
+                 prefill_only: bool = False) -> list[dict]:
     rng = np.random.default_rng(0)
     V = runner.args.vocab_size
     rows = []
@@ -93,6 +94,8 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         rows.append(dict(model=label, test=f"pp{T}" + ("" if precise else "-fast"), tok_s=tps, roofline_tok_s=roof,
                          pct=100 * tps / roof, ms=ms))
     runner.precise = True
+    if prefill_only:
+        return rows
     from .api import SamplingParams
 
     greedy = SamplingParams(temperature=0)
@@ -210,6 +213,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", help="also write the JSON here")
     p.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
+    p.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
     p.add_argument("--profile", action="store_true",
                    help="only the per-kernel decode profile (in-graph times of each role) at context 512 and 8192")
     a = p.parse_args(argv)
@@ -228,7 +232,7 @@ def main(argv: list[str]) -> int:
             if a.profile:
                 _print_profile(runner, cp, f"{a.synthetic}/{fmt}", a.ctx)
             else:
-                rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}", a.decode_only)
+                rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}", a.decode_only, a.prefill_only)
             del runner
             cp.get_default_memory_pool().free_all_blocks()
     else:
@@ -239,7 +243,7 @@ def main(argv: list[str]) -> int:
         if a.profile:
             _print_profile(runner, cp, ck.name, a.ctx)
         else:
-            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name, a.decode_only)
+            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name, a.decode_only, a.prefill_only)
     if a.profile:
         return 0
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()

@@ -584,12 +584,22 @@ dequant_bf16(const uint4* __restrict__ wq, const void* __restrict__ wh, const vo
         fetch_chunk(r, wq, wh, ws, wd, row0 + t, nck, kc);
         float v[VPC];
         decode_exact(r, kc, v);
+        // 16-byte stores (8 values) where the chunk has them: F32 chunks hold 4 values
+        constexpr int SV = VPC >= 8 ? 8 : 4;
 #pragma unroll
-        for (int e = 0; e < VPC; e += 4) {
-            uint2 h, l;
-            split_bf16x4(make_float4(v[e], v[e + 1], v[e + 2], v[e + 3]), h, l);
-            *reinterpret_cast<uint2*>(hi + t * n_in + (long)kc * VPC + e) = h;
-            if (lo) *reinterpret_cast<uint2*>(lo + t * n_in + (long)kc * VPC + e) = l;
+        for (int e = 0; e < VPC; e += SV) {
+            uint2 h[2], l[2];
+#pragma unroll
+            for (int p = 0; p < SV / 4; ++p) split_bf16x4(make_float4(v[e + 4 * p], v[e + 4 * p + 1], v[e + 4 * p + 2], v[e + 4 * p + 3]), h[p], l[p]);
+            __nv_bfloat16* dh = hi + t * n_in + (long)kc * VPC + e;
+            __nv_bfloat16* dl = lo + t * n_in + (long)kc * VPC + e;
+            if (SV == 8) {
+                *reinterpret_cast<uint4*>(dh) = make_uint4(h[0].x, h[0].y, h[1].x, h[1].y);
+                if (lo) *reinterpret_cast<uint4*>(dl) = make_uint4(l[0].x, l[0].y, l[1].x, l[1].y);
+            } else {
+                *reinterpret_cast<uint2*>(dh) = h[0];
+                if (lo) *reinterpret_cast<uint2*>(dl) = l[0];
+            }
         }
     }
 }

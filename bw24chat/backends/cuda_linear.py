@@ -259,7 +259,8 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
 
 _scratch: dict = {}
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)
-WGP_DEQ_VALUES = 32 * 1024 * 1024  # row block dequantized per gemm_wgp launch (64 MB of bf16 per plane)
+WGP_DEQ_VALUES = 64 * 1024 * 1024  # row block dequantized per gemm_wgp launch (128 MB of bf16 per plane):
+# smaller blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
 
 
 def _scratch_u16(name: str, n: int):
