@@ -263,15 +263,24 @@ WGP_DEQ_VALUES = 64 * 1024 * 1024  # row block dequantized per gemm_wgp launch (
 # smaller blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
 
 
+WGP_SCRATCH_BYTES = 2 * 2 * WGP_DEQ_VALUES  # the dequantized weight planes (hi, lo) at their largest
+
+
 def _scratch_u16(name: str, n: int):
-    """A grow-only device scratch of n uint16 per (name, device): prefill is not graph-captured and
-    every user runs on the one stream right after filling it, so one buffer serves all calls."""
+    """A grow-only device scratch of n uint16 per (name, device).  Prefill is not graph-captured
+    and each user runs on its stream right after filling the buffer; when another stream (another
+    runner) takes it over, the previous owner's work is waited for first, so two streams never
+    share it in flight."""
     import cupy as cp
 
     key = (name, cp.cuda.Device().id)
-    buf = _scratch.get(key)
+    cur = cp.cuda.get_current_stream()
+    buf, owner = _scratch.get(key, (None, None))
+    if owner is not None and owner.ptr != cur.ptr:
+        owner.synchronize()
     if buf is None or buf.size < n:
-        buf = _scratch[key] = cp.empty(n, cp.uint16)
+        buf = cp.empty(n, cp.uint16)
+    _scratch[key] = (buf, cur)
     return buf
 
 

@@ -301,7 +301,9 @@ class CudaRunner:
 
 
 KV_BYTES_PER_VALUE = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0, "f32": 4.0}
-RESERVE_BYTES = 3 << 29  # activation buffers, workspaces, prefill scratch, CUDA context slack
+# activation buffers, workspaces, prefill scratch (the wgmma GEMM's dequantized weight planes
+# included), CUDA context slack
+RESERVE_BYTES = (3 << 29) + lin.WGP_SCRATCH_BYTES
 
 
 def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: int, n_layers: int, n_kv: int,
