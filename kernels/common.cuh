@@ -69,3 +69,19 @@ BW24_DEVICE void pdl_wait() {
 #endif
 }
 #define PDL_ENTRY() do { pdl_trigger(); pdl_wait(); } while (0)
+
+// two floats -> packed bf16x2 (round to nearest even), lo in the low half
+BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// four x values -> bf16 hi = bf16(x) and lo = bf16(x - hi) (x - bf16(x) is exact in f32; lo's
+// own rounding is the residual error, ~2^-17 relative), each as 4 packed bf16
+BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
+    const uint32_t h01 = pack_bf16x2(v.x, v.y), h23 = pack_bf16x2(v.z, v.w);
+    hi = make_uint2(h01, h23);
+    const float x0 = __fsub_rn(v.x, __uint_as_float(h01 << 16)), x1 = __fsub_rn(v.y, __uint_as_float(h01 & 0xFFFF0000u));
+    const float x2 = __fsub_rn(v.z, __uint_as_float(h23 << 16)), x3 = __fsub_rn(v.w, __uint_as_float(h23 & 0xFFFF0000u));
+    lo = make_uint2(pack_bf16x2(x0, x1), pack_bf16x2(x2, x3));
+}

@@ -43,11 +43,6 @@
 #define GM_NT 256
 #define GM_CPR (GM_BK / VPC)                  // weight chunks per row per k tile
 
-BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 BW24_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -60,16 +55,6 @@ BW24_DEVICE void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, ui
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-
-// four x values -> bf16 hi = bf16(x) and lo = bf16(x - hi) (x - bf16(x) is exact in f32; lo's
-// own rounding is the residual error, ~2^-17 relative), each as 4 packed bf16
-BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
-    const uint32_t h01 = pack_bf16x2(v.x, v.y), h23 = pack_bf16x2(v.z, v.w);
-    hi = make_uint2(h01, h23);
-    const float x0 = __fsub_rn(v.x, __uint_as_float(h01 << 16)), x1 = __fsub_rn(v.y, __uint_as_float(h01 & 0xFFFF0000u));
-    const float x2 = __fsub_rn(v.z, __uint_as_float(h23 << 16)), x3 = __fsub_rn(v.w, __uint_as_float(h23 & 0xFFFF0000u));
-    lo = make_uint2(pack_bf16x2(x0, x1), pack_bf16x2(x2, x3));
-}
 
 // Tile offsets (bf16 elements) of value (row r, k) in a 64-wide k tile: padded rows for the
 // ldmatrix path (row stride 72: the 8 rows of an ldmatrix land in distinct banks), or the
@@ -441,7 +426,7 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
 // gemm_wgp — the same contract on sm_90a with both operands as bf16 planes: x as x_hi = bf16(x)
 // and, when split, x_lo = bf16(x - x_hi) (split_bf16 below: the stager's formulas), W as its
 // bf16 values [n_out, n_in] (BF16 weights: the repacked plane itself; other formats: a row
-// block dequantized by dequant_bf16 below, with W_lo = bf16(W - bf16(W)) where W_SPLIT asks for
+// block dequantized by dequant.cu dequant_bf16, with W_lo = bf16(W - bf16(W)) where W_SPLIT asks for
 // it, WGP_WLO=1).  Every operand is then a plain 16-byte copy: a cp.async ring of WGP_STAGES
 // stages straight into the 128-byte-swizzled tiles, no staging registers.  Tile k+WGP_STAGES-2
 // is requested while the wgmmas of tile k run and those of tile k-1 may still be in flight
@@ -566,40 +551,3 @@ extern "C" __global__ void split_bf16(const float4* __restrict__ x, uint2* __res
     }
 }
 
-// dequant_bf16: rows [row0, row0 + n_rows) of a repacked matrix (this compile's FMT) as bf16
-// planes for gemm_wgp: hi[t, k] = bf16(W[row0 + t, k]) and, when lo != null, lo[t, k] =
-// bf16(W - hi) — the TileStager's values (decode_exact; the NVFP4 global scale is left to the
-// GEMM epilogue).  Grid-stride, one 16-byte chunk per thread-iteration.
-extern "C" __global__ void __launch_bounds__(256)
-dequant_bf16(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
-             const void* __restrict__ wd, long row0, int n_rows, int n_in, __nv_bfloat16* __restrict__ hi,
-             __nv_bfloat16* __restrict__ lo) {
-    PDL_ENTRY();
-    const int nck = n_in / VPC;
-    const long total = (long)n_rows * nck;
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
-        const long t = i / nck;
-        const int kc = (int)(i - t * nck);
-        Raw r;
-        fetch_chunk(r, wq, wh, ws, wd, row0 + t, nck, kc);
-        float v[VPC];
-        decode_exact(r, kc, v);
-        // 16-byte stores (8 values) where the chunk has them: F32 chunks hold 4 values
-        constexpr int SV = VPC >= 8 ? 8 : 4;
-#pragma unroll
-        for (int e = 0; e < VPC; e += SV) {
-            uint2 h[2], l[2];
-#pragma unroll
-            for (int p = 0; p < SV / 4; ++p) split_bf16x4(make_float4(v[e + 4 * p], v[e + 4 * p + 1], v[e + 4 * p + 2], v[e + 4 * p + 3]), h[p], l[p]);
-            __nv_bfloat16* dh = hi + t * n_in + (long)kc * VPC + e;
-            __nv_bfloat16* dl = lo + t * n_in + (long)kc * VPC + e;
-            if (SV == 8) {
-                *reinterpret_cast<uint4*>(dh) = make_uint4(h[0].x, h[0].y, h[1].x, h[1].y);
-                if (lo) *reinterpret_cast<uint4*>(dl) = make_uint4(l[0].x, l[0].y, l[1].x, l[1].y);
-            } else {
-                *reinterpret_cast<uint2*>(dh) = h[0];
-                if (lo) *reinterpret_cast<uint2*>(dl) = l[0];
-            }
-        }
-    }
-}

@@ -341,7 +341,7 @@ def _gemm_wgp(W: DeviceWeight, x, out, T: int, epi, precise: bool) -> None:
     rows = min(rows, W.out)
     whi = _scratch_u16("w_hi", rows * W.in_)
     wlo = _scratch_u16("w_lo", rows * W.in_) if w_lo else None
-    deq = get_kernel("gemm", "dequant_bf16", FMT=W.fmt_id)
+    deq = get_kernel("dequant", "dequant_bf16", FMT=W.fmt_id)
     for r0 in range(0, W.out, rows):
         n = min(rows, W.out - r0)
         deq((max(1, min(-(-(n * W.nck) // 256), 132 * 16)),), (256,),
