@@ -344,6 +344,32 @@ BW24_DEVICE void wg_fence_acc(float (&d)[WG_ACC]) {
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+
+// The wgmmas of one 64-wide k tile into d, in the contract's order: per k16 step (32 bytes
+// further along the swizzled 128-byte rows) x_hi.W, then x_lo.W (GEMM_SPLIT; x_lo's tile
+// WG_A_BYTES after x_hi's), then x_hi.W_lo (WLO; W_lo's tile WG_W_BYTES after W's).  A macro,
+// not a function: as a function the k16 loop and the epilogue below were no longer unrolled (one
+// GMMA instruction in a loop, accumulators indexed at run time), as macros both kernels compile
+// to the SASS that was measured.
+#define WG_KTILE(d, a_hi, w_hi, WLO)                                                               \
+    _Pragma("unroll") for (int ks = 0; ks < GM_BK / 16; ++ks) {                                    \
+        wg_mma(d, wg_desc((a_hi) + 32 * ks), wg_desc((w_hi) + 32 * ks));                           \
+        if (GEMM_SPLIT) wg_mma(d, wg_desc((a_hi) + WG_A_BYTES + 32 * ks), wg_desc((w_hi) + 32 * ks)); \
+        if (WLO) wg_mma(d, wg_desc((a_hi) + 32 * ks), wg_desc((w_hi) + WG_W_BYTES + 32 * ks));     \
+    }
+
+// the accumulators of warpgroup wgi (tokens m0 + 64 wgi ..) for out rows n0 .. n0 + WG_BN - 1
+#define WG_EPILOGUE(d, ldo)                                                                        \
+    {                                                                                              \
+        const int g = lane >> 2, t4 = lane & 3;                                                    \
+        const long rbase = m0 + wgi * 64 + (warp & 3) * 16 + g;                                    \
+        _Pragma("unroll") for (int j = 0; j < WG_BN / 8; ++j)                                      \
+        _Pragma("unroll") for (int h = 0; h < 4; ++h) {                                            \
+            const long row = rbase + 8 * (h >> 1);                                                 \
+            const int col = n0 + 8 * j + 2 * t4 + (h & 1);                                         \
+            if (row < T && col < n_out) gemm_put(out, gscale, row, col, ldo, epi, d[4 * j + h]);   \
+        }                                                                                          \
+    }
 #else
 #define WG_AVAILABLE 0
 #endif
@@ -387,17 +413,7 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
         wg_fence_acc(d);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         const uint32_t a_hi = sbase + a_off(s, 0) + wgi * 64 * GM_BK * 2, w_hi = sbase + w_off(s, 0);
-#pragma unroll
-        for (int ks = 0; ks < GM_BK / 16; ++ks) {
-            // a k16 step is 32 bytes further along the (swizzled) 128-byte rows
-            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + 32 * ks));
-#if GEMM_SPLIT
-            wg_mma(d, wg_desc(a_hi + WG_A_BYTES + 32 * ks), wg_desc(w_hi + 32 * ks));
-#endif
-#if W_SPLIT
-            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + WG_W_BYTES + 32 * ks));
-#endif
-        }
+        WG_KTILE(d, a_hi, w_hi, W_SPLIT)
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         if (kt + 1 < nkt) store(kt + 1, s ^ 1);  // the other stage: its wgmmas (tile kt - 1) are done
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -406,16 +422,7 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
         __syncthreads();
     }
 
-    const int g = lane >> 2, t4 = lane & 3;
-    const long rbase = m0 + wgi * 64 + (warp & 3) * 16 + g;
-#pragma unroll
-    for (int j = 0; j < WG_BN / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-            const long row = rbase + 8 * (h >> 1);
-            const int col = n0 + 8 * j + 2 * t4 + (h & 1);
-            if (row < T && col < n_out) gemm_put(out, gscale, row, col, n_out, epi, d[4 * j + h]);
-        }
+    WG_EPILOGUE(d, n_out)
 #else
     (void)wq; (void)wh; (void)ws; (void)wd; (void)gscale; (void)x; (void)out; (void)T; (void)n_out; (void)n_in; (void)epi;
     __trap();  // built for a GPU without wgmma: the wrapper never launches this kernel there
@@ -506,16 +513,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
         const uint32_t a_hi = st + wgi * 64 * GM_BK * 2, w_hi = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
         wg_fence_acc(d);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int ks = 0; ks < GM_BK / 16; ++ks) {
-            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + 32 * ks));
-#if GEMM_SPLIT
-            wg_mma(d, wg_desc(a_hi + WG_A_BYTES + 32 * ks), wg_desc(w_hi + 32 * ks));
-#endif
-#if WGP_WLO
-            wg_mma(d, wg_desc(a_hi + 32 * ks), wg_desc(w_hi + WG_W_BYTES + 32 * ks));
-#endif
-        }
+        WG_KTILE(d, a_hi, w_hi, WGP_WLO)
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         wg_fence_acc(d);
@@ -523,16 +521,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_fence_acc(d);
 
-    const int g = lane >> 2, t4 = lane & 3;
-    const long rbase = m0 + wgi * 64 + (warp & 3) * 16 + g;
-#pragma unroll
-    for (int j = 0; j < WG_BN / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-            const long row = rbase + 8 * (h >> 1);
-            const int col = n0 + 8 * j + 2 * t4 + (h & 1);
-            if (row < T && col < n_out) gemm_put(out, gscale, row, col, ldo, epi, d[4 * j + h]);
-        }
+    WG_EPILOGUE(d, ldo)
 #else
     (void)wq; (void)wlo; (void)gscale; (void)xh; (void)xl; (void)out; (void)T; (void)n_out; (void)n_in; (void)ldo; (void)epi;
     __trap();  // compiled with FMT=BF16 (bf16 planes) on sm_90a only; the wrapper launches it nowhere else
