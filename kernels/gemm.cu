@@ -273,6 +273,9 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #define WG_STAGE_BYTES ((1 + GEMM_SPLIT) * WG_A_BYTES + (1 + W_SPLIT) * WG_W_BYTES)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_AVAILABLE 1
+// wgmma m64nNk16 bf16 x bf16 -> f32, D += A.B (scale-d predicate 1, no negation, no transpose:
+// both operands K-major).  Inline PTX names every accumulator register, so the two widths are
+// written out in full (N / 2 "+f" operands each).
 BW24_DEVICE void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
