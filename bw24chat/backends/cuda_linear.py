@@ -243,7 +243,9 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         return
     args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(EPILOGUES[epilogue]))
     impl = impl or gemm_impl()
-    if impl == "wg" and os.environ.get("BW24CHAT_WGP", "1") != "0":
+    # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
+    # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
+    if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
         _gemm_wgp(W, x, out, T, args[-1], precise)
         return
     if impl == "wg":

@@ -128,3 +128,12 @@ def test_gemm_wgp_equals_register_staged(cp, rng, fmt, stages, bn, precise, monk
     res = rng.standard_normal((259, W.out)).astype(np.float32)
     added = run(cp, W, x, 259, epi="add", init=res, impl="wg", precise=precise)
     assert np.array_equal(added, (res + got).astype(np.float32))
+
+
+def test_gemm_f32_rows_not_a_multiple_of_8(cp, rng, impl):
+    """F32 weights of 4k + 4 inputs (the one format whose rows need not hold whole 16-byte bf16
+    units): the wgmma path takes the register-staged kernel, every path matches the reference."""
+    ts, w = make_weight(rng, "F32", rows=(70,), nblocks=81)  # n_in = 324
+    W = cw.upload(ts)
+    x = rng.standard_normal((37, W.in_)).astype(np.float32)
+    check(run(cp, W, x, 37, impl=impl), x, w, 2e-5)
