@@ -114,7 +114,7 @@ def test_wgp_geometry_fits_shared_memory(monkeypatch, precise, w_lo, n_out, forc
             monkeypatch.setenv(k, v)
     bn, stages, stage = cl.wgp_geometry(n_out, precise, w_lo)
     assert bn in (128, 256) and stages >= 3
-    assert stage == ((2 if precise else 1) * 128 + (2 if w_lo else 1) * bn) * 64 * 2
+    assert stage == ((2 if precise else 1) * 128 + (2 if w_lo else 1) * bn) * 64 * 2  # x tiles 128 rows, W tiles bn
     assert stages * stage + 1024 <= 227 * 1024
     if force_bn is None:
         wide_fits = 3 * ((2 if precise else 1) * 128 + (2 if w_lo else 1) * 256) * 128 + 1024 <= 227 * 1024

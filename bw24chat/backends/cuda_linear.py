@@ -70,12 +70,11 @@ def _wg_bn() -> int:
     return int(os.environ.get("BW24CHAT_WG_BN", WG_BN_DEFAULT))
 
 
-def _wg_smem(fmt: str, precise: bool, bn: int) -> int:
-    """gemm_wg dynamic shared bytes: 2 stages of [x hi (| x lo)] + [W (| W lo)] tiles of 64 bf16
-    per row, plus 1 KB to align the stages to 1024 bytes (the 128-byte swizzle)."""
-    x_parts = 2 if precise else 1
-    w_parts = 2 if precise and fmt not in _W_EXACT_IN_BF16 else 1
-    return 2 * (x_parts * WG_BM + w_parts * bn) * 64 * 2 + 1024
+def wg_stage_bytes(precise: bool, w_lo: bool, bn: int) -> int:
+    """Shared bytes of one stage of either wgmma kernel: [x hi (| x lo)] tiles of WG_BM rows and
+    [W (| W lo)] tiles of bn rows, 64 bf16 per row.  Each kernel adds 1 KB to align its stages
+    to 1024 bytes (the 128-byte swizzle)."""
+    return ((2 if precise else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
 
 
 def matvec_tile(W: DeviceWeight, m: int) -> int:
@@ -251,7 +250,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     if impl == "wg":
         bn = _wg_bn()
         k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(precise), WG_BN=bn)
-        smem = _wg_smem(W.fmt, precise, bn)
+        smem = 2 * wg_stage_bytes(precise, precise and W.fmt not in _W_EXACT_IN_BF16, bn) + 1024  # double buffer
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
         return
@@ -259,13 +258,11 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(W.fmt, precise))
 
 
-_scratch: dict = {}
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)
 WGP_DEQ_VALUES = 64 * 1024 * 1024  # row block dequantized per gemm_wgp launch (128 MB of bf16 per plane):
 # smaller blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
-
-
 WGP_SCRATCH_BYTES = 2 * 2 * WGP_DEQ_VALUES  # the dequantized weight planes (hi, lo) at their largest
+_scratch: dict = {}
 
 
 def _scratch_u16(name: str, n: int):
@@ -310,7 +307,7 @@ def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
     bn = int(os.environ.get("BW24CHAT_WG_BN", 256 if n_out >= WGP_WIDE_ROWS else 128))
     want = int(os.environ.get("BW24CHAT_WGP_STAGES", 4))
     while True:
-        stage = ((2 if precise else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
+        stage = wg_stage_bytes(precise, w_lo, bn)
         fit = (WGP_SMEM_MAX - 1024) // stage
         if fit >= 3 or bn == 128:
             break
