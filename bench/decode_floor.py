@@ -44,6 +44,19 @@ SIZES_MB = {"nvfp4 o 4096x4096": 9.44, "nvfp4 qkv 6144x4096": 14.16, "nvfp4 down
 COPIES = 6
 
 
+def format_bench_setup(default_formats: str):
+    """The shared start of the per-format kernel benchmarks: (cupy, upper-case formats from
+    --formats, a seeded NumPy generator, a non-blocking stream)."""
+    import argparse
+
+    import cupy as cp
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", default=default_formats)
+    args = ap.parse_args()
+    return cp, [f.upper() for f in args.formats.split(",")], np.random.default_rng(0), cp.cuda.Stream(non_blocking=True)
+
+
 def time_graph(cp, stream, launch, copies):
     """us per launch of launch(0..copies-1) captured in one CUDA graph (launch(0) first runs
     once outside the capture: compiles, sets attributes): median of 7 timings of 10 replays."""

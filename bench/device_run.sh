@@ -157,4 +157,42 @@ final2)
   for pdl in 1 notc; do BW24CHAT_PDL=$pdl timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | sed "s/^/pdl=$pdl /" | tee -a $OUT/bench_x.log; done
   for mp in 2 4; do BW24CHAT_ATTN_MIN_PER=$mp timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | sed "s/^/attn_min_per=$mp /" | tee -a $OUT/bench_x.log; done
   ;;
+a8)
+  # integer-dot (A8) decode: correctness, kernel variants against the float paths, decode + prefill
+  timeout 230 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py tests/gpu/test_gemm.py -k "integer_dot or act_quant or (m_invariant and (Q8_0 or Q4_K or NVFP4 or Q6_K)) or (matches_reference and (Q8_0 or NVFP4 or Q4_K))" 2>&1 | tail -6 | tee $OUT/pytest.log
+  timeout 150 python3 bench/matvec_variants.py --formats ${MVF:-q8_0,q4_k,nvfp4} 2>&1 | tee $OUT/variants.log | grep -A20 "best per shape"
+  timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,q4_k,nvfp4 --decode-only 2>&1 | grep "tg128" | grep -v '"test"' | tee $OUT/bench.log
+  timeout 60 env BW24CHAT_A8=none python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --decode-only 2>&1 | grep "tg128@" | grep -v '"test"' | sed "s/^/a8=none /" | tee -a $OUT/bench.log
+  timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,nvfp4,q4_k --prefill-only 2>&1 | grep "pp" | grep -v '"test"' | tee -a $OUT/bench.log
+  ;;
+a8b)
+  # prefill cost of the integer-dot contract (probe), its gates, and prefill A8 on/off in one run
+  timeout 120 python3 bench/prefill_probe.py --formats q8_0,nvfp4 2>&1 | tee $OUT/probe.log
+  timeout 240 python3 -m bw24chat check --formats q8_0,q4_k,nvfp4 --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -30
+  for a8 in "" none; do BW24CHAT_A8=$a8 timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --prefill-only 2>&1 | grep "pp512" | grep -v '"test"' | sed "s/^/a8=${a8:-on} /" | tee -a $OUT/bench.log; done
+  ;;
+a8c)
+  # where prefill and decode part under the integer-dot contract; K-quant gates; prefill launches
+  timeout 150 python3 tools/diag_prefill_decode.py q8_0,nvfp4,q4_k 2>&1 | tee $OUT/diag.log
+  timeout 100 python3 -m bw24chat check --skip-kernels --formats q5_k,q6_k --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -12
+  timeout 200 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --prefill-only 2>&1 | grep "pp" | grep -v '"test"' | tee -a $OUT/bench.log
+  ;;
+diag)
+  for env in "X=1" "BW24CHAT_PDL=0" "BW24CHAT_A8=none" "BW24CHAT_MV_U=2 BW24CHAT_MV_MINB=2"; do echo "== $env"; env $env timeout 60 python3 tools/diag_prefill_decode.py q8_0,nvfp4 --n 48 2>&1 | grep -v "^  layer 0"; done
+  echo "== eager"; timeout 60 python3 tools/diag_prefill_decode.py q8_0,nvfp4 --n 48 --eager 2>&1 | grep -v "^  layer 0"
+  ;;
+diag2)
+  timeout 100 python3 tools/diag_prefill_decode.py q8_0,nvfp4,q4_k --n 16 2>&1 | grep -v "layer"
+  ;;
+a16)
+  # the two-level integer-dot contract: kernels, gates, matvec variants
+  timeout 250 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py tests/gpu/test_gemm.py -k "integer_dot or act_quant or (m_invariant and (Q8_0 or Q4_K or Q6_K or NVFP4 or Q4_1)) or (matches_reference and (Q8_0 or Q4_K or NVFP4 or BF16)) or swiglu_epilogue or persistent" 2>&1 | tail -4 | tee $OUT/pytest.log
+  timeout 200 python3 -m bw24chat check --formats bf16,q8_0,q4_k,q6_k,nvfp4 --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS" | tail -12
+  timeout 120 python3 bench/matvec_variants.py --formats q8_0,q4_k,nvfp4 2>&1 | tee $OUT/variants.log | grep -A16 "best per shape"
+  ;;
+fin5)
+  # the session's final configuration: NVFP4 gates under the integer dot, then the bench table
+  timeout 50 python3 -m bw24chat check --skip-kernels --formats nvfp4 --kv f32,bf16 2>&1 | tee $OUT/check_nvfp4.log | grep -v "^PASS" | tail -6
+  timeout 280 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
 esac

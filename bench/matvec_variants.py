@@ -12,7 +12,6 @@ are the ones the engine runs.  Prints us per launch and GB/s of weight bytes.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_floor import time_graph  # noqa: E402  (one graph-timing loop for the bench scripts)
+from decode_floor import format_bench_setup, time_graph  # noqa: E402  (shared by the bench scripts)
 
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
@@ -35,27 +34,30 @@ VARIANTS = {
              ("simt u4", {"BW24CHAT_MATVEC": "simt"}),
              ("simt u4 minb3", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_MINB": "3"}),
              ("simt u3 minb3", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_MINB": "3", "BW24CHAT_MV_U": "3"})],
-    "Q8_0": [("simt u4", {}), ("simt u6", {"BW24CHAT_MV_U": "6"})],
-    "Q4_K": [("simt u4", {"BW24CHAT_MV_U": "4"}), ("simt u3", {"BW24CHAT_MV_U": "3"})],
+    "Q8_0": [("f32 x", {"BW24CHAT_A8": "none"}), ("int-dot u3 minb3", {}),
+             ("int-dot u4 minb2", {"BW24CHAT_MV_U": "4", "BW24CHAT_MV_MINB": "2"}),
+             ("int-dot u2 minb3", {"BW24CHAT_MV_U": "2"})],
+    "Q4_K": [("f32 x", {"BW24CHAT_A8": "none"}), ("int-dot auto", {}),
+             ("int-dot u3 minb2", {"BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"}),
+             ("int-dot u2 minb3", {"BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "3"})],
+    "Q6_K": [("f32 x", {"BW24CHAT_A8": "none"}), ("int-dot auto", {})],
 }
+VARIANTS["NVFP4"] = [("tc (f32 x)", {}), ("int-dot auto", {"BW24CHAT_A8": "all"}),
+                     ("int-dot u2 minb3", {"BW24CHAT_A8": "all", "BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "3"}),
+                     ("int-dot u3 minb2", {"BW24CHAT_A8": "all", "BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"})]
 COPIES = 6
-SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB")
+SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB",
+            "BW24CHAT_A8")
 
 
 def main() -> int:
-    import cupy as cp
-
     from bw24chat.backends import cuda_linear as lin
     from bw24chat.backends.cuda_weights import repack_host, upload
     from bw24chat.synthetic import random_matrix
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--formats", default="nvfp4,bf16")
-    args = ap.parse_args()
-    rng = np.random.default_rng(0)
-    stream = cp.cuda.Stream(non_blocking=True)
+    cp, formats, rng, stream = format_bench_setup("nvfp4,bf16")
     rows = []
-    for fmt in [f.upper() for f in args.formats.split(",")]:
+    for fmt in formats:
         for name, (out, in_, pro) in SHAPES.items():
             t = random_matrix(fmt, out, in_, rng)
             hp = repack_host([t])

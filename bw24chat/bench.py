@@ -250,15 +250,19 @@ def main(argv: list[str]) -> int:
     switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("BW24CHAT_") and k not in ("BW24CHAT_CACHE_DIR", "BW24CHAT_MODELS_DIR")}
     pdl = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT) if pdl_supported() else "0 (needs sm_90+)"
     from .backends.cuda_linear import gemm_impl
+    from .backends.cuda_weights import FORMATS
+    from .backends.kernel_refs import act_q8
 
     result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache,
-              "pdl": pdl, "prefill_gemm": gemm_impl(), "switches": switches, "rows": rows}
+              "pdl": pdl, "prefill_gemm": gemm_impl(), "int8_activations": [f for f in FORMATS if act_q8(f)],
+              "switches": switches, "rows": rows}
     out = json.dumps(result, indent=1)
     print(out)
     if a.json:
         open(a.json, "w").write(out)
     print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}, "
-          f"PDL {pdl}, prefill GEMM {result['prefill_gemm']}" + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))
+          f"PDL {pdl}, prefill GEMM {result['prefill_gemm']}, int8 activations {','.join(result['int8_activations']) or 'none'}"
+          + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))
     print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
     for r in rows:
         print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "

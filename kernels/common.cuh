@@ -85,3 +85,55 @@ BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
     const float x2 = __fsub_rn(v.z, __uint_as_float(h23 << 16)), x3 = __fsub_rn(v.w, __uint_as_float(h23 & 0xFFFF0000u));
     lo = make_uint2(pack_bf16x2(x0, x1), pack_bf16x2(x2, x3));
 }
+
+// ---- Activation quantization of the integer-dot linear contract (kernel_refs.act_quant_ref;
+// llama.cpp's q8_1 activations, refined to two int8 levels and power-of-two scales).  Per block
+// of 32 consecutive inputs of a row: e = max(floor(log2 amax), -100) - 6 (from amax's exponent
+// bits, so amax * 2^-e lies in [64, 128)); r = x * 2^-e (exact); h = clamp(rint(r), -127, 127);
+// l = clamp(rint((r - h) * 256), -127, 127) (r - h exact; rint half to even).  The quantized
+// input is 2^e * (h + l / 256): 15 significant bits, error <= 2^(e-8) (one 256th of a step),
+// exact in f32, and its two parts 2^e h and 2^(e-8) l are each exact in bf16.  So the prefill
+// GEMM takes them as its two bf16 planes (the precise mode's hi / lo) and the decode matvec as
+// two int8 code planes for dp4a — the same numbers on both paths.  Two levels, not one: with
+// 8-bit codes a rounding-level difference between the two paths' inputs flips whole steps
+// (1/128 of the block maximum), which random models amplified into prefill-vs-decode argmax
+// mismatches; the second level makes a flip 256 times smaller (bench/NOTES.md).
+BW24_DEVICE int act_exp(float amax) { return max((int)((__float_as_uint(amax) >> 23) & 0xFFu) - 127, -100) - 6; }
+BW24_DEVICE float pow2f(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }  // -126 <= e <= 127
+
+BW24_DEVICE float clamp127(float v) { return fminf(fmaxf(v, -127.0f), 127.0f); }
+
+BW24_DEVICE uint32_t pack_s8x4(int a, int b, int c, int d) {
+    return (uint32_t)(a & 0xFF) | ((uint32_t)(b & 0xFF) << 8) | ((uint32_t)(c & 0xFF) << 16) | ((uint32_t)d << 24);
+}
+
+// An aligned group of 8 lanes holds one block of 32 inputs, lane j of the group inputs 4j..4j+3
+// (every lane of the warp calls this: the group reductions are shuffles).  Returns this lane's
+// four high codes h packed as int8 bytes in order, their low codes l in *lo; e = the block's
+// exponent; sum_h / sum_l = the sums of the h / l codes of the lane's half block (inputs 0-15
+// for lanes 0-3, 16-31 for lanes 4-7), exact.
+BW24_DEVICE uint32_t act_quant_lane(float4 v, int& e, uint32_t& lo, int& sum_h, int& sum_l) {
+    float am = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 4));
+    e = act_exp(am);
+    const float inv = pow2f(-e);
+    const float r[4] = {__fmul_rn(v.x, inv), __fmul_rn(v.y, inv), __fmul_rn(v.z, inv), __fmul_rn(v.w, inv)};
+    int h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float hf = clamp127(rintf(r[j]));
+        h[j] = (int)hf;
+        l[j] = (int)clamp127(rintf(__fmul_rn(__fsub_rn(r[j], hf), 256.0f)));
+    }
+    int sh = h[0] + h[1] + h[2] + h[3], sl = l[0] + l[1] + l[2] + l[3];
+    sh += __shfl_xor_sync(0xffffffffu, sh, 1);
+    sh += __shfl_xor_sync(0xffffffffu, sh, 2);
+    sl += __shfl_xor_sync(0xffffffffu, sl, 1);
+    sl += __shfl_xor_sync(0xffffffffu, sl, 2);
+    sum_h = sh;
+    sum_l = sl;
+    lo = pack_s8x4(l[0], l[1], l[2], l[3]);
+    return pack_s8x4(h[0], h[1], h[2], h[3]);
+}

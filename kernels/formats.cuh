@@ -216,12 +216,18 @@ BW24_DEVICE float qval(uint32_t w, int j) {
 // selector nibbles come out as codes (0, 2, 1, 3) (t | t >> 12 packs bytes 0..3 into nibbles
 // 0, 2, 1, 3), hence the byte positions below.  Code 8 (-0) gives +0, as the reference table
 // does.  ~2.3 instructions per value instead of ~10 for the shift-and-select form (qval).
-BW24_DEVICE void nvfp4_x4(uint32_t t, float (&f)[4]) {
+// nvfp4_s4: the table step alone — bytes (doubled value + 12) of codes (0, 2, 1, 3), unsigned
+// 0..24 (also the integer-dot matvec's weight bytes, ACT_Q8).
+BW24_DEVICE uint32_t nvfp4_s4(uint32_t t) {
     const uint32_t sel = t | (t >> 12);
     const uint32_t idx = sel & 0x7777u;  // __byte_perm uses 3 bits per nibble; masked to be explicit
     const uint32_t pos = __byte_perm(0x0F0E0D0Cu, 0x18141210u, idx);  // codes 0-7:  12 + {0,1,2,3,4,6,8,12}
     const uint32_t neg = __byte_perm(0x090A0B0Cu, 0x00040608u, idx);  // codes 8-15: 12 - {0,1,2,3,4,6,8,12}
-    const uint32_t e = __byte_perm(pos, neg, ((sel & 0x8888u) >> 1) | 0x3210u);
+    return __byte_perm(pos, neg, ((sel & 0x8888u) >> 1) | 0x3210u);
+}
+
+BW24_DEVICE void nvfp4_x4(uint32_t t, float (&f)[4]) {
+    const uint32_t e = nvfp4_s4(t);
     f[0] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7440u)), 8388620.0f);
     f[1] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7442u)), 8388620.0f);
     f[2] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7441u)), 8388620.0f);

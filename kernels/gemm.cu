@@ -35,7 +35,11 @@
 // not BF16, nor NVFP4 whose E2M1 x E4M3 products have <= 6 significant bits) are split too in
 // the precise variant: W = W_hi + W_lo, and each k16 step adds x_hi.W_hi, x_lo.W_hi, x_hi.W_lo
 // (x_lo.W_lo, ~2^-18 relative, is dropped) -- so prefill matches the exact-weight decode path.
+// W_SPLIT may also be set on its own (GEMM_SPLIT=0, W_SPLIT=1): the integer-dot ("A8") formats
+// take x already quantized (act_quant below: exact in bf16), so only the weights are split.
+#ifndef W_SPLIT
 #define W_SPLIT (GEMM_SPLIT && FMT != F_BF16 && FMT != F_NVFP4)
+#endif
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
@@ -543,3 +547,38 @@ extern "C" __global__ void split_bf16(const float4* __restrict__ x, uint2* __res
     }
 }
 
+
+// act_quant: the integer-dot contract's activation quantization of x (f32 [n], n a multiple of
+// 32: rows of a multiple of 32 inputs) per 32-block, exactly as the decode matvec's staging
+// (common.cuh act_quant_lane): the two parts 2^e h and 2^(e-8) l as bf16 planes (xq_hi, xq_lo:
+// the GEMM's x hi / lo operands, each exact) and / or their exact f32 sum (xq_f32); any output may
+// be null; f32_lo = 0 leaves the low level out of xq_f32 (the fast mode's one-level x).  Every lane
+// of a warp runs the same trip count (group reductions are shuffles).
+BW24_DEVICE float code_byte(uint32_t w, int j) { return (float)(int)(int8_t)((w >> (8 * j)) & 0xFFu); }
+
+extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __restrict__ xq_hi, uint2* __restrict__ xq_lo,
+                                     float4* __restrict__ xq_f32, int f32_lo, long n4) {
+    PDL_ENTRY();
+    for (long f0 = (long)blockIdx.x * blockDim.x; f0 < n4; f0 += (long)gridDim.x * blockDim.x) {
+        const long f = f0 + threadIdx.x;
+        const bool ok = f < n4;
+        const float4 v = ok ? x[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int e, sh, sl;
+        uint32_t ql;
+        const uint32_t qh = act_quant_lane(v, e, ql, sh, sl);
+        if (!ok) continue;
+        const float sc = pow2f(e), sc_lo = pow2f(e - 8);
+        float hi[4], lo[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            hi[j] = __fmul_rn(code_byte(qh, j), sc);
+            lo[j] = __fmul_rn(code_byte(ql, j), sc_lo);
+        }
+        if (xq_hi) xq_hi[f] = make_uint2(pack_bf16x2(hi[0], hi[1]), pack_bf16x2(hi[2], hi[3]));
+        if (xq_lo) xq_lo[f] = make_uint2(pack_bf16x2(lo[0], lo[1]), pack_bf16x2(lo[2], lo[3]));
+        if (xq_f32) {
+            const float k = f32_lo ? 1.0f : 0.0f;  // hi + lo is exact; hi + 0 * lo is hi
+            xq_f32[f] = make_float4(__fmaf_rn(k, lo[0], hi[0]), __fmaf_rn(k, lo[1], hi[1]), __fmaf_rn(k, lo[2], hi[2]), __fmaf_rn(k, lo[3], hi[3]));
+        }
+    }
+}

@@ -14,6 +14,11 @@
 //                 block and for every MV_M)
 //       2 swiglu: xin = silu(x[m, k]) * x[m, n_in + k] = g / (1 + exp(-g)) * u (ldx >= 2*n_in)
 //   NumPy reference: out = xin @ W.T with W = QTensor.dequantize() (cuda_weights.decode_planes).
+//   ACT_Q8=1 (the integer-dot contract, quantized formats): xin is first quantized per block of
+//   32 inputs into two int8 code levels (common.cuh act_quant_lane: xin ~ 2^e (h + l/256)), and
+//   y = sum over chunks and levels of dot * a * s (+ b * sum(codes) * s with a min), dot = the
+//   exact integer sum of weight code * x code (dp4a), s = 2^e or 2^(e-8); reference:
+//   act_quant_ref(xin) @ W.T.
 //
 // Exactness: the per-output reduction tree does not depend on MV_M, MV_R or tk: lane L of the
 // warp owning row o takes the chunks kc = L (mod 32) of the row in increasing order; in each
@@ -45,17 +50,27 @@
 // Measured (H200, Qwen3-8B shapes, bench/matvec_variants.py): Q8_0 with the rolling window 4 slots
 // beat 7 on every shape (gate|up 40.5 vs 46.8 us; the batch-then-consume loop had wanted 8).
 // Q5_K / Q6_K spill at 4 slots with the window's extra chunk copy: 3.
-#if MV_M == 1 && (FMT == F_Q5_K || FMT == F_Q6_K)
+// Integer-dot path (ACT_Q8): the most slots that compile without spills at its register
+// budget (below): Q8_0 3 (80 registers), the 4-bit family and Q6_K 2 (80 / 128), Q5_K 3 (122).
+#if ACT_Q8 && MV_M <= 2
+#define MV_U ((FMT == F_Q8_0 || FMT == F_Q5_K) ? 3 : 2)
+#elif MV_M == 1 && (FMT == F_Q5_K || FMT == F_Q6_K)
 #define MV_U 3
 #else
 #define MV_U (MV_M <= 2 ? 4 : 2)
 #endif
 #endif
+#ifndef ACT_Q8  // 1: the integer-dot ("A8") contract below (quantized formats only)
+#define ACT_Q8 0
+#endif
+#if ACT_Q8 && IS_FLOAT_FMT
+#error "ACT_Q8 is the integer-dot path of the quantized formats"
+#endif
 #ifndef MV_MINB  // blocks per SM the register budget must allow (2 = at most 128, 3 = 80 registers)
 // Float formats at m = 1: 3 (80 registers instead of 89 with the rolling window; measured BF16
 // qkv 23.4 -> 17.8 us, gate|up 65.5 -> 55.4, LM head 125.5 -> 104.9 on the H200).  The 4-bit and
-// 8-bit decoders need ~115-128 registers: 2.
-#define MV_MINB (MV_M == 1 ? (IS_FLOAT_FMT ? 3 : 2) : 1)
+// 8-bit float decoders need ~115-128 registers: 2; the integer-dot path fits 80 (Q5_K/Q6_K: 2).
+#define MV_MINB (MV_M == 1 ? ((IS_FLOAT_FMT || (ACT_Q8 && FMT != F_Q5_K && FMT != F_Q6_K)) ? 3 : 2) : 1)
 #endif
 #define MV_NW 8
 #define MV_NT (MV_NW * 32)
@@ -191,6 +206,150 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
 #endif
 }
 
+#if ACT_Q8
+// ---- the integer-dot path.  Shared x per token m and plane p (0: the high codes h, 1: the low
+// codes l; common.cuh act_quant_lane): the int8 codes as u32 words (wpm = n_in/4 per plane), and
+// one uint4 per 32-input block {plane scale as float bits (2^e, 2^(e-8)), code sum of inputs
+// 0-15, of 16-31, of all 32}.  Word layout: Q8_0 (16-value chunks) natural order, a chunk = 4
+// words at 4*kc; 32-value chunks two halves (inputs 0-15 of chunk kc at words 4*kc.., 16-31 at
+// 4*(nck+kc)..) so that each lane's 16-byte read is conflict-free; NVFP4 words hold their codes
+// in the order (0, 2, 1, 3) of nvfp4_s4's weight bytes.  Token m, plane p: words at
+// xw + (2m+p)*wpm, records at meta + (2m+p)*nb.
+BW24_DEVICE int a8_word(int p, int nck) {
+#if VPC == 16
+    (void)nck;
+    return p >> 2;
+#else
+    return (((p & 31) >> 4) * nck + (p >> 5)) * 4 + ((p & 15) >> 2);
+#endif
+}
+
+// xin (prologue applied) of one token, quantized per 32-block into its two planes' words and
+// records; every thread of the block runs the same trip count (the group reductions are shuffles)
+BW24_DEVICE void stage_a8(const float* __restrict__ x, long off, int n_in, int pro, float inv,
+                          const float* __restrict__ normw, uint32_t* xw, uint4* meta) {
+    const int tid = threadIdx.x, lane = tid & 31, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
+    for (int f0 = 0; f0 < n_in / 4; f0 += MV_NT) {
+        const int f = f0 + tid;
+        const bool ok = f < n_in / 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok) v = make_float4(prologue_x(x, off, 4 * f, n_in, pro, inv, normw), prologue_x(x, off, 4 * f + 1, n_in, pro, inv, normw),
+                                prologue_x(x, off, 4 * f + 2, n_in, pro, inv, normw), prologue_x(x, off, 4 * f + 3, n_in, pro, inv, normw));
+        int e, sh, sl;
+        uint32_t ql;
+        uint32_t qh = act_quant_lane(v, e, ql, sh, sl);
+        const int sh_other = __shfl_xor_sync(0xffffffffu, sh, 4), sl_other = __shfl_xor_sync(0xffffffffu, sl, 4);
+#if FMT == F_NVFP4
+        qh = __byte_perm(qh, 0u, 0x3120u);
+        ql = __byte_perm(ql, 0u, 0x3120u);
+#endif
+        if (!ok) continue;
+        xw[a8_word(4 * f, nck)] = qh;
+        xw[wpm + a8_word(4 * f, nck)] = ql;
+        if ((lane & 7) == 0) {  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
+            meta[f >> 3] = make_uint4(__float_as_uint(pow2f(e)), (uint32_t)sh, (uint32_t)sh_other, (uint32_t)(sh + sh_other));
+            meta[nb + (f >> 3)] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl, (uint32_t)sl_other, (uint32_t)(sl + sl_other));
+        }
+    }
+}
+
+BW24_DEVICE int dp4a_s8(uint32_t a, uint32_t b, int c) {  // signed bytes of a . signed bytes of b + c
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+BW24_DEVICE int dp4a_u8(uint32_t a, uint32_t b, int c) {  // unsigned bytes of a . signed bytes of b + c
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// the exact float of an integer |i| < 2^22 without I2F (quarter rate): (1.5 * 2^23 + i) - 1.5 * 2^23
+BW24_DEVICE float small_int_float(int i) { return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.0f); }
+
+#if FMT == F_NVFP4
+#define A8_OFF 12  // nvfp4_s4 bytes are the doubled value + 12
+#else
+#define A8_OFF ((int)QOFF)
+#endif
+
+// One chunk of MV_R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
+// the integer dots of the chunk's halves (values 0-15, 16-31; Q8_0: the 16 values), the code
+// offset removed through the dp4a seed (-offset * code sum, exact), then in this order
+//   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s)
+//   otherwise:  acc += (dot_lo + dot_hi) * (a0 * s); HAS_MIN: acc += sum32 * (b * s)
+// with s the plane's scale (a * s is exact), each an FMA, the same for every MV_M.
+BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
+                              float (&acc)[MV_M][MV_R]) {
+    float a0[MV_R], a1[MV_R], b[MV_R];
+#pragma unroll
+    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
+#if FMT == F_Q8_0
+    (void)nck; (void)a1; (void)b;
+#pragma unroll
+    for (int m = 0; m < MV_M; ++m)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(xw + (2 * m + p) * wpm + 4 * kc);
+            const float dx = __uint_as_float(meta[(2 * m + p) * nb + (kc >> 1)].x);
+#pragma unroll
+            for (int r = 0; r < MV_R; ++r) {
+                int s = dp4a_s8(raw[r].q.x, xv.x, 0);
+                s = dp4a_s8(raw[r].q.y, xv.y, s);
+                s = dp4a_s8(raw[r].q.z, xv.z, s);
+                s = dp4a_s8(raw[r].q.w, xv.w, s);
+                acc[m][r] = __fmaf_rn(small_int_float(s), __fmul_rn(a0[r], dx), acc[m][r]);
+            }
+        }
+#else
+    uint32_t cl[MV_R][4], ch[MV_R][4];
+#pragma unroll
+    for (int r = 0; r < MV_R; ++r)
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            uint32_t lo, hi;
+            qwords(raw[r], g, lo, hi);
+#if FMT == F_NVFP4
+            lo = nvfp4_s4(lo);
+            hi = nvfp4_s4(hi);
+#endif
+            cl[r][g] = lo;
+            ch[r][g] = hi;
+        }
+#pragma unroll
+    for (int m = 0; m < MV_M; ++m)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const uint32_t* xp = xw + (2 * m + p) * wpm;
+            const uint4 xl = *reinterpret_cast<const uint4*>(xp + 4 * kc);
+            const uint4 xh = *reinterpret_cast<const uint4*>(xp + 4 * (nck + kc));
+            const uint4 mt = meta[(2 * m + p) * nb + kc];
+            const float dx = __uint_as_float(mt.x);
+#pragma unroll
+            for (int r = 0; r < MV_R; ++r) {
+                int il = -A8_OFF * (int)mt.y, ih = -A8_OFF * (int)mt.z;
+                il = dp4a_u8(cl[r][0], xl.x, il);
+                il = dp4a_u8(cl[r][1], xl.y, il);
+                il = dp4a_u8(cl[r][2], xl.z, il);
+                il = dp4a_u8(cl[r][3], xl.w, il);
+                ih = dp4a_u8(ch[r][0], xh.x, ih);
+                ih = dp4a_u8(ch[r][1], xh.y, ih);
+                ih = dp4a_u8(ch[r][2], xh.z, ih);
+                ih = dp4a_u8(ch[r][3], xh.w, ih);
+#if TWO_SCALES
+                acc[m][r] = __fmaf_rn(small_int_float(il), __fmul_rn(a0[r], dx), acc[m][r]);
+                acc[m][r] = __fmaf_rn(small_int_float(ih), __fmul_rn(a1[r], dx), acc[m][r]);
+#else
+                acc[m][r] = __fmaf_rn(small_int_float(il + ih), __fmul_rn(a0[r], dx), acc[m][r]);
+#if HAS_MIN
+                acc[m][r] = __fmaf_rn(small_int_float((int)mt.w), __fmul_rn(b[r], dx), acc[m][r]);
+#endif
+#endif
+            }
+        }
+#endif
+}
+#endif
+
 // Persistent tiles (as matvec_tc): block b takes the 8*MV_R-row tiles b, b + gridDim.x, ...
 // (cuda_linear sizes the grid to the resident capacity with the same tile count per block).  The
 // rmsnorm statistic is computed once per block and, when x fits (tk >= n_in, "resident"), so is
@@ -204,9 +363,15 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
        float* __restrict__ out, const float* __restrict__ normw, int n_out, int n_in, int ldx, int tk,
        int pro, int epi, float eps) {
     extern __shared__ float4 smem4[];
+#if ACT_Q8  // tk = n_in (x always resident)
+    uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);                      // [MV_M][2][n_in/4] code words
+    uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * (n_in / 4));     // [MV_M][2][n_in/32] block records
+    float* red = reinterpret_cast<float*>(meta + 2 * MV_M * (n_in / 32));   // [MV_M][MV_NW]
+#else
     float* xs = reinterpret_cast<float*>(smem4);  // [MV_M][tk], swizzled
     float* xsum = xs + MV_M * tk;                 // [MV_M][tk/32]
     float* red = xsum + MV_M * (tk / 32);         // [MV_M][MV_NW]
+#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nck = n_in / VPC;
     const int ntiles = (n_out + MV_NW * MV_R - 1) / (MV_NW * MV_R);
@@ -257,7 +422,12 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         }
     }
 
-    for (bool staged = false;;) {
+#if ACT_Q8
+#pragma unroll
+    for (int m = 0; m < MV_M; ++m) stage_a8(x, (long)m * ldx, n_in, pro, inv[m], normw, xw + 2 * m * (n_in / 4), meta + 2 * m * (n_in / 32));
+    __syncthreads();
+#endif
+    for (bool staged = ACT_Q8;;) {
         float acc[MV_M][MV_R];
 #pragma unroll
         for (int m = 0; m < MV_M; ++m)
@@ -267,6 +437,9 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         for (int k0 = 0; k0 < n_in; k0 += tk) {
             const int tkk = min(tk, n_in - k0);
             const int nkc = tkk / VPC, kcb = k0 / VPC;
+#if ACT_Q8
+            (void)staged; (void)resident;
+#else
             if (!(resident && staged)) {
                 __syncthreads();  // the previous tile (and red[]) is consumed
 #pragma unroll
@@ -292,6 +465,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                 __syncthreads();
                 staged = true;
             }
+#endif
             if (k0 != 0) {  // a later k-tile: its first window (the first was fetched ahead)
 #pragma unroll
                 for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, kcb, nkc);
@@ -305,7 +479,11 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #pragma unroll
                         for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
                         fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
+#if ACT_Q8
+                        chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, acc);
+#else
                         chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
+#endif
                     }
                 }
             }

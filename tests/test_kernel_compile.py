@@ -31,3 +31,21 @@ def test_compile_error_carries_the_log(tmp_path, monkeypatch):
     with pytest.raises(kb.KernelCompileError) as ei:
         kb.compile_cubin("broken", "sm_90a")
     assert "broken.cu" in ei.value.log and "error" in ei.value.log
+
+
+VARIANTS = [  # compile-time variants the default build of a family does not reach
+    ("matvec", {"FMT": 3, "ACT_Q8": 1}),  # Q8_0, integer dot
+    ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_M": 8}),  # Q4_K (min), 8 tokens
+    ("matvec", {"FMT": 10, "ACT_Q8": 1}),  # Q6_K (two scales, offset)
+    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 3}),  # NVFP4 (table decoder)
+    ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
+    ("gemm", {"FMT": 3, "GEMM_SPLIT": 0, "W_SPLIT": 1}),  # quantized x, split weights
+]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("family,defines", VARIANTS, ids=[f"{f}-{'-'.join(f'{k}{v}' for k, v in d.items())}" for f, d in VARIANTS])
+def test_kernel_variant_compiles(family, defines, arch):
+    cubin, log = kb.compile_cubin(family, arch, defines)
+    assert cubin[:4] == b"\x7fELF"
+    assert "error" not in log.lower()

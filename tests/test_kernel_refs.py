@@ -117,3 +117,59 @@ def test_kv_split_residual_bound(rng):
     r = np.abs(v.astype(np.float64) - hi - lo)
     assert np.all(r <= np.abs(v) * 2.0**-16)
     assert np.all(np.abs(lo) <= np.abs(hi) * 2.0**-8)
+
+
+def test_act_quant_ref_contract():
+    """The integer-dot activation quantization: per 32 inputs a power-of-two scale 2^e with
+    amax * 2^-e in [64, 128), two int8 levels h, l in [-127, 127], error at most 2^(e-8) (one low
+    step at the l clamp near half-steps; the h clamp of amax * 2^-e in [127.5, 128) aside), both parts exact in bf16, the one-
+    level form within half a high step, zeros and tiny blocks safe, ties to even."""
+    from bw24chat.backends.kernel_refs import act_quant_codes, act_quant_ref, bf16_round
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((6, 32 * 9)) * np.exp(rng.uniform(-20, 20, (6, 9, 1))).repeat(32, -1).reshape(6, -1)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, :32] = np.float32(1e-42)
+    h, l, e = act_quant_codes(x)
+    assert h.dtype == np.int8 and l.dtype == np.int8
+    assert np.all(np.abs(h.astype(int)) <= 127) and np.all(np.abs(l.astype(int)) <= 127)
+    amax = np.abs(x.reshape(6, 9, 32)).max(-1)
+    big = amax > 1e-30
+    ratio = amax[big] / np.ldexp(1.0, e[big])
+    assert np.all((ratio >= 64) & (ratio < 128))
+    step = np.ldexp(1.0, e).repeat(32, -1).reshape(x.shape)
+    hi = h * step
+    lo = l * step / 256
+    assert np.array_equal(bf16_round(hi.astype(np.float32)), hi.astype(np.float32))
+    assert np.array_equal(bf16_round(lo.astype(np.float32)), lo.astype(np.float32))
+    v = act_quant_ref(x)
+    assert np.array_equal(v, (hi + lo).astype(np.float32))
+    err = np.abs(v.astype(np.float64) - x)
+    clamped = np.abs(x) / step > 127.5  # the amax element of a block whose amax * 2^-e >= 127.5
+    assert np.all(err[~clamped] <= step[~clamped] / 256 + 1e-300)  # half a low step; 1/256 where l clamps at +-127
+    assert np.all(err[clamped] <= step[clamped] / 2)
+    assert np.all(np.abs(act_quant_ref(x, 1).astype(np.float64) - x) <= step / 2 + 1e-300)
+    assert np.all(v[0, :32] == 0)
+    t = np.zeros((1, 32), np.float32)
+    t[0, :4] = [100.0, 2.5, 3.5, -2.5]  # amax 100 -> e = 0: high codes round half to even
+    h, l, _ = act_quant_codes(t)
+    assert list(h[0, :4]) == [100, 2, 4, -2] and list(l[0, :4]) == [0, 127, -127, -127]
+
+
+def test_numpy_backend_act_quant_matrices(monkeypatch):
+    """NumpyBackend(act_quant=True) applies the contract to the integer-dot formats only (here
+    opted in for Q8_0 and Q4_K, as BW24CHAT_A8 does for the CUDA engine)."""
+    monkeypatch.setenv("BW24CHAT_A8", "Q8_0,Q4_K")
+    from bw24chat.backends.kernel_refs import act_quant_ref
+    from bw24chat.backends.numpy_backend import NumpyBackend
+    from bw24chat.synthetic import random_matrix
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    for fmt, quantized in (("Q8_0", True), ("Q4_K", True), ("Q4_1", False), ("BF16", False)):
+        t = random_matrix(fmt, 5, 256, rng)
+        B = NumpyBackend(act_quant=True)
+        w = B.load_matrix(t)
+        want = (act_quant_ref(x) if quantized else x) @ t.dequantize().T
+        assert np.array_equal(B.linear(x, w), want)
+        assert np.array_equal(NumpyBackend().linear(x, NumpyBackend().load_matrix(t)), x @ t.dequantize().T)

@@ -15,6 +15,7 @@ import numpy as np
 
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
+from .kernel_refs import act_q8
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_ROWS_PER_BLOCK = 8 * MV_R
@@ -23,7 +24,6 @@ MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m r
 GM_TILE = 128
 GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes (GEMM_SPLIT=0)
 GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
-GM_SMEM_SPLIT_W = GM_SMEM_SPLIT + 2 * 128 * 72 * 2  # + the W_lo tiles (weights not exact in bf16)
 _W_EXACT_IN_BF16 = ("BF16", "NVFP4")
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
 EPILOGUES = {"store": 0, "add": 1, "swiglu": 2}
@@ -38,16 +38,13 @@ def _wargs(W: DeviceWeight) -> tuple:
     return (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), _ptr(W.gscale))
 
 
-@functools.lru_cache(maxsize=None)
-def _gemm_smem(fmt: str, precise: bool) -> int:
-    if not precise:
-        return GM_SMEM
-    return GM_SMEM_SPLIT if fmt in _W_EXACT_IN_BF16 else GM_SMEM_SPLIT_W
+def _gemm_smem(x_split: bool, w_split: bool) -> int:
+    return GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))
 
 
-def _gemm_kernel(W: DeviceWeight, precise: bool):
-    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(precise))
-    k.max_dynamic_shared_size_bytes = _gemm_smem(W.fmt, precise)
+def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool):
+    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), W_SPLIT=int(w_split))
+    k.max_dynamic_shared_size_bytes = _gemm_smem(x_split, w_split)
     return k
 
 
@@ -104,15 +101,16 @@ TC_FORMATS = ("NVFP4", "BF16", "F16")
 TC_FLOAT_MAX_ROWS = 4096  # BF16/F16: tensor cores up to this many rows, the SIMT kernel above
 
 
-def matvec_impl(W: DeviceWeight) -> str:
+def matvec_impl(W: DeviceWeight, a8: bool = False) -> str:
     """"tc" (tensor cores, matvec_tc) or "simt", by measurement (H200, bench/matvec_variants.py,
     Qwen3-8B shapes, us per launch; bench/NOTES.md): NVFP4 always tc (~2 instructions per weight
     against ~6 in SIMT).  BF16/F16: tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs
     41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
-    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3).  Other formats: SIMT.
+    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3).  Other formats, and NVFP4 under the
+    integer-dot contract (act_q8): the SIMT kernel.
     BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons; "tc" applies to TC_FORMATS only)."""
     force = os.environ.get("BW24CHAT_MATVEC", "")
-    if force == "simt" or W.fmt not in TC_FORMATS:
+    if force == "simt" or W.fmt not in TC_FORMATS or act_q8(W.fmt) or a8:
         return "simt"
     if force == "tc" or W.fmt == "NVFP4":
         return "tc"
@@ -179,10 +177,25 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
     return -(-ntiles // per_block)
 
 
-def _simt_defines() -> dict:
-    """Compile-time overrides of the SIMT matvec: BW24CHAT_MV_U (load-window slots) and
-    BW24CHAT_MV_MINB (blocks per SM the register budget must allow), for experiments."""
+A8_SMALL_ROWS = 4096  # integer-dot matvec geometry switch (see _simt_defines)
+
+
+def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
+    """Compile-time geometry of the SIMT matvec beyond matvec.cu's defaults, for the integer-dot
+    path at m = 1 (H200, bench/matvec_variants.py, Qwen3-8B shapes, us per launch): matrices of
+    <= 4096 rows (one partial wave of tiles) want more loads in flight per warp at 2 blocks per
+    SM — 4-bit formats 3 slots (Q4_K o 6.9 vs 8.0, down 16.5 vs 19.3; NVFP4 o 8.3 vs 9.7, down
+    19.2 vs 24.3), Q8_0 4 (o 8.7 vs 9.0, down 22.4 vs 23.3); wider ones 2 slots at 3 blocks
+    (Q8_0 gate|up 30.8 vs 32.0 at 3 slots, LM head 55.7 vs 59.3; Q4_K / NVFP4: matvec.cu's
+    default).  Q5_K / Q6_K keep matvec.cu's (their decoders need the registers).
+    BW24CHAT_MV_U (load-window slots) and BW24CHAT_MV_MINB (blocks per SM the register budget
+    must allow) override, for experiments."""
     d = {}
+    if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
+        if W.out <= A8_SMALL_ROWS:
+            d = {"MV_U": 4 if W.fmt == "Q8_0" else 3, "MV_MINB": 2}
+        elif W.fmt == "Q8_0":
+            d = {"MV_U": 2}
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
@@ -190,13 +203,13 @@ def _simt_defines() -> dict:
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
-           norm_w=None, eps: float = 1e-6, impl: str | None = None) -> None:
+           norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None) -> None:
     """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T; epilogue "swiglu" (W's rows interleaved
     gate_i, up_i): out[m, W.out/2] = silu(y[:, 0::2]) * y[:, 1::2].
 
     x: float32 [m, W.in] (rmsnorm: the raw residual; swiglu: [m, 2*W.in] = gate|up);
     norm_w: float32 [W.in] for rmsnorm.  Row r of an m-row call equals bit for bit the 1-row
-    call on that row."""
+    call on that row.  act_quant: the integer-dot contract on/off (None: kernel_refs.act_q8)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
@@ -208,7 +221,12 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         raise ValueError("matvec: x and out must be float32 [m, in] / [m, out] ([m, out/2] for swiglu)")
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
-    if (impl or matvec_impl(W)) == "tc":
+    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
+    if a8 and W.fmt in ("F32", "F16", "BF16"):
+        raise ValueError("the integer-dot contract applies to the quantized formats")
+    if (impl or matvec_impl(W, a8)) == "tc":
+        if a8:
+            raise ValueError(f"{W.fmt} weights use the integer-dot contract: no tensor-core matvec")
         if x.data.ptr % 16 or ldx % 4:
             raise ValueError("matvec_tc reads x as float4: 16-byte aligned rows")
         nw, u = tc_geometry(W)
@@ -222,40 +240,68 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
-    tk = matvec_tile(W, m)
-    smem = 4 * (m * tk + m * (tk // 32) + m * 8)
-    k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **_simt_defines())
+    if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
+        per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
+        m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
+        if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
+            xf, of = x.reshape(-1), out.reshape(-1)
+            for r0 in range(0, m, m_fit):
+                mm = min(m_fit, m - r0)
+                matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
+            return
+        tk = W.in_
+        smem = m * per_row
+        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, ACT_Q8=1, **_simt_defines(W, m, True))
+    else:
+        tk = matvec_tile(W, m)
+        smem = 4 * (m * tk + m * (tk // 32) + m * 8)
+        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **_simt_defines())
     _ensure_smem(k, smem)
     grid = (persistent_grid(k, 256, smem, -(-W.out // MV_ROWS_PER_BLOCK)),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
 
 
-def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True, impl: str | None = None) -> None:
+def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True, impl: str | None = None,
+         act_quant: bool | None = None) -> None:
     """out[T, W.out] (=|+=) x[T, W.in] @ W.T on tensor cores (f32 accumulation).  precise=True:
     x, and W where its values are not bf16 numbers, are split into bf16 hi + lo parts (error
     ~2^-16, matching the exact decode path); precise=False: x and W rounded to bf16 (fastest).
-    Row values do not depend on T (no split-K).  impl: "wg" | "mma" (default gemm_impl())."""
+    Row values do not depend on T (no split-K).  impl: "wg" | "mma" (default gemm_impl());
+    act_quant: the integer-dot contract (x quantized first) on/off (None: kernel_refs.act_q8)."""
     if x.dtype != np.float32 or out.dtype != np.float32 or x.size < T * W.in_ or out.size < T * W.out:
         raise ValueError("gemm: x and out must be float32 [T, in] / [T, out]")
     if T <= 0:
         return
-    args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(EPILOGUES[epilogue]))
     impl = impl or gemm_impl()
+    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
+    # precise: x as two bf16 planes (hi + lo split, or the integer-dot contract's two exact code
+    # levels), W split where its values are not bf16 numbers; fast: one plane (bf16(x), or the
+    # high code level only), W rounded to bf16
+    x_split = precise
+    w_split = precise and W.fmt not in _W_EXACT_IN_BF16
+    epi = np.int32(EPILOGUES[epilogue])
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
     if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
-        _gemm_wgp(W, x, out, T, args[-1], precise)
+        if a8:
+            xh, xl = _act_quant(x, T * W.in_, "bf16", x_split)
+        else:
+            xh, xl = _bf16_planes(x, T * W.in_, x_split)
+        _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
         return
+    if a8:  # the portable kernels split f32 x into bf16 hi + lo themselves: exact for these values
+        x = _act_quant(x, T * W.in_, "f32", x_split)[0]
+    args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi)
     if impl == "wg":
         bn = _wg_bn()
-        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(precise), WG_BN=bn)
-        smem = 2 * wg_stage_bytes(precise, precise and W.fmt not in _W_EXACT_IN_BF16, bn) + 1024  # double buffer
+        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), W_SPLIT=int(w_split), WG_BN=bn)
+        smem = 2 * wg_stage_bytes(x_split, w_split, bn) + 1024  # double buffer
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
         return
-    k = _gemm_kernel(W, precise)
-    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(W.fmt, precise))
+    k = _gemm_kernel(W, x_split, w_split)
+    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(x_split, w_split))
 
 
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)
@@ -281,6 +327,29 @@ def _scratch_u16(name: str, n: int):
         buf = cp.empty(n, cp.uint16)
     _scratch[key] = (buf, cur)
     return buf
+
+
+def _act_quant(x, n: int, out: str, with_lo: bool = True):
+    """x[:n] (f32, rows of a multiple of 32 inputs) quantized by the integer-dot contract
+    (gemm.cu act_quant), in scratch: out="bf16" -> the planes (hi = 2^e h, lo = 2^(e-8) l, or
+    None without with_lo: the fast mode's one-level x), out="f32" -> (their exact sum, or the
+    high level alone without with_lo, None)."""
+    import cupy as cp
+
+    if n % 32:
+        raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
+    if out == "bf16":
+        hi = _scratch_u16("x_hi", n)
+        lo = _scratch_u16("x_lo", n) if with_lo else None
+        q32, res = None, (hi, lo)
+    else:
+        hi = lo = None
+        q32 = _scratch_u16("x_q32", 2 * n)[: 2 * n].view(cp.float32)
+        res = (q32, None)
+    n4 = n // 4
+    k = get_kernel("gemm", "act_quant")
+    k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, _ptr(hi), _ptr(lo), _ptr(q32), np.int32(with_lo), np.int64(n4)))
+    return res
 
 
 def _bf16_planes(x, n: int, with_lo: bool):
@@ -315,15 +384,13 @@ def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
     return bn, max(3, min(want, fit)), stage
 
 
-def _gemm_wgp(W: DeviceWeight, x, out, T: int, epi, precise: bool) -> None:
-    """gemm_wgp: x split once into bf16 planes; BF16 weights read in place, other formats
-    dequantized to bf16 (and W_lo where their values are not bf16 numbers, when precise) one row
-    block at a time into scratch (as llama.cpp's dequantize-then-GEMM prefill), each block's
-    GEMM writing its columns of out.  Row blocks do not change any output's k order."""
-    w_lo = precise and W.fmt not in _W_EXACT_IN_BF16
-    bn, stages, stage = wgp_geometry(W.out, precise, w_lo)
-    xh, xl = _bf16_planes(x, T * W.in_, precise)
-    k = get_kernel("gemm", "gemm_wgp", FMT=2, GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
+def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
+    """gemm_wgp on x as bf16 planes (xh, and xl when x_split); BF16 weights read in place, other
+    formats dequantized to bf16 (and W_lo when w_lo) one row block at a time into scratch (as
+    llama.cpp's dequantize-then-GEMM prefill), each block's GEMM writing its columns of out.
+    Row blocks do not change any output's k order."""
+    bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
+    k = get_kernel("gemm", "gemm_wgp", FMT=2, GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
     smem = stages * stage + 1024
     _ensure_smem(k, smem)
 

@@ -34,6 +34,7 @@ from . import cuda_linear as lin
 from . import cuda_ops as ops
 from .cuda_weights import repack_host
 from .cuda_weights import upload as upload_planes
+from .kernel_build import eager_launches
 
 MAX_ROWS = 8
 RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
@@ -138,6 +139,10 @@ class CudaRunner:
 
     # ==================================================================== prefill
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
+        with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
+            return self._prefill_chunk_body(ids, start, all_logits)
+
+    def _prefill_chunk_body(self, ids: np.ndarray, start: int, all_logits: bool):
         cp = self.cp
         a = self.args
         T = len(ids)

@@ -17,6 +17,7 @@ ptxas runs): the CI compile check of every kernel for sm_90a and sm_120a uses it
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import glob
@@ -211,7 +212,26 @@ def pdl_supported() -> bool:
     return int(cupy.cuda.Device().compute_capability) >= 90  # "120" >= "90" is False as strings
 
 
+_pdl_suspended = 0
+
+
+@contextlib.contextmanager
+def eager_launches():
+    """Launch through CuPy (no PDL attribute) inside this block.  The prefill runs eagerly from
+    Python, where a ctypes cuLaunchKernelEx costs ~30 us of host time per kernel against CuPy's
+    ~6 (H200 host, bench/prefill_probe.py: a 4.5 us GEMM-side pass took 35 us launched eagerly),
+    and PDL measured no gain on the long prefill kernels; the decode graphs keep PDL."""
+    global _pdl_suspended
+    _pdl_suspended += 1
+    try:
+        yield
+    finally:
+        _pdl_suspended -= 1
+
+
 def pdl_enabled(kernel_name: str = "") -> bool:
+    if _pdl_suspended:
+        return False
     mode = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT)
     if mode == "0" or (mode == "notc" and kernel_name == "matvec_tc"):
         return False

@@ -26,6 +26,7 @@ Shape legend: T query tokens, H query heads, K kv heads, G = H/K, hd head dim, S
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -46,6 +47,72 @@ def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
     return bf16_bits_to_f32(bf16_round_bits(x))
+
+
+# --------------------------------------------------------------------------- integer-dot activations
+
+
+# The integer-dot linear contract: the activations are quantized per 32 inputs into two int8
+# code levels with power-of-two scales (act_quant_ref: 2^e (h + l/256), 15 significant bits)
+# before the product, in decode (dp4a matvec) and prefill (the GEMM takes the two levels as its
+# exact bf16 hi / lo planes) alike.  Decided by measurement (H200, Qwen3-8B shape, bench/NOTES.md):
+# the float decoders of these formats are instruction-bound at 25-45 % of the weight bandwidth.
+# One int8 level (llama.cpp's q8_1) was faster still but failed the prefill-vs-decode gate: its
+# whole-step flips turn the two paths' rounding-level differences into argmax mismatches on
+# random models; two levels make a flip 256 times smaller.  Q4_0/Q4_1/Q5_0/Q5_1 keep exact
+# activations (SmolLM2 Q4_1 is gated on the NumPy backend's numbers).  NVFP4: the integer dot
+# (E2M1 by table to doubled integers) measured 7 % faster per layer than the f16 tensor-core
+# matvec (74.0 vs 79.8 us).
+A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
+
+
+def act_q8(fmt: str) -> bool:
+    """Whether weights of ``fmt`` use the integer-dot contract: BW24CHAT_A8 = a comma list of
+    formats, "all" (every quantized format supports it) or "none"; default A8_FORMATS."""
+    env = os.environ.get("BW24CHAT_A8", "")
+    if not env:
+        return fmt in A8_FORMATS
+    if env == "none":
+        return False
+    if env == "all":
+        return fmt not in ("F32", "F16", "BF16")
+    return fmt in {f.strip().upper() for f in env.split(",")}
+
+
+ACT_BLOCK = 32
+
+
+def act_quant_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The activation quantization of the integer-dot linear contract (kernels/common.cuh
+    act_quant_lane): x float32 [..., n], n a multiple of 32; per block of 32 consecutive inputs
+    e = max(floor(log2 amax), -100) - 6 (amax's exponent bits; a subnormal or zero amax counts
+    as -127), r = x * 2^-e, h = clamp(rint(r), -127, 127), l = clamp(rint((r - h) * 256), -127,
+    127), rint half to even.  Returns (h int8 [..., n], l int8 [..., n], e int32 [..., n/32])."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape[-1] % ACT_BLOCK:
+        raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
+    xb = x.reshape(*x.shape[:-1], -1, ACT_BLOCK)
+    amax = np.max(np.abs(xb), axis=-1)
+    biased = ((amax.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
+    e = np.maximum(biased - 127, -100) - 6
+    r = xb * _pow2(-e)[..., None]  # exact
+    h = np.clip(np.rint(r), -127, 127)
+    l = np.clip(np.rint((r - h) * np.float32(256)), -127, 127)  # r - h exact
+    return h.astype(np.int8).reshape(x.shape), l.astype(np.int8).reshape(x.shape), e
+
+
+def _pow2(e: np.ndarray) -> np.ndarray:
+    return ((127 + np.asarray(e)).astype(np.uint32) << np.uint32(23)).view(np.float32)
+
+
+def act_quant_ref(x: np.ndarray, levels: int = 2) -> np.ndarray:
+    """The quantized activations 2^e (h + l / 256) as float32 (exact; levels=1: 2^e h alone, the
+    GEMM's fast mode)."""
+    h, l, e = act_quant_codes(x)
+    hb = h.reshape(*h.shape[:-1], -1, ACT_BLOCK).astype(np.float32) * _pow2(e)[..., None]
+    lb = l.reshape(hb.shape).astype(np.float32) * _pow2(e - 8)[..., None]
+    v = hb + lb if levels == 2 else hb
+    return v.reshape(h.shape).astype(np.float32)
 
 
 def e4m3_round(x: np.ndarray) -> np.ndarray:

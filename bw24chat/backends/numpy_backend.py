@@ -14,6 +14,7 @@ import numpy as np
 
 from ..loaders.tensor import QTensor
 from ..rope import RopeTable, apply_rope
+from .kernel_refs import act_q8, act_quant_ref
 
 
 class NumpyKVCache:
@@ -41,13 +42,27 @@ class NumpyKVCache:
         return self.k.nbytes + self.v.nbytes
 
 
+class ActQuantMatrix(np.ndarray):
+    """A dequantized weight matrix whose products follow the integer-dot ("A8") contract:
+    ``linear`` quantizes the activations first (kernel_refs.act_quant_ref), as the CUDA engine
+    does for these formats."""
+
+
 class NumpyBackend:
     name = "numpy"
     device_name = "CPU"
 
+    def __init__(self, act_quant: bool = False):
+        # act_quant=False: exact activations for every format (the specification, and the numbers
+        # transformers gives on the dequantized weights); True: the CUDA engine's integer-dot
+        # contract for the formats that use it (kernel_refs.act_q8), e.g. for quality figures of
+        # what a GPU user gets
+        self.act_quant = act_quant
+
     # -- weights
     def load_matrix(self, t: QTensor) -> np.ndarray:
-        return np.ascontiguousarray(t.dequantize(), dtype=np.float32)  # (out, in)
+        w = np.ascontiguousarray(t.dequantize(), dtype=np.float32)  # (out, in)
+        return w.view(ActQuantMatrix) if self.act_quant and act_q8(t.fmt) else w
 
     def load_vector(self, t: QTensor) -> np.ndarray:
         return np.ascontiguousarray(t.dequantize(), dtype=np.float32).reshape(-1)
@@ -60,7 +75,7 @@ class NumpyBackend:
 
     # -- ops
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        return table[np.asarray(ids, dtype=np.int64)]  # (T, D)
+        return np.asarray(table)[np.asarray(ids, dtype=np.int64)]  # (T, D), a plain array
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         """x * rsqrt(mean(x^2) + eps) * w over the last axis (Zhang & Sennrich 2019)."""
@@ -69,6 +84,8 @@ class NumpyBackend:
 
     def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         """(T, in) @ (out, in)^T -> (T, out)."""
+        if isinstance(w, ActQuantMatrix):
+            x, w = act_quant_ref(x), w.view(np.ndarray)
         y = x @ w.T
         return y + bias if bias is not None else y
 

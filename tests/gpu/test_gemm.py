@@ -10,6 +10,7 @@ from bw24chat.backends import cuda_weights as cw
 from tests.gpu.test_dequant_embed import FMTS, block_of, make_weight
 
 
+from bw24chat.backends.kernel_refs import act_q8, act_quant_ref  # noqa: E402
 from bw24chat.backends.kernel_refs import bf16_round as bf16  # noqa: E402
 
 
@@ -55,9 +56,10 @@ def test_gemm_matches_reference(cp, rng, fmt, impl):
     for T in (1, 7, 100, 513):
         x = rng.standard_normal((T, W.in_)).astype(np.float32)
         got = run(cp, W, x, T, impl=impl)
-        check(got, x, w, 2e-5)  # precise: split x (and W where not bf16-exact) -> the exact weights
+        a8 = act_q8(fmt)  # integer-dot formats: x quantized to two exact bf16 levels (fast: the high one)
+        check(got, act_quant_ref(x) if a8 else x, w, 2e-5)  # precise: split x (and W where not bf16-exact) -> the exact weights
         fast = run(cp, W, x, T, precise=False, impl=impl)
-        check(fast, bf16(x), wq, 1e-3)
+        check(fast, act_quant_ref(x, 1) if a8 else bf16(x), wq, 1e-3)
 
 
 @pytest.mark.parametrize("precise", [True, False])
@@ -137,3 +139,54 @@ def test_gemm_f32_rows_not_a_multiple_of_8(cp, rng, impl):
     W = cw.upload(ts)
     x = rng.standard_normal((37, W.in_)).astype(np.float32)
     check(run(cp, W, x, 37, impl=impl), x, w, 2e-5)
+
+
+def test_act_quant_kernel_matches_reference(cp, rng):
+    """gemm.cu act_quant (the integer-dot contract's activation quantization, shared with the
+    decode matvec's staging) equals kernel_refs.act_quant_codes bit for bit: the bf16 planes
+    2^e h and 2^(e-8) l, their f32 sum, and the one-level f32 form; random rows, an all-zero
+    block, tiny (subnormal) and huge blocks, and exact .5 ties."""
+    from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends.kernel_refs import act_quant_codes, bf16_round_bits
+
+    T, n = 7, 32 * 37
+    x = (rng.standard_normal((T, n)) * np.exp(rng.uniform(-8, 8, (T, n // 32, 1))).repeat(32, -1).reshape(T, n)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, 32:64] = rng.standard_normal(32).astype(np.float32) * np.float32(1e-39)  # subnormal inputs
+    x[2, 64:96] = rng.standard_normal(32).astype(np.float32) * np.float32(1e37)
+    x[3, 96:128] = (np.arange(32) - 15.5).astype(np.float32)  # amax 16.5 -> e = -2: codes at .5 ties
+    h, l, e = act_quant_codes(x)
+    step = np.ldexp(1.0, e).repeat(32, -1).reshape(T, n)
+    hi, lo = (h * step).astype(np.float32), (l * step / 256).astype(np.float32)
+    xd = cp.asarray(x)
+    g_hi, g_lo = cl._act_quant(xd, T * n, "bf16")
+    assert np.array_equal(cp.asnumpy(g_hi[: T * n]).reshape(T, n), bf16_round_bits(hi))
+    assert np.array_equal(cp.asnumpy(g_lo[: T * n]).reshape(T, n), bf16_round_bits(lo))
+    assert np.array_equal(bf16(hi), hi) and np.array_equal(bf16(lo), lo)  # both parts exact in bf16
+    got = cp.asnumpy(cl._act_quant(xd, T * n, "f32")[0][: T * n]).reshape(T, n)
+    assert np.array_equal(got.view(np.uint32), act_quant_ref(x).view(np.uint32))
+    one = cp.asnumpy(cl._act_quant(xd, T * n, "f32", with_lo=False)[0][: T * n]).reshape(T, n)
+    assert np.array_equal(one.view(np.uint32), act_quant_ref(x, 1).view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q4_1"])
+def test_integer_dot_gemm_matches_reference(cp, rng, fmt, impl):
+    """The integer-dot contract in prefill, forced for every quantized format: x quantized into
+    two exact bf16 levels (act_quant), precise = both levels and W split where not bf16-exact ->
+    act_quant_ref(x) @ W within f32 accumulation error; fast = the high level, W rounded."""
+    from bw24chat.backends import cuda_linear as cl
+
+    nb = max(1, 320 // block_of(fmt)) + int(rng.integers(0, 3))
+    ts, w = make_weight(rng, fmt, rows=(int(rng.integers(100, 200)), int(rng.integers(1, 40))), nblocks=nb)
+    W = cw.upload(ts)
+    hp = cw.repack_host(ts)
+    gs = hp.gscale if hp.gscale is not None else np.ones(W.out, np.float32)
+    hp.gscale = None
+    wq = bf16(cw.decode_planes(hp)).astype(np.float64) * gs[:, None]
+    for T in (1, 100, 513):
+        x = rng.standard_normal((T, W.in_)).astype(np.float32)
+        xq = act_quant_ref(x)
+        for precise, xin, ref_w, tol in ((True, xq, w, 2e-5), (False, act_quant_ref(x, 1), wq, 1e-3)):
+            out = cp.full((T, W.out), cp.nan, dtype=cp.float32)
+            cl.gemm(W, cp.asarray(x), out, T, precise=precise, impl=impl, act_quant=True)
+            check(cp.asnumpy(out), xin, ref_w, tol)

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from bw24chat.backends import cuda_weights as cw
+from bw24chat.backends.kernel_refs import act_q8, act_quant_ref
+from bw24chat.backends.numpy_backend import NumpyBackend
 from tests.gpu.test_dequant_embed import FMTS, block_of, make_weight
 
 EPS = 1e-6
@@ -18,6 +20,21 @@ def prologue_ref(x, pro, in_, norm_w):
         g, u = x[:, :in_], x[:, in_:]
         return g / (1.0 + np.exp(-g)) * u
     return x
+
+
+def ref_input(x, pro, in_, norm_w, fmt):
+    """The reference's input of the product: the prologue (float64), or for the integer-dot
+    formats the prologue in float32 (NumpyBackend, the kernels' formulas) then the activation
+    quantization of the contract (kernel_refs.act_quant_ref)."""
+    if not act_q8(fmt):
+        return prologue_ref(x, pro, in_, norm_w)
+    B = NumpyBackend()
+    x32 = x.astype(np.float32)
+    if pro == "rmsnorm":
+        x32 = B.rmsnorm(x32, norm_w, EPS)
+    elif pro == "swiglu":
+        x32 = B.swiglu(x32[:, :in_], x32[:, in_:])
+    return act_quant_ref(x32).astype(np.float64)
 
 
 def check_close(got, xin, w):
@@ -47,7 +64,7 @@ def test_matvec_matches_reference_and_is_m_invariant(cp, rng, fmt, pro):
     x = rng.standard_normal((8, 2 * in_ if pro == "swiglu" else in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, in_).astype(np.float32) if pro == "rmsnorm" else None
     outs = {m: run(cp, W, x, m, pro, norm_w=norm_w) for m in range(1, 9)}
-    check_close(outs[8], prologue_ref(x, pro, in_, norm_w), w)
+    check_close(outs[8], ref_input(x, pro, in_, norm_w, fmt), w)
     for m in range(1, 8):
         assert np.array_equal(outs[m].view(np.uint32), outs[8][:m].view(np.uint32)), f"m={m} differs from m=8"
     for r in range(8):  # each row alone (m=1) equals its row in the m=8 call
@@ -71,7 +88,7 @@ def test_matvec_qwen_shape_q4_k(cp, rng):
     ts, w = make_weight(rng, "Q4_K", rows=(1000,), nblocks=16)
     W = cw.upload(ts)
     x = rng.standard_normal((2, W.in_)).astype(np.float32)
-    check_close(run(cp, W, x, 2), x.astype(np.float64), w)
+    check_close(run(cp, W, x, 2), ref_input(x, "none", W.in_, None, "Q4_K"), w)
 
 
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4", "Q6_K"])
@@ -87,8 +104,8 @@ def test_matvec_swiglu_epilogue_interleaved(cp, rng, fmt):
     W = cw.upload(ts, cw.repack_host(ts, interleave=True))
     x = rng.standard_normal((8, W.in_)).astype(np.float32)
     y = run(cp, W, x, 8)  # (8, 2n): columns gate_0, up_0, gate_1, ...
-    check_close(y[:, 0::2], x.astype(np.float64), w[:n])
-    check_close(y[:, 1::2], x.astype(np.float64), w[n:])
+    check_close(y[:, 0::2], ref_input(x, "none", W.in_, None, fmt), w[:n])
+    check_close(y[:, 1::2], ref_input(x, "none", W.in_, None, fmt), w[n:])
     outs = {}
     for m in (1, 3, 8):
         out = cp.full((m, n), cp.nan, dtype=cp.float32)
@@ -129,7 +146,7 @@ def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch
     base = all_epilogues()
     w_rows = np.empty_like(w)  # the uploaded row order: gate_0, up_0, gate_1, ...
     w_rows[0::2], w_rows[1::2] = w[:n], w[n:]
-    check_close(base[0], prologue_ref(x, "rmsnorm", W.in_, norm_w), w_rows)
+    check_close(base[0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w_rows)
     for env in ({"BW24CHAT_MV_MAX_BLOCKS": "3"}, {"BW24CHAT_MV_PERSIST": "0"}):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
@@ -137,3 +154,22 @@ def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{env} changed the bits"
         for k in env:
             monkeypatch.delenv(k)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "NVFP4"])
+def test_integer_dot_matvec_is_the_exact_contract(cp, rng, fmt, monkeypatch):
+    """Every quantized format under the integer-dot contract (forced for all of them): against
+    the float64 product of the quantized activations and the exact weights, only the f32
+    accumulation's rounding remains (<= 1e-5 of sum |x||w|), and rows stay m-invariant."""
+    monkeypatch.setenv("BW24CHAT_A8", "all")
+    nb = int(rng.integers(1, 4)) * (1024 // block_of(fmt) if block_of(fmt) <= 256 else 1) + int(rng.integers(0, 3))
+    ts, w = make_weight(rng, fmt, rows=(int(rng.integers(1, 40)), int(rng.integers(1, 9))), nblocks=nb)
+    W = cw.upload(ts)
+    x = (rng.standard_normal((8, W.in_)) * 3).astype(np.float32)
+    xin = act_quant_ref(x).astype(np.float64)
+    got = run(cp, W, x, 8)
+    ref = xin @ w.astype(np.float64).T
+    bound = np.abs(xin) @ np.abs(w.astype(np.float64)).T
+    assert np.all(np.abs(got - ref) <= 1e-5 * bound + 1e-30)
+    for r in (0, 5):
+        assert np.array_equal(run(cp, W, x[r:r + 1], 1).view(np.uint32), got[r:r + 1].view(np.uint32))
