@@ -191,8 +191,9 @@ a16)
   timeout 120 python3 bench/matvec_variants.py --formats q8_0,q4_k,nvfp4 2>&1 | tee $OUT/variants.log | grep -A16 "best per shape"
   ;;
 fin5)
-  # the session's final configuration: NVFP4 gates under the integer dot, then the bench table
-  timeout 50 python3 -m bw24chat check --skip-kernels --formats nvfp4 --kv f32,bf16 2>&1 | tee $OUT/check_nvfp4.log | grep -v "^PASS" | tail -6
-  timeout 280 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  # the session's final configuration: NVFP4 gates under the integer dot, decode and prefill rows
+  timeout 45 python3 -m bw24chat check --skip-kernels --formats nvfp4 --kv f32 2>&1 | tee $OUT/check_nvfp4.log | grep -v "^PASS" | tail -4
+  timeout 110 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,q4_k,nvfp4 --decode-only --json $OUT/bench_dec.json 2>&1 | grep "tg128@\|copy" | grep -v '"test"' | tee $OUT/bench.log
+  timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --prefill-only 2>&1 | grep "pp512" | grep -v '"test"' | tee -a $OUT/bench.log
   ;;
 esac
