@@ -173,3 +173,18 @@ def test_integer_dot_matvec_is_the_exact_contract(cp, rng, fmt, monkeypatch):
     assert np.all(np.abs(got - ref) <= 1e-5 * bound + 1e-30)
     for r in (0, 5):
         assert np.array_equal(run(cp, W, x[r:r + 1], 1).view(np.uint32), got[r:r + 1].view(np.uint32))
+
+
+def test_integer_dot_rows_split_past_shared_memory(cp, rng):
+    """At m = 8 a 12288-wide input (the Qwen3-8B down projection) does not fit its two code
+    planes in one block's shared memory: the wrapper runs the rows in groups, and every row
+    still equals its m = 1 call bit for bit and the contract's reference."""
+    ts, w = make_weight(rng, "Q8_0", rows=(40,), nblocks=12288 // 32)
+    W = cw.upload(ts)
+    x = rng.standard_normal((8, W.in_)).astype(np.float32)
+    res = rng.standard_normal((8, W.out)).astype(np.float32)
+    y8 = run(cp, W, x, 8, epi="add", init=res)
+    check_close(y8 - res, ref_input(x, "none", W.in_, None, "Q8_0"), w)
+    for r in (0, 6, 7):
+        one = run(cp, W, x[r:r + 1], 1, epi="add", init=res[r:r + 1])
+        assert np.array_equal(one.view(np.uint32), y8[r:r + 1].view(np.uint32))
