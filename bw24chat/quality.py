@@ -3,9 +3,9 @@
 Baseline: the model's own weights dequantized and rounded to BF16.  For each format the BF16
 baseline is re-quantized at load (quantize.py) and run on the same fixed text with the NumPy
 reference backend, activations quantized where the CUDA engine quantizes them (the integer-dot
-formats, kernel_refs.act_q8), so the cost shown is the cost a GPU user pays; reported per format: mean KL divergence KL(baseline || format) of the
-next-token distributions over every position, perplexity of the text, and the bytes of the
-re-encoded matrices.  Q4_K is listed only where every matrix row is a multiple of 256 values.
+formats, kernel_refs.act_q8), so the cost shown is the cost a GPU user pays.  Reported per
+format: mean KL divergence KL(baseline || format) of the next-token distributions over every
+position, perplexity of the text, and the bytes of the re-encoded matrices.  Q4_K is listed only where every matrix row is a multiple of 256 values.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _log_probs(ck, ids):
     from .backends.numpy_backend import NumpyBackend
     from .models import build_model
 
-    m = build_model(ck, NumpyBackend(act_quant=True))  # the engine's numbers: A8 formats quantize x
+    m = build_model(ck, NumpyBackend(act_quant=True))  # the engine's numbers: integer-dot formats quantize x
     logits = m.forward(np.asarray(ids), 0, m.new_cache(), last_only=False).astype(np.float64)
     logits -= logits.max(axis=1, keepdims=True)
     return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))

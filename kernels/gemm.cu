@@ -35,11 +35,9 @@
 // not BF16, nor NVFP4 whose E2M1 x E4M3 products have <= 6 significant bits) are split too in
 // the precise variant: W = W_hi + W_lo, and each k16 step adds x_hi.W_hi, x_lo.W_hi, x_hi.W_lo
 // (x_lo.W_lo, ~2^-18 relative, is dropped) -- so prefill matches the exact-weight decode path.
-// W_SPLIT may also be set on its own (GEMM_SPLIT=0, W_SPLIT=1): the integer-dot ("A8") formats
-// take x already quantized (act_quant below: exact in bf16), so only the weights are split.
-#ifndef W_SPLIT
+// (The integer-dot formats arrive with x already as two exact bf16 levels, act_quant below:
+// the same three products.)
 #define W_SPLIT (GEMM_SPLIT && FMT != F_BF16 && FMT != F_NVFP4)
-#endif
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
@@ -576,9 +574,9 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
         }
         if (xq_hi) xq_hi[f] = make_uint2(pack_bf16x2(hi[0], hi[1]), pack_bf16x2(hi[2], hi[3]));
         if (xq_lo) xq_lo[f] = make_uint2(pack_bf16x2(lo[0], lo[1]), pack_bf16x2(lo[2], lo[3]));
-        if (xq_f32) {
-            const float k = f32_lo ? 1.0f : 0.0f;  // hi + lo is exact; hi + 0 * lo is hi
-            xq_f32[f] = make_float4(__fmaf_rn(k, lo[0], hi[0]), __fmaf_rn(k, lo[1], hi[1]), __fmaf_rn(k, lo[2], hi[2]), __fmaf_rn(k, lo[3], hi[3]));
+        if (xq_f32) {  // hi + lo is exact
+            if (!f32_lo) lo[0] = lo[1] = lo[2] = lo[3] = 0.0f;
+            xq_f32[f] = make_float4(__fadd_rn(hi[0], lo[0]), __fadd_rn(hi[1], lo[1]), __fadd_rn(hi[2], lo[2]), __fadd_rn(hi[3], lo[3]));
         }
     }
 }

@@ -60,7 +60,7 @@
 #define MV_U (MV_M <= 2 ? 4 : 2)
 #endif
 #endif
-#ifndef ACT_Q8  // 1: the integer-dot ("A8") contract below (quantized formats only)
+#ifndef ACT_Q8  // 1: the integer-dot contract below (quantized formats only)
 #define ACT_Q8 0
 #endif
 #if ACT_Q8 && IS_FLOAT_FMT

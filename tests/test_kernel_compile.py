@@ -39,7 +39,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 10, "ACT_Q8": 1}),  # Q6_K (two scales, offset)
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 3}),  # NVFP4 (table decoder)
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
-    ("gemm", {"FMT": 3, "GEMM_SPLIT": 0, "W_SPLIT": 1}),  # quantized x, split weights
 ]
 
 

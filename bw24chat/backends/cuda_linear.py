@@ -43,7 +43,8 @@ def _gemm_smem(x_split: bool, w_split: bool) -> int:
 
 
 def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool):
-    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), W_SPLIT=int(w_split))
+    # gemm.cu derives W_SPLIT from GEMM_SPLIT and the format: w_split is that same rule
+    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split))
     k.max_dynamic_shared_size_bytes = _gemm_smem(x_split, w_split)
     return k
 
@@ -101,16 +102,16 @@ TC_FORMATS = ("NVFP4", "BF16", "F16")
 TC_FLOAT_MAX_ROWS = 4096  # BF16/F16: tensor cores up to this many rows, the SIMT kernel above
 
 
-def matvec_impl(W: DeviceWeight, a8: bool = False) -> str:
+def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
     """"tc" (tensor cores, matvec_tc) or "simt", by measurement (H200, bench/matvec_variants.py,
     Qwen3-8B shapes, us per launch; bench/NOTES.md): NVFP4 always tc (~2 instructions per weight
     against ~6 in SIMT).  BF16/F16: tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs
     41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
     20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3).  Other formats, and NVFP4 under the
-    integer-dot contract (act_q8): the SIMT kernel.
+    integer-dot contract (a8; None: act_q8's choice for the format): the SIMT kernel.
     BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons; "tc" applies to TC_FORMATS only)."""
     force = os.environ.get("BW24CHAT_MATVEC", "")
-    if force == "simt" or W.fmt not in TC_FORMATS or act_q8(W.fmt) or a8:
+    if force == "simt" or W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
         return "simt"
     if force == "tc" or W.fmt == "NVFP4":
         return "tc"
@@ -295,7 +296,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi)
     if impl == "wg":
         bn = _wg_bn()
-        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), W_SPLIT=int(w_split), WG_BN=bn)
+        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WG_BN=bn)
         smem = 2 * wg_stage_bytes(x_split, w_split, bn) + 1024  # double buffer
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)

@@ -43,7 +43,7 @@ class NumpyKVCache:
 
 
 class ActQuantMatrix(np.ndarray):
-    """A dequantized weight matrix whose products follow the integer-dot ("A8") contract:
+    """A dequantized weight matrix whose products follow the integer-dot contract:
     ``linear`` quantizes the activations first (kernel_refs.act_quant_ref), as the CUDA engine
     does for these formats."""
 
