@@ -11,6 +11,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s6a)
+  # sixth session, first call: the review commit's untested pieces, then where decode attention time goes
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py tests/gpu/test_matvec.py -k "act_quant or rows_split" 2>&1 | tail -3 | tee $OUT/pytest_s6a.log
+  timeout 150 python3 bench/attn_probe.py --kv bf16,q8_0 2>&1 | tee $OUT/attn_probe.log
+  timeout 200 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log
+  ;;
 wg)
   # the wgmma prefill GEMM: correctness first (both kernels); if gemm_wg fails, the rest runs mma
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py 2>&1 | grep -v "^\.\|^$" | tail -15 | tee $OUT/pytest_gemm.log

@@ -161,6 +161,9 @@ def _n_sm() -> int:
 def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None) -> int:
     """Splits per (row, kv head, head group): enough blocks for ~2 per SM at one row."""
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
+    forced = int(os.environ.get("BW24CHAT_ATTN_SPLITS", "0"))  # experiments (bench/attn_probe.py)
+    if forced > 0:
+        return forced
     n_sm = n_sm or _n_sm()
     return max(1, min(64, -(-2 * n_sm // (n_kv_heads * nsg))))
 
