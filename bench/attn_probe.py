@@ -32,6 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kv", default="bf16")
     ap.add_argument("--lengths", default="1,512,2048,8192")
+    ap.add_argument("--ncu", action="store_true", help="one eager launch per (cache, L, variant): for Nsight Compute")
     ap.add_argument("--variants", default="default;BW24CHAT_ATTN_SPLITS=8;BW24CHAT_ATTN_SPLITS=16;"
                     "BW24CHAT_ATTN_SPLITS=64;BW24CHAT_ATTN_MIN_PER=4")
     a = ap.parse_args()
@@ -66,6 +67,11 @@ def main() -> int:
                 os.environ.update(env)
                 try:
                     ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, HD), cp.uint8)
+                    if a.ncu:
+                        ops.attn_decode(q, caches[0][0], caches[0][1], kv, lens, 1, 1 / math.sqrt(HD), out, ws)
+                        cp.cuda.runtime.deviceSynchronize()
+                        print(f"launched {kv} L={L} {var}", flush=True)
+                        continue
                     us = time_graph(cp, stream, lambda c: ops.attn_decode(
                         q, caches[c][0], caches[c][1], kv, lens, 1, 1 / math.sqrt(HD), out, ws), LAYERS)
                 finally:
@@ -74,8 +80,12 @@ def main() -> int:
                             os.environ.pop(k, None)
                         else:
                             os.environ[k] = v
+                if a.ncu:
+                    continue
                 rows.append((kv, L, var, us, kv_bytes / us / 1e3))
                 print(f"{kv:5s} L={L:5d} {var:28s} {us:7.2f} us  {kv_bytes / us / 1e3:6.0f} GB/s", flush=True)
+        if a.ncu:
+            continue
         # the rope / norm / cache-write prologue of one decode step (T = 1)
         rt = build_rope_table(HD, 1.0, 1e6, None, n_ctx, "neox", n_ctx)
         cos, sin = cp.asarray(rt.cos), cp.asarray(rt.sin)

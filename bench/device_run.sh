@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s6b)
+  # decode attention: per-tile cost without splits, and Nsight Compute stall reasons
+  timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_SPLITS=1;BW24CHAT_ATTN_SPLITS=2;BW24CHAT_ATTN_SPLITS=4;default" 2>&1 | tee $OUT/attn_probe2.log
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  timeout 200 ncu --clock-control none --kernel-name regex:attn_decode --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats python3 bench/attn_probe.py --ncu --kv bf16 --lengths 1,512,8192 --variants "default;BW24CHAT_ATTN_SPLITS=1" > $OUT/ncu_attn.txt 2>&1
+  grep -E "launched|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|stall|Eligible|Issued Warp|No Eligible|Dynamic Shared" $OUT/ncu_attn.txt | head -120
+  ;;
 s6a)
   # sixth session, first call: the review commit's untested pieces, then where decode attention time goes
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py tests/gpu/test_matvec.py -k "act_quant or rows_split" 2>&1 | tail -3 | tee $OUT/pytest_s6a.log
