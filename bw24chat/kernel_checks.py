@@ -129,7 +129,8 @@ def check_attention(cp, rng) -> list[tuple]:
         ops.attn_decode(cp.asarray(q), ck, cv, kv_type, cp.asarray(lengths), len(lengths), scale, o, ws)
         ref = kr.attention_ref(q, kv, vv, lengths - 1, scale)
         err = _rel(cp.asnumpy(o), ref)
-        out.append((f"attention decode kv={kv_type}", f"rel {err:.1e}", "2e-3", err <= 2e-3))
+        how = "tensor cores" if ops.decode_on_tensor_cores(kv_type, hd) else "fma"
+        out.append((f"attention decode kv={kv_type} ({how})", f"rel {err:.1e}", "2e-3", err <= 2e-3))
         T, start = 133, 1001
         qp = rng.standard_normal((T, H, hd)).astype(np.float32)
         op = cp.full((T, H, hd), np.nan, cp.float32)

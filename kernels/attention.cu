@@ -189,13 +189,107 @@ static_assert(GQ >= 1, "GQ");
 #define DECODE_MERGE_BYTES (NSUB * GQ * (HD + 2) * 4)
 #define DECODE_SMEM (STAGES * STAGE_BYTES > DECODE_MERGE_BYTES ? STAGES * STAGE_BYTES : DECODE_MERGE_BYTES)
 
+// The end of a decode block, shared by attn_decode and attn_decode_tc: the block's NPART partial
+// softmax states (sm_acc [NPART][GQ][HD] un-normalised outputs, sm_m / sm_l [NPART][GQ] maxima and
+// sums, in shared memory) are merged in part order; with one split the row is finished here, else
+// the (m, l, acc) of this split go to the workspace and the last block of (row, kv head, head
+// group) to arrive merges the splits in split order (then resets the arrival counter).
+template <int NPART>
+BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
+                               int nsplit, int hq0, int H, int K, int NSG, int max_splits, int max_rows,
+                               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
+    __shared__ int s_last;
+    const int tid = threadIdx.x;
+    const int ms = max_splits;
+    float* ws_ml = ws;                                         // [max_rows][H][ms][2]
+    float* ws_acc = ws + (long long)max_rows * H * ms * 2;     // [max_rows][H][ms][HD]
+    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+        const int g = idx / HD, d = idx % HD;
+        float M = NEG_INF;
+#pragma unroll
+        for (int b = 0; b < NPART; ++b) M = fmaxf(M, mm[b * GQ + g]);
+        float Ls = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NPART; ++b) {
+            const float mv = mm[b * GQ + g];
+            if (mv != NEG_INF) {
+                const float f = exp2f(mv - M);
+                Ls = fmaf(ml[b * GQ + g], f, Ls);
+                O = fmaf(macc[(b * GQ + g) * HD + d], f, O);
+            }
+        }
+        const long long rh = (long long)r * H + hq0 + g;
+        if (nsplit == 1) {
+            out[rh * HD + d] = O / Ls;
+        } else {
+            ws_acc[(rh * ms + s) * HD + d] = O;
+            if (d == 0) { ws_ml[(rh * ms + s) * 2] = M; ws_ml[(rh * ms + s) * 2 + 1] = Ls; }
+        }
+    }
+    if (nsplit == 1) return;
+
+    // ---- last block of (row, kv head, head group) merges the splits, in split order
+    __threadfence();
+    __syncthreads();
+    int* cnt = ws_cnt + ((long long)r * K * NSG + blockIdx.z);
+    if (tid == 0) s_last = atomicAdd(cnt, 1) == nsplit - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // Every L2 round trip here is paid once per layer on the critical path (this block runs
+    // last), so loads go out together: all nsplit (m, l) pairs at once into shared memory, then
+    // the split weights f_b = exp2(m_b - M) and Ls per head from shared memory, then each
+    // (head, dim) output sums its partials with 16 loads in flight.  Same operations in the same
+    // order as the first version, which chained 2*nsplit dependent L2 loads; measured on the
+    // H200 this took the kernel from 13.1 to 11.9 us per layer at 512 keys and 28.6 to 25.1 us
+    // at 8192 (bench/NOTES.md): the merge was not the main cost.
+    float* sml = reinterpret_cast<float*>(smem);  // [GQ][ms][2] (m, l) of every split
+    float* sf = sml + GQ * ms * 2;                // [GQ][ms] split weights
+    float* sL = sf + GQ * ms;                     // [GQ] softmax sums
+    for (int i = tid; i < GQ * nsplit; i += DTHREADS) {
+        const int g = i / nsplit, b = i - g * nsplit;
+        const long long rh = (long long)r * H + hq0 + g;
+        const float2 ml = __ldcg(reinterpret_cast<const float2*>(ws_ml + (rh * ms + b) * 2));
+        sml[(g * ms + b) * 2] = ml.x;
+        sml[(g * ms + b) * 2 + 1] = ml.y;
+    }
+    __syncthreads();
+    if (tid < GQ) {
+        float M = NEG_INF;
+        for (int b = 0; b < nsplit; ++b) M = fmaxf(M, sml[(tid * ms + b) * 2]);
+        float Ls = 0.0f;
+        for (int b = 0; b < nsplit; ++b) {
+            const float f = exp2f(sml[(tid * ms + b) * 2] - M);
+            sf[tid * ms + b] = f;
+            Ls = fmaf(sml[(tid * ms + b) * 2 + 1], f, Ls);
+        }
+        sL[tid] = Ls;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+        const int g = idx / HD, d = idx % HD;
+        const long long rh = (long long)r * H + hq0 + g;
+        const float* part = ws_acc + rh * ms * HD + d;
+        float O = 0.0f;
+        for (int b0 = 0; b0 < nsplit; b0 += 16) {
+            float v[16];
+#pragma unroll
+            for (int u = 0; u < 16; ++u) v[u] = b0 + u < nsplit ? __ldcg(part + (long long)(b0 + u) * HD) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 16; ++u)
+                if (b0 + u < nsplit) O = fmaf(v[u], sf[g * ms + b0 + u], O);
+        }
+        out[rh * HD + d] = O / sL[g];
+    }
+    if (tid == 0) *cnt = 0;  // ready for the next launch / graph replay
+}
+
 extern "C" __global__ void __launch_bounds__(DTHREADS)
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
             const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
             float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
     PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ int s_last;
     const int r = blockIdx.x, s = blockIdx.y;
     const int L = lengths[r];
     if (L <= 0) return;
@@ -345,86 +439,7 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
         if (sl == 0) { mm[sid * GQ + g] = m_[g]; ml[sid * GQ + g] = l_[g]; }
     }
     __syncthreads();
-    const int ms = max_splits;
-    float* ws_ml = ws;                                         // [max_rows][H][ms][2]
-    float* ws_acc = ws + (long long)max_rows * H * ms * 2;     // [max_rows][H][ms][HD]
-    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
-        const int g = idx / HD, d = idx % HD;
-        float M = NEG_INF;
-        for (int b = 0; b < NSUB; ++b) M = fmaxf(M, mm[b * GQ + g]);
-        float Ls = 0.0f, O = 0.0f;
-        for (int b = 0; b < NSUB; ++b) {
-            const float mv = mm[b * GQ + g];
-            if (mv != NEG_INF) {
-                const float f = exp2f(mv - M);
-                Ls = fmaf(ml[b * GQ + g], f, Ls);
-                O = fmaf(macc[(b * GQ + g) * HD + d], f, O);
-            }
-        }
-        const long long rh = (long long)r * H + hq0 + g;
-        if (nsplit == 1) {
-            out[rh * HD + d] = O / Ls;
-        } else {
-            ws_acc[(rh * ms + s) * HD + d] = O;
-            if (d == 0) { ws_ml[(rh * ms + s) * 2] = M; ws_ml[(rh * ms + s) * 2 + 1] = Ls; }
-        }
-    }
-    if (nsplit == 1) return;
-
-    // ---- last block of (row, kv head, head group) merges the splits, in split order
-    __threadfence();
-    __syncthreads();
-    int* cnt = ws_cnt + ((long long)r * K * NSG + blockIdx.z);
-    if (tid == 0) s_last = atomicAdd(cnt, 1) == nsplit - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    // Every L2 round trip here is paid once per layer on the critical path (this block runs
-    // last), so loads go out together: all nsplit (m, l) pairs at once into shared memory, then
-    // the split weights f_b = exp2(m_b - M) and Ls per head from shared memory, then each
-    // (head, dim) output sums its partials with 16 loads in flight.  Same operations in the same
-    // order as the first version, which chained 2*nsplit dependent L2 loads; measured on the
-    // H200 this took the kernel from 13.1 to 11.9 us per layer at 512 keys and 28.6 to 25.1 us
-    // at 8192 (bench/NOTES.md): the merge was not the main cost.
-    float* sml = reinterpret_cast<float*>(smem);  // [GQ][ms][2] (m, l) of every split
-    float* sf = sml + GQ * ms * 2;                // [GQ][ms] split weights
-    float* sL = sf + GQ * ms;                     // [GQ] softmax sums
-    for (int i = tid; i < GQ * nsplit; i += DTHREADS) {
-        const int g = i / nsplit, b = i - g * nsplit;
-        const long long rh = (long long)r * H + hq0 + g;
-        const float2 ml = __ldcg(reinterpret_cast<const float2*>(ws_ml + (rh * ms + b) * 2));
-        sml[(g * ms + b) * 2] = ml.x;
-        sml[(g * ms + b) * 2 + 1] = ml.y;
-    }
-    __syncthreads();
-    if (tid < GQ) {
-        float M = NEG_INF;
-        for (int b = 0; b < nsplit; ++b) M = fmaxf(M, sml[(tid * ms + b) * 2]);
-        float Ls = 0.0f;
-        for (int b = 0; b < nsplit; ++b) {
-            const float f = exp2f(sml[(tid * ms + b) * 2] - M);
-            sf[tid * ms + b] = f;
-            Ls = fmaf(sml[(tid * ms + b) * 2 + 1], f, Ls);
-        }
-        sL[tid] = Ls;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
-        const int g = idx / HD, d = idx % HD;
-        const long long rh = (long long)r * H + hq0 + g;
-        const float* part = ws_acc + rh * ms * HD + d;
-        float O = 0.0f;
-        for (int b0 = 0; b0 < nsplit; b0 += 16) {
-            float v[16];
-#pragma unroll
-            for (int u = 0; u < 16; ++u) v[u] = b0 + u < nsplit ? __ldcg(part + (long long)(b0 + u) * HD) : 0.0f;
-#pragma unroll
-            for (int u = 0; u < 16; ++u)
-                if (b0 + u < nsplit) O = fmaf(v[u], sf[g * ms + b0 + u], O);
-        }
-        out[rh * HD + d] = O / sL[g];
-    }
-    if (tid == 0) *cnt = 0;  // ready for the next launch / graph replay
+    decode_finish<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
 }
 
 // =================================================================== prefill
@@ -726,3 +741,170 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
         if (vb) *reinterpret_cast<float2*>(out + qb_off + d) = make_float2(o[n][2] * ib_inv, o[n][3] * ib_inv);
     }
 }
+
+// =================================================================== decode on tensor cores
+// attn_decode_tc: the contract of attn_decode (grid, split rule with TK = TCK, workspace, merge,
+// rows bit-equal for any m) for bf16 caches and HD <= 128, with the dot products on mma.sync
+// m16n8k16 bf16 instead of FMAs.  Why: the FMA kernel is instruction-bound (Nsight Compute on the
+// H200: ~100 warp-instructions per key and head group, 0.95 us per 32-key tile per block, 1.4 TB/s
+// at 8192 keys, bench/NOTES.md); here a 64-key tile costs ~600 warp-instructions per block.
+// Math (as the precise prefill): per block one row r, one kv head, GQ query heads as MMA rows
+// g = lane/4 < GQ (rows g+8 and g >= GQ are zero).  Q (f32) enters as bf16 hi + lo (x = hi + lo
+// to 2^-17), K and V are exact bf16; S = Q_hi.K + Q_lo.K (per 16-wide k step hi then lo, one f32
+// accumulator chain), masked to keys < L_r, scaled to the log2 domain; online softmax per warp;
+// P = exp2(S - m) split the same way, O += P_hi.V + P_lo.V.  Agreement with the float64 reference
+// ~1e-5 (the FMA kernel: ~1e-7; the tolerance of both is 2e-3).
+// Geometry: 128 threads = 4 warps; a block tile is TCK = 64 keys of K and V (rows padded to
+// LDK bf16: conflict-free fragment loads), TCSTAGES-deep cp.async pipeline; warp w owns keys
+// 16w..16w+15 of every tile, in increasing tile order, with its own (m, l, O); the four warps are
+// merged in warp order by decode_finish (as the FMA kernel's sub-warps).  Every step's order is
+// fixed by L_r alone.
+#define TCK 64
+#define TCSTAGES 3
+#define TC_STAGE_ELEMS (2 * TCK * LDK)
+#define DECODE_TC_SMEM (TCSTAGES * TC_STAGE_ELEMS * 2)  // the wrapper computes the same number
+
+#if KV_TYPE == KV_BF16 && HD <= 128
+extern "C" __global__ void __launch_bounds__(DTHREADS, 2)
+attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
+               const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
+               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
+    PDL_ENTRY();
+    extern __shared__ __align__(16) uint8_t smem[];
+    __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][K, V][TCK][LDK]
+    (void)n_ctx;
+    const int r = blockIdx.x, s = blockIdx.y;
+    const int L = lengths[r];
+    if (L <= 0) return;
+    const int ntiles_all = (L + TCK - 1) / TCK;
+    const int per = max(DEC_MIN_PER, (ntiles_all + max_splits - 1) / max_splits);
+    const int nsplit = (ntiles_all + per - 1) / per;
+    if (s >= nsplit) return;
+    const int t0 = s * per, ntile = min(ntiles_all, t0 + per) - t0;
+    const int G = H / K, NSG = G / GQ;
+    const int h = blockIdx.z / NSG, sg = blockIdx.z % NSG;
+    const int hq0 = h * G + sg * GQ;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c2 = 2 * (lane & 3);
+    const bool gv = g < GQ;
+
+    auto issue = [&](int tile, int st) {
+        __nv_bfloat16* sK = tiles + st * TC_STAGE_ELEMS;
+        __nv_bfloat16* sV = sK + TCK * LDK;
+        const int key0 = tile * TCK;
+        for (int c = tid; c < TCK * HD / 8; c += DTHREADS) {
+            const int kk = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
+            const int j = key0 + kk;
+            const bool ok = j < L;
+            const long long row = (long long)(ok ? j : 0) * K + h;
+            cp_async16(sK + kk * LDK + d8, cache_k + (row * HD + d8) * 2, ok ? 16 : 0);
+            cp_async16(sV + kk * LDK + d8, cache_v + (row * HD + d8) * 2, ok ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < TCSTAGES - 1; ++i) {
+        if (i < ntile) issue(t0 + i, i);
+        cp_async_commit();
+    }
+
+    // Q as A fragments (rows g; rows g+8 are zero): hi and lo parts
+    uint32_t qh[HD / 16][2], ql[HD / 16][2];
+    const float* qrow = q + ((long long)r * H + hq0 + (gv ? g : 0)) * HD;
+#pragma unroll
+    for (int kt = 0; kt < HD / 16; ++kt) {
+        const float2 a0 = gv ? *reinterpret_cast<const float2*>(qrow + kt * 16 + c2) : make_float2(0.f, 0.f);
+        const float2 a1 = gv ? *reinterpret_cast<const float2*>(qrow + kt * 16 + c2 + 8) : make_float2(0.f, 0.f);
+        split_bf16x2(a0.x, a0.y, qh[kt][0], ql[kt][0]);
+        split_bf16x2(a1.x, a1.y, qh[kt][1], ql[kt][1]);
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_ = NEG_INF, l_ = 0.0f;
+    const int kw = warp * 16;  // this warp's keys within a tile
+
+    for (int it = 0; it < ntile; ++it) {
+        cp_async_wait<TCSTAGES - 2>();
+        __syncthreads();  // tile `it` visible to all; everyone is done with tile it-1's stage
+        if (it + TCSTAGES - 1 < ntile) issue(t0 + it + TCSTAGES - 1, (it + TCSTAGES - 1) % TCSTAGES);
+        cp_async_commit();
+        const __nv_bfloat16* sK = tiles + (it % TCSTAGES) * TC_STAGE_ELEMS;
+        const __nv_bfloat16* sV = sK + TCK * LDK;
+        const int key0 = (t0 + it) * TCK + kw;
+
+        // S (rows g, keys kw + 8nt + c2, +1) = Q_hi.K + Q_lo.K per k step
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const int koff = (kw + nt * 8 + g) * LDK + c2;
+#pragma unroll
+            for (int kt = 0; kt < HD / 16; ++kt) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16 + 8);
+                const uint32_t ah[4] = {qh[kt][0], 0u, qh[kt][1], 0u};
+                const uint32_t al[4] = {ql[kt][0], 0u, ql[kt][1], 0u};
+                mma_bf16(sc[nt], ah, b0, b1);
+                mma_bf16(sc[nt], al, b0, b1);
+            }
+        }
+        float mx = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const int key = key0 + nt * 8 + c2;
+            sc[nt][0] = key < L ? sc[nt][0] * scale_log2 : NEG_INF;
+            sc[nt][1] = key + 1 < L ? sc[nt][1] * scale_log2 : NEG_INF;
+            mx = fmaxf(mx, fmaxf(sc[nt][0], sc[nt][1]));
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m_, mx);
+        const float base = mn == NEG_INF ? 0.0f : mn;  // no valid key yet: p = 0, state unchanged
+        const float alpha = exp2f(m_ - base);
+        m_ = mn;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            sc[nt][0] = exp2f(sc[nt][0] - base);
+            sc[nt][1] = exp2f(sc[nt][1] - base);
+            rs += sc[nt][0] + sc[nt][1];
+        }
+        rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+        rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+        l_ = __fmaf_rn(l_, alpha, rs);
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) { o[n][0] *= alpha; o[n][1] *= alpha; }
+
+        // O += P_hi.V + P_lo.V over the warp's 16 keys (one k step), 8 dims per MMA
+        uint32_t ph[4], pl[4];
+        split_bf16x2(sc[0][0], sc[0][1], ph[0], pl[0]);
+        split_bf16x2(sc[1][0], sc[1][1], ph[2], pl[2]);
+        ph[1] = ph[3] = pl[1] = pl[3] = 0u;
+        const int voff = (kw + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; ++dp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, sV + voff + dp * 16);
+            mma_bf16(o[2 * dp], ph, b[0], b[1]);
+            mma_bf16(o[2 * dp], pl, b[0], b[1]);
+            mma_bf16(o[2 * dp + 1], ph, b[2], b[3]);
+            mma_bf16(o[2 * dp + 1], pl, b[2], b[3]);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // pipeline buffers are reused for the merge
+
+    // the four warps' states -> shared memory, then decode_finish merges them in warp order
+    float* macc = reinterpret_cast<float*>(smem);  // [4][GQ][HD]
+    float* mm = macc + 4 * GQ * HD;                 // [4][GQ]
+    float* ml = mm + 4 * GQ;
+    if (gv) {
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n)
+            *reinterpret_cast<float2*>(macc + (warp * GQ + g) * HD + n * 8 + c2) = make_float2(o[n][0], o[n][1]);
+        if (c2 == 0) { mm[warp * GQ + g] = m_; ml[warp * GQ + g] = l_; }
+    }
+    __syncthreads();
+    decode_finish<4>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
+}
+#endif

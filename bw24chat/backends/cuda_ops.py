@@ -12,6 +12,7 @@ N cache positions (n_ctx), m decode rows, V vocabulary.  KV cache layouts: kerne
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -184,6 +185,28 @@ def attn_decode_workspace_bytes(n_heads: int, n_kv_heads: int, head_dim: int, ma
     return cnt + part
 
 
+DECODE_TC_TILE = 64  # keys per block tile of attn_decode_tc (attention.cu TCK)
+
+
+def decode_on_tensor_cores(kv_type: str, hd: int) -> bool:
+    """attn_decode_tc serves bf16 caches with head dims <= 128 (mma.sync bf16: sm_80+);
+    BW24CHAT_ATTN_TC=0 forces the FMA kernel (tests run both)."""
+    if os.environ.get("BW24CHAT_ATTN_TC", "1") == "0" or kv_type != "bf16" or hd > 128 or hd % 16:
+        return False
+    return _arch_number() >= 80
+
+
+@functools.lru_cache(maxsize=1)
+def _arch_number() -> int:
+    from .kernel_build import active_arch
+
+    return int(active_arch()[3:].rstrip("a"))
+
+
+def _decode_tc_smem(hd: int) -> int:
+    return 3 * 2 * DECODE_TC_TILE * (hd + 8) * 2  # TCSTAGES x (K, V) x TCK x LDK bf16
+
+
 def _decode_smem(hd: int, gq: int, kv_type: str) -> int:
     es = {"bf16": 2, "q8_0": 1, "fp8": 1, "f32": 4}[kv_type]
     scb = {"bf16": 0, "q8_0": hd // 16, "fp8": 4, "f32": 0}[kv_type]
@@ -214,12 +237,13 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     ws_cnt = workspace[:cnt_bytes].view(np.int32)
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
     min_per = int(os.environ.get("BW24CHAT_ATTN_MIN_PER", "1"))  # experiments: tiles per split at least
-    kern = get_kernel("attention", "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
+    tc = decode_on_tensor_cores(kv_type, hd)
+    kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
                       **({"DEC_MIN_PER": min_per} if min_per != 1 else {}))
     _launch(kern, (m, ms, K * nsg), (128,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),
-            smem=_decode_smem(hd, gq, kv_type))
+            smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type))
 
 
 def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True) -> int:
