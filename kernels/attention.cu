@@ -758,7 +758,8 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 // LDK bf16: conflict-free fragment loads), TCSTAGES-deep cp.async pipeline; warp w owns keys
 // 16w..16w+15 of every tile, in increasing tile order, with its own (m, l, O); the four warps are
 // merged in warp order by decode_finish (as the FMA kernel's sub-warps).  Every step's order is
-// fixed by L_r alone.
+// fixed by L_r alone.  Under PDL the first TCSTAGES-1 tiles are fetched before pdl_wait, except the
+// keys >= L_r - max_rows that this step's cache write may have produced (fetched after it).
 #define TCK 64
 #define TCSTAGES 3
 #define TC_STAGE_ELEMS (2 * TCK * LDK)
@@ -769,17 +770,17 @@ extern "C" __global__ void __launch_bounds__(DTHREADS, 2)
 attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
                const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
                float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
-    PDL_ENTRY();
+    pdl_trigger();
     extern __shared__ __align__(16) uint8_t smem[];
     __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][K, V][TCK][LDK]
     (void)n_ctx;
     const int r = blockIdx.x, s = blockIdx.y;
-    const int L = lengths[r];
-    if (L <= 0) return;
+    const int L = lengths[r];  // written before the step's first kernel: readable before pdl_wait
+    if (L <= 0) { pdl_wait(); return; }
     const int ntiles_all = (L + TCK - 1) / TCK;
     const int per = max(DEC_MIN_PER, (ntiles_all + max_splits - 1) / max_splits);
     const int nsplit = (ntiles_all + per - 1) / per;
-    if (s >= nsplit) return;
+    if (s >= nsplit) { pdl_wait(); return; }
     const int t0 = s * per, ntile = min(ntiles_all, t0 + per) - t0;
     const int G = H / K, NSG = G / GQ;
     const int h = blockIdx.z / NSG, sg = blockIdx.z % NSG;
@@ -788,7 +789,14 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     const int g = lane >> 2, c2 = 2 * (lane & 3);
     const bool gv = g < GQ;
 
-    auto issue = [&](int tile, int st) {
+    // Keys >= fresh may have been written by the previous kernel (this step's rope / cache write:
+    // the newest m <= max_rows positions); older keys were written by earlier steps.  So the first
+    // stages are fetched before pdl_wait without the fresh keys (their memory latency overlaps the
+    // previous kernel), and the fresh keys of those stages after it.  Keys >= L are zero-filled
+    // (V rows meet p = 0: they must be finite).  mode 0: before the wait (keys < fresh, zeros for
+    // keys >= L, nothing in between); 1: the fresh keys only; 2: every key < L, zeros after.
+    const int fresh = L - max_rows;
+    auto issue = [&](int tile, int st, int mode) {
         __nv_bfloat16* sK = tiles + st * TC_STAGE_ELEMS;
         __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = tile * TCK;
@@ -796,6 +804,7 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
             const int kk = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
             const int j = key0 + kk;
             const bool ok = j < L;
+            if ((mode == 0 && ok && j >= fresh) || (mode == 1 && (!ok || j < fresh))) continue;
             const long long row = (long long)(ok ? j : 0) * K + h;
             cp_async16(sK + kk * LDK + d8, cache_k + (row * HD + d8) * 2, ok ? 16 : 0);
             cp_async16(sV + kk * LDK + d8, cache_v + (row * HD + d8) * 2, ok ? 16 : 0);
@@ -803,7 +812,16 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     };
 #pragma unroll
     for (int i = 0; i < TCSTAGES - 1; ++i) {
-        if (i < ntile) issue(t0 + i, i);
+        if (i < ntile) issue(t0 + i, i, 0);
+        cp_async_commit();
+    }
+    pdl_wait();  // q and the fresh keys come from the previous kernel
+    // the fresh keys of the prefetched stages (one more group; the first wait below drains all)
+    const bool refill = (t0 + min(ntile, TCSTAGES - 1)) * TCK > fresh;
+    if (refill) {
+#pragma unroll
+        for (int i = 0; i < TCSTAGES - 1; ++i)
+            if (i < ntile && (t0 + i + 1) * TCK > fresh) issue(t0 + i, i, 1);
         cp_async_commit();
     }
 
@@ -824,9 +842,12 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     const int kw = warp * 16;  // this warp's keys within a tile
 
     for (int it = 0; it < ntile; ++it) {
-        cp_async_wait<TCSTAGES - 2>();
+        if (it == 0 && refill)
+            cp_async_wait<0>();
+        else
+            cp_async_wait<TCSTAGES - 2>();
         __syncthreads();  // tile `it` visible to all; everyone is done with tile it-1's stage
-        if (it + TCSTAGES - 1 < ntile) issue(t0 + it + TCSTAGES - 1, (it + TCSTAGES - 1) % TCSTAGES);
+        if (it + TCSTAGES - 1 < ntile) issue(t0 + it + TCSTAGES - 1, (it + TCSTAGES - 1) % TCSTAGES, 2);
         cp_async_commit();
         const __nv_bfloat16* sK = tiles + (it % TCSTAGES) * TC_STAGE_ELEMS;
         const __nv_bfloat16* sV = sK + TCK * LDK;
