@@ -11,6 +11,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s6e)
+  # tensor-core decode attention with independent MMA chains
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py -k decode 2>&1 | grep -v "^\.\|^$" | tail -15 | tee $OUT/pytest_attn.log
+  timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 1,512,2048,8192 --variants "default;BW24CHAT_ATTN_SPLITS=1;BW24CHAT_ATTN_SPLITS=16;BW24CHAT_ATTN_SPLITS=64" 2>&1 | tee $OUT/attn_probe5.log
+  for env in "X=1" "BW24CHAT_ATTN_SPLITS=16"; do env $env timeout 150 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_attn.log
+  ;;
 s6d)
   # tensor-core decode attention with its first stages fetched before pdl_wait: correctness, the
   # merge's share (one split per head), decode step A/B

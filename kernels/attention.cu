@@ -853,21 +853,35 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         const __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = (t0 + it) * TCK + kw;
 
-        // S (rows g, keys kw + 8nt + c2, +1) = Q_hi.K + Q_lo.K per k step
+        // S (rows g, keys kw + 8nt + c2, +1) = (Q_hi.K over even k steps + Q_hi.K over odd ones)
+        // + (the same for Q_lo): four independent accumulator chains per 8 keys, interleaved over
+        // both 8-key groups, so the MMA latency (~30 cycles) overlaps instead of adding up along
+        // one chain of 2*HD/16 (the first version: ~1 us per tile, bench/NOTES.md).
         float sc[2][4];
+        {
+            float ch[2][4][4];  // [nt][Q_hi even, Q_hi odd, Q_lo even, Q_lo odd]
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-            const int koff = (kw + nt * 8 + g) * LDK + c2;
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) ch[nt][c][0] = ch[nt][c][1] = ch[nt][c][2] = ch[nt][c][3] = 0.0f;
 #pragma unroll
             for (int kt = 0; kt < HD / 16; ++kt) {
-                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16 + 8);
                 const uint32_t ah[4] = {qh[kt][0], 0u, qh[kt][1], 0u};
                 const uint32_t al[4] = {ql[kt][0], 0u, ql[kt][1], 0u};
-                mma_bf16(sc[nt], ah, b0, b1);
-                mma_bf16(sc[nt], al, b0, b1);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    const int koff = (kw + nt * 8 + g) * LDK + c2 + kt * 16;
+                    const uint32_t b0 = *reinterpret_cast<const uint32_t*>(sK + koff);
+                    const uint32_t b1 = *reinterpret_cast<const uint32_t*>(sK + koff + 8);
+                    mma_bf16(ch[nt][kt & 1], ah, b0, b1);
+                    mma_bf16(ch[nt][2 + (kt & 1)], al, b0, b1);
+                }
             }
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    sc[nt][e] = __fadd_rn(__fadd_rn(ch[nt][0][e], ch[nt][1][e]), __fadd_rn(ch[nt][2][e], ch[nt][3][e]));
         }
         float mx = NEG_INF;
 #pragma unroll
@@ -903,13 +917,20 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         ph[1] = ph[3] = pl[1] = pl[3] = 0u;
         const int voff = (kw + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
 #pragma unroll
-        for (int dp = 0; dp < HD / 16; ++dp) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, sV + voff + dp * 16);
-            mma_bf16(o[2 * dp], ph, b[0], b[1]);
-            mma_bf16(o[2 * dp], pl, b[0], b[1]);
-            mma_bf16(o[2 * dp + 1], ph, b[2], b[3]);
-            mma_bf16(o[2 * dp + 1], pl, b[2], b[3]);
+        for (int dp = 0; dp < HD / 16; dp += 2) {  // two 16-dim groups: 4 chains between dependent MMAs
+            uint32_t b[2][4];
+            ldmatrix_x4_trans(b[0], sV + voff + dp * 16);
+            ldmatrix_x4_trans(b[1], sV + voff + dp * 16 + 16);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                mma_bf16(o[2 * (dp + u)], ph, b[u][0], b[u][1]);
+                mma_bf16(o[2 * (dp + u) + 1], ph, b[u][2], b[u][3]);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                mma_bf16(o[2 * (dp + u)], pl, b[u][0], b[u][1]);
+                mma_bf16(o[2 * (dp + u) + 1], pl, b[u][2], b[u][3]);
+            }
         }
     }
     cp_async_wait<0>();
