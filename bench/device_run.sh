@@ -11,6 +11,19 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+fin6a)
+  # sixth session, final call 1: decode attention tests, attention variants, the full bench table
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py -k decode 2>&1 | grep -v "^\.\|^$" | tail -8 | tee $OUT/pytest_attn.log
+  timeout 60 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_TC=0;default;BW24CHAT_ATTN_SPLITS=16" 2>&1 | tee $OUT/attn_probe6.log
+  timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  BW24CHAT_ATTN_SPLITS=16 timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/splits16 /" | tee $OUT/bench_s16.log
+  ;;
+fin6b)
+  # sixth session, final call 2: every gate and kernel check, the transformers reference, the rest of tests/gpu
+  timeout 240 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS\|^  ok" | tail -30
+  timeout 170 python3 tools/device_reference.py /root/ref --big 2>&1 | tee $OUT/reference.log | tail -10
+  for f in tests/gpu/test_gemm.py tests/gpu/test_matvec.py tests/gpu/test_ops_norm_rope.py tests/gpu/test_sampling.py tests/gpu/test_dequant_embed.py; do timeout 100 python3 -m pytest -q -p no:cacheprovider $f 2>&1 | tail -1 | sed "s|^|$f: |"; done | tee $OUT/pytest_gpu.log
+  ;;
 s6e)
   # tensor-core decode attention with independent MMA chains
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py -k decode 2>&1 | grep -v "^\.\|^$" | tail -15 | tee $OUT/pytest_attn.log
