@@ -14,6 +14,7 @@ case "$1" in
 fin6a)
   # sixth session, final call 1: decode attention tests, attention variants, the full bench table
   timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py -k decode 2>&1 | grep -v "^\.\|^$" | tail -8 | tee $OUT/pytest_attn.log
+  grep -q " failed\| error" $OUT/pytest_attn.log && export BW24CHAT_ATTN_TC=0 && echo "TC ATTENTION FAILED: FMA kernel from here on"
   timeout 60 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_TC=0;default;BW24CHAT_ATTN_SPLITS=16" 2>&1 | tee $OUT/attn_probe6.log
   timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   BW24CHAT_ATTN_SPLITS=16 timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/splits16 /" | tee $OUT/bench_s16.log
