@@ -11,6 +11,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s6f)
+  # tensor-core decode attention at one block per SM per (row, kv head); Q8_0 matvec stall reasons for the next session
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py -k decode 2>&1 | grep -v "^\.\|^$" | tail -8 | tee $OUT/pytest_attn.log
+  timeout 50 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "default" 2>&1 | tee $OUT/attn_probe7.log
+  timeout 150 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,bf16 --decode-only 2>&1 | grep "tg128@[0-9]* " | tee $OUT/bench_s6f.log
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  timeout 90 ncu --clock-control none --kernel-name regex:matvec --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis python3 bench/ncu_matvec.py --formats q8_0 --shapes qkv,o,down > $OUT/ncu_q8.txt 2>&1
+  grep -E "launched|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|stall|Eligible|L2 Hit|Mem Busy|Max Bandwidth" $OUT/ncu_q8.txt | head -90
+  ;;
 fin6a)
   # sixth session, final call 1: decode attention tests, attention variants, the full bench table
   timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py -k decode 2>&1 | grep -v "^\.\|^$" | tail -8 | tee $OUT/pytest_attn.log

@@ -159,14 +159,17 @@ def _n_sm() -> int:
         return 132
 
 
-def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None) -> int:
-    """Splits per (row, kv head, head group): enough blocks for ~2 per SM at one row."""
+def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None, blocks_per_sm: int = 2) -> int:
+    """Splits per (row, kv head, head group): enough blocks for ~blocks_per_sm per SM at one row
+    (the FMA kernel 2; the tensor-core kernel 1, whose blocks stream 4x the bytes: measured on
+    the H200 at 2048 keys 10.6 us per layer with 16 splits against 13.2 with 33, equal at 512
+    and 8192, bench/NOTES.md).  The workspace is sized for 2 (the larger count)."""
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
     forced = int(os.environ.get("BW24CHAT_ATTN_SPLITS", "0"))  # experiments (bench/attn_probe.py)
     if forced > 0:
         return forced
     n_sm = n_sm or _n_sm()
-    return max(1, min(64, -(-2 * n_sm // (n_kv_heads * nsg))))
+    return max(1, min(64, -(-blocks_per_sm * n_sm // (n_kv_heads * nsg))))
 
 
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
@@ -232,12 +235,13 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     gq = _decode_gq(G)
     nsg = G // gq
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
-    ms, cnt_bytes, part_bytes = _decode_ws_layout(H, K, hd, max_rows)
+    _, cnt_bytes, part_bytes = _decode_ws_layout(H, K, hd, max_rows)
     assert workspace.nbytes >= cnt_bytes + part_bytes, "decode workspace too small"
     ws_cnt = workspace[:cnt_bytes].view(np.int32)
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
     min_per = int(os.environ.get("BW24CHAT_ATTN_MIN_PER", "1"))  # experiments: tiles per split at least
     tc = decode_on_tensor_cores(kv_type, hd)
+    ms = attn_decode_max_splits(H, K, blocks_per_sm=1 if tc else 2)
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
                       **({"DEC_MIN_PER": min_per} if min_per != 1 else {}))
     _launch(kern, (m, ms, K * nsg), (128,),
