@@ -11,6 +11,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s6g)
+  # Q8_0 / Q4_K integer-dot matvec with 4 rows per warp (shared-memory x reads shared by more rows)
+  timeout 200 python3 bench/matvec_variants.py --formats q8_0,q4_k 2>&1 | tee $OUT/mv_r4.log | tail -40
+  ;;
 s6f)
   # tensor-core decode attention at one block per SM per (row, kv head); Q8_0 matvec stall reasons for the next session
   timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_attention.py -k decode 2>&1 | grep -v "^\.\|^$" | tail -8 | tee $OUT/pytest_attn.log

@@ -241,6 +241,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
+    rows = int(os.environ.get("BW24CHAT_MV_R", MV_R))  # rows per warp (experiments: bench/matvec_variants.py)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
         m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
@@ -252,13 +253,13 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
             return
         tk = W.in_
         smem = m * per_row
-        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, ACT_Q8=1, **_simt_defines(W, m, True))
+        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **_simt_defines(W, m, True))
     else:
         tk = matvec_tile(W, m)
         smem = 4 * (m * tk + m * (tk // 32) + m * 8)
-        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **_simt_defines())
+        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, **_simt_defines())
     _ensure_smem(k, smem)
-    grid = (persistent_grid(k, 256, smem, -(-W.out // MV_ROWS_PER_BLOCK)),)
+    grid = (persistent_grid(k, 256, smem, -(-W.out // (8 * rows))),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
 
