@@ -13,7 +13,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
 s6g)
   # Q8_0 / Q4_K integer-dot matvec with 4 rows per warp (shared-memory x reads shared by more rows)
-  timeout 200 python3 bench/matvec_variants.py --formats q8_0,q4_k 2>&1 | tee $OUT/mv_r4.log | tail -40
+  timeout 120 python3 bench/matvec_variants.py --formats q8_0 2>&1 | tee $OUT/mv_r4.log | tail -40
+  BW24CHAT_MV_R=4 BW24CHAT_MV_MINB=1 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "integer_dot and (Q8_0 or Q4_K)" 2>&1 | tail -2 | tee $OUT/pytest_r4.log
+  timeout 90 python3 bench/matvec_variants.py --formats q4_k 2>&1 | tee -a $OUT/mv_r4.log | tail -40
   ;;
 s6f)
   # tensor-core decode attention at one block per SM per (row, kv head); Q8_0 matvec stall reasons for the next session
