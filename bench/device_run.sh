@@ -12,8 +12,9 @@ SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
 s6g)
-  # Q8_0 / Q4_K integer-dot matvec with 4 rows per warp (shared-memory x reads shared by more rows)
+  # Q8_0 / Q4_K integer-dot matvec: 4 rows per warp (x reads shared by more rows), branch-free steady-state windows (MV_STEADY)
   timeout 120 python3 bench/matvec_variants.py --formats q8_0 2>&1 | tee $OUT/mv_r4.log | tail -40
+  BW24CHAT_MV_STEADY=1 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py 2>&1 | tail -2 | tee $OUT/pytest_steady.log
   BW24CHAT_MV_R=4 BW24CHAT_MV_MINB=1 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "integer_dot and (Q8_0 or Q4_K)" 2>&1 | tail -2 | tee $OUT/pytest_r4.log
   timeout 90 python3 bench/matvec_variants.py --formats q4_k 2>&1 | tee -a $OUT/mv_r4.log | tail -40
   ;;

@@ -38,19 +38,22 @@ VARIANTS = {
              ("int-dot u4 minb2", {"BW24CHAT_MV_U": "4", "BW24CHAT_MV_MINB": "2"}),
              ("int-dot u2 minb3", {"BW24CHAT_MV_U": "2"}),
              ("int-dot r4 u2 minb2", {"BW24CHAT_MV_R": "4", "BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "2"}),
-             ("int-dot r4 u3 minb1", {"BW24CHAT_MV_R": "4", "BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "1"})],
+             ("int-dot r4 u3 minb1", {"BW24CHAT_MV_R": "4", "BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "1"}),
+             ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
     "Q4_K": [("f32 x", {"BW24CHAT_A8": "none"}), ("int-dot auto", {}),
              ("int-dot u3 minb2", {"BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"}),
              ("int-dot u2 minb3", {"BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "3"}),
-             ("int-dot r4 u2 minb1", {"BW24CHAT_MV_R": "4", "BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "1"})],
+             ("int-dot r4 u2 minb1", {"BW24CHAT_MV_R": "4", "BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "1"}),
+             ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
     "Q6_K": [("f32 x", {"BW24CHAT_A8": "none"}), ("int-dot auto", {})],
 }
 VARIANTS["NVFP4"] = [("tc (f32 x)", {}), ("int-dot auto", {"BW24CHAT_A8": "all"}),
                      ("int-dot u2 minb3", {"BW24CHAT_A8": "all", "BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "3"}),
-                     ("int-dot u3 minb2", {"BW24CHAT_A8": "all", "BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"})]
+                     ("int-dot u3 minb2", {"BW24CHAT_A8": "all", "BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"}),
+                     ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})]
 COPIES = 6
 SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB",
-            "BW24CHAT_A8", "BW24CHAT_MV_R")
+            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY")
 
 
 def main() -> int:

@@ -189,15 +189,16 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     19.2 vs 24.3), Q8_0 4 (o 8.7 vs 9.0, down 22.4 vs 23.3); wider ones 2 slots at 3 blocks
     (Q8_0 gate|up 30.8 vs 32.0 at 3 slots, LM head 55.7 vs 59.3; Q4_K / NVFP4: matvec.cu's
     default).  Q5_K / Q6_K keep matvec.cu's (their decoders need the registers).
-    BW24CHAT_MV_U (load-window slots) and BW24CHAT_MV_MINB (blocks per SM the register budget
-    must allow) override, for experiments."""
+    BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget
+    must allow) and BW24CHAT_MV_STEADY (branch-free steady-state windows) override, for
+    experiments."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         if W.out <= A8_SMALL_ROWS:
             d = {"MV_U": 4 if W.fmt == "Q8_0" else 3, "MV_MINB": 2}
         elif W.fmt == "Q8_0":
             d = {"MV_U": 2}
-    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB")):
+    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     return d
