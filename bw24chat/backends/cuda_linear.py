@@ -18,7 +18,6 @@ from .kernel_build import get_kernel
 from .kernel_refs import act_q8
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
-MV_ROWS_PER_BLOCK = 8 * MV_R
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
 # resident up to 16k inputs (down 12288 no longer re-stages a second k-tile behind a barrier)
 GM_TILE = 128

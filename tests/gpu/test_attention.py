@@ -37,20 +37,16 @@ def _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd):
 SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128), (8, 8, 64), (64, 4, 128)]
 
 
-def _decode_kernel(monkeypatch, kv_type, hd, tc):
-    """Select the decode kernel (tc: "1" tensor cores where they serve, "0" the FMA kernel); skip
-    the duplicate case where both settings run the FMA kernel."""
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
-    if tc == "1" and not ops.decode_on_tensor_cores(kv_type, hd):
-        pytest.skip("no tensor-core decode for this cache type / head dim (the FMA case covers it)")
-    return ops.decode_on_tensor_cores(kv_type, hd)
+# (cache type, BW24CHAT_ATTN_TC): every cache type on the FMA kernel, and bf16 (head dims <= 128,
+# all of SHAPES) on the tensor-core kernel as well
+DECODE_KERNELS = [(kv, "0") for kv in kr.KV_TYPES] + [("bf16", "1")]
 
 
-@pytest.mark.parametrize("tc", ["1", "0"])
-@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+@pytest.mark.parametrize("kv_type,tc", DECODE_KERNELS)
 @pytest.mark.parametrize("H,K,hd", SHAPES)
 def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
-    on_tc = _decode_kernel(monkeypatch, kv_type, hd, tc)
+    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
+    on_tc = ops.decode_on_tensor_cores(kv_type, hd)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (63, 3), (65, 8), (1000, 2), (8193, 1), (8193, 8)]:
         N = L + m + 3
@@ -67,11 +63,10 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
-@pytest.mark.parametrize("tc", ["1", "0"])
-@pytest.mark.parametrize("kv_type", ["bf16", "q8_0", "f32"])
+@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
-    _decode_kernel(monkeypatch, kv_type, hd, tc)
+    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
     scale = 1.0 / math.sqrt(hd)
     for L in (40, 511, 4097):
         N = L + 8
