@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s7a)
+  # seventh session: the integer-dot matvec on int8 tensor cores (matvec_imma) — tests, variants, decode
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py 2>&1 | grep -v "^\.\|^$" | tail -12 | tee $OUT/pytest_matvec.log
+  grep -q " failed\| error" $OUT/pytest_matvec.log && echo "IMMA TESTS FAILED"
+  timeout 200 python3 bench/matvec_variants.py --formats q8_0,q4_k,nvfp4 2>&1 | tee $OUT/mv_imma.log | grep -A40 "best per shape"
+  timeout 150 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,q4_k,nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | tee $OUT/bench_s7a.log
+  ;;
 s6g)
   # Q8_0 / Q4_K integer-dot matvec: 4 rows per warp (x reads shared by more rows), branch-free steady-state windows (MV_STEADY)
   timeout 120 python3 bench/matvec_variants.py --formats q8_0 2>&1 | tee $OUT/mv_r4.log | tail -40
