@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s7b)
+  # the integer-dot prologue in one L2 round trip (float4, registers), the o projection prefetched into L2 during attention
+  timeout 120 python3 bench/matvec_variants.py --formats q8_0,q4_k,nvfp4 2>&1 | tee $OUT/mv_pro.log | grep -A20 "best per shape"
+  for env in "X=1" "BW24CHAT_L2_PREFETCH=0"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,q4_k,nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s7b.log
+  timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --decode-only 2>&1 | grep "tg128@[0-9]* " | tee -a $OUT/bench_s7b.log
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_ops_norm_rope.py tests/gpu/test_matvec.py -k "integer_dot or Q8_0 or Q4_K or NVFP4 or fused_norm_rope" 2>&1 | tail -4 | tee $OUT/pytest_s7b.log
+  ;;
 s7a)
   # seventh session: the integer-dot matvec on int8 tensor cores (matvec_imma) — tests, variants, decode
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py 2>&1 | grep -v "^\.\|^$" | tail -12 | tee $OUT/pytest_matvec.log

@@ -7,7 +7,7 @@ For each shape (qkv 6144x4096, o 4096x4096, gate|up 24576x4096, down 4096x12288,
 back in one captured graph (rmsnorm prologue where the decode step has one), replayed 10 times
 between CUDA events; median of 7.  Variants are selected through the wrappers' environment
 switches (BW24CHAT_MATVEC, BW24CHAT_TC_NW, BW24CHAT_TC_U, BW24CHAT_MV_U,
-BW24CHAT_MV_PERSIST, BW24CHAT_IM_*), so the kernels timed
+BW24CHAT_MV_PERSIST), so the kernels timed
 are the ones the engine runs.  Prints us per launch and GB/s of weight bytes.
 """
 from __future__ import annotations
@@ -24,21 +24,20 @@ from decode_floor import format_bench_setup, time_graph  # noqa: E402  (shared b
 
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
-_IMMA = [("simt int-dot", {"BW24CHAT_MATVEC": "simt"}), ("imma auto", {}),
-         ("imma kw8", {"BW24CHAT_IM_KW": "8"}), ("imma kw4", {"BW24CHAT_IM_KW": "4"}),
-         ("imma kw2", {"BW24CHAT_IM_KW": "2"}), ("imma u2", {"BW24CHAT_IM_U": "2"}),
-         ("imma u4", {"BW24CHAT_IM_U": "4"}), ("imma nw16", {"BW24CHAT_IM_NW": "16"})]
 VARIANTS = {
     "BF16": [("tc nw16 u1", {"BW24CHAT_TC_NW": "16", "BW24CHAT_TC_U": "1"}),
              ("simt u4 minb3", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_MINB": "3"})],
-    "Q8_0": [("f32 x", {"BW24CHAT_A8": "none"})] + _IMMA,
-    "Q4_K": _IMMA,
-    "Q6_K": [("f32 x", {"BW24CHAT_A8": "none"})] + _IMMA[:2],
-    "NVFP4": [("tc (f32 x)", {"BW24CHAT_A8": "none"})] + _IMMA,
+    "Q8_0": [("int-dot auto", {}), ("int-dot u4 minb2", {"BW24CHAT_MV_U": "4", "BW24CHAT_MV_MINB": "2"}),
+             ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"}),
+             ("int-dot r4 u2 minb2", {"BW24CHAT_MV_R": "4", "BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "2"})],
+    "Q4_K": [("int-dot auto", {}), ("int-dot u3 minb2", {"BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"}),
+             ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
+    "NVFP4": [("int-dot auto", {}), ("int-dot u3 minb2", {"BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"}),
+              ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
 }
 COPIES = 6
 SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB",
-            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY", "BW24CHAT_IM_NW", "BW24CHAT_IM_KW", "BW24CHAT_IM_U")
+            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY")
 
 
 def main() -> int:

@@ -87,19 +87,16 @@
 #define EPI_SWIGLU 2  // rows interleaved gate_i, up_i: out[m, i] = silu(y[2i]) * y[2i+1]
 static_assert(MV_R % 2 == 0, "the swiglu epilogue pairs rows (2i, 2i+1) inside one warp");
 
-// The rmsnorm statistic of the MV_M rows of x (pro == PRO_RMS; else inv = 1): inv[m] =
-// rms_inv(sum_k x[m, k]^2) with the sum in one fixed order — warps 0..MV_NW-1 take k = tid,
-// tid + MV_NT, ... (FMA chain), warp_sum, then the warps' sums in warp order — whatever the
-// block size (blocks of more than MV_NW warps leave the others idle here), so every matvec
-// kernel and every MV_M gives the same bits.  red: MV_M * MV_NW floats of shared memory; ends
-// with a barrier.
+// The rmsnorm statistic of the MV_M rows of x for the float path (pro == PRO_RMS; else inv = 1):
+// inv[m] = rms_inv(sum_k x[m, k]^2), the sum in one fixed order (lanes take k = tid, tid + MV_NT,
+// ... by FMA, warp_sum, the warps in order), the same for every MV_M.  red: MV_M * MV_NW floats.
 BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, int pro, float eps, float* red,
                               float (&inv)[MV_M]) {
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) inv[m] = 1.0f;
     if (pro != PRO_RMS) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (warp < MV_NW) {
+    {
         float ss[MV_M];
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
@@ -265,32 +262,96 @@ BW24_DEVICE int a8_word(int p, int nck) {
 #endif
 }
 
-// xin (prologue applied) of one token, quantized per 32-block into its two planes' words and
-// records; every thread of the block runs the same trip count (the group reductions are shuffles)
-BW24_DEVICE void stage_a8(const float* __restrict__ x, long off, int n_in, int pro, float inv,
-                          const float* __restrict__ normw, uint32_t* xw, uint4* meta) {
-    const int tid = threadIdx.x, lane = tid & 31, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
-    const int nt = blockDim.x;  // a multiple of 32; the values do not depend on it
-    for (int f0 = 0; f0 < n_in / 4; f0 += nt) {
-        const int f = f0 + tid;
-        const bool ok = f < n_in / 4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (ok) v = make_float4(prologue_x(x, off, 4 * f, n_in, pro, inv, normw), prologue_x(x, off, 4 * f + 1, n_in, pro, inv, normw),
-                                prologue_x(x, off, 4 * f + 2, n_in, pro, inv, normw), prologue_x(x, off, 4 * f + 3, n_in, pro, inv, normw));
-        int e, sh, sl;
-        uint32_t ql;
-        uint32_t qh = act_quant_lane(v, e, ql, sh, sl);
-        const int sh_other = __shfl_xor_sync(0xffffffffu, sh, 4), sl_other = __shfl_xor_sync(0xffffffffu, sl, 4);
-#if FMT == F_NVFP4
-        qh = __byte_perm(qh, 0u, 0x3120u);
-        ql = __byte_perm(ql, 0u, 0x3120u);
+// The integer-dot prologue of the MV_M tokens: xin (prologue applied) quantized per 32-block into
+// the two planes' words and records (token m: xw + 2m*wpm, meta + 2m*nb).  Thread tid takes the
+// float4 groups f = b0 + tid + MV_NT*i (i < A8_NR) of each batch b0, all its loads issued before
+// any use, so a row of up to MV_NT*A8_NR*4 = 4096 inputs costs one round trip to L2 (the scalar
+// per-element reads this replaced cost one per 1024 inputs, twice with rmsnorm: the first read
+// for the statistic, the second for the staging) and, with rmsnorm, stays in registers between
+// the statistic and the staging.  The rmsnorm statistic: each thread's squares in the order (b0,
+// i, x, y, z, w) by FMA, warp_sum, then the MV_NW warps in order — the same for every MV_M.
+// Every thread runs the same trip count (the group reductions are shuffles).  red: MV_NW floats.
+#ifndef A8_NR  // float4 groups per thread and batch: 4 where the register budget allows (2 at 80 registers: spills)
+#define A8_NR (MV_MINB >= 3 ? 2 : 4)
 #endif
-        if (!ok) continue;
-        xw[a8_word(4 * f, nck)] = qh;
-        xw[wpm + a8_word(4 * f, nck)] = ql;
-        if ((lane & 7) == 0) {  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
-            meta[f >> 3] = make_uint4(__float_as_uint(pow2f(e)), (uint32_t)sh, (uint32_t)sh_other, (uint32_t)(sh + sh_other));
-            meta[nb + (f >> 3)] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl, (uint32_t)sl_other, (uint32_t)(sl + sl_other));
+BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pro, float eps,
+                          const float* __restrict__ normw, uint32_t* xw, uint4* meta, float* red) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n4 = n_in / 4, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
+    const float4* w4 = reinterpret_cast<const float4*>(normw);
+    const bool cached = pro == PRO_RMS && n4 <= MV_NT * A8_NR;  // the statistic's loads serve the staging
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int m = 0; m < MV_M; ++m) {
+        const float4* x4 = reinterpret_cast<const float4*>(x + (long)m * ldx);
+        uint32_t* xwm = xw + 2 * m * wpm;
+        uint4* metam = meta + 2 * m * nb;
+        float4 v[A8_NR];
+        float inv = 1.0f;
+        if (pro == PRO_RMS) {
+            float ss = 0.0f;
+            for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
+#pragma unroll
+                for (int i = 0; i < A8_NR; ++i) {
+                    const int f = b0 + tid + MV_NT * i;
+                    v[i] = f < n4 ? x4[f] : zero;
+                }
+#pragma unroll
+                for (int i = 0; i < A8_NR; ++i) {
+                    ss = __fmaf_rn(v[i].x, v[i].x, ss);
+                    ss = __fmaf_rn(v[i].y, v[i].y, ss);
+                    ss = __fmaf_rn(v[i].z, v[i].z, ss);
+                    ss = __fmaf_rn(v[i].w, v[i].w, ss);
+                }
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) red[warp] = ss;
+            __syncthreads();
+            float s = red[0];
+#pragma unroll
+            for (int w = 1; w < MV_NW; ++w) s = __fadd_rn(s, red[w]);
+            inv = rms_inv(s, n_in, eps);
+            __syncthreads();  // red[] is the next token's
+        }
+        for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
+            float4 wv[A8_NR];
+#pragma unroll
+            for (int i = 0; i < A8_NR; ++i) {
+                const int f = b0 + tid + MV_NT * i;
+                const bool ok = f < n4;
+                if (!cached) v[i] = ok ? x4[f] : zero;
+                wv[i] = pro == PRO_RMS && ok ? __ldg(w4 + f) : zero;
+                if (pro == PRO_SWIGLU) {
+                    wv[i] = ok ? x4[n4 + f] : zero;  // the up half
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < A8_NR; ++i) {
+                const int f = b0 + tid + MV_NT * i;
+                const bool ok = f < n4;
+                float4 a = v[i];
+                if (pro == PRO_RMS)
+                    a = make_float4(rms_apply(a.x, inv, wv[i].x), rms_apply(a.y, inv, wv[i].y), rms_apply(a.z, inv, wv[i].z),
+                                    rms_apply(a.w, inv, wv[i].w));
+                else if (pro == PRO_SWIGLU)
+                    a = make_float4(swiglu_act(a.x, wv[i].x), swiglu_act(a.y, wv[i].y), swiglu_act(a.z, wv[i].z),
+                                    swiglu_act(a.w, wv[i].w));
+                if (!ok) a = zero;
+                int e, sh, sl;
+                uint32_t ql;
+                uint32_t qh = act_quant_lane(a, e, ql, sh, sl);
+                const int sh_other = __shfl_xor_sync(0xffffffffu, sh, 4), sl_other = __shfl_xor_sync(0xffffffffu, sl, 4);
+#if FMT == F_NVFP4
+                qh = __byte_perm(qh, 0u, 0x3120u);
+                ql = __byte_perm(ql, 0u, 0x3120u);
+#endif
+                if (!ok) continue;
+                xwm[a8_word(4 * f, nck)] = qh;
+                xwm[wpm + a8_word(4 * f, nck)] = ql;
+                if ((lane & 7) == 0) {  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
+                    metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e)), (uint32_t)sh, (uint32_t)sh_other, (uint32_t)(sh + sh_other));
+                    metam[nb + (f >> 3)] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl, (uint32_t)sl_other, (uint32_t)(sl + sl_other));
+                }
+            }
         }
     }
 }
@@ -436,13 +497,12 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
+#if ACT_Q8
+    stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
+    __syncthreads();
+#else
     float inv[MV_M];
     rms_inv_rows(x, ldx, n_in, pro, eps, red, inv);
-
-#if ACT_Q8
-#pragma unroll
-    for (int m = 0; m < MV_M; ++m) stage_a8(x, (long)m * ldx, n_in, pro, inv[m], normw, xw + 2 * m * (n_in / 4), meta + 2 * m * (n_in / 32));
-    __syncthreads();
 #endif
     for (bool staged = ACT_Q8;;) {
         float acc[MV_M][MV_R];
@@ -568,286 +628,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         if (tile >= ntiles) break;
     }
 }
-
-#if ACT_Q8
-// =====================================================================================
-// matvec_imma — the integer-dot contract (ACT_Q8, above) on int8 tensor cores: mma.sync
-// m16n8k32 (sm_80+; the same code on sm_90a and sm_120a).
-// Why: the SIMT kernel's lanes each run dp4a chains per row and chunk and read the x codes from
-// shared memory for every pair of rows: Nsight Compute (H200, bench/NOTES.md, sixth session)
-// showed 50-57 % of its stall cycles waiting on those shared-memory reads, 23-35 % occupancy and
-// 33-41 % of the DRAM bandwidth on the Qwen3-8B projections.  Here one MMA forms the integer dots
-// of 16 rows x 4 chunks at once and each x word is read once per 16 rows: ~0.03-0.07 instructions
-// per weight byte instead of ~0.5, so the kernel can be bound by the weight stream.
-//
-// Fragments (PTX ISA, mma.m16n8k32 with .s8/.u8 operands): lane (g = lane/4, t = lane%4) holds
-// A rows g and g+8 at k-slots 4t..4t+3 (a0 / a1) and 16+4t..16+4t+3 (a2 / a3), B column g at the
-// same k-slots (b0 / b1), and C rows g (c0, c1) and g+8 (c2, c3) at columns 2t, 2t+1.
-// Mapping.  A warp owns a 16-row tile.  A super-step ss covers chunks 4ss..4ss+3 of every row:
-// lane t fetches chunk kc = 4ss + t of its rows g and g+8 (fetch_chunk: a 16-byte load, so a
-// quad reads 64 contiguous bytes of a row, and the chunk's scale records).  The chunk's code words
-// — the SIMT path's dp4a operands: Q8_0 the 4 signed-byte words; the 4-bit family qwords() low
-// words 0..3 (values 0-15) then high words 0..3 (values 16-31), NVFP4 through nvfp4_s4 — are the
-// A registers: k-step s takes words 2s, 2s+1.  B column n = 2q + p holds plane p (0: h, 1: l;
-// common.cuh act_quant_lane) of one token at the chunk 4ss + q, in lane t = q only (zero in the
-// other lanes), with the x words that pair with those code words (the SIMT path's staged x, read
-// as uint4).  So C[row][2q + p] is the exact integer dot of chunk 4ss + q with plane p, and it
-// lands in lane t = q: the lane that fetched that chunk and holds its scales.  The code offset is
-// the C seed (-offset * code sum, exact), as the SIMT path's dp4a seed.  Chains: Q8_0 the chunk's
-// 2 k-steps; TWO_SCALES (Q6_K, NVFP4) k-steps 0-1 (values 0-15) and 2-3 (16-31) apart; else 4.
-// One MMA group per token (B differs); the A words serve every token.
-// Float part, per lane, token, row and chunk, exactly the SIMT contract's chunk_dot_a8: for p = 0,
-// 1: acc += dot * (a0 * s_p) (TWO_SCALES: dot_lo with a0, then dot_hi with a1; HAS_MIN: then
-// sum32_p * (b * s_p)), each an FMA.
-// Order (exactness): the lane at quad position t of warp-in-tile kg takes the chunks 4ss + t,
-// ss = kg, kg + IM_KW, ... in increasing order; the quad's four sums are added by a fixed xor
-// tree ((t0 + t1) + (t2 + t3)); the IM_KW warps of a tile in warp order; then gscale and the
-// epilogue.  Nothing depends on MV_M, IM_NW / IM_U or the grid, so row m of an MV_M = 8 call is
-// the MV_M = 1 call on that row bit for bit; IM_KW is part of the order, so the wrapper picks it
-// from the matrix alone.
-// Geometry: IM_NW warps per block = IM_NW / IM_KW tiles of 16 rows, each split over IM_KW warps
-// (split K); persistent tiles as the SIMT kernel; each warp keeps IM_U super-steps (IM_U x 2
-// rows x 16 bytes per lane) in flight in a rolling window, and fetches the next tile's first
-// window before the cross-warp reduction.  Shared memory: the SIMT a8 staging (x code words +
-// block records, MV_M tokens), then IM_NW * 16 * MV_M floats of partial sums.
-#ifndef IM_NW
-#define IM_NW 8  // warps per block (>= MV_NW: the rmsnorm statistic runs on the first MV_NW)
-#endif
-#ifndef IM_KW
-#define IM_KW 8  // warps per 16-row tile: split-K ways, part of the reduction order
-#endif
-#ifndef IM_U
-#define IM_U 3  // super-steps per warp in flight
-#endif
-#ifndef IM_MINB
-#define IM_MINB (IM_NW >= 16 ? 1 : 2)  // blocks per SM the register budget must allow
-#endif
-#define IM_RT (IM_NW / IM_KW)  // 16-row tiles per block
-#define IM_ROWS (16 * IM_RT)
-#define IM_WORDS (VPC == 16 ? 4 : 8)  // A code words per row and chunk (2 per k-step)
-static_assert(IM_NW % IM_KW == 0 && IM_NW >= MV_NW, "IM_NW: a multiple of IM_KW, at least MV_NW warps");
-
-BW24_DEVICE void mma_i8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-#if FMT == F_Q8_0
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else  // unsigned codes (offset removed through the seed, or the min term)
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
-// the A code words of one row's chunk, in k-slot order (see above)
-BW24_DEVICE void im_awords(const Raw& r, uint32_t (&w)[IM_WORDS]) {
-#if FMT == F_Q8_0
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = word_of(r.q, i);
-#else
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        uint32_t lo, hi;
-        qwords(r, i, lo, hi);
-#if FMT == F_NVFP4
-        lo = nvfp4_s4(lo);
-        hi = nvfp4_s4(hi);
-#endif
-        w[i] = lo;
-        w[4 + i] = hi;
-    }
-#endif
-}
-
-// One super-step: chunks 4ss..4ss+3 of the warp's 16 rows (cur: this lane's chunk 4ss + t of rows
-// g, g+8) against the MV_M staged tokens; acc[m][i]: row g + 8i.
-BW24_DEVICE void im_step(const Raw (&cur)[2], int ss, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
-                         float (&acc)[MV_M][2]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int kc = 4 * ss + t;
-    const bool own = kc < nck;             // this lane's chunk exists (A, scales, float part)
-    const bool bsel = own && t == (g >> 1);  // this lane carries B column g = 2t + p
-    const int p_b = g & 1;
-    uint32_t aw[2][IM_WORDS];
-    float a0[2], a1[2], b[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        im_awords(cur[i], aw[i]);
-        chunk_scales(cur[i], kc, a0[i], a1[i], b[i]);
-    }
-    const int blk = VPC == 16 ? kc >> 1 : kc;  // the chunk's 32-input activation block
-#pragma unroll
-    for (int m = 0; m < MV_M; ++m) {
-        // B words of column g: plane p_b of token m at chunk kc (the lanes with t = g/2)
-        uint32_t bw[IM_WORDS];
-        const uint32_t* xp = xw + (2 * m + p_b) * wpm;
-#if FMT == F_Q8_0
-        uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-        if (bsel) xv = *reinterpret_cast<const uint4*>(xp + 4 * kc);
-        bw[0] = xv.x; bw[1] = xv.y; bw[2] = xv.z; bw[3] = xv.w;
-#else
-        uint4 xl = make_uint4(0u, 0u, 0u, 0u), xh = xl;
-        if (bsel) {
-            xl = *reinterpret_cast<const uint4*>(xp + 4 * kc);
-            xh = *reinterpret_cast<const uint4*>(xp + 4 * (nck + kc));
-        }
-        bw[0] = xl.x; bw[1] = xl.y; bw[2] = xl.z; bw[3] = xl.w;
-        bw[4] = xh.x; bw[5] = xh.y; bw[6] = xh.z; bw[7] = xh.w;
-#endif
-        // this lane's block records of both planes (its chunk kc)
-        uint4 mt[2] = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
-        if (own) {
-            mt[0] = meta[(2 * m) * nb + blk];
-            mt[1] = meta[(2 * m + 1) * nb + blk];
-        }
-        // C seeds (columns 2t, 2t+1 = planes 0, 1 of this lane's chunk; rows g, g+8)
-#if TWO_SCALES
-        int clo[4], chi[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            clo[j] = -A8_OFF * (int)mt[j & 1].y;
-            chi[j] = -A8_OFF * (int)mt[j & 1].z;
-        }
-        mma_i8(clo, aw[0][0], aw[1][0], aw[0][1], aw[1][1], bw[0], bw[1]);
-        mma_i8(clo, aw[0][2], aw[1][2], aw[0][3], aw[1][3], bw[2], bw[3]);
-        mma_i8(chi, aw[0][4], aw[1][4], aw[0][5], aw[1][5], bw[4], bw[5]);
-        mma_i8(chi, aw[0][6], aw[1][6], aw[0][7], aw[1][7], bw[6], bw[7]);
-#else
-        int c[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) c[j] = (FMT == F_Q8_0 || HAS_MIN) ? 0 : -A8_OFF * (int)mt[j & 1].w;
-#pragma unroll
-        for (int s = 0; s < IM_WORDS / 2; ++s) mma_i8(c, aw[0][2 * s], aw[1][2 * s], aw[0][2 * s + 1], aw[1][2 * s + 1], bw[2 * s], bw[2 * s + 1]);
-#endif
-        if (own) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int p = 0; p < 2; ++p) {
-                    const float dx = __uint_as_float(mt[p].x);
-#if TWO_SCALES
-                    acc[m][i] = __fmaf_rn(small_int_float(clo[2 * i + p]), __fmul_rn(a0[i], dx), acc[m][i]);
-                    acc[m][i] = __fmaf_rn(small_int_float(chi[2 * i + p]), __fmul_rn(a1[i], dx), acc[m][i]);
-#else
-                    acc[m][i] = __fmaf_rn(small_int_float(c[2 * i + p]), __fmul_rn(a0[i], dx), acc[m][i]);
-#if HAS_MIN
-                    acc[m][i] = __fmaf_rn(small_int_float((int)mt[p].w), __fmul_rn(b[i], dx), acc[m][i]);
-#endif
-#endif
-                }
-        }
-    }
-    (void)a1; (void)b;
-}
-
-extern "C" __global__ void __launch_bounds__(IM_NW * 32, IM_MINB)
-matvec_imma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
-            const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
-            float* __restrict__ out, const float* __restrict__ normw, int n_out, int n_in, int ldx,
-            int pro, int epi, float eps) {
-    extern __shared__ float4 smem4[];
-    const int wpm = n_in / 4, nb = n_in / 32;
-    uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);             // [MV_M][2][n_in/4] code words
-    uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * wpm);   // [MV_M][2][n_in/32] block records
-    float* red = reinterpret_cast<float*>(meta + 2 * MV_M * nb);   // [IM_NW][16][MV_M] partial sums
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int rt = warp / IM_KW, kg = warp - rt * IM_KW;
-    const int nck = n_in / VPC, nss = (nck + 3) / 4;
-    const int ntiles = (n_out + IM_ROWS - 1) / IM_ROWS;
-    int tile = blockIdx.x;
-    if (tile >= ntiles) return;
-    long rows[2];
-    auto set_rows = [&](int tl) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) rows[i] = min((long)tl * IM_ROWS + 16 * rt + g + 8 * i, (long)n_out - 1);
-    };
-    Raw raw[IM_U][2];
-#pragma unroll
-    for (int u = 0; u < IM_U; ++u)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) raw[u][i] = Raw{};  // chunks past the row are never fetched: defined A words
-    auto fetch = [&](int u, int ss) {
-        const int kc = 4 * ss + t;
-        if (ss < nss && kc < nck)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) fetch_chunk(raw[u][i], wq, wh, ws, wd, rows[i], nck, kc);
-    };
-    set_rows(tile);
-    // the first window goes out before the prologue (its latency overlaps the x staging)
-#pragma unroll
-    for (int u = 0; u < IM_U; ++u) fetch(u, kg + IM_KW * u);
-    pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
-
-    float inv[MV_M];
-    rms_inv_rows(x, ldx, n_in, pro, eps, red, inv);
-#pragma unroll
-    for (int m = 0; m < MV_M; ++m) stage_a8(x, (long)m * ldx, n_in, pro, inv[m], normw, xw + 2 * m * wpm, meta + 2 * m * nb);
-    __syncthreads();
-
-    for (;;) {
-        float acc[MV_M][2];
-#pragma unroll
-        for (int m = 0; m < MV_M; ++m) acc[m][0] = acc[m][1] = 0.0f;
-        // this warp's super-steps ss = kg + IM_KW * j in increasing order; slot j % IM_U, refilled
-        // with step j + IM_U as soon as step j is consumed
-        for (int j0 = 0; kg + IM_KW * j0 < nss; j0 += IM_U) {
-#pragma unroll
-            for (int u = 0; u < IM_U; ++u) {
-                const int ss = kg + IM_KW * (j0 + u);
-                if (ss >= nss) break;  // warp-uniform
-                const Raw cur[2] = {raw[u][0], raw[u][1]};
-                fetch(u, ss + IM_KW * IM_U);
-                im_step(cur, ss, nck, xw, wpm, meta, nb, acc);
-            }
-        }
-
-        // the next tile's first window goes out before this tile's reduction and stores
-        const long row0 = (long)tile * IM_ROWS;
-        tile += gridDim.x;
-        if (tile < ntiles) {
-            set_rows(tile);
-#pragma unroll
-            for (int u = 0; u < IM_U; ++u) fetch(u, kg + IM_KW * u);
-        } else {
-            pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
-        }
-        __syncthreads();  // the previous tile's epilogue has read red[]
-#pragma unroll
-        for (int m = 0; m < MV_M; ++m)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                float v = acc[m][i];
-                v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));  // (t0 + t1), (t2 + t3)
-                v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));  // then their sum
-                if (t == 0) red[(warp * 16 + g + 8 * i) * MV_M + m] = v;
-            }
-        __syncthreads();
-        // row r of the block tile, token m: the IM_KW warps of its 16-row tile in warp order
-        auto row_sum = [&](int r, int m) {
-            const float* pr = red + ((r >> 4) * IM_KW * 16 + (r & 15)) * MV_M + m;
-            float v = pr[0];
-#pragma unroll
-            for (int k = 1; k < IM_KW; ++k) v = __fadd_rn(v, pr[k * 16 * MV_M]);
-            const long o = row0 + r;
-            if (gscale && o < n_out) v = __fmul_rn(v, gscale[o]);
-            return v;
-        };
-        for (int i = tid; i < IM_ROWS * MV_M; i += IM_NW * 32) {
-            const int r = i / MV_M, m = i - r * MV_M;
-            const long o = row0 + r;
-            if (o >= n_out) continue;
-            if (epi == EPI_SWIGLU) {  // rows (2i, 2i+1) = (gate_i, up_i) -> out[m, i], row stride n_out/2
-                if ((r & 1) == 0 && o + 1 < n_out) out[(long)m * (n_out >> 1) + (o >> 1)] = swiglu_act(row_sum(r, m), row_sum(r + 1, m));
-            } else {
-                float* dst = out + (long)m * n_out + o;
-                const float v = row_sum(r, m);
-                *dst = epi == EPI_ADD ? __fadd_rn(*dst, v) : v;
-            }
-        }
-        if (tile >= ntiles) break;
-    }
-}
-#endif
 
 // =====================================================================================
 // matvec_tc — NVFP4 decode on tensor cores (same contract as matvec; selected by the wrapper

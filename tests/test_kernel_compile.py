@@ -42,7 +42,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1}),  # branch-free steady-state windows (experiment)
     ("matvec", {"FMT": 2, "MV_STEADY": 1}),  # the same on the float path (BF16)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "IM_NW": 16, "IM_KW": 2, "IM_U": 1}),  # matvec_imma, 2 tiles x 8 warps
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
 ]
 

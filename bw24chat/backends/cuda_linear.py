@@ -102,19 +102,18 @@ TC_FLOAT_MAX_ROWS = 4096  # BF16/F16: tensor cores up to this many rows, the SIM
 
 
 def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
-    """"imma" (matvec_imma: the integer-dot contract on int8 tensor cores), "tc" (float tensor
-    cores, matvec_tc) or "simt", by measurement (H200, bench/matvec_variants.py, Qwen3-8B
-    shapes, us per launch; bench/NOTES.md).  Under the integer-dot contract (a8; None: act_q8's
-    choice for the format): imma.  Otherwise NVFP4 tc (~2 instructions per weight against ~6 in
-    SIMT); BF16/F16 tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs 41.6: their
-    SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs 20.6, gate|up
-    55.4 vs 57.0, LM head 104.9 vs 108.3); the other formats SIMT.  BW24CHAT_MATVEC=simt|tc
-    forces one kernel (comparisons: "simt" runs the integer-dot contract on the SIMT kernel,
+    """"tc" (tensor cores, matvec_tc) or "simt", by measurement (H200, bench/matvec_variants.py,
+    Qwen3-8B shapes, us per launch; bench/NOTES.md): NVFP4 always tc (~2 instructions per weight
+    against ~6 in SIMT).  BF16/F16: tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs
+    41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
+    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3).  Other formats, and NVFP4 under the
+    integer-dot contract (a8; None: act_q8's choice for the format): the SIMT kernel (an int8
+    tensor-core version of the integer-dot contract measured 10-50 % slower on every shape:
+    bench/NOTES.md, seventh session).  BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons;
     "tc" applies to TC_FORMATS only)."""
     force = os.environ.get("BW24CHAT_MATVEC", "")
-    a8 = act_q8(W.fmt) if a8 is None else a8
-    if force == "simt" or W.fmt not in TC_FORMATS or a8:
-        return "imma" if a8 and force != "simt" else "simt"
+    if force == "simt" or W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
+        return "simt"
     if force == "tc" or W.fmt == "NVFP4":
         return "tc"
     return "tc" if W.out <= TC_FLOAT_MAX_ROWS else "simt"
@@ -229,11 +228,6 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if a8 and W.fmt in ("F32", "F16", "BF16"):
         raise ValueError("the integer-dot contract applies to the quantized formats")
     impl = impl or matvec_impl(W, a8)
-    if impl == "imma":
-        if not a8:
-            raise ValueError("matvec_imma is the integer-dot contract")
-        _matvec_imma(W, x, out, m, pro, epi, ldx, n_y, norm_w, eps)
-        return
     if impl == "tc":
         if a8:
             raise ValueError(f"{W.fmt} weights use the integer-dot contract: no tensor-core matvec")
@@ -252,6 +246,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         return
     rows = int(os.environ.get("BW24CHAT_MV_R", MV_R))  # rows per warp (experiments: bench/matvec_variants.py)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
+        if x.data.ptr % 16 or ldx % 4:
+            raise ValueError("the integer-dot matvec reads x as float4: 16-byte aligned rows")
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
         m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
@@ -271,48 +267,6 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     grid = (persistent_grid(k, 256, smem, -(-W.out // (8 * rows))),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
-
-
-IM_WIDE_ROWS = 8192  # matvec_imma split-K switch (see imma_geometry)
-
-
-def imma_geometry(W: DeviceWeight, m: int) -> tuple[int, int, int]:
-    """(warps per block, warps per 16-row tile = split-K ways, super-steps in flight) of
-    matvec_imma.  The split-K ways are part of the rows' reduction order, so they depend on the
-    matrix alone (never on m): 8 below IM_WIDE_ROWS rows (few tiles: split K to fill the SMs),
-    4 from there.  BW24CHAT_IM_NW / BW24CHAT_IM_KW / BW24CHAT_IM_U override (experiments,
-    bench/matvec_variants.py).  The window is as deep as compiles without spills at 128
-    registers (ptxas, sm_90a): 3 at m = 1 (Q6_K 2), 2 up to m = 4 (Q8_0 up to 8), 1 above."""
-    kw = int(os.environ.get("BW24CHAT_IM_KW", 8 if W.out < IM_WIDE_ROWS else 4))
-    nw = int(os.environ.get("BW24CHAT_IM_NW", 8))
-    if m == 1:
-        u = 2 if W.fmt == "Q6_K" else 3
-    else:
-        u = 2 if m <= 4 or W.fmt == "Q8_0" else 1
-        u = 1 if W.fmt == "Q6_K" else u
-    u = int(os.environ.get("BW24CHAT_IM_U", u))
-    nw = max(nw, kw, 8)
-    return nw - nw % kw, kw, u
-
-
-def _matvec_imma(W: DeviceWeight, x, out, m: int, pro: int, epi: int, ldx: int, n_y: int, norm_w, eps: float) -> None:
-    nw, kw, u = imma_geometry(W, m)
-    # per token: x as two int8 code planes + a 16-byte record per 32 inputs and plane
-    # (matvec.cu stage_a8), and the warps' partial sums of the block's rows
-    per_token = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 16 * nw
-    m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_token)
-    if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
-        xf, of = x.reshape(-1), out.reshape(-1)
-        for r0 in range(0, m, m_fit):
-            mm = min(m_fit, m - r0)
-            _matvec_imma(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, pro, epi, ldx, n_y, norm_w, eps)
-        return
-    k = get_kernel("matvec", "matvec_imma", FMT=W.fmt_id, MV_M=m, ACT_Q8=1, IM_NW=nw, IM_KW=kw, IM_U=u)
-    smem = m * per_token
-    _ensure_smem(k, smem)
-    grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // (16 * nw // kw))),)
-    k(grid, (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
-                         np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
 
 
 def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True, impl: str | None = None,
