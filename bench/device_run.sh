@@ -11,6 +11,16 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+fin7a)
+  # seventh session, final call 1: steady-state windows adopted for Q8_0 / Q4_K (per-shape check), the full bench table
+  timeout 90 python3 bench/matvec_variants.py --formats q8_0,q4_k 2>&1 | tee $OUT/mv_fin.log | grep -A12 "best per shape"
+  timeout 400 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
+fin7b)
+  # seventh session, final call 2: every gate and kernel check, then the matvec GPU tests
+  timeout 250 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS\|^  ok" | tail -30
+  timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py tests/gpu/test_ops_norm_rope.py 2>&1 | tail -4 | tee $OUT/pytest_fin.log
+  ;;
 s7b)
   # the integer-dot prologue in one L2 round trip (float4, registers), the o projection prefetched into L2 during attention
   timeout 120 python3 bench/matvec_variants.py --formats q8_0,q4_k,nvfp4 2>&1 | tee $OUT/mv_pro.log | grep -A20 "best per shape"

@@ -27,10 +27,8 @@ SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": 
 VARIANTS = {
     "BF16": [("tc nw16 u1", {"BW24CHAT_TC_NW": "16", "BW24CHAT_TC_U": "1"}),
              ("simt u4 minb3", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_MINB": "3"})],
-    "Q8_0": [("int-dot auto", {}), ("int-dot u4 minb2", {"BW24CHAT_MV_U": "4", "BW24CHAT_MV_MINB": "2"}),
-             ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"}),
-             ("int-dot r4 u2 minb2", {"BW24CHAT_MV_R": "4", "BW24CHAT_MV_U": "2", "BW24CHAT_MV_MINB": "2"})],
-    "Q4_K": [("int-dot auto", {}), ("int-dot u3 minb2", {"BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"}),
+    "Q8_0": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"})],
+    "Q4_K": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"}),
              ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
     "NVFP4": [("int-dot auto", {}), ("int-dot u3 minb2", {"BW24CHAT_MV_U": "3", "BW24CHAT_MV_MINB": "2"}),
               ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],

@@ -70,29 +70,6 @@ BW24_DEVICE void pdl_wait() {
 }
 #define PDL_ENTRY() do { pdl_trigger(); pdl_wait(); } while (0)
 
-// L2 prefetch hint: this thread's share of [p, p + bytes) is requested into L2 (sm_90+ bulk
-// prefetch; a no-op elsewhere and for p == null).  The decode step uses it to pull the next
-// weight matrix into L2 while short, latency-bound kernels leave the DRAM idle (the kernel that
-// issues it may exit before the data arrives: the prefetch is asynchronous and read-only).
-// Shares are 16-byte multiples (the instruction's rule); a tail under 16 bytes is skipped.
-BW24_DEVICE void l2_prefetch_share(const void* p, long long bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (p == nullptr || bytes < 16) return;
-    const long long nthreads = (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
-    const long long gtid = ((long long)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-    const long long share = ((bytes + nthreads - 1) / nthreads + 15) & ~15LL;
-    const long long off = gtid * share;
-    long long n = bytes - off < share ? bytes - off : share;
-    n &= ~15LL;
-    // one instruction moves at most 2^32 - 16 bytes; shares past that are capped (it is a hint)
-    if (n > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char*)p + off),
-                     "r"((uint32_t)(n < 0xFFFFFFF0LL ? n : 0xFFFFFFF0LL)) : "memory");
-#else
-    (void)p; (void)bytes;
-#endif
-}
-
 // two floats -> packed bf16x2 (round to nearest even), lo in the low half
 BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

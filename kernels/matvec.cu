@@ -60,7 +60,7 @@
 #define MV_U (MV_M <= 2 ? 4 : 2)
 #endif
 #endif
-#ifndef MV_STEADY  // 1: branch-free steady-state windows in the main loop (experiment; see there)
+#ifndef MV_STEADY  // 1: branch-free steady-state windows in the main loop (see there; cuda_linear picks it)
 #define MV_STEADY 0
 #endif
 #ifndef ACT_Q8  // 1: the integer-dot contract below (quantized formats only)
@@ -547,47 +547,40 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #pragma unroll
                 for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, kcb, nkc);
             }
-            for (int i0 = 0; i0 * 32 < nkc; i0 += MV_U) {
-#if MV_STEADY
-                // Steady state (experiment, off by default; bench/matvec_variants.py): when every
-                // chunk of this window and every refill exist for all lanes, the window is one
-                // branch-free block, so the compiler may overlap one slot's shared-memory x reads
-                // with the previous slot's dot products (Nsight Compute: the int-dot matvec waits
-                // on shared memory 50-57 % of its stall cycles).  Same operations, same order.
-                if ((i0 + 2 * MV_U) * 32 <= nkc) {
+            // slot u of window i0: consume chunk kk (this lane's (i0+u)-th of the k-tile), refill
+            // the slot with chunk kk + 32*MV_U; `steady`: every refill exists (no guard)
+            auto consume = [&](int u, int i0, bool steady) {
+                const int kk = lane + 32 * (i0 + u);
+                Raw cur[MV_R];
 #pragma unroll
-                    for (int u = 0; u < MV_U; ++u) {
-                        const int kk = lane + 32 * (i0 + u);
-                        Raw cur[MV_R];
+                for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
+                if (steady) {
 #pragma unroll
-                        for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
-#pragma unroll
-                        for (int r = 0; r < MV_R; ++r)
-                            fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk + 32 * MV_U);
+                    for (int r = 0; r < MV_R; ++r)
+                        fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk + 32 * MV_U);
+                } else {
+                    fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
+                }
 #if ACT_Q8
-                        chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, acc);
+                chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, acc);
 #else
-                        chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
+                chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
 #endif
-                    }
+            };
+            for (int i0 = 0; i0 * 32 < nkc; i0 += MV_U) {
+                // MV_STEADY: while every chunk of the window and every refill exist for all lanes,
+                // the window is one branch-free block, so one slot's shared-memory x reads overlap
+                // the previous slot's dot products (Nsight Compute: the int-dot matvec waited on
+                // shared memory 50-57 % of its stall cycles; measured -5..-14 % per Q8_0 / Q4_K
+                // matvec, bench/NOTES.md seventh session).  Same operations, same order.
+                if (MV_STEADY && (i0 + 2 * MV_U) * 32 <= nkc) {
+#pragma unroll
+                    for (int u = 0; u < MV_U; ++u) consume(u, i0, true);
                     continue;
                 }
-#endif
 #pragma unroll
-                for (int u = 0; u < MV_U; ++u) {
-                    const int kk = lane + 32 * (i0 + u);
-                    if (kk < nkc) {
-                        Raw cur[MV_R];
-#pragma unroll
-                        for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
-                        fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
-#if ACT_Q8
-                        chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, acc);
-#else
-                        chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
-#endif
-                    }
-                }
+                for (int u = 0; u < MV_U; ++u)
+                    if (lane + 32 * (i0 + u) < nkc) consume(u, i0, false);
             }
         }
 

@@ -112,12 +112,7 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
                       const int* __restrict__ positions, int rot_dim, int T, int H, int K,
                       void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx,
                       int stride_q, int stride_k, int stride_v, const float* __restrict__ bias,
-                      float* __restrict__ q_out, const void* pf0, long long pf0_bytes, const void* pf1,
-                      long long pf1_bytes) {
-    // pf0 / pf1: optional L2 prefetch ranges (decode: the o projection's weight planes, needed
-    // two kernels later; attention at short context leaves the DRAM mostly idle meanwhile)
-    l2_prefetch_share(pf0, pf0_bytes);
-    l2_prefetch_share(pf1, pf1_bytes);
+                      float* __restrict__ q_out) {
     PDL_ENTRY();
     // q_out: optional contiguous (T, H, HD) destination of the rotated q (the attention kernels
     // read q densely); null: q is rotated in place.

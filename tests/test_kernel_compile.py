@@ -39,7 +39,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 10, "ACT_Q8": 1}),  # Q6_K (two scales, offset)
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 3}),  # NVFP4 (table decoder)
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1}),  # branch-free steady-state windows (experiment)
+    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)
+    ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down
     ("matvec", {"FMT": 2, "MV_STEADY": 1}),  # the same on the float path (BF16)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block

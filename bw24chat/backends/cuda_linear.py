@@ -189,7 +189,11 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     SM — 4-bit formats 3 slots (Q4_K o 6.9 vs 8.0, down 16.5 vs 19.3; NVFP4 o 8.3 vs 9.7, down
     19.2 vs 24.3), Q8_0 4 (o 8.7 vs 9.0, down 22.4 vs 23.3); wider ones 2 slots at 3 blocks
     (Q8_0 gate|up 30.8 vs 32.0 at 3 slots, LM head 55.7 vs 59.3; Q4_K / NVFP4: matvec.cu's
-    default).  Q5_K / Q6_K keep matvec.cu's (their decoders need the registers).
+    default).  Q5_K / Q6_K keep matvec.cu's (their decoders need the registers).  Branch-free
+    steady-state windows (MV_STEADY; seventh session, same geometry, us): Q8_0 everywhere (qkv
+    10.7 vs 11.3, o 8.0 vs 8.6, gate|up 28.3 vs 31.3, down 18.8 vs 21.7, LM head 52.9 vs 58.2),
+    Q4_K but on the square 4096 x 4096 o (qkv 9.9 vs 10.3, gate|up 22.9 vs 24.6, down 14.7 vs
+    15.9, LM head 40.8 vs 42.8; o 7.2 vs 6.8); NVFP4 not (within +-0.3 either way).
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget
     must allow) and BW24CHAT_MV_STEADY (branch-free steady-state windows) override, for
     experiments."""
@@ -199,6 +203,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d = {"MV_U": 4 if W.fmt == "Q8_0" else 3, "MV_MINB": 2}
         elif W.fmt == "Q8_0":
             d = {"MV_U": 2}
+        if W.fmt == "Q8_0" or (W.fmt == "Q4_K" and not (W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS)):
+            d["MV_STEADY"] = 1
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])

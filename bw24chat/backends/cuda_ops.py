@@ -108,8 +108,7 @@ def add_rmsnorm(x, residual, w, eps: float, out) -> None:
 
 
 def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
-                          rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None,
-                          prefetch: tuple = ()) -> None:
+                          rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None) -> None:
     """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
 
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
@@ -119,9 +118,7 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     rope.build_rope_table's tables.  rope_style "neox" | "normal".  q, k, v may be column
     slices of one fused (T, (H+2K)*hd) buffer (their row strides are passed); bias: optional
     float32 ((H+2K)*hd,) q|k|v biases added first (v is then updated in place too); q_out:
-    optional contiguous float32 (T, H, hd) that receives the rotated q instead of q itself.
-    prefetch: up to two device arrays whose bytes the kernel requests into L2 (a hint: the
-    decode step passes the o projection's planes, read two kernels later)."""
+    optional contiguous float32 (T, H, hd) that receives the rotated q instead of q itself."""
     T, H, hd = q.shape
     K = k.shape[1]
     for a in (q, k, v):
@@ -143,18 +140,7 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     _launch(kern, ((items + 3) // 4,), (128,),
             (q, k, v, qn, kn, _f32(eps), cos, sin, positions_dev, _i32(rot_dim), _i32(T), _i32(H), _i32(K), ck, cv,
              _i32(n_ctx), _i32(q.strides[0] // 4), _i32(k.strides[0] // 4), _i32(v.strides[0] // 4),
-             bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0), *_prefetch_args(prefetch)))
-
-
-def _prefetch_args(arrays: tuple) -> tuple:
-    """(pointer, bytes) x 2 kernel arguments of l2_prefetch_share for up to two device arrays."""
-    if len(arrays) > 2:
-        raise ValueError("at most two prefetch ranges")
-    out = []
-    for i in range(2):
-        a = arrays[i] if i < len(arrays) else None
-        out += [np.uint64(0), np.int64(0)] if a is None else [np.uint64(a.data.ptr), np.int64(a.nbytes)]
-    return tuple(out)
+             bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0)))
 
 
 # ============================================================================ attention.cu

@@ -25,8 +25,6 @@ F ffn width, V vocabulary, Q = (H + 2K) * hd fused qkv width.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..api import SamplingParams
@@ -175,14 +173,14 @@ class CudaRunner:
         lin.matvec(self.w_out, x[T - 1:T], self.d_logits[:1], 1, prologue="rmsnorm", norm_w=self.output_norm, eps=eps)
         return self.d_logits[0]
 
-    def _rope_kv(self, qkv, q_rot, L, positions, li, T, prefetch: tuple = ()):
+    def _rope_kv(self, qkv, q_rot, L, positions, li, T):
         D, H, K, hd, F = self.dims
         q = qkv[:, : H * hd].reshape(T, H, hd)  # (T, H, hd) column slices of the fused output
         k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
         v = qkv[:, (H + K) * hd:].reshape(T, K, hd)
         ops.qk_norm_rope_kv_write(q, k, v, L["q_norm"], L["k_norm"], self.args.rms_norm_eps, self.rope_cos, self.rope_sin,
                                   positions, self.rope_style, self.rot_dim, self.cache_k[li], self.cache_v[li], self.kv_type,
-                                  bias=L["bias"], q_out=q_rot, prefetch=prefetch)
+                                  bias=L["bias"], q_out=q_rot)
 
     def prefill(self, ids: np.ndarray, start: int):
         """Run ids at positions start..; the device logits of the last position (d_logits[0])."""
@@ -216,22 +214,12 @@ class CudaRunner:
         lin.embed(self.w_embed, self.d_tokens[:m], x)
         for li, L in enumerate(self.layers):
             lin.matvec(L["qkv"], x, qkv, m, prologue="rmsnorm", norm_w=L["attn_norm"], eps=eps)
-            # the o projection's weights are requested into L2 here: attention (short at small
-            # contexts) leaves the DRAM mostly idle until the o matvec reads them
-            self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m, prefetch=self._o_prefetch(L))
+            self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
             ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn, self.attn_ws)
             lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add")
             lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps)
             lin.matvec(L["down"], act, x, m, epilogue="add")
         lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue="rmsnorm", norm_w=self.output_norm, eps=eps)
-
-    @staticmethod
-    def _o_prefetch(L) -> tuple:
-        """The o projection's weight planes as L2 prefetch ranges (BW24CHAT_L2_PREFETCH=0: none)."""
-        if os.environ.get("BW24CHAT_L2_PREFETCH", "1") == "0":
-            return ()
-        W = L["o"]
-        return tuple(a for a in (W.q, W.s) if a is not None)
 
     def _h2d_io(self):
         rt = self.cp.cuda.runtime
