@@ -369,10 +369,39 @@ BW24_DEVICE int dp4a_u8(uint32_t a, uint32_t b, int c) {  // unsigned bytes of a
 // the exact float of an integer |i| < 2^22 without I2F (quarter rate): (1.5 * 2^23 + i) - 1.5 * 2^23
 BW24_DEVICE float small_int_float(int i) { return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.0f); }
 
-#if FMT == F_NVFP4
+#ifndef NV_PM  // NVFP4 weight bytes by the sign-split table (1, experiment: bench/matvec_variants.py) or nvfp4_s4 (0)
+#define NV_PM 0
+#endif
+#if FMT == F_NVFP4 && NV_PM
+#define A8_OFF 128  // nvfp4_pm bytes are the doubled value + 128
+#elif FMT == F_NVFP4
 #define A8_OFF 12  // nvfp4_s4 bytes are the doubled value + 12
 #else
 #define A8_OFF ((int)QOFF)
+#endif
+
+#if FMT == F_NVFP4
+BW24_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {  // PTX prmt, default mode (bit 3: sign replicate)
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+// Four NVFP4 codes as selector nibbles (bit 3 the sign) -> bytes (doubled value + 128), unsigned
+// 116..140: pos = the doubled magnitude where the sign is clear, else 0 (PRMT's sign-replicate of
+// a table byte < 0x80); neg the same for the set signs; pos + 128 - neg per byte has no carry or
+// borrow.  The integer dot then equals nvfp4_s4's exactly (the offset goes through the seed).
+BW24_DEVICE uint32_t nvfp4_pm(uint32_t sel) {
+    const uint32_t pos = prmt(0x03020100u, 0x0C080604u, sel);
+    const uint32_t neg = prmt(0x03020100u, 0x0C080604u, sel ^ 0x8888u);
+    return pos + 0x80808080u - neg;
+}
+// a chunk's code word g -> the weight-byte words of values 4g+j (lo) and 16+4g+j (hi), bytes in
+// the order (0, 2, 1, 3) of nvfp4_s4 (the staged x words follow it): selector nibbles straight
+// from the packed word (codes of bytes 0, 2, 1, 3: low nibbles for lo, high for hi)
+BW24_DEVICE void nvfp4_pm_words(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    lo = nvfp4_pm((w & 0x0F0Fu) | ((w >> 12) & 0xF0F0u));
+    hi = nvfp4_pm(((w >> 4) & 0x0F0Fu) | ((w >> 16) & 0xF0F0u));
+}
 #endif
 
 // One chunk of MV_R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
@@ -410,10 +439,14 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
             uint32_t lo, hi;
+#if FMT == F_NVFP4 && NV_PM
+            nvfp4_pm_words(word_of(raw[r].q, g), lo, hi);
+#else
             qwords(raw[r], g, lo, hi);
 #if FMT == F_NVFP4
             lo = nvfp4_s4(lo);
             hi = nvfp4_s4(hi);
+#endif
 #endif
             cl[r][g] = lo;
             ch[r][g] = hi;

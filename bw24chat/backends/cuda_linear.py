@@ -195,8 +195,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     Q4_K but on the square 4096 x 4096 o (qkv 9.9 vs 10.3, gate|up 22.9 vs 24.6, down 14.7 vs
     15.9, LM head 40.8 vs 42.8; o 7.2 vs 6.8); NVFP4 not (within +-0.3 either way).
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget
-    must allow) and BW24CHAT_MV_STEADY (branch-free steady-state windows) override, for
-    experiments."""
+    must allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_NV_PM
+    (NVFP4 weight bytes by the sign-split table) override, for experiments."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         if W.out <= A8_SMALL_ROWS:
@@ -205,7 +205,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d = {"MV_U": 2}
         if W.fmt == "Q8_0" or (W.fmt == "Q4_K" and not (W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS)):
             d["MV_STEADY"] = 1
-    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY")):
+    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
+                      ("BW24CHAT_NV_PM", "NV_PM")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     return d
