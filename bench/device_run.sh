@@ -12,11 +12,12 @@ SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
 s7c)
-  # NVFP4 sign-split weight bytes (NV_PM), BF16 steady windows, and where a Q8_0 / BF16 decode step goes now
+  # NVFP4 sign-split weight bytes (NV_PM), BF16 steady windows, and where a Q8_0 decode step goes now
   timeout 80 python3 bench/matvec_variants.py --formats nvfp4,bf16 2>&1 | tee $OUT/mv_s7c.log | grep -A12 "best per shape"
-  BW24CHAT_NV_PM=1 timeout 70 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k NVFP4 2>&1 | tail -2 | tee $OUT/pytest_pm.log
-  for env in "BW24CHAT_NV_PM=1"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s7c.log
+  BW24CHAT_NV_PM=1 timeout 70 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k NVFP4 2>&1 | tail -1 | sed "s/^/NV_PM=1 /" | tee $OUT/pytest_s7c.log
+  BW24CHAT_MV_STEADY=1 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F16 or F32" 2>&1 | tail -1 | sed "s/^/MV_STEADY=1 /" | tee -a $OUT/pytest_s7c.log
   timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --profile 2>&1 | grep -v '^{' | tee $OUT/profile.log | tail -40
+  BW24CHAT_NV_PM=1 timeout 40 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/NV_PM=1 /" | tee $OUT/bench_s7c.log
   BW24CHAT_PDL=0 timeout 40 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/PDL=0 /" | tee -a $OUT/bench_s7c.log
   ;;
 fin7a)
