@@ -11,6 +11,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+fin7c)
+  # seventh session, last call: the matvec tests under the adopted defaults (BF16 SIMT steady windows, NVFP4 sign-split + steady)
+  timeout 58 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or NVFP4" 2>&1 | tail -1 | tee $OUT/pytest_fin7c.log
+  ;;
 s7c)
   # NVFP4 sign-split weight bytes (NV_PM), BF16 steady windows, and where a Q8_0 decode step goes now
   timeout 80 python3 bench/matvec_variants.py --formats nvfp4,bf16 2>&1 | tee $OUT/mv_s7c.log | grep -A12 "best per shape"

@@ -369,7 +369,7 @@ BW24_DEVICE int dp4a_u8(uint32_t a, uint32_t b, int c) {  // unsigned bytes of a
 // the exact float of an integer |i| < 2^22 without I2F (quarter rate): (1.5 * 2^23 + i) - 1.5 * 2^23
 BW24_DEVICE float small_int_float(int i) { return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.0f); }
 
-#ifndef NV_PM  // NVFP4 weight bytes by the sign-split table (1, experiment: bench/matvec_variants.py) or nvfp4_s4 (0)
+#ifndef NV_PM  // NVFP4 weight bytes by the sign-split table (1: cuda_linear's choice, measured faster) or nvfp4_s4 (0)
 #define NV_PM 0
 #endif
 #if FMT == F_NVFP4 && NV_PM
