@@ -99,7 +99,6 @@ TC_LARGE_ROWS = 8192  # matvec_tc geometry switch (see matvec_impl)
 
 TC_FORMATS = ("NVFP4", "BF16", "F16")
 TC_FLOAT_MAX_ROWS = 4096  # BF16/F16: tensor cores up to this many rows, the SIMT kernel above
-TC_BF16_MIN_IN = 4097  # BF16: tensor cores only for inputs wider than this (down), SIMT steady windows below
 
 
 def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
@@ -107,9 +106,9 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
     Qwen3-8B shapes, us per launch; bench/NOTES.md): NVFP4 always tc (~2 instructions per weight
     against ~6 in SIMT).  BF16/F16: tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs
     41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
-    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3); BF16 with the SIMT kernel's steady
-    windows (seventh session) also for inputs <= 4096 wide (o 13.4 vs tc 13.9; down stays tc,
-    33.0 vs 38.8).  Other formats, and NVFP4 under the
+    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3).  Measured but not yet adopted (its GPU
+    tests have not run under this dispatch): BF16 o on the SIMT kernel with steady windows, 13.4
+    vs tc 13.9 us (bench/NOTES.md, seventh session).  Other formats, and NVFP4 under the
     integer-dot contract (a8; None: act_q8's choice for the format): the SIMT kernel (an int8
     tensor-core version of the integer-dot contract measured 10-50 % slower on every shape:
     bench/NOTES.md, seventh session).  BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons;
@@ -119,8 +118,6 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
         return "simt"
     if force == "tc" or W.fmt == "NVFP4":
         return "tc"
-    if W.fmt == "BF16" and W.in_ < TC_BF16_MIN_IN:  # o: SIMT with steady windows 13.4 vs tc 13.9 us
-        return "simt"
     return "tc" if W.out <= TC_FLOAT_MAX_ROWS else "simt"
 
 
@@ -198,12 +195,12 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     steady-state windows (MV_STEADY; seventh session, same geometry, us): Q8_0 everywhere (qkv
     10.7 vs 11.3, o 8.0 vs 8.6, gate|up 28.3 vs 31.3, down 18.8 vs 21.7, LM head 52.9 vs 58.2),
     Q4_K but on the square 4096 x 4096 o (qkv 9.9 vs 10.3, gate|up 22.9 vs 24.6, down 14.7 vs
-    15.9, LM head 40.8 vs 42.8; o 7.2 vs 6.8); NVFP4 with the sign-split weight bytes (NV_PM)
-    the same way (qkv 11.5 vs 11.7, gate|up 30.2 vs 31.3, down 18.4 vs 18.5, LM head 54.5 vs
-    56.7; o 8.2 either way); BF16 (SIMT) everywhere (qkv 17.0 vs 17.2, o 13.4 vs 14.7, gate|up
-    54.9 vs 55.4, LM head 103.3 vs 105.2).  NV_PM (NVFP4 codes to weight bytes in 4 operations
-    per 4 codes instead of 9, the same integer dots; qkv 11.7 vs 12.2, gate|up 31.3 vs 33.1, LM
-    head 56.7 vs 60.2) always.
+    15.9, LM head 40.8 vs 42.8; o 7.2 vs 6.8).  Measured faster but not yet adopted (their GPU
+    tests have not run with these builds): steady windows for NVFP4 with NV_PM (qkv 11.5 vs
+    11.7, gate|up 30.2 vs 31.3, LM head 54.5 vs 56.7) and for BF16 on the SIMT kernel (qkv 17.0
+    vs 17.2, gate|up 54.9 vs 55.4, LM head 103.3 vs 105.2).  NV_PM (NVFP4 codes to weight bytes
+    in 4 operations per 4 codes instead of 9, the same integer dots; qkv 11.7 vs 12.2, gate|up
+    31.3 vs 33.1, down 18.5 vs 19.3, LM head 56.7 vs 60.2) always.
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget
     must allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_NV_PM
     (NVFP4 weight bytes by the sign-split table) override, for experiments."""
@@ -214,10 +211,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d = {"MV_U": 4 if W.fmt == "Q8_0" else 3, "MV_MINB": 2}
         elif W.fmt == "Q8_0":
             d = {"MV_U": 2}
-        if W.fmt == "Q8_0" or (W.fmt in ("Q4_K", "NVFP4") and not square_small):
+        if W.fmt == "Q8_0" or (W.fmt == "Q4_K" and not square_small):
             d["MV_STEADY"] = 1
-    if W is not None and W.fmt == "BF16" and m == 1:
-        d["MV_STEADY"] = 1
     if W is not None and W.fmt == "NVFP4" and a8:
         d["NV_PM"] = 1
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
