@@ -189,3 +189,27 @@ def test_integer_dot_rows_split_past_shared_memory(cp, rng):
         one = run(cp, W, x[r:r + 1], 1, epi="add", init=res[r:r + 1])
         assert np.array_equal(one.view(np.uint32), y8[r:r + 1].view(np.uint32))
 
+
+
+@pytest.mark.parametrize("fmt,force", [("Q8_0", ""), ("Q4_K", ""), ("NVFP4", ""), ("BF16", "simt"), ("F32", "simt"),
+                                       ("Q6_K", "")])
+@pytest.mark.parametrize("m", [1, 3])
+def test_steady_windows_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
+    """MV_STEADY (branch-free steady-state load windows) runs the same operations in the same
+    order as the guarded loop, so every row is bit-identical with it on and off; inputs wide
+    enough (8192) that the steady branch covers most of each row, odd row counts, the rmsnorm
+    prologue.  BF16 / F32 are forced onto the SIMT kernel (small BF16 matrices otherwise take
+    the tensor-core one, which has no such windows)."""
+    n = int(rng.integers(20, 90))
+    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    if force:
+        monkeypatch.setenv("BW24CHAT_MATVEC", force)
+    got = {}
+    for steady in ("0", "1"):
+        monkeypatch.setenv("BW24CHAT_MV_STEADY", steady)
+        got[steady] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
+    check_close(got["1"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+    assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
