@@ -96,22 +96,20 @@ BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, in
     for (int m = 0; m < MV_M; ++m) inv[m] = 1.0f;
     if (pro != PRO_RMS) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    {
-        float ss[MV_M];
+    float ss[MV_M];
 #pragma unroll
-        for (int m = 0; m < MV_M; ++m) {
-            float s = 0.0f;
+    for (int m = 0; m < MV_M; ++m) {
+        float s = 0.0f;
 #pragma unroll 4
-            for (int p = tid; p < n_in; p += MV_NT) {
-                const float v = x[(long)m * ldx + p];
-                s = __fmaf_rn(v, v, s);
-            }
-            ss[m] = warp_sum(s);
+        for (int p = tid; p < n_in; p += MV_NT) {
+            const float v = x[(long)m * ldx + p];
+            s = __fmaf_rn(v, v, s);
         }
-        if (lane == 0)
-#pragma unroll
-            for (int m = 0; m < MV_M; ++m) red[m * MV_NW + warp] = ss[m];
+        ss[m] = warp_sum(s);
     }
+    if (lane == 0)
+#pragma unroll
+        for (int m = 0; m < MV_M; ++m) red[m * MV_NW + warp] = ss[m];
     __syncthreads();
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) {
@@ -319,10 +317,8 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
                 const int f = b0 + tid + MV_NT * i;
                 const bool ok = f < n4;
                 if (!cached) v[i] = ok ? x4[f] : zero;
-                wv[i] = pro == PRO_RMS && ok ? __ldg(w4 + f) : zero;
-                if (pro == PRO_SWIGLU) {
-                    wv[i] = ok ? x4[n4 + f] : zero;  // the up half
-                }
+                wv[i] = pro == PRO_RMS && ok ? __ldg(w4 + f) : zero;  // the prologue's second operand:
+                if (pro == PRO_SWIGLU) wv[i] = ok ? x4[n4 + f] : zero;  // the norm weights, or swiglu's up half
             }
 #pragma unroll
             for (int i = 0; i < A8_NR; ++i) {

@@ -205,8 +205,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     must allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_NV_PM
     (NVFP4 weight bytes by the sign-split table) override, for experiments."""
     d = {}
-    square_small = W is not None and W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
+        square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
         if W.out <= A8_SMALL_ROWS:
             d = {"MV_U": 4 if W.fmt == "Q8_0" else 3, "MV_MINB": 2}
         elif W.fmt == "Q8_0":
@@ -245,11 +245,11 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if a8 and W.fmt in ("F32", "F16", "BF16"):
         raise ValueError("the integer-dot contract applies to the quantized formats")
     impl = impl or matvec_impl(W, a8)
+    if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
+        raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
     if impl == "tc":
         if a8:
             raise ValueError(f"{W.fmt} weights use the integer-dot contract: no tensor-core matvec")
-        if x.data.ptr % 16 or ldx % 4:
-            raise ValueError("matvec_tc reads x as float4: 16-byte aligned rows")
         nw, u = tc_geometry(W)
         unit = 4 * W.vpc * nw * u  # matvec_tc: whole rolling windows (super-steps of 4 chunks) per k-tile
         need = -(-W.in_ // unit) * unit
@@ -263,8 +263,6 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         return
     rows = int(os.environ.get("BW24CHAT_MV_R", MV_R))  # rows per warp (experiments: bench/matvec_variants.py)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
-        if x.data.ptr % 16 or ldx % 4:
-            raise ValueError("the integer-dot matvec reads x as float4: 16-byte aligned rows")
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
         m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
