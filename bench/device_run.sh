@@ -11,6 +11,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s8b)
+  # eighth session, first call: the integer-dot prologue through shared memory (cp.async, one L2 round trip per
+  # row) and per-tile L2 prefetch — correctness, then per-kernel A/B, then decode A/B; then the s8a tests
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "integer_dot or Q8_0 or Q4_K or NVFP4 or steady" 2>&1 | tail -2 | tee $OUT/pytest_s8b.log
+  timeout 150 python3 bench/matvec_variants.py --formats q8_0,q4_k,nvfp4 2>&1 | tee $OUT/mv_s8b.log | grep -A20 "best per shape"
+  for env in "X=1" "BW24CHAT_A8_SMEM=0" "BW24CHAT_MV_L2PF=1"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,q4_k,nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s8b.log
+  BW24CHAT_MV_STEADY=1 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or NVFP4" 2>&1 | tail -1 | tee -a $OUT/pytest_s8b.log
+  BW24CHAT_MATVEC=simt BW24CHAT_MV_STEADY=1 timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16" 2>&1 | tail -1 | tee -a $OUT/pytest_s8b.log
+  ;;
 s8a)
   # next session, first call: GPU tests of the builds measured faster in s7c but not adopted yet — steady windows
   # for NVFP4 (with NV_PM) and BF16, and BF16 on the SIMT kernel (o: 13.4 vs tc 13.9 us)

@@ -108,17 +108,7 @@
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ------------------------------------------------------------------ small helpers
-BW24_DEVICE uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-BW24_DEVICE void cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-BW24_DEVICE void cp_async4(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-BW24_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-BW24_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// (smem_addr, cp_async16 / cp_async4 / commit / wait: common.cuh)
 
 // 4 E4M3 codes (bytes of x, low first) -> 4 floats / 256 (exact: E4M3 placed in f16 bits; the
 // caller folds the 2^8 into the scale).

@@ -70,6 +70,32 @@ BW24_DEVICE void pdl_wait() {
 }
 #define PDL_ENTRY() do { pdl_trigger(); pdl_wait(); } while (0)
 
+// cp.async (sm_80+): 16 / 4 bytes global -> shared, the source bytes past src_bytes zero-filled;
+// groups committed and awaited in order (N: how many of the latest groups may still be pending).
+BW24_DEVICE uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+BW24_DEVICE void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+BW24_DEVICE void cp_async4(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+BW24_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+BW24_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// L2 prefetch hint for bytes [begin, end) of p (sm_90 bulk prefetch; a no-op elsewhere): the
+// range is shrunk to 16-byte boundaries (the instruction's rule), so it never reaches past it.
+BW24_DEVICE void l2_prefetch_range(const void* p, long long begin, long long end) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    begin = (begin + 15) & ~15LL;
+    end &= ~15LL;
+    if (p != nullptr && end > begin)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char*)p + begin), "r"((uint32_t)(end - begin)) : "memory");
+#else
+    (void)p; (void)begin; (void)end;
+#endif
+}
+
 // two floats -> packed bf16x2 (round to nearest even), lo in the low half
 BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

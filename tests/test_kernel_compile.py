@@ -45,6 +45,9 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down
     ("matvec", {"FMT": 2, "MV_STEADY": 1}),  # the same on the float path (BF16)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
+    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_SMEM": 0}),  # the register-batch integer-dot prologue (A/B)
+    ("matvec", {"FMT": 10, "ACT_Q8": 1, "MV_L2PF": 1}),  # L2 prefetch of each tile's rows (Q6_K: every plane)
+    ("matvec", {"FMT": 2, "MV_L2PF": 1}),  # the same on the float path
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
 ]
 

@@ -184,6 +184,21 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
 A8_SMALL_ROWS = 4096  # integer-dot matvec geometry switch (see _simt_defines)
 
 
+A8_PIECE_MIN = 4096  # floats; a multiple of 4 x 256 threads (stage_a8's piece rule)
+
+
+def a8_prologue_piece(n_in: int, pro: int, m: int, per_row: int) -> tuple[int, int]:
+    """The integer-dot prologue's shared buffers (matvec.cu stage_a8, A8_SMEM): the raw x row
+    and, for rmsnorm / swiglu, its second operand, in pieces of xb floats — the whole row where
+    the m tokens' code planes leave room, else A8_PIECE_MIN.  Returns (xb, bytes)."""
+    if os.environ.get("BW24CHAT_A8_SMEM") == "0":
+        return n_in, 0
+    nbuf = 1 if pro == 0 else 2
+    whole = 4 * nbuf * n_in
+    xb = n_in if m * per_row + whole <= WGP_SMEM_MAX - 1024 or n_in <= A8_PIECE_MIN else A8_PIECE_MIN
+    return xb, 4 * nbuf * min(xb, n_in)
+
+
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
     """Compile-time geometry of the SIMT matvec beyond matvec.cu's defaults, for the integer-dot
     path at m = 1 (H200, bench/matvec_variants.py, Qwen3-8B shapes, us per launch): matrices of
@@ -216,7 +231,7 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     if W is not None and W.fmt == "NVFP4" and a8:
         d["NV_PM"] = 1
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
-                      ("BW24CHAT_NV_PM", "NV_PM")):
+                      ("BW24CHAT_NV_PM", "NV_PM"), ("BW24CHAT_MV_L2PF", "MV_L2PF"), ("BW24CHAT_A8_SMEM", "A8_SMEM")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     return d
@@ -264,15 +279,16 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     rows = int(os.environ.get("BW24CHAT_MV_R", MV_R))  # rows per warp (experiments: bench/matvec_variants.py)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
-        m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
+        xb, xbuf = a8_prologue_piece(W.in_, pro, m, per_row)
+        m_fit = max(1, (WGP_SMEM_MAX - 1024 - xbuf) // per_row)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
             xf, of = x.reshape(-1), out.reshape(-1)
             for r0 in range(0, m, m_fit):
                 mm = min(m_fit, m - r0)
                 matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
             return
-        tk = W.in_
-        smem = m * per_row
+        tk = xb  # the integer-dot kernel takes the prologue's piece size in this argument
+        smem = m * per_row + xbuf
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **_simt_defines(W, m, True))
     else:
         tk = matvec_tile(W, m)
