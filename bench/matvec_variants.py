@@ -25,17 +25,16 @@ from decode_floor import format_bench_setup, time_graph  # noqa: E402  (shared b
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
 VARIANTS = {
-    "BF16": [("auto", {}), ("simt steady", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_STEADY": "1"}),
-             ("simt st l2pf", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_L2PF": "1"})],
-    "Q8_0": [("int-dot auto", {}), ("a8 registers", {"BW24CHAT_A8_SMEM": "0"}), ("l2pf", {"BW24CHAT_MV_L2PF": "1"})],
-    "Q4_K": [("int-dot auto", {}), ("a8 registers", {"BW24CHAT_A8_SMEM": "0"}), ("l2pf", {"BW24CHAT_MV_L2PF": "1"})],
-    "NVFP4": [("int-dot auto", {}), ("a8 registers", {"BW24CHAT_A8_SMEM": "0"}), ("l2pf", {"BW24CHAT_MV_L2PF": "1"}),
-              ("pm steady", {"BW24CHAT_MV_STEADY": "1"})],
+    "BF16": [("auto", {}), ("tc", {"BW24CHAT_MATVEC": "tc"}), ("simt unsteady", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_STEADY": "0"})],
+    "Q8_0": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"})],
+    "Q4_K": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"}),
+             ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
+    "NVFP4": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"}),
+              ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
 }
 COPIES = 6
 SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB",
-            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY", "BW24CHAT_NV_PM", "BW24CHAT_MV_L2PF",
-            "BW24CHAT_A8_SMEM")
+            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY", "BW24CHAT_NV_PM")
 
 
 def main() -> int:

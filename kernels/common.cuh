@@ -83,19 +83,6 @@ BW24_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::)
 template <int N>
 BW24_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// L2 prefetch hint for bytes [begin, end) of p (sm_90 bulk prefetch; a no-op elsewhere): the
-// range is shrunk to 16-byte boundaries (the instruction's rule), so it never reaches past it.
-BW24_DEVICE void l2_prefetch_range(const void* p, long long begin, long long end) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    begin = (begin + 15) & ~15LL;
-    end &= ~15LL;
-    if (p != nullptr && end > begin)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char*)p + begin), "r"((uint32_t)(end - begin)) : "memory");
-#else
-    (void)p; (void)begin; (void)end;
-#endif
-}
-
 // two floats -> packed bf16x2 (round to nearest even), lo in the low half
 BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

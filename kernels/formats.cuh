@@ -86,26 +86,6 @@ struct Raw {
     uint32_t d;
 };
 
-// bytes of the planes s, h, d per 8 chunks (fetch_chunk's indexing below): the byte range of
-// whole rows in each plane, for L2 prefetch hints
-#if FMT == F_Q8_0
-#define S_B8 8
-#elif FMT == F_Q4_1 || FMT == F_Q5_1
-#define S_B8 32
-#elif IS_FLOAT_FMT
-#define S_B8 0
-#else
-#define S_B8 16
-#endif
-#if HAS_H5
-#define H_B8 32
-#elif FMT == F_Q6_K
-#define H_B8 64
-#else
-#define H_B8 0
-#endif
-#define D_B8 (FMT == F_Q6_K ? 2 : 0)
-
 BW24_DEVICE uint4 ld_stream16(const uint4* p) {
     // weights are read once per kernel: do not let them evict x / scales from L1
     uint4 v;

@@ -63,9 +63,6 @@
 #ifndef MV_STEADY  // 1: branch-free steady-state windows in the main loop (see there; cuda_linear picks it)
 #define MV_STEADY 0
 #endif
-#ifndef MV_L2PF  // 1: each warp asks L2 for its rows of every tile as the tile starts (sm_90 bulk prefetch)
-#define MV_L2PF 0
-#endif
 #ifndef ACT_Q8  // 1: the integer-dot contract below (quantized formats only)
 #define ACT_Q8 0
 #endif
@@ -264,89 +261,35 @@ BW24_DEVICE int a8_word(int p, int nck) {
 }
 
 // The integer-dot prologue of the MV_M tokens: xin (prologue applied) quantized per 32-block into
-// the two planes' words and records (token m: xw + 2m*wpm, meta + 2m*nb).  Thread tid owns the
-// float4 groups f = tid, tid + MV_NT, ... of the row; the rmsnorm statistic is each thread's
-// squares in that order (x, y, z, w) by FMA, warp_sum, then the MV_NW warps in order — the same
-// for every MV_M.  Every thread runs the same trip count (the group reductions are shuffles).
-// A8_SMEM (default): the raw row goes to shared memory by cp.async (xf; the second operand —
-// the rmsnorm weights or swiglu's up half — to nf), pieces of xb floats (a multiple of 4*MV_NT,
-// or the whole row), every copy of a piece in flight at once: one L2 round trip per piece, no
-// registers held (the register batches below cost 2-4 round trips per row at 80 registers:
-// A8_NR float4 groups per thread and batch).  A thread reads back only the groups it copied, so
-// no barrier guards the buffer.  Where the row is one piece and pro is rmsnorm, the norm weights
-// were copied before pdl_wait (stage_a8_norm) and the statistic's copy serves the staging.
-// red: MV_NW floats.
-#ifndef A8_SMEM
-#define A8_SMEM 1
-#endif
-#ifndef A8_NR  // (A8_SMEM 0) float4 groups per thread and batch: 4 where the register budget allows (2 at 80 registers: spills)
+// the two planes' words and records (token m: xw + 2m*wpm, meta + 2m*nb).  Thread tid takes the
+// float4 groups f = b0 + tid + MV_NT*i (i < A8_NR) of each batch b0, all its loads issued before
+// any use, so a row of up to MV_NT*A8_NR*4 = 4096 inputs costs one round trip to L2 (the scalar
+// per-element reads this replaced cost one per 1024 inputs, twice with rmsnorm: the first read
+// for the statistic, the second for the staging) and, with rmsnorm, stays in registers between
+// the statistic and the staging.  The rmsnorm statistic: each thread's squares in the order (b0,
+// i, x, y, z, w) by FMA, warp_sum, then the MV_NW warps in order — the same for every MV_M.
+// Every thread runs the same trip count (the group reductions are shuffles).  red: MV_NW floats.
+// (A version that copied the row to shared memory by cp.async — one round trip per row, no
+// registers held — measured 1-2 us slower per matvec and 6-9 % slower decode: bench/NOTES.md,
+// eighth session.)
+#ifndef A8_NR  // float4 groups per thread and batch: 4 where the register budget allows (2 at 80 registers: spills)
 #define A8_NR (MV_MINB >= 3 ? 2 : 4)
 #endif
-// before pdl_wait: the rmsnorm weights (constant) into nf, when the row is one piece
-BW24_DEVICE void stage_a8_norm(const float* __restrict__ normw, int n_in, int pro, int xb, float* nf) {
-#if A8_SMEM
-    if (pro != PRO_RMS || n_in > xb) return;
-    for (int f = threadIdx.x; f < n_in / 4; f += MV_NT) cp_async16(nf + 4 * f, normw + 4 * f, 16);
-    cp_async_commit();
-#else
-    (void)normw; (void)n_in; (void)pro; (void)xb; (void)nf;
-#endif
-}
-
 BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pro, float eps,
-                          const float* __restrict__ normw, uint32_t* xw, uint4* meta, float* red, float* xf, float* nf, int xb) {
+                          const float* __restrict__ normw, uint32_t* xw, uint4* meta, float* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n4 = n_in / 4, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#if A8_SMEM
-    (void)ldx;
-    const int xb4 = min(xb / 4, n4);
-    const bool one_piece = xb4 == n4;
-    const float4* xf4 = reinterpret_cast<const float4*>(xf);
-    const float4* nf4 = reinterpret_cast<const float4*>(nf);
-#else
-    (void)xf; (void)nf; (void)xb;
     const float4* w4 = reinterpret_cast<const float4*>(normw);
     const bool cached = pro == PRO_RMS && n4 <= MV_NT * A8_NR;  // the statistic's loads serve the staging
-#endif
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int m = 0; m < MV_M; ++m) {
-        const float* xm = x + (long)m * ldx;
-#if !A8_SMEM
-        const float4* x4 = reinterpret_cast<const float4*>(xm);
-#endif
+        const float4* x4 = reinterpret_cast<const float4*>(x + (long)m * ldx);
         uint32_t* xwm = xw + 2 * m * wpm;
         uint4* metam = meta + 2 * m * nb;
-#if A8_SMEM
-        // groups [p0, p0 + xb4) of token m into the buffers (own groups only), then wait
-        auto copy_piece = [&](int p0, bool second) {
-            const int pe = min(n4, p0 + xb4);
-            for (int f = p0 + tid; f < pe; f += MV_NT) {
-                cp_async16(xf + 4 * (f - p0), xm + 4 * f, 16);
-                if (second) cp_async16(nf + 4 * (f - p0), pro == PRO_SWIGLU ? xm + n_in + 4 * f : normw + 4 * f, 16);
-            }
-            cp_async_commit();
-            cp_async_wait<0>();
-        };
-        bool have = false;  // the statistic's copy of a one-piece row serves the staging
-#else
         float4 v[A8_NR];
-#endif
         float inv = 1.0f;
         if (pro == PRO_RMS) {
             float ss = 0.0f;
-#if A8_SMEM
-            for (int p0 = 0; p0 < n4; p0 += xb4) {
-                copy_piece(p0, false);
-                for (int f = p0 + tid; f < min(n4, p0 + xb4); f += MV_NT) {
-                    const float4 v = xf4[f - p0];
-                    ss = __fmaf_rn(v.x, v.x, ss);
-                    ss = __fmaf_rn(v.y, v.y, ss);
-                    ss = __fmaf_rn(v.z, v.z, ss);
-                    ss = __fmaf_rn(v.w, v.w, ss);
-                }
-            }
-            have = one_piece;
-#else
             for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
 #pragma unroll
                 for (int i = 0; i < A8_NR; ++i) {
@@ -361,7 +304,6 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
                     ss = __fmaf_rn(v[i].w, v[i].w, ss);
                 }
             }
-#endif
             ss = warp_sum(ss);
             if (lane == 0) red[warp] = ss;
             __syncthreads();
@@ -371,7 +313,7 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
             inv = rms_inv(s, n_in, eps);
             __syncthreads();  // red[] is the next token's
         }
-        // the staging: group f -> xin (prologue applied) -> the two code planes and the records
+        // group f (a = x, w = the prologue's second operand) -> xin -> the two code planes and records
         auto stage = [&](int f, float4 a, float4 w) {
             const bool ok = f < n4;
             if (pro == PRO_RMS)
@@ -395,17 +337,6 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
                 metam[nb + (f >> 3)] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl, (uint32_t)sl_other, (uint32_t)(sl + sl_other));
             }
         };
-#if A8_SMEM
-        for (int p0 = 0; p0 < n4; p0 += xb4) {
-            if (!have) copy_piece(p0, pro == PRO_SWIGLU || (pro == PRO_RMS && !one_piece));
-            const int pe = min(n4, p0 + xb4);
-            for (int f0 = p0; f0 < pe; f0 += MV_NT) {  // the same trip count in every lane
-                const int f = f0 + tid;
-                const bool ok = f < pe;
-                stage(ok ? f : n4, ok ? xf4[f - p0] : zero, ok && pro != PRO_NONE ? nf4[f - p0] : zero);
-            }
-        }
-#else
         for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
             float4 wv[A8_NR];
 #pragma unroll
@@ -419,7 +350,6 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
 #pragma unroll
             for (int i = 0; i < A8_NR; ++i) stage(b0 + tid + MV_NT * i, v[i], wv[i]);
         }
-#endif
     }
 }
 
@@ -566,14 +496,10 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
        float* __restrict__ out, const float* __restrict__ normw, int n_out, int n_in, int ldx, int tk,
        int pro, int epi, float eps) {
     extern __shared__ float4 smem4[];
-#if ACT_Q8  // x always resident; the argument tk is the prologue's piece size xb (stage_a8)
+#if ACT_Q8  // tk = n_in (x always resident)
     uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);                      // [MV_M][2][n_in/4] code words
     uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * (n_in / 4));     // [MV_M][2][n_in/32] block records
     float* red = reinterpret_cast<float*>(meta + 2 * MV_M * (n_in / 32));   // [MV_M][MV_NW]
-    float* xf = red + MV_M * MV_NW;                                         // [min(xb, n_in)] raw x piece (A8_SMEM)
-    float* nf = xf + min(tk, n_in);                                         // [min(xb, n_in)] its second operand (pro != none)
-    const int xb = tk;
-    tk = n_in;
 #else
     float* xs = reinterpret_cast<float*>(smem4);  // [MV_M][tk], swizzled
     float* xsum = xs + MV_M * tk;                 // [MV_M][tk/32]
@@ -599,26 +525,10 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
     for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
-    // MV_L2PF: the whole of this warp's rows requested into L2 at once (one instruction per plane),
-    // so the DRAM streams the tile during the prologue and the register windows then wait on L2
-    // latency, not DRAM latency (the small projections are a few load windows deep per lane)
-    auto l2pf_rows = [&](long r0) {
-        const long r1 = min(r0 + MV_R, (long)n_out);
-        if (!MV_L2PF || lane != 0 || r1 <= r0) return;
-        const long long c0 = r0 * nck, c1 = r1 * nck;
-        l2_prefetch_range(wq, 16 * c0, 16 * c1);
-        if (S_B8) l2_prefetch_range(ws, c0 * S_B8 / 8, c1 * S_B8 / 8);
-        if (H_B8) l2_prefetch_range(wh, c0 * H_B8 / 8, c1 * H_B8 / 8);
-        if (D_B8) l2_prefetch_range(wd, c0 * D_B8 / 8, c1 * D_B8 / 8);
-    };
-    l2pf_rows(row0);
-#if ACT_Q8
-    stage_a8_norm(normw, n_in, pro, xb, nf);
-#endif
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
 #if ACT_Q8
-    stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red, xf, nf, xb);
+    stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
     __syncthreads();
 #else
     float inv[MV_M];
@@ -711,7 +621,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             row0 = ((long)tile * MV_NW + warp) * MV_R;
 #pragma unroll
             for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
-            l2pf_rows(row0);
         } else {
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }

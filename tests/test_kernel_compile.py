@@ -38,16 +38,13 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_M": 8}),  # Q4_K (min), 8 tokens
     ("matvec", {"FMT": 10, "ACT_Q8": 1}),  # Q6_K (two scales, offset)
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 3}),  # NVFP4 (table decoder)
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "NV_PM": 1, "MV_STEADY": 1}),  # NVFP4, sign-split table, steady windows (measured, not adopted)
+    ("matvec", {"FMT": 11, "ACT_Q8": 1, "NV_PM": 1, "MV_STEADY": 1}),  # NVFP4, sign-split table, steady windows
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "NV_PM": 0}),  # NVFP4, the nvfp4_s4 table (BW24CHAT_NV_PM=0)
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down
     ("matvec", {"FMT": 2, "MV_STEADY": 1}),  # the same on the float path (BF16)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_SMEM": 0}),  # the register-batch integer-dot prologue (A/B)
-    ("matvec", {"FMT": 10, "ACT_Q8": 1, "MV_L2PF": 1}),  # L2 prefetch of each tile's rows (Q6_K: every plane)
-    ("matvec", {"FMT": 2, "MV_L2PF": 1}),  # the same on the float path
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
 ]
 

@@ -106,9 +106,9 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
     Qwen3-8B shapes, us per launch; bench/NOTES.md): NVFP4 always tc (~2 instructions per weight
     against ~6 in SIMT).  BF16/F16: tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs
     41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
-    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3).  Measured but not yet adopted (its GPU
-    tests have not run under this dispatch): BF16 o on the SIMT kernel with steady windows, 13.4
-    vs tc 13.9 us (bench/NOTES.md, seventh session).  Other formats, and NVFP4 under the
+    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3) — except BF16 matrices of <= 4096 rows
+    and inputs (o), which take the SIMT kernel with steady windows (13.4 vs tc 13.9 us; seventh
+    session, its tests ran in the eighth; down stays on tc: 33.0 vs 38.8).  Other formats, and NVFP4 under the
     integer-dot contract (a8; None: act_q8's choice for the format): the SIMT kernel (an int8
     tensor-core version of the integer-dot contract measured 10-50 % slower on every shape:
     bench/NOTES.md, seventh session).  BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons;
@@ -118,6 +118,8 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
         return "simt"
     if force == "tc" or W.fmt == "NVFP4":
         return "tc"
+    if W.fmt == "BF16" and W.in_ <= TC_FLOAT_MAX_ROWS:
+        return "simt"
     return "tc" if W.out <= TC_FLOAT_MAX_ROWS else "simt"
 
 
@@ -184,21 +186,6 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
 A8_SMALL_ROWS = 4096  # integer-dot matvec geometry switch (see _simt_defines)
 
 
-A8_PIECE_MIN = 4096  # floats; a multiple of 4 x 256 threads (stage_a8's piece rule)
-
-
-def a8_prologue_piece(n_in: int, pro: int, m: int, per_row: int) -> tuple[int, int]:
-    """The integer-dot prologue's shared buffers (matvec.cu stage_a8, A8_SMEM): the raw x row
-    and, for rmsnorm / swiglu, its second operand, in pieces of xb floats — the whole row where
-    the m tokens' code planes leave room, else A8_PIECE_MIN.  Returns (xb, bytes)."""
-    if os.environ.get("BW24CHAT_A8_SMEM") == "0":
-        return n_in, 0
-    nbuf = 1 if pro == 0 else 2
-    whole = 4 * nbuf * n_in
-    xb = n_in if m * per_row + whole <= WGP_SMEM_MAX - 1024 or n_in <= A8_PIECE_MIN else A8_PIECE_MIN
-    return xb, 4 * nbuf * min(xb, n_in)
-
-
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
     """Compile-time geometry of the SIMT matvec beyond matvec.cu's defaults, for the integer-dot
     path at m = 1 (H200, bench/matvec_variants.py, Qwen3-8B shapes, us per launch): matrices of
@@ -210,10 +197,11 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     steady-state windows (MV_STEADY; seventh session, same geometry, us): Q8_0 everywhere (qkv
     10.7 vs 11.3, o 8.0 vs 8.6, gate|up 28.3 vs 31.3, down 18.8 vs 21.7, LM head 52.9 vs 58.2),
     Q4_K but on the square 4096 x 4096 o (qkv 9.9 vs 10.3, gate|up 22.9 vs 24.6, down 14.7 vs
-    15.9, LM head 40.8 vs 42.8; o 7.2 vs 6.8).  Measured faster but not yet adopted (their GPU
-    tests have not run with these builds): steady windows for NVFP4 with NV_PM (qkv 11.5 vs
-    11.7, gate|up 30.2 vs 31.3, LM head 54.5 vs 56.7) and for BF16 on the SIMT kernel (qkv 17.0
-    vs 17.2, gate|up 54.9 vs 55.4, LM head 103.3 vs 105.2).  NV_PM (NVFP4 codes to weight bytes
+    15.9, LM head 40.8 vs 42.8; o 7.2 vs 6.8); NVFP4 with NV_PM but on the square o (seventh
+    session: qkv 11.5 vs 11.7, gate|up 30.2 vs 31.3, LM head 54.5 vs 56.7; eighth: qkv 13.0 vs
+    13.6, o 9.2 vs 9.2, gate|up 32.4 vs 33.8, down 20.2 vs 21.4, LM head 56.3 vs 59.0) and BF16
+    on the SIMT kernel at m = 1 (qkv 17.0 vs 17.2, o 13.4 vs 14.7, gate|up 54.9 vs 55.4, LM head
+    103.3 vs 105.2); their GPU tests ran in the eighth session.  NV_PM (NVFP4 codes to weight bytes
     in 4 operations per 4 codes instead of 9, the same integer dots; qkv 11.7 vs 12.2, gate|up
     31.3 vs 33.1, down 18.5 vs 19.3, LM head 56.7 vs 60.2) always.
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget
@@ -226,12 +214,14 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d = {"MV_U": 4 if W.fmt == "Q8_0" else 3, "MV_MINB": 2}
         elif W.fmt == "Q8_0":
             d = {"MV_U": 2}
-        if W.fmt == "Q8_0" or (W.fmt == "Q4_K" and not square_small):
+        if W.fmt == "Q8_0" or (W.fmt in ("Q4_K", "NVFP4") and not square_small):
             d["MV_STEADY"] = 1
+    if not a8 and m == 1 and W is not None and W.fmt == "BF16":
+        d["MV_STEADY"] = 1
     if W is not None and W.fmt == "NVFP4" and a8:
         d["NV_PM"] = 1
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
-                      ("BW24CHAT_NV_PM", "NV_PM"), ("BW24CHAT_MV_L2PF", "MV_L2PF"), ("BW24CHAT_A8_SMEM", "A8_SMEM")):
+                      ("BW24CHAT_NV_PM", "NV_PM")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     return d
@@ -279,16 +269,15 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     rows = int(os.environ.get("BW24CHAT_MV_R", MV_R))  # rows per warp (experiments: bench/matvec_variants.py)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
-        xb, xbuf = a8_prologue_piece(W.in_, pro, m, per_row)
-        m_fit = max(1, (WGP_SMEM_MAX - 1024 - xbuf) // per_row)
+        m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
             xf, of = x.reshape(-1), out.reshape(-1)
             for r0 in range(0, m, m_fit):
                 mm = min(m_fit, m - r0)
                 matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
             return
-        tk = xb  # the integer-dot kernel takes the prologue's piece size in this argument
-        smem = m * per_row + xbuf
+        tk = W.in_
+        smem = m * per_row
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **_simt_defines(W, m, True))
     else:
         tk = matvec_tile(W, m)

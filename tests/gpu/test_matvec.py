@@ -214,28 +214,3 @@ def test_steady_windows_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
     check_close(got["1"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
     assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
 
-
-@pytest.mark.parametrize("pro", ["none", "rmsnorm", "swiglu"])
-@pytest.mark.parametrize("m", [1, 4])
-def test_integer_dot_prologue_paths_give_the_same_bits(cp, rng, pro, m, monkeypatch):
-    """The integer-dot prologue through shared memory (stage_a8, A8_SMEM: the whole row, or at
-    m = 4 on a 12288-wide row pieces of 4096 inputs) and the register batches it replaced
-    (BW24CHAT_A8_SMEM=0) compute the same rmsnorm statistic in the same order and the same
-    codes: every row bit-identical; so does the per-tile L2 prefetch hint (MV_L2PF)."""
-    n = int(rng.integers(9, 70))
-    ts, w = make_weight(rng, "Q8_0", rows=(n,), nblocks=12288 // 32)
-    W = cw.upload(ts)
-    ldx = 2 * W.in_ if pro == "swiglu" else W.in_
-    x = (rng.standard_normal((m, ldx)) * 2).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    nw = norm_w if pro == "rmsnorm" else None
-    got = {}
-    for label, env in (("smem", {}), ("registers", {"BW24CHAT_A8_SMEM": "0"}), ("l2pf", {"BW24CHAT_MV_L2PF": "1"})):
-        for k in ("BW24CHAT_A8_SMEM", "BW24CHAT_MV_L2PF"):
-            monkeypatch.delenv(k, raising=False)
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        got[label] = run(cp, W, x, m, pro, norm_w=nw)
-    check_close(got["smem"], ref_input(x, pro, W.in_, nw, "Q8_0"), w)
-    for label in ("registers", "l2pf"):
-        assert np.array_equal(got[label].view(np.uint32), got["smem"].view(np.uint32)), label
