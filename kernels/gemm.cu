@@ -67,29 +67,19 @@ BW24_DEVICE void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, ui
 struct PaddedTile { static BW24_DEVICE int off(int r, int k) { return r * GM_LD + k; } };
 struct Swizzle128Tile { static BW24_DEVICE int off(int r, int k) { return r * GM_BK + ((((k >> 3) ^ (r & 7)) << 3) | (k & 7)); } };
 
-// Register-staged producer of one k tile: x rows [m0, m0 + GM_BM) as f32 (-> bf16, and the bf16
-// residual x - bf16(x) when split) and weight rows [n0, n0 + BN) decoded to their exact values
-// (-> bf16, and the residual when W_SPLIT).  load() issues the global loads into registers;
-// store() converts and writes them to shared memory in the layout L.  Out-of-range rows and k
-// are zeros.  Both GEMM kernels use it, so both see the same operand values.
+// The weight half of the register-staged producer below: rows [n0, n0 + BN) of k tile kt, WCH
+// chunks per thread (load_w: global loads into registers; store_w: decoded to exact values ->
+// bf16 W and, when W_SPLIT, W_lo = bf16(W - bf16(W)), in the layout L; out-of-range rows and k
+// are zeros).  gemm_wgp's in-pipeline dequantization (WGP_DEQ) stages its weights with it alone.
 template <int BN>
-struct TileStager {
-    static constexpr int ACH = GM_BM * GM_BK / 4 / GM_NT;  // x float4 per thread per k tile (8)
-    static constexpr int WCH = BN * GM_CPR / GM_NT;         // weight chunks per thread per k tile
-    float4 areg[ACH];
+struct WeightStager {
+    static constexpr int WCH = BN * GM_CPR / GM_NT;  // weight chunks per thread per k tile
     Raw wreg[WCH];
     bool wok[WCH];
 
-    BW24_DEVICE void load(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
-                          const void* __restrict__ wd, const float* __restrict__ x, int T, int n_out, int n_in,
-                          long m0, int n0, int kt) {
+    BW24_DEVICE void load_w(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+                            const void* __restrict__ wd, int n_out, int n_in, int n0, int kt) {
         const int tid = threadIdx.x, k0 = kt * GM_BK, nck = n_in / VPC;
-#pragma unroll
-        for (int j = 0; j < ACH; ++j) {
-            const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
-            areg[j] = (m0 + r < T && k0 + c < n_in) ? *reinterpret_cast<const float4*>(x + (m0 + r) * n_in + k0 + c)
-                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
 #pragma unroll
         for (int j = 0; j < WCH; ++j) {
             const int i = tid + GM_NT * j, r = i / GM_CPR, kc = k0 / VPC + i % GM_CPR;
@@ -98,22 +88,10 @@ struct TileStager {
         }
     }
 
-    // A, Al: x hi / lo tiles [GM_BM rows]; W, Wl: weight hi / lo tiles [BN rows] (Al, Wl unused
-    // unless GEMM_SPLIT / W_SPLIT)
     template <class L>
-    BW24_DEVICE void store(__nv_bfloat16* A, __nv_bfloat16* Al, __nv_bfloat16* W, __nv_bfloat16* Wl, int kt) const {
+    BW24_DEVICE void store_w(__nv_bfloat16* W, __nv_bfloat16* Wl, int kt) const {
         const int tid = threadIdx.x;
-        (void)Al; (void)Wl;
-#pragma unroll
-        for (int j = 0; j < ACH; ++j) {
-            const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
-            uint2 hi, lo;
-            split_bf16x4(areg[j], hi, lo);
-            *reinterpret_cast<uint2*>(A + L::off(r, c)) = hi;
-#if GEMM_SPLIT
-            *reinterpret_cast<uint2*>(Al + L::off(r, c)) = lo;
-#endif
-        }
+        (void)Wl;
 #pragma unroll
         for (int j = 0; j < WCH; ++j) {
             const int i = tid + GM_NT * j, r = i / GM_CPR, cl = i % GM_CPR;
@@ -149,6 +127,49 @@ struct TileStager {
             }
 #endif
         }
+    }
+};
+
+// Register-staged producer of one k tile: x rows [m0, m0 + GM_BM) as f32 (-> bf16, and the bf16
+// residual x - bf16(x) when split) and weight rows [n0, n0 + BN) decoded to their exact values
+// (-> bf16, and the residual when W_SPLIT).  load() issues the global loads into registers;
+// store() converts and writes them to shared memory in the layout L.  Out-of-range rows and k
+// are zeros.  Both GEMM kernels use it, so both see the same operand values.
+template <int BN>
+struct TileStager : WeightStager<BN> {
+    static constexpr int ACH = GM_BM * GM_BK / 4 / GM_NT;  // x float4 per thread per k tile (8)
+    float4 areg[ACH];
+
+    BW24_DEVICE void load(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+                          const void* __restrict__ wd, const float* __restrict__ x, int T, int n_out, int n_in,
+                          long m0, int n0, int kt) {
+        const int tid = threadIdx.x, k0 = kt * GM_BK;
+#pragma unroll
+        for (int j = 0; j < ACH; ++j) {
+            const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
+            areg[j] = (m0 + r < T && k0 + c < n_in) ? *reinterpret_cast<const float4*>(x + (m0 + r) * n_in + k0 + c)
+                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        this->load_w(wq, wh, ws, wd, n_out, n_in, n0, kt);
+    }
+
+    // A, Al: x hi / lo tiles [GM_BM rows]; W, Wl: weight hi / lo tiles [BN rows] (Al, Wl unused
+    // unless GEMM_SPLIT / W_SPLIT)
+    template <class L>
+    BW24_DEVICE void store(__nv_bfloat16* A, __nv_bfloat16* Al, __nv_bfloat16* W, __nv_bfloat16* Wl, int kt) const {
+        const int tid = threadIdx.x;
+        (void)Al;
+#pragma unroll
+        for (int j = 0; j < ACH; ++j) {
+            const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
+            uint2 hi, lo;
+            split_bf16x4(areg[j], hi, lo);
+            *reinterpret_cast<uint2*>(A + L::off(r, c)) = hi;
+#if GEMM_SPLIT
+            *reinterpret_cast<uint2*>(Al + L::off(r, c)) = lo;
+#endif
+        }
+        this->template store_w<L>(W, Wl, kt);
     }
 };
 
@@ -445,8 +466,22 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
 // (wait_group 1), so the tensor cores see neither the load latency nor the barrier.  Same
 // per-output order as gemm / gemm_wg (k tiles, k16 steps, x_hi.W, x_lo.W, x_hi.W_lo): the same
 // bits.  Same fragment layout and grid; out has row stride ldo (a row block writes its columns).
+// WGP_DEQ (quantized formats, FMT the weights' format): the weights are not a bf16 plane but the
+// repacked quantized matrix (wq, and wh / ws / wd, the last three arguments), decoded inside the
+// pipeline instead of by a dequant_bf16 pass through HBM: each thread loads its raw chunks of k
+// tile kt+2 into registers (WeightStager, two register sets), issues the wgmmas of tile kt, then
+// decodes tile kt+1 to its exact values -> bf16 W (and W_lo, WGP_WLO) into the stage's W tile
+// while those wgmmas run (the TileStager's values: bit-identical to dequant_bf16's planes).  The
+// stage's W tile of tile kt+1 was last read by the wgmmas of tile kt+1-WGP_STAGES <= kt-2, done
+// (wait_group 1 at the end of kt-1, and the barrier at the top of kt).
 #ifndef WGP_STAGES
 #define WGP_STAGES 4
+#endif
+#ifndef WGP_DEQ
+#define WGP_DEQ 0
+#endif
+#if WGP_DEQ && (IS_FLOAT_FMT || W_SPLIT != WGP_WLO)
+#error "WGP_DEQ: quantized weights, W_lo exactly where the precise split needs it"
 #endif
 #ifndef WGP_WLO
 #define WGP_WLO 0
@@ -460,8 +495,9 @@ BW24_DEVICE void cp_async16(uint32_t dst, const void* src, bool full) {
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const float* __restrict__ gscale,
          const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl, float* __restrict__ out,
-         int T, int n_out, int n_in, int ldo, int epi) {
-#if WG_AVAILABLE && FMT == F_BF16
+         int T, int n_out, int n_in, int ldo, int epi, const void* __restrict__ wh, const void* __restrict__ ws,
+         const void* __restrict__ wd) {
+#if WG_AVAILABLE && (FMT == F_BF16 || WGP_DEQ)
     PDL_ENTRY();
     extern __shared__ float4 smem4[];
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem4);
@@ -470,7 +506,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
     const long m0 = (long)blockIdx.x * GM_BM;
     const int n0 = blockIdx.y * WG_BN;
     const int nkt = (n_in + GM_BK - 1) / GM_BK, nck = n_in / 8;
-    (void)xl; (void)wlo;
+    (void)xl; (void)wlo; (void)wh; (void)ws; (void)wd;
     // tile kt -> stage s: 16-byte unit u (8 values) of row r lands at unit u ^ (r % 8) of the row
     auto load = [&](int kt, int s) {
         const uint32_t st = sbase + s * WGP_STAGE_BYTES;
@@ -486,6 +522,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
             cp_async16(d + WG_A_BYTES, xl + e, ok);
 #endif
         }
+#if !WGP_DEQ
         const uint32_t sw = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
 #pragma unroll
         for (int j = 0; j < WG_BN * 8 / GM_NT; ++j) {
@@ -497,6 +534,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
             cp_async16(sw + WG_W_BYTES + r * 128 + ((u ^ (r & 7)) << 4), wlo + e, ok);
 #endif
         }
+#endif
     };
 
     float d[WG_ACC];
@@ -508,21 +546,55 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
         if (s < nkt) load(s, s);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
-    for (int kt = 0; kt < nkt; ++kt) {
+#if WGP_DEQ
+    // the generic-address W tile (hi; lo WG_W_BYTES after it) of stage s
+    char* gbase = reinterpret_cast<char*>(smem4) + (sbase - sraw);
+    auto w_tile = [&](int s, int part) {
+        return reinterpret_cast<__nv_bfloat16*>(gbase + s * WGP_STAGE_BYTES + (1 + GEMM_SPLIT) * WG_A_BYTES + part * WG_W_BYTES);
+    };
+    WeightStager<WG_BN> wa, wb;  // raw chunks of two k tiles (tile kt in set kt % 2)
+    wa.load_w(wq, wh, ws, wd, n_out, n_in, n0, 0);
+    if (nkt > 1) wb.load_w(wq, wh, ws, wd, n_out, n_in, n0, 1);
+    wa.template store_w<Swizzle128Tile>(w_tile(0, 0), w_tile(0, 1), 0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+    // one k tile; with WGP_DEQ, set `refill` (tile kt's raw chunks, decoded already) gets tile kt + 2
+    // and set `next` (tile kt + 1) is decoded into its stage while the wgmmas run
+    auto step = [&](int kt, auto& refill, const auto& next) {
+        (void)refill; (void)next;
         asm volatile("cp.async.wait_group %0;" ::"n"(WGP_STAGES - 3) : "memory");  // tile kt landed (own copies)
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();  // everyone's copies landed; the wgmmas of tile kt - 2 are done everywhere
         if (kt + WGP_STAGES - 2 < nkt) load(kt + WGP_STAGES - 2, (kt + WGP_STAGES - 2) % WGP_STAGES);
         asm volatile("cp.async.commit_group;" ::: "memory");
+#if WGP_DEQ
+        if (kt + 2 < nkt) refill.load_w(wq, wh, ws, wd, n_out, n_in, n0, kt + 2);
+#endif
         const uint32_t st = sbase + (kt % WGP_STAGES) * WGP_STAGE_BYTES;
         const uint32_t a_hi = st + wgi * 64 * GM_BK * 2, w_hi = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
         wg_fence_acc(d);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         WG_KTILE(d, a_hi, w_hi, WGP_WLO)
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#if WGP_DEQ
+        if (kt + 1 < nkt) {
+            const int s1 = (kt + 1) % WGP_STAGES;
+            next.template store_w<Swizzle128Tile>(w_tile(s1, 0), w_tile(s1, 1), kt + 1);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the wgmmas of kt + 1
+        }
+#endif
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         wg_fence_acc(d);
+    };
+#if WGP_DEQ
+    for (int kt = 0; kt < nkt; kt += 2) {  // unrolled by two: the register sets are named, not indexed
+        step(kt, wa, wb);
+        if (kt + 1 < nkt) step(kt + 1, wb, wa);
     }
+#else
+    int no_weight_sets = 0;  // BF16: the weights came with the cp.async ring
+    for (int kt = 0; kt < nkt; ++kt) step(kt, no_weight_sets, no_weight_sets);
+#endif
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_fence_acc(d);
 

@@ -412,23 +412,30 @@ def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
 
 
 def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
-    """gemm_wgp on x as bf16 planes (xh, and xl when x_split); BF16 weights read in place, other
-    formats dequantized to bf16 (and W_lo when w_lo) one row block at a time into scratch (as
-    llama.cpp's dequantize-then-GEMM prefill), each block's GEMM writing its columns of out.
-    Row blocks do not change any output's k order."""
+    """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
+    other formats are decoded inside the GEMM's pipeline (WGP_DEQ, the default), or with
+    BW24CHAT_WGP_DEQ=0 dequantized to bf16 (and W_lo when w_lo) one row block at a time into
+    scratch (llama.cpp's dequantize-then-GEMM prefill), each block's GEMM writing its columns of
+    out.  Both give the same bits: the same decoded values, and row blocks do not change any
+    output's k order."""
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
-    k = get_kernel("gemm", "gemm_wgp", FMT=2, GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
+    in_pipeline = W.fmt not in ("BF16", "F16", "F32") and os.environ.get("BW24CHAT_WGP_DEQ", "1") != "0"
+    defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
+    k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
     smem = stages * stage + 1024
     _ensure_smem(k, smem)
 
-    def launch(wq, wl, r0: int, n: int) -> None:
+    def launch(wq, wl, r0: int, n: int, raw: tuple = (_NULL, _NULL, _NULL)) -> None:
         gs = _NULL if W.gscale is None else np.uint64(W.gscale.data.ptr + 4 * r0)
         k((-(-T // WG_BM), -(-n // bn)), (256,),
           (wq, _ptr(wl), gs, xh, _ptr(xl), np.uint64(out.data.ptr + 4 * r0), np.int32(T), np.int32(n),
-           np.int32(W.in_), np.int32(W.out), epi), shared_mem=smem)
+           np.int32(W.in_), np.int32(W.out), epi, *raw), shared_mem=smem)
 
     if W.fmt == "BF16":
         launch(W.q, None, 0, W.out)
+        return
+    if in_pipeline:
+        launch(W.q, None, 0, W.out, (_ptr(W.h), _ptr(W.s), _ptr(W.d)))
         return
     rows = max(256, WGP_DEQ_VALUES // W.in_ // 256 * 256)
     rows = min(rows, W.out)
