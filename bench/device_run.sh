@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s8c)
+  # quantized weights decoded inside gemm_wgp's pipeline (WGP_DEQ): bits vs the dequant pass, prefill A/B; decode
+  # with the steady windows adopted for NVFP4 / BF16 (and BF16 o on SIMT)
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_gemm.py -k "in_pipeline or wgp_equals or integer_dot" 2>&1 | tail -3 | tee $OUT/pytest_s8c.log
+  for env in "X=1" "BW24CHAT_WGP_DEQ=0"; do env $env timeout 150 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0,q4_k --prefill-only 2>&1 | grep "pp[0-9]" | sed "s/^/$env /"; done | tee $OUT/bench_s8c_pf.log
+  timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | tee $OUT/bench_s8c_dec.log
+  ;;
 s8b)
   # eighth session, first call: the integer-dot prologue through shared memory (cp.async, one L2 round trip per
   # row) and per-tile L2 prefetch — correctness, then per-kernel A/B, then decode A/B; then the s8a tests
