@@ -11,6 +11,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s8d)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py -k "in_pipeline or (wgp_equals and Q8_0)" 2>&1 | grep -E "^(FAILED|E +AssertionError)|passed|failed" | cut -c1-300 | head -40 | tee $OUT/pytest_s8d.log
+  ;;
 s8c)
   # quantized weights decoded inside gemm_wgp's pipeline (WGP_DEQ): bits vs the dequant pass, prefill A/B; decode
   # with the steady windows adopted for NVFP4 / BF16 (and BF16 o on SIMT)
