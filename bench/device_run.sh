@@ -11,6 +11,20 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s8e)
+  # final call 1: the in-pipeline dequant's bits (where it differs, if it does), then every gate and kernel check,
+  # then the matvec GPU tests under the final dispatch (BF16 o on SIMT, steady windows for NVFP4 / BF16)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py -k "in_pipeline or (wgp_equals and Q8_0)" 2>&1 | grep -E "^(FAILED|E +AssertionError)|passed|failed" | cut -c1-300 | head -30 | tee $OUT/pytest_deq.log
+  cp $OUT/pytest_deq.log /root/pytest_deq.log
+  grep -q "failed" $OUT/pytest_deq.log && export BW24CHAT_WGP_DEQ=0 && echo "IN-PIPELINE DEQUANT FAILED: the dequant pass from here on"
+  timeout 330 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 2>&1 | tee $OUT/check.log | grep -v "^PASS\|^  ok" | tail -30
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py 2>&1 | tail -2 | tee $OUT/pytest_matvec.log
+  ;;
+s8f)
+  # final call 2: the bench table
+  grep -q "failed" /root/pytest_deq.log 2>/dev/null && export BW24CHAT_WGP_DEQ=0 && echo "(in-pipeline dequant off)"
+  timeout 560 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
 s8d)
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py -k "in_pipeline or (wgp_equals and Q8_0)" 2>&1 | grep -E "^(FAILED|E +AssertionError)|passed|failed" | cut -c1-300 | head -40 | tee $OUT/pytest_s8d.log
   ;;

@@ -413,13 +413,18 @@ def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
 
 def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
     """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
-    other formats are decoded inside the GEMM's pipeline (WGP_DEQ, the default), or with
-    BW24CHAT_WGP_DEQ=0 dequantized to bf16 (and W_lo when w_lo) one row block at a time into
-    scratch (llama.cpp's dequantize-then-GEMM prefill), each block's GEMM writing its columns of
-    out.  Both give the same bits: the same decoded values, and row blocks do not change any
-    output's k order."""
+    other formats are either decoded inside the GEMM's pipeline (WGP_DEQ) or dequantized to bf16
+    (and W_lo when w_lo) one row block at a time into scratch (llama.cpp's dequantize-then-GEMM
+    prefill), each block's GEMM writing its columns of out.  Both give the same bits: the same
+    decoded values, and row blocks do not change any output's k order.  In the pipeline where W
+    is split (w_lo: precise mode, weights that are not bf16 numbers), the dequant pass
+    elsewhere: measured on the H200 (bench/NOTES.md, eighth session; pp512 in-pipeline vs pass,
+    tok/s) Q8_0 precise 9,629 vs 8,531, Q4_K 9,075 vs 8,357, but NVFP4 precise 12,457 vs
+    13,246 and every fast mode slower (the decode competes with the wgmmas for the same
+    warps).  BW24CHAT_WGP_DEQ=1 / 0 forces one way."""
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
-    in_pipeline = W.fmt not in ("BF16", "F16", "F32") and os.environ.get("BW24CHAT_WGP_DEQ", "1") != "0"
+    force = os.environ.get("BW24CHAT_WGP_DEQ", "")
+    in_pipeline = W.fmt not in ("BF16", "F16", "F32") and (force == "1" or (force != "0" and w_lo))
     defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
     k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
     smem = stages * stage + 1024
