@@ -135,20 +135,38 @@ struct WeightStager {
 // (-> bf16, and the residual when W_SPLIT).  load() issues the global loads into registers;
 // store() converts and writes them to shared memory in the layout L.  Out-of-range rows and k
 // are zeros.  Both GEMM kernels use it, so both see the same operand values.
+// GEMM_XPLANES=1 (the integer-dot contract): x arrives as its two exact bf16 planes, the code
+// levels 2^e h and 2^(e-8) l of gemm.cu act_quant (x: the hi plane, xl: the lo plane), staged as
+// they are — the planes gemm_wgp reads, so all three kernels see the same x split (a bf16 hi / lo
+// split of their f32 sum is exact too, but its f32 tensor-core sums round differently).
+#ifndef GEMM_XPLANES
+#define GEMM_XPLANES 0
+#endif
 template <int BN>
 struct TileStager : WeightStager<BN> {
-    static constexpr int ACH = GM_BM * GM_BK / 4 / GM_NT;  // x float4 per thread per k tile (8)
+    static constexpr int ACH = GM_BM * GM_BK / 4 / GM_NT;  // x float4 (or 4-value plane pieces) per thread per k tile (8)
+#if GEMM_XPLANES
+    uint2 ahi[ACH], alo[ACH];
+#else
     float4 areg[ACH];
+#endif
 
     BW24_DEVICE void load(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
                           const void* __restrict__ wd, const float* __restrict__ x, int T, int n_out, int n_in,
-                          long m0, int n0, int kt) {
+                          long m0, int n0, int kt, const __nv_bfloat16* __restrict__ xl) {
         const int tid = threadIdx.x, k0 = kt * GM_BK;
+        (void)xl;
 #pragma unroll
         for (int j = 0; j < ACH; ++j) {
             const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
-            areg[j] = (m0 + r < T && k0 + c < n_in) ? *reinterpret_cast<const float4*>(x + (m0 + r) * n_in + k0 + c)
-                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+            const bool ok = m0 + r < T && k0 + c < n_in;
+#if GEMM_XPLANES
+            const long e = (m0 + r) * n_in + k0 + c;
+            ahi[j] = ok ? *reinterpret_cast<const uint2*>(reinterpret_cast<const __nv_bfloat16*>(x) + e) : make_uint2(0u, 0u);
+            alo[j] = ok && GEMM_SPLIT ? *reinterpret_cast<const uint2*>(xl + e) : make_uint2(0u, 0u);
+#else
+            areg[j] = ok ? *reinterpret_cast<const float4*>(x + (m0 + r) * n_in + k0 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
         }
         this->load_w(wq, wh, ws, wd, n_out, n_in, n0, kt);
     }
@@ -163,7 +181,12 @@ struct TileStager : WeightStager<BN> {
         for (int j = 0; j < ACH; ++j) {
             const int i = tid + GM_NT * j, r = i >> 4, c = (i & 15) * 4;
             uint2 hi, lo;
+#if GEMM_XPLANES
+            hi = ahi[j];
+            lo = alo[j];
+#else
             split_bf16x4(areg[j], hi, lo);
+#endif
             *reinterpret_cast<uint2*>(A + L::off(r, c)) = hi;
 #if GEMM_SPLIT
             *reinterpret_cast<uint2*>(Al + L::off(r, c)) = lo;
@@ -183,7 +206,7 @@ BW24_DEVICE void gemm_put(float* __restrict__ out, const float* __restrict__ gsc
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
      const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
-     float* __restrict__ out, int T, int n_out, int n_in, int epi) {
+     float* __restrict__ out, int T, int n_out, int n_in, int epi, const __nv_bfloat16* __restrict__ xl) {
     PDL_ENTRY();
     extern __shared__ float4 smem4[];
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][BM][LD]
@@ -210,12 +233,12 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
 
-    st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, 0);
+    st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, 0, xl);
     store(0, 0);
     __syncthreads();
     for (int kt = 0; kt < nkt; ++kt) {
         const int buf = kt & 1;
-        if (kt + 1 < nkt) st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, kt + 1);
+        if (kt + 1 < nkt) st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, kt + 1, xl);
         const __nv_bfloat16* A = As + buf * GM_BM * GM_LD + (wm * 64) * GM_LD;
         const __nv_bfloat16* W = Ws + buf * GM_BN * GM_LD + (wn * 32) * GM_LD;
 #pragma unroll
@@ -403,7 +426,7 @@ BW24_DEVICE void wg_fence_acc(float (&d)[WG_ACC]) {
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
         const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
-        float* __restrict__ out, int T, int n_out, int n_in, int epi) {
+        float* __restrict__ out, int T, int n_out, int n_in, int epi, const __nv_bfloat16* __restrict__ xl) {
 #if WG_AVAILABLE
     PDL_ENTRY();
     extern __shared__ float4 smem4[];
@@ -429,13 +452,13 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
 
-    st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, 0);
+    st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, 0, xl);
     store(0, 0);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     for (int kt = 0; kt < nkt; ++kt) {
         const int s = kt & 1;
-        if (kt + 1 < nkt) st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, kt + 1);
+        if (kt + 1 < nkt) st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, kt + 1, xl);
         wg_fence_acc(d);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         const uint32_t a_hi = sbase + a_off(s, 0) + wgi * 64 * GM_BK * 2, w_hi = sbase + w_off(s, 0);
@@ -450,7 +473,7 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
 
     WG_EPILOGUE(d, n_out)
 #else
-    (void)wq; (void)wh; (void)ws; (void)wd; (void)gscale; (void)x; (void)out; (void)T; (void)n_out; (void)n_in; (void)epi;
+    (void)wq; (void)wh; (void)ws; (void)wd; (void)gscale; (void)x; (void)out; (void)T; (void)n_out; (void)n_in; (void)epi; (void)xl;
     __trap();  // built for a GPU without wgmma: the wrapper never launches this kernel there
 #endif
 }

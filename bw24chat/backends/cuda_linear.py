@@ -41,9 +41,9 @@ def _gemm_smem(x_split: bool, w_split: bool) -> int:
     return GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))
 
 
-def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool):
+def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, x_planes: bool = False):
     # gemm.cu derives W_SPLIT from GEMM_SPLIT and the format: w_split is that same rule
-    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split))
+    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GEMM_XPLANES": 1} if x_planes else {}))
     k.max_dynamic_shared_size_bytes = _gemm_smem(x_split, w_split)
     return k
 
@@ -317,17 +317,21 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
             xh, xl = _bf16_planes(x, T * W.in_, x_split)
         _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
         return
-    if a8:  # the portable kernels split f32 x into bf16 hi + lo themselves: exact for these values
-        x = _act_quant(x, T * W.in_, "f32", x_split)[0]
-    args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi)
+    # the register-staged kernels take x as f32 and split it themselves; under the integer-dot
+    # contract they take the two code-level planes instead (GEMM_XPLANES), gemm_wgp's x split
+    xl = None
+    if a8:
+        x, xl = _act_quant(x, T * W.in_, "bf16", x_split)
+    planes = {"GEMM_XPLANES": 1} if a8 else {}
+    args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl))
     if impl == "wg":
         bn = _wg_bn()
-        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WG_BN=bn)
+        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WG_BN=bn, **planes)
         smem = 2 * wg_stage_bytes(x_split, w_split, bn) + 1024  # double buffer
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
         return
-    k = _gemm_kernel(W, x_split, w_split)
+    k = _gemm_kernel(W, x_split, w_split, a8)
     k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(x_split, w_split))
 
 

@@ -110,15 +110,13 @@ def test_gemm_wg_tile_widths_agree(cp, rng, fmt, bn, monkeypatch):
 def test_gemm_wgp_equals_register_staged(cp, rng, fmt, stages, bn, precise, monkeypatch):
     """gemm_wgp (x as bf16 planes, weights as bf16 planes read in place (BF16) or dequantized a
     row block at a time (others), cp.async ring) gives the same bits as the register-staged
-    gemm_wg for every ring depth, tile width and row blocking, T and n_in off the tiles.  Under the
-    float-x contract (BW24CHAT_A8=none): with the integer-dot contract the two kernels take x in
-    different but equally exact splits (gemm_wgp the two code levels 2^e h and 2^(e-8) l, gemm_wg
-    bf16(x) and its residual), whose f32 tensor-core sums round differently."""
+    gemm_wg for every ring depth, tile width and row blocking, T and n_in off the tiles — under
+    the integer-dot contract too (Q8_0, NVFP4: both kernels take x as the two code-level planes,
+    GEMM_XPLANES; with bf16(x) and its residual instead, gemm_wg's sums rounded differently)."""
     from bw24chat.backends import cuda_linear as cl
 
     if "wg" not in impls():
         pytest.skip("gemm_wg needs sm_90a")
-    monkeypatch.setenv("BW24CHAT_A8", "none")
     nb = max(1, 600 // block_of(fmt))  # n_in ~600: a partial last k tile
     ts, w = make_weight(rng, fmt, rows=(333, 290), nblocks=nb)
     W = cw.upload(ts)
@@ -160,6 +158,23 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
                            f"{np.unique(bad[:, 1])[:12]}; max |diff| {np.nanmax(np.abs(base - got)):.3g}")
     if precise and not act_q8(fmt):
         check(got, x, w, 2e-5)
+
+
+@pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
+def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise):
+    """Under the integer-dot contract the portable mma.sync kernel (the sm_120a path), the
+    register-staged gemm_wg and gemm_wgp all take x as the same two code-level planes, so a
+    prefill gives the same bits whichever kernel the GPU runs."""
+    if "wg" not in impls():
+        pytest.skip("the comparison needs the sm_90a kernels")
+    ts, w = make_weight(rng, fmt, rows=(150,), nblocks=max(1, 800 // block_of(fmt)))
+    W = cw.upload(ts)
+    x = rng.standard_normal((140, W.in_)).astype(np.float32)
+    ref = run(cp, W, x, 140, impl="mma", precise=precise)
+    for impl in ("wg",):
+        got = run(cp, W, x, 140, impl=impl, precise=precise)
+        assert np.array_equal(ref.view(np.uint32), got.view(np.uint32)), impl
 
 
 def test_gemm_f32_rows_not_a_multiple_of_8(cp, rng, impl):
