@@ -14,7 +14,7 @@ case "$1" in
 s8g)
   # the register-staged GEMMs (portable mma.sync = the sm_120a path, and gemm_wg) on the integer-dot x planes:
   # the same bits as gemm_wgp; then the forced portable path's gates
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py -k "integer_dot or wgp_equals" 2>&1 | grep -E "^(FAILED|E +AssertionError)|passed|failed" | cut -c1-250 | head -20 | tee $OUT/pytest_s8g.log
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py -k "integer_dot or wgp_equals or act_quant" 2>&1 | grep -E "^(FAILED|E +AssertionError)|passed|failed" | cut -c1-250 | head -20 | tee $OUT/pytest_s8g.log
   BW24CHAT_PORTABLE=1 timeout 120 python3 -m bw24chat check --skip-kernels --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 2>&1 | tee $OUT/check_portable.log | grep -v "^PASS\|^  ok" | tail -8
   ;;
 s8e)

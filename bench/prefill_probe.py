@@ -48,7 +48,7 @@ def main() -> int:
     for name, (out, in_) in SHAPES.items():
         x = cp.asarray(rng.standard_normal((T, in_)).astype(np.float32))
         n = T * in_
-        for label, fn in (("split_bf16 hi+lo", lambda: lin._bf16_planes(x, n, True)), ("act_quant bf16", lambda: lin._act_quant(x, n, "bf16"))):
+        for label, fn in (("split_bf16 hi+lo", lambda: lin._bf16_planes(x, n, True)), ("act_quant bf16", lambda: lin._act_quant(x, n))):
             g = time_graph(cp, stream, lambda c: fn(), 1)
             e = time_eager(cp, stream, fn)
             print(f"{name:5} {label:28} graph {g:8.1f} us  eager {e:8.1f} us", flush=True)

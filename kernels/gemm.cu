@@ -644,13 +644,11 @@ extern "C" __global__ void split_bf16(const float4* __restrict__ x, uint2* __res
 // act_quant: the integer-dot contract's activation quantization of x (f32 [n], n a multiple of
 // 32: rows of a multiple of 32 inputs) per 32-block, exactly as the decode matvec's staging
 // (common.cuh act_quant_lane): the two parts 2^e h and 2^(e-8) l as bf16 planes (xq_hi, xq_lo:
-// the GEMM's x hi / lo operands, each exact) and / or their exact f32 sum (xq_f32); any output may
-// be null; f32_lo = 0 leaves the low level out of xq_f32 (the fast mode's one-level x).  Every lane
-// of a warp runs the same trip count (group reductions are shuffles).
+// every prefill GEMM's x hi / lo operands, each exact; xq_lo may be null: the fast mode's
+// one-level x).  Every lane of a warp runs the same trip count (group reductions are shuffles).
 BW24_DEVICE float code_byte(uint32_t w, int j) { return (float)(int)(int8_t)((w >> (8 * j)) & 0xFFu); }
 
-extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __restrict__ xq_hi, uint2* __restrict__ xq_lo,
-                                     float4* __restrict__ xq_f32, int f32_lo, long n4) {
+extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __restrict__ xq_hi, uint2* __restrict__ xq_lo, long n4) {
     PDL_ENTRY();
     for (long f0 = (long)blockIdx.x * blockDim.x; f0 < n4; f0 += (long)gridDim.x * blockDim.x) {
         const long f = f0 + threadIdx.x;
@@ -667,11 +665,7 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
             hi[j] = __fmul_rn(code_byte(qh, j), sc);
             lo[j] = __fmul_rn(code_byte(ql, j), sc_lo);
         }
-        if (xq_hi) xq_hi[f] = make_uint2(pack_bf16x2(hi[0], hi[1]), pack_bf16x2(hi[2], hi[3]));
+        xq_hi[f] = make_uint2(pack_bf16x2(hi[0], hi[1]), pack_bf16x2(hi[2], hi[3]));
         if (xq_lo) xq_lo[f] = make_uint2(pack_bf16x2(lo[0], lo[1]), pack_bf16x2(lo[2], lo[3]));
-        if (xq_f32) {  // hi + lo is exact
-            if (!f32_lo) lo[0] = lo[1] = lo[2] = lo[3] = 0.0f;
-            xq_f32[f] = make_float4(__fadd_rn(hi[0], lo[0]), __fadd_rn(hi[1], lo[1]), __fadd_rn(hi[2], lo[2]), __fadd_rn(hi[3], lo[3]));
-        }
     }
 }

@@ -312,7 +312,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
     if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
         if a8:
-            xh, xl = _act_quant(x, T * W.in_, "bf16", x_split)
+            xh, xl = _act_quant(x, T * W.in_, x_split)
         else:
             xh, xl = _bf16_planes(x, T * W.in_, x_split)
         _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
@@ -321,7 +321,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     # contract they take the two code-level planes instead (GEMM_XPLANES), gemm_wgp's x split
     xl = None
     if a8:
-        x, xl = _act_quant(x, T * W.in_, "bf16", x_split)
+        x, xl = _act_quant(x, T * W.in_, x_split)
     planes = {"GEMM_XPLANES": 1} if a8 else {}
     args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl))
     if impl == "wg":
@@ -360,27 +360,18 @@ def _scratch_u16(name: str, n: int):
     return buf
 
 
-def _act_quant(x, n: int, out: str, with_lo: bool = True):
+def _act_quant(x, n: int, with_lo: bool = True):
     """x[:n] (f32, rows of a multiple of 32 inputs) quantized by the integer-dot contract
-    (gemm.cu act_quant), in scratch: out="bf16" -> the planes (hi = 2^e h, lo = 2^(e-8) l, or
-    None without with_lo: the fast mode's one-level x), out="f32" -> (their exact sum, or the
-    high level alone without with_lo, None)."""
-    import cupy as cp
-
+    (gemm.cu act_quant) into scratch bf16 planes: (hi = 2^e h, lo = 2^(e-8) l), lo None without
+    with_lo (the fast mode's one-level x)."""
     if n % 32:
         raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
-    if out == "bf16":
-        hi = _scratch_u16("x_hi", n)
-        lo = _scratch_u16("x_lo", n) if with_lo else None
-        q32, res = None, (hi, lo)
-    else:
-        hi = lo = None
-        q32 = _scratch_u16("x_q32", 2 * n)[: 2 * n].view(cp.float32)
-        res = (q32, None)
+    hi = _scratch_u16("x_hi", n)
+    lo = _scratch_u16("x_lo", n) if with_lo else None
     n4 = n // 4
     k = get_kernel("gemm", "act_quant")
-    k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, _ptr(hi), _ptr(lo), _ptr(q32), np.int32(with_lo), np.int64(n4)))
-    return res
+    k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
+    return hi, lo
 
 
 def _bf16_planes(x, n: int, with_lo: bool):

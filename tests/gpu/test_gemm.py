@@ -189,8 +189,8 @@ def test_gemm_f32_rows_not_a_multiple_of_8(cp, rng, impl):
 def test_act_quant_kernel_matches_reference(cp, rng):
     """gemm.cu act_quant (the integer-dot contract's activation quantization, shared with the
     decode matvec's staging) equals kernel_refs.act_quant_codes bit for bit: the bf16 planes
-    2^e h and 2^(e-8) l, their f32 sum, and the one-level f32 form; random rows, an all-zero
-    block, tiny (subnormal) and huge blocks, and exact .5 ties."""
+    2^e h and 2^(e-8) l (their exact sum is kernel_refs.act_quant_ref), and the one-level hi
+    plane alone; random rows, an all-zero block, tiny (subnormal) and huge blocks, exact .5 ties."""
     from bw24chat.backends import cuda_linear as cl
     from bw24chat.backends.kernel_refs import act_quant_codes, bf16_round_bits
 
@@ -204,14 +204,14 @@ def test_act_quant_kernel_matches_reference(cp, rng):
     step = np.ldexp(1.0, e).repeat(32, -1).reshape(T, n)
     hi, lo = (h * step).astype(np.float32), (l * step / 256).astype(np.float32)
     xd = cp.asarray(x)
-    g_hi, g_lo = cl._act_quant(xd, T * n, "bf16")
+    g_hi, g_lo = cl._act_quant(xd, T * n)
     assert np.array_equal(cp.asnumpy(g_hi[: T * n]).reshape(T, n), bf16_round_bits(hi))
     assert np.array_equal(cp.asnumpy(g_lo[: T * n]).reshape(T, n), bf16_round_bits(lo))
     assert np.array_equal(bf16(hi), hi) and np.array_equal(bf16(lo), lo)  # both parts exact in bf16
-    got = cp.asnumpy(cl._act_quant(xd, T * n, "f32")[0][: T * n]).reshape(T, n)
-    assert np.array_equal(got.view(np.uint32), act_quant_ref(x).view(np.uint32))
-    one = cp.asnumpy(cl._act_quant(xd, T * n, "f32", with_lo=False)[0][: T * n]).reshape(T, n)
-    assert np.array_equal(one.view(np.uint32), act_quant_ref(x, 1).view(np.uint32))
+    assert np.array_equal((hi + lo).view(np.uint32), act_quant_ref(x).view(np.uint32))  # their sum: the contract's x
+    one, none = cl._act_quant(xd, T * n, with_lo=False)
+    assert none is None
+    assert np.array_equal(cp.asnumpy(one[: T * n]).reshape(T, n), bf16_round_bits(act_quant_ref(x, 1)))
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q4_1"])
