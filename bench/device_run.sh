@@ -11,6 +11,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s9a)
+  # next session, first call: every GPU test file (several have not run since the sixth session), each under its own timeout
+  for f in tests/gpu/test_*.py; do timeout 150 python3 -m pytest -q -p no:cacheprovider $f 2>&1 | tail -1 | sed "s|^|$f: |"; done | tee $OUT/pytest_gpu_all.log
+  ;;
 s8g)
   # the register-staged GEMMs (portable mma.sync = the sm_120a path, and gemm_wg) on the integer-dot x planes:
   # the same bits as gemm_wgp; then the forced portable path's gates
