@@ -34,7 +34,7 @@ def _weight(fmt: str, rows: int, cols: int, rng) -> QTensor:
 def check_linear(cp, rng) -> list[tuple]:
     from .backends import cuda_linear as lin
     from .backends.cuda_weights import upload
-    from .backends.kernel_refs import act_q8, act_quant_ref
+    from .backends.kernel_refs import FLOAT_FORMATS, act_q8, act_quant_ref
 
     out = []
     for fmt in FORMATS:
@@ -48,7 +48,7 @@ def check_linear(cp, rng) -> list[tuple]:
         lin.dequantize(W, d)
         bad = int(np.count_nonzero(cp.asnumpy(d).view(np.uint32) != ref_w.view(np.uint32)))
         out.append((f"dequantize {fmt}", f"{bad} bit mismatches", "0", bad == 0))
-        modes = [act_q8(fmt)] + ([True] if fmt not in ("F32", "F16", "BF16") and not act_q8(fmt) else [])
+        modes = [act_q8(fmt)] + ([True] if fmt not in FLOAT_FORMATS and not act_q8(fmt) else [])
         for a8 in modes:  # the default contract, then the opt-in integer-dot one (quantized formats)
             tag = " int8-x" if a8 else ""
             # matvec m = 1..8: f32 accumulation vs float64, and each row bit-equal to its m=1 result

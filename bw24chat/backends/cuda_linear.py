@@ -15,7 +15,7 @@ import numpy as np
 
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
-from .kernel_refs import act_q8
+from .kernel_refs import FLOAT_FORMATS, act_q8
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
@@ -41,9 +41,9 @@ def _gemm_smem(x_split: bool, w_split: bool) -> int:
     return GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))
 
 
-def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, x_planes: bool = False):
+def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, **defines):
     # gemm.cu derives W_SPLIT from GEMM_SPLIT and the format: w_split is that same rule
-    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GEMM_XPLANES": 1} if x_planes else {}))
+    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **defines)
     k.max_dynamic_shared_size_bytes = _gemm_smem(x_split, w_split)
     return k
 
@@ -247,7 +247,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
     a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
-    if a8 and W.fmt in ("F32", "F16", "BF16"):
+    if a8 and W.fmt in FLOAT_FORMATS:
         raise ValueError("the integer-dot contract applies to the quantized formats")
     impl = impl or matvec_impl(W, a8)
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
@@ -331,7 +331,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
         return
-    k = _gemm_kernel(W, x_split, w_split, a8)
+    k = _gemm_kernel(W, x_split, w_split, **planes)
     k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(x_split, w_split))
 
 
@@ -419,7 +419,7 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     warps).  BW24CHAT_WGP_DEQ=1 / 0 forces one way."""
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
     force = os.environ.get("BW24CHAT_WGP_DEQ", "")
-    in_pipeline = W.fmt not in ("BF16", "F16", "F32") and (force == "1" or (force != "0" and w_lo))
+    in_pipeline = W.fmt not in FLOAT_FORMATS and (force == "1" or (force != "0" and w_lo))
     defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
     k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
     smem = stages * stage + 1024

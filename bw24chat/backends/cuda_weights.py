@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import quants
+from .kernel_refs import FLOAT_FORMATS
 
 # format id (the FMT define of kernels/formats.cuh) and values per 16-byte chunk
 FORMATS = {
@@ -94,7 +95,7 @@ def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
     if in_ % V:
         raise ValueError(f"{fmt}: in={in_} must be a multiple of {V} (one 16-byte chunk)")
     u8 = _rows(raw, out)
-    if fmt in ("F32", "F16", "BF16"):
+    if fmt in FLOAT_FORMATS:
         return {"q": u8}
     bs, ts = quants.block_info(quants.T[fmt])
     if in_ % bs:

@@ -66,6 +66,9 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
 
 
+FLOAT_FORMATS = ("F32", "F16", "BF16")  # the unquantized weight formats
+
+
 def act_q8(fmt: str) -> bool:
     """Whether weights of ``fmt`` use the integer-dot contract: BW24CHAT_A8 = a comma list of
     formats, "all" (every quantized format supports it) or "none"; default A8_FORMATS."""
@@ -75,7 +78,7 @@ def act_q8(fmt: str) -> bool:
     if env == "none":
         return False
     if env == "all":
-        return fmt not in ("F32", "F16", "BF16")
+        return fmt not in FLOAT_FORMATS
     return fmt in {f.strip().upper() for f in env.split(",")}
 
 
