@@ -11,9 +11,26 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s9b)
+  # NVFP4 selector-word layout + one integer-dot chain per half (matvec), repacked scale bytes:
+  # the GPU tests that touch NVFP4 (and the fixed gemm_wg tile-width test), in parallel; then the
+  # kernel variants; then decode; then the gates on the NVFP4 model
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "NVFP4 or integer_dot or steady" > /tmp/pt_mv.log 2>&1; echo "matvec: $(tail -1 /tmp/pt_mv.log)") > $OUT/pytest_s9b.log &
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py -k "NVFP4 or tile_widths" > /tmp/pt_gm.log 2>&1; echo "gemm: $(tail -1 /tmp/pt_gm.log)") >> $OUT/pytest_s9b.log &
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dequant_embed.py > /tmp/pt_dq.log 2>&1; echo "dequant: $(tail -1 /tmp/pt_dq.log)") >> $OUT/pytest_s9b.log &
+  wait; cat $OUT/pytest_s9b.log; grep -h "^FAILED\|^E  " /tmp/pt_mv.log /tmp/pt_gm.log /tmp/pt_dq.log | cut -c1-240 | head -24 | tee -a $OUT/pytest_s9b.log
+  timeout 150 python3 bench/matvec_variants.py --formats nvfp4 2>&1 | tee $OUT/mv_s9b.log | grep -A8 "best per shape"
+  timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | tee $OUT/bench_s9b.log
+  timeout 150 python3 -m bw24chat check --formats nvfp4 --kv bf16 2>&1 | tee $OUT/check_s9b.log | grep -v "^PASS\|^  ok" | tail -12
+  ;;
 s9a)
-  # next session, first call: every GPU test file (several have not run since the sixth session), each under its own timeout
-  for f in tests/gpu/test_*.py; do timeout 150 python3 -m pytest -q -p no:cacheprovider $f 2>&1 | tail -1 | sed "s|^|$f: |"; done | tee $OUT/pytest_gpu_all.log
+  # ninth session, first call: every GPU test file (several have not run since the sixth session), the
+  # files in parallel (compiles are CPU-bound: 16 cores), each under its own timeout; then decode
+  # attention alone with deeper cp.async pipelines and more splits; then where the decode step goes
+  for f in tests/gpu/test_*.py; do (timeout 330 python3 -m pytest -q -p no:cacheprovider $f > /tmp/pt_$(basename $f .py).log 2>&1; echo "$f rc=$?: $(tail -1 /tmp/pt_$(basename $f .py).log)") & done > $OUT/pytest_gpu_all.log; wait
+  cat $OUT/pytest_gpu_all.log; grep -h "^FAILED\|^ERROR" /tmp/pt_*.log | cut -c1-200 | head -30 | tee -a $OUT/pytest_gpu_all.log
+  timeout 150 python3 bench/attn_probe.py --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_TC_STAGES=4;BW24CHAT_ATTN_TC_STAGES=6;BW24CHAT_ATTN_SPLITS=33;BW24CHAT_ATTN_SPLITS=33,BW24CHAT_ATTN_TC_STAGES=4;BW24CHAT_ATTN_SPLITS=8" 2>&1 | tee $OUT/attn_s9a.log
+  timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^ \|^{\|^}' | tail -30 | tee $OUT/profile_nvfp4.log
   ;;
 s8g)
   # the register-staged GEMMs (portable mma.sync = the sm_120a path, and gemm_wg) on the integer-dot x planes:

@@ -30,11 +30,14 @@ VARIANTS = {
     "Q4_K": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"}),
              ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
     "NVFP4": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"}),
-              ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
+              ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"}),
+              ("minb2 u2", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "2", "BW24CHAT_MV_U": "2"}),
+              ("minb2 u3", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "2", "BW24CHAT_MV_U": "3"}),
+              ("minb3 u2", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "3", "BW24CHAT_MV_U": "2"})],
 }
 COPIES = 6
 SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB",
-            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY", "BW24CHAT_NV_PM")
+            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY")
 
 
 def main() -> int:

@@ -751,7 +751,9 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 // fixed by L_r alone.  Under PDL the first TCSTAGES-1 tiles are fetched before pdl_wait, except the
 // keys >= L_r - max_rows that this step's cache write may have produced (fetched after it).
 #define TCK 64
+#ifndef TCSTAGES  // pipeline depth (cuda_ops._decode_tc_stages; BW24CHAT_ATTN_TC_STAGES for experiments)
 #define TCSTAGES 3
+#endif
 #define TC_STAGE_ELEMS (2 * TCK * LDK)
 #define DECODE_TC_SMEM (TCSTAGES * TC_STAGE_ELEMS * 2)  // the wrapper computes the same number
 

@@ -17,8 +17,13 @@
 //     Q6_K  s = the 16 int8 scales per superblock (uint4); d = f16 per superblock (u16);
 //           h = uint2 2-bit highs per chunk; values 0-15 of a chunk use scale 2*(kc%8), 16-31
 //           use 2*(kc%8)+1
-//     NVFP4 s = 4 ue4m3 scales per 64 values (u32); chunk kc uses bytes 2*(kc&1), +1 (values
-//           0-15, 16-31); codes are E2M1 nibbles.  The per-tensor FP32 global scale is a
+//     NVFP4 q = four "selector words" instead of a nibble chunk: word g holds the E2M1 codes
+//           of values 4g+j at bits 4j..4j+3 and of values 16+4g+j at bits 16+4j.. (j = 0..3),
+//           so each 16-bit half is four PRMT selector nibbles as it stands (nvfp4_sel);
+//           s = 4 ue4m3 scales per 64 values (u32); chunk kc uses bytes 2*(kc&1), +1 (values
+//           0-15, 16-31), stored with bit 7 clear and 0x7F as 0x00 (cuda_weights.
+//           nvfp4_scale_bytes: the same values), so (byte << 7) is f16 bits of E4M3 * 2^-8.
+//           The per-tensor FP32 global scale is a
 //           per-row float array (fused matrices may concatenate tensors with different scales)
 //           applied by the caller: matvec multiplies the finished row sum, dequant each value.
 //   h-plane bit layout (so that a single shift + mask merges the high bits of 4 values into the
@@ -123,18 +128,13 @@ BW24_DEVICE void fetch_chunk(Raw& r, const uint4* __restrict__ wq, const void* _
 #endif
 }
 
-// ue4m3 scale halved (quants.ue4m3_to_f32_half): the 7 bits placed as f32 bits <<20 read as
-// 2^(e-127)(1+m/8) (e>0) or m*2^-129 (e=0, subnormal); times 2^119 is 2^(e-8)(1+m/8), m*2^-10:
-// exact.  0x00 and 0x7F decode to 0; bit 7 is ignored (as the reference's masks do).
-// Computed through f16 instead: the 7 bits placed at f16 bits 7-13 read as E4M3 * 2^-8 exactly,
-// subnormals included (f16 has one more exponent bit and 7 more mantissa bits than E4M3, and
-// f16 subnormals are converted exactly: no f32 subnormal arises); times 2^7 is E4M3 / 2.
-// About half the instructions of the branchy form this replaced, with the same values.
-// Only the byte 0x7F itself decodes to 0 (0xFF is 0x7F's magnitude with bit 7 ignored, as in
-// the reference's masks: 240).
+// ue4m3 scale halved (quants.ue4m3_to_f32_half) of a repacked scale byte (bit 7 clear, the
+// reference's zero-decoding 0x7F stored as 0x00: cuda_weights.nvfp4_scale_bytes): the 7 bits
+// placed at f16 bits 7-13 read as E4M3 * 2^-8 exactly, subnormals included (f16 has one more
+// exponent bit and 7 more mantissa bits than E4M3, and f16 subnormals are converted exactly: no
+// f32 subnormal arises); times 2^7 is E4M3 / 2.
 BW24_DEVICE float ue4m3_half(uint32_t x) {
-    const float v = __fmul_rn(__half2float(__ushort_as_half((unsigned short)((x & 0x7Fu) << 7))), 128.0f);
-    return x == 0x7Fu ? 0.0f : v;
+    return __fmul_rn(__half2float(__ushort_as_half((unsigned short)(x << 7))), 128.0f);
 }
 
 // per-chunk scale a0 (values 0-15 or all), a1 (values 16-31 for TWO_SCALES), additive b
@@ -178,9 +178,15 @@ BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float&
 
 BW24_DEVICE uint32_t shl_signed(uint32_t v, int s) { return s >= 0 ? v << s : v >> (-s); }
 
-// nibble family: the code bytes of values 4g+j (lo) and 16+4g+j (hi), high bits merged in
+// nibble family: the code bytes of values 4g+j (lo) and 16+4g+j (hi), high bits merged in;
+// NVFP4: the selector nibbles of those values (lo in bits 0-15; hi: the word shifted down)
 BW24_DEVICE void qwords(const Raw& r, int g, uint32_t& lo, uint32_t& hi) {
     const uint32_t w = word_of(r.q, g);
+#if FMT == F_NVFP4
+    lo = w;
+    hi = w >> 16;
+    return;
+#endif
     lo = w & 0x0F0F0F0Fu;
     hi = (w >> 4) & 0x0F0F0F0Fu;
 #if HAS_H5
@@ -192,46 +198,27 @@ BW24_DEVICE void qwords(const Raw& r, int g, uint32_t& lo, uint32_t& hi) {
 #endif
 }
 
-// byte j of a code word -> exact float of (code - QOFF); NVFP4: the doubled E2M1 value
+// byte j of a code word -> exact float of (code - QOFF) (not NVFP4: its words are selectors)
 BW24_DEVICE float qval(uint32_t w, int j) {
-#if FMT == F_NVFP4
-    // E2M1 magnitude bits placed at f32 bits 22-24 read as (doubled value) * 2^-127 (value 1
-    // is the subnormal 2^-127); times 2^127 is exact.  Sign bit 3 -> bit 31.
-    // Code 8 (-0) is +0 in the reference table (E2M1_X2[8] = 0): no sign on a zero magnitude.
-    // The doubled magnitudes 0,1,2,3,4,6,8,12 from a nibble table, made exact floats by the
-    // 2^23 trick; no subnormals involved (they flush to zero under FTZ).
-    const uint32_t c = (w >> (8 * j)) & 0xFu;
-    const uint32_t mag = (0xC8643210u >> (4u * (c & 7u))) & 0xFu;
-    const float f = __fsub_rn(__uint_as_float(0x4B000000u | mag), 8388608.0f);
-    return ((c & 8u) && mag) ? -f : f;
-#else
     return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)j)), 8388608.0f + QOFF);
-#endif
 }
 
-// NVFP4: the four codes in bytes 0-3 of t (low nibbles; t = a qwords() word) -> the exact floats
-// of their doubled E2M1 values, in order.  A 16-entry byte table (doubled value + 12: 0..24)
-// is looked up four codes at a time with PRMT (entries 0-7 and 8-15 from two register pairs,
-// then picked by the code's sign bit), and each byte is made a float by the 2^23 trick.  The
-// selector nibbles come out as codes (0, 2, 1, 3) (t | t >> 12 packs bytes 0..3 into nibbles
-// 0, 2, 1, 3), hence the byte positions below.  Code 8 (-0) gives +0, as the reference table
-// does.  ~2.3 instructions per value instead of ~10 for the shift-and-select form (qval).
-// nvfp4_s4: the table step alone — bytes (doubled value + 12) of codes (0, 2, 1, 3), unsigned
-// 0..24 (also the integer-dot matvec's weight bytes, ACT_Q8).
-BW24_DEVICE uint32_t nvfp4_s4(uint32_t t) {
-    const uint32_t sel = t | (t >> 12);
+// NVFP4, four codes as selector nibbles (bits 0-15, value j in nibble j; qwords) -> bytes
+// (doubled E2M1 value + 12: 0..24), byte j = value j.  A 16-entry byte table looked up four
+// codes at a time with PRMT (entries 0-7 and 8-15 from two register pairs, then picked by the
+// code's sign bit).  Code 8 (-0) gives +0, as the reference table (E2M1_X2[8] = 0) does.
+BW24_DEVICE uint32_t nvfp4_s4(uint32_t sel) {
     const uint32_t idx = sel & 0x7777u;  // __byte_perm uses 3 bits per nibble; masked to be explicit
     const uint32_t pos = __byte_perm(0x0F0E0D0Cu, 0x18141210u, idx);  // codes 0-7:  12 + {0,1,2,3,4,6,8,12}
     const uint32_t neg = __byte_perm(0x090A0B0Cu, 0x00040608u, idx);  // codes 8-15: 12 - {0,1,2,3,4,6,8,12}
     return __byte_perm(pos, neg, ((sel & 0x8888u) >> 1) | 0x3210u);
 }
 
-BW24_DEVICE void nvfp4_x4(uint32_t t, float (&f)[4]) {
-    const uint32_t e = nvfp4_s4(t);
-    f[0] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7440u)), 8388620.0f);
-    f[1] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7442u)), 8388620.0f);
-    f[2] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7441u)), 8388620.0f);
-    f[3] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7443u)), 8388620.0f);
+// the exact floats of the four codes (nvfp4_s4's bytes made floats by the 2^23 trick), in order
+BW24_DEVICE void nvfp4_x4(uint32_t sel, float (&f)[4]) {
+    const uint32_t e = nvfp4_s4(sel);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[j] = __fsub_rn(__uint_as_float(__byte_perm(e, 0x4B000000u, 0x7440u | (uint32_t)j)), 8388620.0f);
 }
 
 // the four exact code floats of a qwords() word, in order j = 0..3

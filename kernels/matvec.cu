@@ -17,7 +17,9 @@
 //   ACT_Q8=1 (the integer-dot contract, quantized formats): xin is first quantized per block of
 //   32 inputs into two int8 code levels (common.cuh act_quant_lane: xin ~ 2^e (h + l/256)), and
 //   y = sum over chunks and levels of dot * a * s (+ b * sum(codes) * s with a min), dot = the
-//   exact integer sum of weight code * x code (dp4a), s = 2^e or 2^(e-8); reference:
+//   exact integer sum of weight code * x code (dp4a), s = 2^e or 2^(e-8); NVFP4 joins the two
+//   levels in the integer: y = sum over half chunks of (256 dot_h + dot_l) * a * 2^(e-8), one
+//   rounding per half chunk (|256 dot_h + dot_l| < 2^23: exact in f32); reference:
 //   act_quant_ref(xin) @ W.T.
 //
 // Exactness: the per-output reduction tree does not depend on MV_M, MV_R or tk: lane L of the
@@ -246,10 +248,12 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
 // ---- the integer-dot path.  Shared x per token m and plane p (0: the high codes h, 1: the low
 // codes l; common.cuh act_quant_lane): the int8 codes as u32 words (wpm = n_in/4 per plane), and
 // one uint4 per 32-input block {plane scale as float bits (2^e, 2^(e-8)), code sum of inputs
-// 0-15, of 16-31, of all 32}.  Word layout: Q8_0 (16-value chunks) natural order, a chunk = 4
-// words at 4*kc; 32-value chunks two halves (inputs 0-15 of chunk kc at words 4*kc.., 16-31 at
-// 4*(nck+kc)..) so that each lane's 16-byte read is conflict-free; NVFP4 words hold their codes
-// in the order (0, 2, 1, 3) of nvfp4_s4's weight bytes.  Token m, plane p: words at
+// 0-15, of 16-31, of all 32}; NVFP4 (both levels in one integer dot, chunk_dot_a8) instead one
+// record per block in plane 0's place {2^(e-1) (the weights' 2^7 folded in: nvfp4_scales_f16),
+// seed of inputs 0-15, of 16-31 (-128 * (256 * sum h + sum l): removes the weight bytes' offset
+// 128), 0}.  Word layout: Q8_0 (16-value chunks) natural order, a chunk = 4 words at 4*kc;
+// 32-value chunks two halves (inputs 0-15 of chunk kc at words 4*kc.., 16-31 at 4*(nck+kc)..)
+// so that each lane's 16-byte read is conflict-free.  Token m, plane p: words at
 // xw + (2m+p)*wpm, records at meta + (2m+p)*nb.
 BW24_DEVICE int a8_word(int p, int nck) {
 #if VPC == 16
@@ -323,18 +327,19 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
             if (!ok) a = zero;
             int e, sh, sl;
             uint32_t ql;
-            uint32_t qh = act_quant_lane(a, e, ql, sh, sl);
+            const uint32_t qh = act_quant_lane(a, e, ql, sh, sl);
             const int sh_other = __shfl_xor_sync(0xffffffffu, sh, 4), sl_other = __shfl_xor_sync(0xffffffffu, sl, 4);
-#if FMT == F_NVFP4
-            qh = __byte_perm(qh, 0u, 0x3120u);
-            ql = __byte_perm(ql, 0u, 0x3120u);
-#endif
             if (!ok) return;
             xwm[a8_word(4 * f, nck)] = qh;
             xwm[wpm + a8_word(4 * f, nck)] = ql;
             if ((lane & 7) == 0) {  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
+#if FMT == F_NVFP4
+                metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e - 1)), (uint32_t)(-128 * (256 * sh + sl)),
+                                           (uint32_t)(-128 * (256 * sh_other + sl_other)), 0u);
+#else
                 metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e)), (uint32_t)sh, (uint32_t)sh_other, (uint32_t)(sh + sh_other));
                 metam[nb + (f >> 3)] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl, (uint32_t)sl_other, (uint32_t)(sl + sl_other));
+#endif
             }
         };
         for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
@@ -366,16 +371,7 @@ BW24_DEVICE int dp4a_u8(uint32_t a, uint32_t b, int c) {  // unsigned bytes of a
 // the exact float of an integer |i| < 2^22 without I2F (quarter rate): (1.5 * 2^23 + i) - 1.5 * 2^23
 BW24_DEVICE float small_int_float(int i) { return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.0f); }
 
-#ifndef NV_PM  // NVFP4 weight bytes by the sign-split table (1: cuda_linear's choice, measured faster) or nvfp4_s4 (0)
-#define NV_PM 0
-#endif
-#if FMT == F_NVFP4 && NV_PM
-#define A8_OFF 128  // nvfp4_pm bytes are the doubled value + 128
-#elif FMT == F_NVFP4
-#define A8_OFF 12  // nvfp4_s4 bytes are the doubled value + 12
-#else
-#define A8_OFF ((int)QOFF)
-#endif
+#define A8_OFF ((int)QOFF)  // the weight bytes' offset, removed through the dp4a seed
 
 #if FMT == F_NVFP4
 BW24_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {  // PTX prmt, default mode (bit 3: sign replicate)
@@ -383,21 +379,31 @@ BW24_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {  // PTX prmt, 
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
 }
-// Four NVFP4 codes as selector nibbles (bit 3 the sign) -> bytes (doubled value + 128), unsigned
-// 116..140: pos = the doubled magnitude where the sign is clear, else 0 (PRMT's sign-replicate of
-// a table byte < 0x80); neg the same for the set signs; pos + 128 - neg per byte has no carry or
-// borrow.  The integer dot then equals nvfp4_s4's exactly (the offset goes through the seed).
-BW24_DEVICE uint32_t nvfp4_pm(uint32_t sel) {
-    const uint32_t pos = prmt(0x03020100u, 0x0C080604u, sel);
-    const uint32_t neg = prmt(0x03020100u, 0x0C080604u, sel ^ 0x8888u);
-    return pos + 0x80808080u - neg;
+// Four NVFP4 codes as selector nibbles (bits 0-15; bit 3 of each the sign) -> bytes (doubled
+// value + 128, unsigned 116..140), byte j = code j.  PRMT's default mode replicates the selected
+// byte's sign bit when the selector's bit 3 is set, and every table byte is < 0x80: so pos = the
+// doubled magnitude where the sign is clear, else 0, and neg the same on the flipped selectors;
+// pos + 128 - neg per byte has no carry or borrow (one IADD3).  Code 8 (-0) gives 128 (+0).
+// A selector word (formats.cuh: the codes of values 4g+j in bits 0-15, of 16+4g+j in 16-31) ->
+// the weight-byte words of both halves: 9 operations per 8 codes (the nibble-chunk layout this
+// replaced needed ~19 with the selector shuffles: bench/NOTES.md, ninth session).
+// t0 = 0x03020100 (table bytes 0-3) comes from the caller in a register: PRMT's first operand must
+// be one, and ptxas otherwise re-materialized the constant before every PRMT (85 extra moves per
+// 8 row chunks in the steady loop; nvdisasm, ninth session).
+BW24_DEVICE void nvfp4_weight_bytes(uint32_t w, uint32_t t0, uint32_t& lo, uint32_t& hi) {
+    const uint32_t t1 = 0x0C080604u;  // doubled E2M1 magnitudes 0,1,2,3 (t0), 4,6,8,12
+    const uint32_t n = w ^ 0x88888888u;
+    lo = prmt(t0, t1, w) + 0x80808080u - prmt(t0, t1, n);
+    hi = prmt(t0, t1, w >> 16) + 0x80808080u - prmt(t0, t1, n >> 16);
 }
-// a chunk's code word g -> the weight-byte words of values 4g+j (lo) and 16+4g+j (hi), bytes in
-// the order (0, 2, 1, 3) of nvfp4_s4 (the staged x words follow it): selector nibbles straight
-// from the packed word (codes of bytes 0, 2, 1, 3: low nibbles for lo, high for hi)
-BW24_DEVICE void nvfp4_pm_words(uint32_t w, uint32_t& lo, uint32_t& hi) {
-    lo = nvfp4_pm((w & 0x0F0Fu) | ((w >> 12) & 0xF0F0u));
-    hi = nvfp4_pm(((w >> 4) & 0x0F0Fu) | ((w >> 16) & 0xF0F0u));
+// The chunk's two block scales (values 0-15, 16-31) as E4M3 * 2^-8 (= ue4m3_half * 2^-7; the
+// 2^7 rides in the x record's 2^(e-1)): the repacked scale bytes 2p, 2p+1 of the record word
+// (p = kc & 1) moved under f16x2 bits 7-13 by one PRMT and a shift, then converted exactly.
+BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
+    const uint32_t t = prmt(sw, 0u, (kc & 1) ? 0x4342u : 0x4140u) << 7;
+    const __half2 h = *reinterpret_cast<const __half2*>(&t);
+    a0 = __low2float(h);
+    a1 = __high2float(h);
 }
 #endif
 
@@ -407,11 +413,17 @@ BW24_DEVICE void nvfp4_pm_words(uint32_t w, uint32_t& lo, uint32_t& hi) {
 //   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s)
 //   otherwise:  acc += (dot_lo + dot_hi) * (a0 * s); HAS_MIN: acc += sum32 * (b * s)
 // with s the plane's scale (a * s is exact), each an FMA, the same for every MV_M.
+// NVFP4, per row, token and half: D = 256 * dot_h + dot_l by one dp4a chain (the h chain's
+// result times 256 plus the record's seed seeds the l chain), then acc += float(D) * (a * s),
+// s = 2^(e-1), a = E4M3 * 2^-8 (the 8 and the 2^7 of ue4m3 / 2 in s); float(D) exact (I2F).
 BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
-                              float (&acc)[MV_M][MV_R]) {
+                              uint32_t nv_t0, float (&acc)[MV_M][MV_R]) {
     float a0[MV_R], a1[MV_R], b[MV_R];
 #pragma unroll
     for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
+#if FMT != F_NVFP4
+    (void)nv_t0;
+#endif
 #if FMT == F_Q8_0
     (void)nck; (void)a1; (void)b;
 #pragma unroll
@@ -429,25 +441,52 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
                 acc[m][r] = __fmaf_rn(small_int_float(s), __fmul_rn(a0[r], dx), acc[m][r]);
             }
         }
+#elif FMT == F_NVFP4
+    (void)a0; (void)a1; (void)b;
+    uint32_t cl[MV_R][4], ch[MV_R][4];
+    float s0[MV_R], s1[MV_R];
+#pragma unroll
+    for (int r = 0; r < MV_R; ++r) {
+        nvfp4_scales_f16(raw[r].s.x, kc, s0[r], s1[r]);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) nvfp4_weight_bytes(word_of(raw[r].q, g), nv_t0, cl[r][g], ch[r][g]);
+    }
+#pragma unroll
+    for (int m = 0; m < MV_M; ++m) {
+        const uint32_t* xh = xw + 2 * m * wpm;  // plane h; plane l at + wpm
+        const uint4 hl = *reinterpret_cast<const uint4*>(xh + 4 * kc);
+        const uint4 hh = *reinterpret_cast<const uint4*>(xh + 4 * (nck + kc));
+        const uint4 ll = *reinterpret_cast<const uint4*>(xh + wpm + 4 * kc);
+        const uint4 lh = *reinterpret_cast<const uint4*>(xh + wpm + 4 * (nck + kc));
+        const uint4 mt = meta[2 * m * nb + kc];
+        const float dx = __uint_as_float(mt.x);
+#pragma unroll
+        for (int r = 0; r < MV_R; ++r) {
+            int il = dp4a_u8(cl[r][0], hl.x, 0), ih = dp4a_u8(ch[r][0], hh.x, 0);
+            il = dp4a_u8(cl[r][1], hl.y, il);
+            ih = dp4a_u8(ch[r][1], hh.y, ih);
+            il = dp4a_u8(cl[r][2], hl.z, il);
+            ih = dp4a_u8(ch[r][2], hh.z, ih);
+            il = dp4a_u8(cl[r][3], hl.w, il);
+            ih = dp4a_u8(ch[r][3], hh.w, ih);
+            il = dp4a_u8(cl[r][0], ll.x, il * 256 + (int)mt.y);
+            ih = dp4a_u8(ch[r][0], lh.x, ih * 256 + (int)mt.z);
+            il = dp4a_u8(cl[r][1], ll.y, il);
+            ih = dp4a_u8(ch[r][1], lh.y, ih);
+            il = dp4a_u8(cl[r][2], ll.z, il);
+            ih = dp4a_u8(ch[r][2], lh.z, ih);
+            il = dp4a_u8(cl[r][3], ll.w, il);
+            ih = dp4a_u8(ch[r][3], lh.w, ih);
+            acc[m][r] = __fmaf_rn(__int2float_rn(il), __fmul_rn(s0[r], dx), acc[m][r]);
+            acc[m][r] = __fmaf_rn(__int2float_rn(ih), __fmul_rn(s1[r], dx), acc[m][r]);
+        }
+    }
 #else
     uint32_t cl[MV_R][4], ch[MV_R][4];
 #pragma unroll
     for (int r = 0; r < MV_R; ++r)
 #pragma unroll
-        for (int g = 0; g < 4; ++g) {
-            uint32_t lo, hi;
-#if FMT == F_NVFP4 && NV_PM
-            nvfp4_pm_words(word_of(raw[r].q, g), lo, hi);
-#else
-            qwords(raw[r], g, lo, hi);
-#if FMT == F_NVFP4
-            lo = nvfp4_s4(lo);
-            hi = nvfp4_s4(hi);
-#endif
-#endif
-            cl[r][g] = lo;
-            ch[r][g] = hi;
-        }
+        for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
 #pragma unroll
     for (int m = 0; m < MV_M; ++m)
 #pragma unroll
@@ -530,6 +569,10 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #if ACT_Q8
     stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
     __syncthreads();
+    // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
+    // one from lane 0, went to a uniform register and was copied back before every PRMT; a
+    // lane-indexed shuffle's result is not provably uniform
+    const uint32_t nv_t0 = __shfl_sync(0xffffffffu, 0x03020100u + (uint32_t)lane, lane) - (uint32_t)lane;
 #else
     float inv[MV_M];
     rms_inv_rows(x, ldx, n_in, pro, eps, red, inv);
@@ -592,7 +635,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                     fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
                 }
 #if ACT_Q8
-                chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, acc);
+                chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
 #else
                 chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
 #endif
@@ -742,18 +785,19 @@ BW24_DEVICE void tc_scales(uint32_t sw, int c, uint32_t (&sc)[2]) {
     const uint32_t b2 = (sw >> (16 * (c & 1))) & 0xFFFFu;  // bytes: block 2c, block 2c+1
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const uint32_t b = (b2 >> (8 * h)) & 0xFFu;
-        const uint32_t f = b == 0x7Fu ? 0u : ((b & 0x7Fu) << 7);  // E4M3 * 2^-8 as f16 bits (0x7F -> 0)
+        const uint32_t f = ((b2 >> (8 * h)) & 0xFFu) << 7;  // E4M3 * 2^-8 as f16 bits (repacked bytes: formats.cuh)
         const uint32_t f2 = hmul2_u32(f | (f << 16), 0x74007400u);  // * 2^14 (0x7400 = 16384)
         sc[h] = f2;
     }
 }
 
-// A fragment registers of one row for k-step (h, wi): (slots 2t,2t+1), (slots 2t+8, 2t+9)
+// A fragment registers of one row for k-step (h, wi): (slots 2t,2t+1), (slots 2t+8, 2t+9).
+// The four codes of half h of selector word wi (formats.cuh) spread to one per byte (low
+// nibble), then each code's magnitude bits placed at E4M3 bits 2-4 and its sign at bit 7.
 BW24_DEVICE void tc_afrag(const uint4& q, int h, int wi, uint32_t sc, uint32_t& lo_pair, uint32_t& hi_pair) {
-    const uint32_t w = word_of(q, wi);
-    const uint32_t e4 = h ? (((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u))
-                          : (((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u));
+    const uint32_t v = word_of(q, wi) >> (16 * h);
+    const uint32_t w = __byte_perm(v & 0x0F0Fu, (v >> 4) & 0x0F0Fu, 0x5140u);  // byte j = code j
+    const uint32_t e4 = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
     lo_pair = hmul2_u32(e4m3x2_to_f16x2(e4 & 0xFFFFu), sc);
     hi_pair = hmul2_u32(e4m3x2_to_f16x2(e4 >> 16), sc);
 }

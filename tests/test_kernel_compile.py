@@ -38,8 +38,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_M": 8}),  # Q4_K (min), 8 tokens
     ("matvec", {"FMT": 10, "ACT_Q8": 1}),  # Q6_K (two scales, offset)
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 3}),  # NVFP4 (table decoder)
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "NV_PM": 1, "MV_STEADY": 1}),  # NVFP4, sign-split table, steady windows
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "NV_PM": 0}),  # NVFP4, the nvfp4_s4 table (BW24CHAT_NV_PM=0)
+    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_STEADY": 1}),  # NVFP4 integer dot (one chain per half), steady windows
+    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 8}),
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down

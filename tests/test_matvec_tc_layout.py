@@ -12,19 +12,20 @@ from tests.test_repack import random_qtensor
 
 
 def e4m3_bytes(w: np.uint32, h: int) -> np.uint32:
-    """tc_afrag: four E2M1 nibbles (low nibbles if h == 0, else high) -> E4M3 bytes."""
-    w = np.uint32(w)
-    if h:
-        return np.uint32(((w >> np.uint32(2)) & np.uint32(0x1C1C1C1C)) | (w & np.uint32(0x80808080)))
-    return np.uint32(((w << np.uint32(2)) & np.uint32(0x1C1C1C1C)) | ((w << np.uint32(4)) & np.uint32(0x80808080)))
+    """tc_afrag: the four E2M1 codes of half h of a selector word (formats.cuh: code j at bits
+    16h+4j) spread one per byte by a byte permute, then magnitude -> E4M3 bits 2-4, sign -> bit 7."""
+    v = (int(w) >> (16 * h)) & 0xFFFF
+    a, b = v & 0x0F0F, (v >> 4) & 0x0F0F
+    t = (a & 0xFF) | ((b & 0xFF) << 8) | ((a >> 8) << 16) | ((b >> 8) << 24)  # __byte_perm(a, b, 0x5140)
+    return np.uint32((((t << 2) & 0x1C1C1C1C) | ((t << 4) & 0x80808080)) & 0xFFFFFFFF)
 
 
 def scale_value(sw: int, c: int, h: int) -> float:
-    """tc_scales: E4M3 * 2^6 as the kernel's f16 (byte 0x7F -> 0; bit 7 ignored otherwise)."""
+    """tc_scales: E4M3 * 2^6 as the kernel's f16, from a repacked scale byte (bit 7 clear, the
+    reference's zero-decoding 0x7F stored as 0x00: cuda_weights.nvfp4_scale_bytes)."""
     b = (int(sw) >> (16 * (c & 1) + 8 * h)) & 0xFF
-    if b == 0x7F:
-        return 0.0
-    return float(FP8_E4M3[b & 0x7F]) * 64.0
+    assert b < 0x80
+    return float(FP8_E4M3[b]) * 64.0 if b != 0x7F else 480.0 * 64.0  # 0x7F here is 0xFF's 240 * 2
 
 
 def replay_mmas(out: int, nck: int, ksteps: int, x: np.ndarray, a_values, x_group) -> np.ndarray:
@@ -77,7 +78,7 @@ def test_e4m3_byte_trick_is_e2m1_times_2_pow_minus_6():
     for code in range(16):
         want = (-1 if code & 8 else 1) * e2m1[code & 7] * 2.0**-6
         lo = int(e4m3_bytes(np.uint32(code), 0)) & 0xFF
-        hi = int(e4m3_bytes(np.uint32(code << 4), 1)) & 0xFF
+        hi = int(e4m3_bytes(np.uint32(code << 16), 1)) & 0xFF
         assert float(FP8_E4M3[lo]) == want and float(FP8_E4M3[hi]) == want
 
 

@@ -37,6 +37,7 @@ def random_qtensor(rng, fmt: str, out: int, in_: int, name: str = "w", global_sc
     elif fmt == "NVFP4":
         s = rng.integers(0, 0x7F, size=(nb, 4), dtype=np.uint8)  # 0x7F is NaN in E4M3
         s[rng.random((nb, 4)) < 0.05] = 0x7F  # ... which decodes to 0: cover it
+        s[rng.random((nb, 4)) < 0.05] |= 0x80  # bit 7, which the reference ignores (0xFF reads as 0x7F's 240)
         b[:, 0:4] = s
     return QTensor(name, fmt, (out, in_), b.reshape(out, -1), global_scale=global_scale)
 

@@ -201,12 +201,10 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     session: qkv 11.5 vs 11.7, gate|up 30.2 vs 31.3, LM head 54.5 vs 56.7; eighth: qkv 13.0 vs
     13.6, o 9.2 vs 9.2, gate|up 32.4 vs 33.8, down 20.2 vs 21.4, LM head 56.3 vs 59.0) and BF16
     on the SIMT kernel at m = 1 (qkv 17.0 vs 17.2, o 13.4 vs 14.7, gate|up 54.9 vs 55.4, LM head
-    103.3 vs 105.2); their GPU tests ran in the eighth session.  NV_PM (NVFP4 codes to weight bytes
-    in 4 operations per 4 codes instead of 9, the same integer dots; qkv 11.7 vs 12.2, gate|up
-    31.3 vs 33.1, down 18.5 vs 19.3, LM head 56.7 vs 60.2) always.
+    103.3 vs 105.2); their GPU tests ran in the eighth session.
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget
-    must allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_NV_PM
-    (NVFP4 weight bytes by the sign-split table) override, for experiments."""
+    must allow) and BW24CHAT_MV_STEADY (branch-free steady-state windows) override, for
+    experiments."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -218,10 +216,7 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d["MV_STEADY"] = 1
     if not a8 and m == 1 and W is not None and W.fmt == "BF16":
         d["MV_STEADY"] = 1
-    if W is not None and W.fmt == "NVFP4" and a8:
-        d["NV_PM"] = 1
-    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
-                      ("BW24CHAT_NV_PM", "NV_PM")):
+    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     return d

@@ -206,8 +206,13 @@ def _arch_number() -> int:
     return int(active_arch()[3:].rstrip("a"))
 
 
+def _decode_tc_stages() -> int:
+    """attn_decode_tc's cp.async pipeline depth (TCSTAGES); BW24CHAT_ATTN_TC_STAGES for experiments."""
+    return int(os.environ.get("BW24CHAT_ATTN_TC_STAGES", "3"))
+
+
 def _decode_tc_smem(hd: int) -> int:
-    return 3 * 2 * DECODE_TC_TILE * (hd + 8) * 2  # TCSTAGES x (K, V) x TCK x LDK bf16
+    return _decode_tc_stages() * 2 * DECODE_TC_TILE * (hd + 8) * 2  # TCSTAGES x (K, V) x TCK x LDK bf16
 
 
 def _decode_smem(hd: int, gq: int, kv_type: str) -> int:
@@ -242,8 +247,11 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     min_per = int(os.environ.get("BW24CHAT_ATTN_MIN_PER", "1"))  # experiments: tiles per split at least
     tc = decode_on_tensor_cores(kv_type, hd)
     ms = attn_decode_max_splits(H, K, blocks_per_sm=1 if tc else 2)
+    extra = {"DEC_MIN_PER": min_per} if min_per != 1 else {}
+    if tc and _decode_tc_stages() != 3:
+        extra["TCSTAGES"] = _decode_tc_stages()
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
-                      **({"DEC_MIN_PER": min_per} if min_per != 1 else {}))
+                      **extra)
     _launch(kern, (m, ms, K * nsg), (128,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),

@@ -2,7 +2,8 @@
 
 The device layout (kernels/formats.cuh is the contract) cuts every row into 16-byte *chunks*
 of VPC values: F32 4, F16/BF16 8, Q8_0 16, and 32 for every 4-bit-based format, whose chunk is
-a "nibble chunk" (byte j: value j in the low nibble, value 16+j in the high one).  Scales and
+a "nibble chunk" (byte j: value j in the low nibble, value 16+j in the high one; NVFP4 instead
+four "selector words", pack_selector_words).  Scales and
 high bits live in separate planes (``s``, ``d``, ``h``), so a warp's chunk loads are one
 contiguous 512-byte run.  Several tensors of one format and width are concatenated along the
 output rows (the runner fuses Wq|Wk|Wv and Wgate|Wup).
@@ -57,6 +58,25 @@ def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     """(..., 32) 4-bit codes -> (..., 16) bytes: byte j = code j | code (16+j) << 4."""
     c = codes.astype(np.uint8)
     return (c[..., :16] & 0x0F) | ((c[..., 16:] & 0x0F) << 4)
+
+
+def pack_selector_words(codes: np.ndarray) -> np.ndarray:
+    """NVFP4: (..., 32) 4-bit codes -> (..., 16) bytes as 4 little-endian u32 "selector words":
+    word g holds code 4g+j at bits 4j..4j+3 and code 16+4g+j at bits 16+4j.. (j = 0..3), so each
+    16-bit half is four PRMT selector nibbles as they stand (kernels/formats.cuh nvfp4_sel)."""
+    c = codes.astype(np.uint32).reshape(*codes.shape[:-1], 2, 4, 4) & 0x0F  # [half, g, j]
+    sh = (4 * np.arange(4, dtype=np.uint32)).reshape(1, 1, 4)
+    w = (c[..., 0, :, :] << sh).sum(-1, dtype=np.uint32) | ((c[..., 1, :, :] << sh).sum(-1, dtype=np.uint32) << 16)
+    return np.ascontiguousarray(w.astype("<u4")).view(np.uint8).reshape(*codes.shape[:-1], 16)
+
+
+def nvfp4_scale_bytes(s: np.ndarray) -> np.ndarray:
+    """ue4m3 scale bytes as the kernels read them: bit 7 cleared (the reference ignores it) and
+    0x7F, the one code that decodes to 0 besides 0x00 (quants.ue4m3_to_f32_half), made 0x00; so a
+    scale is f16 bits (byte << 7) read as E4M3 * 2^-8, with no per-value test (0xFF, whose
+    magnitude the reference reads as 0x7F = 480 / 2, stays 0x7F)."""
+    s = np.asarray(s, np.uint8)
+    return np.where(s == 0x7F, np.uint8(0), s & np.uint8(0x7F)).astype(np.uint8)
 
 
 def pack_h5(bits: np.ndarray) -> np.ndarray:
@@ -132,7 +152,7 @@ def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
     if fmt == "NVFP4":
         qs = b[:, :, 4:36].reshape(out, nb, 4, 8)
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, nb, 2, 32)  # value order
-        return {"q": pack_nibbles(codes).reshape(out, -1), "s": b[:, :, 0:4].reshape(out, -1)}
+        return {"q": pack_selector_words(codes).reshape(out, -1), "s": nvfp4_scale_bytes(b[:, :, 0:4]).reshape(out, -1)}
     raise AssertionError(fmt)
 
 
@@ -177,8 +197,8 @@ def _f16(u8: np.ndarray) -> np.ndarray:
 
 
 def _ue4m3_half(x: np.ndarray) -> np.ndarray:
-    bits = ((x.astype(np.uint32) & 0x7F) << 20).view(np.float32) * np.float32(2.0**119)
-    return np.where((x == 0) | (x == 0x7F), np.float32(0), bits).astype(np.float32)
+    """Repacked scale bytes (nvfp4_scale_bytes) -> ue4m3 / 2: f16 bits (x << 7) times 2^7."""
+    return ((x.astype(np.uint16) << 7).view("<f2").astype(np.float32) * np.float32(128.0)).astype(np.float32)
 
 
 def decode_planes(hp: HostPlanes) -> np.ndarray:
@@ -202,8 +222,12 @@ def decode_planes(hp: HostPlanes) -> np.ndarray:
         q = (bytes_ | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + 128.0)
         return (q * d[..., None]).reshape(out, in_)
     # nibble family: code bytes lo (values 4g+j), hi (16+4g+j)
-    lo = words & np.uint32(0x0F0F0F0F)
-    hi = (words >> 4) & np.uint32(0x0F0F0F0F)
+    if fmt == "NVFP4":  # selector words: nibble j of each half -> byte j
+        spread = lambda v: sum(((v >> np.uint32(4 * jj)) & np.uint32(0xF)) << np.uint32(8 * jj) for jj in range(4))  # noqa: E731
+        lo, hi = spread(words), spread(words >> np.uint32(16))
+    else:
+        lo = words & np.uint32(0x0F0F0F0F)
+        hi = (words >> 4) & np.uint32(0x0F0F0F0F)
     if fmt in ("Q5_0", "Q5_1", "Q5_K"):
         h = hp.h.reshape(out, nck, 4).view("<u4")  # (out, nck, 1)
         lo = lo | (np.stack([h[..., 0] << np.uint32(4 - gg) for gg in range(4)], -1) & np.uint32(0x10101010))
