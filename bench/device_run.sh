@@ -11,6 +11,28 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s9f)
+  # ninth session, final call 1: every gate and kernel check on the final kernels, the matvec GPU tests
+  # in parallel (timings are not taken here), then the forced portable path on the changed formats
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py > /tmp/pt_mvf.log 2>&1; echo "test_matvec: $(tail -1 /tmp/pt_mvf.log)" > /tmp/rf1) &
+  timeout 360 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 > $OUT/check.log 2>&1; echo "check rc=$?"
+  wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rf1 | tee $OUT/pytest_s9f.log; grep -h "^FAILED" /tmp/pt_mvf.log | cut -c1-200 | head | tee -a $OUT/pytest_s9f.log
+  BW24CHAT_PORTABLE=1 timeout 120 python3 -m bw24chat check --skip-kernels --formats q4_k,nvfp4 --kv bf16 2>&1 | tee $OUT/check_portable.log | grep -v "^PASS\|^  ok" | tail -6
+  ;;
+s9g)
+  # final call 2: the bench table
+  timeout 420 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
+s9c)
+  # Q4_K with both code levels in one integer dot (A8_JOIN): bits / contract tests under it, then
+  # the NVFP4 / Q4_K kernel variants and decode A/B; the NVFP4 gemm / dequant tests again (s9b's log was clobbered)
+  (BW24CHAT_A8_JOIN=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "Q4_K or integer_dot or steady" > /tmp/pt_mvj.log 2>&1; echo "matvec A8_JOIN=1: $(tail -1 /tmp/pt_mvj.log)" > /tmp/r1) &
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemm.py -k "NVFP4 or tile_widths" > /tmp/pt_gm.log 2>&1; echo "gemm: $(tail -1 /tmp/pt_gm.log)" > /tmp/r2) &
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dequant_embed.py > /tmp/pt_dq.log 2>&1; echo "dequant: $(tail -1 /tmp/pt_dq.log)" > /tmp/r3) &
+  wait; cat /tmp/r1 /tmp/r2 /tmp/r3 | tee $OUT/pytest_s9c.log; grep -h "^FAILED\|^E  " /tmp/pt_mvj.log /tmp/pt_gm.log /tmp/pt_dq.log | cut -c1-240 | head -24 | tee -a $OUT/pytest_s9c.log
+  timeout 200 python3 bench/matvec_variants.py --formats nvfp4,q4_k 2>&1 | tee $OUT/mv_s9c.log | grep -A12 "best per shape"
+  for env in "X=1" "BW24CHAT_A8_JOIN=1"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s9c.log
+  ;;
 s9b)
   # NVFP4 selector-word layout + one integer-dot chain per half (matvec), repacked scale bytes:
   # the GPU tests that touch NVFP4 (and the fixed gemm_wg tile-width test), in parallel; then the

@@ -27,17 +27,18 @@ SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": 
 VARIANTS = {
     "BF16": [("auto", {}), ("tc", {"BW24CHAT_MATVEC": "tc"}), ("simt unsteady", {"BW24CHAT_MATVEC": "simt", "BW24CHAT_MV_STEADY": "0"})],
     "Q8_0": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"})],
-    "Q4_K": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"}),
-             ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"})],
+    "Q4_K": [("int-dot auto", {}), ("joined levels", {"BW24CHAT_A8_JOIN": "1"}),
+             ("joined minb2", {"BW24CHAT_A8_JOIN": "1", "BW24CHAT_MV_MINB": "2", "BW24CHAT_MV_STEADY": "1"})],
     "NVFP4": [("int-dot auto", {}), ("int-dot unsteady", {"BW24CHAT_MV_STEADY": "0"}),
               ("int-dot steady", {"BW24CHAT_MV_STEADY": "1"}),
               ("minb2 u2", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "2", "BW24CHAT_MV_U": "2"}),
               ("minb2 u3", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "2", "BW24CHAT_MV_U": "3"}),
-              ("minb3 u2", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "3", "BW24CHAT_MV_U": "2"})],
+              ("minb3 u2", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "3", "BW24CHAT_MV_U": "2"}),
+              ("minb3 u2 nr4", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "3", "BW24CHAT_MV_U": "2", "BW24CHAT_A8_NR": "4"})],
 }
 COPIES = 6
 SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB",
-            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY")
+            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN")
 
 
 def main() -> int:

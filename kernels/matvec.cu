@@ -71,6 +71,14 @@
 #if ACT_Q8 && IS_FLOAT_FMT
 #error "ACT_Q8 is the integer-dot path of the quantized formats"
 #endif
+#ifndef A8_JOIN  // integer-dot path: both code levels joined in one integer per dot (chunk_dot_a8)
+// Q4_K measured (H200, ninth session, us, joined / two levels): qkv 9.6 / 9.9, gate|up 21.4 / 23.0,
+// down 14.1 / 14.9, LM head 37.0 / 40.8; decode tg128@512 406.8 / 378.2 tok/s (same call)
+#define A8_JOIN (FMT == F_NVFP4 || FMT == F_Q4_K)
+#endif
+#if A8_JOIN && FMT != F_NVFP4 && FMT != F_Q4_K
+#error "A8_JOIN: NVFP4 and Q4_K only (256 dot_h + dot_l must stay below 2^24)"
+#endif
 #ifndef MV_MINB  // blocks per SM the register budget must allow (2 = at most 128, 3 = 80 registers)
 // Float formats at m = 1: 3 (80 registers instead of 89 with the rolling window; measured BF16
 // qkv 23.4 -> 17.8 us, gate|up 65.5 -> 55.4, LM head 125.5 -> 104.9 on the H200).  The 4-bit and
@@ -248,10 +256,11 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
 // ---- the integer-dot path.  Shared x per token m and plane p (0: the high codes h, 1: the low
 // codes l; common.cuh act_quant_lane): the int8 codes as u32 words (wpm = n_in/4 per plane), and
 // one uint4 per 32-input block {plane scale as float bits (2^e, 2^(e-8)), code sum of inputs
-// 0-15, of 16-31, of all 32}; NVFP4 (both levels in one integer dot, chunk_dot_a8) instead one
-// record per block in plane 0's place {2^(e-1) (the weights' 2^7 folded in: nvfp4_scales_f16),
-// seed of inputs 0-15, of 16-31 (-128 * (256 * sum h + sum l): removes the weight bytes' offset
-// 128), 0}.  Word layout: Q8_0 (16-value chunks) natural order, a chunk = 4 words at 4*kc;
+// 0-15, of 16-31, of all 32}; with A8_JOIN (both levels in one integer dot, chunk_dot_a8) one
+// record per block in plane 0's place: NVFP4 {2^(e-1) (the weights' 2^7 folded in:
+// nvfp4_scales_f16), seed of inputs 0-15, of 16-31 (-128 * (256 * sum h + sum l): removes the
+// weight bytes' offset 128), 0}; Q4_K {2^(e-8), 0, 0, the block's x sum 2^(e-8) (256 * sum h +
+// sum l) as float bits (exact)}.  Word layout: Q8_0 (16-value chunks) natural order, a chunk = 4 words at 4*kc;
 // 32-value chunks two halves (inputs 0-15 of chunk kc at words 4*kc.., 16-31 at 4*(nck+kc)..)
 // so that each lane's 16-byte read is conflict-free.  Token m, plane p: words at
 // xw + (2m+p)*wpm, records at meta + (2m+p)*nb.
@@ -336,6 +345,9 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
 #if FMT == F_NVFP4
                 metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e - 1)), (uint32_t)(-128 * (256 * sh + sl)),
                                            (uint32_t)(-128 * (256 * sh_other + sl_other)), 0u);
+#elif A8_JOIN  // Q4_K: 2^(e-8) and the block's exact x sum 2^(e-8) * (256 * sum h + sum l)
+                metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e - 8)), 0u, 0u,
+                                           __float_as_uint(__fmul_rn((float)(256 * (sh + sh_other) + sl + sl_other), pow2f(e - 8))));
 #else
                 metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e)), (uint32_t)sh, (uint32_t)sh_other, (uint32_t)(sh + sh_other));
                 metam[nb + (f >> 3)] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl, (uint32_t)sl_other, (uint32_t)(sl + sl_other));
@@ -413,9 +425,11 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 //   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s)
 //   otherwise:  acc += (dot_lo + dot_hi) * (a0 * s); HAS_MIN: acc += sum32 * (b * s)
 // with s the plane's scale (a * s is exact), each an FMA, the same for every MV_M.
-// NVFP4, per row, token and half: D = 256 * dot_h + dot_l by one dp4a chain (the h chain's
-// result times 256 plus the record's seed seeds the l chain), then acc += float(D) * (a * s),
-// s = 2^(e-1), a = E4M3 * 2^-8 (the 8 and the 2^7 of ue4m3 / 2 in s); float(D) exact (I2F).
+// A8_JOIN, NVFP4, per row, token and half: D = 256 * dot_h + dot_l by one dp4a chain (the h
+// chain's result times 256 plus the record's seed seeds the l chain), then acc += float(D) *
+// (a * s), s = 2^(e-1), a = E4M3 * 2^-8 (the 8 and the 2^7 of ue4m3 / 2 in s); float(D) exact
+// (I2F).  Q4_K: D over the whole chunk (halves as two chains, then added), acc += float(D) *
+// (a * 2^(e-8)); acc += b * xsum (the record's exact block sum).
 BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
                               uint32_t nv_t0, float (&acc)[MV_M][MV_R]) {
     float a0[MV_R], a1[MV_R], b[MV_R];
@@ -479,6 +493,43 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             ih = dp4a_u8(ch[r][3], lh.w, ih);
             acc[m][r] = __fmaf_rn(__int2float_rn(il), __fmul_rn(s0[r], dx), acc[m][r]);
             acc[m][r] = __fmaf_rn(__int2float_rn(ih), __fmul_rn(s1[r], dx), acc[m][r]);
+        }
+    }
+#elif A8_JOIN  // Q4_K
+    (void)a1;
+    uint32_t cl[MV_R][4], ch[MV_R][4];
+#pragma unroll
+    for (int r = 0; r < MV_R; ++r)
+#pragma unroll
+        for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
+#pragma unroll
+    for (int m = 0; m < MV_M; ++m) {
+        const uint32_t* xh = xw + 2 * m * wpm;  // plane h; plane l at + wpm
+        const uint4 hl = *reinterpret_cast<const uint4*>(xh + 4 * kc);
+        const uint4 hh = *reinterpret_cast<const uint4*>(xh + 4 * (nck + kc));
+        const uint4 ll = *reinterpret_cast<const uint4*>(xh + wpm + 4 * kc);
+        const uint4 lh = *reinterpret_cast<const uint4*>(xh + wpm + 4 * (nck + kc));
+        const uint4 mt = meta[2 * m * nb + kc];
+        const float dx = __uint_as_float(mt.x), xsum = __uint_as_float(mt.w);
+#pragma unroll
+        for (int r = 0; r < MV_R; ++r) {
+            int il = dp4a_u8(cl[r][0], hl.x, 0), ih = dp4a_u8(ch[r][0], hh.x, 0);
+            il = dp4a_u8(cl[r][1], hl.y, il);
+            ih = dp4a_u8(ch[r][1], hh.y, ih);
+            il = dp4a_u8(cl[r][2], hl.z, il);
+            ih = dp4a_u8(ch[r][2], hh.z, ih);
+            il = dp4a_u8(cl[r][3], hl.w, il);
+            ih = dp4a_u8(ch[r][3], hh.w, ih);
+            il = dp4a_u8(cl[r][0], ll.x, il * 256);
+            ih = dp4a_u8(ch[r][0], lh.x, ih * 256);
+            il = dp4a_u8(cl[r][1], ll.y, il);
+            ih = dp4a_u8(ch[r][1], lh.y, ih);
+            il = dp4a_u8(cl[r][2], ll.z, il);
+            ih = dp4a_u8(ch[r][2], lh.z, ih);
+            il = dp4a_u8(cl[r][3], ll.w, il);
+            ih = dp4a_u8(ch[r][3], lh.w, ih);
+            acc[m][r] = __fmaf_rn(__int2float_rn(il + ih), __fmul_rn(a0[r], dx), acc[m][r]);
+            acc[m][r] = __fmaf_rn(b[r], xsum, acc[m][r]);
         }
     }
 #else

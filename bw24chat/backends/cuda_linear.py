@@ -202,9 +202,13 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     13.6, o 9.2 vs 9.2, gate|up 32.4 vs 33.8, down 20.2 vs 21.4, LM head 56.3 vs 59.0) and BF16
     on the SIMT kernel at m = 1 (qkv 17.0 vs 17.2, o 13.4 vs 14.7, gate|up 54.9 vs 55.4, LM head
     103.3 vs 105.2); their GPU tests ran in the eighth session.
-    BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget
-    must allow) and BW24CHAT_MV_STEADY (branch-free steady-state windows) override, for
-    experiments."""
+    Ninth session (one integer dot for both code levels: NVFP4 always, Q4_K matvec.cu A8_JOIN):
+    NVFP4's square o 2 slots with steady windows (6.6 vs 7.0 us at 3 slots without); Q4_K's wide
+    matrices but the LM head at 2 blocks per SM (qkv 9.2 vs 9.6, gate|up 20.9 vs 21.4; LM head
+    38.6 vs 37.0).  BW24CHAT_A8_JOIN=0 restores Q4_K's two-level dots (comparisons).
+    BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
+    allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_A8_NR (the
+    integer-dot prologue's float4 batch) override, for experiments."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -214,11 +218,18 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d = {"MV_U": 2}
         if W.fmt == "Q8_0" or (W.fmt in ("Q4_K", "NVFP4") and not square_small):
             d["MV_STEADY"] = 1
+        if W.fmt == "NVFP4" and square_small:  # ninth session, one integer-dot chain per half: 6.6 vs 7.0 us
+            d.update(MV_U=2, MV_STEADY=1)
+        if W.fmt == "Q4_K" and W.out > A8_SMALL_ROWS and W.out * W.in_ <= 1 << 27:  # not the LM head
+            d["MV_MINB"] = 2  # joined levels (ninth session): qkv 9.2 vs 9.6 us, gate|up 20.9 vs 21.4; LM head 38.6 vs 37.0
     if not a8 and m == 1 and W is not None and W.fmt == "BF16":
         d["MV_STEADY"] = 1
-    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY")):
+    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
+                      ("BW24CHAT_A8_NR", "A8_NR")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
+    if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN
+        d["A8_JOIN"] = int(os.environ["BW24CHAT_A8_JOIN"])
     return d
 
 
