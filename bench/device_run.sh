@@ -11,6 +11,26 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s9j)
+  # NVFP4 wide matrices at 4 rows per warp (adopted from s9i): the matvec bit / contract tests with
+  # that geometry forced on every format; Q4_K / Q8_0 with it (variants, decode A/B); decode
+  BW24CHAT_MV_VARIANTS="auto:;r4 u1:MV_MINB=2,MV_U=1,MV_R=4,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats q4_k,q8_0 2>&1 | grep -A12 "best per shape" | tee $OUT/mv_s9j.log
+  BW24CHAT_MV_R=4 BW24CHAT_MV_U=1 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "NVFP4 or Q4_K or Q8_0 or integer_dot or steady" > /tmp/pt_r4.log 2>&1; echo "matvec R4: $(tail -1 /tmp/pt_r4.log)" | tee $OUT/pytest_s9j.log
+  grep -h "^FAILED\|^E  " /tmp/pt_r4.log | cut -c1-200 | head | tee -a $OUT/pytest_s9j.log
+  for env in "X=1" "BW24CHAT_A8_WIDE_R4=NVFP4,Q4_K,Q8_0"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s9j.log
+  ;;
+s9i)
+  # NVFP4 matvec occupancy / rows-per-warp variants (ncu, s9h: register-limited at 6 warps per scheduler,
+  # 32 % of stalls on global loads): 4 blocks per SM at 1 slot (64 registers), 4 rows per warp at 2 blocks
+  BW24CHAT_MV_VARIANTS="auto:;minb4 u1:MV_MINB=4,MV_U=1,MV_STEADY=1;minb2 r4:MV_MINB=2,MV_U=2,MV_R=4,MV_STEADY=1;minb2 r4 u1:MV_MINB=2,MV_U=1,MV_R=4,MV_STEADY=1" timeout 200 python3 bench/matvec_variants.py --formats nvfp4 2>&1 | tee $OUT/mv_s9i.log | grep -A6 "best per shape"
+  ;;
+s9h)
+  # Nsight Compute on the new NVFP4 / Q4_K integer-dot matvecs (where the remaining time goes: issue,
+  # stalls, occupancy, DRAM throughput), one eager launch each
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  timeout 200 ncu --clock-control none --kernel-name regex:matvec --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis python3 bench/ncu_matvec.py --formats nvfp4,q4_k --shapes "qkv,gate|up" > $OUT/ncu_s9h.txt 2>&1
+  grep -E "matvec|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Issued Warp|No Eligible|Active Warps Per Scheduler|Eligible Warps|Warp Cycles Per Issued|Stall" $OUT/ncu_s9h.txt | head -80
+  ;;
 s9f)
   # ninth session, final call: every gate and kernel check on the final kernels with the matvec GPU
   # tests in parallel (no timings taken then), then the bench table alone, then the forced portable

@@ -41,6 +41,19 @@ SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U
             "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN")
 
 
+def _variants(fmt: str) -> list:
+    """VARIANTS[fmt], or the list in BW24CHAT_MV_VARIANTS ("label:KEY=V,KEY=V;label2:..." with the
+    BW24CHAT_ prefix left out of the keys) for every format: one-off comparisons without an edit."""
+    spec = os.environ.get("BW24CHAT_MV_VARIANTS", "")
+    if not spec:
+        return VARIANTS.get(fmt, [("default", {})])
+    out = []
+    for item in spec.split(";"):
+        label, _, kv = item.partition(":")
+        out.append((label, {f"BW24CHAT_{k}": v for k, v in (p.split("=") for p in kv.split(",") if "=" in p)}))
+    return out
+
+
 def main() -> int:
     from bw24chat.backends import cuda_linear as lin
     from bw24chat.backends.cuda_weights import repack_host, upload
@@ -56,7 +69,7 @@ def main() -> int:
             x = cp.asarray(rng.standard_normal((1, in_)).astype(np.float32))
             nw = cp.asarray(rng.uniform(0.5, 1.5, in_).astype(np.float32))
             y = cp.empty((1, out), cp.float32)
-            for label, env in VARIANTS.get(fmt, [("default", {})]):
+            for label, env in _variants(fmt):
                 for k in SWITCHES:
                     os.environ.pop(k, None)
                 os.environ.update(env)

@@ -184,6 +184,7 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
 
 
 A8_SMALL_ROWS = 4096  # integer-dot matvec geometry switch (see _simt_defines)
+A8_WIDE_R4 = ("NVFP4",)  # integer-dot formats whose wide matrices take 4 rows per warp (_simt_defines)
 
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
@@ -205,7 +206,10 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     Ninth session (one integer dot for both code levels: NVFP4 always, Q4_K matvec.cu A8_JOIN):
     NVFP4's square o 2 slots with steady windows (6.6 vs 7.0 us at 3 slots without); Q4_K's wide
     matrices but the LM head at 2 blocks per SM (qkv 9.2 vs 9.6, gate|up 20.9 vs 21.4; LM head
-    38.6 vs 37.0).  BW24CHAT_A8_JOIN=0 restores Q4_K's two-level dots (comparisons).
+    38.6 vs 37.0).  BW24CHAT_A8_JOIN=0 restores Q4_K's two-level dots (comparisons).  NVFP4's
+    wide matrices: 4 rows per warp (each shared-memory x read feeds 4 rows), 1 slot, 2 blocks
+    per SM, 127 registers without spills (qkv 9.2 vs 9.8 us, gate|up 20.1 vs 23.1, LM head 36.1
+    vs 41.1; o and down, 128 tiles of 32 rows for 264 blocks, lose: 7.8 vs 6.6, 18.8 vs 14.4).
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
     allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_A8_NR (the
     integer-dot prologue's float4 batch) override, for experiments."""
@@ -220,6 +224,9 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d["MV_STEADY"] = 1
         if W.fmt == "NVFP4" and square_small:  # ninth session, one integer-dot chain per half: 6.6 vs 7.0 us
             d.update(MV_U=2, MV_STEADY=1)
+        wide_r4 = os.environ.get("BW24CHAT_A8_WIDE_R4")  # comparisons: a comma list replaces A8_WIDE_R4
+        if W.fmt in (wide_r4.split(",") if wide_r4 is not None else A8_WIDE_R4) and W.out > A8_SMALL_ROWS:
+            d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_STEADY=1)
         if W.fmt == "Q4_K" and W.out > A8_SMALL_ROWS and W.out * W.in_ <= 1 << 27:  # not the LM head
             d["MV_MINB"] = 2  # joined levels (ninth session): qkv 9.2 vs 9.6 us, gate|up 20.9 vs 21.4; LM head 38.6 vs 37.0
     if not a8 and m == 1 and W is not None and W.fmt == "BF16":
@@ -272,7 +279,9 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
-    rows = int(os.environ.get("BW24CHAT_MV_R", MV_R))  # rows per warp (experiments: bench/matvec_variants.py)
+    defs = _simt_defines(W, m, a8)
+    rows = int(os.environ.get("BW24CHAT_MV_R") or defs.pop("MV_R", MV_R))  # rows per warp (env: experiments)
+    defs.pop("MV_R", None)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
         m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
@@ -284,11 +293,11 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
             return
         tk = W.in_
         smem = m * per_row
-        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **_simt_defines(W, m, True))
+        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:
         tk = matvec_tile(W, m)
         smem = 4 * (m * tk + m * (tk // 32) + m * 8)
-        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, **_simt_defines(W, m))
+        k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, **defs)
     _ensure_smem(k, smem)
     grid = (persistent_grid(k, 256, smem, -(-W.out // (8 * rows))),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
