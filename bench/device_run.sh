@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s10a)
+  # prepared in the ninth session (compiled for sm_90a / sm_120a in CI, not run): BF16 SIMT matvec with
+  # 4 rows per warp (each shared-memory x read feeds 4 rows; 125 registers at 2 blocks per SM and 2
+  # slots, no spills), as NVFP4's wide matrices gained 12-13 %; bits tests under it; then decode A/B
+  BW24CHAT_MV_VARIANTS="auto:;simt r4 u2:MATVEC=simt,MV_R=4,MV_U=2,MV_MINB=2,MV_STEADY=1;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10a.log
+  BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=2 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee $OUT/pytest_s10a.log
+  ;;
 s9j)
   # NVFP4 wide matrices at 4 rows per warp (adopted from s9i): the matvec bit / contract tests with
   # that geometry forced on every format; Q4_K / Q8_0 with it (variants, decode A/B); decode

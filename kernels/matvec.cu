@@ -767,7 +767,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 // g+8 at k-slots {2t, 2t+1, 2t+8, 2t+9} and B column (token) g at the same slots.  A "super-step"
 // covers 4 chunks (128 values) of the row: lane t reads chunk cb+t of rows g and g+8 (16-byte
 // loads, 64 contiguous bytes per row across the 4 lanes), and k-step (h, wi), h = 0..1 (low /
-// high nibbles = block 2c / 2c+1), wi = 0..3 (word), puts values 16h+4wi+{0,1} of its chunk in
+// high half of the selector word = block 2c / 2c+1), wi = 0..3 (word), puts values 16h+4wi+{0,1} of its chunk in
 // slots 2t+{0,1} and +{2,3} in 2t+8+{0,1}.  So one MMA mixes 4 blocks of different scales: A is
 // pre-scaled (above).  B is staged once per block in shared memory in the same order: per token
 // and 4 positions, a uint4 {hi(p0,p1), hi(p2,p3), lo(p0,p1), lo(p2,p3)}.
