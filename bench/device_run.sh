@@ -17,6 +17,10 @@ s10a)
   # slots, no spills), as NVFP4's wide matrices gained 12-13 %; bits tests under it; then decode A/B
   BW24CHAT_MV_VARIANTS="auto:;simt r4 u2:MATVEC=simt,MV_R=4,MV_U=2,MV_MINB=2,MV_STEADY=1;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10a.log
   BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=2 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee $OUT/pytest_s10a.log
+  # the sampler alone (sampled decode rows run 0.15-0.2 ms per token slower than greedy)
+  timeout 100 python3 bench/sampler_probe.py 2>&1 | tee $OUT/sampler_s10a.log
+  BW24CHAT_SAMPLE_FIXP=1 timeout 100 python3 bench/sampler_probe.py 2>&1 | sed "s/^/FIXP=1 /" | tee -a $OUT/sampler_s10a.log
+  BW24CHAT_SAMPLE_FIXP=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling.py 2>&1 | tail -2 | tee -a $OUT/sampler_s10a.log
   ;;
 s9j)
   # NVFP4 wide matrices at 4 rows per warp (adopted from s9i): the matvec bit / contract tests with

@@ -35,12 +35,19 @@
 //   the L2-resident per-element keys), dynamic smem = histograms (32 warps x 256 bins x 12 B)
 //   + penalty bitmap (ceil(V/32) words).  Workspace: keys uint32 [V] + e float64 [V].
 //   argmax: same kernel family, one block (first index of the maximum, no penalty).
+//   SAMPLE_FIXP=1 (an experiment, cuda_ops BW24CHAT_SAMPLE_FIXP; off by default until measured):
+//   the fixed-point weights round((e_i / S) 2^60) are computed once into the workspace's
+//   uint64 [V] after S is known, instead of again (one float64 division each) for every element
+//   of every radix-select pass and the total; the same values, so the same token.
 #include "common.cuh"
 
 #define SNT 1024
 #define NWARP (SNT / 32)
 #define NBIN 256
 #define FIX_ONE 1152921504606846976.0  // 2^60
+#ifndef SAMPLE_FIXP
+#define SAMPLE_FIXP 0
+#endif
 
 // ------------------------------------------------------------------ Philox4x64-10
 BW24_DEVICE void philox4x64_10(uint64_t (&c)[4], uint64_t k0, uint64_t k1) {
@@ -271,7 +278,14 @@ sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__
         }
         const double S = block_sum_f64(part, sh);
         __syncthreads();  // e[] written by all threads before the selects read it
+#if SAMPLE_FIXP
+        unsigned long long* fx = reinterpret_cast<unsigned long long*>(e + V);  // the workspace's third array
+        for (int i = tid; i < V; i += SNT) fx[i] = __double2ull_rn((e[i] / S) * FIX_ONE);
+        __syncthreads();
+        auto fixp = [&](uint64_t, int i) -> unsigned long long { return fx[i]; };
+#else
         auto fixp = [&](uint64_t, int i) -> unsigned long long { return __double2ull_rn((e[i] / S) * FIX_ONE); };
+#endif
         // 6. top-p bound over the candidates, then the kept set
         uint64_t bound = kth;
         if (top_p < 1.0) {

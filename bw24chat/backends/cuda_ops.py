@@ -314,8 +314,9 @@ def pack_sampling_params(p, seed: int, hist_len: int = 0, push: bool = False) ->
 
 
 def sample_workspace_bytes(vocab: int) -> int:
-    """Bytes of the sampler workspace: uint32 keys [V] then float64 e [V] (8-aligned)."""
-    return -(-vocab * 4 // 8) * 8 + vocab * 8
+    """Bytes of the sampler workspace: uint32 keys [V], then float64 e [V] (8-aligned), then the
+    uint64 fixed-point weights [V] (sampling.cu SAMPLE_FIXP)."""
+    return -(-vocab * 4 // 8) * 8 + vocab * 16
 
 
 _SAMPLE_SHARED = 32 * 256 * 4 + 32 * 256 * 8 + 32 * 8 + 32 * 8 + 8 + 8 + 8 + 8  # SampleShared
@@ -332,7 +333,8 @@ def sample(logits, params_dev, out_token_dev, recent_ids_dev, pos_dev, workspace
     keys = workspace[: V * 4].view(np.uint32)
     e = workspace[kb: kb + V * 8].view(np.float64)
     smem = _SAMPLE_SHARED + 8 + ((V + 31) // 32) * 4
-    kern = get_kernel("sampling", "sample")
+    fixp = int(os.environ.get("BW24CHAT_SAMPLE_FIXP", "0"))  # experiments (bench/sampler_probe.py)
+    kern = get_kernel("sampling", "sample", **({"SAMPLE_FIXP": 1} if fixp else {}))
     ring_cap = int(recent_ids_dev.size)
     ring = recent_ids_dev if ring_cap else out_token_dev
     _launch(kern, (1,), (1024,), (logits, _i32(V), params_dev, pos_dev, ring, _i32(ring_cap), keys, e, out_token_dev),
