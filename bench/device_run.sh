@@ -12,11 +12,15 @@ SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
 s10a)
-  # prepared in the ninth session (compiled for sm_90a / sm_120a in CI, not run): BF16 SIMT matvec with
-  # 4 rows per warp (each shared-memory x read feeds 4 rows; 125 registers at 2 blocks per SM and 2
-  # slots, no spills), as NVFP4's wide matrices gained 12-13 %; bits tests under it; then decode A/B
-  BW24CHAT_MV_VARIANTS="auto:;simt r4 u2:MATVEC=simt,MV_R=4,MV_U=2,MV_MINB=2,MV_STEADY=1;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10a.log
-  BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=2 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee $OUT/pytest_s10a.log
+  # prepared in the ninth session (every build compiled for sm_90a / sm_120a in CI; not run):
+  # 1. MV_CPA: the matvec weight window as a per-thread cp.async ring in shared memory (no registers
+  #    held by loads in flight: ncu showed the wide matrices register-limited with the weight loads the
+  #    top stall) -- bits against the register window, then per-shape variants for every format it serves
+  # 2. BF16 SIMT at 4 rows per warp; 3. the sampler alone, and SAMPLE_FIXP
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "cp_async_ring" 2>&1 | tail -3 | tee $OUT/pytest_s10a.log
+  BW24CHAT_MV_VARIANTS="auto:;cpa u4:MV_CPA=1,MV_U=4,MV_STEADY=1;cpa u6:MV_CPA=1,MV_U=6,MV_STEADY=1;cpa u4 minb2:MV_CPA=1,MV_U=4,MV_MINB=2,MV_STEADY=1;cpa r4 u4:MV_CPA=1,MV_U=4,MV_R=4,MV_MINB=2,MV_STEADY=1;cpa r4 u3 minb3:MV_CPA=1,MV_U=3,MV_R=4,MV_MINB=3,MV_STEADY=1" timeout 300 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | tee $OUT/mv_cpa_s10a.log
+  BW24CHAT_MV_VARIANTS="auto:;simt r4 u2:MATVEC=simt,MV_R=4,MV_U=2,MV_MINB=2,MV_STEADY=1;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1;simt cpa u4:MATVEC=simt,MV_CPA=1,MV_U=4,MV_STEADY=1;simt cpa r4 u4:MATVEC=simt,MV_CPA=1,MV_U=4,MV_R=4,MV_MINB=2,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10a.log
+  BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=2 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee -a $OUT/pytest_s10a.log
   # the sampler alone (sampled decode rows run 0.15-0.2 ms per token slower than greedy)
   timeout 100 python3 bench/sampler_probe.py 2>&1 | tee $OUT/sampler_s10a.log
   BW24CHAT_SAMPLE_FIXP=1 timeout 100 python3 bench/sampler_probe.py 2>&1 | sed "s/^/FIXP=1 /" | tee -a $OUT/sampler_s10a.log
