@@ -18,6 +18,9 @@ s10a)
   #    top stall) -- bits against the register window, then per-shape variants for every format it serves
   # 2. BF16 SIMT at 4 rows per warp; 3. the sampler alone, and SAMPLE_FIXP
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "cp_async_ring" 2>&1 | tail -3 | tee $OUT/pytest_s10a.log
+  # 4. ATTN_STACK: decode attention with Q / P hi and lo parts stacked as MMA rows (half the MMAs)
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention.py -k "decode and stack" 2>&1 | tail -3 | tee -a $OUT/pytest_s10a.log
+  timeout 150 python3 bench/attn_probe.py --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_STACK=1;BW24CHAT_ATTN_STACK=1,BW24CHAT_ATTN_SPLITS=33" 2>&1 | tee $OUT/attn_s10a.log
   BW24CHAT_MV_VARIANTS="auto:;cpa u4:MV_CPA=1,MV_U=4,MV_STEADY=1;cpa u6:MV_CPA=1,MV_U=6,MV_STEADY=1;cpa u4 minb2:MV_CPA=1,MV_U=4,MV_MINB=2,MV_STEADY=1;cpa r4 u4:MV_CPA=1,MV_U=4,MV_R=4,MV_MINB=2,MV_STEADY=1;cpa r4 u3 minb3:MV_CPA=1,MV_U=3,MV_R=4,MV_MINB=3,MV_STEADY=1" timeout 300 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | tee $OUT/mv_cpa_s10a.log
   BW24CHAT_MV_VARIANTS="auto:;simt r4 u2:MATVEC=simt,MV_R=4,MV_U=2,MV_MINB=2,MV_STEADY=1;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1;simt cpa u4:MATVEC=simt,MV_CPA=1,MV_U=4,MV_STEADY=1;simt cpa r4 u4:MATVEC=simt,MV_CPA=1,MV_U=4,MV_R=4,MV_MINB=2,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10a.log
   BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=2 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee -a $OUT/pytest_s10a.log

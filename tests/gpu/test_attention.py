@@ -38,14 +38,20 @@ SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128), (8, 8, 64), (64, 4, 128)]
 
 
 # (cache type, BW24CHAT_ATTN_TC): every cache type on the FMA kernel, and bf16 (head dims <= 128,
-# all of SHAPES) on the tensor-core kernel as well
-DECODE_KERNELS = [(kv, "0") for kv in kr.KV_TYPES] + [("bf16", "1")]
+# all of SHAPES) on the tensor-core kernel as well, split ("1") and with hi / lo stacked as MMA
+# rows ("stack": attention.cu ATTN_STACK, groups of <= 4 heads; larger groups keep the split form)
+DECODE_KERNELS = [(kv, "0") for kv in kr.KV_TYPES] + [("bf16", "1"), ("bf16", "stack")]
+
+
+def _set_decode_kernel(monkeypatch, tc: str) -> None:
+    monkeypatch.setenv("BW24CHAT_ATTN_TC", "0" if tc == "0" else "1")
+    monkeypatch.setenv("BW24CHAT_ATTN_STACK", "1" if tc == "stack" else "0")
 
 
 @pytest.mark.parametrize("kv_type,tc", DECODE_KERNELS)
 @pytest.mark.parametrize("H,K,hd", SHAPES)
 def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
+    _set_decode_kernel(monkeypatch, tc)
     on_tc = ops.decode_on_tensor_cores(kv_type, hd)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (63, 3), (65, 8), (1000, 2), (8193, 1), (8193, 8)]:
@@ -63,10 +69,10 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
-@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
+@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "stack"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
+    _set_decode_kernel(monkeypatch, tc)
     scale = 1.0 / math.sqrt(hd)
     for L in (40, 511, 4097):
         N = L + 8
