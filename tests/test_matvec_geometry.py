@@ -1,0 +1,68 @@
+"""The decode matvec geometry the wrapper picks (cuda_linear._simt_defines), checked without a GPU:
+the measured choices of bench/NOTES.md stay wired to the shapes they were measured on, the
+experiment switches override them, and every picked build compiles (tests/test_kernel_compile.py
+covers the compile side).  Shapes: Qwen3-8B (qkv 6144x4096, o 4096x4096, gate|up 24576x4096,
+down 4096x12288, LM head 49152x4096)."""
+import types
+
+import pytest
+
+from bw24chat.backends import cuda_linear as cl
+
+QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
+SWITCHES = ("BW24CHAT_MV_U", "BW24CHAT_MV_MINB", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN",
+            "BW24CHAT_MV_CPA", "BW24CHAT_A8_WIDE_R4")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for k in SWITCHES:
+        monkeypatch.delenv(k, raising=False)
+
+
+def defs(fmt, shape, m=1, a8=True):
+    return cl._simt_defines(types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1]), m, a8)
+
+
+def test_nvfp4_wide_matrices_take_four_rows_per_warp():
+    for shape in (QKV, GATE_UP, LM_HEAD):
+        d = defs("NVFP4", shape)
+        assert (d["MV_R"], d["MV_U"], d["MV_MINB"], d["MV_STEADY"]) == (4, 1, 2, 1), shape
+    for shape in (O, DOWN):  # 128 tiles of 32 rows would leave blocks idle: two rows per warp
+        assert "MV_R" not in defs("NVFP4", shape), shape
+    assert defs("NVFP4", O) == {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1}
+
+
+def test_q4k_wide_matrices_but_the_lm_head_at_two_blocks_per_sm():
+    assert defs("Q4_K", QKV)["MV_MINB"] == 2
+    assert defs("Q4_K", GATE_UP)["MV_MINB"] == 2
+    assert "MV_MINB" not in defs("Q4_K", LM_HEAD)
+    assert "MV_R" not in defs("Q4_K", GATE_UP)
+
+
+def test_speculative_rows_keep_the_default_geometry():
+    """m > 1 (verify / batched decode) keeps matvec.cu's defaults; rows stay bit-equal to m = 1
+    whatever the geometry (tests/gpu/test_matvec.py)."""
+    for fmt in ("NVFP4", "Q4_K", "Q8_0"):
+        for shape in (QKV, O, GATE_UP, DOWN, LM_HEAD):
+            assert "MV_R" not in defs(fmt, shape, m=3)
+
+
+def test_switches_override(monkeypatch):
+    monkeypatch.setenv("BW24CHAT_A8_WIDE_R4", "")  # no format at 4 rows
+    assert "MV_R" not in defs("NVFP4", GATE_UP)
+    monkeypatch.setenv("BW24CHAT_A8_WIDE_R4", "NVFP4,Q8_0")
+    assert defs("Q8_0", GATE_UP)["MV_R"] == 4
+    monkeypatch.setenv("BW24CHAT_MV_U", "3")
+    assert defs("NVFP4", GATE_UP)["MV_U"] == 3
+    monkeypatch.setenv("BW24CHAT_A8_JOIN", "0")
+    assert defs("Q4_K", GATE_UP)["A8_JOIN"] == 0
+    assert "A8_JOIN" not in defs("Q8_0", GATE_UP)  # only Q4_K has the switch
+
+
+def test_cp_async_ring_only_for_the_formats_it_serves(monkeypatch):
+    monkeypatch.setenv("BW24CHAT_MV_CPA", "1")
+    assert defs("NVFP4", O)["MV_CPA"] == 1 and defs("NVFP4", O)["MV_U"] == 2
+    assert defs("BF16", QKV, a8=False)["MV_CPA"] == 1 and defs("BF16", QKV, a8=False)["MV_U"] == 4
+    assert "MV_CPA" not in defs("Q6_K", QKV)
+    assert set(cl.CPA_SCALE_BYTES) == {"F32", "F16", "BF16", "Q8_0", "Q4_K", "NVFP4"}
