@@ -455,9 +455,10 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
                 acc[m][r] = __fmaf_rn(small_int_float(s), __fmul_rn(a0[r], dx), acc[m][r]);
             }
         }
-#elif FMT == F_NVFP4
-    (void)a0; (void)a1; (void)b;
+#elif A8_JOIN  // NVFP4, Q4_K
     uint32_t cl[MV_R][4], ch[MV_R][4];
+#if FMT == F_NVFP4
+    (void)a0; (void)a1; (void)b;
     float s0[MV_R], s1[MV_R];
 #pragma unroll
     for (int r = 0; r < MV_R; ++r) {
@@ -465,6 +466,13 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
 #pragma unroll
         for (int g = 0; g < 4; ++g) nvfp4_weight_bytes(word_of(raw[r].q, g), nv_t0, cl[r][g], ch[r][g]);
     }
+#else
+    (void)a1;
+#pragma unroll
+    for (int r = 0; r < MV_R; ++r)
+#pragma unroll
+        for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
+#endif
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) {
         const uint32_t* xh = xw + 2 * m * wpm;  // plane h; plane l at + wpm
@@ -474,8 +482,11 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
         const uint4 lh = *reinterpret_cast<const uint4*>(xh + wpm + 4 * (nck + kc));
         const uint4 mt = meta[2 * m * nb + kc];
         const float dx = __uint_as_float(mt.x);
+        // the weight bytes' offset (NVFP4: 128) removed through the l chains' seeds; Q4_K has none
+        const int seed_lo = FMT == F_NVFP4 ? (int)mt.y : 0, seed_hi = FMT == F_NVFP4 ? (int)mt.z : 0;
 #pragma unroll
         for (int r = 0; r < MV_R; ++r) {
+            // per half (values 0-15: il, 16-31: ih): the h chain, then the l chain seeded with it * 256
             int il = dp4a_u8(cl[r][0], hl.x, 0), ih = dp4a_u8(ch[r][0], hh.x, 0);
             il = dp4a_u8(cl[r][1], hl.y, il);
             ih = dp4a_u8(ch[r][1], hh.y, ih);
@@ -483,53 +494,21 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             ih = dp4a_u8(ch[r][2], hh.z, ih);
             il = dp4a_u8(cl[r][3], hl.w, il);
             ih = dp4a_u8(ch[r][3], hh.w, ih);
-            il = dp4a_u8(cl[r][0], ll.x, il * 256 + (int)mt.y);
-            ih = dp4a_u8(ch[r][0], lh.x, ih * 256 + (int)mt.z);
+            il = dp4a_u8(cl[r][0], ll.x, il * 256 + seed_lo);
+            ih = dp4a_u8(ch[r][0], lh.x, ih * 256 + seed_hi);
             il = dp4a_u8(cl[r][1], ll.y, il);
             ih = dp4a_u8(ch[r][1], lh.y, ih);
             il = dp4a_u8(cl[r][2], ll.z, il);
             ih = dp4a_u8(ch[r][2], lh.z, ih);
             il = dp4a_u8(cl[r][3], ll.w, il);
             ih = dp4a_u8(ch[r][3], lh.w, ih);
+#if FMT == F_NVFP4
             acc[m][r] = __fmaf_rn(__int2float_rn(il), __fmul_rn(s0[r], dx), acc[m][r]);
             acc[m][r] = __fmaf_rn(__int2float_rn(ih), __fmul_rn(s1[r], dx), acc[m][r]);
-        }
-    }
-#elif A8_JOIN  // Q4_K
-    (void)a1;
-    uint32_t cl[MV_R][4], ch[MV_R][4];
-#pragma unroll
-    for (int r = 0; r < MV_R; ++r)
-#pragma unroll
-        for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
-#pragma unroll
-    for (int m = 0; m < MV_M; ++m) {
-        const uint32_t* xh = xw + 2 * m * wpm;  // plane h; plane l at + wpm
-        const uint4 hl = *reinterpret_cast<const uint4*>(xh + 4 * kc);
-        const uint4 hh = *reinterpret_cast<const uint4*>(xh + 4 * (nck + kc));
-        const uint4 ll = *reinterpret_cast<const uint4*>(xh + wpm + 4 * kc);
-        const uint4 lh = *reinterpret_cast<const uint4*>(xh + wpm + 4 * (nck + kc));
-        const uint4 mt = meta[2 * m * nb + kc];
-        const float dx = __uint_as_float(mt.x), xsum = __uint_as_float(mt.w);
-#pragma unroll
-        for (int r = 0; r < MV_R; ++r) {
-            int il = dp4a_u8(cl[r][0], hl.x, 0), ih = dp4a_u8(ch[r][0], hh.x, 0);
-            il = dp4a_u8(cl[r][1], hl.y, il);
-            ih = dp4a_u8(ch[r][1], hh.y, ih);
-            il = dp4a_u8(cl[r][2], hl.z, il);
-            ih = dp4a_u8(ch[r][2], hh.z, ih);
-            il = dp4a_u8(cl[r][3], hl.w, il);
-            ih = dp4a_u8(ch[r][3], hh.w, ih);
-            il = dp4a_u8(cl[r][0], ll.x, il * 256);
-            ih = dp4a_u8(ch[r][0], lh.x, ih * 256);
-            il = dp4a_u8(cl[r][1], ll.y, il);
-            ih = dp4a_u8(ch[r][1], lh.y, ih);
-            il = dp4a_u8(cl[r][2], ll.z, il);
-            ih = dp4a_u8(ch[r][2], lh.z, ih);
-            il = dp4a_u8(cl[r][3], ll.w, il);
-            ih = dp4a_u8(ch[r][3], lh.w, ih);
+#else
             acc[m][r] = __fmaf_rn(__int2float_rn(il + ih), __fmul_rn(a0[r], dx), acc[m][r]);
-            acc[m][r] = __fmaf_rn(b[r], xsum, acc[m][r]);
+            acc[m][r] = __fmaf_rn(b[r], __uint_as_float(mt.w), acc[m][r]);  // the record's exact x sum
+#endif
         }
     }
 #else
