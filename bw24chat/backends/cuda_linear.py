@@ -285,8 +285,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                                             np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
     defs = _simt_defines(W, m, a8)
-    rows = int(os.environ.get("BW24CHAT_MV_R") or defs.pop("MV_R", MV_R))  # rows per warp (env: experiments)
-    defs.pop("MV_R", None)
+    rows_picked = defs.pop("MV_R", MV_R)
+    rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
     # matvec.cu MV_CPA: the weight ring after the x staging, 16-byte aligned
     ring = 16 + defs["MV_U"] * rows * 256 * (16 + CPA_SCALE_BYTES[W.fmt]) if defs.get("MV_CPA") else 0
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)

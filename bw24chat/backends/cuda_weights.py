@@ -63,7 +63,8 @@ def pack_nibbles(codes: np.ndarray) -> np.ndarray:
 def pack_selector_words(codes: np.ndarray) -> np.ndarray:
     """NVFP4: (..., 32) 4-bit codes -> (..., 16) bytes as 4 little-endian u32 "selector words":
     word g holds code 4g+j at bits 4j..4j+3 and code 16+4g+j at bits 16+4j.. (j = 0..3), so each
-    16-bit half is four PRMT selector nibbles as they stand (kernels/formats.cuh nvfp4_sel)."""
+    16-bit half is four PRMT selector nibbles as they stand (kernels/formats.cuh qwords, nvfp4_s4;
+    matvec.cu nvfp4_weight_bytes)."""
     c = codes.astype(np.uint32).reshape(*codes.shape[:-1], 2, 4, 4) & 0x0F  # [half, g, j]
     sh = (4 * np.arange(4, dtype=np.uint32)).reshape(1, 1, 4)
     w = (c[..., 0, :, :] << sh).sum(-1, dtype=np.uint32) | ((c[..., 1, :, :] << sh).sum(-1, dtype=np.uint32) << 16)
