@@ -12,6 +12,7 @@ Median of 7 timings of 10 graph replays (CUDA events).  Prints us per launch and
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 
@@ -42,6 +43,19 @@ SIZES_MB = {"nvfp4 o 4096x4096": 9.44, "nvfp4 qkv 6144x4096": 14.16, "nvfp4 down
             "bf16 o 4096x4096": 33.55, "nvfp4 gate|up 24576x4096": 56.62, "bf16 qkv": 50.33,
             "bf16 down": 100.66, "bf16 gate|up": 201.33}
 COPIES = 6
+
+
+# The BW24CHAT_ switches as the run started (the variant scripts put them back before each
+# variant; a fixed list of switches to clear missed BW24CHAT_MV_CPA in stage s10a, so after the
+# first "cpa" variant every later one, "auto" included, ran with the cp.async ring).
+_BASE_SWITCHES = {k: v for k, v in os.environ.items() if k.startswith("BW24CHAT_")}
+
+
+def reset_switches() -> None:
+    """Put every BW24CHAT_ environment switch back to its value at start-up."""
+    for k in [k for k in os.environ if k.startswith("BW24CHAT_")]:
+        os.environ.pop(k)
+    os.environ.update(_BASE_SWITCHES)
 
 
 def format_bench_setup(default_formats: str):

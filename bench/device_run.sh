@@ -11,6 +11,17 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s10b)
+  # the grid-wide sampler (sampling.cu rewritten: passes spread over the SMs, grid barriers): its
+  # GPU tests and the kernel check's sampler row, the probe, then sampled decode in the step;
+  # then the matvec variants again (s10a's comparison was void: BW24CHAT_MV_CPA leaked into every
+  # variant after the first "cpa" one -- bench/decode_floor.reset_switches now restores the switches)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling.py 2>&1 | tail -4 | tee $OUT/pytest_s10b.log
+  timeout 100 python3 bench/sampler_probe.py 2>&1 | tee $OUT/sampler_s10b.log
+  timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128" | tee $OUT/bench_s10b.log
+  BW24CHAT_MV_VARIANTS="auto:;cpa u4 minb2:MV_CPA=1,MV_U=4,MV_MINB=2,MV_STEADY=1;cpa r4 u3 minb3:MV_CPA=1,MV_U=3,MV_R=4,MV_MINB=3,MV_STEADY=1;cpa u3:MV_CPA=1,MV_U=3,MV_STEADY=1" timeout 240 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | tee $OUT/mv_cpa_s10b.log
+  BW24CHAT_MV_VARIANTS="auto:;simt r4 u2:MATVEC=simt,MV_R=4,MV_U=2,MV_MINB=2,MV_STEADY=1;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1;simt cpa u4:MATVEC=simt,MV_CPA=1,MV_U=4,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10b.log
+  ;;
 s10a)
   # prepared in the ninth session (every build compiled for sm_90a / sm_120a in CI; not run):
   # 1. MV_CPA: the matvec weight window as a per-thread cp.async ring in shared memory (no registers

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_floor import time_graph  # noqa: E402
+from decode_floor import reset_switches, time_graph  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate|up": (24576, 4096), "down": (4096, 12288)}
 # (label, impl, environment): "wg" is gemm_wgp (bf16 planes, cp.async ring; ring depth clamped
@@ -34,7 +34,6 @@ VARIANTS = [("mma", "mma", {}),
             ("wgp n256 s3", "wg", {"BW24CHAT_WG_BN": "256", "BW24CHAT_WGP_STAGES": "3"}),
             ("wgp n256 s4", "wg", {"BW24CHAT_WG_BN": "256", "BW24CHAT_WGP_STAGES": "4"}),
             ("wgp auto", "wg", {})]
-SWITCHES = ("BW24CHAT_WG_BN", "BW24CHAT_WGP", "BW24CHAT_WGP_STAGES")
 COPIES = 3
 
 
@@ -67,8 +66,7 @@ def main() -> int:
             for precise in (True, False):
                 ref = None
                 for label, impl, env in variants:
-                    for k in SWITCHES:
-                        os.environ.pop(k, None)
+                    reset_switches()
                     os.environ.update(env)
                     try:
                         us = time_graph(cp, stream, lambda c: lin.gemm(Ws[c], x, ys[c], T, precise=precise, impl=impl), COPIES)
@@ -90,8 +88,7 @@ def main() -> int:
                     print(f"{fmt:6} {name:8} {mode:7} {label:8} {us:9.1f} us {tf:7.1f} TFLOP/s{note}", flush=True)
             del Ws, ys
             cp.get_default_memory_pool().free_all_blocks()
-    for k in SWITCHES:
-        os.environ.pop(k, None)
+    reset_switches()
     print("\nper-layer totals (us, sum of the four shapes):")
     for fmt in sorted({r[0] for r in rows}):
         for mode in ("precise", "fast"):

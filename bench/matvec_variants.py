@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_floor import format_bench_setup, time_graph  # noqa: E402  (shared by the bench scripts)
+from decode_floor import format_bench_setup, reset_switches, time_graph  # noqa: E402  (shared by the bench scripts)
 
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}
@@ -37,8 +37,6 @@ VARIANTS = {
               ("minb3 u2 nr4", {"BW24CHAT_MV_STEADY": "1", "BW24CHAT_MV_MINB": "3", "BW24CHAT_MV_U": "2", "BW24CHAT_A8_NR": "4"})],
 }
 COPIES = 6
-SWITCHES = ("BW24CHAT_MATVEC", "BW24CHAT_TC_NW", "BW24CHAT_TC_U", "BW24CHAT_MV_U", "BW24CHAT_MV_PERSIST", "BW24CHAT_MV_MINB",
-            "BW24CHAT_A8", "BW24CHAT_MV_R", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN")
 
 
 def _variants(fmt: str) -> list:
@@ -70,8 +68,7 @@ def main() -> int:
             nw = cp.asarray(rng.uniform(0.5, 1.5, in_).astype(np.float32))
             y = cp.empty((1, out), cp.float32)
             for label, env in _variants(fmt):
-                for k in SWITCHES:
-                    os.environ.pop(k, None)
+                reset_switches()
                 os.environ.update(env)
                 us = time_graph(cp, stream, lambda c: lin.matvec(Ws[c], x, y, 1, prologue=pro, norm_w=nw), COPIES)
                 gbs = Ws[0].nbytes / (us * 1e-6) / 1e9
@@ -79,8 +76,7 @@ def main() -> int:
                 print(f"{fmt:6} {name:8} {label:12} {us:8.2f} us {gbs:7.0f} GB/s", flush=True)
             del Ws
             cp.get_default_memory_pool().free_all_blocks()
-    for k in SWITCHES:
-        os.environ.pop(k, None)
+    reset_switches()
     print("\nbest per shape:")
     for fmt in sorted({r[0] for r in rows}):
         for name in SHAPES:

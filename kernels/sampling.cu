@@ -31,23 +31,30 @@
 //   the last min(repeat_last_n or all, hist_len, R) ids: R must be >= repeat_last_n for the
 //   reference's window.
 // Position: pos_dev[0] (int32), the `position` argument of sample_token.
-// Launch geometry: sample: one block of 1024 threads (single-block multi-pass; each pass reads
-//   the L2-resident per-element keys), dynamic smem = histograms (32 warps x 256 bins x 12 B)
-//   + penalty bitmap (ceil(V/32) words).  Workspace: keys uint32 [V] + e float64 [V].
-//   argmax: same kernel family, one block (first index of the maximum, no penalty).
-//   SAMPLE_FIXP=1 (an experiment, cuda_ops BW24CHAT_SAMPLE_FIXP; off by default until measured):
-//   the fixed-point weights round((e_i / S) 2^60) are computed once into the workspace's
-//   uint64 [V] after S is known, instead of again (one float64 division each) for every element
-//   of every radix-select pass and the total; the same values, so the same token.
+// Launch geometry: sample: G blocks of SNT = 512 threads, G <= the SM count and <= MAX_GRID
+//   (cuda_ops.sample: about one block per 2048 logits), all resident at once: the passes are
+//   separated by grid-wide barriers (spinning on a counter in the workspace).  Block b owns the
+//   slice [b*per, (b+1)*per) of the vocabulary (per = ceil(V/G)) and thread t its elements
+//   s0 + t, s0 + t + SNT, ... in every pass, so e / fx / keys are read back only by the thread
+//   that wrote them.  Cross-block sums are integer atomics (order-free) or, for S, the block
+//   sums added in block order by every block alike; so the token does not depend on timing.
+//   Dynamic smem = SampleShared + the slice's penalty bitmap (ceil(per/32) words).
+//   Workspace: keys uint32 [V], e float64 [V], fixed-point weights uint64 [V], SampleState
+//   (zeroed at allocation; each launch leaves it zeroed).
+//   Why grid-wide: the single-block version (ninth session) took 154 us at V = 49152 and 452 us at
+//   V = 151936 for temperature 0.7 (bench/sampler_probe.py, H200): one SM making up to 8 radix
+//   passes per select over the whole vocabulary, with every element of the first pass piling
+//   onto the few bins of the float's exponent byte.  Here the first pass starts below the bits
+//   that every key shares, and each pass is spread over the SMs.
+//   argmax: one block of ANT = 1024 threads (first index of the maximum, no penalty).
 #include "common.cuh"
 
-#define SNT 1024
+#define SNT 512
 #define NWARP (SNT / 32)
 #define NBIN 256
+#define MAX_GRID 256
+#define ANT 1024
 #define FIX_ONE 1152921504606846976.0  // 2^60
-#ifndef SAMPLE_FIXP
-#define SAMPLE_FIXP 0
-#endif
 
 // ------------------------------------------------------------------ Philox4x64-10
 BW24_DEVICE void philox4x64_10(uint64_t (&c)[4], uint64_t k0, uint64_t k1) {
@@ -90,16 +97,57 @@ BW24_DEVICE float key_value(uint32_t kd) {
 }
 BW24_DEVICE uint64_t key64(uint32_t kd, int i) { return ((uint64_t)kd << 32) | (uint32_t)i; }
 
+// ------------------------------------------------------------------ grid-wide state
+// In the workspace after keys / e / fx (cuda_ops.sample_workspace_bytes).  All zero between
+// launches: the workspace is allocated zeroed and the last block to leave zeroes it again.
+// Minima are kept as the maximum of complements so that zero is the neutral start.
+struct SampleState {
+    unsigned int arrive;               // grid barrier arrivals (monotonic within a launch)
+    unsigned int leave;                // blocks done (the last one resets this state)
+    unsigned long long first_c;        // ~(min key64): the reference's first candidate
+    unsigned long long last;           // max key64
+    unsigned long long total;          // sum of the kept fixed-point weights
+    unsigned long long found_c[4];     // ~(min key64) of each select's finishing pass
+    unsigned int cnt[3][NBIN];         // histogram buffers, rotated per pass (see select)
+    unsigned long long mass[3][NBIN];
+    double partial[MAX_GRID];          // per-block sums of e (read in block order)
+};
+
 struct SampleShared {
-    uint32_t cnt[NWARP][NBIN];
-    unsigned long long mass[NWARP][NBIN];
+    unsigned int cnt[NBIN];
+    unsigned long long mass[NBIN];
+    unsigned long long scan[NBIN];     // inclusive prefix sums of the pass's bin masses
     unsigned long long red_u64[NWARP];
     double red_f64[NWARP];
-    uint64_t s_key;
-    uint64_t s_prefix;
-    unsigned long long s_before;
-    int s_done;
+    double sum_part[MAX_GRID];
+    int chosen;
+    int last_block;
 };
+// cuda_ops._SAMPLE_STATE / _SAMPLE_SHARED size the workspace and the dynamic shared memory
+static_assert(sizeof(SampleState) == 8 + 7 * 8 + 3 * NBIN * 12 + MAX_GRID * 8, "cuda_ops._SAMPLE_STATE");
+static_assert(sizeof(SampleShared) == NBIN * 20 + 2 * NWARP * 8 + MAX_GRID * 8 + 8, "cuda_ops._SAMPLE_SHARED");
+
+BW24_DEVICE unsigned int ld_acquire_u32(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Grid-wide barrier: every block of the launch is resident (grid <= SM count, one block per SM
+// at most is needed; cuda_ops.sample sizes it), so spinning cannot starve a block.  Data written
+// before the barrier by other blocks is read after it with __ldcg (L2; L1 is not coherent).
+BW24_DEVICE void grid_sync(SampleState* st, unsigned int& target) {
+    __syncthreads();
+    target += gridDim.x;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(&st->arrive, 1u);
+        while (ld_acquire_u32(&st->arrive) < target) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
 
 BW24_DEVICE uint64_t block_min_u64(uint64_t v, SampleShared& sh) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -114,6 +162,8 @@ BW24_DEVICE uint64_t block_min_u64(uint64_t v, SampleShared& sh) {
     return m;
 }
 
+BW24_DEVICE uint64_t block_max_u64(uint64_t v, SampleShared& sh) { return ~block_min_u64(~v, sh); }
+
 BW24_DEVICE unsigned long long block_sum_u64(unsigned long long v, SampleShared& sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
@@ -124,6 +174,7 @@ BW24_DEVICE unsigned long long block_sum_u64(unsigned long long v, SampleShared&
     return s;
 }
 
+// fixed order: xor tree in the warp, then the warps in order
 BW24_DEVICE double block_sum_f64(double v, SampleShared& sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
@@ -134,94 +185,124 @@ BW24_DEVICE double block_sum_f64(double v, SampleShared& sh) {
     return s;
 }
 
-// The smallest key64 k in the set {i : in_set(i)} whose inclusive cumulative weight (weights in
-// ascending key order) is >= target; the largest key of the set when the total stays below.
-// weight(i) returns an integer weight.  8-bit digits from the top; stops when a digit's bin holds
-// one element.
+// The smallest key64 k of the set {i : in_set(k, i)} whose inclusive cumulative weight (weights
+// in ascending key order) is >= target; the largest key of the set when its total stays below.
+// weight(k, i) returns an integer weight, so every sum is exact and order-free.
+// Radix passes over the bits below the common prefix of all keys (`lo_top`: the highest bit
+// where the smallest and largest key64 differ, + 1), 8-bit digits from the top.  Per pass every
+// block histograms the elements of its slice that carry the prefix chosen so far (shared
+// atomics), adds its bins to a global histogram (global atomics: integer, order-free), and after
+// the grid barrier every block scans the same 256 global bins and makes the same choice.  The
+// global histograms rotate over three buffers: pass p adds into buffer p % 3 while block 0
+// zeroes buffer (p + 1) % 3, which every block finished reading before the barrier that ended
+// pass p - 1.  A pass whose chosen bin holds one element ends with one more pass that finds it
+// (global minimum).  `pass` counts the passes of the launch; `sel` names the finding slot.
 template <typename InSet, typename Weight>
-BW24_DEVICE uint64_t radix_select(const uint32_t* __restrict__ keys, int V, unsigned long long target, InSet in_set,
-                                  Weight weight, SampleShared& sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    uint64_t prefix = 0;
+BW24_DEVICE uint64_t radix_select(const uint32_t* __restrict__ keys, int s0, int s1, uint64_t key_first, int lo_top,
+                                  unsigned long long target,
+                                  InSet in_set, Weight weight, SampleState* st, SampleShared& sh, unsigned int& bar,
+                                  int& pass, int sel) {
+    const int tid = threadIdx.x;
+    uint64_t prefix = lo_top >= 64 ? 0ull : (key_first & (~0ull << lo_top));  // the bits every key shares
     unsigned long long before = 0;
-    for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < NWARP * NBIN; i += SNT) {
-            (&sh.cnt[0][0])[i] = 0;
-            (&sh.mass[0][0])[i] = 0;
+    int top = lo_top;
+    while (true) {
+        const int lo = max(top - 8, 0), width = top - lo;
+        const uint64_t hi_mask = top >= 64 ? 0ull : (~0ull << top);
+        const uint64_t dmask = (1ull << width) - 1ull;
+        unsigned int* gcnt = st->cnt[pass % 3];
+        unsigned long long* gmass = st->mass[pass % 3];
+        for (int b = tid; b < NBIN; b += SNT) { sh.cnt[b] = 0; sh.mass[b] = 0; }
+        if (blockIdx.x == 0) {
+            const int z = (pass + 1) % 3;
+            for (int b = tid; b < NBIN; b += SNT) { st->cnt[z][b] = 0; st->mass[z][b] = 0; }
         }
         __syncthreads();
-        const uint64_t hi_mask = shift == 56 ? 0ull : (~0ull << (shift + 8));
-        for (int i = threadIdx.x; i < V; i += SNT) {
+        for (int i = s0 + tid; i < s1; i += SNT) {
             const uint64_t k = key64(keys[i], i);
             if ((k & hi_mask) == prefix && in_set(k, i)) {
-                const int b = (int)((k >> shift) & 0xFF);
-                atomicAdd(&sh.cnt[w][b], 1u);
-                atomicAdd(&sh.mass[w][b], weight(k, i));
+                const int b = (int)((k >> lo) & dmask);
+                atomicAdd(&sh.cnt[b], 1u);
+                atomicAdd(&sh.mass[b], weight(k, i));
             }
         }
         __syncthreads();
-        // fold the per-warp histograms into row 0 (integer sums: order-free)
-        for (int b = threadIdx.x; b < NBIN; b += SNT) {
-            uint32_t c = 0;
-            unsigned long long m = 0;
-            for (int j = 0; j < NWARP; ++j) { c += sh.cnt[j][b]; m += sh.mass[j][b]; }
-            sh.cnt[0][b] = c;
-            sh.mass[0][b] = m;
-        }
+        for (int b = tid; b < NBIN; b += SNT)
+            if (sh.cnt[b]) { atomicAdd(&gcnt[b], sh.cnt[b]); atomicAdd(&gmass[b], sh.mass[b]); }
+        grid_sync(st, bar);
+        ++pass;
+        // every block: the same scan of the same global bins
+        for (int b = tid; b < NBIN; b += SNT) { sh.cnt[b] = __ldcg(&gcnt[b]); sh.mass[b] = __ldcg(&gmass[b]); }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned long long cum = before;
-            int chosen = -1, last = -1;
-            unsigned long long before_last = before;
-            for (int b = 0; b < NBIN; ++b) {
-                if (sh.cnt[0][b] == 0) continue;
-                last = b;
-                before_last = cum;
-                if (cum + sh.mass[0][b] >= target) { chosen = b; break; }
-                cum += sh.mass[0][b];
+        if (tid < 32) {  // inclusive scan of the 256 masses: 8 per lane, then the lanes
+            unsigned long long run = 0;
+#pragma unroll
+            for (int j = 0; j < NBIN / 32; ++j) { run += sh.mass[tid * (NBIN / 32) + j]; sh.scan[tid * (NBIN / 32) + j] = run; }
+            unsigned long long off = run;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned long long v = __shfl_up_sync(0xffffffffu, off, o);
+                if (tid >= o) off += v;
             }
-            if (chosen < 0) { chosen = last; cum = before_last; }  // total below target: the last element
-            sh.s_prefix = prefix | ((uint64_t)(chosen < 0 ? 0 : chosen) << shift);
-            sh.s_before = cum;
-            sh.s_done = chosen < 0 || sh.cnt[0][chosen] == 1 || shift == 0;
+            off -= run;  // exclusive offset of this lane's 8 bins
+#pragma unroll
+            for (int j = 0; j < NBIN / 32; ++j) sh.scan[tid * (NBIN / 32) + j] += off;
         }
+        if (tid == 0) sh.chosen = NBIN;
         __syncthreads();
-        prefix = sh.s_prefix;
-        before = sh.s_before;
-        const int done = sh.s_done;
-        if (done) {
-            if (shift == 0) return prefix;
-            // the bin holds one element: find it
-            const uint64_t m2 = ~0ull << shift;
+        for (int b = tid; b < NBIN; b += SNT)
+            if (sh.cnt[b] && before + sh.scan[b] >= target) atomicMin(&sh.chosen, b);
+        __syncthreads();
+        int chosen = sh.chosen;
+        if (chosen == NBIN) {  // the set's total is below the target: its last element
+            chosen = -1;
+            for (int b = NBIN - 1; b >= 0; --b)
+                if (sh.cnt[b]) { chosen = b; break; }
+        }
+        if (chosen < 0) return prefix;  // empty set (not reached by the callers)
+        before += sh.scan[chosen] - sh.mass[chosen];
+        prefix |= (uint64_t)chosen << lo;
+        const bool single = sh.cnt[chosen] == 1;
+        __syncthreads();  // sh.* consumed before the next pass rewrites it
+        if (lo == 0) return prefix;
+        if (single) {  // the bin holds one element: find it
+            const uint64_t m2 = ~0ull << lo;
             uint64_t best = ~0ull;
-            for (int i = threadIdx.x; i < V; i += SNT) {
+            for (int i = s0 + tid; i < s1; i += SNT) {
                 const uint64_t k = key64(keys[i], i);
                 if ((k & m2) == prefix && in_set(k, i)) best = k < best ? k : best;
             }
-            return block_min_u64(best, sh);
+            best = block_min_u64(best, sh);
+            if (tid == 0 && best != ~0ull) atomicMax(&st->found_c[sel], ~best);
+            grid_sync(st, bar);
+            return ~__ldcg(&st->found_c[sel]);
         }
-        (void)lane;
+        top = lo;
     }
-    return prefix;
 }
 
-// Penalized (and, when temp > 0, temperature-scaled) logit of element i.
-BW24_DEVICE float scored(const float* __restrict__ logits, int i, const uint32_t* bitmap, bool use_pen, float pen,
+// Penalized (and, when temp > 0, temperature-scaled) logit of element i; bitmap covers the
+// block's slice (bit i - s0).
+BW24_DEVICE float scored(const float* __restrict__ logits, int i, int s0, const uint32_t* bitmap, bool use_pen, float pen,
                          bool scale, float temp) {
     float l = logits[i];
-    if (use_pen && ((bitmap[i >> 5] >> (i & 31)) & 1u)) l = l > 0.0f ? __fdiv_rn(l, pen) : __fmul_rn(l, pen);
+    const int j = i - s0;
+    if (use_pen && ((bitmap[j >> 5] >> (j & 31)) & 1u)) l = l > 0.0f ? __fdiv_rn(l, pen) : __fmul_rn(l, pen);
     return scale ? __fdiv_rn(l, temp) : l;
 }
 
-extern "C" __global__ void __launch_bounds__(SNT)
+extern "C" __global__ void __launch_bounds__(SNT, 1)
 sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__ params, const int* __restrict__ pos_dev,
        int* __restrict__ ring, int ring_cap, uint32_t* __restrict__ keys, double* __restrict__ e,
-       int* __restrict__ out_token) {
+       unsigned long long* __restrict__ fx, SampleState* __restrict__ st, int* __restrict__ out_token) {
     PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t dyn[];
     SampleShared& sh = *reinterpret_cast<SampleShared*>(dyn);
-    uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn + sizeof(SampleShared));
+    uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn + sizeof(SampleShared));  // the slice's penalized ids
     const int tid = threadIdx.x;
+    const int per = (V + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int s0 = min(V, (int)blockIdx.x * per), s1 = min(V, s0 + per);
+    unsigned int bar = 0;
+    int pass = 0;
 
     const double temperature = __longlong_as_double((long long)params[0]);
     const long long top_k = (long long)params[1];
@@ -233,65 +314,72 @@ sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__
     const long long hist_len = (long long)params[8];
     const unsigned long long flags = params[9];
 
-    // 1. repetition penalty: bitmap of the distinct recent ids
+    // 1. repetition penalty: bitmap of the distinct recent ids that fall in this block's slice
     const bool use_pen = penalty != 1.0 && hist_len > 0 && ring_cap > 0;
     const float pen = (float)penalty;
     if (use_pen) {
-        const int words = (V + 31) >> 5;
-        for (int i = tid; i < words; i += SNT) bitmap[i] = 0;
+        for (int w = tid; w < (per + 31) / 32; w += SNT) bitmap[w] = 0;
         __syncthreads();
         long long n = last_n > 0 ? min(last_n, hist_len) : hist_len;
         n = min(n, (long long)ring_cap);
         for (long long j = tid; j < n; j += SNT) {
             const int id = ring[(hist_len - 1 - j) % ring_cap];
-            if (id >= 0 && id < V) atomicOr(&bitmap[id >> 5], 1u << (id & 31));
+            if (id >= s0 && id < s1) atomicOr(&bitmap[(id - s0) >> 5], 1u << ((id - s0) & 31));
         }
         __syncthreads();
     }
-    // 2./3. keys of the (scaled) logits; their minimum is the reference's first candidate
+    // 2./3. keys of the (scaled) logits; the smallest is the reference's first candidate
     const bool greedy = temperature <= 0.0;
     const float temp = (float)temperature;
-    uint64_t best = ~0ull;
-    for (int i = tid; i < V; i += SNT) {
-        const uint32_t kd = desc_key(scored(logits, i, bitmap, use_pen, pen, !greedy, temp));
+    uint64_t kmin = ~0ull, kmax = 0;
+    for (int i = s0 + tid; i < s1; i += SNT) {
+        const uint32_t kd = desc_key(scored(logits, i, s0, bitmap, use_pen, pen, !greedy, temp));
         keys[i] = kd;
         const uint64_t k = key64(kd, i);
-        best = k < best ? k : best;
+        kmin = k < kmin ? k : kmin;
+        kmax = k > kmax ? k : kmax;
     }
-    __syncthreads();
-    const uint64_t first = block_min_u64(best, sh);
+    kmin = block_min_u64(kmin, sh);
+    kmax = block_max_u64(kmax, sh);
+    if (tid == 0 && s0 < s1) { atomicMax(&st->first_c, ~kmin); atomicMax(&st->last, kmax); }
+    grid_sync(st, bar);
+    const uint64_t first = ~__ldcg(&st->first_c), last = __ldcg(&st->last);
     int token = (int)(uint32_t)first;
-    if (!greedy) {
+    // the radix passes start below the bits every key shares
+    const int lo_top = first == last ? 0 : 64 - __clzll((long long)(first ^ last));
+    if (!greedy && first != last) {
         // 4. top-k: the k-th key bounds the candidates
         uint64_t kth = ~0ull;
         if (top_k > 0 && top_k < V)
-            kth = radix_select(keys, V, (unsigned long long)top_k, [](uint64_t, int) { return true; },
-                               [](uint64_t, int) { return 1ull; }, sh);
-        // 5. e_i and S over the candidates
+            kth = radix_select(keys, s0, s1, first, lo_top, (unsigned long long)top_k, [](uint64_t, int) { return true; },
+                               [](uint64_t, int) { return 1ull; }, st, sh, bar, pass, 0);
+        // 5. e_i and S over the candidates: S sums the block sums in block order (every block
+        //    the same order, so every block gets the same S)
         const double c0 = (double)key_value((uint32_t)(first >> 32));
         double part = 0.0;
-        for (int i = tid; i < V; i += SNT) {
+        for (int i = s0 + tid; i < s1; i += SNT) {
             const uint64_t k = key64(keys[i], i);
             const double ei = k <= kth ? exp((double)key_value(keys[i]) - c0) : 0.0;
             e[i] = ei;
             part += ei;
         }
-        const double S = block_sum_f64(part, sh);
-        __syncthreads();  // e[] written by all threads before the selects read it
-#if SAMPLE_FIXP
-        unsigned long long* fx = reinterpret_cast<unsigned long long*>(e + V);  // the workspace's third array
-        for (int i = tid; i < V; i += SNT) fx[i] = __double2ull_rn((e[i] / S) * FIX_ONE);
+        part = block_sum_f64(part, sh);
+        if (tid == 0) __stcg(&st->partial[blockIdx.x], part);
+        grid_sync(st, bar);
+        for (int b = tid; b < (int)gridDim.x; b += SNT) sh.sum_part[b] = __ldcg(&st->partial[b]);
         __syncthreads();
+        double S = 0.0;
+        for (int b = 0; b < (int)gridDim.x; ++b) S += sh.sum_part[b];
+        // the fixed-point weights round(p_i 2^60), once per element
+        for (int i = s0 + tid; i < s1; i += SNT) fx[i] = __double2ull_rn((e[i] / S) * FIX_ONE);
         auto fixp = [&](uint64_t, int i) -> unsigned long long { return fx[i]; };
-#else
-        auto fixp = [&](uint64_t, int i) -> unsigned long long { return __double2ull_rn((e[i] / S) * FIX_ONE); };
-#endif
         // 6. top-p bound over the candidates, then the kept set
         uint64_t bound = kth;
         if (top_p < 1.0) {
             const double t = ceil(top_p * FIX_ONE);
             const unsigned long long tfix = t <= 0.0 ? 0ull : (unsigned long long)t;
-            bound = radix_select(keys, V, tfix, [&](uint64_t k, int) { return k <= kth; }, fixp, sh);
+            bound = radix_select(keys, s0, s1, first, lo_top, tfix, [&](uint64_t k, int) { return k <= kth; }, fixp, st, sh, bar,
+                                 pass, 1);
         }
         const double p0 = 1.0 / S;
         const double minp_thr = min_p * p0;
@@ -300,20 +388,36 @@ sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__
             return k <= bound && (!use_minp || (e[i] / S) >= minp_thr);
         };
         unsigned long long tot = 0;
-        for (int i = tid; i < V; i += SNT) {
+        for (int i = s0 + tid; i < s1; i += SNT) {
             const uint64_t k = key64(keys[i], i);
-            if (kept(k, i)) tot += fixp(k, i);
+            if (kept(k, i)) tot += fx[i];
         }
-        const unsigned long long total = block_sum_u64(tot, sh);
+        tot = block_sum_u64(tot, sh);
+        if (tid == 0 && tot) atomicAdd(&st->total, tot);
+        grid_sync(st, bar);
+        const unsigned long long total = __ldcg(&st->total);
         // 7./8. the draw
         if (total > 0) {
             const uint64_t x = philox_first_raw(seed0, seed1, (uint64_t)(long long)pos_dev[0]);
             const double u = (double)(x >> 11) * (1.0 / 9007199254740992.0);
             const unsigned long long tt = (unsigned long long)floor(u * (double)total) + 1ull;
-            token = (int)(uint32_t)radix_select(keys, V, tt, kept, fixp, sh);
+            token = (int)(uint32_t)radix_select(keys, s0, s1, first, lo_top, tt, kept, fixp, st, sh, bar, pass, 2);
         }  // else nothing kept (min_p > 1): the reference keeps the first candidate
     }
+    // leave: the last block out writes the token and resets the state for the next launch
+    __syncthreads();
     if (tid == 0) {
+        __threadfence();
+        sh.last_block = atomicAdd(&st->leave, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!sh.last_block) return;
+    __threadfence();
+    for (int b = tid; b < 3 * NBIN; b += SNT) { (&st->cnt[0][0])[b] = 0; (&st->mass[0][0])[b] = 0; }
+    if (tid == 0) {
+        st->first_c = 0; st->last = 0; st->total = 0;
+        for (int j = 0; j < 4; ++j) st->found_c[j] = 0;
+        st->arrive = 0; st->leave = 0;
         out_token[0] = token;
         if ((flags & 1ull) && ring_cap > 0) {
             ring[hist_len % ring_cap] = token;
@@ -322,13 +426,13 @@ sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__
     }
 }
 
-// First index of the maximum of x[0..V) (np.argmax without NaNs), one block of 1024 threads.
-extern "C" __global__ void __launch_bounds__(SNT)
+// First index of the maximum of x[0..V) (np.argmax without NaNs), one block of ANT threads.
+extern "C" __global__ void __launch_bounds__(ANT)
 argmax(const float* __restrict__ x, int V, int* __restrict__ out_token) {
     PDL_ENTRY();
-    __shared__ uint64_t red[NWARP];
+    __shared__ uint64_t red[ANT / 32];
     uint64_t best = ~0ull;
-    for (int i = threadIdx.x; i < V; i += SNT) {
+    for (int i = threadIdx.x; i < V; i += ANT) {
         const uint64_t k = key64(desc_key(x[i]), i);
         best = k < best ? k : best;
     }
@@ -340,7 +444,7 @@ argmax(const float* __restrict__ x, int V, int* __restrict__ out_token) {
     __syncthreads();
     if (threadIdx.x == 0) {
         uint64_t m = red[0];
-        for (int i = 1; i < NWARP; ++i) m = red[i] < m ? red[i] : m;
+        for (int i = 1; i < ANT / 32; ++i) m = red[i] < m ? red[i] : m;
         out_token[0] = (int)(uint32_t)m;
     }
 }

@@ -315,32 +315,60 @@ def pack_sampling_params(p, seed: int, hist_len: int = 0, push: bool = False) ->
     return a
 
 
+SAMPLE_NT = 512  # sampling.cu SNT
+SAMPLE_MAX_GRID = 256  # sampling.cu MAX_GRID
+_SAMPLE_NBIN = 256
+# sampling.cu SampleState: arrive, leave (u32), first_c, last, total, found_c[4] (u64), cnt[3][256]
+# (u32), mass[3][256] (u64), partial[MAX_GRID] (f64)
+_SAMPLE_STATE = 8 + 8 * 7 + 3 * _SAMPLE_NBIN * 4 + 3 * _SAMPLE_NBIN * 8 + SAMPLE_MAX_GRID * 8
+# sampling.cu SampleShared: cnt (u32), mass, scan (u64) [256]; red_u64, red_f64 [SNT/32]; sum_part[MAX_GRID]; 2 ints
+_SAMPLE_SHARED = _SAMPLE_NBIN * (4 + 8 + 8) + 2 * (SAMPLE_NT // 32) * 8 + SAMPLE_MAX_GRID * 8 + 8
+
+
+def _sample_layout(vocab: int) -> tuple[int, int, int, int]:
+    """Byte offsets of the sampler workspace parts: keys uint32 [V], e float64 [V], fixed-point
+    weights uint64 [V], SampleState; and the total."""
+    e_off = -(-vocab * 4 // 8) * 8
+    fx_off = e_off + vocab * 8
+    st_off = fx_off + vocab * 8
+    return e_off, fx_off, st_off, st_off + _SAMPLE_STATE
+
+
 def sample_workspace_bytes(vocab: int) -> int:
-    """Bytes of the sampler workspace: uint32 keys [V], then float64 e [V] (8-aligned), then the
-    uint64 fixed-point weights [V] (sampling.cu SAMPLE_FIXP)."""
-    return -(-vocab * 4 // 8) * 8 + vocab * 16
+    """Bytes of the sampler workspace (allocate it zeroed: its SampleState must start at zero,
+    and every launch leaves it so)."""
+    return _sample_layout(vocab)[3]
 
 
-_SAMPLE_SHARED = 32 * 256 * 4 + 32 * 256 * 8 + 32 * 8 + 32 * 8 + 8 + 8 + 8 + 8  # SampleShared
+def sample_grid(vocab: int, n_sm: int | None = None) -> int:
+    """Blocks of the grid-wide sampler: about one per 2048 logits, at most one per SM (they
+    must all be resident: sampling.cu waits at grid barriers) and MAX_GRID."""
+    n_sm = _n_sm() if n_sm is None else n_sm
+    return max(1, min(n_sm, SAMPLE_MAX_GRID, -(-vocab // 2048)))
 
 
 def sample(logits, params_dev, out_token_dev, recent_ids_dev, pos_dev, workspace) -> None:
     """One token from logits (V,) float32 per bw24chat/sampling.py.  params_dev: uint64[16]
     device (pack_sampling_params); out_token_dev: int32 device (>= 1 element); recent_ids_dev:
     int32 device ring [R] (R >= repeat_last_n; may be size 0 when no penalty); pos_dev: int32
-    device, element 0 = the position keying the Philox draw; workspace: uint8 device buffer of
-    sample_workspace_bytes(V)."""
+    device, element 0 = the position keying the Philox draw; workspace: zero-initialised uint8
+    device buffer of sample_workspace_bytes(V), used by one launch at a time."""
     V = logits.shape[-1]
-    kb = -(-V * 4 // 8) * 8
+    e_off, fx_off, st_off, end = _sample_layout(V)
+    if workspace.size < end:
+        raise ValueError(f"sampler workspace of {workspace.size} bytes, {end} needed")
     keys = workspace[: V * 4].view(np.uint32)
-    e = workspace[kb: kb + V * 8].view(np.float64)
-    smem = _SAMPLE_SHARED + 8 + ((V + 31) // 32) * 4
-    fixp = int(os.environ.get("BW24CHAT_SAMPLE_FIXP", "0"))  # experiments (bench/sampler_probe.py)
-    kern = get_kernel("sampling", "sample", **({"SAMPLE_FIXP": 1} if fixp else {}))
+    e = workspace[e_off: fx_off].view(np.float64)
+    fx = workspace[fx_off: st_off].view(np.uint64)
+    state = workspace[st_off: end]
+    G = sample_grid(V)
+    per = -(-V // G)
+    smem = _SAMPLE_SHARED + 16 + ((per + 31) // 32) * 4
+    kern = get_kernel("sampling", "sample")
     ring_cap = int(recent_ids_dev.size)
     ring = recent_ids_dev if ring_cap else out_token_dev
-    _launch(kern, (1,), (1024,), (logits, _i32(V), params_dev, pos_dev, ring, _i32(ring_cap), keys, e, out_token_dev),
-            smem=smem)
+    _launch(kern, (G,), (SAMPLE_NT,),
+            (logits, _i32(V), params_dev, pos_dev, ring, _i32(ring_cap), keys, e, fx, state, out_token_dev), smem=smem)
 
 
 def argmax(x, out_token_dev) -> None:
