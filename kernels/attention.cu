@@ -750,12 +750,6 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 // merged in warp order by decode_finish (as the FMA kernel's sub-warps).  Every step's order is
 // fixed by L_r alone.  Under PDL the first TCSTAGES-1 tiles are fetched before pdl_wait, except the
 // keys >= L_r - max_rows that this step's cache write may have produced (fetched after it).
-#ifndef ATTN_STACK  // 1: Q_hi / Q_lo (and P_hi / P_lo) stacked as MMA rows g and g+4 (below; GQ <= 4)
-#define ATTN_STACK 0
-#endif
-#if ATTN_STACK && GQ > 4
-#error "ATTN_STACK stacks the hi and lo parts of at most 4 heads in the MMA's 8 live rows"
-#endif
 #define TCK 64
 #ifndef TCSTAGES  // pipeline depth (cuda_ops._decode_tc_stages; BW24CHAT_ATTN_TC_STAGES for experiments)
 #define TCSTAGES 3
@@ -823,30 +817,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         cp_async_commit();
     }
 
-#if ATTN_STACK
-    // ATTN_STACK (an experiment: cuda_ops BW24CHAT_ATTN_STACK=1).  With GQ <= 4 heads, 12 of the 16
-    // MMA rows were zero and every product ran twice (Q_hi then Q_lo; P_hi then P_lo).  Here row g
-    // < 4 carries head g's hi part and row g + 4 the same head's lo part, so one MMA forms both:
-    // S_hi and S_lo accumulate in rows g and g + 4 (lanes l and l ^ 16) and are added by one
-    // shuffle, both lanes getting the same sum (a + b = b + a exactly); softmax runs identically in
-    // the two lanes; row g takes P_hi and row g + 4 P_lo of the same p, and the two O rows are
-    // added once at the end.  Half the MMAs of the split version, the same operands; the sums
-    // round in a different order (the agreement with the float64 reference stays ~1e-5).
-    const int hg = g & 3;
-    const bool hv = hg < GQ;
-    uint32_t qa[HD / 16][2];
-    const float* qrow = q + ((long long)r * H + hq0 + (hv ? hg : 0)) * HD;
-#pragma unroll
-    for (int kt = 0; kt < HD / 16; ++kt) {
-        const float2 a0 = hv ? *reinterpret_cast<const float2*>(qrow + kt * 16 + c2) : make_float2(0.f, 0.f);
-        const float2 a1 = hv ? *reinterpret_cast<const float2*>(qrow + kt * 16 + c2 + 8) : make_float2(0.f, 0.f);
-        uint32_t h0, l0, h1, l1;
-        split_bf16x2(a0.x, a0.y, h0, l0);
-        split_bf16x2(a1.x, a1.y, h1, l1);
-        qa[kt][0] = g < 4 ? h0 : l0;
-        qa[kt][1] = g < 4 ? h1 : l1;
-    }
-#else
     // Q as A fragments (rows g; rows g+8 are zero): hi and lo parts
     uint32_t qh[HD / 16][2], ql[HD / 16][2];
     const float* qrow = q + ((long long)r * H + hq0 + (gv ? g : 0)) * HD;
@@ -857,7 +827,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         split_bf16x2(a0.x, a0.y, qh[kt][0], ql[kt][0]);
         split_bf16x2(a1.x, a1.y, qh[kt][1], ql[kt][1]);
     }
-#endif
     float o[HD / 8][4];
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -881,33 +850,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         // both 8-key groups, so the MMA latency (~30 cycles) overlaps instead of adding up along
         // one chain of 2*HD/16 (the first version: ~1 us per tile, bench/NOTES.md).
         float sc[2][4];
-#if ATTN_STACK
-        {
-            float ch[2][2][4];  // [nt][even k steps, odd k steps]; rows g: the hi part (g < 4) or the lo part
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) ch[nt][c][0] = ch[nt][c][1] = ch[nt][c][2] = ch[nt][c][3] = 0.0f;
-#pragma unroll
-            for (int kt = 0; kt < HD / 16; ++kt) {
-                const uint32_t aq[4] = {qa[kt][0], 0u, qa[kt][1], 0u};
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    const int koff = (kw + nt * 8 + g) * LDK + c2 + kt * 16;
-                    const uint32_t b0 = *reinterpret_cast<const uint32_t*>(sK + koff);
-                    const uint32_t b1 = *reinterpret_cast<const uint32_t*>(sK + koff + 8);
-                    mma_bf16(ch[nt][kt & 1], aq, b0, b1);
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {  // rows g only (rows g + 8 are zero)
-                    const float part = __fadd_rn(ch[nt][0][e], ch[nt][1][e]);
-                    sc[nt][e] = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, 16));  // + the other part
-                }
-        }
-#else
         {
             float ch[2][4][4];  // [nt][Q_hi even, Q_hi odd, Q_lo even, Q_lo odd]
 #pragma unroll
@@ -933,7 +875,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
                 for (int e = 0; e < 4; ++e)
                     sc[nt][e] = __fadd_rn(__fadd_rn(ch[nt][0][e], ch[nt][1][e]), __fadd_rn(ch[nt][2][e], ch[nt][3][e]));
         }
-#endif
         float mx = NEG_INF;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
@@ -967,21 +908,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         split_bf16x2(sc[1][0], sc[1][1], ph[2], pl[2]);
         ph[1] = ph[3] = pl[1] = pl[3] = 0u;
         const int voff = (kw + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
-#if ATTN_STACK
-        const uint32_t pa[4] = {g < 4 ? ph[0] : pl[0], 0u, g < 4 ? ph[2] : pl[2], 0u};  // row g: P_hi, row g + 4: P_lo
-#pragma unroll
-        for (int dp = 0; dp < HD / 16; dp += 2) {
-            uint32_t b[2][4];
-            ldmatrix_x4_trans(b[0], sV + voff + dp * 16);
-            ldmatrix_x4_trans(b[1], sV + voff + dp * 16 + 16);
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                mma_bf16(o[2 * (dp + u)], pa, b[u][0], b[u][1]);
-                mma_bf16(o[2 * (dp + u) + 1], pa, b[u][2], b[u][3]);
-            }
-        }
-        (void)ph; (void)pl;
-#else
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp += 2) {  // two 16-dim groups: 4 chains between dependent MMAs
             uint32_t b[2][4];
@@ -998,7 +924,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
                 mma_bf16(o[2 * (dp + u) + 1], pl, b[u][2], b[u][3]);
             }
         }
-#endif
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline buffers are reused for the merge
@@ -1007,13 +932,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     float* macc = reinterpret_cast<float*>(smem);  // [4][GQ][HD]
     float* mm = macc + 4 * GQ * HD;                 // [4][GQ]
     float* ml = mm + 4 * GQ;
-#if ATTN_STACK
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {  // row g (hi part) + row g + 4 (lo part); lanes g >= 4 get the same
-        o[n][0] = __fadd_rn(o[n][0], __shfl_xor_sync(0xffffffffu, o[n][0], 16));
-        o[n][1] = __fadd_rn(o[n][1], __shfl_xor_sync(0xffffffffu, o[n][1], 16));
-    }
-#endif
     if (gv) {
 #pragma unroll
         for (int n = 0; n < HD / 8; ++n)

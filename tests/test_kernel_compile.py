@@ -47,8 +47,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_CPA": 1, "MV_U": 6, "MV_STEADY": 1}),
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_CPA": 1, "MV_U": 4, "MV_M": 3}),
     ("matvec", {"FMT": 2, "MV_CPA": 1, "MV_U": 4, "MV_STEADY": 1}),
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_STACK": 1}),  # hi / lo stacked as MMA rows (s10a)
-    ("attention", {"HD": 64, "GQ": 3, "KV_TYPE": 0, "ATTN_STACK": 1}),
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down

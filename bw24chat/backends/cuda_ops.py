@@ -250,8 +250,6 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     extra = {"DEC_MIN_PER": min_per} if min_per != 1 else {}
     if tc and _decode_tc_stages() != 3:
         extra["TCSTAGES"] = _decode_tc_stages()
-    if tc and gq <= 4 and os.environ.get("BW24CHAT_ATTN_STACK", "0") != "0":
-        extra["ATTN_STACK"] = 1  # attention.cu: hi / lo parts stacked as MMA rows (an experiment)
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
                       **extra)
     _launch(kern, (m, ms, K * nsg), (128,),

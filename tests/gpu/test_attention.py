@@ -38,14 +38,12 @@ SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128), (8, 8, 64), (64, 4, 128)]
 
 
 # (cache type, BW24CHAT_ATTN_TC): every cache type on the FMA kernel, and bf16 (head dims <= 128,
-# all of SHAPES) on the tensor-core kernel as well, split ("1") and with hi / lo stacked as MMA
-# rows ("stack": attention.cu ATTN_STACK, groups of <= 4 heads; larger groups keep the split form)
-DECODE_KERNELS = [(kv, "0") for kv in kr.KV_TYPES] + [("bf16", "1"), ("bf16", "stack")]
+# all of SHAPES) on the tensor-core kernel as well
+DECODE_KERNELS = [(kv, "0") for kv in kr.KV_TYPES] + [("bf16", "1")]
 
 
 def _set_decode_kernel(monkeypatch, tc: str) -> None:
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", "0" if tc == "0" else "1")
-    monkeypatch.setenv("BW24CHAT_ATTN_STACK", "1" if tc == "stack" else "0")
+    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
 
 
 @pytest.mark.parametrize("kv_type,tc", DECODE_KERNELS)
@@ -69,7 +67,7 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
-@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "stack"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
+@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
     _set_decode_kernel(monkeypatch, tc)
