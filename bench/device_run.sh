@@ -11,6 +11,20 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s10s1)
+  # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]), then the
+  # quantized-cache gates (q8_0, fp8) on every weight format, not run since the eighth session
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
+  timeout 420 python3 -m bw24chat check --skip-kernels --formats bf16,q8_0,q4_k,nvfp4 --kv q8_0,fp8 > $OUT/check_kvq.log 2>&1; echo "check kv q8_0,fp8 rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_kvq.log | tail -16
+  ;;
+s10s2)
+  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab"]): CUDA and
+  # NumPy greedy 64 tokens on chat prompts, the gates on the real model per cache type
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
+  echo "sha256 $(sha256sum $SMOL | cut -c1-16) want $(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)"
+  timeout 500 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -40
+  ;;
 s10b)
   # the grid-wide sampler (sampling.cu rewritten: passes spread over the SMs, grid barriers): its
   # GPU tests and the kernel check's sampler row, the probe, then sampled decode in the step;
