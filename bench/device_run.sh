@@ -12,18 +12,21 @@ SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
 s10s1)
-  # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]), then the
-  # quantized-cache gates (q8_0, fp8) on every weight format, not run since the eighth session
+  # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]); the kernel
+  # check and every model gate (bf16 / f32 caches) with the GPU test files beside it
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
-  timeout 420 python3 -m bw24chat check --skip-kernels --formats bf16,q8_0,q4_k,nvfp4 --kv q8_0,fp8 > $OUT/check_kvq.log 2>&1; echo "check kv q8_0,fp8 rc=$?"
-  grep -v "^PASS\|^  ok" $OUT/check_kvq.log | tail -16
+  (timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py > /tmp/pt_f1.log 2>&1; echo "test_matvec: $(tail -1 /tmp/pt_f1.log)" > /tmp/rf1) &
+  (timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling.py tests/gpu/test_ops_norm_rope.py > /tmp/pt_f2.log 2>&1; echo "test_sampling + norm/rope: $(tail -1 /tmp/pt_f2.log)" > /tmp/rf2) &
+  timeout 360 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 > $OUT/check.log 2>&1; echo "check rc=$?"
+  wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rf1 /tmp/rf2 | tee $OUT/pytest_s10s1.log; grep -h "^FAILED" /tmp/pt_f1.log /tmp/pt_f2.log | cut -c1-200 | head | tee -a $OUT/pytest_s10s1.log
   ;;
 s10s2)
-  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab"]): CUDA and
-  # NumPy greedy 64 tokens on chat prompts, the gates on the real model per cache type
+  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf"]): CUDA and NumPy
+  # greedy 64 tokens on chat prompts, the gates on the real model per cache type; then the bench
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
   echo "sha256 $(sha256sum $SMOL | cut -c1-16) want $(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)"
-  timeout 500 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -40
+  timeout 240 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
+  timeout 300 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;
 s10b)
   # the grid-wide sampler (sampling.cu rewritten: passes spread over the SMs, grid barriers): its
