@@ -613,6 +613,24 @@ BW24_DEVICE void ring_chunk(Raw& c, const CpaRing& ring, int u, int r, long row,
 }
 #endif
 
+#ifndef MV_ABLATE  // timing diagnostics only (bench/matvec_variants.py, BW24CHAT_MV_ABLATE), results are garbage:
+#define MV_ABLATE 0  // bit 0: no prologue (x not staged), bit 1: no dot products (each chunk folded by one XOR)
+#endif
+#if ACT_Q8
+// the integer-dot chunk product, or under MV_ABLATE bit 1 a fold that keeps the loads alive
+BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta,
+                                   int nb, uint32_t nv_t0, float (&acc)[MV_M][MV_R]) {
+#if MV_ABLATE & 2
+    (void)kc; (void)nck; (void)xw; (void)wpm; (void)meta; (void)nb; (void)nv_t0;
+#pragma unroll
+    for (int r = 0; r < MV_R; ++r)
+        acc[0][r] = __uint_as_float(__float_as_uint(acc[0][r]) ^ cur[r].q.x ^ cur[r].q.y ^ cur[r].q.z ^ cur[r].q.w);
+#else
+    chunk_dot_a8(cur, kc, nck, xw, wpm, meta, nb, nv_t0, acc);
+#endif
+}
+#endif
+
 // Persistent tiles (as matvec_tc): block b takes the 8*MV_R-row tiles b, b + gridDim.x, ...
 // (cuda_linear sizes the grid to the resident capacity with the same tile count per block).  The
 // rmsnorm statistic is computed once per block and, when x fits (tk >= n_in, "resident"), so is
@@ -673,7 +691,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
 #if ACT_Q8
-    stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
+    if (!(MV_ABLATE & 1)) stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
     __syncthreads();
     // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
     // one from lane 0, went to a uniform register and was copied back before every PRMT; a
@@ -736,7 +754,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #pragma unroll
                 for (int r = 0; r < MV_R; ++r) ring_chunk(cur[r], ring, u, r, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
 #if ACT_Q8
-                chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
+                dot_a8_or_ablated(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
 #else
                 chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
 #endif
@@ -760,7 +778,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                     fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
                 }
 #if ACT_Q8
-                chunk_dot_a8(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
+                dot_a8_or_ablated(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
 #else
                 chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
 #endif

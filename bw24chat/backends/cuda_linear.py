@@ -234,7 +234,7 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     if not a8 and m == 1 and W is not None and W.fmt == "BF16":
         d["MV_STEADY"] = 1
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
-                      ("BW24CHAT_A8_NR", "A8_NR")):
+                      ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN
