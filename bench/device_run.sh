@@ -33,7 +33,7 @@ s10b)
   # GPU tests and the kernel check's sampler row, the probe, then sampled decode in the step;
   # then the matvec variants again (s10a's comparison was void: BW24CHAT_MV_CPA leaked into every
   # variant after the first "cpa" one -- bench/decode_floor.reset_switches now restores the switches)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling.py 2>&1 | tail -4 | tee $OUT/pytest_s10b.log
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_sampling.py 2>&1 | tail -6 | tee $OUT/pytest_s10b.log
   timeout 100 python3 bench/sampler_probe.py 2>&1 | tee $OUT/sampler_s10b.log
   timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128" | tee $OUT/bench_s10b.log
   BW24CHAT_MV_VARIANTS="auto:;cpa u4 minb2:MV_CPA=1,MV_U=4,MV_MINB=2,MV_STEADY=1;cpa r4 u3 minb3:MV_CPA=1,MV_U=3,MV_R=4,MV_MINB=3,MV_STEADY=1" timeout 240 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | tee $OUT/mv_cpa_s10b.log
