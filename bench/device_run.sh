@@ -27,7 +27,7 @@ s10c)
   BW24CHAT_MV_VARIANTS="auto:;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 70 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10c.log
   ;;
 s10d)
-  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf"]): CUDA and NumPy
+  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab", ".../sha256"]): CUDA and NumPy
   # greedy 64 tokens on chat prompts and the gates on the real model per cache type; the bench
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
   echo "sha256 $(sha256sum $SMOL | cut -c1-16) want $(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)"
@@ -44,7 +44,7 @@ s10s1)
   wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rf1 /tmp/rf2 | tee $OUT/pytest_s10s1.log; grep -h "^FAILED" /tmp/pt_f1.log /tmp/pt_f2.log | cut -c1-200 | head | tee -a $OUT/pytest_s10s1.log
   ;;
 s10s2)
-  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf"]): CUDA and NumPy
+  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab", ".../sha256"]): CUDA and NumPy
   # greedy 64 tokens on chat prompts, the gates on the real model per cache type; then the bench
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
   echo "sha256 $(sha256sum $SMOL | cut -c1-16) want $(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)"

@@ -552,67 +552,6 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
 }
 #endif
 
-#ifndef MV_CPA  // 1: the weight stream goes through a per-thread cp.async ring in shared memory (below)
-#define MV_CPA 0
-#endif
-#if MV_CPA
-#if !(IS_FLOAT_FMT || FMT == F_Q8_0 || FMT == F_Q4_K || FMT == F_NVFP4)
-#error "MV_CPA: the float formats, Q8_0, Q4_K and NVFP4"
-#endif
-#if FMT == F_Q4_K
-#define CPA_SB 16  // scale bytes staged per chunk: the superblock's record
-#elif IS_FLOAT_FMT
-#define CPA_SB 0
-#else
-#define CPA_SB 4  // NVFP4: the u32 of 4 block scales; Q8_0: the aligned u32 holding the chunk's f16
-#endif
-// MV_CPA (an experiment: cuda_linear BW24CHAT_MV_CPA=1, ring depth MV_U).  Why: Nsight Compute
-// on the register-window kernel (ninth session) showed the wide matrices register-limited at 6
-// warps per scheduler with the weight loads the top stall; a load window held in registers
-// costs MV_U * MV_R * (16 + scale) bytes of registers per lane.  Here each thread copies its own
-// chunks into its own ring slots (cp.async, no registers held while in flight) and reads them
-// back when it consumes them; no barrier is needed (a thread reads only what it copied, after its
-// own cp.async.wait_group).  Ring of a block, after the x staging (16-byte aligned):
-// q [MV_U][MV_R][MV_NT] uint4, then s [MV_U][MV_R][MV_NT] of CPA_SB bytes.  The refill of a slot
-// is issued after its chunk was read and used (a compiler barrier in between), so the copy never
-// overtakes the read.  Same chunks, same operations, same order: rows are bit-identical to the
-// register window's.
-struct CpaRing {
-    uint4* q;
-    uint8_t* s;
-    BW24_DEVICE uint4* qp(int u, int r) const { return q + (u * MV_R + r) * MV_NT + threadIdx.x; }
-    BW24_DEVICE uint8_t* sp(int u, int r) const { return s + ((u * MV_R + r) * MV_NT + threadIdx.x) * CPA_SB; }
-};
-BW24_DEVICE void fetch_chunk_async(const CpaRing& ring, int u, int r, const uint4* __restrict__ wq,
-                                   const void* __restrict__ ws, long row, int nck, int kc) {
-    cp_async16(ring.qp(u, r), wq + row * nck + kc, 16);
-#if FMT == F_Q8_0
-    const long si = row * (nck >> 1) + (kc >> 1);  // the f16 scale's index; its aligned u32 word is si / 2
-    cp_async4(ring.sp(u, r), reinterpret_cast<const uint32_t*>(ws) + (si >> 1), 4);
-#elif FMT == F_NVFP4
-    cp_async4(ring.sp(u, r), reinterpret_cast<const uint32_t*>(ws) + row * (nck >> 1) + (kc >> 1), 4);
-#elif FMT == F_Q4_K
-    cp_async16(ring.sp(u, r), reinterpret_cast<const uint4*>(ws) + row * (nck >> 3) + (kc >> 3), 16);
-#else
-    (void)ws;
-#endif
-}
-// the chunk of slot (u, r) as fetch_chunk would have loaded it
-BW24_DEVICE void ring_chunk(Raw& c, const CpaRing& ring, int u, int r, long row, int nck, int kc) {
-    c.q = *ring.qp(u, r);
-#if FMT == F_Q8_0
-    const long si = row * (nck >> 1) + (kc >> 1);
-    c.s.x = (*reinterpret_cast<const uint32_t*>(ring.sp(u, r)) >> (16 * (int)(si & 1))) & 0xFFFFu;
-#elif FMT == F_NVFP4
-    c.s.x = *reinterpret_cast<const uint32_t*>(ring.sp(u, r));
-#elif FMT == F_Q4_K
-    c.s = *reinterpret_cast<const uint4*>(ring.sp(u, r));
-#else
-    (void)row; (void)nck; (void)kc;
-#endif
-}
-#endif
-
 #ifndef MV_ABLATE  // timing diagnostics only (bench/matvec_variants.py, BW24CHAT_MV_ABLATE), results are garbage:
 #define MV_ABLATE 0  // bit 0: no prologue (x not staged), bit 1: no dot products (each chunk folded by one XOR)
 #endif
@@ -664,27 +603,12 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     // The first batch of weight loads goes out before the prologue: its memory latency then
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
-#if MV_CPA
-    CpaRing ring;
-    {
-        const unsigned long long end = reinterpret_cast<unsigned long long>(red + MV_M * MV_NW);
-        ring.q = reinterpret_cast<uint4*>((end + 15ull) & ~15ull);
-        ring.s = reinterpret_cast<uint8_t*>(ring.q + MV_U * MV_R * MV_NT);
-    }
-    auto fetch = [&](int u, int kk, int kcb, int nkc) {  // one commit group per slot, empty or not
-        if (kk < nkc)
-#pragma unroll
-            for (int r = 0; r < MV_R; ++r) fetch_chunk_async(ring, u, r, wq, ws, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
-        cp_async_commit();
-    };
-#else
     Raw raw[MV_U][MV_R];
     auto fetch = [&](int u, int kk, int kcb, int nkc) {
         if (kk < nkc)
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
     };
-#endif
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
     for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
@@ -749,25 +673,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             auto consume = [&](int u, int i0, bool steady) {
                 const int kk = lane + 32 * (i0 + u);
                 Raw cur[MV_R];
-#if MV_CPA
-                cp_async_wait<MV_U - 1>();  // slot u's group is this thread's oldest
-#pragma unroll
-                for (int r = 0; r < MV_R; ++r) ring_chunk(cur[r], ring, u, r, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
-#if ACT_Q8
-                dot_a8_or_ablated(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
-#else
-                chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
-#endif
-                asm volatile("" ::: "memory");  // the slot's reads stay before its refill
-                if (steady) {
-#pragma unroll
-                    for (int r = 0; r < MV_R; ++r)
-                        fetch_chunk_async(ring, u, r, wq, ws, min(row0 + r, (long)n_out - 1), nck, kcb + kk + 32 * MV_U);
-                    cp_async_commit();
-                } else {
-                    fetch(u, kk + 32 * MV_U, kcb, nkc);
-                }
-#else
 #pragma unroll
                 for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
                 if (steady) {
@@ -782,7 +687,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #else
                 chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
 #endif
-#endif  // MV_CPA
             };
             for (int i0 = 0; i0 * 32 < nkc; i0 += MV_U) {
                 // MV_STEADY: while every chunk of the window and every refill exist for all lanes,
@@ -837,9 +741,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         }
         if (tile >= ntiles) break;
     }
-#if MV_CPA
-    cp_async_wait<0>();
-#endif
 }
 
 // =====================================================================================

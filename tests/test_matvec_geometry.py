@@ -11,7 +11,7 @@ from bw24chat.backends import cuda_linear as cl
 
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
 SWITCHES = ("BW24CHAT_MV_U", "BW24CHAT_MV_MINB", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN",
-            "BW24CHAT_MV_CPA", "BW24CHAT_A8_WIDE_R4")
+            "BW24CHAT_A8_WIDE_R4", "BW24CHAT_MV_ABLATE")
 
 
 @pytest.fixture(autouse=True)
@@ -58,11 +58,3 @@ def test_switches_override(monkeypatch):
     monkeypatch.setenv("BW24CHAT_A8_JOIN", "0")
     assert defs("Q4_K", GATE_UP)["A8_JOIN"] == 0
     assert "A8_JOIN" not in defs("Q8_0", GATE_UP)  # only Q4_K has the switch
-
-
-def test_cp_async_ring_only_for_the_formats_it_serves(monkeypatch):
-    monkeypatch.setenv("BW24CHAT_MV_CPA", "1")
-    assert defs("NVFP4", O)["MV_CPA"] == 1 and defs("NVFP4", O)["MV_U"] == 2
-    assert defs("BF16", QKV, a8=False)["MV_CPA"] == 1 and defs("BF16", QKV, a8=False)["MV_U"] == 4
-    assert "MV_CPA" not in defs("Q6_K", QKV)
-    assert set(cl.CPA_SCALE_BYTES) == {"F32", "F16", "BF16", "Q8_0", "Q4_K", "NVFP4"}

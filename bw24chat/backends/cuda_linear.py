@@ -185,8 +185,6 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
 
 A8_SMALL_ROWS = 4096  # integer-dot matvec geometry switch (see _simt_defines)
 A8_WIDE_R4 = ("NVFP4",)  # integer-dot formats whose wide matrices take 4 rows per warp (_simt_defines)
-# matvec.cu MV_CPA (BW24CHAT_MV_CPA=1, an experiment): formats it serves -> scale bytes staged per chunk (CPA_SB)
-CPA_SCALE_BYTES = {"F32": 0, "F16": 0, "BF16": 0, "Q8_0": 4, "Q4_K": 16, "NVFP4": 4}
 
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
@@ -239,9 +237,6 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d[name] = int(os.environ[env])
     if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN
         d["A8_JOIN"] = int(os.environ["BW24CHAT_A8_JOIN"])
-    if W is not None and W.fmt in CPA_SCALE_BYTES and os.environ.get("BW24CHAT_MV_CPA", "0") != "0":
-        d["MV_CPA"] = 1  # matvec.cu MV_CPA: the weight window as a cp.async ring of MV_U slots (experiment)
-        d.setdefault("MV_U", int(os.environ.get("BW24CHAT_MV_U") or 4))
     return d
 
 
@@ -287,11 +282,9 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     defs = _simt_defines(W, m, a8)
     rows_picked = defs.pop("MV_R", MV_R)
     rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
-    # matvec.cu MV_CPA: the weight ring after the x staging, 16-byte aligned
-    ring = 16 + defs["MV_U"] * rows * 256 * (16 + CPA_SCALE_BYTES[W.fmt]) if defs.get("MV_CPA") else 0
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
-        m_fit = max(1, (WGP_SMEM_MAX - 1024 - ring) // per_row)
+        m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
             xf, of = x.reshape(-1), out.reshape(-1)
             for r0 in range(0, m, m_fit):
@@ -305,9 +298,6 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         tk = matvec_tile(W, m)
         smem = 4 * (m * tk + m * (tk // 32) + m * 8)
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, **defs)
-    smem += ring
-    if smem > WGP_SMEM_MAX:
-        raise ValueError(f"matvec needs {smem} B of shared memory (cp.async ring {ring} B): over the {WGP_SMEM_MAX} B limit")
     _ensure_smem(k, smem)
     grid = (persistent_grid(k, 256, smem, -(-W.out // (8 * rows))),)
     k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),

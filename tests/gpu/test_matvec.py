@@ -213,33 +213,3 @@ def test_steady_windows_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
         got[steady] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
     check_close(got["1"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
     assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
-
-
-
-@pytest.mark.parametrize("fmt,force", [("NVFP4", ""), ("Q8_0", ""), ("Q4_K", ""), ("BF16", "simt"), ("F32", "simt")])
-@pytest.mark.parametrize("geometry", [{"BW24CHAT_MV_U": "4"}, {"BW24CHAT_MV_U": "3", "BW24CHAT_MV_R": "4", "BW24CHAT_MV_MINB": "2"}])
-@pytest.mark.parametrize("m", [1, 3])
-def test_cp_async_ring_gives_the_same_bits(cp, rng, fmt, force, geometry, m, monkeypatch):
-    """MV_CPA (the weight window as a per-thread cp.async ring in shared memory) reads the same
-    chunks and runs the same operations in the same order as the register window, so every row
-    is bit-identical with it on and off, steady windows included; odd row counts, the rmsnorm
-    prologue, the swiglu epilogue (interleaved rows) and the add epilogue."""
-    n = 2 * int(rng.integers(10, 45))
-    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
-    W = cw.upload(ts)
-    x = rng.standard_normal((m, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    res = rng.standard_normal((m, n)).astype(np.float32)
-    if force:
-        monkeypatch.setenv("BW24CHAT_MATVEC", force)
-    for k, v in geometry.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("BW24CHAT_MV_STEADY", "1")
-    got = {}
-    for cpa in ("0", "1"):
-        monkeypatch.setenv("BW24CHAT_MV_CPA", cpa)
-        got[cpa] = (run(cp, W, x, m, "rmsnorm", norm_w=norm_w), run(cp, W, x, m, "none", epi="swiglu"),
-                    run(cp, W, x, m, "none", epi="add", init=res))
-    check_close(got["1"][0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
-    for a, b in zip(got["1"], got["0"]):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
