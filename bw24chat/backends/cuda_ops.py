@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from .kernel_build import get_kernel
-from .kernel_refs import KV_TYPES, kv_cache_nbytes, kv_cache_shape
+from .kernel_refs import KV_TYPES, kv_cache_shape
 
 KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2, "f32": 3}
 KV_NONE = 255  # rope.cu: no cache write
