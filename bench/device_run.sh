@@ -32,6 +32,8 @@ s10d)
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
   echo "sha256 $(sha256sum $SMOL | cut -c1-16) want $(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)"
   timeout 200 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
+  # BF16 wide matrices at 4 rows per warp, 1 slot (adopted from s10c): the bit / contract tests under that geometry
+  BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=1 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee $OUT/pytest_s10d.log
   timeout 300 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
   ;;
 s10s1)

@@ -78,7 +78,10 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     near = margin < 1e-3
     mism = (np.argmax(a, 1) != np.argmax(dec, 1)) & ~near
     rel = float(np.linalg.norm(a - dec) / np.linalg.norm(dec))
-    res.append(Result(label, "prefill argmax = decode argmax", f"{int(mism.sum())} mismatches, {int(near.sum())} near-ties, rel L2 {rel:.1e}",
+    # how close the mismatches were: the prefill's top-2 margin at each (a few)
+    margins = "".join(f", margin {m:.1e} at {i}" for i, m in zip(np.flatnonzero(mism)[:3], margin[mism][:3]))
+    res.append(Result(label, "prefill argmax = decode argmax",
+                      f"{int(mism.sum())} mismatches, {int(near.sum())} near-ties, rel L2 {rel:.1e}{margins}",
                       "0 (ties < 1e-3 excluded)", int(mism.sum()) == 0))
     # The same comparison for ONE decode step over the prefill's own cache (32 positions): what
     # the engine does after every prompt.  With a rounding KV cache (bf16 / q8_0 / fp8) the

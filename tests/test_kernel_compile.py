@@ -42,7 +42,7 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 8}),
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "A8_JOIN": 1, "MV_STEADY": 1}),  # Q4_K, both code levels in one integer dot
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1}),  # NVFP4 wide matrices
-    ("matvec", {"FMT": 2, "MV_R": 4, "MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1}),  # BF16 at 4 rows per warp (stage s10a)
+    ("matvec", {"FMT": 2, "MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1}),  # BF16 wide matrices at 4 rows per warp
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_ABLATE": 3, "MV_STEADY": 1}),  # timing ablations (no prologue, no dot)
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)

@@ -58,3 +58,14 @@ def test_switches_override(monkeypatch):
     monkeypatch.setenv("BW24CHAT_A8_JOIN", "0")
     assert defs("Q4_K", GATE_UP)["A8_JOIN"] == 0
     assert "A8_JOIN" not in defs("Q8_0", GATE_UP)  # only Q4_K has the switch
+
+
+def test_bf16_wide_matrices_take_four_rows_per_warp():
+    """BF16 on the SIMT kernel at m = 1: gate|up and the LM head at 4 rows per warp, 1 slot, 2
+    blocks per SM (tenth session); qkv and the 4096-row matrices keep 2 rows."""
+    for shape in (GATE_UP, LM_HEAD):
+        d = defs("BF16", shape, a8=False)
+        assert (d["MV_R"], d["MV_U"], d["MV_MINB"], d["MV_STEADY"]) == (4, 1, 2, 1), shape
+    for shape in (QKV, O, DOWN):
+        assert defs("BF16", shape, a8=False) == {"MV_STEADY": 1}, shape
+    assert "MV_R" not in defs("BF16", GATE_UP, m=2, a8=False)

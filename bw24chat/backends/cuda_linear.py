@@ -231,6 +231,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d["MV_MINB"] = 2  # joined levels (ninth session): qkv 9.2 vs 9.6 us, gate|up 20.9 vs 21.4; LM head 38.6 vs 37.0
     if not a8 and m == 1 and W is not None and W.fmt == "BF16":
         d["MV_STEADY"] = 1
+        if W.out > 2 * A8_SMALL_ROWS:  # tenth session (s10c, us): gate|up 53.8 vs 54.8, LM head 101.4 vs 103.8
+            d.update(MV_R=4, MV_U=1, MV_MINB=2)  # (qkv 17.9 vs 17.0, o 16.4 vs 13.7 lose)
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
                       ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE")):
         if os.environ.get(env):
