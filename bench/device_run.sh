@@ -27,6 +27,37 @@ s10c)
   BW24CHAT_MV_VARIANTS="auto:;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 70 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10c.log
   ;;
 s10d)
+  # SmolLM2 first half again (the s10c machine went back; carry [".whl", ".carry/.../part-aa"]); the
+  # BF16 geometry's tests; the bench table
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
+  # BF16 wide matrices at 4 rows per warp, 1 slot (adopted from s10c): the bit / contract tests under that geometry
+  BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=1 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee $OUT/pytest_s10d.log
+  timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
+  ;;
+s10e)
+  # SmolLM2 second half (carry [".whl", ".carry/.../part-ab", ".carry/.../sha256"]): CUDA and NumPy
+  # greedy 64 tokens on chat prompts, the gates on the real model per cache type
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
+  have=$(sha256sum $SMOL | cut -c1-16); want=$(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)
+  echo "sha256 $have want $want"; [ "$have" = "$want" ] || { rm -f $SMOL; echo "the first half is gone (fresh machine): run s10d again"; exit 3; }
+  timeout 300 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
+  ;;
+s10c)
+  # (device time is short: this and s10d replace s10b, s10s1, s10s2)
+  # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]);
+  # the grid-wide sampler: its GPU tests, then the probe; the kernel check and every model gate
+  # (bf16 / f32 caches) with the GPU test files beside it; then the timing ablations of the
+  # integer-dot matvec and BF16 at 4 rows per warp (alone on the GPU)
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_sampling.py 2>&1 | tail -6 | tee $OUT/pytest_s10c.log
+  timeout 60 python3 bench/sampler_probe.py 2>&1 | tee $OUT/sampler_s10c.log
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py > /tmp/pt_f1.log 2>&1; echo "test_matvec: $(tail -1 /tmp/pt_f1.log)" > /tmp/rf1) &
+  timeout 330 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 > $OUT/check.log 2>&1; echo "check rc=$?"
+  wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rf1 | tee -a $OUT/pytest_s10c.log; grep -h "^FAILED" /tmp/pt_f1.log | cut -c1-200 | head | tee -a $OUT/pytest_s10c.log
+  BW24CHAT_MV_VARIANTS="auto:;no prologue:MV_ABLATE=1;no dot:MV_ABLATE=2;loads only:MV_ABLATE=3" timeout 80 python3 bench/matvec_variants.py --formats nvfp4 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_ablate_s10c.log
+  BW24CHAT_MV_VARIANTS="auto:;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 70 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10c.log
+  ;;
+s10d)
   # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab", ".../sha256"]): CUDA and NumPy
   # greedy 64 tokens on chat prompts and the gates on the real model per cache type; the bench
   cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
