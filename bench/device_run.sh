@@ -11,6 +11,16 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s11a)
+  # prepared in the tenth session (compiled for sm_90a / sm_120a in CI; not run): blocks of 16 warps
+  # for the matvecs without an rmsnorm prologue (o, down), one prologue per SM instead of two
+  # (s10c ablation: the prologue is ~21 % of an NVFP4 step, down's 5.7 us).  Bits first, then
+  # per-shape variants, then decode A/B
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s11a.log
+  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16;nw16 u4:MV_NW=16,MV_U=4;nw16 ablate prologue:MV_NW=16,MV_ABLATE=1" timeout 200 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | grep " o \| down " | tee $OUT/mv_s11a.log
+  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16,MATVEC=simt;simt:MATVEC=simt" timeout 100 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | grep " o \| down " | tee -a $OUT/mv_s11a.log
+  for env in "X=1" "BW24CHAT_MV_NW=16"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11a.log
+  ;;
 s10c)
   # (device time is short: this and s10d replace s10b, s10s1, s10s2)
   # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]);

@@ -32,12 +32,12 @@
 // scale factored out of the chunk dot: a*sum(q*x) instead of sum((a*q)*x), a rounding
 // difference only; q are exact small integers).
 //
-// Layout / geometry: 256 threads = 8 warps, MV_R consecutive rows per warp (each x value read
-// from shared memory feeds MV_R rows), tiles of 8*MV_R rows; persistent grid (below).  x (after the prologue)
+// Layout / geometry: MV_NW warps (8, or 16 below), MV_R consecutive rows per warp (each x value
+// read from shared memory feeds MV_R rows), tiles of MV_NW*MV_R rows; persistent grid (below).  x (after the prologue)
 // is staged per k-tile of tk values (tk a multiple of WT = 32*VPC) in shared memory as
 // xs[m][tk] in a swizzled order: value e of the chunk that lane L reads in warp-tile w sits at
 // w*WT + (e/4)*128 + 4L + e%4, so each float4 read of a warp is 512 contiguous bytes
-// (conflict-free).  Dynamic shared: 4*(MV_M*tk + MV_M*tk/32 + MV_M*8) bytes.
+// (conflict-free).  Dynamic shared: 4*(MV_M*tk + MV_M*tk/32 + MV_M*MV_NW) bytes.
 // Each lane keeps MV_U - 1..MV_U chunks x MV_R rows of 16-byte loads in flight (rolling window).
 #include "common.cuh"
 #include "formats.cuh"
@@ -85,7 +85,16 @@
 // 8-bit float decoders need ~115-128 registers: 2; the integer-dot path fits 80 (Q5_K/Q6_K: 2).
 #define MV_MINB (MV_M == 1 ? ((IS_FLOAT_FMT || (ACT_Q8 && FMT != F_Q5_K && FMT != F_Q6_K)) ? 3 : 2) : 1)
 #endif
+#ifndef MV_NW  // warps per block: 8; 16 (an experiment, cuda_linear BW24CHAT_MV_NW) where the prologue has no
+// rmsnorm statistic, whose summation order follows the block size (rms_inv_rows, stage_a8).  Why 16:
+// every block quantizes / stages the whole x in its prologue, ~21 % of an NVFP4 decode step (tenth
+// session, MV_ABLATE); one block of 16 warps per SM does that once per SM instead of twice.  The
+// rows' values do not depend on it (per-lane chunk order, warp_sum; the x codes are per 32 inputs).
 #define MV_NW 8
+#endif
+#if MV_NW != 8 && MV_NW != 16
+#error "MV_NW: 8 or 16 warps per block"
+#endif
 #define MV_NT (MV_NW * 32)
 #define WT (32 * VPC)
 

@@ -69,3 +69,22 @@ def test_bf16_wide_matrices_take_four_rows_per_warp():
     for shape in (QKV, O, DOWN):
         assert defs("BF16", shape, a8=False) == {"MV_STEADY": 1}, shape
     assert "MV_R" not in defs("BF16", GATE_UP, m=2, a8=False)
+
+
+def test_sixteen_warps_only_without_an_rmsnorm_statistic():
+    """BW24CHAT_MV_NW=16 (an experiment): blocks of 16 warps for the matvecs whose prologue has no
+    rmsnorm statistic (its summation order follows the block size); a 16-warp block stands for
+    two of 8, so the blocks per SM the registers must allow halve."""
+    d = {"MV_NW": 16, "MV_MINB": 2, "MV_U": 3}
+    assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and d["MV_MINB"] == 1
+    d = {"MV_NW": 16}
+    assert cl._warps_per_block(d, cl.PROLOGUES["swiglu"]) == 16 and d["MV_MINB"] == 1
+    d = {"MV_NW": 16, "MV_MINB": 3}
+    assert cl._warps_per_block(d, cl.PROLOGUES["rmsnorm"]) == 8 and d == {"MV_MINB": 3}
+    d = {"MV_U": 2}
+    assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 8 and d == {"MV_U": 2}
+
+
+def test_the_warps_switch_reaches_the_defines(monkeypatch):
+    monkeypatch.setenv("BW24CHAT_MV_NW", "16")
+    assert defs("NVFP4", DOWN)["MV_NW"] == 16

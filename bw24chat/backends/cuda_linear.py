@@ -234,12 +234,25 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
         if W.out > 2 * A8_SMALL_ROWS:  # tenth session (s10c, us): gate|up 53.8 vs 54.8, LM head 101.4 vs 103.8
             d.update(MV_R=4, MV_U=1, MV_MINB=2)  # (qkv 17.9 vs 17.0, o 16.4 vs 13.7 lose)
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
-                      ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE")):
+                      ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN
         d["A8_JOIN"] = int(os.environ["BW24CHAT_A8_JOIN"])
     return d
+
+
+def _warps_per_block(defs: dict, pro: int) -> int:
+    """matvec.cu MV_NW from the picked defines (updated in place): 8, or 16 where asked for
+    (BW24CHAT_MV_NW, an experiment) and the prologue has no rmsnorm statistic (its summation
+    order follows the block size; without it the rows do not depend on the block size).  A
+    block of 16 warps stands for two of 8: the blocks per SM the registers must allow halve."""
+    nw = int(defs.get("MV_NW", 8))
+    if nw == 8 or pro == PROLOGUES["rmsnorm"]:
+        defs.pop("MV_NW", None)
+        return 8
+    defs["MV_MINB"] = max(1, int(defs.get("MV_MINB", 2)) // 2)
+    return nw
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
@@ -284,8 +297,9 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     defs = _simt_defines(W, m, a8)
     rows_picked = defs.pop("MV_R", MV_R)
     rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
+    nw = _warps_per_block(defs, pro)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
-        per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * 8
+        per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
         m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
             xf, of = x.reshape(-1), out.reshape(-1)
@@ -298,11 +312,11 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:
         tk = matvec_tile(W, m)
-        smem = 4 * (m * tk + m * (tk // 32) + m * 8)
+        smem = 4 * (m * tk + m * (tk // 32) + m * nw)
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, **defs)
     _ensure_smem(k, smem)
-    grid = (persistent_grid(k, 256, smem, -(-W.out // (8 * rows))),)
-    k(grid, (256,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
+    grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // (nw * rows))),)
+    k(grid, (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                      np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
 
 

@@ -213,3 +213,33 @@ def test_steady_windows_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
         got[steady] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
     check_close(got["1"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
     assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt,force", [("NVFP4", ""), ("Q8_0", ""), ("Q4_K", ""), ("BF16", "simt"), ("F32", "simt")])
+@pytest.mark.parametrize("m", [1, 3])
+def test_sixteen_warps_per_block_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
+    """MV_NW = 16 (BW24CHAT_MV_NW: blocks of 16 warps, for the matvecs without an rmsnorm
+    prologue) changes which block and warp compute a row, not how: every row is bit-identical
+    to the 8-warp kernel's, for no prologue (store, add, swiglu epilogues: odd and even row
+    counts) and the swiglu prologue; with an rmsnorm prologue the wrapper keeps 8 warps (the
+    statistic's order follows the block size), so those rows are unchanged as well."""
+    n = int(rng.integers(20, 140))
+    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, 2 * W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    if force:
+        monkeypatch.setenv("BW24CHAT_MATVEC", force)
+    got = {}
+    for nw in ("8", "16"):
+        monkeypatch.setenv("BW24CHAT_MV_NW", nw)
+        xs = np.ascontiguousarray(x[:, :W.in_])
+        got[nw] = (run(cp, W, xs, m), run(cp, W, xs, m, epi="add", init=res), run(cp, W, x, m, "swiglu"),
+                   run(cp, W, xs, m, "rmsnorm", norm_w=norm_w))
+        if n % 2 == 0:
+            got[nw] += (run(cp, W, xs, m, epi="swiglu"),)
+    check_close(got["16"][0], ref_input(xs, "none", W.in_, None, fmt), w)
+    check_close(got["16"][2], ref_input(x, "swiglu", W.in_, None, fmt), w)
+    for a, b in zip(got["16"], got["8"]):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
