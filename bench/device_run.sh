@@ -11,6 +11,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s10f)
+  # the tenth session's last device minutes: s11a trimmed (NVFP4 only)
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s10f.log
+  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16;nw16 u4:MV_NW=16,MV_U=4" timeout 60 python3 bench/matvec_variants.py --formats nvfp4 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10f.log
+  for env in "X=1" "BW24CHAT_MV_NW=16"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s10f.log
+  ;;
 s11a)
   # prepared in the tenth session (compiled for sm_90a / sm_120a in CI; not run): blocks of 16 warps
   # for the matvecs without an rmsnorm prologue (o, down), one prologue per SM instead of two
