@@ -30,7 +30,23 @@ def test_nvfp4_wide_matrices_take_four_rows_per_warp():
         assert (d["MV_R"], d["MV_U"], d["MV_MINB"], d["MV_STEADY"]) == (4, 1, 2, 1), shape
     for shape in (O, DOWN):  # 128 tiles of 32 rows would leave blocks idle: two rows per warp
         assert "MV_R" not in defs("NVFP4", shape), shape
-    assert defs("NVFP4", O) == {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1}
+    assert defs("NVFP4", O) == {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16}
+
+
+def test_nvfp4_o_and_down_at_sixteen_warps_per_block():
+    """Tenth session (s10f): blocks of 16 warps for NVFP4's 4096-row matrices (one prologue per SM
+    instead of two; down 12.9 vs 14.5 us); the wrapper keeps 8 where the prologue is an rmsnorm
+    (qkv / gate|up of small models), and m > 1 keeps the defaults."""
+    for shape in (O, DOWN):
+        d = defs("NVFP4", shape)
+        assert d["MV_NW"] == 16, shape
+        assert cl._warps_per_block(dict(d), cl.PROLOGUES["none"]) == 16
+        assert cl._warps_per_block(dict(d), cl.PROLOGUES["rmsnorm"]) == 8
+    for shape in (QKV, GATE_UP, LM_HEAD):
+        assert "MV_NW" not in defs("NVFP4", shape), shape
+    for fmt in ("Q8_0", "Q4_K"):
+        assert "MV_NW" not in defs(fmt, DOWN), fmt
+    assert "MV_NW" not in defs("NVFP4", DOWN, m=2)
 
 
 def test_q4k_wide_matrices_but_the_lm_head_at_two_blocks_per_sm():

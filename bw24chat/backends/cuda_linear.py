@@ -210,6 +210,10 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     wide matrices: 4 rows per warp (each shared-memory x read feeds 4 rows), 1 slot, 2 blocks
     per SM, 127 registers without spills (qkv 9.2 vs 9.8 us, gate|up 20.1 vs 23.1, LM head 36.1
     vs 41.1; o and down, 128 tiles of 32 rows for 264 blocks, lose: 7.8 vs 6.6, 18.8 vs 14.4).
+    Tenth session: NVFP4's 4096-row matrices (o, down) in blocks of 16 warps (matvec.cu MV_NW;
+    kept only where the prologue has no rmsnorm statistic, _warps_per_block): one copy of the
+    prologue's x quantization per SM instead of two (down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode
+    424.6 vs 412.3 tok/s); not measured yet for the other formats (BW24CHAT_MV_NW=16 tries it).
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
     allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_A8_NR (the
     integer-dot prologue's float4 batch) override, for experiments."""
@@ -224,6 +228,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d["MV_STEADY"] = 1
         if W.fmt == "NVFP4" and square_small:  # ninth session, one integer-dot chain per half: 6.6 vs 7.0 us
             d.update(MV_U=2, MV_STEADY=1)
+        if W.fmt == "NVFP4" and W.out <= A8_SMALL_ROWS:  # 16 warps per block where there is no rmsnorm (o, down):
+            d["MV_NW"] = 16  # tenth session, s10f: down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode 424.6 vs 412.3 tok/s
         wide_r4 = os.environ.get("BW24CHAT_A8_WIDE_R4")  # comparisons: a comma list replaces A8_WIDE_R4
         if W.fmt in (wide_r4.split(",") if wide_r4 is not None else A8_WIDE_R4) and W.out > A8_SMALL_ROWS:
             d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_STEADY=1)
