@@ -18,17 +18,15 @@ s10f)
   for env in "X=1" "BW24CHAT_MV_NW=16"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s10f.log
   ;;
 s11a)
-  # prepared in the tenth session (compiled for sm_90a / sm_120a in CI; not run): blocks of 16 warps
-  # for the matvecs without an rmsnorm prologue (o, down), one prologue per SM instead of two
-  # (s10c ablation: the prologue is ~21 % of an NVFP4 step, down's 5.7 us).  Bits first, then
-  # per-shape variants, then decode A/B
+  # prepared in the tenth session: blocks of 16 warps (MV_NW) for the matvecs without an rmsnorm
+  # prologue, adopted for NVFP4 o / down (s10f); here Q8_0, Q4_K and BF16 (SIMT) o / down, then decode A/B
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s11a.log
-  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16;nw16 u4:MV_NW=16,MV_U=4;nw16 ablate prologue:MV_NW=16,MV_ABLATE=1" timeout 200 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | grep " o \| down " | tee $OUT/mv_s11a.log
+  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16;nw16 u4:MV_NW=16,MV_U=4" timeout 200 python3 bench/matvec_variants.py --formats q8_0,q4_k 2>&1 | grep -A16 "best per shape" | grep " o \| down " | tee $OUT/mv_s11a.log
   BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16,MATVEC=simt;simt:MATVEC=simt" timeout 100 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | grep " o \| down " | tee -a $OUT/mv_s11a.log
-  for env in "X=1" "BW24CHAT_MV_NW=16"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11a.log
+  for env in "X=1" "BW24CHAT_MV_NW=16"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11a.log
   ;;
 s10c)
-  # (device time is short: this and s10d replace s10b, s10s1, s10s2)
+  # (device time was short: this and s10d stand for the stages planned before, which never ran)
   # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]);
   # the grid-wide sampler: its GPU tests, then the probe; the kernel check and every model gate
   # (bf16 / f32 caches) with the GPU test files beside it; then the timing ablations of the
@@ -57,61 +55,6 @@ s10e)
   have=$(sha256sum $SMOL | cut -c1-16); want=$(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)
   echo "sha256 $have want $want"; [ "$have" = "$want" ] || { rm -f $SMOL; echo "the first half is gone (fresh machine): run s10d again"; exit 3; }
   timeout 300 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
-  ;;
-s10c)
-  # (device time is short: this and s10d replace s10b, s10s1, s10s2)
-  # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]);
-  # the grid-wide sampler: its GPU tests, then the probe; the kernel check and every model gate
-  # (bf16 / f32 caches) with the GPU test files beside it; then the timing ablations of the
-  # integer-dot matvec and BF16 at 4 rows per warp (alone on the GPU)
-  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_sampling.py 2>&1 | tail -6 | tee $OUT/pytest_s10c.log
-  timeout 60 python3 bench/sampler_probe.py 2>&1 | tee $OUT/sampler_s10c.log
-  (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py > /tmp/pt_f1.log 2>&1; echo "test_matvec: $(tail -1 /tmp/pt_f1.log)" > /tmp/rf1) &
-  timeout 330 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 > $OUT/check.log 2>&1; echo "check rc=$?"
-  wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rf1 | tee -a $OUT/pytest_s10c.log; grep -h "^FAILED" /tmp/pt_f1.log | cut -c1-200 | head | tee -a $OUT/pytest_s10c.log
-  BW24CHAT_MV_VARIANTS="auto:;no prologue:MV_ABLATE=1;no dot:MV_ABLATE=2;loads only:MV_ABLATE=3" timeout 80 python3 bench/matvec_variants.py --formats nvfp4 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_ablate_s10c.log
-  BW24CHAT_MV_VARIANTS="auto:;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 70 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10c.log
-  ;;
-s10d)
-  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab", ".../sha256"]): CUDA and NumPy
-  # greedy 64 tokens on chat prompts and the gates on the real model per cache type; the bench
-  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
-  echo "sha256 $(sha256sum $SMOL | cut -c1-16) want $(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)"
-  timeout 200 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
-  # BF16 wide matrices at 4 rows per warp, 1 slot (adopted from s10c): the bit / contract tests under that geometry
-  BW24CHAT_MATVEC=simt BW24CHAT_MV_R=4 BW24CHAT_MV_U=1 BW24CHAT_MV_MINB=2 BW24CHAT_MV_STEADY=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "BF16 or F32 or steady" 2>&1 | tail -2 | tee $OUT/pytest_s10d.log
-  timeout 300 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
-  ;;
-s10s1)
-  # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]); the kernel
-  # check and every model gate (bf16 / f32 caches) with the GPU test files beside it
-  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
-  (timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py > /tmp/pt_f1.log 2>&1; echo "test_matvec: $(tail -1 /tmp/pt_f1.log)" > /tmp/rf1) &
-  (timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling.py tests/gpu/test_ops_norm_rope.py > /tmp/pt_f2.log 2>&1; echo "test_sampling + norm/rope: $(tail -1 /tmp/pt_f2.log)" > /tmp/rf2) &
-  timeout 360 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 > $OUT/check.log 2>&1; echo "check rc=$?"
-  wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rf1 /tmp/rf2 | tee $OUT/pytest_s10s1.log; grep -h "^FAILED" /tmp/pt_f1.log /tmp/pt_f2.log | cut -c1-200 | head | tee -a $OUT/pytest_s10s1.log
-  ;;
-s10s2)
-  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab", ".../sha256"]): CUDA and NumPy
-  # greedy 64 tokens on chat prompts, the gates on the real model per cache type; then the bench
-  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
-  echo "sha256 $(sha256sum $SMOL | cut -c1-16) want $(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)"
-  timeout 240 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
-  timeout 300 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^ \|^{\|^}' | tee $OUT/bench.log
-  ;;
-s10b)
-  # the grid-wide sampler (sampling.cu rewritten: passes spread over the SMs, grid barriers): its
-  # GPU tests and the kernel check's sampler row, the probe, then sampled decode in the step;
-  # then the matvec variants again (s10a's comparison was void: BW24CHAT_MV_CPA leaked into every
-  # variant after the first "cpa" one -- bench/decode_floor.reset_switches now restores the switches)
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_sampling.py 2>&1 | tail -6 | tee $OUT/pytest_s10b.log
-  timeout 100 python3 bench/sampler_probe.py 2>&1 | tee $OUT/sampler_s10b.log
-  timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128" | tee $OUT/bench_s10b.log
-  BW24CHAT_MV_VARIANTS="auto:;cpa u4 minb2:MV_CPA=1,MV_U=4,MV_MINB=2,MV_STEADY=1;cpa r4 u3 minb3:MV_CPA=1,MV_U=3,MV_R=4,MV_MINB=3,MV_STEADY=1" timeout 240 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | tee $OUT/mv_cpa_s10b.log
-  BW24CHAT_MV_VARIANTS="auto:;simt r4 u2:MATVEC=simt,MV_R=4,MV_U=2,MV_MINB=2,MV_STEADY=1;simt r4 u1:MATVEC=simt,MV_R=4,MV_U=1,MV_MINB=2,MV_STEADY=1" timeout 150 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee $OUT/mv_s10b.log
-  # where an integer-dot matvec's time goes: without its prologue, without its dot products, without both
-  BW24CHAT_MV_VARIANTS="auto:;no prologue:MV_ABLATE=1;no dot:MV_ABLATE=2;loads only:MV_ABLATE=3" timeout 150 python3 bench/matvec_variants.py --formats nvfp4,q8_0 2>&1 | grep -A12 "best per shape" | tee $OUT/mv_ablate_s10b.log
   ;;
 s10a)
   # prepared in the ninth session (every build compiled for sm_90a / sm_120a in CI; not run):
