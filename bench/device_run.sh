@@ -18,12 +18,13 @@ s10f)
   for env in "X=1" "BW24CHAT_MV_NW=16"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s10f.log
   ;;
 s11a)
-  # prepared in the tenth session: blocks of 16 warps (MV_NW) for the matvecs without an rmsnorm
-  # prologue, adopted for NVFP4 o / down (s10f); here Q8_0, Q4_K and BF16 (SIMT) o / down, then decode A/B
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s11a.log
-  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16;nw16 u4:MV_NW=16,MV_U=4" timeout 200 python3 bench/matvec_variants.py --formats q8_0,q4_k 2>&1 | grep -A16 "best per shape" | grep " o \| down " | tee $OUT/mv_s11a.log
-  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16,MATVEC=simt;simt:MATVEC=simt" timeout 100 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | grep " o \| down " | tee -a $OUT/mv_s11a.log
-  for env in "X=1" "BW24CHAT_MV_NW=16"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11a.log
+  # prepared in the tenth session: blocks of 16 warps (MV_NW) -- adopted for NVFP4 o / down (s10f) --
+  # for the other formats' o / down, and with the 8-warp rmsnorm statistic (MV_STAT8) for qkv,
+  # gate|up and the LM head of every format.  Bits first, then per-shape variants, then decode A/B
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s11a.log
+  BW24CHAT_MV_VARIANTS="auto:;nw16:MV_NW=16;nw16 stat8:MV_NW=16,MV_STAT8=1" timeout 240 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep -A16 "best per shape" | tee $OUT/mv_s11a.log
+  BW24CHAT_MV_VARIANTS="auto:;nw16 stat8:MV_NW=16,MV_STAT8=1,MATVEC=simt;simt:MATVEC=simt" timeout 100 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep -A6 "best per shape" | tee -a $OUT/mv_s11a.log
+  for env in "X=1" "BW24CHAT_MV_NW=16" "BW24CHAT_MV_NW=16 BW24CHAT_MV_STAT8=1"; do env $env timeout 150 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11a.log
   ;;
 s10c)
   # (device time was short: this and s10d stand for the stages planned before, which never ran)

@@ -96,6 +96,16 @@
 #error "MV_NW: 8 or 16 warps per block"
 #endif
 #define MV_NT (MV_NW * 32)
+#ifndef MV_STAT8  // 1 (16 warps only; an experiment, cuda_linear BW24CHAT_MV_STAT8): the rmsnorm statistic
+// is summed by the first 8 warps in the 8-warp kernel's order, so a 16-warp block gives the 8-warp
+// kernel's rows bit for bit with the rmsnorm prologue too (the staging after it uses every warp)
+#define MV_STAT8 0
+#endif
+#if MV_STAT8 && MV_NW != 16
+#error "MV_STAT8: the 8-warp statistic inside a 16-warp block"
+#endif
+#define STAT_NT (MV_STAT8 ? 256 : MV_NT)  // threads that sum the rmsnorm statistic
+#define STAT_NW (STAT_NT / 32)
 #define WT (32 * VPC)
 
 #define PRO_NONE 0
@@ -119,11 +129,12 @@ BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, in
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) {
         float s = 0.0f;
+        if (!MV_STAT8 || tid < STAT_NT)
 #pragma unroll 4
-        for (int p = tid; p < n_in; p += MV_NT) {
-            const float v = x[(long)m * ldx + p];
-            s = __fmaf_rn(v, v, s);
-        }
+            for (int p = tid; p < n_in; p += STAT_NT) {
+                const float v = x[(long)m * ldx + p];
+                s = __fmaf_rn(v, v, s);
+            }
         ss[m] = warp_sum(s);
     }
     if (lane == 0)
@@ -134,7 +145,7 @@ BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, in
     for (int m = 0; m < MV_M; ++m) {
         float s = red[m * MV_NW];
 #pragma unroll
-        for (int w = 1; w < MV_NW; ++w) s = __fadd_rn(s, red[m * MV_NW + w]);
+        for (int w = 1; w < STAT_NW; ++w) s = __fadd_rn(s, red[m * MV_NW + w]);
         inv[m] = rms_inv(s, n_in, eps);
     }
 }
@@ -302,7 +313,7 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n4 = n_in / 4, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
     const float4* w4 = reinterpret_cast<const float4*>(normw);
-    const bool cached = pro == PRO_RMS && n4 <= MV_NT * A8_NR;  // the statistic's loads serve the staging
+    const bool cached = !MV_STAT8 && pro == PRO_RMS && n4 <= MV_NT * A8_NR;  // the statistic's loads serve the staging
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int m = 0; m < MV_M; ++m) {
         const float4* x4 = reinterpret_cast<const float4*>(x + (long)m * ldx);
@@ -312,10 +323,10 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
         float inv = 1.0f;
         if (pro == PRO_RMS) {
             float ss = 0.0f;
-            for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
+            for (int b0 = 0; b0 < n4 && (!MV_STAT8 || tid < STAT_NT); b0 += STAT_NT * A8_NR) {
 #pragma unroll
                 for (int i = 0; i < A8_NR; ++i) {
-                    const int f = b0 + tid + MV_NT * i;
+                    const int f = b0 + tid + STAT_NT * i;
                     v[i] = f < n4 ? x4[f] : zero;
                 }
 #pragma unroll
@@ -331,7 +342,7 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
             __syncthreads();
             float s = red[0];
 #pragma unroll
-            for (int w = 1; w < MV_NW; ++w) s = __fadd_rn(s, red[w]);
+            for (int w = 1; w < STAT_NW; ++w) s = __fadd_rn(s, red[w]);
             inv = rms_inv(s, n_in, eps);
             __syncthreads();  // red[] is the next token's
         }

@@ -11,7 +11,7 @@ from bw24chat.backends import cuda_linear as cl
 
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
 SWITCHES = ("BW24CHAT_MV_U", "BW24CHAT_MV_MINB", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN",
-            "BW24CHAT_A8_WIDE_R4", "BW24CHAT_MV_ABLATE")
+            "BW24CHAT_A8_WIDE_R4", "BW24CHAT_MV_ABLATE", "BW24CHAT_MV_NW", "BW24CHAT_MV_STAT8")
 
 
 @pytest.fixture(autouse=True)
@@ -104,3 +104,15 @@ def test_sixteen_warps_only_without_an_rmsnorm_statistic():
 def test_the_warps_switch_reaches_the_defines(monkeypatch):
     monkeypatch.setenv("BW24CHAT_MV_NW", "16")
     assert defs("NVFP4", DOWN)["MV_NW"] == 16
+
+
+def test_the_eight_warp_statistic_switch(monkeypatch):
+    """BW24CHAT_MV_STAT8=1 (an experiment): 16 warps with the rmsnorm prologue too, its statistic
+    summed in the 8-warp order (matvec.cu MV_STAT8); never without 16 warps."""
+    monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
+    d = {"MV_NW": 16, "MV_MINB": 2}
+    assert cl._warps_per_block(d, cl.PROLOGUES["rmsnorm"]) == 16 and d == {"MV_NW": 16, "MV_MINB": 1, "MV_STAT8": 1}
+    d = {"MV_NW": 16, "MV_MINB": 2}
+    assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and "MV_STAT8" not in d
+    d = {"MV_MINB": 3}
+    assert cl._warps_per_block(d, cl.PROLOGUES["rmsnorm"]) == 8 and d == {"MV_MINB": 3}

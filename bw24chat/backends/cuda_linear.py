@@ -249,14 +249,19 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
 
 
 def _warps_per_block(defs: dict, pro: int) -> int:
-    """matvec.cu MV_NW from the picked defines (updated in place): 8, or 16 where asked for
-    (BW24CHAT_MV_NW, an experiment) and the prologue has no rmsnorm statistic (its summation
-    order follows the block size; without it the rows do not depend on the block size).  A
-    block of 16 warps stands for two of 8: the blocks per SM the registers must allow halve."""
+    """matvec.cu MV_NW from the picked defines (updated in place): 8, or 16 where picked
+    (_simt_defines, or BW24CHAT_MV_NW) and the prologue has no rmsnorm statistic (its summation
+    order follows the block size; without it the rows do not depend on the block size).  With
+    BW24CHAT_MV_STAT8=1 (an experiment) the rmsnorm prologue keeps 16 warps as well and its
+    statistic is summed by 8 of them in the 8-warp order (matvec.cu MV_STAT8).  A block of 16
+    warps stands for two of 8: the blocks per SM the registers must allow halve."""
     nw = int(defs.get("MV_NW", 8))
-    if nw == 8 or pro == PROLOGUES["rmsnorm"]:
+    stat8 = pro == PROLOGUES["rmsnorm"] and os.environ.get("BW24CHAT_MV_STAT8", "0") != "0"
+    if nw == 8 or (pro == PROLOGUES["rmsnorm"] and not stat8):
         defs.pop("MV_NW", None)
         return 8
+    if stat8:
+        defs["MV_STAT8"] = 1
     defs["MV_MINB"] = max(1, int(defs.get("MV_MINB", 2)) // 2)
     return nw
 

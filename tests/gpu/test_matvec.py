@@ -243,3 +243,25 @@ def test_sixteen_warps_per_block_give_the_same_bits(cp, rng, fmt, force, m, monk
     check_close(got["16"][2], ref_input(x, "swiglu", W.in_, None, fmt), w)
     for a, b in zip(got["16"], got["8"]):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt,force", [("NVFP4", ""), ("Q8_0", ""), ("Q4_K", ""), ("BF16", "simt"), ("F32", "simt")])
+@pytest.mark.parametrize("m", [1, 3])
+def test_sixteen_warps_with_the_eight_warp_statistic_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
+    """BW24CHAT_MV_STAT8=1 with BW24CHAT_MV_NW=16: the rmsnorm prologue in a 16-warp block sums its
+    statistic with 8 warps in the 8-warp kernel's order (matvec.cu MV_STAT8), so the rows equal
+    the 8-warp kernel's bit for bit; inputs wide enough (8192) for several statistic batches."""
+    n = int(rng.integers(20, 140))
+    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    if force:
+        monkeypatch.setenv("BW24CHAT_MATVEC", force)
+    monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
+    got = {}
+    for nw in ("8", "16"):
+        monkeypatch.setenv("BW24CHAT_MV_NW", nw)
+        got[nw] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
+    check_close(got["16"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+    assert np.array_equal(got["16"].view(np.uint32), got["8"].view(np.uint32))
