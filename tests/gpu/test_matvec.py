@@ -191,6 +191,25 @@ def test_integer_dot_rows_split_past_shared_memory(cp, rng):
 
 
 
+def _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, switch, values):
+    """The rows of one rmsnorm-prologue matvec (8192 inputs, 20..139 rows: odd and even) with the
+    environment switch set to each of `values` in turn; the last result is also checked against
+    the reference.  force: BW24CHAT_MATVEC ("simt" puts small BF16 matrices on the SIMT kernel)."""
+    n = int(rng.integers(20, 140))
+    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    if force:
+        monkeypatch.setenv("BW24CHAT_MATVEC", force)
+    outs = []
+    for v in values:
+        monkeypatch.setenv(switch, v)
+        outs.append(run(cp, W, x, m, "rmsnorm", norm_w=norm_w))
+    check_close(outs[-1], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+    return outs
+
+
 @pytest.mark.parametrize("fmt,force", [("Q8_0", ""), ("Q4_K", ""), ("NVFP4", ""), ("BF16", "simt"), ("F32", "simt"),
                                        ("Q6_K", "")])
 @pytest.mark.parametrize("m", [1, 3])
@@ -200,19 +219,8 @@ def test_steady_windows_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
     enough (8192) that the steady branch covers most of each row, odd row counts, the rmsnorm
     prologue.  BF16 / F32 are forced onto the SIMT kernel (small BF16 matrices otherwise take
     the tensor-core one, which has no such windows)."""
-    n = int(rng.integers(20, 90))
-    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
-    W = cw.upload(ts)
-    x = rng.standard_normal((m, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    if force:
-        monkeypatch.setenv("BW24CHAT_MATVEC", force)
-    got = {}
-    for steady in ("0", "1"):
-        monkeypatch.setenv("BW24CHAT_MV_STEADY", steady)
-        got[steady] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
-    check_close(got["1"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
-    assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
+    off, on = _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, "BW24CHAT_MV_STEADY", ("0", "1"))
+    assert np.array_equal(on.view(np.uint32), off.view(np.uint32))
 
 
 @pytest.mark.parametrize("fmt,force", [("NVFP4", ""), ("Q8_0", ""), ("Q4_K", ""), ("BF16", "simt"), ("F32", "simt")])
@@ -251,17 +259,6 @@ def test_sixteen_warps_with_the_eight_warp_statistic_give_the_same_bits(cp, rng,
     """BW24CHAT_MV_STAT8=1 with BW24CHAT_MV_NW=16: the rmsnorm prologue in a 16-warp block sums its
     statistic with 8 warps in the 8-warp kernel's order (matvec.cu MV_STAT8), so the rows equal
     the 8-warp kernel's bit for bit; inputs wide enough (8192) for several statistic batches."""
-    n = int(rng.integers(20, 140))
-    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
-    W = cw.upload(ts)
-    x = rng.standard_normal((m, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    if force:
-        monkeypatch.setenv("BW24CHAT_MATVEC", force)
     monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
-    got = {}
-    for nw in ("8", "16"):
-        monkeypatch.setenv("BW24CHAT_MV_NW", nw)
-        got[nw] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
-    check_close(got["16"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
-    assert np.array_equal(got["16"].view(np.uint32), got["8"].view(np.uint32))
+    eight, sixteen = _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, "BW24CHAT_MV_NW", ("8", "16"))
+    assert np.array_equal(sixteen.view(np.uint32), eight.view(np.uint32))
