@@ -42,11 +42,37 @@ def test_nvfp4_o_and_down_at_sixteen_warps_per_block():
         assert d["MV_NW"] == 16, shape
         assert cl._warps_per_block(dict(d), cl.PROLOGUES["none"]) == 16
         assert cl._warps_per_block(dict(d), cl.PROLOGUES["rmsnorm"]) == 8
-    for shape in (QKV, GATE_UP, LM_HEAD):
-        assert "MV_NW" not in defs("NVFP4", shape), shape
-    for fmt in ("Q8_0", "Q4_K"):
-        assert "MV_NW" not in defs(fmt, DOWN), fmt
     assert "MV_NW" not in defs("NVFP4", DOWN, m=2)
+
+
+def test_sixteen_warps_where_measured_faster():
+    """Eleventh session (s11a): NVFP4's rmsnorm matrices (qkv, gate|up, LM head) at 16 warps with
+    the 8-warp statistic (rows bit-identical); Q8_0 / Q4_K down at 16 warps but not their o;
+    BF16 all on SIMT: o / down at 16 warps, gate|up / LM head with the 8-warp statistic, qkv at 8."""
+    rms, none = cl.PROLOGUES["rmsnorm"], cl.PROLOGUES["none"]
+    for shape in (QKV, GATE_UP, LM_HEAD):
+        d = defs("NVFP4", shape)
+        assert cl._warps_per_block(d, rms) == 16 and d["MV_STAT8"] == 1 and d["MV_MINB"] == 1, shape
+    for fmt in ("Q8_0", "Q4_K"):
+        assert cl._warps_per_block(defs(fmt, DOWN), none) == 16, fmt
+        assert cl._warps_per_block(defs(fmt, O), none) == 8, fmt
+        for shape in (QKV, GATE_UP, LM_HEAD):
+            assert cl._warps_per_block(defs(fmt, shape), rms) == 8, (fmt, shape)
+    for shape in (O, DOWN):
+        assert cl._warps_per_block(defs("BF16", shape, a8=False), none) == 16, shape
+    for shape in (GATE_UP, LM_HEAD):
+        d = defs("BF16", shape, a8=False)
+        assert cl._warps_per_block(d, rms) == 16 and d["MV_STAT8"] == 1, shape
+    assert cl._warps_per_block(defs("BF16", QKV, a8=False), rms) == 8
+    for shape in (O, DOWN, QKV, GATE_UP, LM_HEAD):
+        assert cl.matvec_impl(types.SimpleNamespace(fmt="BF16", out=shape[0], in_=shape[1])) == "simt", shape
+
+
+def test_the_eight_warp_statistic_switch_turns_off(monkeypatch):
+    monkeypatch.setenv("BW24CHAT_MV_STAT8", "0")
+    assert cl._warps_per_block(defs("NVFP4", QKV), cl.PROLOGUES["rmsnorm"]) == 8
+    d = defs("NVFP4", QKV)
+    assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and "MV_STAT8" not in d
 
 
 def test_q4k_wide_matrices_but_the_lm_head_at_two_blocks_per_sm():
@@ -82,8 +108,9 @@ def test_bf16_wide_matrices_take_four_rows_per_warp():
     for shape in (GATE_UP, LM_HEAD):
         d = defs("BF16", shape, a8=False)
         assert (d["MV_R"], d["MV_U"], d["MV_MINB"], d["MV_STEADY"]) == (4, 1, 2, 1), shape
-    for shape in (QKV, O, DOWN):
-        assert defs("BF16", shape, a8=False) == {"MV_STEADY": 1}, shape
+    assert defs("BF16", QKV, a8=False) == {"MV_STEADY": 1}
+    for shape in (O, DOWN):
+        assert defs("BF16", shape, a8=False) == {"MV_STEADY": 1, "MV_NW": 16}, shape
     assert "MV_R" not in defs("BF16", GATE_UP, m=2, a8=False)
 
 

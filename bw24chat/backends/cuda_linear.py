@@ -108,7 +108,8 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
     41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
     20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3) — except BF16 matrices of <= 4096 rows
     and inputs (o), which take the SIMT kernel with steady windows (13.4 vs tc 13.9 us; seventh
-    session, its tests ran in the eighth; down stays on tc: 33.0 vs 38.8).  Other formats, and NVFP4 under the
+    session, its tests ran in the eighth; down stayed on tc: 33.0 vs 38.8, until the eleventh
+    session's 16-warp SIMT blocks: 29.4 vs 32.9, so BF16 is all SIMT).  Other formats, and NVFP4 under the
     integer-dot contract (a8; None: act_q8's choice for the format): the SIMT kernel (an int8
     tensor-core version of the integer-dot contract measured 10-50 % slower on every shape:
     bench/NOTES.md, seventh session).  BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons;
@@ -118,7 +119,7 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
         return "simt"
     if force == "tc" or W.fmt == "NVFP4":
         return "tc"
-    if W.fmt == "BF16" and W.in_ <= TC_FLOAT_MAX_ROWS:
+    if W.fmt == "BF16":  # eleventh session (s11a): down at 16 warps on SIMT 29.4 vs tc 32.9 us
         return "simt"
     return "tc" if W.out <= TC_FLOAT_MAX_ROWS else "simt"
 
@@ -213,7 +214,14 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     Tenth session: NVFP4's 4096-row matrices (o, down) in blocks of 16 warps (matvec.cu MV_NW;
     kept only where the prologue has no rmsnorm statistic, _warps_per_block): one copy of the
     prologue's x quantization per SM instead of two (down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode
-    424.6 vs 412.3 tok/s); not measured yet for the other formats (BW24CHAT_MV_NW=16 tries it).
+    424.6 vs 412.3 tok/s).  Eleventh session (s11a, same call, us, 8 warps / 16): Q4_K down 14.1 /
+    12.6, Q8_0 down 18.5 / 17.1 (their o loses: 6.6 / 6.7, 7.9 / 8.4); BF16 on SIMT o 13.7 / 11.3,
+    down 32.9 (tc) / 29.4.  And 16 warps behind an rmsnorm with the 8-warp statistic (MV_STAT8,
+    rows bit-identical): NVFP4 qkv 9.1 / 8.8, gate|up 20.1 / 19.3, LM head 36.0 / 34.4; BF16
+    gate|up 53.7 / 53.0, LM head 101.2 / 100.4 (qkv loses: 17.0 / 17.8; Q8_0 / Q4_K lose
+    everywhere).  Decode tg128@512 (same call): NVFP4 429.7 vs 425.3, Q4_K 427.6 vs 414.0, Q8_0
+    333.0 vs 322.4 tok/s.  MV_STAT8 in the picked defines means "allowed behind an rmsnorm"
+    (_warps_per_block).
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
     allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_A8_NR (the
     integer-dot prologue's float4 batch) override, for experiments."""
@@ -230,6 +238,10 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d.update(MV_U=2, MV_STEADY=1)
         if W.fmt == "NVFP4" and W.out <= A8_SMALL_ROWS:  # 16 warps per block where there is no rmsnorm (o, down):
             d["MV_NW"] = 16  # tenth session, s10f: down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode 424.6 vs 412.3 tok/s
+        if W.fmt == "NVFP4" and W.out > A8_SMALL_ROWS:  # and behind the rmsnorm, with the 8-warp statistic (s11a):
+            d.update(MV_NW=16, MV_STAT8=1)  # qkv 8.8 vs 9.1 us, gate|up 19.3 vs 20.1, LM head 34.4 vs 36.0
+        if W.fmt in ("Q8_0", "Q4_K") and W.out <= A8_SMALL_ROWS < W.in_:  # down (s11a): Q4_K 12.6 vs 14.1 us,
+            d["MV_NW"] = 16  # Q8_0 17.1 vs 18.5; their o loses (6.7 vs 6.6, 8.4 vs 7.9)
         wide_r4 = os.environ.get("BW24CHAT_A8_WIDE_R4")  # comparisons: a comma list replaces A8_WIDE_R4
         if W.fmt in (wide_r4.split(",") if wide_r4 is not None else A8_WIDE_R4) and W.out > A8_SMALL_ROWS:
             d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_STEADY=1)
@@ -239,6 +251,9 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
         d["MV_STEADY"] = 1
         if W.out > 2 * A8_SMALL_ROWS:  # tenth session (s10c, us): gate|up 53.8 vs 54.8, LM head 101.4 vs 103.8
             d.update(MV_R=4, MV_U=1, MV_MINB=2)  # (qkv 17.9 vs 17.0, o 16.4 vs 13.7 lose)
+            d.update(MV_NW=16, MV_STAT8=1)  # s11a: gate|up 53.0 vs 53.7, LM head 100.4 vs 101.2
+        elif W.out <= A8_SMALL_ROWS:  # o and down at 16 warps (s11a): 11.3 vs 13.7 us, 29.4 vs 32.9 (tc)
+            d["MV_NW"] = 16
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
                       ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW")):
         if os.environ.get(env):
@@ -251,12 +266,15 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
 def _warps_per_block(defs: dict, pro: int) -> int:
     """matvec.cu MV_NW from the picked defines (updated in place): 8, or 16 where picked
     (_simt_defines, or BW24CHAT_MV_NW) and the prologue has no rmsnorm statistic (its summation
-    order follows the block size; without it the rows do not depend on the block size).  With
-    BW24CHAT_MV_STAT8=1 (an experiment) the rmsnorm prologue keeps 16 warps as well and its
-    statistic is summed by 8 of them in the 8-warp order (matvec.cu MV_STAT8).  A block of 16
+    order follows the block size; without it the rows do not depend on the block size).  Where
+    the picked defines carry MV_STAT8 (or BW24CHAT_MV_STAT8=1; =0 turns it off) the rmsnorm
+    prologue keeps 16 warps as well and its statistic is summed by 8 of them in the 8-warp order
+    (matvec.cu MV_STAT8), so the rows stay the 8-warp kernel's bit for bit.  A block of 16
     warps stands for two of 8: the blocks per SM the registers must allow halve."""
     nw = int(defs.get("MV_NW", 8))
-    stat8 = pro == PROLOGUES["rmsnorm"] and os.environ.get("BW24CHAT_MV_STAT8", "0") != "0"
+    stat8_env = os.environ.get("BW24CHAT_MV_STAT8")
+    stat8_picked = bool(defs.pop("MV_STAT8", 0))
+    stat8 = pro == PROLOGUES["rmsnorm"] and (stat8_picked if not stat8_env else stat8_env != "0")
     if nw == 8 or (pro == PROLOGUES["rmsnorm"] and not stat8):
         defs.pop("MV_NW", None)
         return 8
