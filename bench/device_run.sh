@@ -11,6 +11,17 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s11b)
+  # the s11a geometry adopted (NVFP4 rmsnorm matvecs at 16 warps with the 8-warp statistic, Q8_0 /
+  # Q4_K down at 16 warps, BF16 all SIMT); QX: gate|up's swiglu epilogue writes the down matvec's x
+  # codes (NVFP4).  Bits first (QX pairs, 16-warp tests, the BF16 SIMT geometry), then the decode
+  # A/B of QX and every format's decode, then the gates with QX on
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_matvec.py -k "qx or sixteen or BF16" 2>&1 | tail -4 | tee $OUT/pytest_s11b.log
+  for env in "BW24CHAT_QX=0" "BW24CHAT_QX=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11b.log
+  timeout 150 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k --decode-only 2>&1 | grep "tg128@[0-9]* " | tee -a $OUT/bench_s11b.log
+  timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^ \|^{\|^}' | tail -22 | tee $OUT/profile_s11b.log
+  timeout 150 python3 -m bw24chat check --skip-kernels --formats nvfp4,bf16 --kv bf16,f32 2>&1 | grep -v "^PASS\|^  ok" | tail -14 | tee $OUT/check_s11b.log
+  ;;
 s10f)
   # the tenth session's last device minutes: s11a trimmed (NVFP4 only)
   timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_matvec.py -k "sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s10f.log

@@ -150,3 +150,24 @@ BW24_DEVICE uint32_t act_quant_lane(float4 v, int& e, uint32_t& lo, int& sum_h, 
     lo = pack_s8x4(l[0], l[1], l[2], l[3]);
     return pack_s8x4(h[0], h[1], h[2], h[3]);
 }
+
+// The QX buffer (matvec.cu's contract: an activation row quantized once by its producer, copied
+// by the consumer's prologue): per row of n inputs, n/4 words of h codes, n/4 of l codes, then
+// n/32 int4 records {e, sum h 0-15, sum h 16-31, (sum l 0-15 & 0xFFFF) | (sum l 16-31) << 16}.
+BW24_DEVICE int qx_row_words(int n) { return 5 * n / 8; }
+
+// Quantize one 32-input block b of a QX row (q: the row's first word) from the 8 lanes of an
+// aligned lane group (lane j: inputs 4j..4j+3); every lane of the warp calls it (shuffles);
+// `store` false: take part in the shuffles only.
+BW24_DEVICE void qx_write_block(uint32_t* q, int n, int b, float4 v, bool store) {
+    int e, sh, sl;
+    uint32_t ql;
+    const uint32_t qh = act_quant_lane(v, e, ql, sh, sl);
+    const int sh1 = __shfl_xor_sync(0xffffffffu, sh, 4), sl1 = __shfl_xor_sync(0xffffffffu, sl, 4);
+    const int j = threadIdx.x & 7;
+    if (!store) return;
+    q[8 * b + j] = qh;
+    q[n / 4 + 8 * b + j] = ql;
+    if (j == 0)
+        reinterpret_cast<int4*>(q + n / 2)[b] = make_int4(e, sh, sh1, (sl & 0xFFFF) | (int)((uint32_t)sl1 << 16));
+}

@@ -13,6 +13,17 @@
 //                 (numpy_backend.rmsnorm; the sum has one fixed order, identical in every
 //                 block and for every MV_M)
 //       2 swiglu: xin = silu(x[m, k]) * x[m, n_in + k] = g / (1 + exp(-g)) * u (ldx >= 2*n_in)
+//       3 qx (ACT_Q8 only): xin's codes come ready-made from qx_in (below), quantized once by the
+//                 kernel that produced xin; the staged words and records are the ones prologue 0
+//                 would build from those floats, so the rows are bit-identical to it.
+//   qx_out (ACT_Q8, epi 2, tiles of MV_NW*MV_R = 64 rows, n_out/2 a multiple of 32): besides out,
+//   the block writes the integer-dot codes of its tile's 32 outputs (one 32-input block of the
+//   next matvec's x) to qx_out, so the down projection's prologue copies them instead of every
+//   block re-quantizing all F inputs (~21 % of an NVFP4 decode step went to the prologues:
+//   bench/NOTES.md, tenth session).  QX layout per token m (uint32 words, n = the inputs, row
+//   stride qx_row_words(n) = 5n/8): [0, n/4) h codes, [n/4, n/2) l codes (natural order, 4 int8
+//   per word), then n/32 int4 records {e, sum h of inputs 0-15, of 16-31, sum l of 0-15 | (sum l of
+//   16-31) << 16} (cuda_linear.qx_ref is the NumPy mirror).
 //   NumPy reference: out = xin @ W.T with W = QTensor.dequantize() (cuda_weights.decode_planes).
 //   ACT_Q8=1 (the integer-dot contract, quantized formats): xin is first quantized per block of
 //   32 inputs into two int8 code levels (common.cuh act_quant_lane: xin ~ 2^e (h + l/256)), and
@@ -111,6 +122,7 @@
 #define PRO_NONE 0
 #define PRO_RMS 1
 #define PRO_SWIGLU 2
+#define PRO_QX 3
 #define EPI_STORE 0
 #define EPI_ADD 1
 #define EPI_SWIGLU 2  // rows interleaved gate_i, up_i: out[m, i] = silu(y[2i]) * y[2i+1]
@@ -305,6 +317,49 @@ BW24_DEVICE int a8_word(int p, int nck) {
 // (A version that copied the row to shared memory by cp.async — one round trip per row, no
 // registers held — measured 1-2 us slower per matvec and 6-9 % slower decode: bench/NOTES.md,
 // eighth session.)
+// The staged record(s) of 32-input block b from its exponent and code sums (h / l levels, inputs
+// 0-15 and 16-31); one writer for stage_a8 and stage_qx, so both stage the same bits.
+BW24_DEVICE void a8_records(uint4* metam, int nb, int b, int e, int sh0, int sh1, int sl0, int sl1) {
+#if FMT == F_NVFP4
+    metam[b] = make_uint4(__float_as_uint(pow2f(e - 1)), (uint32_t)(-128 * (256 * sh0 + sl0)),
+                          (uint32_t)(-128 * (256 * sh1 + sl1)), 0u);
+    (void)nb;
+#elif A8_JOIN  // Q4_K: 2^(e-8) and the block's exact x sum 2^(e-8) * (256 * sum h + sum l)
+    metam[b] = make_uint4(__float_as_uint(pow2f(e - 8)), 0u, 0u,
+                          __float_as_uint(__fmul_rn((float)(256 * (sh0 + sh1) + sl0 + sl1), pow2f(e - 8))));
+    (void)nb;
+#else
+    metam[b] = make_uint4(__float_as_uint(pow2f(e)), (uint32_t)sh0, (uint32_t)sh1, (uint32_t)(sh0 + sh1));
+    metam[nb + b] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl0, (uint32_t)sl1, (uint32_t)(sl0 + sl1));
+#endif
+}
+
+// Prologue 3 (qx): the MV_M tokens' words and records from the QX buffer (layout: contract at the
+// top), one 32-input block per thread and pass: its 2 x 32 code bytes and record are one L2 round
+// trip, written to the staged positions (a8_word: 32-value chunks keep inputs 0-15 of chunk kc at
+// words 4kc.., 16-31 at 4(nck+kc)..; Q8_0's 16-value chunks are in natural order).
+BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* xw, uint4* meta) {
+    const int nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
+    for (int m = 0; m < MV_M; ++m) {
+        const uint32_t* q = qx + (long)m * qx_row_words(n_in);
+        const uint4* q4 = reinterpret_cast<const uint4*>(q);
+        const int4* rec = reinterpret_cast<const int4*>(q + n_in / 2);
+        uint32_t* xwm = xw + 2 * m * wpm;
+        uint4* metam = meta + 2 * m * nb;
+        for (int b = threadIdx.x; b < nb; b += MV_NT) {
+            const uint4 h0 = q4[2 * b], h1 = q4[2 * b + 1];
+            const uint4 l0 = q4[wpm / 4 + 2 * b], l1 = q4[wpm / 4 + 2 * b + 1];
+            const int4 r = rec[b];
+            uint4* dst = reinterpret_cast<uint4*>(xwm);
+            dst[a8_word(32 * b, nck) / 4] = h0;
+            dst[a8_word(32 * b + 16, nck) / 4] = h1;
+            dst[(wpm + a8_word(32 * b, nck)) / 4] = l0;
+            dst[(wpm + a8_word(32 * b + 16, nck)) / 4] = l1;
+            a8_records(metam, nb, b, r.x, r.y, r.z, (int)(short)(r.w & 0xFFFF), r.w >> 16);
+        }
+    }
+}
+
 #ifndef A8_NR  // float4 groups per thread and batch: 4 where the register budget allows (2 at 80 registers: spills)
 #define A8_NR (MV_MINB >= 3 ? 2 : 4)
 #endif
@@ -361,18 +416,8 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
             if (!ok) return;
             xwm[a8_word(4 * f, nck)] = qh;
             xwm[wpm + a8_word(4 * f, nck)] = ql;
-            if ((lane & 7) == 0) {  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
-#if FMT == F_NVFP4
-                metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e - 1)), (uint32_t)(-128 * (256 * sh + sl)),
-                                           (uint32_t)(-128 * (256 * sh_other + sl_other)), 0u);
-#elif A8_JOIN  // Q4_K: 2^(e-8) and the block's exact x sum 2^(e-8) * (256 * sum h + sum l)
-                metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e - 8)), 0u, 0u,
-                                           __float_as_uint(__fmul_rn((float)(256 * (sh + sh_other) + sl + sl_other), pow2f(e - 8))));
-#else
-                metam[f >> 3] = make_uint4(__float_as_uint(pow2f(e)), (uint32_t)sh, (uint32_t)sh_other, (uint32_t)(sh + sh_other));
-                metam[nb + (f >> 3)] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)sl, (uint32_t)sl_other, (uint32_t)(sl + sl_other));
-#endif
-            }
+            if ((lane & 7) == 0)  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
+                a8_records(metam, nb, f >> 3, e, sh, sh_other, sl, sl_other);
         };
         for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
             float4 wv[A8_NR];
@@ -601,12 +646,13 @@ extern "C" __global__ void __launch_bounds__(MV_NT, MV_MINB)
 matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
        const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
        float* __restrict__ out, const float* __restrict__ normw, int n_out, int n_in, int ldx, int tk,
-       int pro, int epi, float eps) {
+       int pro, int epi, float eps, const uint32_t* __restrict__ qx_in, uint32_t* __restrict__ qx_out) {
     extern __shared__ float4 smem4[];
 #if ACT_Q8  // tk = n_in (x always resident)
     uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);                      // [MV_M][2][n_in/4] code words
     uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * (n_in / 4));     // [MV_M][2][n_in/32] block records
     float* red = reinterpret_cast<float*>(meta + 2 * MV_M * (n_in / 32));   // [MV_M][MV_NW]
+    float* qxs = red + MV_M * MV_NW;                                        // [MV_M][32] qx_out's tile outputs
 #else
     float* xs = reinterpret_cast<float*>(smem4);  // [MV_M][tk], swizzled
     float* xsum = xs + MV_M * tk;                 // [MV_M][tk/32]
@@ -635,7 +681,10 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
 #if ACT_Q8
-    if (!(MV_ABLATE & 1)) stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
+    if (pro == PRO_QX)
+        stage_qx(qx_in, n_in, xw, meta);
+    else if (!(MV_ABLATE & 1))
+        stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
     __syncthreads();
     // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
     // one from lane 0, went to a uniform register and was copied back before every PRMT; a
@@ -644,6 +693,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #else
     float inv[MV_M];
     rms_inv_rows(x, ldx, n_in, pro, eps, red, inv);
+    (void)qx_in; (void)qx_out;
 #endif
     for (bool staged = ACT_Q8;;) {
         float acc[MV_M][MV_R];
@@ -727,6 +777,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 
         // the next tile's first window goes out before this tile's reduction and stores
         const long this_row0 = row0;
+        const int this_tile = tile;
         tile += gridDim.x;
         if (tile < ntiles) {
             row0 = ((long)tile * MV_NW + warp) * MV_R;
@@ -747,7 +798,13 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             if (epi == EPI_SWIGLU) {  // rows (2i, 2i+1) = (gate_i, up_i) -> out[m, i], row stride n_out/2
 #pragma unroll
                 for (int r = 0; r + 1 < MV_R; r += 2)
-                    if (this_row0 + r + 1 < n_out) out[(long)m * (n_out >> 1) + ((this_row0 + r) >> 1)] = swiglu_act(v[r], v[r + 1]);
+                    if (this_row0 + r + 1 < n_out) {
+                        const float a = swiglu_act(v[r], v[r + 1]);
+                        out[(long)m * (n_out >> 1) + ((this_row0 + r) >> 1)] = a;
+#if ACT_Q8
+                        if (qx_out) qxs[m * 32 + ((warp * MV_R + r) >> 1)] = a;
+#endif
+                    }
             } else {
 #pragma unroll
                 for (int r = 0; r < MV_R; ++r) {
@@ -759,6 +816,19 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                 }
             }
         }
+#if ACT_Q8
+        if (qx_out && epi == EPI_SWIGLU) {  // the tile's 32 outputs (MV_NW * MV_R = 64 rows: the wrapper
+            __syncthreads();                 // checks) are block this_tile of the next matvec's x
+            if (warp * 4 < MV_M) {  // lane group lane / 8 of warp w: token 4w + lane / 8
+                const int m = warp * 4 + (lane >> 3), nq = n_out >> 1;
+                const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxs + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
+                qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, this_tile, v, m < MV_M);
+            }
+            __syncthreads();  // qxs is the next tile's
+        }
+#else
+        (void)this_tile;
+#endif
         if (tile >= ntiles) break;
     }
 }

@@ -143,3 +143,45 @@ def test_the_eight_warp_statistic_switch(monkeypatch):
     assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and "MV_STAT8" not in d
     d = {"MV_MINB": 3}
     assert cl._warps_per_block(d, cl.PROLOGUES["rmsnorm"]) == 8 and d == {"MV_MINB": 3}
+
+
+def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
+    """The gate|up epilogue writes the down projection's x codes (matvec.cu qx_out) only where
+    its tiles are 64 rows = 32 outputs = one 32-input block: NVFP4's gate|up (16 warps x 4 rows)
+    at m = 1; Q8_0 / Q4_K (8 warps x 2 rows) and m > 1 keep the down prologue's quantization."""
+    W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
+    assert cl.writes_qx(W("NVFP4", GATE_UP), 1)
+    assert not cl.writes_qx(W("NVFP4", GATE_UP), 2)
+    for fmt in ("Q8_0", "Q4_K", "BF16"):
+        assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
+    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
+        assert cl.takes_qx(W(fmt, DOWN)), fmt
+    assert not cl.takes_qx(W("BF16", DOWN))
+    monkeypatch.setenv("BW24CHAT_QX", "0")
+    assert not cl.writes_qx(W("NVFP4", GATE_UP), 1)
+
+
+def test_qx_ref_layout():
+    """kernel_refs.qx_ref: h words, l words, then per 32-block {e, sum h 0-15, sum h 16-31,
+    packed l sums}; the codes reproduce act_quant_ref's values."""
+    import numpy as np
+
+    from bw24chat.backends.kernel_refs import act_quant_codes, act_quant_ref, qx_ref, qx_row_words
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 160)) * rng.uniform(0.01, 100, (3, 1))).astype(np.float32)
+    q = qx_ref(x)
+    assert q.shape == (3, qx_row_words(160)) and q.dtype == np.uint32
+    n = 160
+    h = q[:, :n // 4].copy().view(np.int8).astype(np.int64)
+    lo = q[:, n // 4:n // 2].copy().view(np.int8).astype(np.int64)
+    rec = q[:, n // 2:].copy().view(np.int32).reshape(3, n // 32, 4)
+    e = rec[..., 0]
+    vals = (h.reshape(3, -1, 32) * 2.0 ** e[..., None] + lo.reshape(3, -1, 32) * 2.0 ** (e[..., None] - 8)).reshape(3, n)
+    assert np.array_equal(vals.astype(np.float32), act_quant_ref(x))
+    hh, ll, ee = act_quant_codes(x)
+    assert np.array_equal(rec[..., 1], hh.reshape(3, -1, 2, 16).sum(-1, dtype=np.int64)[..., 0])
+    assert np.array_equal(rec[..., 2], hh.reshape(3, -1, 2, 16).sum(-1, dtype=np.int64)[..., 1])
+    sl = ll.reshape(3, -1, 2, 16).sum(-1, dtype=np.int64)
+    assert np.array_equal(rec[..., 3] >> 16, sl[..., 1])
+    assert np.array_equal(((rec[..., 3] & 0xFFFF) ^ 0x8000) - 0x8000, sl[..., 0])

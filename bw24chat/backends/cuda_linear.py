@@ -15,7 +15,7 @@ import numpy as np
 
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
-from .kernel_refs import FLOAT_FORMATS, act_q8
+from .kernel_refs import FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
@@ -24,7 +24,7 @@ GM_TILE = 128
 GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes (GEMM_SPLIT=0)
 GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
 _W_EXACT_IN_BF16 = ("BF16", "NVFP4")
-PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
+PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2, "qx": 3}  # qx: x's codes ready-made (matvec.cu PRO_QX)
 EPILOGUES = {"store": 0, "add": 1, "swiglu": 2}
 _NULL = np.uint64(0)
 
@@ -284,17 +284,51 @@ def _warps_per_block(defs: dict, pro: int) -> int:
     return nw
 
 
+def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int) -> tuple[dict, int, int]:
+    """(defines, rows per warp, warps per block) of the SIMT matvec for this call."""
+    defs = _simt_defines(W, m, a8)
+    rows_picked = defs.pop("MV_R", MV_R)
+    rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
+    return defs, rows, _warps_per_block(defs, pro)
+
+
+def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
+    """Whether matvec(W, ..., epilogue="swiglu", qx_out=...) can write the next matvec's x codes
+    (matvec.cu qx_out): the integer-dot contract, and tiles of 64 rows (32 outputs = one block of
+    32 inputs) over whole blocks.  BW24CHAT_QX=0 turns it off (comparisons)."""
+    if os.environ.get("BW24CHAT_QX", "1") == "0" or not 1 <= m <= 8 or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
+        return False
+    if (W.out // 2) % 32 or W.out % 2 or matvec_impl(W, True) != "simt":
+        return False
+    _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue])
+    return nw * rows == 64
+
+
+def takes_qx(W: DeviceWeight) -> bool:
+    """Whether W's matvec can read its x codes from a QX buffer (prologue "qx"): the integer-dot
+    contract on the SIMT kernel, inputs in whole 32-blocks."""
+    return W.fmt not in FLOAT_FORMATS and act_q8(W.fmt) and W.in_ % 32 == 0 and matvec_impl(W, True) == "simt"
+
+
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
-           norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None) -> None:
+           norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None,
+           qx_in=None, qx_out=None) -> None:
     """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T; epilogue "swiglu" (W's rows interleaved
     gate_i, up_i): out[m, W.out/2] = silu(y[:, 0::2]) * y[:, 1::2].
 
     x: float32 [m, W.in] (rmsnorm: the raw residual; swiglu: [m, 2*W.in] = gate|up);
     norm_w: float32 [W.in] for rmsnorm.  Row r of an m-row call equals bit for bit the 1-row
-    call on that row.  act_quant: the integer-dot contract on/off (None: kernel_refs.act_q8)."""
+    call on that row.  act_quant: the integer-dot contract on/off (None: kernel_refs.act_q8).
+    qx_out (uint32 [m, qx_row_words(W.out/2)], swiglu epilogue, where writes_qx): also write the
+    outputs' integer-dot codes (kernel_refs.qx_ref); prologue "qx" reads x's codes from qx_in
+    instead of quantizing x (rows bit-identical to prologue "none" on the floats qx_in came from)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
+    if (pro == PROLOGUES["qx"]) != (qx_in is not None):
+        raise ValueError('prologue "qx" and qx_in go together')
+    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue)):
+        raise ValueError("qx_out: the swiglu epilogue of a matvec whose tiles cover whole 32-input blocks (writes_qx)")
     ldx = 2 * W.in_ if pro == 2 else W.in_
     n_y = W.out // 2 if epi == 2 else W.out
     if epi == 2 and W.out % 2:
@@ -304,6 +338,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
     a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
+    if (pro == PROLOGUES["qx"] or qx_out is not None) and not a8:
+        raise ValueError("the QX buffers are the integer-dot contract's")
     if a8 and W.fmt in FLOAT_FORMATS:
         raise ValueError("the integer-dot contract applies to the quantized formats")
     impl = impl or matvec_impl(W, a8)
@@ -323,10 +359,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
-    defs = _simt_defines(W, m, a8)
-    rows_picked = defs.pop("MV_R", MV_R)
-    rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
-    nw = _warps_per_block(defs, pro)
+    defs, rows, nw = _simt_geometry(W, m, a8, pro)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
         m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
@@ -334,10 +367,12 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
             xf, of = x.reshape(-1), out.reshape(-1)
             for r0 in range(0, m, m_fit):
                 mm = min(m_fit, m - r0)
+                if qx_in is not None or qx_out is not None:
+                    raise ValueError("the QX buffers take at most the rows one launch stages")
                 matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
             return
         tk = W.in_
-        smem = m * per_row
+        smem = m * per_row + (128 * m if qx_out is not None else 0)  # + the tile outputs qx_out quantizes
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:
         tk = matvec_tile(W, m)
@@ -346,7 +381,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     _ensure_smem(k, smem)
     grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // (nw * rows))),)
     k(grid, (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
-                     np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
+                         np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps), _ptr(qx_in), _ptr(qx_out)),
+      shared_mem=smem)
 
 
 def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True, impl: str | None = None,

@@ -116,6 +116,9 @@ class CudaRunner:
         z = lambda *s: cp.zeros(s, cp.float32)  # noqa: E731
         self.d_x, self.d_qkv, self.d_q, self.d_attn, self.d_act = z(m, D), z(m, Q), z(m, H, hd), z(m, H, hd), z(m, F)
         self.d_logits = z(m, a.vocab_size)
+        # the down projection's x codes, written by the gate|up epilogue (matvec.cu qx_out: quantized
+        # once per step instead of once per block of the down matvec); F % 32 == 0 where used
+        self.d_qx_act = cp.zeros((m, lin.qx_row_words(F - F % 32)), cp.uint32)
         self.attn_ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS), cp.uint8)
         self.sample_ws = cp.zeros(ops.sample_workspace_bytes(a.vocab_size), cp.uint8)
         self.p_x, self.p_h, self.p_qkv = z(T, D), z(T, D), z(T, Q)
@@ -217,9 +220,19 @@ class CudaRunner:
             self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
             ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn, self.attn_ws)
             lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add")
-            lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps)
-            lin.matvec(L["down"], act, x, m, epilogue="add")
+            qx = self.d_qx_act[:m] if self._down_takes_qx(L, m) else None
+            lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps, qx_out=qx)
+            if qx is None:
+                lin.matvec(L["down"], act, x, m, epilogue="add")
+            else:  # x's codes from gate|up's epilogue: the same bits as quantizing act here
+                lin.matvec(L["down"], act, x, m, prologue="qx", epilogue="add", qx_in=qx)
         lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue="rmsnorm", norm_w=self.output_norm, eps=eps)
+
+    @staticmethod
+    def _down_takes_qx(L, m: int) -> bool:
+        """gate|up writes the down projection's x codes (lin.writes_qx) and down is on the
+        integer-dot contract (any quantized format: the QX buffer does not depend on it)."""
+        return lin.writes_qx(L["gu"], m) and lin.takes_qx(L["down"])
 
     def _h2d_io(self):
         rt = self.cp.cuda.runtime

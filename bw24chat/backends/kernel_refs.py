@@ -104,6 +104,26 @@ def act_quant_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return h.astype(np.int8).reshape(x.shape), l.astype(np.int8).reshape(x.shape), e
 
 
+def qx_row_words(n: int) -> int:
+    """uint32 words of one row of n inputs in the QX buffer (common.cuh qx_row_words)."""
+    return 5 * n // 8
+
+
+def qx_ref(x: np.ndarray) -> np.ndarray:
+    """The QX buffer of x float32 [m, n] (matvec.cu's contract: the integer-dot codes of an
+    activation row, written once by its producer and copied by the consumer's prologue): per row
+    uint32 words [h codes n/4 | l codes n/4 | n/32 records of 4 int32 {e, sum h of inputs 0-15,
+    of 16-31, (sum l of 0-15 & 0xFFFF) | (sum l of 16-31) << 16}], codes as act_quant_codes."""
+    x = np.atleast_2d(np.asarray(x, dtype=np.float32))
+    m, n = x.shape
+    h, l, e = act_quant_codes(x)
+    half = lambda c: c.astype(np.int32).reshape(m, n // 32, 2, 16).sum(-1)  # [m, blocks, half]
+    sh, sl = half(h), half(l)
+    rec = np.stack([e, sh[..., 0], sh[..., 1], (sl[..., 0] & 0xFFFF) | (sl[..., 1] << 16)], -1).astype(np.int32)
+    words = [h.view(np.uint8).view(np.uint32), l.view(np.uint8).view(np.uint32), rec.reshape(m, -1).view(np.uint32)]
+    return np.concatenate(words, axis=1)
+
+
 def _pow2(e: np.ndarray) -> np.ndarray:
     return ((127 + np.asarray(e)).astype(np.uint32) << np.uint32(23)).view(np.float32)
 

@@ -262,3 +262,47 @@ def test_sixteen_warps_with_the_eight_warp_statistic_give_the_same_bits(cp, rng,
     monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
     eight, sixteen = _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, "BW24CHAT_MV_NW", ("8", "16"))
     assert np.array_equal(sixteen.view(np.uint32), eight.view(np.uint32))
+
+
+@pytest.mark.parametrize("producer", ["NVFP4", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("consumer", ["NVFP4", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer, consumer, m, monkeypatch):
+    """matvec.cu QX: the gate|up matvec's swiglu epilogue, in tiles of 64 rows (16 warps x 4
+    rows; the 8-warp rmsnorm statistic), writes its outputs' integer-dot codes; they equal
+    kernel_refs.qx_ref of its float outputs word for word (codes and records), and the down
+    matvec's prologue "qx" over them gives the same bits as prologue "none" over the floats —
+    for every pair of formats (the QX layout does not depend on either), odd block counts."""
+    from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends.kernel_refs import qx_ref, qx_row_words
+
+    monkeypatch.setenv("BW24CHAT_MV_NW", "16")
+    monkeypatch.setenv("BW24CHAT_MV_R", "4")
+    monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
+    unit = 256 if consumer == "Q4_K" else 32  # the down projection's inputs: whole blocks of both contracts
+    F = unit * int(rng.integers(1, 4) if unit == 256 else rng.integers(3, 12))
+    ts, _ = make_weight(rng, producer, rows=(F, F), nblocks=4096 // block_of(producer))
+    W_gu = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    assert cl.writes_qx(W_gu, m), "64-row tiles expected"
+    n_down = int(rng.integers(20, 90))
+    ts_d, w_d = make_weight(rng, consumer, rows=(n_down,), nblocks=F // block_of(consumer))
+    W_d = cw.upload(ts_d)
+    assert W_d.in_ == F and cl.takes_qx(W_d)
+    x = rng.standard_normal((m, W_gu.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W_gu.in_).astype(np.float32)
+    act = cp.full((m, F), cp.nan, dtype=cp.float32)
+    qx = cp.zeros((m, qx_row_words(F)), dtype=cp.uint32)
+    cl.matvec(W_gu, cp.asarray(x), act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=cp.asarray(norm_w), eps=EPS, qx_out=qx)
+    act_h = cp.asnumpy(act)
+    assert np.array_equal(cp.asnumpy(qx), qx_ref(act_h))
+    plain = cp.full((m, F), cp.nan, dtype=cp.float32)  # the floats are the ones without qx_out
+    cl.matvec(W_gu, cp.asarray(x), plain, m, prologue="rmsnorm", epilogue="swiglu", norm_w=cp.asarray(norm_w), eps=EPS)
+    assert np.array_equal(cp.asnumpy(plain).view(np.uint32), act_h.view(np.uint32))
+    for var in ("BW24CHAT_MV_NW", "BW24CHAT_MV_R", "BW24CHAT_MV_STAT8"):
+        monkeypatch.delenv(var)
+    res = rng.standard_normal((m, n_down)).astype(np.float32)
+    want = run(cp, W_d, act_h, m, epi="add", init=res)
+    got = cp.asarray(res)
+    cl.matvec(W_d, act, got, m, prologue="qx", epilogue="add", qx_in=qx)
+    assert np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32))
+    check_close(want - res, ref_input(act_h, "none", F, None, consumer), w_d)
