@@ -11,6 +11,18 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s11c)
+  # the QX pair test again (s11b: 2 of 27 failed, which assertion unknown), with every matvec test and
+  # the whole kernel check + model gates (bf16 / f32 caches) beside them on the final geometry
+  (timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=line tests/gpu/test_matvec.py > /tmp/pt_c1.log 2>&1; echo "test_matvec: $(tail -1 /tmp/pt_c1.log)" > /tmp/rc1) &
+  timeout 400 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,f32 > $OUT/check.log 2>&1; echo "check rc=$?"
+  wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rc1 | tee $OUT/pytest_s11c.log; grep -h "^FAILED\|^/.*Error\|assert" /tmp/pt_c1.log | cut -c1-300 | head -20 | tee -a $OUT/pytest_s11c.log
+  ;;
+s11d)
+  # the bench table (every row) and the decode profile, alone on the GPU
+  timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | tee $OUT/bench.log
+  timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | tail -40 | tee $OUT/profile.log
+  ;;
 s11b)
   # the s11a geometry adopted (NVFP4 rmsnorm matvecs at 16 warps with the 8-warp statistic, Q8_0 /
   # Q4_K down at 16 warps, BF16 all SIMT); QX: gate|up's swiglu epilogue writes the down matvec's x
