@@ -19,7 +19,9 @@ s11c)
   wait; grep -v "^PASS\|^  ok" $OUT/check.log | tail -24; cat /tmp/rc1 | tee $OUT/pytest_s11c.log; grep -h "^FAILED\|^/.*Error\|assert" /tmp/pt_c1.log | cut -c1-300 | head -20 | tee -a $OUT/pytest_s11c.log
   ;;
 s11d)
-  # the bench table (every row) and the decode profile, alone on the GPU
+  # the QX pair test (s11c: its failures were the test's own NVFP4 widths, F not a multiple of 64);
+  # then the bench table (every row) and the decode profile, alone on the GPU
+  timeout 100 python3 -m pytest -q -p no:cacheprovider -rf --tb=line tests/gpu/test_matvec.py -k qx 2>&1 | tail -4 | tee $OUT/pytest_s11d.log
   timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench.json 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | tee $OUT/bench.log
   timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | tail -40 | tee $OUT/profile.log
   ;;
