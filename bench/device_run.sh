@@ -11,6 +11,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s11e)
+  # qx_out's hand-off by the tile's last warp (QX_SYNC=1, no block barriers) against block barriers
+  # (s11d's profile: gate|up 23.6 us in the step with the barriers, 19.6 back to back without QX)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=line tests/gpu/test_matvec.py -k qx 2>&1 | tail -4 | tee $OUT/pytest_s11e.log
+  for env in "BW24CHAT_QX=0" "BW24CHAT_QX_SYNC=0" "BW24CHAT_QX_SYNC=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11e.log
+  timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | head -14 | tee $OUT/profile_s11e.log
+  timeout 150 python3 -m bw24chat check --skip-kernels --formats nvfp4 --kv bf16,f32 2>&1 | grep -v "^PASS\|^  ok" | tail -8 | tee $OUT/check_s11e.log
+  ;;
 s11c)
   # the QX pair test again (s11b: 2 of 27 failed, which assertion unknown), with every matvec test and
   # the whole kernel check + model gates (bf16 / f32 caches) beside them on the final geometry

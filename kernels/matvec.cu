@@ -115,6 +115,9 @@
 #if MV_STAT8 && MV_NW != 16
 #error "MV_STAT8: the 8-warp statistic inside a 16-warp block"
 #endif
+#ifndef QX_SYNC  // qx_out's hand-off: 1 the tile's last warp quantizes (no block barrier), 0 block barriers
+#define QX_SYNC 1
+#endif
 #define STAT_NT (MV_STAT8 ? 256 : MV_NT)  // threads that sum the rmsnorm statistic
 #define STAT_NW (STAT_NT / 32)
 #define WT (32 * VPC)
@@ -652,7 +655,8 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);                      // [MV_M][2][n_in/4] code words
     uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * (n_in / 4));     // [MV_M][2][n_in/32] block records
     float* red = reinterpret_cast<float*>(meta + 2 * MV_M * (n_in / 32));   // [MV_M][MV_NW]
-    float* qxs = red + MV_M * MV_NW;                                        // [MV_M][32] qx_out's tile outputs
+    float* qxs = red + MV_M * MV_NW;                                        // [2][MV_M][32] qx_out's tile outputs
+    int* qx_sync = reinterpret_cast<int*>(qxs + 2 * MV_M * 32);             // [2] arrivals, [2] rounds done (per parity)
 #else
     float* xs = reinterpret_cast<float*>(smem4);  // [MV_M][tk], swizzled
     float* xsum = xs + MV_M * tk;                 // [MV_M][tk/32]
@@ -685,6 +689,8 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         stage_qx(qx_in, n_in, xw, meta);
     else if (!(MV_ABLATE & 1))
         stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
+    if (qx_out && tid < 4) qx_sync[tid] = 0;
+    int qx_round = 0;  // tiles this block has finished (qx_out)
     __syncthreads();
     // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
     // one from lane 0, went to a uniform register and was copied back before every PRMT; a
@@ -786,6 +792,13 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         } else {
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }
+#if ACT_Q8
+        // qx_out: the tile's outputs go to qxs[parity of the round]; lane 0 first waits until the
+        // round two tiles back (same buffer) has been quantized (in practice long done)
+        float* qxp = qxs + (qx_round & 1) * (MV_M * 32);
+        if (QX_SYNC && qx_out && lane == 0)
+            while (*reinterpret_cast<volatile int*>(qx_sync + 2 + (qx_round & 1)) < (qx_round >> 1)) {}
+#endif
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
             float v[MV_R];
@@ -802,7 +815,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                         const float a = swiglu_act(v[r], v[r + 1]);
                         out[(long)m * (n_out >> 1) + ((this_row0 + r) >> 1)] = a;
 #if ACT_Q8
-                        if (qx_out) qxs[m * 32 + ((warp * MV_R + r) >> 1)] = a;
+                        if (qx_out) qxp[m * 32 + ((warp * MV_R + r) >> 1)] = a;
 #endif
                     }
             } else {
@@ -817,14 +830,38 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             }
         }
 #if ACT_Q8
-        if (qx_out && epi == EPI_SWIGLU) {  // the tile's 32 outputs (MV_NW * MV_R = 64 rows: the wrapper
-            __syncthreads();                 // checks) are block this_tile of the next matvec's x
-            if (warp * 4 < MV_M) {  // lane group lane / 8 of warp w: token 4w + lane / 8
-                const int m = warp * 4 + (lane >> 3), nq = n_out >> 1;
-                const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxs + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
-                qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, this_tile, v, m < MV_M);
+        // The tile's 32 outputs (MV_NW * MV_R = 64 rows: the wrapper checks) are block this_tile of
+        // the next matvec's x.  QX_SYNC 1: the tile's last warp to arrive quantizes them (its
+        // atomic on the round's arrival count, ordered after every warp's qxp stores by the
+        // fences); the others go on to the next tile without a block barrier.  0: two block
+        // barriers per tile, warp 0 quantizes (measured ~2 us slower per NVFP4 gate|up in the step).
+        if (qx_out && epi == EPI_SWIGLU) {
+            const int nq = n_out >> 1;
+            bool quantizer = warp == 0;
+            if (QX_SYNC) {
+                int last = 0;
+                if (lane == 0) {
+                    __threadfence_block();
+                    last = atomicAdd(qx_sync + (qx_round & 1), 1) == MV_NW * ((qx_round >> 1) + 1) - 1;
+                }
+                quantizer = __shfl_sync(0xffffffffu, last, 0) != 0;
+                __threadfence_block();
+            } else {
+                __syncthreads();
             }
-            __syncthreads();  // qxs is the next tile's
+            if (quantizer) {
+                for (int m0 = 0; m0 < MV_M; m0 += 4) {  // lane group lane / 8: token m0 + lane / 8
+                    const int m = m0 + (lane >> 3);
+                    const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxp + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
+                    qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, this_tile, v, m < MV_M);
+                }
+                if (QX_SYNC) {
+                    __threadfence_block();  // the qxp reads above come before the release
+                    if (lane == 0) *reinterpret_cast<volatile int*>(qx_sync + 2 + (qx_round & 1)) = (qx_round >> 1) + 1;
+                }
+            }
+            if (!QX_SYNC) __syncthreads();  // qxs is the next tile's
+            ++qx_round;
         }
 #else
         (void)this_tile;
