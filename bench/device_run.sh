@@ -11,6 +11,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s11f)
+  # the QX hand-off by block barriers alone (the last-warp version lost in s11e and is gone): bits, decode
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -rf --tb=line tests/gpu/test_matvec.py -k "qx or sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s11f.log
+  for env in "BW24CHAT_QX=0" "BW24CHAT_QX=1"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s11f.log
+  ;;
 s11e)
   # qx_out's hand-off by the tile's last warp (QX_SYNC=1, no block barriers) against block barriers
   # (s11d's profile: gate|up 23.6 us in the step with the barriers, 19.6 back to back without QX)

@@ -115,9 +115,6 @@
 #if MV_STAT8 && MV_NW != 16
 #error "MV_STAT8: the 8-warp statistic inside a 16-warp block"
 #endif
-#ifndef QX_SYNC  // qx_out's hand-off: 1 the tile's last warp quantizes (no block barrier), 0 block barriers
-#define QX_SYNC 1
-#endif
 #define STAT_NT (MV_STAT8 ? 256 : MV_NT)  // threads that sum the rmsnorm statistic
 #define STAT_NW (STAT_NT / 32)
 #define WT (32 * VPC)
@@ -656,7 +653,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * (n_in / 4));     // [MV_M][2][n_in/32] block records
     float* red = reinterpret_cast<float*>(meta + 2 * MV_M * (n_in / 32));   // [MV_M][MV_NW]
     float* qxs = red + MV_M * MV_NW;                                        // [2][MV_M][32] qx_out's tile outputs
-    int* qx_sync = reinterpret_cast<int*>(qxs + 2 * MV_M * 32);             // [2] arrivals, [2] rounds done (per parity)
 #else
     float* xs = reinterpret_cast<float*>(smem4);  // [MV_M][tk], swizzled
     float* xsum = xs + MV_M * tk;                 // [MV_M][tk/32]
@@ -689,7 +685,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         stage_qx(qx_in, n_in, xw, meta);
     else if (!(MV_ABLATE & 1))
         stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
-    if (qx_out && tid < 4) qx_sync[tid] = 0;
     int qx_round = 0;  // tiles this block has finished (qx_out)
     __syncthreads();
     // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
@@ -793,11 +788,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }
 #if ACT_Q8
-        // qx_out: the tile's outputs go to qxs[parity of the round]; lane 0 first waits until the
-        // round two tiles back (same buffer) has been quantized (in practice long done)
-        float* qxp = qxs + (qx_round & 1) * (MV_M * 32);
-        if (QX_SYNC && qx_out && lane == 0)
-            while (*reinterpret_cast<volatile int*>(qx_sync + 2 + (qx_round & 1)) < (qx_round >> 1)) {}
+        float* qxp = qxs + (qx_round & 1) * (MV_M * 32);  // qx_out: this tile's outputs (two buffers by tile parity)
 #endif
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
@@ -831,36 +822,20 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         }
 #if ACT_Q8
         // The tile's 32 outputs (MV_NW * MV_R = 64 rows: the wrapper checks) are block this_tile of
-        // the next matvec's x.  QX_SYNC 1: the tile's last warp to arrive quantizes them (its
-        // atomic on the round's arrival count, ordered after every warp's qxp stores by the
-        // fences); the others go on to the next tile without a block barrier.  0: two block
-        // barriers per tile, warp 0 quantizes (measured ~2 us slower per NVFP4 gate|up in the step).
+        // the next matvec's x: a block barrier, warp 0 quantizes, a barrier.  (A hand-off without
+        // barriers — the tile's last warp to arrive quantizes, found by a shared-memory arrival
+        // count — measured slower in the step: NVFP4 tg128@512 415.5 vs 422.0 tok/s; NOTES.md.)
         if (qx_out && epi == EPI_SWIGLU) {
             const int nq = n_out >> 1;
-            bool quantizer = warp == 0;
-            if (QX_SYNC) {
-                int last = 0;
-                if (lane == 0) {
-                    __threadfence_block();
-                    last = atomicAdd(qx_sync + (qx_round & 1), 1) == MV_NW * ((qx_round >> 1) + 1) - 1;
-                }
-                quantizer = __shfl_sync(0xffffffffu, last, 0) != 0;
-                __threadfence_block();
-            } else {
-                __syncthreads();
-            }
-            if (quantizer) {
+            __syncthreads();
+            if (warp == 0) {
                 for (int m0 = 0; m0 < MV_M; m0 += 4) {  // lane group lane / 8: token m0 + lane / 8
                     const int m = m0 + (lane >> 3);
                     const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxp + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
                     qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, this_tile, v, m < MV_M);
                 }
-                if (QX_SYNC) {
-                    __threadfence_block();  // the qxp reads above come before the release
-                    if (lane == 0) *reinterpret_cast<volatile int*>(qx_sync + 2 + (qx_round & 1)) = (qx_round >> 1) + 1;
-                }
             }
-            if (!QX_SYNC) __syncthreads();  // qxs is the next tile's
+            __syncthreads();
             ++qx_round;
         }
 #else
