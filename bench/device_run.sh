@@ -11,6 +11,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s12a)
+  # prepared in the eleventh session (compiled for sm_90a / sm_120a, never run): gemm_i8, the Q8_0
+  # precise prefill on the int8 wgmma over the raw code bytes (BW24CHAT_GEMM_I8=1).  Bits / reference
+  # first, then pp512 / pp2048 against the bf16-split path in one call, then the model gates with it
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "gemm_i8" 2>&1 | tail -15 | tee $OUT/pytest_s12a.log
+  for env in "BW24CHAT_GEMM_I8=0" "BW24CHAT_GEMM_I8=1"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep " pp" | sed "s/^/$env /"; done | tee $OUT/bench_s12a.log
+  BW24CHAT_GEMM_I8=1 timeout 150 python3 -m bw24chat check --skip-kernels --formats q8_0 --kv bf16,f32 2>&1 | grep -v "^PASS\|^  ok" | tail -8 | tee $OUT/check_s12a.log
+  ;;
 s11f)
   # the QX hand-off by block barriers alone (the last-warp version lost in s11e and is gone): bits, decode
   timeout 120 python3 -m pytest -q -p no:cacheprovider -rf --tb=line tests/gpu/test_matvec.py -k "qx or sixteen" 2>&1 | tail -3 | tee $OUT/pytest_s11f.log

@@ -404,6 +404,9 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     x_split = precise
     w_split = precise and W.fmt not in _W_EXACT_IN_BF16
     epi = np.int32(EPILOGUES[epilogue])
+    if impl == "wg" and a8 and x_split and uses_gemm_i8(W):
+        _gemm_i8(W, x, out, T, epi)
+        return
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
     if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
@@ -429,6 +432,33 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         return
     k = _gemm_kernel(W, x_split, w_split, **planes)
     k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(x_split, w_split))
+
+
+I8_STAGE_BYTES = 41 * 1024  # gemm.cu I8_STAGE_BYTES: x h, l tiles 2 x 16 KB, W 8 KB, records 8 KB, scales 512 B
+I8_STAGES = 4
+
+
+def uses_gemm_i8(W: DeviceWeight) -> bool:
+    """Whether the precise prefill of W runs on gemm_i8 (gemm.cu: Q8_0 on Hopper's int8 wgmma,
+    the integer-dot contract on the raw code bytes): prepared in the eleventh session, opt-in
+    with BW24CHAT_GEMM_I8=1 until its tests and timings have run on the device; rows whose
+    width is a multiple of 128."""
+    return W.fmt == "Q8_0" and W.in_ % 128 == 0 and os.environ.get("BW24CHAT_GEMM_I8", "0") == "1"
+
+
+def _gemm_i8(W: DeviceWeight, x, out, T: int, epi) -> None:
+    """x (f32 [T, W.in]) quantized once into QX rows (gemm.cu act_quant_qx), then gemm_i8."""
+    n = W.in_
+    words = qx_row_words(n)
+    qx = _scratch_u16("x_qx", 2 * T * words)  # uint32 words as pairs of uint16
+    n4 = T * n // 4
+    q = get_kernel("gemm", "act_quant_qx")
+    q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4)))
+    k = get_kernel("gemm", "gemm_i8", FMT=W.fmt_id, I8_STAGES=I8_STAGES)
+    smem = I8_STAGES * I8_STAGE_BYTES + 1024
+    _ensure_smem(k, smem)
+    k((-(-T // WG_BM), -(-W.out // 64)), (256,),
+      (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi), shared_mem=smem)
 
 
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)

@@ -235,3 +235,38 @@ def test_integer_dot_gemm_matches_reference(cp, rng, fmt, impl):
             out = cp.full((T, W.out), cp.nan, dtype=cp.float32)
             cl.gemm(W, cp.asarray(x), out, T, precise=precise, impl=impl, act_quant=True)
             check(cp.asnumpy(out), xin, ref_w, tol)
+
+
+@pytest.mark.parametrize("T", [1, 77, 300])
+def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
+    """gemm_i8 (gemm.cu: Q8_0 prefill on the int8 wgmma, BW24CHAT_GEMM_I8=1): act_quant_qx
+    writes kernel_refs.qx_ref(x) word for word; the product equals act_quant_ref(x) @ W.T within
+    2e-6 of sum |x||w| (integer dots exact, one I2F and one FMA rounding per block); rows do not
+    depend on T (each row of the T-row call equals its 1-row call bit for bit); the add epilogue;
+    and it agrees with the decode matvec on the same contract (~1e-7)."""
+    from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends.kernel_build import active_arch
+    from bw24chat.backends.kernel_refs import qx_ref, qx_row_words
+
+    if active_arch() != "sm_90a":
+        pytest.skip("gemm_i8 runs on sm_90a (int8 wgmma)")
+    monkeypatch.setenv("BW24CHAT_GEMM_I8", "1")
+    ts, w = make_weight(rng, "Q8_0", rows=(int(rng.integers(60, 200)),), nblocks=4 * int(rng.integers(1, 9)))
+    W = cw.upload(ts)
+    assert cl.uses_gemm_i8(W)
+    x = (rng.standard_normal((T, W.in_)) * rng.uniform(0.01, 10.0, (T, 1))).astype(np.float32)
+    got = run(cp, W, x, T)
+    check(got, act_quant_ref(x), w, 2e-6)
+    qx = cl._scratch_u16("x_qx", 2 * T * qx_row_words(W.in_))[:2 * T * qx_row_words(W.in_)]
+    assert np.array_equal(cp.asnumpy(qx).view(np.uint32).reshape(T, -1), qx_ref(x))
+    for r in {0, T // 2, T - 1}:
+        one = run(cp, W, x[r:r + 1], 1)
+        assert np.array_equal(one.view(np.uint32), got[r:r + 1].view(np.uint32)), f"row {r} depends on T"
+    res = rng.standard_normal((T, W.out)).astype(np.float32)
+    assert np.array_equal(run(cp, W, x, T, epi="add", init=res), (res + got).astype(np.float32))
+    mv = cp.full((1, W.out), cp.nan, dtype=cp.float32)
+    cl.matvec(W, cp.asarray(x[:1]), mv, 1)
+    ref = act_quant_ref(x[:1]).astype(np.float64) @ w.astype(np.float64).T
+    bound = np.abs(act_quant_ref(x[:1]).astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    assert np.all(np.abs(cp.asnumpy(mv).astype(np.float64) - got[:1]) <= 1e-6 * bound + 1e-30)
+    assert np.all(np.abs(got[:1] - ref) <= 2e-6 * bound + 1e-30)
