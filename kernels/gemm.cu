@@ -675,11 +675,10 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
 // session, opt-in BW24CHAT_GEMM_I8=1 until measured).  The integer-dot contract exactly as the
 // decode matvec sees it: x quantized per 32-block into two code levels (the QX rows that
 // act_quant_qx below writes, common.cuh's layout), the weights' resident code bytes as they are
-// (u8 = code + 128, cuda_weights: Q8_0 "q" plane) — no dequantization pass, no bf16 split.
-//   y[t, o] = sum over 32-blocks b, in k order, of  float(256 H + L - C) * (d[o, b] * 2^(e[t, b] - 8))
-//   H = sum_k (q[o, k] + 128) h[t, k] and L = sum_k (q + 128) l[t, k]: exact int32 (wgmma s8 x u8);
-//   C = 128 (256 sum_b h + sum_b l) removes the bytes' offset (sums from the QX record; |256 H + L|
-//   < 2^29: exact); d = the block's f16 scale; the scale product is exact (f16 times a power of
+// (signed int8 codes, cuda_weights: Q8_0 "q" plane) — no dequantization pass, no bf16 split.
+//   y[t, o] = sum over 32-blocks b, in k order, of  float(256 H + L) * (d[o, b] * 2^(e[t, b] - 8))
+//   H = sum_k q[o, k] h[t, k] and L = sum_k q[o, k] l[t, k]: exact int32 (wgmma s8 x s8; |256 H +
+//   L| < 2^28); d = the block's f16 scale; the scale product is exact (f16 times a power of
 //   two), then one I2F rounding and one FMA per block: the float products the decode matvec forms
 //   per level and chunk, joined per block (agreement ~1e-7 relative, not bit-identical: the decode
 //   sums chunks per lane, then warp_sum).  No split-K: a row's values do not depend on T.
@@ -706,10 +705,10 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
 #define I8_STAGES 4
 #endif
 #if WG_AVAILABLE
-// wgmma m64n64k32 s8 (A: x codes, K-major) x u8 (B: weight bytes, K-major) -> s32; scale_d 0: D = A.B
-BW24_DEVICE void wgmma_m64n64k32_s8u8(int (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+// wgmma m64n64k32 s8 (A: x codes, K-major) x s8 (B: weight codes, K-major) -> s32; scale_d 0: D = A.B
+BW24_DEVICE void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, uint64_t db, int scale_d) {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.u8 {"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
                  "}, %32, %33, p; }"
@@ -802,18 +801,13 @@ gemm_i8(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const 
             i8_fence_acc(ih);
             i8_fence_acc(il);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-            wgmma_m64n64k32_s8u8(ih, wg_desc(a_h + 32 * kb), wg_desc(w_t + 32 * kb), 0);
-            wgmma_m64n64k32_s8u8(il, wg_desc(a_h + I8_A_BYTES + 32 * kb), wg_desc(w_t + 32 * kb), 0);
+            wgmma_m64n64k32_s8(ih, wg_desc(a_h + 32 * kb), wg_desc(w_t + 32 * kb), 0);
+            wgmma_m64n64k32_s8(il, wg_desc(a_h + I8_A_BYTES + 32 * kb), wg_desc(w_t + 32 * kb), 0);
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            // the fold's per-row factors while the wgmmas run
+            // the fold's per-row factor while the wgmmas run: 2^(e - 8) (the record's exponent)
             float p[2];
-            int c[2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int4 x = rec[(r0 + 8 * h) * 4 + kb];
-                p[h] = pow2f(x.x - 8);
-                c[h] = 128 * (256 * (x.y + x.z) + (int)(short)(x.w & 0xFFFF) + (x.w >> 16));
-            }
+            for (int h = 0; h < 2; ++h) p[h] = pow2f(rec[(r0 + 8 * h) * 4 + kb].x - 8);
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
             i8_fence_acc(ih);
             i8_fence_acc(il);
@@ -825,7 +819,7 @@ gemm_i8(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const 
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int i = 4 * j + 2 * h + e;
-                        const int v = 256 * ih[i] + il[i] - c[h];
+                        const int v = 256 * ih[i] + il[i];
                         acc[i] = __fmaf_rn((float)v, __fmul_rn(dw, p[h]), acc[i]);
                     }
                 }
