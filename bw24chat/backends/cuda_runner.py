@@ -9,9 +9,12 @@ residual adds into their epilogues):
     qk_norm_rope_kv_write(q, k, v -> cache)                  (+ q/k/v bias, QK-norm, RoPE)
     attn_decode(q, cache -> attn)                            split-K, GQA
     matvec(W_o, attn, x, epilogue=add)
-    matvec(W_gu, x, act, prologue=rmsnorm(ffn_norm), epilogue=swiglu)
+    matvec(W_gu, x, act, prologue=rmsnorm(ffn_norm), epilogue=swiglu [, qx_out=qx_act])
                                    W_gu rows interleaved gate_i, up_i; act: (m, F) = silu(g) * u
-    matvec(W_down, act, x, epilogue=add)
+    matvec(W_down, act, x, epilogue=add [, prologue=qx over qx_act])
+                                   where gate|up's tiles cover whole 32-input blocks (NVFP4 at
+                                   m = 1): act's integer-dot codes are written once by gate|up
+                                   and copied by down, not re-quantized by each of its blocks
 then matvec(W_out, x, logits, prologue=rmsnorm(output_norm)) and the sampler.
 The matvec kernels reduce each row in the same order for m = 1..8, so speculative verify and
 batched decode reproduce plain decode bit for bit.
