@@ -652,7 +652,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);                      // [MV_M][2][n_in/4] code words
     uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * (n_in / 4));     // [MV_M][2][n_in/32] block records
     float* red = reinterpret_cast<float*>(meta + 2 * MV_M * (n_in / 32));   // [MV_M][MV_NW]
-    float* qxs = red + MV_M * MV_NW;                                        // [2][MV_M][32] qx_out's tile outputs
+    float* qxs = red + MV_M * MV_NW;                                        // [MV_M][32] qx_out's tile outputs
 #else
     float* xs = reinterpret_cast<float*>(smem4);  // [MV_M][tk], swizzled
     float* xsum = xs + MV_M * tk;                 // [MV_M][tk/32]
@@ -685,7 +685,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         stage_qx(qx_in, n_in, xw, meta);
     else if (!(MV_ABLATE & 1))
         stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
-    int qx_round = 0;  // tiles this block has finished (qx_out)
     __syncthreads();
     // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
     // one from lane 0, went to a uniform register and was copied back before every PRMT; a
@@ -787,9 +786,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         } else {
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }
-#if ACT_Q8
-        float* qxp = qxs + (qx_round & 1) * (MV_M * 32);  // qx_out: this tile's outputs (two buffers by tile parity)
-#endif
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
             float v[MV_R];
@@ -806,7 +802,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                         const float a = swiglu_act(v[r], v[r + 1]);
                         out[(long)m * (n_out >> 1) + ((this_row0 + r) >> 1)] = a;
 #if ACT_Q8
-                        if (qx_out) qxp[m * 32 + ((warp * MV_R + r) >> 1)] = a;
+                        if (qx_out) qxs[m * 32 + ((warp * MV_R + r) >> 1)] = a;
 #endif
                     }
             } else {
@@ -831,12 +827,11 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             if (warp == 0) {
                 for (int m0 = 0; m0 < MV_M; m0 += 4) {  // lane group lane / 8: token m0 + lane / 8
                     const int m = m0 + (lane >> 3);
-                    const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxp + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxs + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
                     qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, this_tile, v, m < MV_M);
                 }
             }
-            __syncthreads();
-            ++qx_round;
+            __syncthreads();  // qxs is the next tile's
         }
 #else
         (void)this_tile;

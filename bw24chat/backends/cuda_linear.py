@@ -372,7 +372,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                 matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
             return
         tk = W.in_
-        smem = m * per_row + (256 * m if qx_out is not None else 0)  # + qx_out's two tile buffers
+        smem = m * per_row + (128 * m if qx_out is not None else 0)  # + the tile outputs qx_out quantizes
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:
         tk = matvec_tile(W, m)

@@ -274,7 +274,7 @@ def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer
     kernel_refs.qx_ref of its float outputs word for word (codes and records), and the down
     matvec's prologue "qx" over them gives the same bits as prologue "none" over the floats —
     for every pair of formats (the QX layout does not depend on either), odd block counts; one
-    tile per block and many (a grid of 2 blocks: the two tile buffers reused)."""
+    tile per block and many (a grid of 2 blocks: the tile buffer reused)."""
     from bw24chat.backends import cuda_linear as cl
     from bw24chat.backends.kernel_refs import qx_ref, qx_row_words
 
