@@ -11,17 +11,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
-s12c)
-  # WGP_BLK with its fold pipelined (two block-sum sets; 255 registers, 110 bytes spilled): bits, pp
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "blk or in_pipeline or equals_register or same_bits" 2>&1 | grep -v "^rng seed" | tail -6 | tee $OUT/pytest_s12c.log
-  for env in "BW24CHAT_WGP_BLK=0" "BW24CHAT_WGP_BLK=1"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep " pp" | sed "s/^/$env /"; done | tee $OUT/bench_s12c.log
-  ;;
-s12b)
-  # gemm_wgp's block-scaled Q8_0 mode (WGP_BLK: codes as the bf16 W tile, one FMA per block):
-  # the whole GEMM test file, pp512 / pp2048 split vs blk vs gemm_i8 in one call, then the gates
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py 2>&1 | grep -v "^rng seed" | tail -12 | tee $OUT/pytest_s12b.log
-  for env in "BW24CHAT_WGP_BLK=0" "BW24CHAT_WGP_BLK=1" "BW24CHAT_GEMM_I8=1"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep " pp" | sed "s/^/$env /"; done | tee $OUT/bench_s12b.log
-  timeout 200 python3 -m bw24chat check --formats q8_0 --kv bf16,f32 2>&1 | grep -v "^PASS\|^  ok" | tail -8 | tee $OUT/check_s12b.log
+s12d)
+  # gemm_i8 adopted as the Q8_0 precise prefill (stage size fixed): its bits, the tests that pin
+  # the other kernels' bits with it off, pp with it on / off, and the Q8_0 gates with kernels
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "gemm_i8 or tile_widths or same_bits or in_pipeline or equals_register or matches_reference" 2>&1 | grep -v "^rng seed" | tail -6 | tee $OUT/pytest_s12d.log
+  for env in "BW24CHAT_GEMM_I8=0" "BW24CHAT_GEMM_I8=1"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep " pp" | sed "s/^/$env /"; done | tee $OUT/bench_s12d.log
+  timeout 200 python3 -m bw24chat check --formats q8_0 --kv bf16,f32 2>&1 | grep -v "^PASS\|^  ok" | tail -8 | tee $OUT/check_s12d.log
   ;;
 s12a)
   # prepared in the eleventh session (compiled for sm_90a / sm_120a, never run): gemm_i8, the Q8_0

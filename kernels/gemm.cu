@@ -128,33 +128,6 @@ struct WeightStager {
 #endif
         }
     }
-
-#if FMT == F_Q8_0
-    // gemm_wgp WGP_BLK: the chunk's int8 codes as bf16 (exact: |q| <= 128) in the layout L, and
-    // from the first chunk of each 32-block its f16 scale as f32 into sc[block of the tile][row]
-    // (BN floats per block); out-of-range rows and k are zero codes and zero scales
-    template <class L>
-    BW24_DEVICE void store_codes(__nv_bfloat16* W, float* sc) const {
-        const int tid = threadIdx.x;
-#pragma unroll
-        for (int j = 0; j < WCH; ++j) {
-            const int i = tid + GM_NT * j, r = i / GM_CPR, cl = i % GM_CPR;
-            float v[VPC];
-#pragma unroll
-            for (int g = 0; g < 4; ++g) {
-                const uint32_t w = word_of(wreg[j].q, g) ^ 0x80808080u;  // int8 -> int8 + 128 as unsigned
-#pragma unroll
-                for (int e = 0; e < 4; ++e) v[4 * g + e] = wok[j] ? qval(w, e) : 0.0f;
-            }
-#pragma unroll
-            for (int e = 0; e < VPC; e += 8)
-                *reinterpret_cast<uint4*>(W + L::off(r, cl * VPC + e)) =
-                    make_uint4(pack_bf16x2(v[e], v[e + 1]), pack_bf16x2(v[e + 2], v[e + 3]),
-                               pack_bf16x2(v[e + 4], v[e + 5]), pack_bf16x2(v[e + 6], v[e + 7]));
-            if ((cl & 1) == 0) sc[(cl >> 1) * BN + r] = wok[j] ? f16_bits_to_f32((uint16_t)(wreg[j].s.x & 0xFFFFu)) : 0.0f;
-        }
-    }
-#endif
 };
 
 // Register-staged producer of one k tile: x rows [m0, m0 + GM_BM) as f32 (-> bf16, and the bf16
@@ -349,8 +322,7 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 // wgmma m64nNk16 bf16 x bf16 -> f32, D += A.B (scale-d predicate 1, no negation, no transpose:
 // both operands K-major).  Inline PTX names every accumulator register, so the two widths are
 // written out in full (N / 2 "+f" operands each).
-// scale_d 0: D = A.B (fresh accumulators: gemm_wgp's WGP_BLK per-block sums), else D += A.B
-BW24_DEVICE void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int scale_d = 1) {
+BW24_DEVICE void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -366,7 +338,7 @@ BW24_DEVICE void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int 
                    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(scale_d));
+                 : "l"(da), "l"(db), "r"(1));
 }
 
 BW24_DEVICE void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
@@ -525,39 +497,19 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
 // while those wgmmas run (the TileStager's values: bit-identical to dequant_bf16's planes).  The
 // stage's W tile of tile kt+1 was last read by the wgmmas of tile kt+1-WGP_STAGES <= kt-2, done
 // (wait_group 1 at the end of kt-1, and the barrier at the top of kt).
-// WGP_BLK (block-scaled codes; Q8_0 under the integer-dot contract, precise): the W tile holds
-// the weights' integer codes q (exact in bf16), not their values q * d, so W needs no lo plane,
-// and each 32-block's sum is taken on its own:
-//   y[t, o] = sum over 32-blocks b, in k order, of  S[t, o, b] * d[o, b]   (one FMA per block)
-//   S = x_hi . q + x_lo . q over the block: four wgmmas (two k16 steps of x_hi, then of x_lo)
-//   into fresh accumulators (scale-d 0 on the first).  x_hi = 2^e h and x_lo = 2^(e-8) l (act_quant)
-//   with int8 codes h, l, q: each level's block sum is a multiple of its power of two below
-//   2^(e+19) (resp. 2^(e+11)), exact in f32; their total rounds at most twice (~2^-24 relative).
-// Four bf16 wgmmas per 32 inputs instead of the split's six (x_hi.W, x_lo.W, x_hi.W_lo per k16),
-// and the decode writes one plane instead of two.  The fold waits for the block's wgmmas: the two
-// warpgroups alternate, one folding while the other's wgmmas run.  Each stage carries the k
-// tile's scales as f32 after its W tile ([2 blocks][WG_BN] floats).  No split-K: a row's values
-// do not depend on T.  NumPy reference: act_quant_ref(x) @ W.T (tests/gpu/test_gemm.py).
-#ifndef WGP_BLK
-#define WGP_BLK 0
-#endif
 #ifndef WGP_STAGES
 #define WGP_STAGES 4
 #endif
 #ifndef WGP_DEQ
 #define WGP_DEQ 0
 #endif
+#if WGP_DEQ && (IS_FLOAT_FMT || W_SPLIT != WGP_WLO)
+#error "WGP_DEQ: quantized weights, W_lo exactly where the precise split needs it"
+#endif
 #ifndef WGP_WLO
 #define WGP_WLO 0
 #endif
-#if WGP_DEQ && (IS_FLOAT_FMT || (!WGP_BLK && W_SPLIT != WGP_WLO))
-#error "WGP_DEQ: quantized weights, W_lo exactly where the precise split needs it"
-#endif
-#if WGP_BLK && !(WGP_DEQ && FMT == F_Q8_0 && GEMM_SPLIT && !WGP_WLO && WG_BN == 128)
-#error "WGP_BLK: Q8_0 codes decoded in the pipeline, x as two planes, 128-row tiles"
-#endif
-#define WGP_SC_BYTES (WGP_BLK ? 2 * WG_BN * 4 : 0)
-#define WGP_STAGE_BYTES ((1 + GEMM_SPLIT) * WG_A_BYTES + (1 + WGP_WLO) * WG_W_BYTES + WGP_SC_BYTES)
+#define WGP_STAGE_BYTES ((1 + GEMM_SPLIT) * WG_A_BYTES + (1 + WGP_WLO) * WG_W_BYTES)
 
 BW24_DEVICE void cp_async16(uint32_t dst, const void* src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
@@ -626,49 +578,8 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
     WeightStager<WG_BN> wa, wb;  // raw chunks of two k tiles (tile kt in set kt % 2)
     wa.load_w(wq, wh, ws, wd, n_out, n_in, n0, 0);
     if (nkt > 1) wb.load_w(wq, wh, ws, wd, n_out, n_in, n0, 1);
-#if WGP_BLK
-    // the f32 block scales of stage s (after its W tile)
-    auto sc_tile = [&](int s) { return reinterpret_cast<float*>(gbase + s * WGP_STAGE_BYTES + (1 + GEMM_SPLIT) * WG_A_BYTES + WG_W_BYTES); };
-    auto store_next = [&](const WeightStager<WG_BN>& ws_, int kt_, int s_) {
-        (void)kt_;
-        ws_.template store_codes<Swizzle128Tile>(w_tile(s_, 0), sc_tile(s_));
-    };
-#else
-    auto store_next = [&](const WeightStager<WG_BN>& ws_, int kt_, int s_) {
-        ws_.template store_w<Swizzle128Tile>(w_tile(s_, 0), w_tile(s_, 1), kt_);
-    };
-#endif
-    store_next(wa, 0, 0);
+    wa.template store_w<Swizzle128Tile>(w_tile(0, 0), w_tile(0, 1), 0);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-#if WGP_BLK
-    // one 32-block's sums S (fresh per block) in two sets: block 0 of every k tile in A, block 1 in B
-    float blkA[WG_ACC], blkB[WG_ACC];
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) { blkA[i] = 0.0f; blkB[i] = 0.0f; }
-    const int t4 = lane & 3;
-    // the block's four wgmmas (two k16 steps at +0 / +32 bytes of x_hi, then of x_lo) into s, committed
-    auto wgp_blk_issue = [&](float (&s)[WG_ACC], uint32_t a, uint32_t w) {
-        wg_fence_acc(s);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        wgmma_m64n128k16(s, wg_desc(a), wg_desc(w), 0);
-        wgmma_m64n128k16(s, wg_desc(a + 32), wg_desc(w + 32));
-        wgmma_m64n128k16(s, wg_desc(a + WG_A_BYTES), wg_desc(w));
-        wgmma_m64n128k16(s, wg_desc(a + WG_A_BYTES + 32), wg_desc(w + 32));
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    };
-    // d += S * scale, one FMA per output: d[4j + 2h + e] is column 8j + 2 t4 + e (sc: WG_BN floats)
-    auto wgp_blk_fold = [&](const float (&s)[WG_ACC], const float* sc) {
-#pragma unroll
-        for (int j = 0; j < WG_BN / 8; ++j) {
-            const float2 s2 = *reinterpret_cast<const float2*>(sc + 8 * j + 2 * t4);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                d[4 * j + 2 * h] = __fmaf_rn(s[4 * j + 2 * h], s2.x, d[4 * j + 2 * h]);
-                d[4 * j + 2 * h + 1] = __fmaf_rn(s[4 * j + 2 * h + 1], s2.y, d[4 * j + 2 * h + 1]);
-            }
-        }
-    };
 #endif
     // one k tile; with WGP_DEQ, set `refill` (tile kt's raw chunks, decoded already) gets tile kt + 2
     // and set `next` (tile kt + 1) is decoded into its stage while the wgmmas run
@@ -684,35 +595,19 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #endif
         const uint32_t st = sbase + (kt % WGP_STAGES) * WGP_STAGE_BYTES;
         const uint32_t a_hi = st + wgi * 64 * GM_BK * 2, w_hi = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
-#if WGP_BLK
-        // block 0 of the tile into set A; the previous tile's block 1 (set B) folds while it runs;
-        // the next tile's codes are decoded; block 1 into set B; block 0 (set A) folds while it runs
-        wgp_blk_issue(blkA, a_hi, w_hi);
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        wg_fence_acc(blkB);
-        if (kt > 0) wgp_blk_fold(blkB, sc_tile((kt - 1) % WGP_STAGES) + WG_BN);
-        if (kt + 1 < nkt) {
-            store_next(next, kt + 1, (kt + 1) % WGP_STAGES);
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the wgmmas of kt + 1
-        }
-        wgp_blk_issue(blkB, a_hi + 64, w_hi + 64);
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        wg_fence_acc(blkA);
-        wgp_blk_fold(blkA, sc_tile(kt % WGP_STAGES));
-#else
         wg_fence_acc(d);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         WG_KTILE(d, a_hi, w_hi, WGP_WLO)
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 #if WGP_DEQ
         if (kt + 1 < nkt) {
-            store_next(next, kt + 1, (kt + 1) % WGP_STAGES);
+            const int s1 = (kt + 1) % WGP_STAGES;
+            next.template store_w<Swizzle128Tile>(w_tile(s1, 0), w_tile(s1, 1), kt + 1);
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the wgmmas of kt + 1
         }
 #endif
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         wg_fence_acc(d);
-#endif
     };
 #if WGP_DEQ
     for (int kt = 0; kt < nkt; kt += 2) {  // unrolled by two: the register sets are named, not indexed
@@ -725,10 +620,6 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #endif
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_fence_acc(d);
-#if WGP_BLK
-    wg_fence_acc(blkB);
-    wgp_blk_fold(blkB, sc_tile((nkt - 1) % WGP_STAGES) + WG_BN);  // the last tile's block 1
-#endif
 
     WG_EPILOGUE(d, ldo)
 #else

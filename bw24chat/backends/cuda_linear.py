@@ -414,7 +414,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
             xh, xl = _act_quant(x, T * W.in_, x_split)
         else:
             xh, xl = _bf16_planes(x, T * W.in_, x_split)
-        _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split, blk=a8 and x_split and uses_wgp_blk(W))
+        _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
         return
     # the register-staged kernels take x as f32 and split it themselves; under the integer-dot
     # contract they take the two code-level planes instead (GEMM_XPLANES), gemm_wgp's x split
@@ -444,10 +444,11 @@ I8_STAGES = 4
 
 def uses_gemm_i8(W: DeviceWeight) -> bool:
     """Whether the precise prefill of W runs on gemm_i8 (gemm.cu: Q8_0 on Hopper's int8 wgmma,
-    the integer-dot contract on the raw code bytes): prepared in the eleventh session, opt-in
-    with BW24CHAT_GEMM_I8=1 until its tests and timings have run on the device; rows whose
-    width is a multiple of 128."""
-    return W.fmt == "Q8_0" and W.in_ % 128 == 0 and os.environ.get("BW24CHAT_GEMM_I8", "0") == "1"
+    the integer-dot contract on the raw code bytes; rows whose width is a multiple of 128).
+    Measured on the H200 (bench/NOTES.md, twelfth session, Qwen3-8B shapes): pp512 10.31k tok/s
+    against the bf16 split's 9.61k, pp2048 10.18k vs 9.40k.  BW24CHAT_GEMM_I8=0 turns it off
+    (the split, bit-identical to the sm_120a mma.sync kernel)."""
+    return W.fmt == "Q8_0" and W.in_ % 128 == 0 and os.environ.get("BW24CHAT_GEMM_I8", "1") != "0"
 
 
 def _gemm_i8(W: DeviceWeight, x, out, T: int, epi) -> None:
@@ -517,24 +518,7 @@ def _bf16_planes(x, n: int, with_lo: bool):
 WGP_WIDE_ROWS = 6144  # gemm_wgp: 256-row tiles from this many rows (qkv, gate|up), 128 below
 
 
-WGP_BLK_FORMATS = ("Q8_0",)
-
-
-def uses_wgp_blk(W: DeviceWeight) -> bool:
-    """Whether the precise prefill of W (under the integer-dot contract) runs gemm_wgp's
-    block-scaled mode (gemm.cu WGP_BLK: integer codes as the bf16 W tile, one FMA per 32-block
-    with its scale; four wgmmas per 32 inputs instead of six).  BW24CHAT_WGP_BLK=0 turns it off
-    (the split: x_hi.W, x_lo.W, x_hi.W_lo, bit-identical to the sm_120a mma.sync kernel)."""
-    return W.fmt in WGP_BLK_FORMATS and os.environ.get("BW24CHAT_WGP_BLK", "1") != "0"
-
-
-def wgp_blk_stage_bytes() -> int:
-    """gemm.cu WGP_STAGE_BYTES with WGP_BLK: x hi and lo tiles, the code tile (128 rows), and the
-    k tile's two blocks of f32 scales (2 x 128 floats)."""
-    return wg_stage_bytes(True, False, 128) + 2 * 128 * 4
-
-
-def wgp_geometry(n_out: int, precise: bool, w_lo: bool, blk: bool = False) -> tuple[int, int, int]:
+def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
     """(rows per block, ring stages, bytes per stage) of gemm_wgp.  Measured on the H200
     (bench/gemm_variants.py, Qwen3-8B shapes, T = 512, BF16; bench/NOTES.md): 256-row tiles
     win on the wide matrices (fast: qkv 71 vs 78 us, gate|up 206 vs 236), 128 on the 4096-row
@@ -542,11 +526,8 @@ def wgp_geometry(n_out: int, precise: bool, w_lo: bool, blk: bool = False) -> tu
     wherever it fits.  The ring is as deep as fits in one block's shared memory (at most 4,
     BW24CHAT_WGP_STAGES overrides the cap); a tile width whose 3-stage ring does not fit falls
     back to 128 rows.  BW24CHAT_WG_BN forces the width."""
-    want = int(os.environ.get("BW24CHAT_WGP_STAGES", 4))
-    if blk:  # 128-row tiles only (the block sums and the accumulators: 128 registers per thread)
-        stage = wgp_blk_stage_bytes()
-        return 128, max(3, min(want, (WGP_SMEM_MAX - 1024) // stage)), stage
     bn = int(os.environ.get("BW24CHAT_WG_BN", 256 if n_out >= WGP_WIDE_ROWS else 128))
+    want = int(os.environ.get("BW24CHAT_WGP_STAGES", 4))
     while True:
         stage = wg_stage_bytes(precise, w_lo, bn)
         fit = (WGP_SMEM_MAX - 1024) // stage
@@ -556,7 +537,7 @@ def wgp_geometry(n_out: int, precise: bool, w_lo: bool, blk: bool = False) -> tu
     return bn, max(3, min(want, fit)), stage
 
 
-def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool, blk: bool = False) -> None:
+def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
     """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
     other formats are either decoded inside the GEMM's pipeline (WGP_DEQ) or dequantized to bf16
     (and W_lo when w_lo) one row block at a time into scratch (llama.cpp's dequantize-then-GEMM
@@ -567,12 +548,10 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     tok/s) Q8_0 precise 9,629 vs 8,531, Q4_K 9,075 vs 8,357, but NVFP4 precise 12,457 vs
     13,246 and every fast mode slower (the decode competes with the wgmmas for the same
     warps).  BW24CHAT_WGP_DEQ=1 / 0 forces one way."""
-    bn, stages, stage = wgp_geometry(W.out, x_split, w_lo, blk)
+    bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
     force = os.environ.get("BW24CHAT_WGP_DEQ", "")
-    in_pipeline = blk or (W.fmt not in FLOAT_FORMATS and (force == "1" or (force != "0" and w_lo)))
+    in_pipeline = W.fmt not in FLOAT_FORMATS and (force == "1" or (force != "0" and w_lo))
     defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
-    if blk:  # the codes tile needs no W_lo plane
-        defs["WGP_BLK"], w_lo = 1, False
     k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
     smem = stages * stage + 1024
     _ensure_smem(k, smem)

@@ -96,6 +96,7 @@ def test_gemm_wg_tile_widths_agree(cp, rng, fmt, bn, monkeypatch):
     ts, w = make_weight(rng, fmt, rows=(300,), nblocks=max(1, 640 // block_of(fmt)))
     W = cw.upload(ts)
     x = rng.standard_normal((200, W.in_)).astype(np.float32)
+    monkeypatch.setenv("BW24CHAT_GEMM_I8", "0")  # Q8_0 rows of 640 would take gemm_i8 (its own test)
     monkeypatch.setenv("BW24CHAT_WG_BN", "128")
     base = run(cp, W, x, 200, impl="wg")
     monkeypatch.setenv("BW24CHAT_WG_BN", bn)
@@ -121,7 +122,6 @@ def test_gemm_wgp_equals_register_staged(cp, rng, fmt, stages, bn, precise, monk
     ts, w = make_weight(rng, fmt, rows=(333, 290), nblocks=nb)
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
-    monkeypatch.setenv("BW24CHAT_WGP_BLK", "0")  # the split on both sides (WGP_BLK: its own test)
     monkeypatch.setenv("BW24CHAT_WGP", "0")
     base = run(cp, W, x, 259, impl="wg", precise=precise)
     monkeypatch.setenv("BW24CHAT_WGP", "1")
@@ -149,7 +149,6 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
     ts, w = make_weight(rng, fmt, rows=(301, 200), nblocks=nb)
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
-    monkeypatch.setenv("BW24CHAT_WGP_BLK", "0")  # the split's bits (WGP_BLK: its own test below)
     monkeypatch.setenv("BW24CHAT_WG_BN", bn)
     monkeypatch.setenv("BW24CHAT_WGP_DEQ", "0")
     base = run(cp, W, x, 259, impl="wg", precise=precise)
@@ -164,14 +163,12 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
 
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
-def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise, monkeypatch):
+def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise):
     """Under the integer-dot contract the portable mma.sync kernel (the sm_120a path), the
     register-staged gemm_wg and gemm_wgp all take x as the same two code-level planes, so a
-    prefill gives the same bits whichever kernel the GPU runs — gemm_wgp with its split; its
-    block-scaled mode (WGP_BLK, Q8_0 precise on Hopper) sums per block and has its own test."""
+    prefill gives the same bits whichever kernel the GPU runs."""
     if "wg" not in impls():
         pytest.skip("the comparison needs the sm_90a kernels")
-    monkeypatch.setenv("BW24CHAT_WGP_BLK", "0")
     ts, w = make_weight(rng, fmt, rows=(150,), nblocks=max(1, 800 // block_of(fmt)))
     W = cw.upload(ts)
     x = rng.standard_normal((140, W.in_)).astype(np.float32)
@@ -179,40 +176,6 @@ def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise, m
     for impl in ("wg",):
         got = run(cp, W, x, 140, impl=impl, precise=precise)
         assert np.array_equal(ref.view(np.uint32), got.view(np.uint32)), impl
-
-
-@pytest.mark.parametrize("T", [1, 77, 259])
-def test_gemm_wgp_blk_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
-    """gemm_wgp's block-scaled mode (gemm.cu WGP_BLK: Q8_0 codes as the bf16 W tile, per 32-block
-    sums folded with one FMA by the block's scale) against act_quant_ref(x) @ W.T within 2e-6
-    of sum |x||w| (each block's sum exact per level, at most two roundings joining them); an odd
-    block count (the last k tile half outside the row), two tensors, rows off the tile; rows do
-    not depend on T (bit for bit against 1-row calls); the add epilogue; and agreement with
-    the decode matvec on the same contract and with the split path (BW24CHAT_WGP_BLK=0)."""
-    from bw24chat.backends import cuda_linear as cl
-
-    if "wg" not in impls():
-        pytest.skip("gemm_wgp needs sm_90a")
-    ts, w = make_weight(rng, "Q8_0", rows=(int(rng.integers(100, 300)), int(rng.integers(1, 90))),
-                        nblocks=2 * int(rng.integers(4, 40)) + 1)
-    W = cw.upload(ts)
-    assert cl.uses_wgp_blk(W)
-    x = (rng.standard_normal((T, W.in_)) * rng.uniform(0.01, 10.0, (T, 1))).astype(np.float32)
-    xq = act_quant_ref(x).astype(np.float64)
-    bound = np.abs(xq) @ np.abs(w.astype(np.float64)).T
-    got = run(cp, W, x, T, impl="wg")
-    assert np.all(np.abs(got - xq @ w.astype(np.float64).T) <= 2e-6 * bound + 1e-30)
-    for r in sorted({0, T // 2, T - 1}):
-        one = run(cp, W, x[r:r + 1], 1, impl="wg")
-        assert np.array_equal(one.view(np.uint32), got[r:r + 1].view(np.uint32)), f"row {r} depends on T"
-    res = rng.standard_normal((T, W.out)).astype(np.float32)
-    assert np.array_equal(run(cp, W, x, T, epi="add", init=res, impl="wg"), (res + got).astype(np.float32))
-    mv = cp.full((1, W.out), cp.nan, dtype=cp.float32)
-    cl.matvec(W, cp.asarray(x[:1]), mv, 1)
-    assert np.all(np.abs(cp.asnumpy(mv).astype(np.float64) - got[:1]) <= 1e-6 * bound[:1] + 1e-30)
-    monkeypatch.setenv("BW24CHAT_WGP_BLK", "0")  # the split's weights are exact to ~2^-16 (W hi + lo)
-    split = run(cp, W, x, T, impl="wg")
-    assert np.all(np.abs(split.astype(np.float64) - got) <= 2e-5 * bound + 1e-30)
 
 
 def test_gemm_f32_rows_not_a_multiple_of_8(cp, rng, impl):
@@ -277,7 +240,7 @@ def test_integer_dot_gemm_matches_reference(cp, rng, fmt, impl):
 
 @pytest.mark.parametrize("T", [1, 77, 300])
 def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
-    """gemm_i8 (gemm.cu: Q8_0 prefill on the int8 wgmma, BW24CHAT_GEMM_I8=1): act_quant_qx
+    """gemm_i8 (gemm.cu: Q8_0 precise prefill on the int8 wgmma, the default): act_quant_qx
     writes kernel_refs.qx_ref(x) word for word; the product equals act_quant_ref(x) @ W.T within
     2e-6 of sum |x||w| (integer dots exact, one I2F and one FMA rounding per block); rows do not
     depend on T (each row of the T-row call equals its 1-row call bit for bit); the add epilogue;
@@ -288,7 +251,7 @@ def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
 
     if active_arch() != "sm_90a":
         pytest.skip("gemm_i8 runs on sm_90a (int8 wgmma)")
-    monkeypatch.setenv("BW24CHAT_GEMM_I8", "1")
+    monkeypatch.delenv("BW24CHAT_GEMM_I8", raising=False)
     # more k tiles (128 inputs) than ring stages, so the cp.async ring wraps (s12a: an undersized
     # stage overran shared memory only from the fourth tile on)
     ts, w = make_weight(rng, "Q8_0", rows=(int(rng.integers(60, 200)),), nblocks=4 * int(rng.integers(9, 25)))
