@@ -203,6 +203,10 @@ BW24_DEVICE void gemm_put(float* __restrict__ out, const float* __restrict__ gsc
     *dst = epi ? __fadd_rn(*dst, v) : v;
 }
 
+// gemm's dynamic shared memory: double-buffered x and W tiles, plus x_lo (GEMM_SPLIT) and W_lo
+// (W_SPLIT), bf16 rows of GM_LD (cuda_linear._gemm_smem computes the same; tests/test_smem_contract.py)
+#define GM_SMEM_BYTES (2 * 2 * GM_LD * ((1 + GEMM_SPLIT) * GM_BM + (1 + W_SPLIT) * GM_BN))
+
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
      const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
@@ -317,6 +321,7 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #define WG_A_BYTES (GM_BM * GM_BK * 2)
 #define WG_W_BYTES (WG_BN * GM_BK * 2)
 #define WG_STAGE_BYTES ((1 + GEMM_SPLIT) * WG_A_BYTES + (1 + W_SPLIT) * WG_W_BYTES)
+#define WG_SMEM_BYTES (2 * WG_STAGE_BYTES + 1024)  // gemm_wg: double buffer + the 1 KB alignment slack
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_AVAILABLE 1
 // wgmma m64nNk16 bf16 x bf16 -> f32, D += A.B (scale-d predicate 1, no negation, no transpose:
@@ -510,6 +515,7 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
 #define WGP_WLO 0
 #endif
 #define WGP_STAGE_BYTES ((1 + GEMM_SPLIT) * WG_A_BYTES + (1 + WGP_WLO) * WG_W_BYTES)
+#define WGP_SMEM_BYTES (WGP_STAGES * WGP_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
 
 BW24_DEVICE void cp_async16(uint32_t dst, const void* src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
@@ -704,6 +710,7 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
 #ifndef I8_STAGES
 #define I8_STAGES 4
 #endif
+#define I8_SMEM_BYTES (I8_STAGES * I8_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
 #if WG_AVAILABLE
 // wgmma m64n64k32 s8 (A: x codes, K-major) x s8 (B: weight codes, K-major) -> s32; scale_d 0: D = A.B
 BW24_DEVICE void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, uint64_t db, int scale_d) {

@@ -38,6 +38,7 @@ def _wargs(W: DeviceWeight) -> tuple:
 
 
 def _gemm_smem(x_split: bool, w_split: bool) -> int:
+    """gemm.cu GM_SMEM_BYTES (tests/test_smem_contract.py holds the two equal)."""
     return GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))
 
 
@@ -65,6 +66,11 @@ def gemm_impl() -> str:
 
 def _wg_bn() -> int:
     return int(os.environ.get("BW24CHAT_WG_BN", WG_BN_DEFAULT))
+
+
+def wg_smem(precise: bool, w_lo: bool, bn: int) -> int:
+    """gemm.cu WG_SMEM_BYTES: gemm_wg's double buffer plus 1 KB of alignment slack."""
+    return 2 * wg_stage_bytes(precise, w_lo, bn) + 1024
 
 
 def wg_stage_bytes(precise: bool, w_lo: bool, bn: int) -> int:
@@ -426,7 +432,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     if impl == "wg":
         bn = _wg_bn()
         k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WG_BN=bn, **planes)
-        smem = 2 * wg_stage_bytes(x_split, w_split, bn) + 1024  # double buffer
+        smem = wg_smem(x_split, w_split, bn)
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
         return
@@ -440,6 +446,12 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
 # addresses once a row had more than 3 k tiles, s12a)
 I8_STAGE_BYTES = -(-(2 * WG_BM * 128 + 64 * 128 + WG_BM * 4 * 16 + 64 * 4 * 2) // 1024) * 1024
 I8_STAGES = 4
+
+
+def gemm_i8_smem(stages: int = I8_STAGES) -> int:
+    """gemm.cu I8_SMEM_BYTES: the ring plus 1 KB of alignment slack (tests/test_smem_contract.py
+    compiles the kernel with a static_assert that the two agree)."""
+    return stages * I8_STAGE_BYTES + 1024
 
 
 def uses_gemm_i8(W: DeviceWeight) -> bool:
@@ -460,7 +472,7 @@ def _gemm_i8(W: DeviceWeight, x, out, T: int, epi) -> None:
     q = get_kernel("gemm", "act_quant_qx")
     q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4)))
     k = get_kernel("gemm", "gemm_i8", FMT=W.fmt_id, I8_STAGES=I8_STAGES)
-    smem = I8_STAGES * I8_STAGE_BYTES + 1024
+    smem = gemm_i8_smem()
     _ensure_smem(k, smem)
     k((-(-T // WG_BM), -(-W.out // 64)), (256,),
       (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi), shared_mem=smem)
@@ -537,6 +549,11 @@ def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
     return bn, max(3, min(want, fit)), stage
 
 
+def wgp_smem(stages: int, stage: int) -> int:
+    """gemm.cu WGP_SMEM_BYTES: the ring plus 1 KB of alignment slack."""
+    return stages * stage + 1024
+
+
 def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
     """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
     other formats are either decoded inside the GEMM's pipeline (WGP_DEQ) or dequantized to bf16
@@ -553,7 +570,7 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     in_pipeline = W.fmt not in FLOAT_FORMATS and (force == "1" or (force != "0" and w_lo))
     defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
     k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
-    smem = stages * stage + 1024
+    smem = wgp_smem(stages, stage)
     _ensure_smem(k, smem)
 
     def launch(wq, wl, r0: int, n: int, raw: tuple = (_NULL, _NULL, _NULL)) -> None:

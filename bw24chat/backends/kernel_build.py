@@ -306,11 +306,13 @@ def nvrtc_version() -> tuple[int, int]:
     return a.value, b.value
 
 
-def compile_cubin(family: str, arch: str, defines: dict | None = None, extra: tuple = ()) -> tuple[bytes, str]:
+def compile_cubin(family: str, arch: str, defines: dict | None = None, extra: tuple = (),
+                  append: str = "") -> tuple[bytes, str]:
     """Compile kernels/<family>.cu to a cubin for ``arch`` (e.g. "sm_90a", "sm_120a") without a
-    GPU.  Returns (cubin, log); raises KernelCompileError with the log on failure."""
+    GPU.  Returns (cubin, log); raises KernelCompileError with the log on failure.  ``append``:
+    source text compiled after the family's (tests: static_asserts on the kernels' macros)."""
     lib = _nvrtc()
-    src = load_source(family).encode()
+    src = (load_source(family) + ("\n" + append if append else "")).encode()
     prog = ctypes.c_void_p()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src, f"{family}.cu".encode(), 0, None, None)
     if rc:

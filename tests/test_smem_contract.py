@@ -1,0 +1,85 @@
+"""The wrappers' dynamic shared-memory sizes equal what the kernels lay out, checked without a GPU.
+
+Each kernel that takes dynamic shared memory names its total in a macro next to its layout
+(gemm.cu GM_SMEM_BYTES, WG_SMEM_BYTES, WGP_SMEM_BYTES, I8_SMEM_BYTES; attention.cu
+DECODE_SMEM, DECODE_TC_SMEM, PREFILL_SMEM); the Python launch code computes the size it passes
+on its own.  Here each kernel is compiled (NVRTC, sm_90a, the wrapper's defines) with a
+static_assert that the two agree.  Why: the eleventh session's gemm_i8 wrapper summed its stage
+by hand (41 KB for a 49 KB stage); the ring overran its allocation from the fourth k tile on and
+the first GPU run died with illegal addresses (bench/NOTES.md, twelfth session).
+"""
+import pytest
+
+from bw24chat.backends import kernel_build as kb
+
+try:
+    kb._find_nvrtc()
+    HAVE_NVRTC = True
+except Exception:  # noqa: BLE001
+    HAVE_NVRTC = False
+
+pytestmark = pytest.mark.skipif(not HAVE_NVRTC, reason="libnvrtc not installed (pip install nvidia-cuda-nvrtc)")
+
+
+def assert_equal(family: str, defines: dict, macro: str, host: int) -> None:
+    check = f'static_assert(({macro}) == {host}, "{macro} differs from the wrapper\'s {host} bytes");'
+    kb.compile_cubin(family, "sm_90a", defines, (), append=check)
+
+
+def gemm_cases():
+    from bw24chat.backends import cuda_linear as cl
+
+    out = []
+    for x_split, fmt in ((0, 3), (1, 2), (1, 3)):  # BF16 W exact; Q8_0 W split when precise
+        w_split = bool(x_split) and fmt == 3
+        out.append(("gemm", {"FMT": fmt, "GEMM_SPLIT": x_split}, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split)))
+        for bn in (128, 256):
+            out.append(("gemm_wg", {"FMT": fmt, "GEMM_SPLIT": x_split, "WG_BN": bn}, "WG_SMEM_BYTES",
+                        cl.wg_smem(bool(x_split), w_split, bn)))
+    for precise in (False, True):
+        for w_lo in (False, True):
+            for n_out in (4096, 24576):
+                bn, stages, stage = cl.wgp_geometry(n_out, precise, w_lo)
+                defs = {"FMT": 3, "WGP_DEQ": 1} if w_lo or not precise else {"FMT": 2}
+                if defs["FMT"] == 3 and w_lo != precise:
+                    continue  # the in-pipeline decode splits W exactly when precise
+                defs.update(GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
+                out.append(("gemm_wgp", defs, "WGP_SMEM_BYTES", cl.wgp_smem(stages, stage)))
+    out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
+    return out
+
+
+def attention_cases():
+    from bw24chat.backends import cuda_ops as co
+
+    out = []
+    for hd, kv in [(128, k) for k in ("bf16", "q8_0", "fp8", "f32")] + [(64, "bf16"), (64, "q8_0")]:
+        out.append(("attn_decode", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv]}, "DECODE_SMEM", co._decode_smem(hd, 4, kv)))
+        for precise in (0, 1):
+            out.append(("attn_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise},
+                        "PREFILL_SMEM", co.prefill_smem_bytes(hd, kv, bool(precise))))
+    for gq in (1, 8):  # the merge area (GQ rows per sub-warp) can exceed the pipeline stages
+        out.append(("attn_decode", {"HD": 128, "GQ": gq, "KV_TYPE": 0}, "DECODE_SMEM", co._decode_smem(128, gq, "bf16")))
+    for hd in (64, 128):
+        out.append(("attn_decode_tc", {"HD": hd, "GQ": 4, "KV_TYPE": 0}, "DECODE_TC_SMEM", co._decode_tc_smem(hd)))
+    return out
+
+
+@pytest.mark.parametrize("kernel,defines,macro,host", gemm_cases(),
+                         ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+def test_gemm_shared_memory_matches_the_wrapper(kernel, defines, macro, host):
+    assert_equal("gemm", defines, macro, host)
+
+
+@pytest.mark.parametrize("kernel,defines,macro,host", attention_cases(),
+                         ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+def test_attention_shared_memory_matches_the_wrapper(kernel, defines, macro, host):
+    assert_equal("attention", defines, macro, host)
+
+
+def test_a_wrong_size_fails_to_compile():
+    """The check bites: the eleventh session's hand-summed 41 KB gemm_i8 stage does not compile."""
+    from bw24chat.backends import cuda_linear as cl
+
+    with pytest.raises(kb.KernelCompileError, match="I8_SMEM_BYTES differs"):
+        assert_equal("gemm", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.I8_STAGES * 41 * 1024 + 1024)
