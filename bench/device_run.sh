@@ -11,6 +11,19 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s13a)
+  # prepared in the twelfth session: Nsight Compute on the precise prefill GEMMs at T = 512 (BF16
+  # gemm_wgp, Q8_0 gemm_i8), the second launch of each.  Predicted (NOTES, twelfth session): L2 ->
+  # SM traffic near its limit (x re-read once per column block), tensor pipes well below peak;
+  # gemm_i8 additionally issue-bound in its fold (ALU ~2.5x its IGMMA time)
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  timeout 400 ncu --clock-control none --kernel-name regex:"gemm_wgp|gemm_i8" --launch-skip-before-match 0 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats python3 bench/ncu_gemm.py --formats bf16,q8_0 > $OUT/ncu_s13a.txt 2>&1
+  grep -E "gemm_wgp|gemm_i8|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Issued Warp|No Eligible|Stall|Max Bandwidth|L2 Hit Rate|Mem Pipes Busy" $OUT/ncu_s13a.txt | head -120
+  # decode attention at 512 and 8192 keys (7.8 / 19 us per layer against ~0.5 / 8 us of bytes): where
+  # the latency chain and the split merge's global round trip spend their cycles
+  timeout 150 ncu --clock-control none --kernel-name regex:attn_decode_tc --section SpeedOfLight --section WarpStateStats --section SchedulerStats python3 bench/attn_probe.py --kv bf16 --lengths 512,8192 --ncu > $OUT/ncu_attn_s13a.txt 2>&1
+  grep -E "attn_decode_tc|Duration|DRAM Throughput|Issued Warp|No Eligible|Stall|Active Warps" $OUT/ncu_attn_s13a.txt | head -40
+  ;;
 s12d)
   # gemm_i8 adopted as the Q8_0 precise prefill (stage size fixed): its bits, the tests that pin
   # the other kernels' bits with it off, pp with it on / off, and the Q8_0 gates with kernels
