@@ -19,6 +19,10 @@ s13a)
   command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
   timeout 400 ncu --clock-control none --kernel-name regex:"gemm_wgp|gemm_i8" --launch-skip-before-match 0 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats python3 bench/ncu_gemm.py --formats bf16,q8_0 > $OUT/ncu_s13a.txt 2>&1
   grep -E "gemm_wgp|gemm_i8|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Issued Warp|No Eligible|Stall|Max Bandwidth|L2 Hit Rate|Mem Pipes Busy" $OUT/ncu_s13a.txt | head -120
+  # gemm_i8 with its scales converted to f32 once per tile (I8_SCF32, prepared: 11 % fewer loop
+  # instructions in the SASS, the same bits): bits, then pp512 / pp2048 against the default
+  timeout 100 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k gemm_i8 2>&1 | tail -3
+  for env in "BW24CHAT_I8_SCF32=0" "BW24CHAT_I8_SCF32=1"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep " pp" | sed "s/^/$env /"; done | tee $OUT/bench_s13a.log
   # decode attention at 512 and 8192 keys (7.8 / 19 us per layer against ~0.5 / 8 us of bytes): where
   # the latency chain and the split merge's global round trip spend their cycles
   timeout 150 ncu --clock-control none --kernel-name regex:attn_decode_tc --section SpeedOfLight --section WarpStateStats --section SchedulerStats python3 bench/attn_probe.py --kv bf16 --lengths 512,8192 --ncu > $OUT/ncu_attn_s13a.txt 2>&1

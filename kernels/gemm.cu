@@ -710,7 +710,15 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
 #ifndef I8_STAGES
 #define I8_STAGES 4
 #endif
-#define I8_SMEM_BYTES (I8_STAGES * I8_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
+// I8_SCF32=1 (prepared in the twelfth session, not yet run on a GPU; BW24CHAT_I8_SCF32=1): the k
+// tile's 64 x 4 f16 weight scales converted once to f32 ([block][row], 1 KB after the ring) by
+// one thread each, behind a second barrier per tile, so the fold reads a column pair's two scales
+// with one LDS.64 instead of two LDS.U16 + two HADD2.F32 per column (~15 % fewer fold
+// instructions; the same values, so the same bits)
+#ifndef I8_SCF32
+#define I8_SCF32 0
+#endif
+#define I8_SMEM_BYTES (I8_STAGES * I8_STAGE_BYTES + 1024 + (I8_SCF32 ? I8_BN * 4 * 4 : 0))  // ring, 1 KB alignment slack, f32 scales
 #if WG_AVAILABLE
 // wgmma m64n64k32 s8 (A: x codes, K-major) x s8 (B: weight codes, K-major) -> s32; scale_d 0: D = A.B
 BW24_DEVICE void wgmma_m64n64k32_s8(int (&d)[32], uint64_t da, uint64_t db, int scale_d) {
@@ -803,6 +811,12 @@ gemm_i8(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const 
         const int4* rec = reinterpret_cast<const int4*>(gbase + s * I8_STAGE_BYTES + 2 * I8_A_BYTES + I8_W_BYTES);
         const uint16_t* sc = reinterpret_cast<const uint16_t*>(gbase + s * I8_STAGE_BYTES + 2 * I8_A_BYTES + I8_W_BYTES + I8_REC_BYTES);
         const uint32_t a_h = st + wgi * 64 * 128, w_t = st + 2 * I8_A_BYTES;
+#if I8_SCF32
+        static_assert(I8_BN * 4 == GM_NT, "one scale per thread");
+        float* sc32 = reinterpret_cast<float*>(reinterpret_cast<char*>(smem4) + (sbase - sraw) + I8_STAGES * I8_STAGE_BYTES);
+        sc32[(tid >> 6) * I8_BN + (tid & 63)] = f16_bits_to_f32(sc[(tid & 63) * 4 + (tid >> 6)]);  // every fold of kt - 1 is done (barrier above)
+        __syncthreads();
+#endif
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {
             i8_fence_acc(ih);
@@ -819,10 +833,17 @@ gemm_i8(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const 
             i8_fence_acc(ih);
             i8_fence_acc(il);
 #pragma unroll
-            for (int j = 0; j < I8_BN / 8; ++j)
+            for (int j = 0; j < I8_BN / 8; ++j) {
+#if I8_SCF32
+                const float2 dw2 = *reinterpret_cast<const float2*>(sc32 + kb * I8_BN + 8 * j + 2 * t4);
+#endif
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
+#if I8_SCF32
+                    const float dw = e ? dw2.y : dw2.x;
+#else
                     const float dw = f16_bits_to_f32(sc[(8 * j + 2 * t4 + e) * 4 + kb]);
+#endif
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int i = 4 * j + 2 * h + e;
@@ -830,6 +851,7 @@ gemm_i8(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const 
                         acc[i] = __fmaf_rn((float)v, __fmul_rn(dw, p[h]), acc[i]);
                     }
                 }
+            }
         }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");

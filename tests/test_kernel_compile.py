@@ -59,7 +59,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
     ("gemm", {"FMT": 11, "WGP_DEQ": 1, "WG_BN": 256, "WGP_STAGES": 3}),  # gemm_wgp decoding NVFP4 in its pipeline
     ("gemm", {"FMT": 8, "WGP_DEQ": 1, "WGP_WLO": 1}),  # the same, Q4_K with the W_lo plane (precise)
-    ("gemm", {"FMT": 3, "I8_STAGES": 4}),  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)
+    ("gemm", {"FMT": 3, "I8_STAGES": 4}),
+    ("gemm", {"FMT": 3, "I8_STAGES": 4, "I8_SCF32": 1}),  # gemm_i8 with the f32 scales converted once per tile  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)
     ("gemm", {"FMT": 3, "GEMM_XPLANES": 1}),  # register-staged GEMMs on the integer-dot contract's x planes
     ("gemm", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),  # the same, fast mode (one plane)
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block

@@ -46,6 +46,7 @@ def gemm_cases():
                 defs.update(GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
                 out.append(("gemm_wgp", defs, "WGP_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
+    out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1}, "I8_SMEM_BYTES", cl.gemm_i8_smem(scf32=True)))
     return out
 
 

@@ -448,10 +448,16 @@ I8_STAGE_BYTES = -(-(2 * WG_BM * 128 + 64 * 128 + WG_BM * 4 * 16 + 64 * 4 * 2) /
 I8_STAGES = 4
 
 
-def gemm_i8_smem(stages: int = I8_STAGES) -> int:
-    """gemm.cu I8_SMEM_BYTES: the ring plus 1 KB of alignment slack (tests/test_smem_contract.py
-    compiles the kernel with a static_assert that the two agree)."""
-    return stages * I8_STAGE_BYTES + 1024
+def gemm_i8_smem(stages: int = I8_STAGES, scf32: bool = False) -> int:
+    """gemm.cu I8_SMEM_BYTES: the ring plus 1 KB of alignment slack, plus the f32 scales (1 KB)
+    with I8_SCF32 (tests/test_smem_contract.py compiles the kernel with a static_assert that the
+    two agree)."""
+    return stages * I8_STAGE_BYTES + 1024 + (64 * 4 * 4 if scf32 else 0)
+
+
+def _i8_scf32() -> bool:
+    """gemm.cu I8_SCF32 (prepared, not yet run on a GPU): BW24CHAT_I8_SCF32=1 turns it on."""
+    return os.environ.get("BW24CHAT_I8_SCF32", "0") == "1"
 
 
 def uses_gemm_i8(W: DeviceWeight) -> bool:
@@ -471,8 +477,9 @@ def _gemm_i8(W: DeviceWeight, x, out, T: int, epi) -> None:
     n4 = T * n // 4
     q = get_kernel("gemm", "act_quant_qx")
     q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4)))
-    k = get_kernel("gemm", "gemm_i8", FMT=W.fmt_id, I8_STAGES=I8_STAGES)
-    smem = gemm_i8_smem()
+    scf32 = _i8_scf32()
+    k = get_kernel("gemm", "gemm_i8", FMT=W.fmt_id, I8_STAGES=I8_STAGES, **({"I8_SCF32": 1} if scf32 else {}))
+    smem = gemm_i8_smem(scf32=scf32)
     _ensure_smem(k, smem)
     k((-(-T // WG_BM), -(-W.out // 64)), (256,),
       (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi), shared_mem=smem)

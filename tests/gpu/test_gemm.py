@@ -267,6 +267,9 @@ def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
         assert np.array_equal(one.view(np.uint32), got[r:r + 1].view(np.uint32)), f"row {r} depends on T"
     res = rng.standard_normal((T, W.out)).astype(np.float32)
     assert np.array_equal(run(cp, W, x, T, epi="add", init=res), (res + got).astype(np.float32))
+    monkeypatch.setenv("BW24CHAT_I8_SCF32", "1")  # the f32 scales converted once per tile: the same values
+    assert np.array_equal(run(cp, W, x, T).view(np.uint32), got.view(np.uint32)), "I8_SCF32 changed bits"
+    monkeypatch.delenv("BW24CHAT_I8_SCF32")
     mv = cp.full((1, W.out), cp.nan, dtype=cp.float32)
     cl.matvec(W, cp.asarray(x[:1]), mv, 1)
     ref = act_quant_ref(x[:1]).astype(np.float64) @ w.astype(np.float64).T
