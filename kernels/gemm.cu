@@ -677,8 +677,8 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
 }
 
 // ---------------------------------------------------------------------------------------------
-// gemm_i8 — Q8_0 prefill on Hopper's integer warpgroup MMA (sm_90a; prepared in the eleventh
-// session, opt-in BW24CHAT_GEMM_I8=1 until measured).  The integer-dot contract exactly as the
+// gemm_i8 — Q8_0 precise prefill on Hopper's integer warpgroup MMA (sm_90a; the default there,
+// BW24CHAT_GEMM_I8=0 takes the bf16 split instead).  The integer-dot contract exactly as the
 // decode matvec sees it: x quantized per 32-block into two code levels (the QX rows that
 // act_quant_qx below writes, common.cuh's layout), the weights' resident code bytes as they are
 // (signed int8 codes, cuda_weights: Q8_0 "q" plane) — no dequantization pass, no bf16 split.
@@ -691,8 +691,9 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
 //   NumPy reference: act_quant_ref(x) @ W.T (tests/gpu/test_gemm.py).
 // Why: the precise Q8_0 prefill runs three bf16 wgmmas per k16 step on dequantized tiles (9.6k
 // tok/s pp512 vs BF16 17.7k); here two int8 wgmmas per k32 step read the raw bytes, and the cost
-// moves to the per-block fold (~5 ALU operations per output and block: an ~500 TOPS-equivalent
-// bound on the H200, bench/NOTES.md eleventh session).
+// moves to the per-block fold (~5 issue slots per output and block in the SASS: IMAD, I2FP, FMUL,
+// FFMA and the scale's load; measured pp512 10.3k vs the split's 9.7k, bench/NOTES.md twelfth
+// session).
 // Geometry: block tile 128 tokens (2 warpgroups x 64) x I8_BN = 64 out rows x a k tile of 128 (4
 // blocks), 256 threads; grid (ceil(T / 128), ceil(n_out / 64)); n_in a multiple of 128.  A stage:
 // x h and l tiles (128 rows x 128 bytes), the W tile (64 x 128 bytes), all 128-byte-swizzled
