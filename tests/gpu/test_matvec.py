@@ -310,3 +310,67 @@ def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer
     cl.matvec(W_d, act, got, m, prologue="qx", epilogue="add", qx_in=qx)
     assert np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32)), "prologue qx differs from none"
     check_close(run(cp, W_d, act_h, m), ref_input(act_h, "none", F, None, consumer), w_d)  # (store: no residual rounding)
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("geometry", ["8x2 d2 b3", "16x4 d3", "16x2 b2", "8x4"])
+def test_bulk_copy_ring_gives_the_same_bits(cp, rng, fmt, m, geometry, monkeypatch):
+    """matvec.cu MV_BULK (BW24CHAT_MV_BULK=1): the weights reach the warps through a per-warp
+    ring of shared-memory stages filled by bulk copies instead of the register window; each lane
+    takes the same chunks in the same order, so every row is bit-identical with it off and on —
+    store / add / swiglu epilogues (odd and even row counts), rmsnorm / swiglu prologues, the
+    QX hand-off (gate|up writes the codes with the ring, down reads them with it), m = 1, 3, 8;
+    geometries "NWxR" (warps per block x rows per warp), ring depth d (2: every stage reused
+    within a tile), grids capped at b blocks (many tiles per block: the ring runs on across
+    tiles).  Rows of 1-6 slices (1024 inputs per NVFP4 / Q4_K slice, 512 per Q8_0 slice)."""
+    from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends.kernel_refs import qx_row_words
+
+    nw, rows = geometry.split()[0].split("x")
+    monkeypatch.setenv("BW24CHAT_MV_NW", nw)
+    monkeypatch.setenv("BW24CHAT_MV_R", rows)
+    monkeypatch.setenv("BW24CHAT_MV_STAT8", "1" if nw == "16" else "0")
+    for part in geometry.split()[1:]:
+        monkeypatch.setenv({"d": "BW24CHAT_MV_BD", "b": "BW24CHAT_MV_MAX_BLOCKS"}[part[0]], part[1:])
+    unit = cl.BULK_FORMATS[fmt]
+    n_in = unit * int(rng.integers(1, 7 if m < 8 else 3))  # (m = 8: x's 24 bytes per input and the ring fit)
+    n = int(rng.integers(20, 300))
+    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=n_in // block_of(fmt))
+    W = cw.upload(ts)
+    F = unit * int(rng.integers(1, 3))  # a gate|up of 2F interleaved rows, then a down over its F outputs
+    ts_gu, _ = make_weight(rng, fmt, rows=(F, F), nblocks=n_in // block_of(fmt))
+    W_gu = cw.upload(ts_gu, cw.repack_host(ts_gu, interleave=True))
+    ts_d, _ = make_weight(rng, fmt, rows=(n,), nblocks=F // block_of(fmt))
+    W_d = cw.upload(ts_d)
+    x = rng.standard_normal((m, 2 * n_in)).astype(np.float32)
+    xs = np.ascontiguousarray(x[:, :n_in])
+    norm_w = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    x_d = rng.standard_normal((m, F)).astype(np.float32)
+
+    def everything():
+        got = [run(cp, W, xs, m), run(cp, W, xs, m, epi="add", init=res), run(cp, W, x, m, "swiglu"),
+               run(cp, W, xs, m, "rmsnorm", norm_w=norm_w), run(cp, W_d, x_d, m)]
+        if n % 2 == 0:
+            got.append(run(cp, W, xs, m, epi="swiglu"))
+        if cl.writes_qx(W_gu, m):  # the 16x4 geometry: 64-row tiles
+            act = cp.full((m, F), cp.nan, dtype=cp.float32)
+            qx = cp.zeros((m, qx_row_words(F)), dtype=cp.uint32)
+            cl.matvec(W_gu, cp.asarray(xs), act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=cp.asarray(norm_w),
+                      eps=EPS, qx_out=qx)
+            y = cp.full((m, n), cp.nan, dtype=cp.float32)
+            cl.matvec(W_d, act, y, m, prologue="qx", qx_in=qx)
+            got += [cp.asnumpy(act), cp.asnumpy(qx).view(np.float32), cp.asnumpy(y)]
+        return got
+
+    monkeypatch.setenv("BW24CHAT_MV_BULK", "0")
+    plain = everything()
+    monkeypatch.setenv("BW24CHAT_MV_BULK", "1")
+    assert cl.bulk_depth(W, m, int(rows), int(nw)) > 0, "the ring should be on for this shape"
+    bulk = everything()
+    check_close(bulk[0], ref_input(xs, "none", n_in, None, fmt), w)
+    check_close(bulk[3], ref_input(xs, "rmsnorm", n_in, norm_w, fmt), w)
+    assert len(bulk) == len(plain)
+    for i, (a, b) in enumerate(zip(bulk, plain)):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"output {i} differs with the ring"
