@@ -26,7 +26,7 @@ s13a)
   # SM traffic near its limit (x re-read once per column block), tensor pipes well below peak;
   # gemm_i8 additionally issue-bound in its fold (ALU ~2.5x its IGMMA time)
   command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
-  timeout 400 ncu --clock-control none --kernel-name regex:"gemm_wgp|gemm_i8" --launch-skip-before-match 0 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats python3 bench/ncu_gemm.py --formats bf16,q8_0 > $OUT/ncu_s13a.txt 2>&1
+  timeout 240 ncu --clock-control none --kernel-name regex:"gemm_wgp|gemm_i8" --launch-skip-before-match 0 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats python3 bench/ncu_gemm.py --formats bf16,q8_0 > $OUT/ncu_s13a.txt 2>&1
   grep -E "gemm_wgp|gemm_i8|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Issued Warp|No Eligible|Stall|Max Bandwidth|L2 Hit Rate|Mem Pipes Busy" $OUT/ncu_s13a.txt | head -120
   # gemm_i8 with its scales converted to f32 once per tile (I8_SCF32, prepared: 11 % fewer loop
   # instructions in the SASS, the same bits): bits, then pp512 / pp2048 against the default
