@@ -11,15 +11,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
-s13b)
-  # MV_BULK (prepared this session, never run): the integer-dot matvec's weights through a per-warp
-  # ring of shared-memory stages filled by cp.async.bulk (no registers, ~128 KB in flight per SM).
-  # Bits first (a wrong barrier protocol hangs: stop there), then us per shape, then decode A/B.
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k bulk 2>&1 | tail -6 | tee $OUT/pytest_s13b.log
-  grep -q " passed" $OUT/pytest_s13b.log && ! grep -q "failed\|error" $OUT/pytest_s13b.log || exit 3
-  BW24CHAT_MV_VARIANTS="auto:;bulk:MV_BULK=1;bulk d2:MV_BULK=1,MV_BD=2;bulk nw8:MV_BULK=1,MV_NW=8;bulk nw8 d3:MV_BULK=1,MV_NW=8,MV_BD=3;bulk r2:MV_BULK=1,MV_R=2" timeout 300 python3 bench/matvec_variants.py --formats nvfp4,q4_k,q8_0 2>&1 | tee $OUT/variants_s13b.log | grep -v "^rng" | tail -60
-  for env in "BW24CHAT_MV_BULK=0" "BW24CHAT_MV_BULK=1"; do env $env timeout 150 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s13b.log
-  ;;
 s13a)
   # prepared in the twelfth session: Nsight Compute on the precise prefill GEMMs at T = 512 (BF16
   # gemm_wgp, Q8_0 gemm_i8), the second launch of each.  Predicted (NOTES, twelfth session): L2 ->

@@ -83,40 +83,6 @@ BW24_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::)
 template <int N>
 BW24_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// Bulk copies and transaction barriers (sm_90+, PTX ISA 8.0: cp.async.bulk, mbarrier with
-// expect_tx).  One thread asks the copy engine (TMA) for `bytes` contiguous bytes global ->
-// shared (16-byte aligned addresses, a multiple of 16 bytes); the copy signals `bar` with its
-// byte count.  A barrier of arrival count 1 completes a phase when its one arrival (arrive +
-// expect_tx, by the issuing thread) is in and every expected byte has landed; waiters poll the
-// phase parity.  The copy occupies no register and no issue slot while it is in flight, which is
-// what the register-window matvecs lacked (bench/NOTES.md, ninth session: register-limited at 6
-// warps per scheduler, the weight loads the top stall).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define HAS_BULK_COPY 1
-BW24_DEVICE void mbar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// the initialized barriers visible to the async proxy (the copy engine) before the first copy
-BW24_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-BW24_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-BW24_DEVICE void mbar_wait_parity(uint64_t* bar, uint32_t parity) {
-    asm volatile(
-        "{\n .reg .pred done;\n"
-        "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_%=;\n}" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
-}
-// generic-proxy reads of a buffer ordered before the async-proxy copy that overwrites it
-BW24_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-BW24_DEVICE void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-#else
-#define HAS_BULK_COPY 0
-#endif
-
 // two floats -> packed bf16x2 (round to nearest even), lo in the low half
 BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

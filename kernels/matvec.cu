@@ -128,43 +128,6 @@
 #define EPI_SWIGLU 2  // rows interleaved gate_i, up_i: out[m, i] = silu(y[2i]) * y[2i+1]
 static_assert(MV_R % 2 == 0, "the swiglu epilogue pairs rows (2i, 2i+1) inside one warp");
 
-// MV_BULK (integer-dot path, NVFP4 / Q8_0 / Q4_K, sm_90+; cuda_linear BW24CHAT_MV_BULK): the
-// weights reach the warps through a per-warp ring of MV_BD shared-memory stages filled by bulk
-// copies (common.cuh bulk_copy_g2s), not through the register window.  Stage = one "slice" of
-// the warp's MV_R rows: chunks [32 sl, 32 sl + 32) of each row, i.e. exactly the chunks the 32
-// lanes take in their sl-th window — codes (16 bytes per chunk, 512 per row) then the scale
-// bytes of those chunks (BULK_SC per row) — 2 MV_R bulk copies, issued by lanes 0 .. 2 MV_R - 1.
-// The warp's stream of slices runs through its tiles (item j = tile ordinal j / nsl, slice j %
-// nsl), so the next tile's first slices are in flight while this tile ends; the first MV_BD go
-// out before pdl_wait.  Lane L still takes chunks L, L + 32, ... of each row in increasing order,
-// so the rows are bit-identical to the register window's (tests/gpu/test_matvec.py).
-// Why: the register window holds MV_U x MV_R 16-byte loads per lane (2-8 KB per warp) and limits
-// the block count by registers; a ring holds MV_BD - 1 stages per warp in flight (~100+ KB per
-// SM) at no register or issue cost.  Needs nck % 32 == 0 and 16-byte aligned slices (wrapper).
-#ifndef MV_BULK
-#define MV_BULK 0
-#endif
-#ifndef MV_BD
-#define MV_BD 4
-#endif
-#if MV_BULK
-#if !ACT_Q8 || !(FMT == F_NVFP4 || FMT == F_Q8_0 || FMT == F_Q4_K)
-#error "MV_BULK: the integer-dot matvec of NVFP4, Q8_0 or Q4_K"
-#endif
-#define BULK_CODES 512                       // bytes of one row's slice of codes (32 chunks x 16)
-#define BULK_SC (FMT == F_Q8_0 ? 32 : 64)    // bytes of one row's slice of scales (fetch_chunk's ws)
-#define BULK_STAGE (MV_R * (BULK_CODES + BULK_SC))
-#endif
-// Dynamic shared memory of the integer-dot matvec (cuda_linear.matvec_a8_smem must agree:
-// tests/test_smem_contract.py): x codes and records (3 n_in per token), red, the qx_out tile;
-// with MV_BULK the rings and their barriers after them.
-#define MV_A8_SMEM_BASE(n_in) (3 * MV_M * (n_in) + 4 * MV_M * MV_NW + 128 * MV_M)
-#if MV_BULK
-#define MV_A8_SMEM_BYTES(n_in) (MV_A8_SMEM_BASE(n_in) + MV_NW * MV_BD * (BULK_STAGE + 8))
-#else
-#define MV_A8_SMEM_BYTES(n_in) MV_A8_SMEM_BASE(n_in)
-#endif
-
 // The rmsnorm statistic of the MV_M rows of x for the float path (pro == PRO_RMS; else inv = 1):
 // inv[m] = rms_inv(sum_k x[m, k]^2), the sum in one fixed order (lanes take k = tid, tid + MV_NT,
 // ... by FMA, warp_sum, the warps in order), the same for every MV_M.  red: MV_M * MV_NW floats.
@@ -672,58 +635,6 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 }
 #endif
 
-#if MV_BULK
-#if !HAS_BULK_COPY && defined(__CUDA_ARCH__)
-#error "MV_BULK needs sm_90+ (cp.async.bulk)"
-#endif
-// lane's chunk (the lane-th of the slice) of row r from a ring stage: fetch_chunk's fields
-BW24_DEVICE void stage_chunk(Raw& raw, const unsigned char* st, int r, int lane) {
-    raw.q = *reinterpret_cast<const uint4*>(st + r * BULK_CODES + 16 * lane);
-    const unsigned char* sc = st + MV_R * BULK_CODES + r * BULK_SC;
-#if FMT == F_NVFP4  // one u32 of 4 scale bytes per 2 chunks
-    raw.s.x = *reinterpret_cast<const uint32_t*>(sc + 4 * (lane >> 1));
-#elif FMT == F_Q8_0  // one f16 scale per 2 chunks
-    raw.s.x = *reinterpret_cast<const unsigned short*>(sc + 2 * (lane >> 1));
-#else  // Q4_K: one 16-byte scale record per 8 chunks
-    raw.s = *reinterpret_cast<const uint4*>(sc + 16 * (lane >> 3));
-#endif
-}
-// the global bytes of row `row`'s slice sl, scale plane (fetch_chunk's indexing at chunk 32 sl)
-BW24_DEVICE const void* slice_scales(const void* ws, long row, int nck, int sl) {
-    const unsigned char* b = reinterpret_cast<const unsigned char*>(ws);
-#if FMT == F_NVFP4
-    return b + 4 * (row * (nck >> 1) + 16 * sl);
-#elif FMT == F_Q8_0
-    return b + 2 * (row * (nck >> 1) + 16 * sl);
-#else
-    return b + 16 * (row * (nck >> 3) + 4 * sl);
-#endif
-}
-// Issue ring item j of this warp (uniform in the warp): slice j % nsl of the warp's rows in its
-// block's tile ordinal j / nsl, into stage j % MV_BD.  The stage's previous contents were read
-// by every lane before the caller's __syncwarp; each issuing lane orders those generic-proxy
-// reads before its async-proxy write (fence.proxy.async).
-BW24_DEVICE void bulk_issue(int j, int n_items, int nsl, int warp, int lane, unsigned char* ring, uint64_t* bars,
-                            const uint4* __restrict__ wq, const void* __restrict__ ws, int n_out, int nck) {
-    if (j >= n_items) return;
-    const int ti = j / nsl, sl = j - ti * nsl;
-    const long rw0 = ((long)(blockIdx.x + ti * gridDim.x) * MV_NW + warp) * MV_R;
-    unsigned char* st = ring + (j % MV_BD) * BULK_STAGE;
-    uint64_t* bar = bars + j % MV_BD;
-    if (lane == 0) mbar_arrive_expect_tx(bar, BULK_STAGE);
-    __syncwarp();
-    if (lane < 2 * MV_R) {
-        const int r = lane < MV_R ? lane : lane - MV_R;
-        const long row = min(rw0 + r, (long)n_out - 1);  // rows past the end: a copy of the last (unused)
-        fence_proxy_async_smem();
-        if (lane < MV_R)
-            bulk_copy_g2s(st + r * BULK_CODES, wq + row * nck + 32 * sl, BULK_CODES, bar);
-        else
-            bulk_copy_g2s(st + MV_R * BULK_CODES + r * BULK_SC, slice_scales(ws, row, nck, sl), BULK_SC, bar);
-    }
-}
-#endif
-
 // Persistent tiles (as matvec_tc): block b takes the 8*MV_R-row tiles b, b + gridDim.x, ...
 // (cuda_linear sizes the grid to the resident capacity with the same tile count per block).  The
 // rmsnorm statistic is computed once per block and, when x fits (tk >= n_in, "resident"), so is
@@ -758,23 +669,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     // The first batch of weight loads goes out before the prologue: its memory latency then
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
-#if MV_BULK
-    unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + MV_A8_SMEM_BASE(n_in);
-    uint64_t* bars = reinterpret_cast<uint64_t*>(ring + MV_NW * MV_BD * BULK_STAGE) + warp * MV_BD;
-    ring += warp * MV_BD * BULK_STAGE;  // this warp's stages
-    const int nsl = nck / 32;
-    const int n_items = ((ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * nsl;
-    if (lane == 0) {
-#pragma unroll
-        for (int s = 0; s < MV_BD; ++s) mbar_init(bars + s, 1);
-        mbar_init_fence();
-    }
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < MV_BD; ++j) bulk_issue(j, n_items, nsl, warp, lane, ring, bars, wq, ws, n_out, nck);
-    int item = 0;  // this warp's next ring item to consume
-    (void)wh; (void)wd;
-#else
     Raw raw[MV_U][MV_R];
     auto fetch = [&](int u, int kk, int kcb, int nkc) {
         if (kk < nkc)
@@ -784,7 +678,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
     for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
-#endif
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
 #if ACT_Q8
@@ -809,22 +702,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) acc[m][r] = 0.0f;
 
-#if MV_BULK
-        // the ring's slices of this tile, in order: wait for the stage, read the lane's chunk of
-        // each row, hand the stage back to the copy engine (item + MV_BD), then the dot products
-        for (int sl = 0; sl < nsl; ++sl, ++item) {
-            const int slot = item % MV_BD;
-            mbar_wait_parity(bars + slot, (uint32_t)(item / MV_BD) & 1u);
-            const unsigned char* st = ring + slot * BULK_STAGE;
-            Raw cur[MV_R];
-#pragma unroll
-            for (int r = 0; r < MV_R; ++r) stage_chunk(cur[r], st, r, lane);
-            __syncwarp();
-            bulk_issue(item + MV_BD, n_items, nsl, warp, lane, ring, bars, wq, ws, n_out, nck);
-            dot_a8_or_ablated(cur, lane + 32 * sl, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
-        }
-        (void)resident; (void)staged;
-#else
         for (int k0 = 0; k0 < n_in; k0 += tk) {
             const int tkk = min(tk, n_in - k0);
             const int nkc = tkk / VPC, kcb = k0 / VPC;
@@ -897,7 +774,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                     if (lane + 32 * (i0 + u) < nkc) consume(u, i0, false);
             }
         }
-#endif
 
         // the next tile's first window goes out before this tile's reduction and stores
         const long this_row0 = row0;
@@ -905,10 +781,8 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         tile += gridDim.x;
         if (tile < ntiles) {
             row0 = ((long)tile * MV_NW + warp) * MV_R;
-#if !MV_BULK  // (the ring's items run on through the tiles)
 #pragma unroll
             for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
-#endif
         } else {
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }

@@ -52,10 +52,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 2, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1}),  # BF16 wide (adopted)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 4, "MV_STEADY": 1}),  # Q8_0 down (adopted)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 3, "MV_STEADY": 1}),  # Q4_K down (adopted)
-    # the bulk-copy weight ring (MV_BULK, cp.async.bulk + mbarrier: sm_90+)
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_BULK": 1, "MV_BD": 3}),
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_BULK": 1, "MV_BD": 8, "MV_M": 3}),
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_BULK": 1, "MV_BD": 6}),
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down

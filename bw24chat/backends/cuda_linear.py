@@ -298,44 +298,6 @@ def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int) -> tuple[dict, i
     return defs, rows, _warps_per_block(defs, pro)
 
 
-BULK_FORMATS = {"NVFP4": 1024, "Q4_K": 1024, "Q8_0": 512}  # MV_BULK formats -> the input multiple of whole slices
-BULK_RING_BYTES = 128 * 1024  # ring bytes per block the default depth aims at (~the bytes in flight per SM)
-
-
-def bulk_stage_bytes(fmt: str, rows: int) -> int:
-    """matvec.cu BULK_STAGE: one slice (32 chunks) of ``rows`` rows, codes then scales."""
-    return rows * (512 + (32 if fmt == "Q8_0" else 64))
-
-
-def matvec_a8_smem(n_in: int, m: int, nw: int, qx_out: bool, bulk_stage: int = 0, depth: int = 0) -> int:
-    """Dynamic shared bytes of the integer-dot matvec (matvec.cu MV_A8_SMEM_BYTES with MV_BULK;
-    tests/test_smem_contract.py holds the two equal): x's code planes and records (3 n_in per
-    token), the warps' partial sums, the qx_out tile (always reserved with the ring), the ring."""
-    base = m * (3 * n_in + 4 * nw)
-    if bulk_stage:
-        return base + 128 * m + nw * depth * (bulk_stage + 8)
-    return base + (128 * m if qx_out else 0)
-
-
-def bulk_depth(W: DeviceWeight, m: int, rows: int, nw: int) -> int:
-    """Ring depth MV_BD of the bulk-copy weight stream (matvec.cu MV_BULK), 0 where it is off:
-    opt-in (BW24CHAT_MV_BULK=1) while it is measured; NVFP4 / Q8_0 / Q4_K on sm_90+ (cp.async.bulk),
-    rows of whole 32-chunk slices, 16-byte aligned planes, and a block that fits the shared memory.
-    Depth: BW24CHAT_MV_BD, else ~BULK_RING_BYTES of stages per block (2..12 per warp); at most
-    what fits beside x (at least 2 stages, else off)."""
-    from .kernel_build import active_arch
-
-    if os.environ.get("BW24CHAT_MV_BULK", "0") != "1" or W.fmt not in BULK_FORMATS or W.in_ % BULK_FORMATS[W.fmt]:
-        return 0
-    if int("".join(c for c in active_arch() if c.isdigit())) < 90 or int(W.q.data.ptr) % 16 or int(W.s.data.ptr) % 16:
-        return 0
-    stage = bulk_stage_bytes(W.fmt, rows)
-    depth = int(os.environ.get("BW24CHAT_MV_BD") or max(2, min(12, BULK_RING_BYTES // (nw * stage))))
-    while depth >= 2 and matvec_a8_smem(W.in_, m, nw, True, stage, depth) > WGP_SMEM_MAX:
-        depth -= 1  # the deepest ring that fits beside x
-    return depth if depth >= 2 else 0
-
-
 def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
     """Whether matvec(W, ..., epilogue="swiglu", qx_out=...) can write the next matvec's x codes
     (matvec.cu qx_out): the integer-dot contract, and tiles of 64 rows (32 outputs = one block of
@@ -416,11 +378,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                 matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
             return
         tk = W.in_
-        depth = bulk_depth(W, m, rows, nw)
-        if depth:
-            defs.update(MV_BULK=1, MV_BD=depth)
-            defs.pop("MV_U", None), defs.pop("MV_STEADY", None)  # the register window's knobs (unused)
-        smem = matvec_a8_smem(W.in_, m, nw, qx_out is not None, bulk_stage_bytes(W.fmt, rows) if depth else 0, depth)
+        smem = m * per_row + (128 * m if qx_out is not None else 0)  # + the tile outputs qx_out quantizes
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:
         tk = matvec_tile(W, m)
