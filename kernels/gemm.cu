@@ -711,11 +711,14 @@ extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __rest
 #ifndef I8_STAGES
 #define I8_STAGES 4
 #endif
-// I8_SCF32=1 (prepared in the twelfth session, not yet run on a GPU; BW24CHAT_I8_SCF32=1): the k
-// tile's 64 x 4 f16 weight scales converted once to f32 ([block][row], 1 KB after the ring) by
-// one thread each, behind a second barrier per tile, so the fold reads a column pair's two scales
-// with one LDS.64 instead of two LDS.U16 + two HADD2.F32 per column (~15 % fewer fold
-// instructions; the same values, so the same bits)
+// I8_SCF32=1 (the wrapper's default since the thirteenth session; BW24CHAT_I8_SCF32=0 turns it
+// off): the k tile's 64 x 4 f16 weight scales converted once to f32 ([block][row], 1 KB after the
+// ring) by one thread each, behind a second barrier per tile, so the fold reads a column pair's
+// two scales with one LDS.64 instead of two LDS.U16 + two HADD2.F32 per column (~15 % fewer fold
+// instructions; the same values, so the same bits).  Measured (H200, Qwen3-8B, same call): pp512
+// 10,728 vs 10,395 tok/s, pp2048 10,563 vs 10,265.  Nsight Compute (s13a, T = 512, without it):
+// issue slots 56-60 % busy at 2 warps per scheduler, L2 29-35 %, DRAM 5 %: the fold's issue and
+// latency bound the kernel, not L2 re-reads of x (bench/NOTES.md, thirteenth session).
 #ifndef I8_SCF32
 #define I8_SCF32 0
 #endif
