@@ -11,6 +11,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s13c)
+  # qx_out's hand-off (QX_HANDOFF, prepared this session): the words of every mode, then decode A/B.
+  # s11d: gate|up 23.6 us in the step with the two block barriers per tile, 19.4-19.6 without QX.
+  # Predicted: mode 1 -0.5..-1 us per gate|up, mode 2 -1..-3 (no warp but warp 0 waits per tile)
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k qx 2>&1 | tail -4 | tee $OUT/pytest_s13c.log
+  grep -q " passed" $OUT/pytest_s13c.log && ! grep -q "failed\|error" $OUT/pytest_s13c.log || exit 3
+  for h in 0 1 2 0 2; do BW24CHAT_QX_HANDOFF=$h timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/QX_HANDOFF=$h /"; done | tee $OUT/bench_s13c.log
+  BW24CHAT_QX_HANDOFF=2 timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | head -16 | tee $OUT/profile_s13c.log
+  ;;
 s13a)
   # prepared in the twelfth session: Nsight Compute on the precise prefill GEMMs at T = 512 (BF16
   # gemm_wgp, Q8_0 gemm_i8), the second launch of each.  Predicted (NOTES, twelfth session): L2 ->

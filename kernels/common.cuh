@@ -79,6 +79,11 @@ BW24_DEVICE void cp_async16(void* dst, const void* src, int src_bytes) {
 BW24_DEVICE void cp_async4(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+// Named barriers (PTX bar.sync / bar.arrive, ids 1..15; 0 is __syncthreads): `count` threads (a
+// multiple of 32) complete the barrier; bar.arrive does not wait, and the arriving threads' earlier
+// shared-memory writes are visible to the threads that waited on it (the producer / consumer form).
+BW24_DEVICE void named_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory"); }
+BW24_DEVICE void named_bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory"); }
 BW24_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 BW24_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

@@ -115,6 +115,19 @@
 #if MV_STAT8 && MV_NW != 16
 #error "MV_STAT8: the 8-warp statistic inside a 16-warp block"
 #endif
+#ifndef QX_HANDOFF  // how qx_out's tile outputs reach warp 0 (cuda_linear BW24CHAT_QX_HANDOFF, measured there):
+// 0: one tile buffer, a block barrier before warp 0 quantizes and one after (the buffer is reused);
+// 1: two tile buffers by tile parity, only the first barrier (warp 0 has read buffer p before it
+//    reaches the next tile's barrier, which every writer of buffer p two tiles on has passed);
+// 2: two buffers and named barriers, producer / consumer (PTX bar.arrive / bar.sync): warps 1..
+//    MV_NW-1 arrive on FULL[p] without waiting, warp 0 waits on it, quantizes, and arrives on
+//    EMPTY[p]; a warp waits on EMPTY[p] only before writing buffer p again two tiles later.  So no
+//    warp but warp 0 waits for the tile's slowest warp or for the quantization.
+#define QX_HANDOFF 0
+#endif
+#define QX_BUFS (QX_HANDOFF ? 2 : 1)  // tile buffers of MV_M * 32 floats (the wrapper allocates as many)
+#define QX_BAR_FULL 1   // named barrier ids of QX_HANDOFF 2: FULL[p] = 1 + p, EMPTY[p] = 3 + p (0 is __syncthreads)
+#define QX_BAR_EMPTY 3
 #define STAT_NT (MV_STAT8 ? 256 : MV_NT)  // threads that sum the rmsnorm statistic
 #define STAT_NW (STAT_NT / 32)
 #define WT (32 * VPC)
@@ -652,7 +665,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);                      // [MV_M][2][n_in/4] code words
     uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * (n_in / 4));     // [MV_M][2][n_in/32] block records
     float* red = reinterpret_cast<float*>(meta + 2 * MV_M * (n_in / 32));   // [MV_M][MV_NW]
-    float* qxs = red + MV_M * MV_NW;                                        // [MV_M][32] qx_out's tile outputs
+    float* qxs = red + MV_M * MV_NW;                                        // [QX_BUFS][MV_M][32] qx_out's tile outputs
 #else
     float* xs = reinterpret_cast<float*>(smem4);  // [MV_M][tk], swizzled
     float* xsum = xs + MV_M * tk;                 // [MV_M][tk/32]
@@ -786,6 +799,13 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         } else {
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }
+#if ACT_Q8
+        // qx_out's tile buffer: the tile ordinal's parity (QX_HANDOFF >= 1)
+        const int tord = (this_tile - (int)blockIdx.x) / (int)gridDim.x, my_tiles = (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+        float* qxb = qxs + (QX_HANDOFF ? (tord & 1) * MV_M * 32 : 0);
+        if (QX_HANDOFF == 2 && qx_out && epi == EPI_SWIGLU && warp != 0 && tord >= 2)
+            named_bar_sync(QX_BAR_EMPTY + (tord & 1), MV_NT);  // warp 0 has read this buffer (tile tord - 2)
+#endif
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
             float v[MV_R];
@@ -802,7 +822,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                         const float a = swiglu_act(v[r], v[r + 1]);
                         out[(long)m * (n_out >> 1) + ((this_row0 + r) >> 1)] = a;
 #if ACT_Q8
-                        if (qx_out) qxs[m * 32 + ((warp * MV_R + r) >> 1)] = a;
+                        if (qx_out) qxb[m * 32 + ((warp * MV_R + r) >> 1)] = a;
 #endif
                     }
             } else {
@@ -823,16 +843,26 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         // count — measured slower in the step: NVFP4 tg128@512 415.5 vs 422.0 tok/s; NOTES.md.)
         if (qx_out && epi == EPI_SWIGLU) {
             const int nq = n_out >> 1;
-            __syncthreads();
+            if (QX_HANDOFF == 2 && warp != 0)
+                named_bar_arrive(QX_BAR_FULL + (tord & 1), MV_NT);  // this warp's outputs are in: go on
+            else if (QX_HANDOFF == 2)
+                named_bar_sync(QX_BAR_FULL + (tord & 1), MV_NT);
+            else
+                __syncthreads();
             if (warp == 0) {
                 for (int m0 = 0; m0 < MV_M; m0 += 4) {  // lane group lane / 8: token m0 + lane / 8
                     const int m = m0 + (lane >> 3);
-                    const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxs + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxb + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
                     qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, this_tile, v, m < MV_M);
                 }
+                if (QX_HANDOFF == 2 && tord + 2 < my_tiles) {
+                    __syncwarp();  // every lane's reads of the buffer are done
+                    named_bar_arrive(QX_BAR_EMPTY + (tord & 1), MV_NT);
+                }
             }
-            __syncthreads();  // qxs is the next tile's
+            if (QX_HANDOFF == 0) __syncthreads();  // qxs is the next tile's
         }
+        (void)my_tiles;
 #else
         (void)this_tile;
 #endif

@@ -52,6 +52,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 2, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1}),  # BF16 wide (adopted)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 4, "MV_STEADY": 1}),  # Q8_0 down (adopted)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 3, "MV_STEADY": 1}),  # Q4_K down (adopted)
+    # qx_out's hand-off modes (QX_HANDOFF 1: two buffers, one barrier; 2: named producer / consumer barriers)
+    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 1}),
+    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 2}),
+    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_M": 3, "QX_HANDOFF": 2}),
     ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down

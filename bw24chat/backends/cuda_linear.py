@@ -310,6 +310,13 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
     return nw * rows == 64
 
 
+def qx_handoff() -> int:
+    """matvec.cu QX_HANDOFF: how qx_out's tile outputs reach the quantizing warp (0: two block
+    barriers per tile; 1: two buffers, one barrier; 2: named producer / consumer barriers).
+    BW24CHAT_QX_HANDOFF picks one (comparisons; every mode gives the same words)."""
+    return int(os.environ.get("BW24CHAT_QX_HANDOFF", "0"))
+
+
 def takes_qx(W: DeviceWeight) -> bool:
     """Whether W's matvec can read its x codes from a QX buffer (prologue "qx"): the integer-dot
     contract on the SIMT kernel, inputs in whole 32-blocks."""
@@ -378,7 +385,10 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                 matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
             return
         tk = W.in_
-        smem = m * per_row + (128 * m if qx_out is not None else 0)  # + the tile outputs qx_out quantizes
+        handoff = qx_handoff() if qx_out is not None else 0
+        if handoff:
+            defs["QX_HANDOFF"] = handoff
+        smem = m * per_row + (128 * m * (2 if handoff else 1) if qx_out is not None else 0)  # + qx_out's tile buffers
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:
         tk = matvec_tile(W, m)

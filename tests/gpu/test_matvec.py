@@ -264,20 +264,27 @@ def test_sixteen_warps_with_the_eight_warp_statistic_give_the_same_bits(cp, rng,
     assert np.array_equal(sixteen.view(np.uint32), eight.view(np.uint32))
 
 
-@pytest.mark.parametrize("producer", ["NVFP4", "Q8_0", "Q4_K"])
-@pytest.mark.parametrize("consumer", ["NVFP4", "Q8_0", "Q4_K"])
-@pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("blocks", ["", "2"])
-def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer, consumer, m, blocks, monkeypatch):
+QX_CASES = [(p, c, m, b, "0") for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
+            for m in (1, 3, 8) for b in ("", "2")]
+QX_CASES += [(p, p, m, b, h) for p in ("NVFP4", "Q8_0", "Q4_K") for m in (1, 3, 8) for b in ("", "2", "3")
+             for h in ("1", "2")]
+
+
+@pytest.mark.parametrize("producer,consumer,m,blocks,handoff", QX_CASES)
+def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer, consumer, m, blocks, handoff,
+                                                              monkeypatch):
     """matvec.cu QX: the gate|up matvec's swiglu epilogue, in tiles of 64 rows (16 warps x 4
     rows; the 8-warp rmsnorm statistic), writes its outputs' integer-dot codes; they equal
     kernel_refs.qx_ref of its float outputs word for word (codes and records), and the down
     matvec's prologue "qx" over them gives the same bits as prologue "none" over the floats —
     for every pair of formats (the QX layout does not depend on either), odd block counts; one
-    tile per block and many (a grid of 2 blocks: the tile buffer reused)."""
+    tile per block and many (grids of 2 and 3 blocks: the tile buffers reused, odd and even tile
+    counts per block); every hand-off of the tile outputs to the quantizing warp (QX_HANDOFF 0:
+    block barriers, 1: two buffers and one barrier, 2: named producer / consumer barriers)."""
     from bw24chat.backends import cuda_linear as cl
     from bw24chat.backends.kernel_refs import qx_ref, qx_row_words
 
+    monkeypatch.setenv("BW24CHAT_QX_HANDOFF", handoff)
     if blocks:
         monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", blocks)
     monkeypatch.setenv("BW24CHAT_MV_NW", "16")
