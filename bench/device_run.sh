@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s13d)
+  # the session's final build (I8_SCF32 and QX_HANDOFF=2 the defaults): the whole bench table, then
+  # the gates with kernels for the two formats whose kernels changed (Q8_0 prefill, NVFP4 decode)
+  timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s13d.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s13d.log | tail -40
+  timeout 220 python3 -m bw24chat check --formats nvfp4,q8_0 --kv bf16,f32 > $OUT/check_s13d.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s13d.log | tail -16
+  ;;
 s13c)
   # qx_out's hand-off (QX_HANDOFF, prepared this session): the words of every mode, then decode A/B.
   # s11d: gate|up 23.6 us in the step with the two block barriers per tile, 19.4-19.6 without QX.

@@ -115,7 +115,7 @@
 #if MV_STAT8 && MV_NW != 16
 #error "MV_STAT8: the 8-warp statistic inside a 16-warp block"
 #endif
-#ifndef QX_HANDOFF  // how qx_out's tile outputs reach warp 0 (cuda_linear BW24CHAT_QX_HANDOFF, measured there):
+#ifndef QX_HANDOFF  // how qx_out's tile outputs reach warp 0 (cuda_linear.qx_handoff picks 2, measured there):
 // 0: one tile buffer, a block barrier before warp 0 quantizes and one after (the buffer is reused);
 // 1: two tile buffers by tile parity, only the first barrier (warp 0 has read buffer p before it
 //    reaches the next tile's barrier, which every writer of buffer p two tiles on has passed);
@@ -838,9 +838,9 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         }
 #if ACT_Q8
         // The tile's 32 outputs (MV_NW * MV_R = 64 rows: the wrapper checks) are block this_tile of
-        // the next matvec's x: a block barrier, warp 0 quantizes, a barrier.  (A hand-off without
-        // barriers — the tile's last warp to arrive quantizes, found by a shared-memory arrival
-        // count — measured slower in the step: NVFP4 tg128@512 415.5 vs 422.0 tok/s; NOTES.md.)
+        // the next matvec's x: warp 0 quantizes them once every warp's are in (QX_HANDOFF above).
+        // (A hand-off where the tile's last warp to arrive quantizes, found by a shared-memory
+        // arrival count and a spin, measured slower: NVFP4 tg128@512 415.5 vs 422.0; NOTES.md.)
         if (qx_out && epi == EPI_SWIGLU) {
             const int nq = n_out >> 1;
             if (QX_HANDOFF == 2 && warp != 0)

@@ -313,8 +313,11 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
 def qx_handoff() -> int:
     """matvec.cu QX_HANDOFF: how qx_out's tile outputs reach the quantizing warp (0: two block
     barriers per tile; 1: two buffers, one barrier; 2: named producer / consumer barriers).
-    BW24CHAT_QX_HANDOFF picks one (comparisons; every mode gives the same words)."""
-    return int(os.environ.get("BW24CHAT_QX_HANDOFF", "0"))
+    Measured (H200, thirteenth session, s13c, NVFP4 tg128@512 / @8192 tok/s in one call): 0
+    425.7 / 330.1 and 430.9 / 332.8, 1 434.7 / 333.1, 2 438.6 / 335.9 and 445.9 / 341.5; the
+    gate|up matvec in the step 22.5 us (23.6 with mode 0, s11d).  So 2 is the default;
+    BW24CHAT_QX_HANDOFF picks another (comparisons; every mode gives the same words)."""
+    return int(os.environ.get("BW24CHAT_QX_HANDOFF", "2"))
 
 
 def takes_qx(W: DeviceWeight) -> bool:
