@@ -11,6 +11,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s13e)
+  # decode attention by ablation (ATTN_ABLATE, timing only): what the cross-split merge (1), the tile
+  # arithmetic (2) and the K/V loads (4) each cost on the critical path; MIN_PER=256: one split, no
+  # merge.  Predicted: merge ~2-3 us at every length, arithmetic ~0.5 us per tile of a split
+  timeout 200 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_ABLATE=1;BW24CHAT_ATTN_ABLATE=2;BW24CHAT_ATTN_ABLATE=4;BW24CHAT_ATTN_ABLATE=6;BW24CHAT_ATTN_ABLATE=7;BW24CHAT_ATTN_MIN_PER=256" 2>&1 | tee $OUT/attn_s13e.log | tail -40
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  timeout 120 ncu --clock-control none --kernel-name regex:attn_decode_tc --section WarpStateStats --section SchedulerStats --print-details all python3 bench/attn_probe.py --kv bf16 --lengths 512,8192 --variants default --ncu > $OUT/ncu_attn_s13e.txt 2>&1
+  grep -E "attn_decode_tc \(|Stall|stall|Warp Cycles Per Issued" $OUT/ncu_attn_s13e.txt | head -60
+  ;;
 s13d)
   # the session's final build (I8_SCF32 and QX_HANDOFF=2 the defaults): the whole bench table, then
   # the gates with kernels for the two formats whose kernels changed (Q8_0 prefill, NVFP4 decode)

@@ -78,6 +78,12 @@
 #ifndef PREFILL_SPLIT
 #define PREFILL_SPLIT 1
 #endif
+#ifndef ATTN_ABLATE  // decode timing diagnostics only (bench/attn_probe.py, BW24CHAT_ATTN_ABLATE), results garbage:
+// bit 0: no cross-split merge (each split writes its partial, no fence / arrival count / last
+// block); bit 1 (attn_decode_tc): no tile arithmetic (loads and waits kept); bit 2
+// (attn_decode_tc): no K/V tile loads.  What each removed part costs on the critical path.
+#define ATTN_ABLATE 0
+#endif
 #ifndef DEC_MIN_PER  // decode: at least this many key tiles per split (fewer splits to merge at short context)
 #define DEC_MIN_PER 1
 #endif
@@ -216,7 +222,7 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
             if (d == 0) { ws_ml[(rh * ms + s) * 2] = M; ws_ml[(rh * ms + s) * 2 + 1] = Ls; }
         }
     }
-    if (nsplit == 1) return;
+    if (nsplit == 1 || (ATTN_ABLATE & 1)) return;
 
     // ---- last block of (row, kv head, head group) merges the splits, in split order
     __threadfence();
@@ -789,6 +795,7 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     // keys >= L, nothing in between); 1: the fresh keys only; 2: every key < L, zeros after.
     const int fresh = L - max_rows;
     auto issue = [&](int tile, int st, int mode) {
+        if (ATTN_ABLATE & 4) return;
         __nv_bfloat16* sK = tiles + st * TC_STAGE_ELEMS;
         __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = tile * TCK;
@@ -844,6 +851,7 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         const __nv_bfloat16* sK = tiles + (it % TCSTAGES) * TC_STAGE_ELEMS;
         const __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = (t0 + it) * TCK + kw;
+        if (ATTN_ABLATE & 2) continue;
 
         // S (rows g, keys kw + 8nt + c2, +1) = (Q_hi.K over even k steps + Q_hi.K over odd ones)
         // + (the same for Q_lo): four independent accumulator chains per 8 keys, interleaved over
