@@ -11,15 +11,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
-s13f)
-  # the split merge with one acq_rel fence per block and the partials prefetched with (m, l) (was:
-  # a fence.sc per thread, twice; s13e's ablation put the merge at ~5 of 7.8 us at 512 keys).
-  # Bits against the old ordering and the decode tests, then per-layer time and decode, same call
-  timeout 100 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py -k "merge_orderings or bit_identical_for_any_m" 2>&1 | tail -4 | tee $OUT/pytest_s13f.log
-  grep -q " passed" $OUT/pytest_s13f.log && ! grep -q "failed\|error" $OUT/pytest_s13f.log || exit 3
-  timeout 90 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_MERGE_V1=1;default;BW24CHAT_ATTN_ABLATE=1" 2>&1 | tail -10 | tee $OUT/attn_s13f.log
-  for env in "BW24CHAT_ATTN_MERGE_V1=1" "X=0"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s13f.log
-  ;;
 s13e)
   # decode attention by ablation (ATTN_ABLATE, timing only): what the cross-split merge (1), the tile
   # arithmetic (2) and the K/V loads (4) each cost on the critical path; MIN_PER=256: one split, no

@@ -84,10 +84,6 @@
 // (attn_decode_tc): no K/V tile loads.  What each removed part costs on the critical path.
 #define ATTN_ABLATE 0
 #endif
-#ifndef ATTN_MERGE_V1  // 1: the twelfth session's merge (a fence.sc per thread before and after the arrival
-// count, no partials prefetched with the (m, l) pairs) — for same-call comparisons (BW24CHAT_ATTN_MERGE_V1)
-#define ATTN_MERGE_V1 0
-#endif
 #ifndef DEC_MIN_PER  // decode: at least this many key tiles per split (fewer splits to merge at short context)
 #define DEC_MIN_PER 1
 #endif
@@ -228,41 +224,21 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     }
     if (nsplit == 1 || (ATTN_ABLATE & 1)) return;
 
-    // ---- last block of (row, kv head, head group) merges the splits, in split order.
-    // Ordering (PTX memory model): every thread's partial stores precede thread 0's gpu-scope
-    // acq_rel fence through the block barrier (fences are cumulative), and the last block's
-    // thread 0 fences again after its arrival before the barrier its readers wait on — one fence
-    // per block instead of a fence.sc per thread (the merge was ~5 us of the 7.8 us kernel at 512
-    // keys by ablation, bench/NOTES.md thirteenth session: a chain of fences and L2 round trips).
-    if (ATTN_MERGE_V1) __threadfence();
+    // ---- last block of (row, kv head, head group) merges the splits, in split order
+    __threadfence();
     __syncthreads();
     int* cnt = ws_cnt + ((long long)r * K * NSG + blockIdx.z);
-    if (tid == 0) {
-        if (!ATTN_MERGE_V1) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        s_last = atomicAdd(cnt, 1) == nsplit - 1;
-        if (s_last && !ATTN_MERGE_V1) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    }
+    if (tid == 0) s_last = atomicAdd(cnt, 1) == nsplit - 1;
     __syncthreads();
     if (!s_last) return;
-    if (ATTN_MERGE_V1) __threadfence();
-    // One L2 round trip before the arithmetic: each thread's first partials (splits < PRE_SPLITS
-    // of up to MERGE_PRE outputs) go out together with the (m, l) pairs; the split
-    // weights f_b = exp2(m_b - M) and Ls per head then come from shared memory, and each (head,
-    // dim) output sums its partials in split order (the same operations in the same order as
-    // before, so the same bits).
-    constexpr int MERGE_PRE = 4;  // outputs per thread prefetched (GQ * HD / DTHREADS = 4 at GQ 4, HD 128)
-    constexpr int PRE_SPLITS = ATTN_MERGE_V1 ? 0 : 8;  // (8 splits cover 512 keys of the tensor-core kernel; registers)
-    float pre[MERGE_PRE][PRE_SPLITS > 0 ? PRE_SPLITS : 1];
-#pragma unroll
-    for (int k = 0; k < MERGE_PRE; ++k) {
-        const int idx = tid + k * DTHREADS;
-        if (idx < GQ * HD) {
-            const int g = idx / HD, d = idx % HD;
-            const float* part = ws_acc + ((long long)r * H + hq0 + g) * ms * HD + d;
-#pragma unroll
-            for (int u = 0; u < PRE_SPLITS; ++u) pre[k][u] = u < nsplit ? __ldcg(part + (long long)u * HD) : 0.0f;
-        }
-    }
+    __threadfence();
+    // Every L2 round trip here is paid once per layer on the critical path (this block runs
+    // last), so loads go out together: all nsplit (m, l) pairs at once into shared memory, then
+    // the split weights f_b = exp2(m_b - M) and Ls per head from shared memory, then each
+    // (head, dim) output sums its partials with 16 loads in flight.  Same operations in the same
+    // order as the first version, which chained 2*nsplit dependent L2 loads; measured on the
+    // H200 this took the kernel from 13.1 to 11.9 us per layer at 512 keys and 28.6 to 25.1 us
+    // at 8192 (bench/NOTES.md): the merge was not the main cost.
     float* sml = reinterpret_cast<float*>(smem);  // [GQ][ms][2] (m, l) of every split
     float* sf = sml + GQ * ms * 2;                // [GQ][ms] split weights
     float* sL = sf + GQ * ms;                     // [GQ] softmax sums
@@ -286,10 +262,7 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
         sL[tid] = Ls;
     }
     __syncthreads();
-#pragma unroll
-    for (int k = 0; k < (GQ * HD + DTHREADS - 1) / DTHREADS; ++k) {
-        const int idx = tid + k * DTHREADS;
-        if (idx >= GQ * HD) break;
+    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
         const int g = idx / HD, d = idx % HD;
         const long long rh = (long long)r * H + hq0 + g;
         const float* part = ws_acc + rh * ms * HD + d;
@@ -297,9 +270,7 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
         for (int b0 = 0; b0 < nsplit; b0 += 16) {
             float v[16];
 #pragma unroll
-            for (int u = 0; u < 16; ++u)  // (k is a constant once unrolled: pre stays in registers)
-                v[u] = b0 == 0 && k < MERGE_PRE && u < PRE_SPLITS ? pre[k < MERGE_PRE ? k : 0][u < PRE_SPLITS ? u : 0]
-                       : b0 + u < nsplit ? __ldcg(part + (long long)(b0 + u) * HD) : 0.0f;
+            for (int u = 0; u < 16; ++u) v[u] = b0 + u < nsplit ? __ldcg(part + (long long)(b0 + u) * HD) : 0.0f;
 #pragma unroll
             for (int u = 0; u < 16; ++u)
                 if (b0 + u < nsplit) O = fmaf(v[u], sf[g * ms + b0 + u], O);

@@ -252,8 +252,6 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         extra["TCSTAGES"] = _decode_tc_stages()
     if os.environ.get("BW24CHAT_ATTN_ABLATE"):  # timing diagnostics only (attention.cu ATTN_ABLATE): garbage out
         extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
-    if os.environ.get("BW24CHAT_ATTN_MERGE_V1") == "1":  # comparisons: the previous merge (same bits)
-        extra["ATTN_MERGE_V1"] = 1
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
                       **extra)
     _launch(kern, (m, ms, K * nsg), (128,),

@@ -67,30 +67,6 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
-@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("fp8", "0")])
-@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (64, 4, 128)])
-def test_decode_merge_orderings_give_the_same_bits(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
-    """The split merge's memory ordering (one gpu-scope acq_rel fence per block around the arrival
-    count, partials prefetched with the (m, l) pairs) against the previous fence.sc per thread
-    (BW24CHAT_ATTN_MERGE_V1=1): the same operations in the same order, so the same bits — rows of
-    1, 2 and many splits (1 to 9000 keys), m = 1, 3, 8; the arrival counters left at zero."""
-    _set_decode_kernel(monkeypatch, tc)
-    scale = 1.0 / math.sqrt(hd)
-    for L, m in [(1, 1), (300, 3), (700, 8), (2047, 2), (9000, 1)]:
-        N = L + m + 3
-        ck, cv, kv, vv = _make_cache(cp, rng, kv_type, N, K, hd)
-        q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
-        lengths = [L + r for r in range(m)]
-        monkeypatch.setenv("BW24CHAT_ATTN_MERGE_V1", "1")
-        old, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
-        monkeypatch.delenv("BW24CHAT_ATTN_MERGE_V1")
-        new, ws = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
-        assert np.array_equal(old.view(np.uint32), new.view(np.uint32)), (L, m)
-        assert _rel_err(new, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 2e-3, (L, m)
-        cnt = ws.get()[: ops._decode_ws_layout(H, K, hd, ops.DECODE_MAX_ROWS)[1]].view(np.int32)
-        assert not cnt.any(), "arrival counters must be left at zero"
-
-
 @pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
