@@ -81,7 +81,11 @@
 #ifndef ATTN_ABLATE  // decode timing diagnostics only (bench/attn_probe.py, BW24CHAT_ATTN_ABLATE), results garbage:
 // bit 0: no cross-split merge (each split writes its partial, no fence / arrival count / last
 // block); bit 1 (attn_decode_tc): no tile arithmetic (loads and waits kept); bit 2
-// (attn_decode_tc): no K/V tile loads.  What each removed part costs on the critical path.
+// (attn_decode_tc): no K/V tile loads; bit 3: the last block stops right after its arrival
+// (fences and the arrival count kept, no merge loads or arithmetic); bit 4: no fences around
+// the arrival count (wrong ordering, timing only).  What each removed part costs on the critical
+// path (s13e: bit 0 took 7.76 -> 2.96 us at 512 keys, 18.96 -> 12.21 at 8192; a merge with one
+// fence per block and prefetched partials measured the same as this one, s13f).
 #define ATTN_ABLATE 0
 #endif
 #ifndef DEC_MIN_PER  // decode: at least this many key tiles per split (fewer splits to merge at short context)
@@ -225,13 +229,17 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     if (nsplit == 1 || (ATTN_ABLATE & 1)) return;
 
     // ---- last block of (row, kv head, head group) merges the splits, in split order
-    __threadfence();
+    if (!(ATTN_ABLATE & 16)) __threadfence();
     __syncthreads();
     int* cnt = ws_cnt + ((long long)r * K * NSG + blockIdx.z);
     if (tid == 0) s_last = atomicAdd(cnt, 1) == nsplit - 1;
     __syncthreads();
     if (!s_last) return;
-    __threadfence();
+    if (ATTN_ABLATE & 8) {
+        if (tid == 0) *cnt = 0;
+        return;
+    }
+    if (!(ATTN_ABLATE & 16)) __threadfence();
     // Every L2 round trip here is paid once per layer on the critical path (this block runs
     // last), so loads go out together: all nsplit (m, l) pairs at once into shared memory, then
     // the split weights f_b = exp2(m_b - M) and Ls per head from shared memory, then each
