@@ -11,6 +11,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s14a)
+  # prepared in the thirteenth session: the decode merge by finer ablation (ATTN_ABLATE bits: 1 no
+  # merge, 8 the last block stops after its arrival, 16 no fences, 24 both).  s13e: the merge is ~4.8
+  # of 7.8 us at 512 keys, ~6.7 of 19 at 8192; s13f (commit 59a1d17, removed): one fence per block
+  # and prefetched partials changed nothing.  Which part is it: the fence + arrival chain (8 ~ 1),
+  # the merge body (8 ~ default), or the fences (16)?
+  timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_ABLATE=1;BW24CHAT_ATTN_ABLATE=8;BW24CHAT_ATTN_ABLATE=16;BW24CHAT_ATTN_ABLATE=24" 2>&1 | tail -16 | tee $OUT/attn_s14a.log
+  ;;
 s13e)
   # decode attention by ablation (ATTN_ABLATE, timing only): what the cross-split merge (1), the tile
   # arithmetic (2) and the K/V loads (4) each cost on the critical path; MIN_PER=256: one split, no
