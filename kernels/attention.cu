@@ -246,7 +246,9 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     // (head, dim) output sums its partials with 16 loads in flight.  Same operations in the same
     // order as the first version, which chained 2*nsplit dependent L2 loads; measured on the
     // H200 this took the kernel from 13.1 to 11.9 us per layer at 512 keys and 28.6 to 25.1 us
-    // at 8192 (bench/NOTES.md): the merge was not the main cost.
+    // at 8192 (bench/NOTES.md).  Removing the merge altogether (ATTN_ABLATE bit 0, thirteenth
+    // session) takes 7.8 -> 3.0 us at 512 keys and 19.0 -> 12.2 at 8192: it is the largest single
+    // cost at short context; one fence per block and prefetched partials did not reduce it.
     float* sml = reinterpret_cast<float*>(smem);  // [GQ][ms][2] (m, l) of every split
     float* sf = sml + GQ * ms * 2;                // [GQ][ms] split weights
     float* sL = sf + GQ * ms;                     // [GQ] softmax sums
