@@ -18,6 +18,13 @@ s14a)
   # and prefetched partials changed nothing.  Which part is it: the fence + arrival chain (8 ~ 1),
   # the merge body (8 ~ default), or the fences (16)?
   timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_ABLATE=1;BW24CHAT_ATTN_ABLATE=8;BW24CHAT_ATTN_ABLATE=16;BW24CHAT_ATTN_ABLATE=24" 2>&1 | tail -16 | tee $OUT/attn_s14a.log
+  # the split merge in a thread-block cluster (ATTN_CLUSTER, prepared: compiled for sm_90a / sm_120a,
+  # never run): bits against the workspace merge with the same split count, then us per layer
+  # (predicted: most of the ablated merge's 4.8 / 5.9 / 6.8 us at 512 / 2048 / 8192 keys), then decode
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py -k cluster_merge 2>&1 | tail -4 | tee $OUT/pytest_s14a.log
+  grep -q " passed" $OUT/pytest_s14a.log && ! grep -q "failed\|error" $OUT/pytest_s14a.log || exit 3
+  timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_SPLITS=16;BW24CHAT_ATTN_CLUSTER=16;BW24CHAT_ATTN_SPLITS=8;BW24CHAT_ATTN_CLUSTER=8" 2>&1 | tail -14 | tee -a $OUT/attn_s14a.log
+  for env in "X=0" "BW24CHAT_ATTN_CLUSTER=16" "BW24CHAT_ATTN_CLUSTER=8"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s14a.log
   ;;
 s13e)
   # decode attention by ablation (ATTN_ABLATE, timing only): what the cross-split merge (1), the tile

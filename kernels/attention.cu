@@ -194,6 +194,26 @@ static_assert(GQ >= 1, "GQ");
 // sums, in shared memory) are merged in part order; with one split the row is finished here, else
 // the (m, l, acc) of this split go to the workspace and the last block of (row, kv head, head
 // group) to arrive merges the splits in split order (then resets the arrival counter).
+// The block's NPART partial states of head g, output dim d, merged in part order: (M, Ls, O).
+template <int NPART>
+BW24_DEVICE void merge_block_parts(const float* macc, const float* mm, const float* ml, int g, int d, float& M, float& Ls,
+                                   float& O) {
+    M = NEG_INF;
+#pragma unroll
+    for (int b = 0; b < NPART; ++b) M = fmaxf(M, mm[b * GQ + g]);
+    Ls = 0.0f;
+    O = 0.0f;
+#pragma unroll
+    for (int b = 0; b < NPART; ++b) {
+        const float mv = mm[b * GQ + g];
+        if (mv != NEG_INF) {
+            const float f = exp2f(mv - M);
+            Ls = fmaf(ml[b * GQ + g], f, Ls);
+            O = fmaf(macc[(b * GQ + g) * HD + d], f, O);
+        }
+    }
+}
+
 template <int NPART>
 BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
                                int nsplit, int hq0, int H, int K, int NSG, int max_splits, int max_rows,
@@ -205,19 +225,8 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     float* ws_acc = ws + (long long)max_rows * H * ms * 2;     // [max_rows][H][ms][HD]
     for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
         const int g = idx / HD, d = idx % HD;
-        float M = NEG_INF;
-#pragma unroll
-        for (int b = 0; b < NPART; ++b) M = fmaxf(M, mm[b * GQ + g]);
-        float Ls = 0.0f, O = 0.0f;
-#pragma unroll
-        for (int b = 0; b < NPART; ++b) {
-            const float mv = mm[b * GQ + g];
-            if (mv != NEG_INF) {
-                const float f = exp2f(mv - M);
-                Ls = fmaf(ml[b * GQ + g], f, Ls);
-                O = fmaf(macc[(b * GQ + g) * HD + d], f, O);
-            }
-        }
+        float M, Ls, O;
+        merge_block_parts<NPART>(macc, mm, ml, g, d, M, Ls, O);
         const long long rh = (long long)r * H + hq0 + g;
         if (nsplit == 1) {
             out[rh * HD + d] = O / Ls;
@@ -289,6 +298,74 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     }
     if (tid == 0) *cnt = 0;  // ready for the next launch / graph replay
 }
+
+#ifndef ATTN_CLUSTER  // attn_decode_tc: 0, or the cluster size C (cuda_ops BW24CHAT_ATTN_CLUSTER; prepared, see below)
+#define ATTN_CLUSTER 0
+#endif
+#if ATTN_CLUSTER
+// ATTN_CLUSTER = C (prepared in the thirteenth session, not yet run on a GPU): the C split blocks of
+// one (row, kv head, head group) form a thread-block cluster (grid y = max_splits = C), and the
+// splits are merged through distributed shared memory instead of the global workspace: each block
+// leaves its (m, l, O) in its own shared memory, a cluster barrier, the split-0 block reads every
+// split's state (mapa + ld.shared::cluster) and merges them exactly as decode_finish's last block
+// does (same operations, same order: the same bits as the workspace merge with max_splits = C),
+// a second barrier keeps the others alive until it has read them.  Why: removing the merge took
+// 7.8 -> 3.0 us per layer at 512 keys and 19.0 -> 12.2 at 8192 (bench/NOTES.md, thirteenth
+// session), and the workspace merge is a chain of global fences, an arrival count and L2 loads.
+// Blocks with s >= nsplit take part in both barriers (a cluster barrier waits for every thread of
+// every block); with nsplit == 1 nobody waits (nsplit is the same for the whole cluster).
+template <int NPART>
+BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
+                                       int nsplit, int hq0, int H, float* __restrict__ out) {
+    const int tid = threadIdx.x;
+    float* cpart = reinterpret_cast<float*>(smem) + NPART * GQ * (HD + 2);  // [GQ][HD] this split's O (after macc, mm, ml)
+    float* cml = cpart + GQ * HD;                                           // [GQ][2] its (m, l)
+    float* sf = cml + 2 * GQ;                                               // [GQ][C] split weights (split 0's block)
+    float* sL = sf + GQ * ATTN_CLUSTER;                                     // [GQ] softmax sums
+    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+        const int g = idx / HD, d = idx % HD;
+        float M, Ls, O;
+        merge_block_parts<NPART>(macc, mm, ml, g, d, M, Ls, O);
+        if (nsplit == 1) {
+            out[((long long)r * H + hq0 + g) * HD + d] = O / Ls;
+        } else {
+            cpart[idx] = O;
+            if (d == 0) { cml[2 * g] = M; cml[2 * g + 1] = Ls; }
+        }
+    }
+    if (nsplit == 1) return;
+    cluster_sync_all();  // every split's state is in its block's shared memory
+    if (s == 0) {
+        if (tid < GQ) {
+            float M = NEG_INF;
+            for (int b = 0; b < nsplit; ++b) M = fmaxf(M, ld_cluster_f32(cluster_map(cml + 2 * tid, b)));
+            float Ls = 0.0f;
+            for (int b = 0; b < nsplit; ++b) {
+                const float f = exp2f(ld_cluster_f32(cluster_map(cml + 2 * tid, b)) - M);
+                sf[tid * ATTN_CLUSTER + b] = f;
+                Ls = fmaf(ld_cluster_f32(cluster_map(cml + 2 * tid + 1, b)), f, Ls);
+            }
+            sL[tid] = Ls;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+            const int g = idx / HD, d = idx % HD;
+            float v[ATTN_CLUSTER];
+#pragma unroll
+            for (int b = 0; b < ATTN_CLUSTER; ++b) v[b] = b < nsplit ? ld_cluster_f32(cluster_map(cpart + idx, b)) : 0.0f;
+            float O = 0.0f;
+#pragma unroll
+            for (int b = 0; b < ATTN_CLUSTER; ++b)
+                if (b < nsplit) O = fmaf(v[b], sf[g * ATTN_CLUSTER + b], O);
+            out[((long long)r * H + hq0 + g) * HD + d] = O / sL[g];
+        }
+    }
+    cluster_sync_all();  // split 0 has read every state: the blocks may exit
+}
+#define ATTN_CLUSTER_DIMS __cluster_dims__(1, ATTN_CLUSTER, 1)
+#else
+#define ATTN_CLUSTER_DIMS
+#endif
 
 extern "C" __global__ void __launch_bounds__(DTHREADS)
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
@@ -772,9 +849,13 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 #endif
 #define TC_STAGE_ELEMS (2 * TCK * LDK)
 #define DECODE_TC_SMEM (TCSTAGES * TC_STAGE_ELEMS * 2)  // the wrapper computes the same number
+#if ATTN_CLUSTER
+static_assert((4 * GQ * (HD + 2) + GQ * HD + 2 * GQ + GQ * ATTN_CLUSTER + GQ) * 4 <= DECODE_TC_SMEM,
+              "decode_finish_cluster's shared memory (parts, this split's state, split weights) fits the pipeline's");
+#endif
 
 #if KV_TYPE == KV_BF16 && HD <= 128
-extern "C" __global__ void __launch_bounds__(DTHREADS, 2)
+extern "C" __global__ void __launch_bounds__(DTHREADS, 2) ATTN_CLUSTER_DIMS
 attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
                const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
                float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
@@ -788,7 +869,13 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     const int ntiles_all = (L + TCK - 1) / TCK;
     const int per = max(DEC_MIN_PER, (ntiles_all + max_splits - 1) / max_splits);
     const int nsplit = (ntiles_all + per - 1) / per;
-    if (s >= nsplit) { pdl_wait(); return; }
+    if (s >= nsplit) {
+        pdl_wait();
+#if ATTN_CLUSTER
+        if (nsplit > 1) { cluster_sync_all(); cluster_sync_all(); }  // the two barriers of decode_finish_cluster
+#endif
+        return;
+    }
     const int t0 = s * per, ntile = min(ntiles_all, t0 + per) - t0;
     const int G = H / K, NSG = G / GQ;
     const int h = blockIdx.z / NSG, sg = blockIdx.z % NSG;
@@ -957,6 +1044,11 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         if (c2 == 0) { mm[warp * GQ + g] = m_; ml[warp * GQ + g] = l_; }
     }
     __syncthreads();
+#if ATTN_CLUSTER
+    decode_finish_cluster<4>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
+    (void)NSG; (void)max_splits; (void)max_rows; (void)ws; (void)ws_cnt;
+#else
     decode_finish<4>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
+#endif
 }
 #endif

@@ -84,6 +84,25 @@ BW24_DEVICE void cp_async4(void* dst, const void* src, int src_bytes) {
 // shared-memory writes are visible to the threads that waited on it (the producer / consumer form).
 BW24_DEVICE void named_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory"); }
 BW24_DEVICE void named_bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory"); }
+// Thread-block clusters (sm_90+): a cluster-wide barrier (every thread of every block of the
+// cluster arrives; release / acquire order shared-memory writes before it with reads after it,
+// cluster-wide), and reads of another block's shared memory (distributed shared memory: mapa
+// gives the cluster address of the same variable in block `rank`).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+BW24_DEVICE void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+BW24_DEVICE uint32_t cluster_map(const void* p, uint32_t rank) {
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+    return a;
+}
+BW24_DEVICE float ld_cluster_f32(uint32_t a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+#endif
 BW24_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 BW24_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

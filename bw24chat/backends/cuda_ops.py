@@ -172,6 +172,17 @@ def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = Non
     return max(1, min(64, -(-blocks_per_sm * n_sm // (n_kv_heads * nsg))))
 
 
+def attn_decode_cluster() -> int:
+    """Cluster size C of the tensor-core decode's split merge through distributed shared memory
+    (attention.cu ATTN_CLUSTER: max_splits = C, 8 portable, 16 on Hopper with the non-portable
+    attribute), 0 for the workspace merge.  Prepared, opt-in (BW24CHAT_ATTN_CLUSTER=8|16) until it
+    is measured: the same bits as the workspace merge with BW24CHAT_ATTN_SPLITS=C."""
+    c = int(os.environ.get("BW24CHAT_ATTN_CLUSTER", "0"))
+    if c not in (0, 2, 4, 8, 16):
+        raise ValueError(f"BW24CHAT_ATTN_CLUSTER={c}: 0, 2, 4, 8 or 16")
+    return c if c and _arch_number() >= 90 else 0
+
+
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
     ms = attn_decode_max_splits(n_heads, n_kv_heads, n_sm)
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
@@ -252,8 +263,15 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         extra["TCSTAGES"] = _decode_tc_stages()
     if os.environ.get("BW24CHAT_ATTN_ABLATE"):  # timing diagnostics only (attention.cu ATTN_ABLATE): garbage out
         extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
+    cluster = attn_decode_cluster() if tc else 0
+    if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (attention.cu ATTN_CLUSTER)
+        extra["ATTN_CLUSTER"] = ms = cluster
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
                       **extra)
+    if cluster > 8:
+        from .kernel_build import allow_nonportable_clusters
+
+        allow_nonportable_clusters(kern)
     _launch(kern, (m, ms, K * nsg), (128,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),

@@ -264,6 +264,24 @@ def launch_pdl(raw, grid, block, args, shared_mem: int = 0) -> None:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc} ({getattr(raw, 'name', '?')})")
 
 
+_CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # cuda.h CUfunction_attribute
+_nonportable_set: set = set()
+
+
+def allow_nonportable_clusters(kernel: Kernel) -> None:
+    """Let ``kernel`` run in thread-block clusters larger than the portable 8 (Hopper: up to 16),
+    through the driver (CuPy's RawKernel has no such attribute).  Once per kernel."""
+    ptr = int(kernel._raw.kernel.ptr)
+    if ptr in _nonportable_set:
+        return
+    lib = _libcuda()
+    rc = lib.cuFuncSetAttribute(ctypes.c_void_p(ptr), ctypes.c_int(_CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED),
+                                ctypes.c_int(1))
+    if rc != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed with CUresult {rc} ({kernel.name})")
+    _nonportable_set.add(ptr)
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(family: str, name: str, defines: tuple) -> Kernel:
     label = name + "".join(f" {k}={v}" for k, v in defines)

@@ -67,6 +67,30 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
+@pytest.mark.parametrize("cluster", ["8", "16"])
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (64, 4, 128)])
+def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, H, K, hd):
+    """attention.cu ATTN_CLUSTER (BW24CHAT_ATTN_CLUSTER=C): the C splits of a (row, kv head, head
+    group) merge through distributed shared memory in a thread-block cluster, with the workspace
+    merge's operations in its order, so every row equals the workspace merge's with max_splits = C
+    (BW24CHAT_ATTN_SPLITS=C) bit for bit — one split (no barrier), a few (idle blocks in the
+    cluster) and all C; m = 1, 3, 8; within the float64 reference's tolerance."""
+    monkeypatch.setenv("BW24CHAT_ATTN_TC", "1")
+    scale = 1.0 / math.sqrt(hd)
+    for L, m in [(1, 1), (64, 3), (300, 3), (700, 8), (2047, 2), (9000, 1)]:
+        N = L + m + 3
+        ck, cv, kv, vv = _make_cache(cp, rng, "bf16", N, K, hd)
+        q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
+        lengths = [L + r for r in range(m)]
+        monkeypatch.setenv("BW24CHAT_ATTN_SPLITS", cluster)
+        ws_merge, _ = _decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)
+        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", cluster)
+        got, _ = _decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)
+        monkeypatch.delenv("BW24CHAT_ATTN_CLUSTER")
+        assert np.array_equal(got.view(np.uint32), ws_merge.view(np.uint32)), (L, m)
+        assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 1e-4, (L, m)
+
+
 @pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
