@@ -25,6 +25,10 @@ s14a)
   grep -q " passed" $OUT/pytest_s14a.log && ! grep -q "failed\|error" $OUT/pytest_s14a.log || exit 3
   timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_SPLITS=16;BW24CHAT_ATTN_CLUSTER=16;BW24CHAT_ATTN_SPLITS=8;BW24CHAT_ATTN_CLUSTER=8" 2>&1 | tail -14 | tee -a $OUT/attn_s14a.log
   for env in "X=0" "BW24CHAT_ATTN_CLUSTER=16" "BW24CHAT_ATTN_CLUSTER=8"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s14a.log
+  # Q4_K / Q8_0 with the QX hand-off too: their gate|up in 64-row tiles (16 warps x 4 rows, the 8-warp
+  # statistic) so that it writes the down projection's codes (s11a: Q4_K gate|up 20.9 us at 8 or 16
+  # warps; 4 rows 21.0 vs 20.8).  Predicted +1-2 % decode (NVFP4's QX gain), if the tiles cost nothing
+  for env in "X=0" "BW24CHAT_A8_WIDE_R4=NVFP4,Q4_K,Q8_0 BW24CHAT_MV_NW=16 BW24CHAT_MV_STAT8=1"; do env $env timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee -a $OUT/bench_s14a.log
   ;;
 s13e)
   # decode attention by ablation (ATTN_ABLATE, timing only): what the cross-split merge (1), the tile
