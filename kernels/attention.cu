@@ -189,11 +189,6 @@ static_assert(GQ >= 1, "GQ");
 #define DECODE_MERGE_BYTES (NSUB * GQ * (HD + 2) * 4)
 #define DECODE_SMEM (STAGES * STAGE_BYTES > DECODE_MERGE_BYTES ? STAGES * STAGE_BYTES : DECODE_MERGE_BYTES)
 
-// The end of a decode block, shared by attn_decode and attn_decode_tc: the block's NPART partial
-// softmax states (sm_acc [NPART][GQ][HD] un-normalised outputs, sm_m / sm_l [NPART][GQ] maxima and
-// sums, in shared memory) are merged in part order; with one split the row is finished here, else
-// the (m, l, acc) of this split go to the workspace and the last block of (row, kv head, head
-// group) to arrive merges the splits in split order (then resets the arrival counter).
 // The block's NPART partial states of head g, output dim d, merged in part order: (M, Ls, O).
 template <int NPART>
 BW24_DEVICE void merge_block_parts(const float* macc, const float* mm, const float* ml, int g, int d, float& M, float& Ls,
@@ -214,6 +209,11 @@ BW24_DEVICE void merge_block_parts(const float* macc, const float* mm, const flo
     }
 }
 
+// The end of a decode block, shared by attn_decode and attn_decode_tc: the block's NPART partial
+// softmax states (sm_acc [NPART][GQ][HD] un-normalised outputs, sm_m / sm_l [NPART][GQ] maxima and
+// sums, in shared memory) are merged in part order; with one split the row is finished here, else
+// the (m, l, acc) of this split go to the workspace and the last block of (row, kv head, head
+// group) to arrive merges the splits in split order (then resets the arrival counter).
 template <int NPART>
 BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
                                int nsplit, int hq0, int H, int K, int NSG, int max_splits, int max_rows,
@@ -336,15 +336,25 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
     if (nsplit == 1) return;
     cluster_sync_all();  // every split's state is in its block's shared memory
     if (s == 0) {
-        if (tid < GQ) {
-            float M = NEG_INF;
-            for (int b = 0; b < nsplit; ++b) M = fmaxf(M, ld_cluster_f32(cluster_map(cml + 2 * tid, b)));
-            float Ls = 0.0f;
-            for (int b = 0; b < nsplit; ++b) {
-                const float f = exp2f(ld_cluster_f32(cluster_map(cml + 2 * tid, b)) - M);
-                sf[tid * ATTN_CLUSTER + b] = f;
-                Ls = fmaf(ld_cluster_f32(cluster_map(cml + 2 * tid + 1, b)), f, Ls);
+        if (tid < GQ) {  // every split's (m, l) read once, all in flight together
+            float ms_[ATTN_CLUSTER], ls_[ATTN_CLUSTER];
+#pragma unroll
+            for (int b = 0; b < ATTN_CLUSTER; ++b) {
+                ms_[b] = b < nsplit ? ld_cluster_f32(cluster_map(cml + 2 * tid, b)) : NEG_INF;
+                ls_[b] = b < nsplit ? ld_cluster_f32(cluster_map(cml + 2 * tid + 1, b)) : 0.0f;
             }
+            float M = NEG_INF;
+#pragma unroll
+            for (int b = 0; b < ATTN_CLUSTER; ++b)
+                if (b < nsplit) M = fmaxf(M, ms_[b]);
+            float Ls = 0.0f;
+#pragma unroll
+            for (int b = 0; b < ATTN_CLUSTER; ++b)
+                if (b < nsplit) {
+                    const float f = exp2f(ms_[b] - M);
+                    sf[tid * ATTN_CLUSTER + b] = f;
+                    Ls = fmaf(ls_[b], f, Ls);
+                }
             sL[tid] = Ls;
         }
         __syncthreads();
