@@ -1,11 +1,13 @@
 """Decode attention cost on the Qwen3-8B shape (H=32, K=8, hd=128), measured inside CUDA graphs
-(device):  python3 bench/attn_probe.py [--kv bf16,q8_0] [--lengths 1,512,2048,8192]
+(device):  python3 bench/attn_probe.py [--kv bf16,q8_0] [--lengths 1,512,2048,8192] [--heads 32,8]
 
 Per (cache type, L): 36 attn_decode launches over 36 different caches (as one decode step, so
 the L2 holds no more than it would there) captured in one graph; us per launch, median of 7 x 10
 replays.  Also the fused rope / k-norm / cache-write kernel at T=1, and a plain read of the same
 K/V bytes (the streaming floor).  Variants through the experiment knobs of cuda_ops:
-BW24CHAT_ATTN_SPLITS (max splits per (row, kv head)) and BW24CHAT_ATTN_MIN_PER (tiles per split).
+BW24CHAT_ATTN_SPLITS (max splits per (row, kv head)), BW24CHAT_ATTN_MIN_PER (tiles per split),
+BW24CHAT_ATTN_CLUSTER (the split merge: 0 workspace, 8 / 16 thread-block cluster).  --heads H,K
+takes other shapes (Qwen3-30B-A3B: 32,4; GLM-4.5: 96,8).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_floor import time_graph  # noqa: E402
 
-H, K, HD, LAYERS = 32, 8, 128, 36
+HD, LAYERS = 128, 36
 
 
 def main() -> int:
@@ -32,10 +34,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kv", default="bf16")
     ap.add_argument("--lengths", default="1,512,2048,8192")
+    ap.add_argument("--heads", default="32,8", help="query heads, kv heads")
     ap.add_argument("--ncu", action="store_true", help="one eager launch per (cache, L, variant): for Nsight Compute")
     ap.add_argument("--variants", default="default;BW24CHAT_ATTN_SPLITS=8;BW24CHAT_ATTN_SPLITS=16;"
                     "BW24CHAT_ATTN_SPLITS=64;BW24CHAT_ATTN_MIN_PER=4")
     a = ap.parse_args()
+    H, K = (int(v) for v in a.heads.split(","))
     stream = cp.cuda.Stream(non_blocking=True)
     lengths = [int(v) for v in a.lengths.split(",")]
     rng = np.random.default_rng(0)

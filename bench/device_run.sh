@@ -11,6 +11,44 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s14d)
+  # the session's build (tensor-core decode merge in a cluster of 8; Q4_K / Q8_0 wide matrices at 4
+  # rows x 16 warps): the matvec tests s14b did not reach (its new wide test compared the packed
+  # swiglu output wrongly: s14c showed every geometry equal on the stored rows), then the bench table
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "wide_matrices or sixteen or qx or steady" 2>&1 | tail -4 | tee $OUT/pytest_s14d.log
+  grep -q " passed" $OUT/pytest_s14d.log && ! grep -q "failed\|error" $OUT/pytest_s14d.log || exit 3
+  timeout 400 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s14d.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s14d.log | tail -30
+  ;;
+s14e)
+  # the gates with kernels, every weight format, bf16 cache (the decode kernels that changed), then
+  # the transformers reference (Qwen3-8B shape included)
+  timeout 330 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s14e.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s14e.log | tail -14
+  timeout 250 python3 tools/device_reference.py /root/ref --big 2>&1 | tail -14 | tee $OUT/ref_s14e.log
+  for env in "BW24CHAT_ATTN_CLUSTER=0" "X=0"; do env $env timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s14e.log
+  ;;
+s14c)
+  # s14b stopped at the new test_wide_matrices_default_geometry_is_m_invariant[NVFP4]: which knob of
+  # the m = 1 wide geometry breaks m = 1 vs m = 3 bits (or the reference), per format; then s14b's rest
+  timeout 120 python3 bench/wide_bits.py 2>&1 | tail -24 | tee $OUT/wide_bits_s14c.log
+  timeout 120 python3 bench/attn_probe.py --kv q8_0,f32 --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_CLUSTER=8;BW24CHAT_ATTN_CLUSTER=16" 2>&1 | grep "L=" | tee $OUT/attn_s14c.log
+  timeout 60 python3 bench/attn_probe.py --kv bf16 --heads 32,4 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_CLUSTER=0;default;BW24CHAT_ATTN_CLUSTER=16" 2>&1 | grep "L=" | tee -a $OUT/attn_s14c.log
+  for env in "X=0" "BW24CHAT_A8_WIDE_R4=NVFP4"; do env $env timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s14c.log
+  ;;
+s14b)
+  # adopted: the tensor-core decode's split merge in a cluster of 8 (s14a: NVFP4 476.7 / 372.9 vs
+  # 439.2 / 335.7), Q4_K / Q8_0 wide matrices at 4 rows x 16 warps (QX); the FMA decode kernel got the
+  # cluster merge too (opt-in).  Bits first (exit on failure), then the FMA kernel and a 4-kv-head
+  # shape by probe (predicted: the FMA kernel gains about the same ~3 us at 512 keys; 32,4 prefers
+  # C = 16 at 8192), then Q4_K / Q8_0 decode A/B against the old geometry, then their gates
+  timeout 300 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py tests/gpu/test_matvec.py -k "decode or wide_matrices or sixteen or qx or m_invariant" 2>&1 | tail -4 | tee $OUT/pytest_s14b.log
+  grep -q " passed" $OUT/pytest_s14b.log && ! grep -q "failed\|error" $OUT/pytest_s14b.log || exit 3
+  timeout 120 python3 bench/attn_probe.py --kv q8_0,f32 --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_CLUSTER=8;BW24CHAT_ATTN_CLUSTER=16" 2>&1 | grep "L=" | tee $OUT/attn_s14b.log
+  timeout 60 python3 bench/attn_probe.py --kv bf16 --heads 32,4 --lengths 512,2048,8192 --variants "BW24CHAT_ATTN_CLUSTER=0;default;BW24CHAT_ATTN_CLUSTER=16" 2>&1 | grep "L=" | tee -a $OUT/attn_s14b.log
+  for env in "X=0" "BW24CHAT_A8_WIDE_R4=NVFP4"; do env $env timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s14b.log
+  timeout 200 python3 -m bw24chat check --formats q4_k,q8_0 --kv bf16,q8_0 > $OUT/check_s14b.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s14b.log | tail -12
+  ;;
 s14a)
   # prepared in the thirteenth session: the decode merge by finer ablation (ATTN_ABLATE bits: 1 no
   # merge, 8 the last block stops after its arrival, 16 no fences, 24 both).  s13e: the merge is ~4.8

@@ -299,11 +299,11 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     if (tid == 0) *cnt = 0;  // ready for the next launch / graph replay
 }
 
-#ifndef ATTN_CLUSTER  // attn_decode_tc: 0, or the cluster size C (cuda_ops BW24CHAT_ATTN_CLUSTER; prepared, see below)
+#ifndef ATTN_CLUSTER  // 0 (workspace merge), or the cluster size C (cuda_ops attn_decode_cluster; see below)
 #define ATTN_CLUSTER 0
 #endif
 #if ATTN_CLUSTER
-// ATTN_CLUSTER = C (prepared in the thirteenth session, not yet run on a GPU): the C split blocks of
+// ATTN_CLUSTER = C (both decode kernels; sm_90+): the C split blocks of
 // one (row, kv head, head group) form a thread-block cluster (grid y = max_splits = C), and the
 // splits are merged through distributed shared memory instead of the global workspace: each block
 // leaves its (m, l, O) in its own shared memory, a cluster barrier, the split-0 block reads every
@@ -314,6 +314,11 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
 // session), and the workspace merge is a chain of global fences, an arrival count and L2 loads.
 // Blocks with s >= nsplit take part in both barriers (a cluster barrier waits for every thread of
 // every block); with nsplit == 1 nobody waits (nsplit is the same for the whole cluster).
+// Measured (H200, fourteenth session, bench/attn_probe.py, us per layer at 512 / 2048 / 8192 keys,
+// bf16 cache): workspace merge 7.79 / 10.35 / 18.99, C = 8 4.99 / 7.56 / 21.01, C = 16 6.56 /
+// 8.75 / 16.75; Qwen3-8B NVFP4 decode tg128@512 / @8192 439.2 / 335.7 -> 476.7 / 372.9 (C = 8),
+// 462.6 / 373.5 (C = 16).  Shared memory after the NPART parts: this split's O [GQ][HD], (m, l)
+// [GQ][2], split weights [GQ][C], sums [GQ] (cuda_ops _decode_smem / _decode_tc_smem).
 template <int NPART>
 BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
                                        int nsplit, int hq0, int H, float* __restrict__ out) {
@@ -377,7 +382,7 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
 #define ATTN_CLUSTER_DIMS
 #endif
 
-extern "C" __global__ void __launch_bounds__(DTHREADS)
+extern "C" __global__ void __launch_bounds__(DTHREADS) ATTN_CLUSTER_DIMS
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
             const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
             float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
@@ -389,7 +394,12 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     const int tiles = (L + TK - 1) / TK;
     const int per = max(DEC_MIN_PER, (tiles + max_splits - 1) / max_splits);
     const int nsplit = (tiles + per - 1) / per;
-    if (s >= nsplit) return;
+    if (s >= nsplit) {
+#if ATTN_CLUSTER
+        if (nsplit > 1) { cluster_sync_all(); cluster_sync_all(); }  // the two barriers of decode_finish_cluster
+#endif
+        return;
+    }
     const int t0 = s * per, ntile = min(tiles, t0 + per) - t0;
 
     const int G = H / K, NSG = G / GQ;
@@ -532,7 +542,12 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
         if (sl == 0) { mm[sid * GQ + g] = m_[g]; ml[sid * GQ + g] = l_[g]; }
     }
     __syncthreads();
+#if ATTN_CLUSTER
+    decode_finish_cluster<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
+    (void)NSG; (void)max_splits; (void)max_rows; (void)ws; (void)ws_cnt;
+#else
     decode_finish<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
+#endif
 }
 
 // =================================================================== prefill

@@ -48,16 +48,18 @@ def test_nvfp4_o_and_down_at_sixteen_warps_per_block():
 def test_sixteen_warps_where_measured_faster():
     """Eleventh session (s11a): NVFP4's rmsnorm matrices (qkv, gate|up, LM head) at 16 warps with
     the 8-warp statistic (rows bit-identical); Q8_0 / Q4_K down at 16 warps but not their o;
-    BF16 all on SIMT: o / down at 16 warps, gate|up / LM head with the 8-warp statistic, qkv at 8."""
+    fourteenth (s14a): Q8_0 / Q4_K's rmsnorm matrices as NVFP4's (4 rows x 16 warps: 64-row
+    gate|up tiles, so QX); BF16 all on SIMT: o / down at 16 warps, gate|up / LM head with the
+    8-warp statistic, qkv at 8."""
     rms, none = cl.PROLOGUES["rmsnorm"], cl.PROLOGUES["none"]
-    for shape in (QKV, GATE_UP, LM_HEAD):
-        d = defs("NVFP4", shape)
-        assert cl._warps_per_block(d, rms) == 16 and d["MV_STAT8"] == 1 and d["MV_MINB"] == 1, shape
+    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
+        for shape in (QKV, GATE_UP, LM_HEAD):
+            d = defs(fmt, shape)
+            assert cl._warps_per_block(d, rms) == 16 and d["MV_STAT8"] == 1 and d["MV_MINB"] == 1, (fmt, shape)
+            assert d["MV_R"] == 4, (fmt, shape)
     for fmt in ("Q8_0", "Q4_K"):
         assert cl._warps_per_block(defs(fmt, DOWN), none) == 16, fmt
         assert cl._warps_per_block(defs(fmt, O), none) == 8, fmt
-        for shape in (QKV, GATE_UP, LM_HEAD):
-            assert cl._warps_per_block(defs(fmt, shape), rms) == 8, (fmt, shape)
     for shape in (O, DOWN):
         assert cl._warps_per_block(defs("BF16", shape, a8=False), none) == 16, shape
     for shape in (GATE_UP, LM_HEAD):
@@ -75,11 +77,13 @@ def test_the_eight_warp_statistic_switch_turns_off(monkeypatch):
     assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and "MV_STAT8" not in d
 
 
-def test_q4k_wide_matrices_but_the_lm_head_at_two_blocks_per_sm():
-    assert defs("Q4_K", QKV)["MV_MINB"] == 2
-    assert defs("Q4_K", GATE_UP)["MV_MINB"] == 2
-    assert "MV_MINB" not in defs("Q4_K", LM_HEAD)
-    assert "MV_R" not in defs("Q4_K", GATE_UP)
+def test_wide_integer_dot_matrices_as_two_blocks_of_eight_warps_per_sm():
+    """4 rows per warp at 2 blocks of 8 warps per SM (one of 16 after _warps_per_block), the LM
+    head included since the fourteenth session (Q4_K's was at matvec.cu's default before)."""
+    for fmt in ("NVFP4", "Q4_K", "Q8_0"):
+        for shape in (QKV, GATE_UP, LM_HEAD):
+            d = defs(fmt, shape)
+            assert (d["MV_MINB"], d["MV_R"], d["MV_U"], d["MV_STEADY"]) == (2, 4, 1, 1), (fmt, shape)
 
 
 def test_speculative_rows_keep_the_default_geometry():
@@ -147,13 +151,18 @@ def test_the_eight_warp_statistic_switch(monkeypatch):
 
 def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     """The gate|up epilogue writes the down projection's x codes (matvec.cu qx_out) only where
-    its tiles are 64 rows = 32 outputs = one 32-input block: NVFP4's gate|up (16 warps x 4 rows)
-    at m = 1; Q8_0 / Q4_K (8 warps x 2 rows) and m > 1 keep the down prologue's quantization."""
+    its tiles are 64 rows = 32 outputs = one 32-input block: the gate|up of NVFP4, Q8_0 and Q4_K
+    (16 warps x 4 rows; Q8_0 / Q4_K since the fourteenth session) at m = 1; m > 1, BF16 and the
+    old Q8_0 / Q4_K geometry (8 warps x 2 rows) keep the down prologue's quantization."""
     W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
-    assert cl.writes_qx(W("NVFP4", GATE_UP), 1)
-    assert not cl.writes_qx(W("NVFP4", GATE_UP), 2)
-    for fmt in ("Q8_0", "Q4_K", "BF16"):
+    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
+        assert cl.writes_qx(W(fmt, GATE_UP), 1), fmt
+        assert not cl.writes_qx(W(fmt, GATE_UP), 2), fmt
+    assert not cl.writes_qx(W("BF16", GATE_UP), 1)
+    monkeypatch.setenv("BW24CHAT_A8_WIDE_R4", "NVFP4")
+    for fmt in ("Q8_0", "Q4_K"):
         assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
+    monkeypatch.delenv("BW24CHAT_A8_WIDE_R4")
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
         assert cl.takes_qx(W(fmt, DOWN)), fmt
     assert not cl.takes_qx(W("BF16", DOWN))

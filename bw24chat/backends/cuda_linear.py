@@ -191,7 +191,7 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
 
 
 A8_SMALL_ROWS = 4096  # integer-dot matvec geometry switch (see _simt_defines)
-A8_WIDE_R4 = ("NVFP4",)  # integer-dot formats whose wide matrices take 4 rows per warp (_simt_defines)
+A8_WIDE_R4 = ("NVFP4", "Q4_K", "Q8_0")  # integer-dot formats whose wide matrices take 4 rows per warp (_simt_defines)
 
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
@@ -244,15 +244,18 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d.update(MV_U=2, MV_STEADY=1)
         if W.fmt == "NVFP4" and W.out <= A8_SMALL_ROWS:  # 16 warps per block where there is no rmsnorm (o, down):
             d["MV_NW"] = 16  # tenth session, s10f: down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode 424.6 vs 412.3 tok/s
-        if W.fmt == "NVFP4" and W.out > A8_SMALL_ROWS:  # and behind the rmsnorm, with the 8-warp statistic (s11a):
-            d.update(MV_NW=16, MV_STAT8=1)  # qkv 8.8 vs 9.1 us, gate|up 19.3 vs 20.1, LM head 34.4 vs 36.0
         if W.fmt in ("Q8_0", "Q4_K") and W.out <= A8_SMALL_ROWS < W.in_:  # down (s11a): Q4_K 12.6 vs 14.1 us,
             d["MV_NW"] = 16  # Q8_0 17.1 vs 18.5; their o loses (6.7 vs 6.6, 8.4 vs 7.9)
-        wide_r4 = os.environ.get("BW24CHAT_A8_WIDE_R4")  # comparisons: a comma list replaces A8_WIDE_R4
-        if W.fmt in (wide_r4.split(",") if wide_r4 is not None else A8_WIDE_R4) and W.out > A8_SMALL_ROWS:
-            d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_STEADY=1)
         if W.fmt == "Q4_K" and W.out > A8_SMALL_ROWS and W.out * W.in_ <= 1 << 27:  # not the LM head
             d["MV_MINB"] = 2  # joined levels (ninth session): qkv 9.2 vs 9.6 us, gate|up 20.9 vs 21.4; LM head 38.6 vs 37.0
+        wide_r4 = os.environ.get("BW24CHAT_A8_WIDE_R4")  # comparisons: a comma list replaces A8_WIDE_R4
+        if W.fmt in (wide_r4.split(",") if wide_r4 is not None else A8_WIDE_R4) and W.out > A8_SMALL_ROWS:
+            # 4 rows per warp, 16 warps behind the rmsnorm with the 8-warp statistic: a gate|up tile
+            # of 64 rows, so its swiglu epilogue quantizes the down projection's input (QX).  NVFP4
+            # (s11a): qkv 8.8 vs 9.1 us, gate|up 19.3 vs 20.1, LM head 34.4 vs 36.0.  Q4_K / Q8_0
+            # (fourteenth session, s14a, tg128@512 / @8192): 438.4 / 342.2 vs 415.3 / 330.4 tok/s,
+            # 346.7 / 286.6 vs 329.2 / 277.2
+            d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_STEADY=1, MV_NW=16, MV_STAT8=1)
     if not a8 and m == 1 and W is not None and W.fmt == "BF16":
         d["MV_STEADY"] = 1
         if W.out > 2 * A8_SMALL_ROWS:  # tenth session (s10c, us): gate|up 53.8 vs 54.8, LM head 101.4 vs 103.8

@@ -172,15 +172,29 @@ def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = Non
     return max(1, min(64, -(-blocks_per_sm * n_sm // (n_kv_heads * nsg))))
 
 
-def attn_decode_cluster() -> int:
-    """Cluster size C of the tensor-core decode's split merge through distributed shared memory
-    (attention.cu ATTN_CLUSTER: max_splits = C, 8 portable, 16 on Hopper with the non-portable
-    attribute), 0 for the workspace merge.  Prepared, opt-in (BW24CHAT_ATTN_CLUSTER=8|16) until it
-    is measured: the same bits as the workspace merge with BW24CHAT_ATTN_SPLITS=C."""
-    c = int(os.environ.get("BW24CHAT_ATTN_CLUSTER", "0"))
+ATTN_CLUSTER_TC = 8  # the tensor-core decode's cluster size (attention.cu ATTN_CLUSTER, measured there)
+ATTN_CLUSTER_FMA = 0  # the FMA decode's (q8_0 / fp8 / f32 caches): the workspace merge until measured
+
+
+def attn_decode_cluster(tc: bool) -> int:
+    """Cluster size C of the decode's split merge through distributed shared memory (attention.cu
+    ATTN_CLUSTER: max_splits = C; 8 portable, 16 on Hopper with the non-portable attribute), 0
+    for the merge through the global workspace.  sm_90+ only (thread-block clusters).  The
+    tensor-core kernel takes ATTN_CLUSTER_TC (fourteenth session, H200, Qwen3-8B NVFP4 decode
+    tg128@512 / @8192: workspace 439.2 / 335.7 tok/s, C = 8 476.7 / 372.9, C = 16 462.6 / 373.5);
+    BW24CHAT_ATTN_CLUSTER=0|2|4|8|16 overrides for both kernels (tests, comparisons).  Either merge
+    gives the same bits as the workspace merge with max_splits = C."""
+    env = os.environ.get("BW24CHAT_ATTN_CLUSTER")
+    c = int(env) if env else (ATTN_CLUSTER_TC if tc else ATTN_CLUSTER_FMA)
     if c not in (0, 2, 4, 8, 16):
         raise ValueError(f"BW24CHAT_ATTN_CLUSTER={c}: 0, 2, 4, 8 or 16")
     return c if c and _arch_number() >= 90 else 0
+
+
+def _decode_cluster_smem(hd: int, gq: int, nparts: int, cluster: int) -> int:
+    """attention.cu decode_finish_cluster's shared memory: the block's parts, then this split's O,
+    (m, l), split weights and sums (floats)."""
+    return (nparts * gq * (hd + 2) + gq * hd + 2 * gq + gq * cluster + gq) * 4 if cluster else 0
 
 
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
@@ -226,12 +240,12 @@ def _decode_tc_smem(hd: int) -> int:
     return _decode_tc_stages() * 2 * DECODE_TC_TILE * (hd + 8) * 2  # TCSTAGES x (K, V) x TCK x LDK bf16
 
 
-def _decode_smem(hd: int, gq: int, kv_type: str) -> int:
+def _decode_smem(hd: int, gq: int, kv_type: str, cluster: int = 0) -> int:
     es = {"bf16": 2, "q8_0": 1, "fp8": 1, "f32": 4}[kv_type]
     scb = {"bf16": 0, "q8_0": hd // 16, "fp8": 4, "f32": 0}[kv_type]
     stage = 2 * DECODE_TILE * hd * es + 2 * DECODE_TILE * scb
     nsub = 4 * (32 // (hd // 8))
-    return max(3 * stage, nsub * gq * (hd + 2) * 4)
+    return max(3 * stage, nsub * gq * (hd + 2) * 4, _decode_cluster_smem(hd, gq, nsub, cluster))
 
 
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
@@ -263,7 +277,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         extra["TCSTAGES"] = _decode_tc_stages()
     if os.environ.get("BW24CHAT_ATTN_ABLATE"):  # timing diagnostics only (attention.cu ATTN_ABLATE): garbage out
         extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
-    cluster = attn_decode_cluster() if tc else 0
+    cluster = attn_decode_cluster(tc)
     if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (attention.cu ATTN_CLUSTER)
         extra["ATTN_CLUSTER"] = ms = cluster
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
@@ -275,7 +289,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     _launch(kern, (m, ms, K * nsg), (128,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),
-            smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type))
+            smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type, cluster))
 
 
 def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True) -> int:

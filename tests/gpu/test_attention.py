@@ -37,19 +37,24 @@ def _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd):
 SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128), (8, 8, 64), (64, 4, 128)]
 
 
-# (cache type, BW24CHAT_ATTN_TC): every cache type on the FMA kernel, and bf16 (head dims <= 128,
-# all of SHAPES) on the tensor-core kernel as well
-DECODE_KERNELS = [(kv, "0") for kv in kr.KV_TYPES] + [("bf16", "1")]
+# (cache type, BW24CHAT_ATTN_TC, BW24CHAT_ATTN_CLUSTER): every cache type on the FMA kernel, and
+# bf16 (head dims <= 128, all of SHAPES) on the tensor-core kernel as well, each with its default
+# split merge ("": cuda_ops.attn_decode_cluster) and the other one (workspace "0" / cluster "8")
+DECODE_KERNELS = [(kv, "0", c) for kv in kr.KV_TYPES for c in ("", "8")] + [("bf16", "1", ""), ("bf16", "1", "0")]
 
 
-def _set_decode_kernel(monkeypatch, tc: str) -> None:
+def _set_decode_kernel(monkeypatch, tc: str, cluster: str = "") -> None:
     monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
+    if cluster:
+        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", cluster)
+    else:
+        monkeypatch.delenv("BW24CHAT_ATTN_CLUSTER", raising=False)
 
 
-@pytest.mark.parametrize("kv_type,tc", DECODE_KERNELS)
+@pytest.mark.parametrize("kv_type,tc,cluster", DECODE_KERNELS)
 @pytest.mark.parametrize("H,K,hd", SHAPES)
-def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
-    _set_decode_kernel(monkeypatch, tc)
+def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc, cluster):
+    _set_decode_kernel(monkeypatch, tc, cluster)
     on_tc = ops.decode_on_tensor_cores(kv_type, hd)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (63, 3), (65, 8), (1000, 2), (8193, 1), (8193, 8)]:
@@ -68,27 +73,30 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
 
 
 @pytest.mark.parametrize("cluster", ["8", "16"])
+@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (64, 4, 128)])
-def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, H, K, hd):
-    """attention.cu ATTN_CLUSTER (BW24CHAT_ATTN_CLUSTER=C): the C splits of a (row, kv head, head
-    group) merge through distributed shared memory in a thread-block cluster, with the workspace
-    merge's operations in its order, so every row equals the workspace merge's with max_splits = C
-    (BW24CHAT_ATTN_SPLITS=C) bit for bit — one split (no barrier), a few (idle blocks in the
-    cluster) and all C; m = 1, 3, 8; within the float64 reference's tolerance."""
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", "1")
+def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, kv_type, tc, H, K, hd):
+    """attention.cu ATTN_CLUSTER (BW24CHAT_ATTN_CLUSTER=C, both decode kernels): the C splits of a
+    (row, kv head, head group) merge through distributed shared memory in a thread-block cluster,
+    with the workspace merge's operations in its order, so every row equals the workspace merge's
+    with max_splits = C (BW24CHAT_ATTN_SPLITS=C, BW24CHAT_ATTN_CLUSTER=0) bit for bit — one split
+    (no barrier), a few (idle blocks in the cluster) and all C; m = 1, 3, 8; within the float64
+    reference's tolerance."""
+    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (64, 3), (300, 3), (700, 8), (2047, 2), (9000, 1)]:
         N = L + m + 3
-        ck, cv, kv, vv = _make_cache(cp, rng, "bf16", N, K, hd)
+        ck, cv, kv, vv = _make_cache(cp, rng, kv_type, N, K, hd)
         q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
         lengths = [L + r for r in range(m)]
         monkeypatch.setenv("BW24CHAT_ATTN_SPLITS", cluster)
-        ws_merge, _ = _decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)
+        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", "0")
+        ws_merge, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
         monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", cluster)
-        got, _ = _decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)
-        monkeypatch.delenv("BW24CHAT_ATTN_CLUSTER")
+        got, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
         assert np.array_equal(got.view(np.uint32), ws_merge.view(np.uint32)), (L, m)
-        assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 1e-4, (L, m)
+        tol = 1e-4 if tc == "1" else 2e-3
+        assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= tol, (L, m)
 
 
 @pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])

@@ -210,6 +210,29 @@ def _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, switch, values):
     return outs
 
 
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K", "Q8_0"])
+def test_wide_matrices_default_geometry_is_m_invariant(cp, rng, fmt):
+    """Matrices of more than 4096 rows at m = 1 take their own geometry (cuda_linear._simt_defines:
+    4 rows per warp, 16 warps, the 8-warp rmsnorm statistic) while m > 1 takes matvec.cu's
+    default: every row of an m = 1 call equals its row of the m = 3 call bit for bit, for the
+    rmsnorm prologue (qkv, gate|up, LM head) and the swiglu epilogue (gate|up), and the
+    reference's tolerance holds."""
+    n = 4096 + 2 * int(rng.integers(1, 60))
+    ts, w = make_weight(rng, fmt, rows=(n,), nblocks=2048 // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((3, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    three = run(cp, W, x, 3, "rmsnorm", norm_w=norm_w)
+    check_close(three, ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+    half = n // 2  # the swiglu epilogue writes m rows of n / 2 outputs, packed
+    three_swiglu = run(cp, W, x, 3, "rmsnorm", epi="swiglu", norm_w=norm_w).ravel()[:3 * half].reshape(3, half)
+    for r in range(3):
+        one = run(cp, W, x[r:r + 1], 1, "rmsnorm", norm_w=norm_w)
+        assert np.array_equal(one.view(np.uint32), three[r:r + 1].view(np.uint32)), r
+        one = run(cp, W, x[r:r + 1], 1, "rmsnorm", epi="swiglu", norm_w=norm_w).ravel()[:half]
+        assert np.array_equal(one.view(np.uint32), three_swiglu[r].view(np.uint32)), r
+
+
 @pytest.mark.parametrize("fmt,force", [("Q8_0", ""), ("Q4_K", ""), ("NVFP4", ""), ("BF16", "simt"), ("F32", "simt"),
                                        ("Q6_K", "")])
 @pytest.mark.parametrize("m", [1, 3])
