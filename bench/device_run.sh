@@ -11,6 +11,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s14f)
+  # the FMA decode kernel (q8_0 / fp8 / f32 caches) with the cluster merge up to C * P tiles and the
+  # workspace merge beyond (ATTN_HYBRID): bits, then NVFP4 decode with a q8_0 cache, workspace vs
+  # C = 8, P = 8 vs C = 16, P = 4.  Predicted (s14c probe: 10.8 -> 7.4 us per layer at 512 keys,
+  # unchanged at 8192): +4-5 % at 512, +-0 at 8192
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py -k "hybrid or cluster_merge" 2>&1 | tail -4 | tee $OUT/pytest_s14f.log
+  grep -q " passed" $OUT/pytest_s14f.log && ! grep -q "failed\|error" $OUT/pytest_s14f.log || exit 3
+  for env in "BW24CHAT_ATTN_CLUSTER=0" "BW24CHAT_ATTN_CLUSTER=8" "BW24CHAT_ATTN_CLUSTER=16 BW24CHAT_ATTN_HYBRID=4"; do env $env timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --kv-cache q8_0 --decode-only 2>&1 | grep "tg128@[0-9]* " | sed "s/^/$env /"; done | tee $OUT/bench_s14f.log
+  ;;
 s14d)
   # the session's build (tensor-core decode merge in a cluster of 8; Q4_K / Q8_0 wide matrices at 4
   # rows x 16 warps): the matvec tests s14b did not reach (its new wide test compared the packed

@@ -302,6 +302,9 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
 #ifndef ATTN_CLUSTER  // 0 (workspace merge), or the cluster size C (cuda_ops attn_decode_cluster; see below)
 #define ATTN_CLUSTER 0
 #endif
+#ifndef ATTN_HYBRID  // attn_decode with ATTN_CLUSTER: 0 (always the cluster), or P (see attn_decode)
+#define ATTN_HYBRID 0
+#endif
 #if ATTN_CLUSTER
 // ATTN_CLUSTER = C (both decode kernels; sm_90+): the C split blocks of
 // one (row, kv head, head group) form a thread-block cluster (grid y = max_splits = C), and the
@@ -392,11 +395,21 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     const int L = lengths[r];
     if (L <= 0) return;
     const int tiles = (L + TK - 1) / TK;
-    const int per = max(DEC_MIN_PER, (tiles + max_splits - 1) / max_splits);
+#if ATTN_CLUSTER && ATTN_HYBRID
+    // ATTN_HYBRID = P: up to C * P tiles the first cluster (grid y = max_splits, a multiple of C)
+    // takes them and merges in distributed shared memory, longer rows take all max_splits blocks
+    // and the workspace merge.  The choice depends on L alone, so a row's bits do not depend on m.
+    const bool in_cluster = tiles <= ATTN_CLUSTER * ATTN_HYBRID;
+#else
+    const bool in_cluster = ATTN_CLUSTER != 0;
+#endif
+    const int cap = in_cluster ? ATTN_CLUSTER : max_splits;
+    const int per = max(DEC_MIN_PER, (tiles + cap - 1) / cap);
     const int nsplit = (tiles + per - 1) / per;
     if (s >= nsplit) {
 #if ATTN_CLUSTER
-        if (nsplit > 1) { cluster_sync_all(); cluster_sync_all(); }  // the two barriers of decode_finish_cluster
+        // the two barriers of decode_finish_cluster (blocks of the other clusters just leave)
+        if (in_cluster && nsplit > 1 && s < ATTN_CLUSTER) { cluster_sync_all(); cluster_sync_all(); }
 #endif
         return;
     }
@@ -543,11 +556,12 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     }
     __syncthreads();
 #if ATTN_CLUSTER
-    decode_finish_cluster<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
-    (void)NSG; (void)max_splits; (void)max_rows; (void)ws; (void)ws_cnt;
-#else
-    decode_finish<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
+    if (in_cluster) {
+        decode_finish_cluster<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
+        return;
+    }
 #endif
+    decode_finish<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
 }
 
 // =================================================================== prefill

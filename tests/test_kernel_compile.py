@@ -57,6 +57,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention", {"HD": 64, "GQ": 1, "KV_TYPE": 0, "ATTN_CLUSTER": 8}),
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8}),  # the FMA kernel (q8_0, f32 caches)
     ("attention", {"HD": 64, "GQ": 2, "KV_TYPE": 3, "ATTN_CLUSTER": 16}),
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 8}),  # cluster up to C * P tiles
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 2, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
     # qx_out's hand-off modes (QX_HANDOFF 1: two buffers, one barrier; 2: named producer / consumer barriers)
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 1}),
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 2}),

@@ -174,6 +174,7 @@ def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = Non
 
 ATTN_CLUSTER_TC = 8  # the tensor-core decode's cluster size (attention.cu ATTN_CLUSTER, measured there)
 ATTN_CLUSTER_FMA = 0  # the FMA decode's (q8_0 / fp8 / f32 caches): the workspace merge until measured
+ATTN_HYBRID_FMA = 8  # with a cluster, the FMA decode keeps the workspace merge past C * 8 tiles (attention.cu ATTN_HYBRID)
 
 
 def attn_decode_cluster(tc: bool) -> int:
@@ -197,8 +198,18 @@ def _decode_cluster_smem(hd: int, gq: int, nparts: int, cluster: int) -> int:
     return (nparts * gq * (hd + 2) + gq * hd + 2 * gq + gq * cluster + gq) * 4 if cluster else 0
 
 
+def attn_decode_hybrid() -> int:
+    """attention.cu ATTN_HYBRID of the FMA decode under a cluster: rows of up to C * P tiles merge in
+    the cluster, longer ones over max_splits blocks (rounded up to a multiple of C) through the
+    workspace (fourteenth session, bench/attn_probe.py, q8_0 cache, us per layer at 512 / 2048 /
+    8192 keys: workspace 10.77 / 16.13 / 25.82, C = 8 7.38 / 15.55 / 49.35, C = 16 8.57 / 13.99 /
+    35.75).  BW24CHAT_ATTN_HYBRID=P overrides (0: the cluster at every length)."""
+    return int(os.environ.get("BW24CHAT_ATTN_HYBRID", str(ATTN_HYBRID_FMA)))
+
+
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
     ms = attn_decode_max_splits(n_heads, n_kv_heads, n_sm)
+    ms = -(-ms // 16) * 16  # room for a hybrid launch's max_splits rounded up to its cluster size (<= 16)
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
     cnt_bytes = -(-(max_rows * n_kv_heads * nsg * 4) // 256) * 256
     part_bytes = max_rows * n_heads * ms * (head_dim + 2) * 4
@@ -279,7 +290,13 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
     cluster = attn_decode_cluster(tc)
     if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (attention.cu ATTN_CLUSTER)
-        extra["ATTN_CLUSTER"] = ms = cluster
+        extra["ATTN_CLUSTER"] = cluster
+        hybrid = 0 if tc else attn_decode_hybrid()
+        if hybrid:  # long rows keep the workspace merge over max_splits blocks, a whole number of clusters
+            extra["ATTN_HYBRID"] = hybrid
+            ms = -(-ms // cluster) * cluster
+        else:
+            ms = cluster
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
                       **extra)
     if cluster > 8:
