@@ -12,7 +12,7 @@ SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
 s14f)
-  # the FMA decode kernel (q8_0 / fp8 / f32 caches) with the cluster merge up to C * P tiles and the
+  # (s14f adopted C = 16, P = 4 on sm_90)  the FMA decode kernel (q8_0 / fp8 / f32 caches) with the cluster merge up to C * P tiles and the
   # workspace merge beyond (ATTN_HYBRID): bits, then NVFP4 decode with a q8_0 cache, workspace vs
   # C = 8, P = 8 vs C = 16, P = 4.  Predicted (s14c probe: 10.8 -> 7.4 us per layer at 512 keys,
   # unchanged at 8192): +4-5 % at 512, +-0 at 8192

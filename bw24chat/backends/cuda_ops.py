@@ -173,8 +173,11 @@ def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = Non
 
 
 ATTN_CLUSTER_TC = 8  # the tensor-core decode's cluster size (attention.cu ATTN_CLUSTER, measured there)
-ATTN_CLUSTER_FMA = 0  # the FMA decode's (q8_0 / fp8 / f32 caches): the workspace merge until measured
-ATTN_HYBRID_FMA = 8  # with a cluster, the FMA decode keeps the workspace merge past C * 8 tiles (attention.cu ATTN_HYBRID)
+# The FMA decode's (q8_0 / fp8 / f32 caches): a cluster merge up to ATTN_HYBRID_TILES tiles, the
+# workspace merge beyond (attention.cu ATTN_HYBRID).  16 is Hopper's non-portable cluster size;
+# other GPUs take 8 (measured on the H200 too, attn_decode_hybrid).
+ATTN_CLUSTER_FMA = {90: 16}
+ATTN_HYBRID_TILES = 64  # C * P: 2048 keys of DECODE_TILE
 
 
 def attn_decode_cluster(tc: bool) -> int:
@@ -183,10 +186,11 @@ def attn_decode_cluster(tc: bool) -> int:
     for the merge through the global workspace.  sm_90+ only (thread-block clusters).  The
     tensor-core kernel takes ATTN_CLUSTER_TC (fourteenth session, H200, Qwen3-8B NVFP4 decode
     tg128@512 / @8192: workspace 439.2 / 335.7 tok/s, C = 8 476.7 / 372.9, C = 16 462.6 / 373.5);
-    BW24CHAT_ATTN_CLUSTER=0|2|4|8|16 overrides for both kernels (tests, comparisons).  Either merge
-    gives the same bits as the workspace merge with max_splits = C."""
+    the FMA kernel ATTN_CLUSTER_FMA, up to ATTN_HYBRID_TILES (attn_decode_hybrid).
+    BW24CHAT_ATTN_CLUSTER=0|2|4|8|16 overrides for both kernels (tests, comparisons).  The cluster
+    merge gives the same bits as the workspace merge with max_splits = C."""
     env = os.environ.get("BW24CHAT_ATTN_CLUSTER")
-    c = int(env) if env else (ATTN_CLUSTER_TC if tc else ATTN_CLUSTER_FMA)
+    c = int(env) if env else (ATTN_CLUSTER_TC if tc else ATTN_CLUSTER_FMA.get(_arch_number(), 8))
     if c not in (0, 2, 4, 8, 16):
         raise ValueError(f"BW24CHAT_ATTN_CLUSTER={c}: 0, 2, 4, 8 or 16")
     return c if c and _arch_number() >= 90 else 0
@@ -198,13 +202,17 @@ def _decode_cluster_smem(hd: int, gq: int, nparts: int, cluster: int) -> int:
     return (nparts * gq * (hd + 2) + gq * hd + 2 * gq + gq * cluster + gq) * 4 if cluster else 0
 
 
-def attn_decode_hybrid() -> int:
-    """attention.cu ATTN_HYBRID of the FMA decode under a cluster: rows of up to C * P tiles merge in
-    the cluster, longer ones over max_splits blocks (rounded up to a multiple of C) through the
-    workspace (fourteenth session, bench/attn_probe.py, q8_0 cache, us per layer at 512 / 2048 /
-    8192 keys: workspace 10.77 / 16.13 / 25.82, C = 8 7.38 / 15.55 / 49.35, C = 16 8.57 / 13.99 /
-    35.75).  BW24CHAT_ATTN_HYBRID=P overrides (0: the cluster at every length)."""
-    return int(os.environ.get("BW24CHAT_ATTN_HYBRID", str(ATTN_HYBRID_FMA)))
+def attn_decode_hybrid(cluster: int) -> int:
+    """attention.cu ATTN_HYBRID = P of the FMA decode under a cluster of C: rows of up to C * P
+    tiles merge in the cluster, longer ones over max_splits blocks (rounded up to a multiple of C)
+    through the workspace.  Fourteenth session, H200: bench/attn_probe.py, q8_0 cache, us per
+    layer at 512 / 2048 / 8192 keys: workspace 10.77 / 16.13 / 25.82, cluster 8 7.38 / 15.55 /
+    49.35, cluster 16 8.57 / 13.99 / 35.75 (the FMA kernel needs more than 16 splits at long
+    context); Qwen3-8B NVFP4 decode with a q8_0 cache, tg128@512 / @8192 (s14f, one call):
+    workspace 422.4 / 327.2, C = 8, P = 8 448.5 / 321.3, C = 16, P = 4 444.1 / 328.5 tok/s.
+    BW24CHAT_ATTN_HYBRID=P overrides (0: the cluster at every length)."""
+    env = os.environ.get("BW24CHAT_ATTN_HYBRID")
+    return int(env) if env else max(1, ATTN_HYBRID_TILES // cluster)
 
 
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
@@ -291,7 +299,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     cluster = attn_decode_cluster(tc)
     if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (attention.cu ATTN_CLUSTER)
         extra["ATTN_CLUSTER"] = cluster
-        hybrid = 0 if tc else attn_decode_hybrid()
+        hybrid = 0 if tc else attn_decode_hybrid(cluster)
         if hybrid:  # long rows keep the workspace merge over max_splits blocks, a whole number of clusters
             extra["ATTN_HYBRID"] = hybrid
             ms = -(-ms // cluster) * cluster
