@@ -11,6 +11,17 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s15a)
+  # prepared in the fourteenth session: first the gates under the FMA decode's new default merge
+  # (cluster 16 up to 64 tiles, workspace beyond: s14f, not yet gated) for the quantized / f32
+  # caches, then why BF16 decode did not gain from the cluster merge (s14e: 212.6 / 191.3 vs
+  # 213.2 / 189.2) while NVFP4 gained 8.5 %: the per-role profile of both, workspace vs cluster.
+  # Predicted: attention -3 us per layer in both profiles; if BF16's step does not shrink, its
+  # matvec after attention (o, tensor-core matvec, launched without PDL) absorbs it
+  timeout 300 python3 -m bw24chat check --formats nvfp4,q8_0 --kv q8_0,f32,fp8 > $OUT/check_s15a.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s15a.log | tail -14
+  for env in "BW24CHAT_ATTN_CLUSTER=0" "X=0"; do echo "== $env"; env $env timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --profile 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | head -70; done | tee $OUT/profile_s15a.log
+  ;;
 s14f)
   # (s14f adopted C = 16, P = 4 on sm_90)  the FMA decode kernel (q8_0 / fp8 / f32 caches) with the cluster merge up to C * P tiles and the
   # workspace merge beyond (ATTN_HYBRID): bits, then NVFP4 decode with a q8_0 cache, workspace vs
