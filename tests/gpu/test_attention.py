@@ -22,6 +22,14 @@ def _make_cache(cp, rng, kv_type, N, K, hd):
     return out[0][0], out[1][0], out[0][1], out[1][1]
 
 
+def _decode_case(cp, rng, kv_type, L, m, H, K, hd):
+    """A cache of L + m + 3 positions, m query rows (x2 normals) at lengths L, L+1, ... ->
+    (device K, device V, float32 K, V values, q, lengths)."""
+    ck, cv, kv, vv = _make_cache(cp, rng, kv_type, L + m + 3, K, hd)
+    q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
+    return ck, cv, kv, vv, q, [L + r for r in range(m)]
+
+
 def _rel_err(got, ref):
     return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
 
@@ -58,10 +66,7 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc, c
     on_tc = ops.decode_on_tensor_cores(kv_type, hd)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (63, 3), (65, 8), (1000, 2), (8193, 1), (8193, 8)]:
-        N = L + m + 3
-        ck, cv, kv, vv = _make_cache(cp, rng, kv_type, N, K, hd)
-        q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
-        lengths = [L + r for r in range(m)]
+        ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, kv_type, L, m, H, K, hd)
         got, ws = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
         ref = kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)
         assert not np.isnan(got).any()
@@ -85,10 +90,7 @@ def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster,
     monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (64, 3), (300, 3), (700, 8), (2047, 2), (9000, 1)]:
-        N = L + m + 3
-        ck, cv, kv, vv = _make_cache(cp, rng, kv_type, N, K, hd)
-        q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
-        lengths = [L + r for r in range(m)]
+        ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, kv_type, L, m, H, K, hd)
         monkeypatch.setenv("BW24CHAT_ATTN_SPLITS", cluster)
         monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", "0")
         ws_merge, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
@@ -115,9 +117,7 @@ def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, 
     scale = 1.0 / math.sqrt(hd)
     for L in (1, 100, edge - 1, edge, 3 * edge + 5):
         m = 2
-        ck, cv, kv, vv = _make_cache(cp, rng, kv_type, L + m + 3, K, hd)
-        q = (rng.standard_normal((m, H, hd)) * 2).astype(np.float32)
-        lengths = [L + r for r in range(m)]
+        ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, kv_type, L, m, H, K, hd)
         monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", "0")
         want = {}
         for splits in {C, ms_long}:
