@@ -11,6 +11,16 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s15b)
+  # the producer warpgroup for gemm_wgp's in-pipeline decoding (WGP_PRODUCER): bits against the
+  # dequant pass (exit on failure), then prefill A/B in one call.  Predicted: NVFP4 precise pp512
+  # 13.2k -> 15.5-17k (the decode off the wgmma-issuing warps; BF16 precise 18.0k is the ceiling
+  # with two wgmmas per k16 step), fast 16.5k -> 20k+; Q4_K / Q8_0 precise (three wgmmas) +5-15 %
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "in_pipeline and (NVFP4 or Q4_K or Q8_0)" 2>&1 | tail -4 | tee $OUT/pytest_s15b.log
+  grep -q " passed" $OUT/pytest_s15b.log && ! grep -q "failed\|error" $OUT/pytest_s15b.log || exit 3
+  for env in "BW24CHAT_WGP_PRODUCER=0" "BW24CHAT_WGP_PRODUCER=1" "BW24CHAT_WGP_PRODUCER=1 BW24CHAT_WG_BN=128"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --prefill-only 2>&1 | grep "pp512\|pp2048\|^ *nvfp4\|^ *q4_k\|NVFP4\|Q4_K" | sed "s/^/$env /"; done | tee $OUT/bench_s15b.log
+  timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --prefill-only 2>&1 | grep "pp512\|BF16" | tee -a $OUT/bench_s15b.log
+  ;;
 s15a)
   # prepared in the fourteenth session: first the gates under the FMA decode's new default merge
   # (cluster 16 up to 64 tiles, workspace beyond: s14f, not yet gated) for the quantized / f32
@@ -20,6 +30,7 @@ s15a)
   # matvec after attention (o, tensor-core matvec, launched without PDL) absorbs it
   timeout 300 python3 -m bw24chat check --formats nvfp4,q8_0 --kv q8_0,f32,fp8 > $OUT/check_s15a.log 2>&1; echo "check rc=$?"
   grep -v "^PASS\|^  ok" $OUT/check_s15a.log | tail -14
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py 2>&1 | tail -4 | tee $OUT/pytest_s15a.log
   for env in "BW24CHAT_ATTN_CLUSTER=0" "X=0"; do echo "== $env"; env $env timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,nvfp4 --profile 2>&1 | grep -v '^{\|^}' | grep -v '^  *"' | head -70; done | tee $OUT/profile_s15a.log
   ;;
 s14f)
