@@ -71,21 +71,18 @@ struct Swizzle128Tile { static BW24_DEVICE int off(int r, int k) { return r * GM
 // chunks per thread (load_w: global loads into registers; store_w: decoded to exact values ->
 // bf16 W and, when W_SPLIT, W_lo = bf16(W - bf16(W)), in the layout L; out-of-range rows and k
 // are zeros).  gemm_wgp's in-pipeline dequantization (WGP_DEQ) stages its weights with it alone.
-// NT: the threads that stage (all GM_NT of a block, or gemm_wgp's producer warpgroup of 128);
-// thread tid = threadIdx.x % NT takes chunks tid, tid + NT, ... of the tile.
-template <int BN, int NT = GM_NT>
+template <int BN>
 struct WeightStager {
-    static_assert(BN * GM_CPR % NT == 0, "whole chunks per thread");
-    static constexpr int WCH = BN * GM_CPR / NT;  // weight chunks per thread per k tile
+    static constexpr int WCH = BN * GM_CPR / GM_NT;  // weight chunks per thread per k tile
     Raw wreg[WCH];
     bool wok[WCH];
 
     BW24_DEVICE void load_w(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
                             const void* __restrict__ wd, int n_out, int n_in, int n0, int kt) {
-        const int tid = threadIdx.x % NT, k0 = kt * GM_BK, nck = n_in / VPC;
+        const int tid = threadIdx.x, k0 = kt * GM_BK, nck = n_in / VPC;
 #pragma unroll
         for (int j = 0; j < WCH; ++j) {
-            const int i = tid + NT * j, r = i / GM_CPR, kc = k0 / VPC + i % GM_CPR;
+            const int i = tid + GM_NT * j, r = i / GM_CPR, kc = k0 / VPC + i % GM_CPR;
             wok[j] = (n0 + r < n_out) && kc < nck;
             if (wok[j]) fetch_chunk(wreg[j], wq, wh, ws, wd, n0 + r, nck, kc);
         }
@@ -93,11 +90,11 @@ struct WeightStager {
 
     template <class L>
     BW24_DEVICE void store_w(__nv_bfloat16* W, __nv_bfloat16* Wl, int kt) const {
-        const int tid = threadIdx.x % NT;
+        const int tid = threadIdx.x;
         (void)Wl;
 #pragma unroll
         for (int j = 0; j < WCH; ++j) {
-            const int i = tid + NT * j, r = i / GM_CPR, cl = i % GM_CPR;
+            const int i = tid + GM_NT * j, r = i / GM_CPR, cl = i % GM_CPR;
             float v[VPC];
             if (wok[j]) {
                 decode_exact(wreg[j], kt * GM_CPR + cl, v);
@@ -524,54 +521,7 @@ BW24_DEVICE void cp_async16(uint32_t dst, const void* src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
 }
 
-// WGP_PRODUCER (with WGP_DEQ): warp specialization.  A third warpgroup (threads 256..383) is the
-// producer: per k tile it copies x into the stage (cp.async), decodes the raw weight chunks it
-// loaded two tiles earlier into the stage's W tile (WeightStager over 128 threads: the same
-// values and layout), refills that register set with tile kt + 2, and signals the stage full;
-// the two consumer warpgroups only wait, issue the wgmmas (the same per-output order) and
-// release a stage once its wgmmas are done.  Why: with WGP_DEQ alone the decoding warps are the
-// wgmma-issuing warps, so decoding shows in the time wherever a k tile has only one or two wgmmas
-// per k16 step (NVFP4 precise pp512 12.5k in-pipeline vs 13.2k through the dequant pass, eighth
-// session: bench/NOTES.md).  Hand-off by named barriers (common.cuh): FULL(s) — the producer
-// arrives (its copies landed, fence.proxy.async: its generic-proxy stores visible to wgmma's
-// async proxy), the consumers sync; EMPTY(s) — the consumers arrive after the wgmmas of the tile
-// in stage s completed (wait_group), the producer syncs before refilling s.  WGP_STAGES - 2
-// tiles may be ready ahead of the consumers (they keep two tiles of wgmmas in flight).
-#ifndef WGP_PRODUCER
-#define WGP_PRODUCER 0
-#endif
-#if WGP_PRODUCER && !WGP_DEQ
-#error "WGP_PRODUCER: the producer warpgroup decodes quantized weights (WGP_DEQ)"
-#endif
-#define WGP_PNT 128                               // producer threads
-#define WGP_NT (GM_NT + WGP_PRODUCER * WGP_PNT)   // threads per block
-#define WGP_BAR_FULL(s) (1 + (s))                 // named barrier ids 1..2 * WGP_STAGES (<= 15)
-#define WGP_BAR_EMPTY(s) (1 + WGP_STAGES + (s))
-#if WGP_PRODUCER
-static_assert(2 * WGP_STAGES <= 15, "named barrier ids");
-#endif
-
-// x rows [m0, m0 + GM_BM) of k tile kt (hi, and lo when split) into the stage at st by NT threads
-// (ltid = 0..NT-1): 16-byte unit u (8 values) of row r lands at unit u ^ (r % 8) of the row
-template <int NT>
-BW24_DEVICE void wgp_load_x(uint32_t st, const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl,
-                            long m0, int T, int n_in, int kt, int ltid) {
-    const int c0 = kt * (GM_BK / 8), nck = n_in / 8;
-    (void)xl;
-#pragma unroll
-    for (int j = 0; j < GM_BM * 8 / NT; ++j) {
-        const int i = ltid + NT * j, r = i >> 3, u = i & 7;
-        const bool ok = m0 + r < T && c0 + u < nck;
-        const long e = ok ? (m0 + r) * n_in + (c0 + u) * 8 : 0;
-        const uint32_t d = st + r * 128 + ((u ^ (r & 7)) << 4);
-        cp_async16(d, xh + e, ok);
-#if GEMM_SPLIT
-        cp_async16(d + WG_A_BYTES, xl + e, ok);
-#endif
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(WGP_NT)
+extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const float* __restrict__ gscale,
          const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl, float* __restrict__ out,
          int T, int n_out, int n_in, int ldo, int epi, const void* __restrict__ wh, const void* __restrict__ ws,
@@ -585,13 +535,23 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
     const long m0 = (long)blockIdx.x * GM_BM;
     const int n0 = blockIdx.y * WG_BN;
     const int nkt = (n_in + GM_BK - 1) / GM_BK, nck = n_in / 8;
-    (void)xl; (void)wlo; (void)wh; (void)ws; (void)wd; (void)nck;
-    // tile kt -> stage s: x (wgp_load_x) and, for bf16 weight planes, W by cp.async
+    (void)xl; (void)wlo; (void)wh; (void)ws; (void)wd;
+    // tile kt -> stage s: 16-byte unit u (8 values) of row r lands at unit u ^ (r % 8) of the row
     auto load = [&](int kt, int s) {
         const uint32_t st = sbase + s * WGP_STAGE_BYTES;
-        wgp_load_x<GM_NT>(st, xh, xl, m0, T, n_in, kt, tid);
-#if !WGP_DEQ
         const int c0 = kt * (GM_BK / 8);
+#pragma unroll
+        for (int j = 0; j < GM_BM * 8 / GM_NT; ++j) {
+            const int i = tid + GM_NT * j, r = i >> 3, u = i & 7;
+            const bool ok = m0 + r < T && c0 + u < nck;
+            const long e = ok ? (m0 + r) * n_in + (c0 + u) * 8 : 0;
+            const uint32_t d = st + r * 128 + ((u ^ (r & 7)) << 4);
+            cp_async16(d, xh + e, ok);
+#if GEMM_SPLIT
+            cp_async16(d + WG_A_BYTES, xl + e, ok);
+#endif
+        }
+#if !WGP_DEQ
         const uint32_t sw = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
 #pragma unroll
         for (int j = 0; j < WG_BN * 8 / GM_NT; ++j) {
@@ -605,58 +565,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
         }
 #endif
     };
-#if WGP_DEQ
-    // the generic-address W tile (hi; lo WG_W_BYTES after it) of stage s
-    char* gbase = reinterpret_cast<char*>(smem4) + (sbase - sraw);
-    auto w_tile = [&](int s, int part) {
-        return reinterpret_cast<__nv_bfloat16*>(gbase + s * WGP_STAGE_BYTES + (1 + GEMM_SPLIT) * WG_A_BYTES + part * WG_W_BYTES);
-    };
-#endif
 
-#if WGP_PRODUCER
-    // (168 registers per thread for all three warpgroups: moving some to the consumers with
-    // setmaxnreg made ptxas spill in the producer even at 72, where the plain split spills none
-    // for NVFP4 precise at 256 rows)
-    if (warp >= GM_NT / 32) {  // the producer warpgroup
-        WeightStager<WG_BN, WGP_PNT> wa, wb;  // raw chunks of two k tiles (tile kt in set kt % 2)
-        wa.load_w(wq, wh, ws, wd, n_out, n_in, n0, 0);
-        if (nkt > 1) wb.load_w(wq, wh, ws, wd, n_out, n_in, n0, 1);
-        const int ptid = tid - GM_NT;
-        auto produce = [&](int kt, auto& set) {
-            const int s = kt % WGP_STAGES;
-            if (kt >= WGP_STAGES) named_bar_sync(WGP_BAR_EMPTY(s), WGP_NT);  // tile kt - WGP_STAGES's wgmmas are done
-            wgp_load_x<WGP_PNT>(sbase + s * WGP_STAGE_BYTES, xh, xl, m0, T, n_in, kt, ptid);
-            asm volatile("cp.async.commit_group;" ::: "memory");
-            set.template store_w<Swizzle128Tile>(w_tile(s, 0), w_tile(s, 1), kt);
-            if (kt + 2 < nkt) set.load_w(wq, wh, ws, wd, n_out, n_in, n0, kt + 2);
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            named_bar_arrive(WGP_BAR_FULL(s), WGP_NT);
-        };
-        for (int kt = 0; kt < nkt; kt += 2) {  // unrolled by two: the register sets are named, not indexed
-            produce(kt, wa);
-            if (kt + 1 < nkt) produce(kt + 1, wb);
-        }
-        return;
-    }
-    float d[WG_ACC];
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
-    for (int kt = 0; kt < nkt; ++kt) {
-        const int s = kt % WGP_STAGES;
-        named_bar_sync(WGP_BAR_FULL(s), WGP_NT);
-        const uint32_t st = sbase + s * WGP_STAGE_BYTES;
-        const uint32_t a_hi = st + wgi * 64 * GM_BK * 2, w_hi = st + (1 + GEMM_SPLIT) * WG_A_BYTES;
-        wg_fence_acc(d);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        WG_KTILE(d, a_hi, w_hi, WGP_WLO)
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        wg_fence_acc(d);
-        // tile kt - 1's wgmmas are done (this warpgroup's; the barrier counts both): release its stage
-        if (kt >= 1 && kt - 1 + WGP_STAGES < nkt) named_bar_arrive(WGP_BAR_EMPTY((kt - 1) % WGP_STAGES), WGP_NT);
-    }
-#else
     float d[WG_ACC];
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
@@ -667,6 +576,11 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
 #if WGP_DEQ
+    // the generic-address W tile (hi; lo WG_W_BYTES after it) of stage s
+    char* gbase = reinterpret_cast<char*>(smem4) + (sbase - sraw);
+    auto w_tile = [&](int s, int part) {
+        return reinterpret_cast<__nv_bfloat16*>(gbase + s * WGP_STAGE_BYTES + (1 + GEMM_SPLIT) * WG_A_BYTES + part * WG_W_BYTES);
+    };
     WeightStager<WG_BN> wa, wb;  // raw chunks of two k tiles (tile kt in set kt % 2)
     wa.load_w(wq, wh, ws, wd, n_out, n_in, n0, 0);
     if (nkt > 1) wb.load_w(wq, wh, ws, wd, n_out, n_in, n0, 1);
@@ -710,7 +624,6 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
     int no_weight_sets = 0;  // BF16: the weights came with the cp.async ring
     for (int kt = 0; kt < nkt; ++kt) step(kt, no_weight_sets, no_weight_sets);
 #endif
-#endif  // WGP_PRODUCER
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_fence_acc(d);
 

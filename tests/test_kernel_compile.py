@@ -72,8 +72,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 2, "MV_STEADY": 1}),  # the same on the float path (BF16)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
     ("gemm", {"FMT": 11, "WGP_DEQ": 1, "WG_BN": 256, "WGP_STAGES": 3}),  # gemm_wgp decoding NVFP4 in its pipeline
-    ("gemm", {"FMT": 11, "WGP_DEQ": 1, "WGP_PRODUCER": 1, "WG_BN": 256, "WGP_STAGES": 3}),  # ... in a producer warpgroup
-    ("gemm", {"FMT": 3, "WGP_DEQ": 1, "WGP_PRODUCER": 1, "WGP_WLO": 1, "WG_BN": 128, "WGP_STAGES": 4}),
     ("gemm", {"FMT": 8, "WGP_DEQ": 1, "WGP_WLO": 1}),  # the same, Q4_K with the W_lo plane (precise)
     ("gemm", {"FMT": 3, "I8_STAGES": 4}),
     ("gemm", {"FMT": 3, "I8_STAGES": 4, "I8_SCF32": 1}),  # gemm_i8 with the f32 scales converted once per tile  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)

@@ -579,13 +579,6 @@ def wgp_smem(stages: int, stage: int) -> int:
     return stages * stage + 1024
 
 
-def wgp_producer(W: DeviceWeight, x_split: bool) -> bool:
-    """Whether gemm_wgp decodes W's quantized chunks in a producer warpgroup (gemm.cu
-    WGP_PRODUCER: a third warpgroup decodes into the ring, the other two only issue wgmmas).
-    Opt-in until measured: BW24CHAT_WGP_PRODUCER=1 (every quantized format, both modes)."""
-    return os.environ.get("BW24CHAT_WGP_PRODUCER", "0") == "1"
-
-
 def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
     """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
     other formats are either decoded inside the GEMM's pipeline (WGP_DEQ) or dequantized to bf16
@@ -599,19 +592,15 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     warps).  BW24CHAT_WGP_DEQ=1 / 0 forces one way."""
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
     force = os.environ.get("BW24CHAT_WGP_DEQ", "")
-    producer = W.fmt not in FLOAT_FORMATS and wgp_producer(W, x_split)
-    in_pipeline = W.fmt not in FLOAT_FORMATS and (producer or force == "1" or (force != "0" and w_lo))
+    in_pipeline = W.fmt not in FLOAT_FORMATS and (force == "1" or (force != "0" and w_lo))
     defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
-    if producer:
-        defs["WGP_PRODUCER"] = 1
     k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
     smem = wgp_smem(stages, stage)
     _ensure_smem(k, smem)
-    threads = 256 + 128 * producer
 
     def launch(wq, wl, r0: int, n: int, raw: tuple = (_NULL, _NULL, _NULL)) -> None:
         gs = _NULL if W.gscale is None else np.uint64(W.gscale.data.ptr + 4 * r0)
-        k((-(-T // WG_BM), -(-n // bn)), (threads,),
+        k((-(-T // WG_BM), -(-n // bn)), (256,),
           (wq, _ptr(wl), gs, xh, _ptr(xl), np.uint64(out.data.ptr + 4 * r0), np.int32(T), np.int32(n),
            np.int32(W.in_), np.int32(W.out), epi, *raw), shared_mem=smem)
 
