@@ -11,6 +11,41 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s16c)
+  # the dequantization pass with warp-staged coalesced stores (DEQ_STAGE, every sector written
+  # whole by one instruction) and the hi-only build (DEQ_LO=0: 48 registers, fits beside gemm_wgp),
+  # alone and run ahead.  s16b: DEQ_U 1-8 flat (1.5-1.9 TB/s: not bytes in flight); ahead +7.6 %
+  # NVFP4 pp512.  Predicted: staged stores 1.8 -> 2.8-3.5 TB/s if half-written sectors bound it;
+  # NVFP4 pp512 -> 15-16k with it ahead.  Bits first, then the prefill gates on the new path.
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py tests/gpu/test_dequant_embed.py -k "dequant_ahead or wgp_equals or in_pipeline or dequant" 2>&1 | tail -3 | tee $OUT/pytest_s16c.log
+  grep -q " passed" $OUT/pytest_s16c.log && ! grep -q "failed\|error" $OUT/pytest_s16c.log || exit 3
+  for st in 0 1; do BW24CHAT_DEQ_STAGE=$st timeout 60 python3 bench/prefill_probe.py --formats nvfp4,q4_k --dequant-only 2>&1 | sed "s/^/stage=$st /"; done | tee $OUT/probe_s16c.log
+  for env in "BW24CHAT_DEQ_AHEAD=0 BW24CHAT_DEQ_STAGE=0" "BW24CHAT_DEQ_AHEAD=0" "BW24CHAT_DEQ_STAGE=0" "X=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s16c.log
+  timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | tee -a $OUT/bench_s16c.log
+  timeout 150 python3 -m bw24chat check --skip-kernels --formats nvfp4,q4_k,f16 --kv bf16 > $OUT/check_s16c.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s16c.log | tail -8
+  ;;
+s16b)
+  # the dequantization pass: 1-8 chunks in flight per thread (DEQ_U), and run ahead on a side
+  # stream under the GEMMs (DequantAhead).  Bits first (exit on failure).  Predicted: DEQ_U 4 ->
+  # ~2.5-3 TB/s if bytes in flight bound it; ahead: NVFP4 pp512 13.2k -> 15.5-17.5k (the pass
+  # hidden under tensor-bound GEMMs; BF16 precise ~18k the ceiling), Q4_K fast 17.2k -> ~21k
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py tests/gpu/test_dequant_embed.py -k "dequant_ahead or wgp_equals or in_pipeline or dequant" 2>&1 | tail -4 | tee $OUT/pytest_s16b.log
+  grep -q " passed" $OUT/pytest_s16b.log && ! grep -q "failed\|error" $OUT/pytest_s16b.log || exit 3
+  for u in 1 2 4 8; do BW24CHAT_DEQ_U=$u timeout 60 python3 bench/prefill_probe.py --formats nvfp4,q4_k 2>&1 | grep "dequant pass" | sed "s/^/U=$u /"; done | tee $OUT/probe_s16b.log
+  for env in "BW24CHAT_DEQ_AHEAD=0 BW24CHAT_DEQ_U=1" "BW24CHAT_DEQ_AHEAD=0" "X=1" "BW24CHAT_STREAM_PRIO=1" "BW24CHAT_STREAM_PRIO=1 BW24CHAT_DEQ_AHEAD_BLOCKS=2" "BW24CHAT_STREAM_PRIO=1 BW24CHAT_WGP_DEQ=0"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s16b.log
+  timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | tee -a $OUT/bench_s16b.log
+  ;;
+s16a)
+  # s15a's gates (the FMA decode's cluster/hybrid merge with q8_0 / f32 / fp8 caches; every decode
+  # attention test), then where NVFP4 prefill loses to BF16: the dequantization pass alone per shape
+  # (predicted ~1.8-2 TB/s: 36 layers x ~494 MB per 512-token chunk would explain the ~10 ms gap
+  # between BF16 pp512 28.4 ms and NVFP4 38.7 ms only below ~2 TB/s)
+  timeout 300 python3 -m bw24chat check --formats nvfp4,q8_0 --kv q8_0,f32,fp8 > $OUT/check_s16a.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s16a.log | tail -14
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py 2>&1 | tail -4 | tee $OUT/pytest_s16a.log
+  timeout 150 python3 bench/prefill_probe.py --formats nvfp4,q4_k,bf16 2>&1 | grep -v "a8=off" | tee $OUT/probe_s16a.log
+  ;;
 s15b)
   # the producer warpgroup for gemm_wgp's in-pipeline decoding (WGP_PRODUCER): bits against the
   # dequant pass (exit on failure), then prefill A/B in one call.  Predicted: NVFP4 precise pp512

@@ -57,30 +57,103 @@ dequant_rows(const uint4* __restrict__ wq, const void* __restrict__ wh, const vo
 // dequant_bf16: rows [row0, row0 + n_rows) as bf16 planes for the prefill GEMM (gemm.cu
 // gemm_wgp): hi[t, k] = bf16(W[row0 + t, k]) and, when lo != null, lo[t, k] = bf16(W - hi) — the
 // values gemm.cu's TileStager stages (the NVFP4 global scale is left to the GEMM epilogue).
+// Chunk i's values land at plane offset i * VPC (the rows are dense), so a warp's 32 consecutive
+// chunks fill 32 * VPC contiguous values.  DEQ_STAGE 1: each lane puts its chunk's bf16 values in
+// a per-warp shared buffer and the warp stores the run with consecutive 16-byte units per lane
+// (every sector written whole by one instruction); 0: each lane stores its own chunk (lane
+// stride VPC * 2 bytes: a warp instruction half-writes 32 sectors).  Same values either way.
+#ifndef DEQ_STAGE
+#define DEQ_STAGE 1
+#endif
+#ifndef DEQ_LO
+#define DEQ_LO 1  // 0: compiled for hi alone (lo must be null): fewer registers, so that a block fits
+#endif            // beside gemm_wgp's (cuda_linear.DequantAhead)
+BW24_DEVICE void bf16_chunk(const float (&v)[VPC], bool want_lo, uint32_t (&h)[VPC / 2], uint32_t (&l)[VPC / 2]) {
+#pragma unroll
+    for (int e = 0; e < VPC; e += 4) {
+        uint2 a, b;
+        split_bf16x4(make_float4(v[e], v[e + 1], v[e + 2], v[e + 3]), a, b);
+        h[e / 2] = a.x;
+        h[e / 2 + 1] = a.y;
+        l[e / 2] = want_lo ? b.x : 0u;
+        l[e / 2 + 1] = want_lo ? b.y : 0u;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 dequant_bf16(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
              const void* __restrict__ wd, long row0, int n_rows, int n_in, __nv_bfloat16* __restrict__ hi,
              __nv_bfloat16* __restrict__ lo) {
     PDL_ENTRY();
+#if DEQ_STAGE
+    constexpr int WORDS = VPC / 2;          // u32 words (bf16 pairs) per chunk and plane
+    constexpr int UW = WORDS >= 4 ? 4 : 2;  // words per store unit (16 bytes; F32 chunks: 8)
+    constexpr int G = WORDS / UW;           // units per chunk
+    // per warp (256 threads), one plane at a time; chunk c's unit g at unit slot c * G + (g ^ (c % G))
+    // (XOR swizzle: the lanes' unit writes spread over the banks, the warp's reads stay whole units)
+    __shared__ __align__(16) uint32_t stage[8][32 * WORDS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nck = n_in / VPC;
+    const long total = (long)n_rows * nck;
+    const long stride = (long)gridDim.x * blockDim.x;
+    // warp-uniform walk: the warp's chunks base .. base + 31, lane's chunk base + lane
+    for (long base = (long)blockIdx.x * blockDim.x + 32 * warp; base < total; base += stride) {
+        const long i = base + lane;
+        const int nvalid = (int)min(32L, total - base);
+        uint32_t h[WORDS], l[WORDS];
+        if (i < total) {
+            const long t = i / nck;
+            const int kc = (int)(i - t * nck);
+            Raw r;
+            fetch_chunk(r, wq, wh, ws, wd, row0 + t, nck, kc);
+            float v[VPC];
+            decode_exact(r, kc, v);
+            bf16_chunk(v, DEQ_LO && lo != nullptr, h, l);
+        }
+        for (int plane = 0; plane < (DEQ_LO && lo ? 2 : 1); ++plane) {
+            if (i < total) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    uint32_t* slot = stage[warp] + (lane * G + (g ^ (lane % G))) * UW;
+                    if constexpr (UW == 4)
+                        *reinterpret_cast<uint4*>(slot) = plane ? make_uint4(l[4 * g], l[4 * g + 1], l[4 * g + 2], l[4 * g + 3])
+                                                                : make_uint4(h[4 * g], h[4 * g + 1], h[4 * g + 2], h[4 * g + 3]);
+                    else
+                        *reinterpret_cast<uint2*>(slot) = plane ? make_uint2(l[2 * g], l[2 * g + 1]) : make_uint2(h[2 * g], h[2 * g + 1]);
+                }
+            }
+            __syncwarp();
+            uint32_t* dst = reinterpret_cast<uint32_t*>(plane ? lo : hi) + base * WORDS;
+            for (int u = lane; u < nvalid * G; u += 32) {
+                const int c = u / G, g = u % G;
+                const uint32_t* slot = stage[warp] + (c * G + (g ^ (c % G))) * UW;
+                if constexpr (UW == 4)
+                    reinterpret_cast<uint4*>(dst)[u] = *reinterpret_cast<const uint4*>(slot);
+                else
+                    reinterpret_cast<uint2*>(dst)[u] = *reinterpret_cast<const uint2*>(slot);
+            }
+            __syncwarp();
+        }
+    }
+#else
     for_each_chunk(wq, wh, ws, wd, n_rows, n_in, [&](long t) { return row0 + t; },
                    [&](long t, long row, int kc, float (&v)[VPC]) {
         (void)row;
+        uint32_t h[VPC / 2], l[VPC / 2];
+        bf16_chunk(v, lo != nullptr, h, l);
+        uint32_t* dh = reinterpret_cast<uint32_t*>(hi + t * n_in + (long)kc * VPC);
+        uint32_t* dl = reinterpret_cast<uint32_t*>(lo + t * n_in + (long)kc * VPC);
         // 16-byte stores (8 values) where the chunk has them: F32 chunks hold 4 values
-        constexpr int SV = VPC >= 8 ? 8 : 4;
 #pragma unroll
-        for (int e = 0; e < VPC; e += SV) {
-            uint2 h[2], l[2];
-#pragma unroll
-            for (int p = 0; p < SV / 4; ++p) split_bf16x4(make_float4(v[e + 4 * p], v[e + 4 * p + 1], v[e + 4 * p + 2], v[e + 4 * p + 3]), h[p], l[p]);
-            __nv_bfloat16* dh = hi + t * n_in + (long)kc * VPC + e;
-            __nv_bfloat16* dl = lo + t * n_in + (long)kc * VPC + e;
-            if (SV == 8) {
-                *reinterpret_cast<uint4*>(dh) = make_uint4(h[0].x, h[0].y, h[1].x, h[1].y);
-                if (lo) *reinterpret_cast<uint4*>(dl) = make_uint4(l[0].x, l[0].y, l[1].x, l[1].y);
+        for (int w = 0; w < VPC / 2; w += (VPC >= 8 ? 4 : 2)) {
+            if constexpr (VPC >= 8) {
+                *reinterpret_cast<uint4*>(dh + w) = make_uint4(h[w], h[w + 1], h[w + 2], h[w + 3]);
+                if (lo) *reinterpret_cast<uint4*>(dl + w) = make_uint4(l[w], l[w + 1], l[w + 2], l[w + 3]);
             } else {
-                *reinterpret_cast<uint2*>(dh) = h[0];
-                if (lo) *reinterpret_cast<uint2*>(dl) = l[0];
+                *reinterpret_cast<uint2*>(dh + w) = make_uint2(h[w], h[w + 1]);
+                if (lo) *reinterpret_cast<uint2*>(dl + w) = make_uint2(l[w], l[w + 1]);
             }
         }
     });
+#endif
 }

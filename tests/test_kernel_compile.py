@@ -78,6 +78,9 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm", {"FMT": 3, "GEMM_XPLANES": 1}),  # register-staged GEMMs on the integer-dot contract's x planes
     ("gemm", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),  # the same, fast mode (one plane)
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
+    ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
+    ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
+    ("dequant", {"FMT": 8, "DEQ_STAGE": 0}),  # each thread storing its own chunk
 ]
 
 
