@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s16d)
+  # the session's build (warp-staged dequantization pass in line; DequantAhead removed): the gates
+  # with the kernel check for every weight format, then the bench table
+  timeout 200 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s16d.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s16d.log | tail -8
+  timeout 340 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s16d.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s16d.log | tail -30
+  ;;
 s16c)
   # the dequantization pass with warp-staged coalesced stores (DEQ_STAGE, every sector written
   # whole by one instruction) and the hi-only build (DEQ_LO=0: 48 registers, fits beside gemm_wgp),

@@ -64,13 +64,12 @@ def main() -> int:
                 rows = lin.dequant_block_rows(W)
                 whi = cp.empty(rows * in_, cp.uint16)
 
-                def deq_pass(per_sm):
+                def deq_pass():
                     for r0 in range(0, out, rows):
-                        lin.dequant_block(W, r0, min(rows, out - r0), whi, None, blocks_per_sm=per_sm)
-                for per_sm, label in ((16, "dequant pass (hi)"), (lin.DEQ_AHEAD_BLOCKS_PER_SM, "  as run ahead (blocks/SM)")):
-                    g = time_graph(cp, stream, lambda c: deq_pass(per_sm), 1)
-                    gbs = (W.nbytes + 2 * out * in_) / (g * 1e-6) / 1e9
-                    print(f"{name:5} {fmt:6} {label:28} graph {g:8.1f} us ({gbs:5.0f} GB/s)", flush=True)
+                        lin.dequant_block(W, r0, min(rows, out - r0), whi, None)
+                g = time_graph(cp, stream, lambda c: deq_pass(), 1)
+                gbs = (W.nbytes + 2 * out * in_) / (g * 1e-6) / 1e9
+                print(f"{name:5} {fmt:6} dequant pass (hi)            graph {g:8.1f} us ({gbs:5.0f} GB/s)", flush=True)
                 del whi
             if dequant_only:
                 continue

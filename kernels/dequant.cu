@@ -13,7 +13,8 @@
 //     hi[t, :] = bf16(W[row0 + t, :]), lo[t, :] = bf16(W - hi) when lo != nullptr (the prefill
 //     GEMM's weight planes, gemm.cu gemm_wgp; no global scale: the GEMM epilogue applies it).
 // Launch: 1-D grid-stride, 256 threads, one 16-byte chunk (VPC values) per thread-iteration;
-// each thread writes its VPC contiguous values as 16-byte stores (8-byte for F32 to bf16).
+// dequant_rows: each thread writes its VPC values as 16-byte stores; dequant_bf16: each warp
+// writes its 32 chunks' run through shared memory (DEQ_STAGE, below).
 #include "common.cuh"
 #include "formats.cuh"
 
@@ -66,8 +67,8 @@ dequant_rows(const uint4* __restrict__ wq, const void* __restrict__ wh, const vo
 #define DEQ_STAGE 1
 #endif
 #ifndef DEQ_LO
-#define DEQ_LO 1  // 0: compiled for hi alone (lo must be null): fewer registers, so that a block fits
-#endif            // beside gemm_wgp's (cuda_linear.DequantAhead)
+#define DEQ_LO 1  // 0: compiled for hi alone (lo must be null): 48 registers instead of 80 (NVFP4)
+#endif
 BW24_DEVICE void bf16_chunk(const float (&v)[VPC], bool want_lo, uint32_t (&h)[VPC / 2], uint32_t (&l)[VPC / 2]) {
 #pragma unroll
     for (int e = 0; e < VPC; e += 4) {

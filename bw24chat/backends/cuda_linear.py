@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections import deque
 
 import numpy as np
 
@@ -431,7 +430,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     if route == "i8":
         _gemm_i8(W, x, out, T, epi)
         return
-    if route.startswith("wgp"):
+    if route == "wgp":
         if a8:
             xh, xl = _act_quant(x, T * W.in_, x_split)
         else:
@@ -479,17 +478,15 @@ def _i8_scf32() -> bool:
 
 
 def _gemm_route(W: DeviceWeight, precise: bool, impl: str, a8: bool) -> str:
-    """Which prefill kernel gemm() runs W on: "i8" (gemm_i8), "wgp" (gemm_wgp on BF16 weights in
-    place), "wgp-pipeline" (gemm_wgp decoding W in its pipeline), "wgp-pass" (gemm_wgp after the
-    dequantization pass), "wg" / "mma" (the register-staged kernels)."""
+    """Which prefill kernel gemm() runs W on: "i8" (gemm_i8), "wgp" (gemm_wgp: BF16 weights in
+    place, others decoded in its pipeline or by the dequantization pass, _gemm_wgp), "wg" / "mma"
+    (the register-staged kernels)."""
     if impl == "wg" and a8 and precise and uses_gemm_i8(W):
         return "i8"
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
     if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
-        if W.fmt == "BF16":
-            return "wgp"
-        return "wgp-pipeline" if _wgp_in_pipeline(W, precise and W.fmt not in _W_EXACT_IN_BF16) else "wgp-pass"
+        return "wgp"
     return impl
 
 
@@ -526,8 +523,7 @@ def _gemm_i8(W: DeviceWeight, x, out, T: int, epi) -> None:
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)
 WGP_DEQ_VALUES = 64 * 1024 * 1024  # row block dequantized per gemm_wgp launch (128 MB of bf16 per plane):
 # smaller blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
-DEQ_AHEAD_SLOTS = 3  # DequantAhead's ring buffers of dequantized row blocks
-WGP_SCRATCH_BYTES = DEQ_AHEAD_SLOTS * 2 * 2 * WGP_DEQ_VALUES  # their weight planes (hi, lo) at their largest
+WGP_SCRATCH_BYTES = 2 * 2 * WGP_DEQ_VALUES  # the dequantized weight planes (hi, lo) at their largest
 _scratch: dict = {}
 
 
@@ -631,12 +627,12 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
         launch(W.q, None, 0, W.out, (_ptr(W.h), _ptr(W.s), _ptr(W.d)))
         return
     rows = dequant_block_rows(W)
-    ahead = _ahead()
+    whi = _scratch_u16("w_hi", rows * W.in_)
+    wlo = _scratch_u16("w_lo", rows * W.in_) if w_lo else None
     for r0 in range(0, W.out, rows):
         n = min(rows, W.out - r0)
-        whi, wlo = ahead.take(W, r0, n, w_lo)
+        dequant_block(W, r0, n, whi, wlo)
         launch(whi, wlo, r0, n)
-        ahead.release()
 
 
 def dequant_block_rows(W: DeviceWeight) -> int:
@@ -645,149 +641,14 @@ def dequant_block_rows(W: DeviceWeight) -> int:
     return min(W.out, max(256, WGP_DEQ_VALUES // W.in_ // 256 * 256))
 
 
-class DequantAhead:
-    """The prefill's dequantization pass run ahead of its GEMMs, on a side stream.
-
-    gemm_wgp holds one block per SM for its shared-memory ring and is tensor-bound (~0.6 TB/s of
-    its own HBM traffic at T = 512), while the dequant pass alone streams at ~1.8 TB/s and cost
-    NVFP4 prefill 269 us per Qwen3-8B layer against 652 us of BF16-equivalent GEMMs (H200,
-    bench/prefill_probe.py, bench/NOTES.md sixteenth session).  A dequant_bf16 block of 256
-    threads at 48 registers and 16 KB of shared memory (the hi plane alone, DEQ_LO=0) fits beside
-    a gemm_wgp block (51,200 + 12,288 of 65,536 registers; ~34 KB of shared memory left), so the
-    pass can run under the GEMMs instead of between them.
-
-    The runner announces the weights of the GEMMs to come, in order (announce).  Each of their row
-    blocks is dequantized into one of DEQ_AHEAD_SLOTS ring buffers on the side stream as soon as a
-    buffer is free: once the GEMM that last read it has been launched, whose completion (an event
-    on the main stream) the side stream waits for.  take() hands gemm the block at the head of the
-    queue, the main stream waiting for its dequantization; a block that is not the one announced
-    next (nothing announced, another order) drops the queue and is dequantized on the main stream
-    itself.  The same kernel on the same inputs writes the same planes: only when it runs changes
-    (bits: tests/gpu/test_gemm.py).  BW24CHAT_DEQ_AHEAD=0 turns the side stream off."""
-
-    def __init__(self):
-        self.queue: deque = deque()  # announced row blocks not yet dequantized: (W, r0, n, w_lo)
-        self.ready: deque = deque()  # dequantized on the side stream: (W, r0, n, w_lo, slot, done event)
-        self.free: deque = deque(range(DEQ_AHEAD_SLOTS))  # slots no launched GEMM reads any more
-        self.read_done: list = [None] * DEQ_AHEAD_SLOTS  # event after the last GEMM that read the slot
-        self.planes: list = [(None, None)] * DEQ_AHEAD_SLOTS
-        self.side = None
-        self.held = None  # the slot of the GEMM being launched (take .. release)
-
-    def announce(self, blocks: list) -> None:
-        """Replace the queue by these row blocks (W, r0, n, w_lo), in the order gemm will take them."""
-        self.drop()
-        if os.environ.get("BW24CHAT_DEQ_AHEAD", "1") == "0":
-            return
-        self.queue.extend(blocks)
-        self.pump()
-
-    def drop(self) -> None:
-        """Forget the queue; the current stream waits for dequantizations still in flight into
-        slots that become free (a later main-stream dequantization may write them)."""
-        import cupy as cp
-
-        cur = cp.cuda.get_current_stream()
-        for *_, slot, done in self.ready:
-            cur.wait_event(done)
-            self.free.append(slot)
-        self.ready.clear()
-        self.queue.clear()
-
-    def _buffers(self, slot: int, n_values: int, w_lo: bool):
-        import cupy as cp
-
-        hi, lo = self.planes[slot]
-        if hi is None or hi.size < n_values or (w_lo and (lo is None or lo.size < n_values)):
-            cp.cuda.Device().synchronize()  # a slot grows rarely (first use, a wider model): nothing may still use it
-            size = max(n_values, 0 if hi is None else hi.size)
-            hi = cp.empty(size, cp.uint16)
-            lo = cp.empty(size, cp.uint16) if (w_lo or lo is not None) else None
-            self.planes[slot] = (hi, lo)
-        return hi, (lo if w_lo else None)
-
-    def pump(self) -> None:
-        """Dequantize queued blocks on the side stream into free slots."""
-        import cupy as cp
-
-        while self.queue and self.free:
-            W, r0, n, w_lo = self.queue.popleft()
-            slot = self.free.popleft()
-            hi, lo = self._buffers(slot, n * W.in_, w_lo)
-            if self.side is None:
-                self.side = cp.cuda.Stream(non_blocking=True)
-            with self.side:
-                if self.read_done[slot] is not None:
-                    self.side.wait_event(self.read_done[slot])
-                dequant_block(W, r0, n, hi, lo, blocks_per_sm=DEQ_AHEAD_BLOCKS_PER_SM)
-                done = cp.cuda.Event(disable_timing=True)
-                done.record(self.side)
-            self.ready.append((W, r0, n, w_lo, slot, done))
-
-    def take(self, W: DeviceWeight, r0: int, n: int, w_lo: bool):
-        """The planes (hi, lo) of W's rows [r0, r0 + n), ready for the current stream."""
-        import cupy as cp
-
-        cur = cp.cuda.get_current_stream()
-        if self.ready and self.ready[0][:4] == (W, r0, n, w_lo):
-            *_, slot, done = self.ready.popleft()
-            cur.wait_event(done)
-            self.held = slot
-            return self.planes[slot][0], (self.planes[slot][1] if w_lo else None)
-        if self.ready or self.queue:
-            self.drop()
-        slot = self.free.popleft()
-        hi, lo = self._buffers(slot, n * W.in_, w_lo)
-        dequant_block(W, r0, n, hi, lo)
-        self.held = slot
-        return hi, lo
-
-    def release(self) -> None:
-        """After the GEMM on the taken planes was launched: the slot is free once it completes."""
-        import cupy as cp
-
-        slot, self.held = self.held, None
-        ev = cp.cuda.Event(disable_timing=True)
-        ev.record(cp.cuda.get_current_stream())
-        self.read_done[slot] = ev
-        self.free.append(slot)
-        self.pump()
-
-
-DEQ_AHEAD_BLOCKS_PER_SM = int(os.environ.get("BW24CHAT_DEQ_AHEAD_BLOCKS", 1))
-_aheads: dict = {}
-
-
-def _ahead() -> DequantAhead:
-    """The current device's DequantAhead (its slots and side stream live on that device)."""
-    import cupy as cp
-
-    return _aheads.setdefault(cp.cuda.Device().id, DequantAhead())
-
-
-def announce_prefill(weights: list, precise: bool = True) -> None:
-    """The weights of the prefill GEMMs to come, in the order gemm() will be called on them
-    (DequantAhead): those that take the dequantization pass have their row blocks dequantized
-    ahead on a side stream."""
-    impl = gemm_impl()
-    blocks = []
-    for W in weights:
-        if _gemm_route(W, precise, impl, act_q8(W.fmt)) != "wgp-pass":
-            continue
-        rows = dequant_block_rows(W)
-        w_lo = precise and W.fmt not in _W_EXACT_IN_BF16
-        blocks += [(W, r0, min(rows, W.out - r0), w_lo) for r0 in range(0, W.out, rows)]
-    _ahead().announce(blocks)
-
-
-def dequant_block(W: DeviceWeight, r0: int, n: int, whi, wlo, blocks_per_sm: int = 16) -> None:
+def dequant_block(W: DeviceWeight, r0: int, n: int, whi, wlo) -> None:
     """W's rows [r0, r0 + n) as bf16 planes whi (and wlo, W - hi, when not None) [n, W.in]:
-    dequant.cu dequant_bf16 on the current stream, at most blocks_per_sm blocks per SM (a
-    grid-stride loop does the rest).  BW24CHAT_DEQ_STAGE=0: each thread stores its own chunk
-    (measurement)."""
+    dequant.cu dequant_bf16 on the current stream (warp-staged coalesced stores: 3.3-3.6 TB/s on
+    the H200 against 1.8 with each thread storing its own chunk, bench/NOTES.md sixteenth
+    session; BW24CHAT_DEQ_STAGE=0 gives the latter, for measurement)."""
     deq = get_kernel("dequant", "dequant_bf16", FMT=W.fmt_id, DEQ_LO=int(wlo is not None),
                      DEQ_STAGE=int(os.environ.get("BW24CHAT_DEQ_STAGE", 1)))
-    deq((max(1, min(-(-(n * W.nck) // 256), _sm_resources()[0] * blocks_per_sm)),), (256,),
+    deq((max(1, min(-(-(n * W.nck) // 256), 132 * 16)),), (256,),
         (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), np.int64(r0), np.int32(n), np.int32(W.in_), whi, _ptr(wlo)))
 
 

@@ -140,7 +140,7 @@ class CudaRunner:
         self.d_next = self.d_io[_IO_OUT:_IO_OUT + 4].view(cp.int32)
         self.d_params = self.d_io[_IO_PARAMS:_IO_RING].view(cp.uint64)
         self.d_ring = self.d_io[_IO_RING:].view(cp.int32)
-        self.stream = _runner_stream(cp)
+        self.stream = cp.cuda.Stream(non_blocking=True)
         self.graph = None
 
     # ==================================================================== prefill
@@ -159,10 +159,6 @@ class CudaRunner:
         x, h, qkv, q_rot, attn = self.p_x[:T], self.p_h[:T], self.p_qkv[:T], self.p_q[:T], self.p_attn[:T]
         gu, act = self.p_gu[:T], self.p_act[:T]
         lin.embed(self.w_embed, self.p_ids[:T], x)
-        # the GEMMs' weights in call order: those on the dequantization pass are dequantized ahead,
-        # on a side stream, while the GEMM before them runs (cuda_linear.DequantAhead)
-        lin.announce_prefill([L[r] for L in self.layers for r in ("qkv", "o", "gu", "down")]
-                             + ([self.w_out] if all_logits else []), self.precise)
         for li, L in enumerate(self.layers):
             ops.rmsnorm(x, L["attn_norm"], eps, h)
             pr = self.precise
@@ -329,23 +325,6 @@ KV_BYTES_PER_VALUE = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0, "f32": 4.0}
 # activation buffers, workspaces, prefill scratch (the wgmma GEMM's dequantized weight planes
 # included), CUDA context slack
 RESERVE_BYTES = (3 << 29) + lin.WGP_SCRATCH_BYTES
-
-
-def _runner_stream(cp):
-    """The runner's non-blocking stream.  BW24CHAT_STREAM_PRIO=1 (measurement): at the device's
-    highest priority, so that the block scheduler places the GEMMs' blocks before the blocks of
-    the dequantization running ahead on the (default-priority) side stream (cuda_linear.DequantAhead)."""
-    import os
-    import weakref
-
-    if os.environ.get("BW24CHAT_STREAM_PRIO", "0") != "1":
-        return cp.cuda.Stream(non_blocking=True)
-    rt = cp.cuda.runtime
-    # flags 1: cudaStreamNonBlocking; a priority past the device's greatest is clamped to it
-    ptr = rt.streamCreateWithPriority(1, -1000)
-    s = cp.cuda.ExternalStream(ptr)
-    weakref.finalize(s, rt.streamDestroy, ptr)
-    return s
 
 
 def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: int, n_layers: int, n_kv: int,

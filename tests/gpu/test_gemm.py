@@ -162,48 +162,6 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
 
 
 @pytest.mark.parametrize("precise", [True, False])
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K", "F16"])
-def test_dequant_ahead_gives_the_same_bits(cp, rng, fmt, precise, monkeypatch):
-    """The dequantization pass run ahead on a side stream (cuda_linear.DequantAhead: announced
-    weights, a ring of 3 slots, 256-row blocks so that one weight takes up to three) gives the
-    same bits as the pass run in line before each GEMM — in the announced order, over more blocks
-    than slots (slots reused after their GEMM), and when the calls leave the announced order (the
-    queue dropped, in-flight blocks waited for).  W_lo planes too (F16, Q4_K precise)."""
-    from bw24chat.backends import cuda_linear as cl
-
-    if "wg" not in impls():
-        pytest.skip("gemm_wgp needs sm_90a")
-    monkeypatch.setenv("BW24CHAT_WGP_DEQ", "0")  # K-quants' precise mode on the pass as well
-    monkeypatch.setattr(cl, "WGP_DEQ_VALUES", 1)
-    nb = max(1, 520 // block_of(fmt))
-    Ws = [cw.upload(make_weight(rng, fmt, rows=(r,), nblocks=nb)[0]) for r in (700, 300, 256, 513)]
-    T = 259
-    x = cp.asarray(rng.standard_normal((T, Ws[0].in_)).astype(np.float32))
-
-    def calls(order, announced=None):
-        with cp.cuda.Stream(non_blocking=True) as s:
-            if announced is not None:
-                cl.announce_prefill([Ws[i] for i in announced], precise)
-            outs = {}
-            for i in order:
-                outs.setdefault(i, []).append(cp.empty((T, Ws[i].out), cp.float32))
-                cl.gemm(Ws[i], x, outs[i][-1], T, precise=precise, impl="wg")
-            s.synchronize()
-        return {i: [cp.asnumpy(o) for o in v] for i, v in outs.items()}
-
-    monkeypatch.setenv("BW24CHAT_DEQ_AHEAD", "0")
-    base = calls([0, 1, 2, 3])
-    monkeypatch.setenv("BW24CHAT_DEQ_AHEAD", "1")
-    for order, announced in (([0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 3, 0, 1, 2, 3]),  # 18 blocks through 3 slots
-                             ([1, 0, 2, 3], [0, 1, 2, 3]),  # out of order at once: dropped, in line
-                             ([0, 1, 3, 2], [0, 1, 2, 3])):  # out of order after two blocks taken
-        got = calls(order, announced)
-        for i, outs in got.items():
-            for o in outs:
-                assert np.array_equal(o.view(np.uint32), base[i][0].view(np.uint32)), (order, i)
-
-
-@pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
 def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise):
     """Under the integer-dot contract the portable mma.sync kernel (the sm_120a path), the
