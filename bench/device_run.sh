@@ -11,6 +11,20 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s16f)
+  # the final build (precise K-quants on the staged dequantization pass by default): the GEMM tests
+  # (every path, the in-pipeline cross-check included), the K-quant gates, Q4_K prefill
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py tests/gpu/test_dequant_embed.py 2>&1 | tail -3 | tee $OUT/pytest_s16f.log
+  timeout 150 python3 -m bw24chat check --skip-kernels --formats q4_k,q5_k,q6_k --kv bf16,f32 > $OUT/check_s16f.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s16f.log | tail -8
+  timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,nvfp4,bf16 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | tee $OUT/bench_s16f.log
+  ;;
+s16e)
+  # precise Q4_K / Q8_0 on the staged dequantization pass (W hi + lo planes) vs their defaults
+  # (Q4_K: decoded in gemm_wgp's pipeline; Q8_0: gemm_i8).  Predicted: Q4_K gate|up ~610 us on the
+  # pass vs 702 in the pipeline (s16a), pp512 9.1k -> ~10k; Q8_0 ~ its gemm_i8 10.7k
+  for env in "X=1" "BW24CHAT_WGP_DEQ=0" "BW24CHAT_WGP_DEQ=0 BW24CHAT_GEMM_I8=0"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q4_k,q8_0 --prefill-only 2>&1 | grep "pp512 \|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s16e.log
+  ;;
 s16d)
   # the session's build (warp-staged dequantization pass in line; DequantAhead removed): the gates
   # with the kernel check for every weight format, then the bench table

@@ -501,7 +501,9 @@ gemm_wg(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* _
 // decodes tile kt+1 to its exact values -> bf16 W (and W_lo, WGP_WLO) into the stage's W tile
 // while those wgmmas run (the TileStager's values: bit-identical to dequant_bf16's planes).  The
 // stage's W tile of tile kt+1 was last read by the wgmmas of tile kt+1-WGP_STAGES <= kt-2, done
-// (wait_group 1 at the end of kt-1, and the barrier at the top of kt).
+// (wait_group 1 at the end of kt-1, and the barrier at the top of kt).  Opt-in since the
+// sixteenth session (BW24CHAT_WGP_DEQ=1): slower than the staged dequant_bf16 pass on every
+// format and mode measured (bench/NOTES.md); kept as that pass's bit-for-bit cross-check.
 #ifndef WGP_STAGES
 #define WGP_STAGES 4
 #endif

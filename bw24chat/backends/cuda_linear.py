@@ -490,11 +490,6 @@ def _gemm_route(W: DeviceWeight, precise: bool, impl: str, a8: bool) -> str:
     return impl
 
 
-def _wgp_in_pipeline(W: DeviceWeight, w_lo: bool) -> bool:
-    force = os.environ.get("BW24CHAT_WGP_DEQ", "")
-    return W.fmt not in FLOAT_FORMATS and (force == "1" or (force != "0" and w_lo))
-
-
 def uses_gemm_i8(W: DeviceWeight) -> bool:
     """Whether the precise prefill of W runs on gemm_i8 (gemm.cu: Q8_0 on Hopper's int8 wgmma,
     the integer-dot contract on the raw code bytes; rows whose width is a multiple of 128).
@@ -601,14 +596,15 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     other formats are either decoded inside the GEMM's pipeline (WGP_DEQ) or dequantized to bf16
     (and W_lo when w_lo) one row block at a time into scratch (llama.cpp's dequantize-then-GEMM
     prefill), each block's GEMM writing its columns of out.  Both give the same bits: the same
-    decoded values, and row blocks do not change any output's k order.  In the pipeline where W
-    is split (w_lo: precise mode, weights that are not bf16 numbers), the dequant pass
-    elsewhere: measured on the H200 (bench/NOTES.md, eighth session; pp512 in-pipeline vs pass,
-    tok/s) Q8_0 precise 9,629 vs 8,531, Q4_K 9,075 vs 8,357, but NVFP4 precise 12,457 vs
-    13,246 and every fast mode slower (the decode competes with the wgmmas for the same
-    warps).  BW24CHAT_WGP_DEQ=1 / 0 forces one way."""
+    decoded values, and row blocks do not change any output's k order.  The pass by default:
+    measured on the H200 (bench/NOTES.md; pp512 tok/s, in-pipeline vs pass) the in-pipeline
+    decoding won only where W is split, against the first pass (eighth session: Q4_K precise
+    9,075 vs 8,357), and lost everywhere once the pass stored through shared memory (sixteenth
+    session: Q4_K precise 9,069 vs 10,325; NVFP4 and the fast modes lost already).
+    BW24CHAT_WGP_DEQ=1 decodes in the pipeline (kept as the pass's bit-for-bit cross-check,
+    tests/gpu/test_gemm.py)."""
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
-    in_pipeline = _wgp_in_pipeline(W, w_lo)
+    in_pipeline = W.fmt not in FLOAT_FORMATS and os.environ.get("BW24CHAT_WGP_DEQ", "") == "1"
     defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
     k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
     smem = wgp_smem(stages, stage)
