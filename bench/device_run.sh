@@ -33,6 +33,7 @@ s16d)
   timeout 340 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s16d.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s16d.log | tail -30
   ;;
 s16c)
+  # (DequantAhead's switches are gone since 28092f5; DEQ_STAGE stays)
   # the dequantization pass with warp-staged coalesced stores (DEQ_STAGE, every sector written
   # whole by one instruction) and the hi-only build (DEQ_LO=0: 48 registers, fits beside gemm_wgp),
   # alone and run ahead.  s16b: DEQ_U 1-8 flat (1.5-1.9 TB/s: not bytes in flight); ahead +7.6 %
@@ -47,6 +48,7 @@ s16c)
   grep -v "^PASS\|^  ok" $OUT/check_s16c.log | tail -8
   ;;
 s16b)
+  # (historical: DEQ_U and DequantAhead measured and removed, commits ca8218a / 28092f5)
   # the dequantization pass: 1-8 chunks in flight per thread (DEQ_U), and run ahead on a side
   # stream under the GEMMs (DequantAhead).  Bits first (exit on failure).  Predicted: DEQ_U 4 ->
   # ~2.5-3 TB/s if bytes in flight bound it; ahead: NVFP4 pp512 13.2k -> 15.5-17.5k (the pass
@@ -68,6 +70,7 @@ s16a)
   timeout 150 python3 bench/prefill_probe.py --formats nvfp4,q4_k,bf16 2>&1 | grep -v "a8=off" | tee $OUT/probe_s16a.log
   ;;
 s15b)
+  # (historical: WGP_PRODUCER measured slower and removed, commit 216c6d3)
   # the producer warpgroup for gemm_wgp's in-pipeline decoding (WGP_PRODUCER): bits against the
   # dequant pass (exit on failure), then prefill A/B in one call.  Predicted: NVFP4 precise pp512
   # 13.2k -> 15.5-17k (the decode off the wgmma-issuing warps; BF16 precise 18.0k is the ceiling
