@@ -33,7 +33,7 @@ s16d)
   timeout 340 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s16d.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s16d.log | tail -30
   ;;
 s16c)
-  # (DequantAhead's switches are gone since 28092f5; DEQ_STAGE stays)
+  # (historical: DequantAhead's switches are gone since 28092f5, DEQ_STAGE since the review commit)
   # the dequantization pass with warp-staged coalesced stores (DEQ_STAGE, every sector written
   # whole by one instruction) and the hi-only build (DEQ_LO=0: 48 registers, fits beside gemm_wgp),
   # alone and run ahead.  s16b: DEQ_U 1-8 flat (1.5-1.9 TB/s: not bytes in flight); ahead +7.6 %

@@ -14,7 +14,7 @@
 //     GEMM's weight planes, gemm.cu gemm_wgp; no global scale: the GEMM epilogue applies it).
 // Launch: 1-D grid-stride, 256 threads, one 16-byte chunk (VPC values) per thread-iteration;
 // dequant_rows: each thread writes its VPC values as 16-byte stores; dequant_bf16: each warp
-// writes its 32 chunks' run through shared memory (DEQ_STAGE, below).
+// writes its 32 chunks' run through shared memory (below).
 #include "common.cuh"
 #include "formats.cuh"
 
@@ -59,13 +59,10 @@ dequant_rows(const uint4* __restrict__ wq, const void* __restrict__ wh, const vo
 // gemm_wgp): hi[t, k] = bf16(W[row0 + t, k]) and, when lo != null, lo[t, k] = bf16(W - hi) — the
 // values gemm.cu's TileStager stages (the NVFP4 global scale is left to the GEMM epilogue).
 // Chunk i's values land at plane offset i * VPC (the rows are dense), so a warp's 32 consecutive
-// chunks fill 32 * VPC contiguous values.  DEQ_STAGE 1: each lane puts its chunk's bf16 values in
-// a per-warp shared buffer and the warp stores the run with consecutive 16-byte units per lane
-// (every sector written whole by one instruction); 0: each lane stores its own chunk (lane
-// stride VPC * 2 bytes: a warp instruction half-writes 32 sectors).  Same values either way.
-#ifndef DEQ_STAGE
-#define DEQ_STAGE 1
-#endif
+// chunks fill 32 * VPC contiguous values: each lane puts its chunk's bf16 words in a per-warp
+// shared buffer and the warp stores the run with consecutive 16-byte units per lane, every sector
+// written whole by one instruction (3.3-3.6 TB/s on the H200; 1.8 with each lane storing its own
+// chunk, a warp instruction half-writing 32 sectors: bench/NOTES.md, sixteenth session).
 #ifndef DEQ_LO
 #define DEQ_LO 1  // 0: compiled for hi alone (lo must be null): 48 registers instead of 80 (NVFP4)
 #endif
@@ -86,7 +83,6 @@ dequant_bf16(const uint4* __restrict__ wq, const void* __restrict__ wh, const vo
              const void* __restrict__ wd, long row0, int n_rows, int n_in, __nv_bfloat16* __restrict__ hi,
              __nv_bfloat16* __restrict__ lo) {
     PDL_ENTRY();
-#if DEQ_STAGE
     constexpr int WORDS = VPC / 2;          // u32 words (bf16 pairs) per chunk and plane
     constexpr int UW = WORDS >= 4 ? 4 : 2;  // words per store unit (16 bytes; F32 chunks: 8)
     constexpr int G = WORDS / UW;           // units per chunk
@@ -136,25 +132,4 @@ dequant_bf16(const uint4* __restrict__ wq, const void* __restrict__ wh, const vo
             __syncwarp();
         }
     }
-#else
-    for_each_chunk(wq, wh, ws, wd, n_rows, n_in, [&](long t) { return row0 + t; },
-                   [&](long t, long row, int kc, float (&v)[VPC]) {
-        (void)row;
-        uint32_t h[VPC / 2], l[VPC / 2];
-        bf16_chunk(v, lo != nullptr, h, l);
-        uint32_t* dh = reinterpret_cast<uint32_t*>(hi + t * n_in + (long)kc * VPC);
-        uint32_t* dl = reinterpret_cast<uint32_t*>(lo + t * n_in + (long)kc * VPC);
-        // 16-byte stores (8 values) where the chunk has them: F32 chunks hold 4 values
-#pragma unroll
-        for (int w = 0; w < VPC / 2; w += (VPC >= 8 ? 4 : 2)) {
-            if constexpr (VPC >= 8) {
-                *reinterpret_cast<uint4*>(dh + w) = make_uint4(h[w], h[w + 1], h[w + 2], h[w + 3]);
-                if (lo) *reinterpret_cast<uint4*>(dl + w) = make_uint4(l[w], l[w + 1], l[w + 2], l[w + 3]);
-            } else {
-                *reinterpret_cast<uint2*>(dh + w) = make_uint2(h[w], h[w + 1]);
-                if (lo) *reinterpret_cast<uint2*>(dl + w) = make_uint2(l[w], l[w + 1]);
-            }
-        }
-    });
-#endif
 }

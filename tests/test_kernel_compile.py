@@ -80,7 +80,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
-    ("dequant", {"FMT": 8, "DEQ_STAGE": 0}),  # each thread storing its own chunk
 ]
 
 

@@ -426,11 +426,12 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     x_split = precise
     w_split = precise and W.fmt not in _W_EXACT_IN_BF16
     epi = np.int32(EPILOGUES[epilogue])
-    route = _gemm_route(W, precise, impl, a8)
-    if route == "i8":
+    if impl == "wg" and a8 and x_split and uses_gemm_i8(W):
         _gemm_i8(W, x, out, T, epi)
         return
-    if route == "wgp":
+    # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
+    # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
+    if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
         if a8:
             xh, xl = _act_quant(x, T * W.in_, x_split)
         else:
@@ -475,19 +476,6 @@ def _i8_scf32() -> bool:
     --prefill-only`, same call: pp512 10,728 vs 10,395 tok/s, pp2048 10,563 vs 10,265; the same
     bits, tests/gpu/test_gemm.py).  BW24CHAT_I8_SCF32=0 turns it off (comparisons)."""
     return os.environ.get("BW24CHAT_I8_SCF32", "1") != "0"
-
-
-def _gemm_route(W: DeviceWeight, precise: bool, impl: str, a8: bool) -> str:
-    """Which prefill kernel gemm() runs W on: "i8" (gemm_i8), "wgp" (gemm_wgp: BF16 weights in
-    place, others decoded in its pipeline or by the dequantization pass, _gemm_wgp), "wg" / "mma"
-    (the register-staged kernels)."""
-    if impl == "wg" and a8 and precise and uses_gemm_i8(W):
-        return "i8"
-    # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
-    # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
-    if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
-        return "wgp"
-    return impl
 
 
 def uses_gemm_i8(W: DeviceWeight) -> bool:
@@ -639,11 +627,8 @@ def dequant_block_rows(W: DeviceWeight) -> int:
 
 def dequant_block(W: DeviceWeight, r0: int, n: int, whi, wlo) -> None:
     """W's rows [r0, r0 + n) as bf16 planes whi (and wlo, W - hi, when not None) [n, W.in]:
-    dequant.cu dequant_bf16 on the current stream (warp-staged coalesced stores: 3.3-3.6 TB/s on
-    the H200 against 1.8 with each thread storing its own chunk, bench/NOTES.md sixteenth
-    session; BW24CHAT_DEQ_STAGE=0 gives the latter, for measurement)."""
-    deq = get_kernel("dequant", "dequant_bf16", FMT=W.fmt_id, DEQ_LO=int(wlo is not None),
-                     DEQ_STAGE=int(os.environ.get("BW24CHAT_DEQ_STAGE", 1)))
+    dequant.cu dequant_bf16 on the current stream."""
+    deq = get_kernel("dequant", "dequant_bf16", FMT=W.fmt_id, DEQ_LO=int(wlo is not None))
     deq((max(1, min(-(-(n * W.nck) // 256), 132 * 16)),), (256,),
         (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), np.int64(r0), np.int32(n), np.int32(W.in_), whi, _ptr(wlo)))
 
