@@ -11,6 +11,46 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s17c)
+  # gemm_wra adopted for the wide NVFP4 matrices (qkv, gate|up; o / down stay on the pass): every
+  # GEMM test, the gates with the kernel check (new row: a wide NVFP4 GEMM), the Qwen3-8B-shape
+  # NVFP4 gates (wra inside a model), prefill A/B.  Predicted pp512 NVFP4 ~16k (s17b's per-shape
+  # best: ~730 us of GEMM per layer vs 814 on the pass), ~89 % of BF16
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py 2>&1 | tail -3 | tee $OUT/pytest_s17c.log
+  timeout 200 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s17c.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s17c.log | tail -6; grep -i "nvfp4 6" $OUT/check_s17c.log
+  timeout 120 python3 -m bw24chat check --skip-kernels --synthetic qwen3-8b --formats nvfp4 --kv bf16 > $OUT/check8b_s17c.log 2>&1; echo "check 8b rc=$?"
+  tail -12 $OUT/check8b_s17c.log
+  for env in "BW24CHAT_WRA=0" "X=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s17c.log
+  timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | tee -a $OUT/bench_s17c.log
+  ;;
+s17b)
+  # gemm_wra after s17a (bits passed, but slower than the pass + gemm_wgp: gate|up 414 vs 407 us,
+  # down 249 vs 197): ~470 -> ~300 instructions per k tile (addresses hoisted, x tiles read whole
+  # from padded planes, the scale as bf16 bits x 2^120 folded into the code table).  Bits, per-shape
+  # time, Nsight Compute (tensor pipe, stalls) against BF16 gemm_wgp, prefill A/B
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "wra or integer_dot or rows_do_not_depend or NVFP4" 2>&1 | tail -3 | tee $OUT/pytest_s17b.log
+  grep -q " passed" $OUT/pytest_s17b.log && ! grep -q "failed\|error" $OUT/pytest_s17b.log || exit 3
+  for env in "BW24CHAT_WRA=0" "X=1" "BW24CHAT_WRA_BT=128"; do env $env timeout 60 python3 bench/prefill_probe.py --formats nvfp4 2>&1 | grep "NVFP4  a8=on" | sed "s/^/$env /"; done | tee $OUT/probe_s17b.log
+  timeout 60 python3 bench/prefill_probe.py --formats bf16 2>&1 | grep "BF16" | grep -v "a8=on" | tee -a $OUT/probe_s17b.log
+  command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | head -1)
+  timeout 150 ncu --clock-control none --kernel-name regex:"gemm_wgp|gemm_wra" --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats python3 bench/ncu_gemm.py --formats nvfp4,bf16 --shapes "gate|up,down" > $OUT/ncu_s17b.txt 2>&1
+  grep -E "gemm_wgp|gemm_wra|Duration|Issue Slots Busy|Issued Warp|No Eligible|Stall|Tensor|Executed Ipc A" $OUT/ncu_s17b.txt | grep -v "^ *-" | head -90
+  for env in "BW24CHAT_WRA=0" "X=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s17b.log
+  ;;
+s17a)
+  # gemm_wra (NVFP4 codes decoded into wgmma's register operand A: no dequantization pass).  Bits
+  # first (exit on failure), then per-shape GEMM time and prefill A/B in one call.  Predicted: the
+  # NVFP4 precise GEMMs at ~BF16's (gate|up ~330 us vs 476 with the pass), NVFP4 pp512 ~15k -> 16.5-17.5k
+  # (>= 93 % of BF16 precise); fast mode unclear (wait_group 0 per tile: its decode not hidden)
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "wra or integer_dot or rows_do_not_depend or tile_widths or NVFP4" 2>&1 | tail -4 | tee $OUT/pytest_s17a.log
+  grep -q " passed" $OUT/pytest_s17a.log && ! grep -q "failed\|error" $OUT/pytest_s17a.log || exit 3
+  for env in "BW24CHAT_WRA=0" "X=1" "BW24CHAT_WRA_BT=128" "BW24CHAT_WRA_BT=256"; do env $env timeout 60 python3 bench/prefill_probe.py --formats nvfp4 2>&1 | grep -i "graph\|gemm" | grep -v "a8=off" | sed "s/^/$env /"; done | tee $OUT/probe_s17a.log
+  for env in "BW24CHAT_WRA=0" "X=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s17a.log
+  timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | tee -a $OUT/bench_s17a.log
+  timeout 150 python3 -m bw24chat check --skip-kernels --formats nvfp4 --kv bf16,f32 > $OUT/check_s17a.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s17a.log | tail -8
+  ;;
 s16f)
   # the final build (precise K-quants on the staged dequantization pass by default): the GEMM tests
   # (every path, the in-pipeline cross-check included), the K-quant gates, Q4_K prefill

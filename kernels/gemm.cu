@@ -325,58 +325,52 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_AVAILABLE 1
 // wgmma m64nNk16 bf16 x bf16 -> f32, D += A.B (scale-d predicate 1, no negation, no transpose:
-// both operands K-major).  Inline PTX names every accumulator register, so the two widths are
-// written out in full (N / 2 "+f" operands each).
+// both operands K-major).  Inline PTX names every accumulator register: the operand lists below
+// (WG_D*: the "%i" names and the "+f" bindings of d[0..63], d[64..127]) serve both widths and
+// both forms of A (a shared-memory descriptor, or four registers of bf16 pairs: gemm_wra).
+#define WG_D0_63 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                      \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "            \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "            \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_D64_127 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "         \
+                   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "         \
+                   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+                   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_F0_63 WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40), WG_F8(48), WG_F8(56)
+#define WG_F64_127 WG_F8(64), WG_F8(72), WG_F8(80), WG_F8(88), WG_F8(96), WG_F8(104), WG_F8(112), WG_F8(120)
+
 BW24_DEVICE void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, 0, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_D0_63 "}, %64, %65, p, 1, 1, 0, 0; }"
+                 : WG_F0_63
                  : "l"(da), "l"(db), "r"(1));
 }
 
 BW24_DEVICE void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, %128, %129, p, 1, 1, 0, 0; }"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_D0_63 ", " WG_D64_127 "}, %128, %129, p, 1, 1, 0, 0; }"
+                 : WG_F0_63, WG_F64_127
                  : "l"(da), "l"(db), "r"(1));
 }
 
+// the same with A from registers (PTX ISA, "Register fragments", wgmma .m64nNk16 A: warp v of the
+// warpgroup holds rows 16v..16v+15 as mma.m16n8k16 does: a[0] = (row g, k 2t..2t+1), a[1] = (row
+// g+8, k 2t..), a[2] = (row g, k 2t+8..2t+9), a[3] = (row g+8, k 2t+8..), low half the lower k);
+// the registers must hold their values until the wgmma completes (wait_group)
+BW24_DEVICE void wgmma_ra_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_D0_63 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }"
+                 : WG_F0_63
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+BW24_DEVICE void wgmma_ra_m64n256k16(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_D0_63 ", " WG_D64_127 "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0; }"
+                 : WG_F0_63, WG_F64_127
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
 
 // shared memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address >> 4
 // (bits 0-13), leading byte offset (unused by swizzled K-major layouts: 1), stride byte offset
@@ -394,9 +388,10 @@ BW24_DEVICE void wg_mma(float (&d)[WG_ACC], uint64_t da, uint64_t db) {
 }
 
 // keeps the compiler from moving accumulator accesses across the asynchronous wgmma window
-BW24_DEVICE void wg_fence_acc(float (&d)[WG_ACC]) {
+template <int N>
+BW24_DEVICE void wg_fence_acc(float (&d)[N]) {
 #pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // The wgmmas of one 64-wide k tile into d, in the contract's order: per k16 step (32 bytes
@@ -633,6 +628,233 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #else
     (void)wq; (void)wlo; (void)gscale; (void)xh; (void)xl; (void)out; (void)T; (void)n_out; (void)n_in; (void)ldo; (void)epi;
     __trap();  // compiled with FMT=BF16 (bf16 planes) on sm_90a only; the wrapper launches it nowhere else
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm_wra — NVFP4 prefill with the weights as wgmma's register operand A (sm_90a): the quantized
+// codes go from HBM to shared memory as they are (4.5 bits per weight), each thread decodes its
+// A fragments to exact bf16 values in registers, and no dequantization pass writes and re-reads
+// bf16 planes through HBM (that pass was ~139 us of a Qwen3-8B layer at T = 512, ~15 % of NVFP4
+// prefill: bench/NOTES.md, sixteenth session).  The roles of gemm_wgp swap: M = 64 weight rows
+// per warpgroup (A, registers), N = WRA_BT tokens (B = the x planes in shared memory, the same
+// 128-byte-swizzled K-major tiles gemm_wgp reads as A).  A weight value then feeds WRA_BT tokens
+// (x2 planes) of tensor work per decode, so the decode (~20 instructions per 4 values and row,
+// ~150 per thread and k tile) hides under the wgmmas of the previous tile (~1,000 tensor cycles
+// per warpgroup and k tile at WRA_BT = 256), where gemm_wgp's in-pipeline decoding (WGP_DEQ: 256
+// rows x 64 k decoded for 128 tokens, then stored to shared memory) did not.
+// Contract: gemm_wgp's on the integer-dot x planes (act_quant: x_hi, and x_lo when GEMM_SPLIT):
+//   y[t, o] = gs[o] * sum over 64-wide k tiles, in order, of the 4 k16 steps, in order, each
+//   x_hi.W then x_lo.W by a wgmma into the same f32 accumulators; W[o, k] = E2M1(code) x E4M3
+//   (its 16-value block's scale), exact in bf16 (<= 6 significant bits); gs the per-row global
+//   scale (epilogue).  No split-K: a row's values do not depend on T.  The products and their
+//   order per k16 step are gemm_wgp's (A and B swapped), so the expected result is its bits;
+//   tests/gpu/test_gemm.py compares the two bit for bit and with act_quant_ref(x) @ W.T.
+// Geometry: block = 2 warpgroups = 128 weight rows x WRA_BT tokens (WRA_BT / 2 accumulators per
+// thread); grid (ceil(T / WRA_BT), ceil(n_out / 128)): the token tiles of one row block are
+// adjacent block ids (the codes are read from HBM once).  n_in a multiple of 64 (NVFP4 blocks).
+// Stage (1024-byte aligned): x_hi [WRA_BT][64] bf16 swizzled | x_lo (GEMM_SPLIT) | the k tile's
+// codes, 128 rows x 32 bytes (two resident 16-byte chunks of selector words, formats.cuh) at a
+// row pitch of 48 bytes (the lanes' 4-byte reads of 8 rows and 2 words hit 16 distinct banks) |
+// the rows' scale words (4 E4M3 bytes: k16 step s uses byte s).  A cp.async ring of WRA_STAGES
+// stages, tile kt + WRA_STAGES - 2 requested while tile kt's wgmmas are issued (gemm_wgp's).
+// Fragments: two named register sets (tiles alternate); set f of tile kt is written only after
+// the wait_group 1 that ends tile kt - 1, i.e. after the wgmmas of tile kt - 2 that read it.
+#ifndef WRA_BT
+#define WRA_BT 256
+#endif
+#ifndef WRA_STAGES
+#define WRA_STAGES 3
+#endif
+#if WRA_BT != 128 && WRA_BT != 256
+#error "WRA_BT: 128 or 256 tokens per block"
+#endif
+#define WRA_ACC (WRA_BT / 2)
+#define WRA_ROWS 128
+#define WRA_X_BYTES (WRA_BT * GM_BK * 2)
+#define WRA_PITCH 48
+#define WRA_W_BYTES (WRA_ROWS * WRA_PITCH)
+#define WRA_STAGE_BYTES ((1 + GEMM_SPLIT) * WRA_X_BYTES + ((WRA_W_BYTES + WRA_ROWS * 4 + 1023) / 1024) * 1024)
+#define WRA_SMEM_BYTES (WRA_STAGES * WRA_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
+
+// four E2M1 codes (the nibbles of a 16-bit selector, value j in nibble j) -> their exact values
+// times 2^120 as bf16, two pairs (w01: values 0, 1; w23: values 2, 3).  Byte tables looked up
+// four codes at a time with PRMT: the low and high bytes of bf16 2^120 x {0, 0.5, 1, 1.5, 2, 3,
+// 4, 6}, the high byte with the sign (code 8, -0, gives +0 as the reference table does), picked
+// by the code's sign bit; then the bytes interleaved into bf16 pairs.  The 2^120 is the scale's
+// (wra_scale below), so that one exact bf16 product gives W.
+BW24_DEVICE void e2m1x4_bf16(uint32_t sel, uint32_t& w01, uint32_t& w23) {
+    const uint32_t idx = sel & 0x7777u;
+    const uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, idx);
+    const uint32_t hp = __byte_perm(0x7B7B7B00u, 0x7C7C7C7Cu, idx);
+    const uint32_t hn = __byte_perm(0xFBFBFB00u, 0xFCFCFCFCu, idx);
+    const uint32_t hi = __byte_perm(hp, hn, ((sel & 0x8888u) >> 1) | 0x3210u);
+    w01 = __byte_perm(lo, hi, 0x5140u);
+    w23 = __byte_perm(lo, hi, 0x7362u);
+}
+
+// byte s of a row's scale word (a repacked E4M3 scale, bit 7 clear: formats.cuh) as the bf16 pair
+// {v, v}, v = E4M3 x 2^-120: the 7 bits under bf16 bits 4-10 read as exactly that (E4M3's 4
+// exponent bits fall in the low end of bf16's 8, bias 127 vs 7; E4M3 subnormals become bf16
+// subnormals), so code x 2^120 times it is W, exact (<= 6 significant bits, a normal bf16;
+// bf16 multiplication keeps subnormal operands)
+BW24_DEVICE uint32_t wra_scale(uint32_t sw, int s) {
+    return __byte_perm(sw, 0u, 0x4040u | (uint32_t)s | ((uint32_t)s << 8)) << 4;
+}
+
+BW24_DEVICE uint32_t bf16x2_mul(uint32_t a, uint32_t b) {  // exact here: the products fit bf16
+    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// The A fragments of one k tile for this thread (warpgroup rows ra = 16 v + g and ra + 8; lane
+// t = lane % 4): f[s] = the four registers of k16 step s.  Step s = 2c + h reads chunk c, half h
+// (values 16h..16h+15 of the chunk); the thread's values 2t, 2t+1 sit in byte 2h + t%2 of
+// selector word t/2, values 2t+8, 2t+9 in the same byte of word 2 + t/2 (formats.cuh).
+BW24_DEVICE void wra_fragments(const char* codes, const uint32_t* scales, int ra, int t, uint32_t (&f)[4][4]) {
+    const int wofs = 4 * (t >> 1), p = t & 1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const char* row = codes + (ra + 8 * r) * WRA_PITCH;
+        const uint32_t sw = scales[ra + 8 * r];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const uint32_t qa = *reinterpret_cast<const uint32_t*>(row + 16 * c + wofs);
+            const uint32_t qb = *reinterpret_cast<const uint32_t*>(row + 16 * c + 8 + wofs);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int s = 2 * c + h;
+                const uint32_t b = 2 * h + p;
+                uint32_t w01, w23;
+                e2m1x4_bf16(__byte_perm(qa, qb, b | ((4 + b) << 4)), w01, w23);
+                const uint32_t sc = wra_scale(sw, s);
+                f[s][r] = bf16x2_mul(w01, sc);
+                f[s][2 + r] = bf16x2_mul(w23, sc);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GM_NT)
+gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const float* __restrict__ gscale,
+         const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl, float* __restrict__ out,
+         int T, int n_out, int n_in, int ldo, int epi) {
+#if WG_AVAILABLE && FMT == F_NVFP4
+    PDL_ENTRY();
+    extern __shared__ float4 smem4[];
+    const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem4);
+    const uint32_t sbase = (sraw + 1023u) & ~1023u;
+    const char* gbase = reinterpret_cast<const char*>(smem4) + (sbase - sraw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wgi = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const long m0 = (long)blockIdx.x * WRA_BT;
+    const int n0 = blockIdx.y * WRA_ROWS;
+    const int nkt = n_in / GM_BK, nck = n_in / 32, nsw = n_in / 64;
+    (void)xl;
+    constexpr int XP = (1 + GEMM_SPLIT) * WRA_X_BYTES;  // the codes' offset in a stage
+    // Per-thread copy geometry, fixed for the whole k loop (the first build recomputed 64-bit
+    // addresses and bounds per copy and k tile: ~200 of its ~470 instructions per tile).  x: rows
+    // xr + 32 j (j < WRA_BT / 32), 16-byte unit xu; the x planes are readable up to the last
+    // token tile's end (cuda_linear pads their scratch), and rows past T hold whatever is there:
+    // a token (a column of B) only reaches its own outputs, which are not stored.  Codes: row
+    // tid / 2, chunk tid % 2; scales: row tid (tid < 128); rows past n_out read the last row
+    // (a row of A only reaches its own outputs).
+    const int xr = tid >> 3, xu = tid & 7;
+    const uint32_t xdst = xr * 128 + ((xu ^ (xr & 7)) << 4);
+    const char* xsrc = reinterpret_cast<const char*>(xh + (m0 + xr) * n_in + xu * 8);
+    const long xstep = 64L * n_in;  // bytes from row r to row r + 32
+    const long xl_off = GEMM_SPLIT ? (long)(reinterpret_cast<const char*>(xl) - reinterpret_cast<const char*>(xh)) : 0;
+    const uint4* wsrc = wq + (long)min(n0 + (tid >> 1), n_out - 1) * nck + (tid & 1);
+    const uint32_t* ssrc = ws + (long)min(n0 + (tid & (WRA_ROWS - 1)), n_out - 1) * nsw;
+    const uint32_t wdst = XP + (tid >> 1) * WRA_PITCH + 16 * (tid & 1), sdst = XP + WRA_W_BYTES + 4 * tid;
+    auto load = [&](int kt, int s) {
+        const uint32_t st = sbase + s * WRA_STAGE_BYTES;
+        const char* src = xsrc + kt * (GM_BK * 2);
+#pragma unroll
+        for (int j = 0; j < WRA_BT / 32; ++j, src += xstep) {
+            cp_async16(st + xdst + j * 32 * 128, src, true);
+#if GEMM_SPLIT
+            cp_async16(st + xdst + j * 32 * 128 + WRA_X_BYTES, src + xl_off, true);
+#endif
+        }
+        cp_async16(st + wdst, wsrc + 2 * kt, true);
+        if (tid < WRA_ROWS) asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(st + sdst), "l"(ssrc + kt) : "memory");
+    };
+
+    float d[WRA_ACC];
+#pragma unroll
+    for (int i = 0; i < WRA_ACC; ++i) d[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < WRA_STAGES - 2; ++s) {
+        if (s < nkt) load(s, s);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    const int ra = 64 * wgi + 16 * (warp & 3) + g;
+    auto step = [&](int kt, uint32_t (&f)[4][4], uint32_t (&f_prev)[4][4]) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(WRA_STAGES - 3) : "memory");  // tile kt landed (own copies)
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();  // everyone's copies landed; the wgmmas of tile kt - 2 are done everywhere
+        if (kt + WRA_STAGES - 2 < nkt) load(kt + WRA_STAGES - 2, (kt + WRA_STAGES - 2) % WRA_STAGES);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        const uint32_t st = sbase + (kt % WRA_STAGES) * WRA_STAGE_BYTES;
+        const char* sg = gbase + (st - sbase);
+        wra_fragments(sg + XP, reinterpret_cast<const uint32_t*>(sg + XP + WRA_W_BYTES), ra, t, f);
+#pragma unroll
+        for (int s = 0; s < 4; ++s)  // the fragments complete before the fence (ptxas serializes wgmmas whose
+#pragma unroll                       // input registers are defined inside the stage: C7513)
+            for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[s][i])::"memory");
+        uint64_t dh[4], dl[4];  // the x planes' descriptors, also defined before the fence
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            dh[s] = wg_desc(st + 32 * s);
+            dl[s] = wg_desc(st + WRA_X_BYTES + 32 * s);
+            asm volatile("" : "+l"(dh[s]), "+l"(dl[s])::"memory");
+        }
+        wg_fence_acc(d);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < GM_BK / 16; ++s) {
+#if WRA_BT == 256
+            wgmma_ra_m64n256k16(d, f[s], dh[s]);
+            if (GEMM_SPLIT) wgmma_ra_m64n256k16(d, f[s], dl[s]);
+#else
+            wgmma_ra_m64n128k16(d, f[s], dh[s]);
+            if (GEMM_SPLIT) wgmma_ra_m64n128k16(d, f[s], dl[s]);
+#endif
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        // fast mode: wait for this tile's own wgmmas (with wait_group 1 there, ptxas serializes every
+        // wgmma, C7513: seen with 4 register-A wgmmas per stage, not with the precise mode's 8)
+        asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(GEMM_SPLIT ? 1 : 0) : "memory");
+        wg_fence_acc(d);
+        // tile kt - 1's wgmmas are done: only now may the other set's registers be reused (kept
+        // live to here, so that ptxas gives the two sets distinct registers: otherwise it packs
+        // every step's fragments into one register quad and serializes the wgmmas, C7513)
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) asm volatile("" ::"r"(f_prev[s][i]) : "memory");
+    };
+    uint32_t fa[4][4], fb[4][4];
+    for (int kt = 0; kt < nkt; kt += 2) {  // unrolled by two: the register sets are named, not indexed
+        step(kt, fa, fb);
+        if (kt + 1 < nkt) step(kt + 1, fb, fa);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_fence_acc(d);
+
+    // d[4j + 2h + e] = (weight row 16v + g + 8h of the warpgroup's 64, token 8j + 2t + e)
+#pragma unroll
+    for (int j = 0; j < WRA_BT / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            const long tok = m0 + 8 * j + 2 * t + (h & 1);
+            const int row = n0 + ra + 8 * (h >> 1);
+            if (tok < T && row < n_out) gemm_put(out, gscale, tok, row, ldo, epi, d[4 * j + h]);
+        }
+#else
+    (void)wq; (void)ws; (void)gscale; (void)xh; (void)xl; (void)out; (void)T; (void)n_out; (void)n_in; (void)ldo; (void)epi;
+    __trap();  // NVFP4 on sm_90a only: the wrapper launches it nowhere else
 #endif
 }
 

@@ -73,6 +73,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
     ("gemm", {"FMT": 11, "WGP_DEQ": 1, "WG_BN": 256, "WGP_STAGES": 3}),  # gemm_wgp decoding NVFP4 in its pipeline
     ("gemm", {"FMT": 8, "WGP_DEQ": 1, "WGP_WLO": 1}),  # the same, Q4_K with the W_lo plane (precise)
+    ("gemm", {"FMT": 11, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra: NVFP4 codes into wgmma's register operand
+    ("gemm", {"FMT": 11, "WRA_BT": 128, "WRA_STAGES": 4, "GEMM_SPLIT": 0}),
     ("gemm", {"FMT": 3, "I8_STAGES": 4}),
     ("gemm", {"FMT": 3, "I8_STAGES": 4, "I8_SCF32": 1}),  # gemm_i8 with the f32 scales converted once per tile  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)
     ("gemm", {"FMT": 3, "GEMM_XPLANES": 1}),  # register-staged GEMMs on the integer-dot contract's x planes

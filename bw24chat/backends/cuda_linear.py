@@ -432,8 +432,8 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
     if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
-        if a8:
-            xh, xl = _act_quant(x, T * W.in_, x_split)
+        if a8:  # gemm_wra reads x in whole tiles of up to 256 tokens
+            xh, xl = _act_quant(x, T * W.in_, x_split, -(-T // 256) * 256 * W.in_ if uses_gemm_wra(W) else 0)
         else:
             xh, xl = _bf16_planes(x, T * W.in_, x_split)
         _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
@@ -528,14 +528,15 @@ def _scratch_u16(name: str, n: int):
     return buf
 
 
-def _act_quant(x, n: int, with_lo: bool = True):
+def _act_quant(x, n: int, with_lo: bool = True, alloc: int = 0):
     """x[:n] (f32, rows of a multiple of 32 inputs) quantized by the integer-dot contract
     (gemm.cu act_quant) into scratch bf16 planes: (hi = 2^e h, lo = 2^(e-8) l), lo None without
-    with_lo (the fast mode's one-level x)."""
+    with_lo (the fast mode's one-level x).  alloc: the planes stay readable up to this many
+    values (gemm_wra reads whole token tiles; what lies past n is never used)."""
     if n % 32:
         raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
-    hi = _scratch_u16("x_hi", n)
-    lo = _scratch_u16("x_lo", n) if with_lo else None
+    hi = _scratch_u16("x_hi", max(n, alloc))
+    lo = _scratch_u16("x_lo", max(n, alloc)) if with_lo else None
     n4 = n // 4
     k = get_kernel("gemm", "act_quant")
     k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
@@ -579,6 +580,49 @@ def wgp_smem(stages: int, stage: int) -> int:
     return stages * stage + 1024
 
 
+WRA_ROWS = 128  # gemm.cu gemm_wra: weight rows per block (2 warpgroups x 64)
+
+
+def wra_stage_bytes(precise: bool, bt: int) -> int:
+    """gemm.cu WRA_STAGE_BYTES: the x_hi (| x_lo) tiles of bt tokens x 64 bf16, then the k tile's
+    codes (WRA_ROWS rows at a 48-byte pitch) and scale words, rounded up to 1 KB."""
+    return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * 48 + WRA_ROWS * 4) // 1024) * 1024
+
+
+def wra_geometry(n_out: int, precise: bool) -> tuple[int, int, int]:
+    """(tokens per block, ring stages, bytes per stage) of gemm_wra.  Measured on the H200
+    (bench/NOTES.md, seventeenth session; Qwen3-8B gate|up at T = 512): precise 340 us at 256
+    tokens vs 426 at 128; fast 260 at 128 vs 279 at 256.  A ring of up to 4 stages as fits
+    (BW24CHAT_WRA_BT / BW24CHAT_WRA_STAGES override)."""
+    bt = int(os.environ.get("BW24CHAT_WRA_BT", 256 if precise else 128))
+    stage = wra_stage_bytes(precise, bt)
+    stages = max(3, min(int(os.environ.get("BW24CHAT_WRA_STAGES", 4)), (WGP_SMEM_MAX - 1024) // stage))
+    return bt, stages, stage
+
+
+def uses_gemm_wra(W: DeviceWeight) -> bool:
+    """NVFP4 prefill on gemm_wra (the codes decoded into wgmma's register operand, no
+    dequantization pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up); the
+    4096-row ones stay on the pass + gemm_wgp, which won there (s17b, precise: o 75 vs 78 us,
+    down 197 vs 219: 128-row blocks leave too little tensor work per k tile to hide the
+    decoding).  BW24CHAT_WRA=1 takes it for every NVFP4 matrix, =0 for none; the in-pipeline
+    cross-check (BW24CHAT_WGP_DEQ=1) turns it off."""
+    if W.fmt != "NVFP4" or os.environ.get("BW24CHAT_WGP_DEQ", "") == "1":
+        return False
+    mode = os.environ.get("BW24CHAT_WRA", "auto")
+    return mode == "1" or (mode != "0" and W.out >= WGP_WIDE_ROWS)
+
+
+def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool) -> None:
+    bt, stages, stage = wra_geometry(W.out, x_split)
+    k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages)
+    smem = wgp_smem(stages, stage)
+    _ensure_smem(k, smem)
+    k((-(-T // bt), -(-W.out // WRA_ROWS)), (256,),
+      (W.q, W.s, _ptr(W.gscale), xh, _ptr(xl), out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(W.out), epi),
+      shared_mem=smem)
+
+
 def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
     """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
     other formats are either decoded inside the GEMM's pipeline (WGP_DEQ) or dequantized to bf16
@@ -590,7 +634,11 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     9,075 vs 8,357), and lost everywhere once the pass stored through shared memory (sixteenth
     session: Q4_K precise 9,069 vs 10,325; NVFP4 and the fast modes lost already).
     BW24CHAT_WGP_DEQ=1 decodes in the pipeline (kept as the pass's bit-for-bit cross-check,
-    tests/gpu/test_gemm.py)."""
+    tests/gpu/test_gemm.py).  The wide NVFP4 matrices go to gemm_wra instead (uses_gemm_wra:
+    the same bits, no pass)."""
+    if uses_gemm_wra(W):
+        _gemm_wra(W, xh, xl, out, T, epi, x_split)
+        return
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
     in_pipeline = W.fmt not in FLOAT_FORMATS and os.environ.get("BW24CHAT_WGP_DEQ", "") == "1"
     defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}

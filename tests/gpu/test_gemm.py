@@ -162,6 +162,34 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
 
 
 @pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("stages", ["3", "4"])
+@pytest.mark.parametrize("bt", ["128", "256"])
+def test_gemm_wra_equals_the_dequant_pass(cp, rng, bt, stages, precise, monkeypatch):
+    """gemm_wra (NVFP4 codes decoded into wgmma's register operand A, weights as M and tokens as
+    N) gives the bits of the dequantize-then-gemm_wgp path (BW24CHAT_WRA=0): the same bf16
+    products and the same order per k16 step, with the operand roles swapped.  Rows, T and the
+    k-tile count off every tile (501 rows, 259 tokens, 9 k tiles: the two-set loop's tail), and
+    the add epilogue."""
+    if "wg" not in impls():
+        pytest.skip("gemm_wra needs sm_90a")
+    ts, w = make_weight(rng, "NVFP4", rows=(301, 200), nblocks=9)
+    W = cw.upload(ts)
+    x = rng.standard_normal((259, W.in_)).astype(np.float32)
+    monkeypatch.setenv("BW24CHAT_WRA", "0")
+    base = run(cp, W, x, 259, impl="wg", precise=precise)
+    monkeypatch.setenv("BW24CHAT_WRA", "1")
+    monkeypatch.setenv("BW24CHAT_WRA_BT", bt)
+    monkeypatch.setenv("BW24CHAT_WRA_STAGES", stages)
+    got = run(cp, W, x, 259, impl="wg", precise=precise)
+    bad = np.argwhere(base.view(np.uint32) != got.view(np.uint32))
+    assert bad.size == 0, (f"{len(bad)} of {base.size} differ; tokens {np.unique(bad[:, 0])[:12]}, rows "
+                           f"{np.unique(bad[:, 1])[:12]}; max |diff| {np.nanmax(np.abs(base - got)):.3g}")
+    res = rng.standard_normal((259, W.out)).astype(np.float32)
+    added = run(cp, W, x, 259, epi="add", init=res, impl="wg", precise=precise)
+    assert np.array_equal(added, (res + got).astype(np.float32))
+
+
+@pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
 def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise):
     """Under the integer-dot contract the portable mma.sync kernel (the sm_120a path), the
