@@ -11,6 +11,27 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s17e)
+  # the session's build (gemm_wra for the wide NVFP4 and Q4_K matrices): every GEMM test, the gates
+  # with the kernel check for every weight format, the Qwen3-8B-shape gates for the two formats
+  # gemm_wra serves, then the bench table
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py 2>&1 | tail -3 | tee $OUT/pytest_s17e.log
+  timeout 150 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s17e.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s17e.log | tail -6
+  timeout 120 python3 -m bw24chat check --skip-kernels --synthetic qwen3-8b --formats q4_k,nvfp4 --kv bf16 > $OUT/check8b_s17e.log 2>&1; echo "check 8b rc=$?"
+  grep -v "^  ok" $OUT/check8b_s17e.log | tail -14
+  timeout 360 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s17e.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s17e.log | tail -30
+  ;;
+s17d)
+  # gemm_wra restructured (tile kt + 1 decoded while tile kt's wgmmas run, wait_group 0 per tile:
+  # no C7513 in any build) and extended to Q4_K (W_hi and W_lo registers, 3 wgmmas per k16).
+  # Bits (exit on failure), per-shape times for both formats on every shape, prefill A/B.
+  # Predicted: NVFP4 as s17c or better; Q4_K precise gate|up well under the pass's (hi + lo planes)
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "wra or rows_do_not_depend or integer_dot" 2>&1 | tail -3 | tee $OUT/pytest_s17d.log
+  grep -q " passed" $OUT/pytest_s17d.log && ! grep -q "failed\|error" $OUT/pytest_s17d.log || exit 3
+  for env in "BW24CHAT_WRA=0" "BW24CHAT_WRA=1"; do env $env timeout 80 python3 bench/prefill_probe.py --formats nvfp4,q4_k 2>&1 | grep "a8=on" | sed "s/^/$env /"; done | tee $OUT/probe_s17d.log
+  for env in "BW24CHAT_WRA=0" "BW24CHAT_WRA=auto" "BW24CHAT_WRA=wide" "BW24CHAT_WRA=1"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s17d.log
+  ;;
 s17c)
   # gemm_wra adopted for the wide NVFP4 matrices (qkv, gate|up; o / down stay on the pass): every
   # GEMM test, the gates with the kernel check (new row: a wide NVFP4 GEMM), the Qwen3-8B-shape

@@ -632,34 +632,38 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// gemm_wra — NVFP4 prefill with the weights as wgmma's register operand A (sm_90a): the quantized
-// codes go from HBM to shared memory as they are (4.5 bits per weight), each thread decodes its
-// A fragments to exact bf16 values in registers, and no dequantization pass writes and re-reads
-// bf16 planes through HBM (that pass was ~139 us of a Qwen3-8B layer at T = 512, ~15 % of NVFP4
-// prefill: bench/NOTES.md, sixteenth session).  The roles of gemm_wgp swap: M = 64 weight rows
-// per warpgroup (A, registers), N = WRA_BT tokens (B = the x planes in shared memory, the same
-// 128-byte-swizzled K-major tiles gemm_wgp reads as A).  A weight value then feeds WRA_BT tokens
-// (x2 planes) of tensor work per decode, so the decode (~20 instructions per 4 values and row,
-// ~150 per thread and k tile) hides under the wgmmas of the previous tile (~1,000 tensor cycles
-// per warpgroup and k tile at WRA_BT = 256), where gemm_wgp's in-pipeline decoding (WGP_DEQ: 256
-// rows x 64 k decoded for 128 tokens, then stored to shared memory) did not.
+// gemm_wra — NVFP4 / Q4_K prefill with the weights as wgmma's register operand A (sm_90a): the
+// quantized codes go from HBM to shared memory as they are (4.5 bits per weight), each thread
+// decodes its A fragments to exact bf16 values in registers, and no dequantization pass writes
+// and re-reads bf16 planes through HBM (that pass was ~139 us of a Qwen3-8B layer at T = 512,
+// ~15 % of NVFP4 prefill, twice that for Q4_K's hi + lo planes: bench/NOTES.md, sixteenth
+// session).  The roles of gemm_wgp swap: M = 64 weight rows per warpgroup (A, registers), N =
+// WRA_BT tokens (B = the x planes in shared memory, the same 128-byte-swizzled K-major tiles
+// gemm_wgp reads as A).  A decoded weight value then feeds WRA_BT tokens (x2 planes) of tensor
+// work, so the decoding (NVFP4 ~3 instructions per value: PRMT tables; Q4_K ~7: a q + b in f32
+// and the hi / lo split) hides under the previous tile's wgmmas, where gemm_wgp's in-pipeline
+// decoding (WGP_DEQ: 256 rows x 64 k decoded for 128 tokens, stored to shared memory) did not.
 // Contract: gemm_wgp's on the integer-dot x planes (act_quant: x_hi, and x_lo when GEMM_SPLIT):
 //   y[t, o] = gs[o] * sum over 64-wide k tiles, in order, of the 4 k16 steps, in order, each
-//   x_hi.W then x_lo.W by a wgmma into the same f32 accumulators; W[o, k] = E2M1(code) x E4M3
-//   (its 16-value block's scale), exact in bf16 (<= 6 significant bits); gs the per-row global
-//   scale (epilogue).  No split-K: a row's values do not depend on T.  The products and their
-//   order per k16 step are gemm_wgp's (A and B swapped), so the expected result is its bits;
-//   tests/gpu/test_gemm.py compares the two bit for bit and with act_quant_ref(x) @ W.T.
+//   x_hi.W, x_lo.W (GEMM_SPLIT), x_hi.W_lo (WRA_WLO) by wgmmas into the same f32 accumulators.
+//   NVFP4: W[o, k] = E2M1(code) x E4M3 (its 16-value block's scale), exact in bf16 (<= 6
+//   significant bits), gs the per-row global scale (epilogue).  Q4_K: W = a q + b (formats.cuh
+//   decode_exact), W_hi = bf16(W), W_lo = bf16(W - W_hi) (the dequantization pass's split).  No
+//   split-K: a row's values do not depend on T.  The products and their order per k16 step are
+//   gemm_wgp's (A and B swapped), and the result is its bits: tests/gpu/test_gemm.py compares
+//   the two bit for bit, and the kernel check with act_quant_ref(x) @ W.T.
 // Geometry: block = 2 warpgroups = 128 weight rows x WRA_BT tokens (WRA_BT / 2 accumulators per
 // thread); grid (ceil(T / WRA_BT), ceil(n_out / 128)): the token tiles of one row block are
-// adjacent block ids (the codes are read from HBM once).  n_in a multiple of 64 (NVFP4 blocks).
+// adjacent block ids (the codes are read from HBM once).  n_in a multiple of 64 (256 for Q4_K).
 // Stage (1024-byte aligned): x_hi [WRA_BT][64] bf16 swizzled | x_lo (GEMM_SPLIT) | the k tile's
-// codes, 128 rows x 32 bytes (two resident 16-byte chunks of selector words, formats.cuh) at a
-// row pitch of 48 bytes (the lanes' 4-byte reads of 8 rows and 2 words hit 16 distinct banks) |
-// the rows' scale words (4 E4M3 bytes: k16 step s uses byte s).  A cp.async ring of WRA_STAGES
-// stages, tile kt + WRA_STAGES - 2 requested while tile kt's wgmmas are issued (gemm_wgp's).
-// Fragments: two named register sets (tiles alternate); set f of tile kt is written only after
-// the wait_group 1 that ends tile kt - 1, i.e. after the wgmmas of tile kt - 2 that read it.
+// codes, 128 rows x 32 bytes (two resident 16-byte chunks, formats.cuh) at a row pitch of 48
+// bytes (the lanes' 4-byte reads of 8 rows and 2 words hit 16 distinct banks) | the rows'
+// records (NVFP4: the scale word, k16 step s uses byte s; Q4_K: the superblock header).  A
+// cp.async ring of WRA_STAGES stages; tile kt + WRA_STAGES - 2 is requested at the top of step
+// kt.  Step kt issues tile kt's wgmmas from one of two named fragment sets, then waits for tile
+// kt + 1 (one barrier) and decodes it into the other set while they run, then wait_group 0.
+// (Decoding tile kt before its own wgmmas with wait_group 1 made ptxas serialize every wgmma,
+// C7513, in all but the NVFP4 precise build.)
 #ifndef WRA_BT
 #define WRA_BT 256
 #endif
@@ -674,7 +678,9 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #define WRA_X_BYTES (WRA_BT * GM_BK * 2)
 #define WRA_PITCH 48
 #define WRA_W_BYTES (WRA_ROWS * WRA_PITCH)
-#define WRA_STAGE_BYTES ((1 + GEMM_SPLIT) * WRA_X_BYTES + ((WRA_W_BYTES + WRA_ROWS * 4 + 1023) / 1024) * 1024)
+#define WRA_WLO (GEMM_SPLIT && FMT != F_NVFP4)  // Q4_K precise: W = W_hi + W_lo, both register operands
+#define WRA_REC (FMT == F_NVFP4 ? 4 : 16)         // per row and k tile: NVFP4's scale word, Q4_K's superblock header
+#define WRA_STAGE_BYTES ((1 + GEMM_SPLIT) * WRA_X_BYTES + ((WRA_W_BYTES + WRA_ROWS * WRA_REC + 1023) / 1024) * 1024)
 #define WRA_SMEM_BYTES (WRA_STAGES * WRA_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
 
 // four E2M1 codes (the nibbles of a 16-bit selector, value j in nibble j) -> their exact values
@@ -707,11 +713,24 @@ BW24_DEVICE uint32_t bf16x2_mul(uint32_t a, uint32_t b) {  // exact here: the pr
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// One k tile's A fragments for this thread: h[s] (and l[s], W_lo, when WRA_WLO) = the four
+// registers of k16 step s.
+struct WraFrag {
+    uint32_t h[4][4];
+#if WRA_WLO
+    uint32_t l[4][4];
+#endif
+};
+
+#if FMT == F_NVFP4
 // The A fragments of one k tile for this thread (warpgroup rows ra = 16 v + g and ra + 8; lane
-// t = lane % 4): f[s] = the four registers of k16 step s.  Step s = 2c + h reads chunk c, half h
-// (values 16h..16h+15 of the chunk); the thread's values 2t, 2t+1 sit in byte 2h + t%2 of
-// selector word t/2, values 2t+8, 2t+9 in the same byte of word 2 + t/2 (formats.cuh).
-BW24_DEVICE void wra_fragments(const char* codes, const uint32_t* scales, int ra, int t, uint32_t (&f)[4][4]) {
+// t = lane % 4).  Step s = 2c + h reads chunk c, half h (values 16h..16h+15 of the chunk); the
+// thread's values 2t, 2t+1 sit in byte 2h + t%2 of selector word t/2, values 2t+8, 2t+9 in the
+// same byte of word 2 + t/2 (formats.cuh).
+BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int t, int kt, WraFrag& fr) {
+    (void)kt;
+    const uint32_t* scales = reinterpret_cast<const uint32_t*>(recs);
+    uint32_t (&f)[4][4] = fr.h;
     const int wofs = 4 * (t >> 1), p = t & 1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -734,12 +753,52 @@ BW24_DEVICE void wra_fragments(const char* codes, const uint32_t* scales, int ra
         }
     }
 }
+#elif FMT == F_Q4_K
+// Q4_K: the same values of a nibble chunk (byte j: value j in the low nibble, 16 + j in the high
+// one), each W = a q + b exactly as formats.cuh decode_exact (chunk_scales from the superblock
+// header), then split as the dequantization pass splits it (split_bf16x4: W_hi = bf16(W), W_lo =
+// bf16(W - W_hi)).  Step s = 2c + h: chunk c, nibble h; the thread's values 2t, 2t+1, 2t+8, 2t+9
+// are bytes 2t, 2t+1 of word t/2 and the same bytes of word 2 + t/2.
+BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int t, int kt, WraFrag& f) {
+    const int wofs = 4 * (t >> 1);
+    const uint32_t p = 2 * (t & 1), pick = p | ((p + 1) << 4) | ((p + 4) << 8) | ((p + 5) << 12);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const char* row = codes + (ra + 8 * r) * WRA_PITCH;
+        Raw raw;
+        raw.s = reinterpret_cast<const uint4*>(recs)[ra + 8 * r];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float a0, a1, b;
+            chunk_scales(raw, 2 * kt + c, a0, a1, b);
+            (void)a1;
+            const uint32_t w4 = __byte_perm(*reinterpret_cast<const uint32_t*>(row + 16 * c + wofs),
+                                            *reinterpret_cast<const uint32_t*>(row + 16 * c + 8 + wofs), pick);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int s = 2 * c + h;
+                const uint32_t q4 = (h ? w4 >> 4 : w4) & 0x0F0F0F0Fu;
+                const float4 v = make_float4(wexact(a0, qval(q4, 0), b), wexact(a0, qval(q4, 1), b),
+                                             wexact(a0, qval(q4, 2), b), wexact(a0, qval(q4, 3), b));
+                uint2 hi, lo;
+                split_bf16x4(v, hi, lo);
+                f.h[s][r] = hi.x;
+                f.h[s][2 + r] = hi.y;
+#if WRA_WLO
+                f.l[s][r] = lo.x;
+                f.l[s][2 + r] = lo.y;
+#endif
+            }
+        }
+    }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const float* __restrict__ gscale,
          const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl, float* __restrict__ out,
          int T, int n_out, int n_in, int ldo, int epi) {
-#if WG_AVAILABLE && FMT == F_NVFP4
+#if WG_AVAILABLE && (FMT == F_NVFP4 || FMT == F_Q4_K)
     PDL_ENTRY();
     extern __shared__ float4 smem4[];
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem4);
@@ -765,8 +824,9 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
     const long xstep = 64L * n_in;  // bytes from row r to row r + 32
     const long xl_off = GEMM_SPLIT ? (long)(reinterpret_cast<const char*>(xl) - reinterpret_cast<const char*>(xh)) : 0;
     const uint4* wsrc = wq + (long)min(n0 + (tid >> 1), n_out - 1) * nck + (tid & 1);
-    const uint32_t* ssrc = ws + (long)min(n0 + (tid & (WRA_ROWS - 1)), n_out - 1) * nsw;
-    const uint32_t wdst = XP + (tid >> 1) * WRA_PITCH + 16 * (tid & 1), sdst = XP + WRA_W_BYTES + 4 * tid;
+    // the row's records: NVFP4 one scale word per k tile, Q4_K one 16-byte header per 4 k tiles
+    const char* ssrc = reinterpret_cast<const char*>(ws) + (long)min(n0 + (tid & (WRA_ROWS - 1)), n_out - 1) * (nsw * 4);
+    const uint32_t wdst = XP + (tid >> 1) * WRA_PITCH + 16 * (tid & 1), sdst = XP + WRA_W_BYTES + WRA_REC * tid;
     auto load = [&](int kt, int s) {
         const uint32_t st = sbase + s * WRA_STAGE_BYTES;
         const char* src = xsrc + kt * (GM_BK * 2);
@@ -778,7 +838,11 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
 #endif
         }
         cp_async16(st + wdst, wsrc + 2 * kt, true);
-        if (tid < WRA_ROWS) asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(st + sdst), "l"(ssrc + kt) : "memory");
+#if FMT == F_NVFP4
+        if (tid < WRA_ROWS) asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(st + sdst), "l"(ssrc + 4 * kt) : "memory");
+#else
+        if (tid < WRA_ROWS) cp_async16(st + sdst, ssrc + 16 * (kt >> 2), true);
+#endif
     };
 
     float d[WRA_ACC];
@@ -790,19 +854,35 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     const int ra = 64 * wgi + 16 * (warp & 3) + g;
-    auto step = [&](int kt, uint32_t (&f)[4][4], uint32_t (&f_prev)[4][4]) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(WRA_STAGES - 3) : "memory");  // tile kt landed (own copies)
+    // the fragments of tile kt from its stage, complete before the next wgmma fence (ptxas
+    // serializes wgmmas whose input registers it sees defined inside their pipeline stage: C7513)
+    auto decode = [&](int kt, WraFrag& f) {
+        const char* sg = gbase + (kt % WRA_STAGES) * WRA_STAGE_BYTES;
+        wra_fragments(sg + XP, sg + XP + WRA_W_BYTES, ra, t, kt, f);
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                asm volatile("" : "+r"(f.h[s][i])::"memory");
+#if WRA_WLO
+                asm volatile("" : "+r"(f.l[s][i])::"memory");
+#endif
+            }
+    };
+    // everyone's copies of tile kt landed and are visible to the async proxy (wgmma)
+    auto tile_ready = [&]() {
+        asm volatile("cp.async.wait_group %0;" ::"n"(WRA_STAGES - 3) : "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();  // everyone's copies landed; the wgmmas of tile kt - 2 are done everywhere
+        __syncthreads();
+    };
+    // One k tile: request tile kt + WRA_STAGES - 2 (its stage held tile kt - 2, whose wgmmas every
+    // warp retired before the barrier of step kt - 1), issue tile kt's wgmmas from f, then, while
+    // they run, wait for tile kt + 1 and decode it into `next`, and retire tile kt (wait_group 0:
+    // f is free for tile kt + 2).  One barrier per tile.
+    auto step = [&](int kt, WraFrag& f, WraFrag& next) {
         if (kt + WRA_STAGES - 2 < nkt) load(kt + WRA_STAGES - 2, (kt + WRA_STAGES - 2) % WRA_STAGES);
         asm volatile("cp.async.commit_group;" ::: "memory");
         const uint32_t st = sbase + (kt % WRA_STAGES) * WRA_STAGE_BYTES;
-        const char* sg = gbase + (st - sbase);
-        wra_fragments(sg + XP, reinterpret_cast<const uint32_t*>(sg + XP + WRA_W_BYTES), ra, t, f);
-#pragma unroll
-        for (int s = 0; s < 4; ++s)  // the fragments complete before the fence (ptxas serializes wgmmas whose
-#pragma unroll                       // input registers are defined inside the stage: C7513)
-            for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[s][i])::"memory");
         uint64_t dh[4], dl[4];  // the x planes' descriptors, also defined before the fence
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
@@ -814,28 +894,31 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int s = 0; s < GM_BK / 16; ++s) {
-#if WRA_BT == 256
-            wgmma_ra_m64n256k16(d, f[s], dh[s]);
-            if (GEMM_SPLIT) wgmma_ra_m64n256k16(d, f[s], dl[s]);
+#if WRA_BT == 256  // the contract's order: x_hi.W, x_lo.W, then x_hi.W_lo
+            wgmma_ra_m64n256k16(d, f.h[s], dh[s]);
+            if (GEMM_SPLIT) wgmma_ra_m64n256k16(d, f.h[s], dl[s]);
+#if WRA_WLO
+            wgmma_ra_m64n256k16(d, f.l[s], dh[s]);
+#endif
 #else
-            wgmma_ra_m64n128k16(d, f[s], dh[s]);
-            if (GEMM_SPLIT) wgmma_ra_m64n128k16(d, f[s], dl[s]);
+            wgmma_ra_m64n128k16(d, f.h[s], dh[s]);
+            if (GEMM_SPLIT) wgmma_ra_m64n128k16(d, f.h[s], dl[s]);
+#if WRA_WLO
+            wgmma_ra_m64n128k16(d, f.l[s], dh[s]);
+#endif
 #endif
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        // fast mode: wait for this tile's own wgmmas (with wait_group 1 there, ptxas serializes every
-        // wgmma, C7513: seen with 4 register-A wgmmas per stage, not with the precise mode's 8)
-        asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(GEMM_SPLIT ? 1 : 0) : "memory");
+        if (kt + 1 < nkt) {
+            tile_ready();
+            decode(kt + 1, next);
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         wg_fence_acc(d);
-        // tile kt - 1's wgmmas are done: only now may the other set's registers be reused (kept
-        // live to here, so that ptxas gives the two sets distinct registers: otherwise it packs
-        // every step's fragments into one register quad and serializes the wgmmas, C7513)
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) asm volatile("" ::"r"(f_prev[s][i]) : "memory");
     };
-    uint32_t fa[4][4], fb[4][4];
+    WraFrag fa, fb;
+    tile_ready();
+    decode(0, fa);
     for (int kt = 0; kt < nkt; kt += 2) {  // unrolled by two: the register sets are named, not indexed
         step(kt, fa, fb);
         if (kt + 1 < nkt) step(kt + 1, fb, fa);
@@ -854,7 +937,7 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
         }
 #else
     (void)wq; (void)ws; (void)gscale; (void)xh; (void)xl; (void)out; (void)T; (void)n_out; (void)n_in; (void)ldo; (void)epi;
-    __trap();  // NVFP4 on sm_90a only: the wrapper launches it nowhere else
+    __trap();  // NVFP4 / Q4_K on sm_90a only: the wrapper launches it nowhere else
 #endif
 }
 

@@ -45,10 +45,10 @@ def gemm_cases():
                     continue  # the in-pipeline decode splits W exactly when precise
                 defs.update(GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
                 out.append(("gemm_wgp", defs, "WGP_SMEM_BYTES", cl.wgp_smem(stages, stage)))
-    for precise in (False, True):
-        for n_out in (4096, 24576):
-            bt, stages, stage = cl.wra_geometry(n_out, precise)
-            out.append(("gemm_wra", {"FMT": 11, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages},
+    for fmt, code in (("NVFP4", 11), ("Q4_K", 8)):
+        for precise in (False, True):
+            bt, stages, stage = cl.wra_geometry(24576, precise, fmt)
+            out.append(("gemm_wra", {"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages},
                         "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
     out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1}, "I8_SMEM_BYTES", cl.gemm_i8_smem(scf32=True)))

@@ -581,40 +581,43 @@ def wgp_smem(stages: int, stage: int) -> int:
 
 
 WRA_ROWS = 128  # gemm.cu gemm_wra: weight rows per block (2 warpgroups x 64)
+WRA_RECORD_BYTES = {"NVFP4": 4, "Q4_K": 16}  # gemm.cu WRA_REC: the formats gemm_wra decodes, their per-row record per k tile
 
 
-def wra_stage_bytes(precise: bool, bt: int) -> int:
+def wra_stage_bytes(precise: bool, bt: int, fmt: str = "NVFP4") -> int:
     """gemm.cu WRA_STAGE_BYTES: the x_hi (| x_lo) tiles of bt tokens x 64 bf16, then the k tile's
-    codes (WRA_ROWS rows at a 48-byte pitch) and scale words, rounded up to 1 KB."""
-    return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * 48 + WRA_ROWS * 4) // 1024) * 1024
+    codes (WRA_ROWS rows at a 48-byte pitch) and per-row records, rounded up to 1 KB."""
+    return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * 48 + WRA_ROWS * WRA_RECORD_BYTES[fmt]) // 1024) * 1024
 
 
-def wra_geometry(n_out: int, precise: bool) -> tuple[int, int, int]:
+def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4") -> tuple[int, int, int]:
     """(tokens per block, ring stages, bytes per stage) of gemm_wra.  Measured on the H200
-    (bench/NOTES.md, seventeenth session; Qwen3-8B gate|up at T = 512): precise 340 us at 256
-    tokens vs 426 at 128; fast 260 at 128 vs 279 at 256.  A ring of up to 4 stages as fits
+    (bench/NOTES.md, seventeenth session; Qwen3-8B shapes at T = 512): precise, 256 tokens on
+    the wide matrices (NVFP4 gate|up 340 us vs 426 at 128), 128 on the 4096-row ones (256 leaves
+    half the SMs idle); fast, 128 (gate|up 260 vs 279).  A ring of up to 4 stages as fits
     (BW24CHAT_WRA_BT / BW24CHAT_WRA_STAGES override)."""
-    bt = int(os.environ.get("BW24CHAT_WRA_BT", 256 if precise else 128))
-    stage = wra_stage_bytes(precise, bt)
+    bt = int(os.environ.get("BW24CHAT_WRA_BT", 256 if precise and n_out >= WGP_WIDE_ROWS else 128))
+    stage = wra_stage_bytes(precise, bt, fmt)
     stages = max(3, min(int(os.environ.get("BW24CHAT_WRA_STAGES", 4)), (WGP_SMEM_MAX - 1024) // stage))
     return bt, stages, stage
 
 
 def uses_gemm_wra(W: DeviceWeight) -> bool:
-    """NVFP4 prefill on gemm_wra (the codes decoded into wgmma's register operand, no
-    dequantization pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up); the
-    4096-row ones stay on the pass + gemm_wgp, which won there (s17b, precise: o 75 vs 78 us,
-    down 197 vs 219: 128-row blocks leave too little tensor work per k tile to hide the
-    decoding).  BW24CHAT_WRA=1 takes it for every NVFP4 matrix, =0 for none; the in-pipeline
-    cross-check (BW24CHAT_WGP_DEQ=1) turns it off."""
-    if W.fmt != "NVFP4" or os.environ.get("BW24CHAT_WGP_DEQ", "") == "1":
+    """Prefill on gemm_wra (the codes decoded into wgmma's register operand, no dequantization
+    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of the formats it decodes
+    (NVFP4, Q4_K).  Measured on the H200 (s17d, us, pass + gemm_wgp / gemm_wra, precise):
+    NVFP4 qkv 132 / 115, gate|up 408 / 333; Q4_K qkv 194 / 162, gate|up 615 / 465.  The 4096-row
+    ones stay on the pass, which won there (NVFP4 o 74 / 77, down 197 / 218 at 128 tokens per
+    block, s17b: too little tensor work per k tile to hide the decoding).  BW24CHAT_WRA: 0 none,
+    1 every matrix of those formats; the in-pipeline cross-check (BW24CHAT_WGP_DEQ=1) turns it off."""
+    if W.fmt not in WRA_RECORD_BYTES or os.environ.get("BW24CHAT_WGP_DEQ", "") == "1":
         return False
     mode = os.environ.get("BW24CHAT_WRA", "auto")
     return mode == "1" or (mode != "0" and W.out >= WGP_WIDE_ROWS)
 
 
 def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool) -> None:
-    bt, stages, stage = wra_geometry(W.out, x_split)
+    bt, stages, stage = wra_geometry(W.out, x_split, W.fmt)
     k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages)
     smem = wgp_smem(stages, stage)
     _ensure_smem(k, smem)

@@ -164,15 +164,16 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("stages", ["3", "4"])
 @pytest.mark.parametrize("bt", ["128", "256"])
-def test_gemm_wra_equals_the_dequant_pass(cp, rng, bt, stages, precise, monkeypatch):
-    """gemm_wra (NVFP4 codes decoded into wgmma's register operand A, weights as M and tokens as
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K"])
+def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, monkeypatch):
+    """gemm_wra (the codes decoded into wgmma's register operand A, weights as M and tokens as
     N) gives the bits of the dequantize-then-gemm_wgp path (BW24CHAT_WRA=0): the same bf16
-    products and the same order per k16 step, with the operand roles swapped.  Rows, T and the
-    k-tile count off every tile (501 rows, 259 tokens, 9 k tiles: the two-set loop's tail), and
-    the add epilogue."""
+    products (Q4_K precise: W_hi and W_lo) and the same order per k16 step, with the operand
+    roles swapped.  Rows, T and the k-tile count off every tile (501 rows, 259 tokens; NVFP4 9 k
+    tiles: the two-set loop's tail), and the add epilogue."""
     if "wg" not in impls():
         pytest.skip("gemm_wra needs sm_90a")
-    ts, w = make_weight(rng, "NVFP4", rows=(301, 200), nblocks=9)
+    ts, w = make_weight(rng, fmt, rows=(301, 200), nblocks=9 if fmt == "NVFP4" else 3)
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
     monkeypatch.setenv("BW24CHAT_WRA", "0")
