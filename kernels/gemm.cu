@@ -518,6 +518,19 @@ BW24_DEVICE void cp_async16(uint32_t dst, const void* src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
 }
 
+// the cp.async rings' start (gemm_wgp, gemm_wra): zeroed accumulators, tiles 0 .. STAGES - 3
+// requested, one commit group each (empty past nkt, so the group count stays fixed)
+template <int STAGES, int N, class Load>
+BW24_DEVICE void ring_start(float (&d)[N], Load& load, int nkt) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) d[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+        if (s < nkt) load(s, s);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const float* __restrict__ gscale,
          const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl, float* __restrict__ out,
@@ -564,14 +577,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
     };
 
     float d[WG_ACC];
-#pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) d[i] = 0.0f;
-
-#pragma unroll
-    for (int s = 0; s < WGP_STAGES - 2; ++s) {
-        if (s < nkt) load(s, s);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    ring_start<WGP_STAGES>(d, load, nkt);
 #if WGP_DEQ
     // the generic-address W tile (hi; lo WG_W_BYTES after it) of stage s
     char* gbase = reinterpret_cast<char*>(smem4) + (sbase - sraw);
@@ -713,6 +719,16 @@ BW24_DEVICE uint32_t bf16x2_mul(uint32_t a, uint32_t b) {  // exact here: the pr
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+#if WG_AVAILABLE
+BW24_DEVICE void wra_mma(float (&d)[WRA_ACC], const uint32_t (&a)[4], uint64_t db) {
+#if WRA_BT == 256
+    wgmma_ra_m64n256k16(d, a, db);
+#else
+    wgmma_ra_m64n128k16(d, a, db);
+#endif
+}
+#endif
+
 // One k tile's A fragments for this thread: h[s] (and l[s], W_lo, when WRA_WLO) = the four
 // registers of k16 step s.
 struct WraFrag {
@@ -846,13 +862,7 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
     };
 
     float d[WRA_ACC];
-#pragma unroll
-    for (int i = 0; i < WRA_ACC; ++i) d[i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < WRA_STAGES - 2; ++s) {
-        if (s < nkt) load(s, s);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    ring_start<WRA_STAGES>(d, load, nkt);
     const int ra = 64 * wgi + 16 * (warp & 3) + g;
     // the fragments of tile kt from its stage, complete before the next wgmma fence (ptxas
     // serializes wgmmas whose input registers it sees defined inside their pipeline stage: C7513)
@@ -894,18 +904,10 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int s = 0; s < GM_BK / 16; ++s) {
-#if WRA_BT == 256  // the contract's order: x_hi.W, x_lo.W, then x_hi.W_lo
-            wgmma_ra_m64n256k16(d, f.h[s], dh[s]);
-            if (GEMM_SPLIT) wgmma_ra_m64n256k16(d, f.h[s], dl[s]);
+            wra_mma(d, f.h[s], dh[s]);  // the contract's order: x_hi.W, x_lo.W, then x_hi.W_lo
+            if (GEMM_SPLIT) wra_mma(d, f.h[s], dl[s]);
 #if WRA_WLO
-            wgmma_ra_m64n256k16(d, f.l[s], dh[s]);
-#endif
-#else
-            wgmma_ra_m64n128k16(d, f.h[s], dh[s]);
-            if (GEMM_SPLIT) wgmma_ra_m64n128k16(d, f.h[s], dl[s]);
-#if WRA_WLO
-            wgmma_ra_m64n128k16(d, f.l[s], dh[s]);
-#endif
+            wra_mma(d, f.l[s], dh[s]);
 #endif
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");

@@ -29,6 +29,22 @@ def impls():
     return ["mma", "wg"] if active_arch() == "sm_90a" else ["mma"]
 
 
+def run_ab(cp, monkeypatch, W, x, T, precise, base_env: dict, got_env: dict):
+    """The GEMM's output with base_env set, then with got_env set on top (two paths' A/B)."""
+    out = []
+    for env in (base_env, got_env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        out.append(run(cp, W, x, T, impl="wg", precise=precise))
+    return out
+
+
+def assert_same_bits(base, got):
+    bad = np.argwhere(base.view(np.uint32) != got.view(np.uint32))
+    assert bad.size == 0, (f"{len(bad)} of {base.size} differ; tokens {np.unique(bad[:, 0])[:12]}, rows "
+                           f"{np.unique(bad[:, 1])[:12]}; max |diff| {np.nanmax(np.abs(base - got)):.3g}")
+
+
 @pytest.fixture(params=["mma", "wg"])
 def impl(request, cp):
     if request.param not in impls():
@@ -149,14 +165,9 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
     ts, w = make_weight(rng, fmt, rows=(301, 200), nblocks=nb)
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
-    monkeypatch.setenv("BW24CHAT_WG_BN", bn)
-    monkeypatch.setenv("BW24CHAT_WGP_DEQ", "0")
-    base = run(cp, W, x, 259, impl="wg", precise=precise)
-    monkeypatch.setenv("BW24CHAT_WGP_DEQ", "1")
-    got = run(cp, W, x, 259, impl="wg", precise=precise)
-    bad = np.argwhere(base.view(np.uint32) != got.view(np.uint32))
-    assert bad.size == 0, (f"{len(bad)} of {base.size} differ; tokens {np.unique(bad[:, 0])[:12]}, rows "
-                           f"{np.unique(bad[:, 1])[:12]}; max |diff| {np.nanmax(np.abs(base - got)):.3g}")
+    base, got = run_ab(cp, monkeypatch, W, x, 259, precise, {"BW24CHAT_WG_BN": bn, "BW24CHAT_WGP_DEQ": "0"},
+                       {"BW24CHAT_WGP_DEQ": "1"})
+    assert_same_bits(base, got)
     if precise and not act_q8(fmt):
         check(got, x, w, 2e-5)
 
@@ -176,15 +187,9 @@ def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, mon
     ts, w = make_weight(rng, fmt, rows=(301, 200), nblocks=9 if fmt == "NVFP4" else 3)
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
-    monkeypatch.setenv("BW24CHAT_WRA", "0")
-    base = run(cp, W, x, 259, impl="wg", precise=precise)
-    monkeypatch.setenv("BW24CHAT_WRA", "1")
-    monkeypatch.setenv("BW24CHAT_WRA_BT", bt)
-    monkeypatch.setenv("BW24CHAT_WRA_STAGES", stages)
-    got = run(cp, W, x, 259, impl="wg", precise=precise)
-    bad = np.argwhere(base.view(np.uint32) != got.view(np.uint32))
-    assert bad.size == 0, (f"{len(bad)} of {base.size} differ; tokens {np.unique(bad[:, 0])[:12]}, rows "
-                           f"{np.unique(bad[:, 1])[:12]}; max |diff| {np.nanmax(np.abs(base - got)):.3g}")
+    base, got = run_ab(cp, monkeypatch, W, x, 259, precise, {"BW24CHAT_WRA": "0"},
+                       {"BW24CHAT_WRA": "1", "BW24CHAT_WRA_BT": bt, "BW24CHAT_WRA_STAGES": stages})
+    assert_same_bits(base, got)
     res = rng.standard_normal((259, W.out)).astype(np.float32)
     added = run(cp, W, x, 259, epi="add", init=res, impl="wg", precise=precise)
     assert np.array_equal(added, (res + got).astype(np.float32))
