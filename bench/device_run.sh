@@ -11,6 +11,16 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s18a)
+  # prepared in the seventeenth session, never run: gemm_wra on Q8_0 (opt-in BW24CHAT_WRA=1|wide;
+  # codes at an 80-byte pitch, W = q d split into W_hi / W_lo registers, 3 wgmmas per k16 step: the
+  # bf16 split's contract, bit-identical to pass + gemm_wgp with BW24CHAT_GEMM_I8=0).  Bits first.
+  # Predicted: Q8_0 precise pp512 ~11.3-11.8k (Q4_K gained 14 % the same way) vs gemm_i8's 10.7k
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "wra" 2>&1 | tail -3 | tee $OUT/pytest_s18a.log
+  grep -q " passed" $OUT/pytest_s18a.log && ! grep -q "failed\|error" $OUT/pytest_s18a.log || exit 3
+  for env in "BW24CHAT_WRA=auto" "BW24CHAT_WRA=1" "BW24CHAT_WRA=1 BW24CHAT_WRA_BT=128"; do env $env timeout 80 python3 bench/prefill_probe.py --formats q8_0 2>&1 | grep "a8=on" | sed "s/^/$env /"; done | tee $OUT/probe_s18a.log
+  for env in "BW24CHAT_WRA=auto" "BW24CHAT_WRA=wide" "BW24CHAT_WRA=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s18a.log
+  ;;
 s17e)
   # the session's build (gemm_wra for the wide NVFP4 and Q4_K matrices): every GEMM test, the gates
   # with the kernel check for every weight format, the Qwen3-8B-shape gates for the two formats

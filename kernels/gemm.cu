@@ -682,10 +682,11 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #define WRA_ACC (WRA_BT / 2)
 #define WRA_ROWS 128
 #define WRA_X_BYTES (WRA_BT * GM_BK * 2)
-#define WRA_PITCH 48
+#define WRA_CPR (FMT == F_Q8_0 ? 4 : 2)  // 16-byte resident chunks per row and k tile (Q8_0: 16 values each)
+#define WRA_PITCH (FMT == F_Q8_0 ? 80 : 48)  // a row's codes in the stage, padded (conflict-free 4-byte reads)
 #define WRA_W_BYTES (WRA_ROWS * WRA_PITCH)
 #define WRA_WLO (GEMM_SPLIT && FMT != F_NVFP4)  // Q4_K precise: W = W_hi + W_lo, both register operands
-#define WRA_REC (FMT == F_NVFP4 ? 4 : 16)         // per row and k tile: NVFP4's scale word, Q4_K's superblock header
+#define WRA_REC (FMT == F_Q4_K ? 16 : 4)  // per row and k tile: NVFP4's scale word, Q8_0's two f16 scales, Q4_K's superblock header
 #define WRA_STAGE_BYTES ((1 + GEMM_SPLIT) * WRA_X_BYTES + ((WRA_W_BYTES + WRA_ROWS * WRA_REC + 1023) / 1024) * 1024)
 #define WRA_SMEM_BYTES (WRA_STAGES * WRA_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
 
@@ -808,13 +809,43 @@ BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int 
         }
     }
 }
+#elif FMT == F_Q8_0
+// Q8_0: step s reads chunk s (16 int8 values, scale s / 2 of the k tile's two f16 scales); the
+// thread's values 2t, 2t+1, 2t+8, 2t+9 are bytes 2t, 2t+1 of word t/2 and of word 2 + t/2; each
+// W = q d exactly as decode_exact, split as the dequantization pass splits it.
+BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int t, int kt, WraFrag& f) {
+    (void)kt;
+    const int wofs = 4 * (t >> 1);
+    const uint32_t p = 2 * (t & 1), pick = p | ((p + 1) << 4) | ((p + 4) << 8) | ((p + 5) << 12);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const char* row = codes + (ra + 8 * r) * WRA_PITCH;
+        const uint32_t sw = reinterpret_cast<const uint32_t*>(recs)[ra + 8 * r];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const float a = f16_bits_to_f32((uint16_t)(s < 2 ? sw & 0xFFFFu : sw >> 16));
+            const uint32_t w4 = __byte_perm(*reinterpret_cast<const uint32_t*>(row + 16 * s + wofs),
+                                            *reinterpret_cast<const uint32_t*>(row + 16 * s + 8 + wofs), pick) ^ 0x80808080u;
+            const float4 v = make_float4(__fmul_rn(qval(w4, 0), a), __fmul_rn(qval(w4, 1), a),
+                                         __fmul_rn(qval(w4, 2), a), __fmul_rn(qval(w4, 3), a));
+            uint2 hi, lo;
+            split_bf16x4(v, hi, lo);
+            f.h[s][r] = hi.x;
+            f.h[s][2 + r] = hi.y;
+#if WRA_WLO
+            f.l[s][r] = lo.x;
+            f.l[s][2 + r] = lo.y;
+#endif
+        }
+    }
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const float* __restrict__ gscale,
          const __nv_bfloat16* __restrict__ xh, const __nv_bfloat16* __restrict__ xl, float* __restrict__ out,
          int T, int n_out, int n_in, int ldo, int epi) {
-#if WG_AVAILABLE && (FMT == F_NVFP4 || FMT == F_Q4_K)
+#if WG_AVAILABLE && (FMT == F_NVFP4 || FMT == F_Q4_K || FMT == F_Q8_0)
     PDL_ENTRY();
     extern __shared__ float4 smem4[];
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(smem4);
@@ -824,7 +855,7 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
     const int g = lane >> 2, t = lane & 3;
     const long m0 = (long)blockIdx.x * WRA_BT;
     const int n0 = blockIdx.y * WRA_ROWS;
-    const int nkt = n_in / GM_BK, nck = n_in / 32, nsw = n_in / 64;
+    const int nkt = n_in / GM_BK, nck = n_in / VPC, nsw = n_in / 64;
     (void)xl;
     constexpr int XP = (1 + GEMM_SPLIT) * WRA_X_BYTES;  // the codes' offset in a stage
     // Per-thread copy geometry, fixed for the whole k loop (the first build recomputed 64-bit
@@ -839,10 +870,17 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
     const char* xsrc = reinterpret_cast<const char*>(xh + (m0 + xr) * n_in + xu * 8);
     const long xstep = 64L * n_in;  // bytes from row r to row r + 32
     const long xl_off = GEMM_SPLIT ? (long)(reinterpret_cast<const char*>(xl) - reinterpret_cast<const char*>(xh)) : 0;
+    // codes: chunk tid % WRA_CPR of row tid / WRA_CPR (Q8_0, 4 chunks per row: and of that row + 64)
+#if WRA_CPR == 2
     const uint4* wsrc = wq + (long)min(n0 + (tid >> 1), n_out - 1) * nck + (tid & 1);
+#else
+    const uint4* wsrc = wq + (long)min(n0 + (tid >> 2), n_out - 1) * nck + (tid & 3);
+    const uint4* wsrc64 = wq + (long)min(n0 + (tid >> 2) + 64, n_out - 1) * nck + (tid & 3);
+#endif
     // the row's records: NVFP4 one scale word per k tile, Q4_K one 16-byte header per 4 k tiles
+    // (every format's record plane has n_in / 16 bytes per row, n_in a multiple of 64)
     const char* ssrc = reinterpret_cast<const char*>(ws) + (long)min(n0 + (tid & (WRA_ROWS - 1)), n_out - 1) * (nsw * 4);
-    const uint32_t wdst = XP + (tid >> 1) * WRA_PITCH + 16 * (tid & 1), sdst = XP + WRA_W_BYTES + WRA_REC * tid;
+    const uint32_t wdst = XP + (tid >> (WRA_CPR == 2 ? 1 : 2)) * WRA_PITCH + 16 * (tid & (WRA_CPR - 1)), sdst = XP + WRA_W_BYTES + WRA_REC * tid;
     auto load = [&](int kt, int s) {
         const uint32_t st = sbase + s * WRA_STAGE_BYTES;
         const char* src = xsrc + kt * (GM_BK * 2);
@@ -853,8 +891,11 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
             cp_async16(st + xdst + j * 32 * 128 + WRA_X_BYTES, src + xl_off, true);
 #endif
         }
-        cp_async16(st + wdst, wsrc + 2 * kt, true);
-#if FMT == F_NVFP4
+        cp_async16(st + wdst, wsrc + WRA_CPR * kt, true);
+#if WRA_CPR == 4
+        cp_async16(st + wdst + 64 * WRA_PITCH, wsrc64 + WRA_CPR * kt, true);
+#endif
+#if FMT != F_Q4_K
         if (tid < WRA_ROWS) asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(st + sdst), "l"(ssrc + 4 * kt) : "memory");
 #else
         if (tid < WRA_ROWS) cp_async16(st + sdst, ssrc + 16 * (kt >> 2), true);
@@ -939,7 +980,7 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
         }
 #else
     (void)wq; (void)ws; (void)gscale; (void)xh; (void)xl; (void)out; (void)T; (void)n_out; (void)n_in; (void)ldo; (void)epi;
-    __trap();  // NVFP4 / Q4_K on sm_90a only: the wrapper launches it nowhere else
+    __trap();  // NVFP4 / Q4_K / Q8_0 on sm_90a only: the wrapper launches it nowhere else
 #endif
 }
 

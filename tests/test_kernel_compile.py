@@ -76,6 +76,7 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm", {"FMT": 11, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra: NVFP4 codes into wgmma's register operand
     ("gemm", {"FMT": 11, "WRA_BT": 128, "WRA_STAGES": 4, "GEMM_SPLIT": 0}),
     ("gemm", {"FMT": 8, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra on Q4_K (W_hi and W_lo registers)
+    ("gemm", {"FMT": 3, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra on Q8_0 (prepared, opt-in)
     ("gemm", {"FMT": 3, "I8_STAGES": 4}),
     ("gemm", {"FMT": 3, "I8_STAGES": 4, "I8_SCF32": 1}),  # gemm_i8 with the f32 scales converted once per tile  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)
     ("gemm", {"FMT": 3, "GEMM_XPLANES": 1}),  # register-staged GEMMs on the integer-dot contract's x planes

@@ -45,7 +45,7 @@ def gemm_cases():
                     continue  # the in-pipeline decode splits W exactly when precise
                 defs.update(GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
                 out.append(("gemm_wgp", defs, "WGP_SMEM_BYTES", cl.wgp_smem(stages, stage)))
-    for fmt, code in (("NVFP4", 11), ("Q4_K", 8)):
+    for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
         for precise in (False, True):
             bt, stages, stage = cl.wra_geometry(24576, precise, fmt)
             out.append(("gemm_wra", {"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages},

@@ -484,7 +484,8 @@ def uses_gemm_i8(W: DeviceWeight) -> bool:
     Measured on the H200 (bench/NOTES.md, twelfth session, Qwen3-8B shapes): pp512 10.31k tok/s
     against the bf16 split's 9.61k, pp2048 10.18k vs 9.40k.  BW24CHAT_GEMM_I8=0 turns it off
     (the split, bit-identical to the sm_120a mma.sync kernel)."""
-    return W.fmt == "Q8_0" and W.in_ % 128 == 0 and os.environ.get("BW24CHAT_GEMM_I8", "1") != "0"
+    return (W.fmt == "Q8_0" and W.in_ % 128 == 0 and os.environ.get("BW24CHAT_GEMM_I8", "1") != "0"
+            and not uses_gemm_wra(W))
 
 
 def _gemm_i8(W: DeviceWeight, x, out, T: int, epi) -> None:
@@ -581,13 +582,15 @@ def wgp_smem(stages: int, stage: int) -> int:
 
 
 WRA_ROWS = 128  # gemm.cu gemm_wra: weight rows per block (2 warpgroups x 64)
-WRA_RECORD_BYTES = {"NVFP4": 4, "Q4_K": 16}  # gemm.cu WRA_REC: the formats gemm_wra decodes, their per-row record per k tile
+WRA_RECORD_BYTES = {"NVFP4": 4, "Q4_K": 16, "Q8_0": 4}  # gemm.cu WRA_REC: the formats gemm_wra decodes, their per-row record per k tile
+WRA_PITCH = {"NVFP4": 48, "Q4_K": 48, "Q8_0": 80}  # gemm.cu WRA_PITCH: a row's codes of a k tile in the stage, padded
+WRA_DEFAULT_FORMATS = ("NVFP4", "Q4_K")  # measured faster than the pass (s17d); Q8_0 is prepared, opt-in
 
 
 def wra_stage_bytes(precise: bool, bt: int, fmt: str = "NVFP4") -> int:
     """gemm.cu WRA_STAGE_BYTES: the x_hi (| x_lo) tiles of bt tokens x 64 bf16, then the k tile's
-    codes (WRA_ROWS rows at a 48-byte pitch) and per-row records, rounded up to 1 KB."""
-    return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * 48 + WRA_ROWS * WRA_RECORD_BYTES[fmt]) // 1024) * 1024
+    codes (WRA_ROWS rows at WRA_PITCH) and per-row records, rounded up to 1 KB."""
+    return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * (WRA_PITCH[fmt] + WRA_RECORD_BYTES[fmt])) // 1024) * 1024
 
 
 def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4") -> tuple[int, int, int]:
@@ -604,16 +607,19 @@ def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4") -> tuple[int, in
 
 def uses_gemm_wra(W: DeviceWeight) -> bool:
     """Prefill on gemm_wra (the codes decoded into wgmma's register operand, no dequantization
-    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of the formats it decodes
-    (NVFP4, Q4_K).  Measured on the H200 (s17d, us, pass + gemm_wgp / gemm_wra, precise):
-    NVFP4 qkv 132 / 115, gate|up 408 / 333; Q4_K qkv 194 / 162, gate|up 615 / 465.  The 4096-row
-    ones stay on the pass, which won there (NVFP4 o 74 / 77, down 197 / 218 at 128 tokens per
-    block, s17b: too little tensor work per k tile to hide the decoding).  BW24CHAT_WRA: 0 none,
-    1 every matrix of those formats; the in-pipeline cross-check (BW24CHAT_WGP_DEQ=1) turns it off."""
-    if W.fmt not in WRA_RECORD_BYTES or os.environ.get("BW24CHAT_WGP_DEQ", "") == "1":
+    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of NVFP4 and Q4_K.
+    Measured on the H200 (s17d, us, pass + gemm_wgp / gemm_wra, precise): NVFP4 qkv 132 / 115,
+    gate|up 408 / 333; Q4_K qkv 194 / 162, gate|up 615 / 465.  The 4096-row ones stay on the
+    pass, which won there (NVFP4 o 74 / 77, down 197 / 218 at 128 tokens per block, s17b: too
+    little tensor work per k tile to hide the decoding).  BW24CHAT_WRA: 0 none; 1 every matrix
+    of the formats it decodes (Q8_0 too: prepared, never measured; it then replaces gemm_i8);
+    "wide" their wide matrices; the in-pipeline cross-check (BW24CHAT_WGP_DEQ=1) turns it off.
+    Rows of a multiple of 64 inputs (whole k tiles)."""
+    if W.fmt not in WRA_RECORD_BYTES or W.in_ % 64 or os.environ.get("BW24CHAT_WGP_DEQ", "") == "1":
         return False
     mode = os.environ.get("BW24CHAT_WRA", "auto")
-    return mode == "1" or (mode != "0" and W.out >= WGP_WIDE_ROWS)
+    wide = W.out >= WGP_WIDE_ROWS
+    return mode == "1" or (mode == "wide" and wide) or (mode == "auto" and wide and W.fmt in WRA_DEFAULT_FORMATS)
 
 
 def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool) -> None:

@@ -175,7 +175,7 @@ def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, 
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("stages", ["3", "4"])
 @pytest.mark.parametrize("bt", ["128", "256"])
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K"])
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K", "Q8_0"])
 def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, monkeypatch):
     """gemm_wra (the codes decoded into wgmma's register operand A, weights as M and tokens as
     N) gives the bits of the dequantize-then-gemm_wgp path (BW24CHAT_WRA=0): the same bf16
@@ -184,10 +184,11 @@ def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, mon
     tiles: the two-set loop's tail), and the add epilogue."""
     if "wg" not in impls():
         pytest.skip("gemm_wra needs sm_90a")
-    ts, w = make_weight(rng, fmt, rows=(301, 200), nblocks=9 if fmt == "NVFP4" else 3)
+    ts, w = make_weight(rng, fmt, rows=(301, 200), nblocks={"NVFP4": 9, "Q4_K": 3, "Q8_0": 18}[fmt])
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
-    base, got = run_ab(cp, monkeypatch, W, x, 259, precise, {"BW24CHAT_WRA": "0"},
+    # Q8_0: the pass + gemm_wgp (the bf16 split), not gemm_i8, is the base
+    base, got = run_ab(cp, monkeypatch, W, x, 259, precise, {"BW24CHAT_WRA": "0", "BW24CHAT_GEMM_I8": "0"},
                        {"BW24CHAT_WRA": "1", "BW24CHAT_WRA_BT": bt, "BW24CHAT_WRA_STAGES": stages})
     assert_same_bits(base, got)
     res = rng.standard_normal((259, W.out)).astype(np.float32)
