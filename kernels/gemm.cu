@@ -770,7 +770,32 @@ BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int 
         }
     }
 }
-#elif FMT == F_Q4_K
+#else
+// The integer-coded formats (Q4_K, Q8_0) share the fragment plumbing: the thread's bytes 2t, 2t+1
+// and 2t+8, 2t+9 of a 16-byte chunk (words t/2 and 2 + t/2, picked into one word), and the split
+// of four exact values into W_hi (and W_lo) registers of step s, rows ra (r = 0) / ra + 8 (r = 1).
+BW24_DEVICE uint32_t wra_pick(int t) {  // the PRMT selector of wra_bytes for lane t % 4
+    const uint32_t p = 2 * (t & 1);
+    return p | ((p + 1) << 4) | ((p + 4) << 8) | ((p + 5) << 12);
+}
+
+BW24_DEVICE uint32_t wra_bytes(const char* chunk, int wofs, uint32_t pick) {  // wofs = 4 * (t / 2)
+    return __byte_perm(*reinterpret_cast<const uint32_t*>(chunk + wofs), *reinterpret_cast<const uint32_t*>(chunk + 8 + wofs), pick);
+}
+
+BW24_DEVICE void wra_put(WraFrag& f, int s, int r, float4 v) {
+    uint2 hi, lo;
+    split_bf16x4(v, hi, lo);
+    f.h[s][r] = hi.x;
+    f.h[s][2 + r] = hi.y;
+#if WRA_WLO
+    f.l[s][r] = lo.x;
+    f.l[s][2 + r] = lo.y;
+#endif
+}
+#endif
+
+#if FMT == F_Q4_K
 // Q4_K: the same values of a nibble chunk (byte j: value j in the low nibble, 16 + j in the high
 // one), each W = a q + b exactly as formats.cuh decode_exact (chunk_scales from the superblock
 // header), then split as the dequantization pass splits it (split_bf16x4: W_hi = bf16(W), W_lo =
@@ -778,7 +803,7 @@ BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int 
 // are bytes 2t, 2t+1 of word t/2 and the same bytes of word 2 + t/2.
 BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int t, int kt, WraFrag& f) {
     const int wofs = 4 * (t >> 1);
-    const uint32_t p = 2 * (t & 1), pick = p | ((p + 1) << 4) | ((p + 4) << 8) | ((p + 5) << 12);
+    const uint32_t pick = wra_pick(t);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const char* row = codes + (ra + 8 * r) * WRA_PITCH;
@@ -789,22 +814,12 @@ BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int 
             float a0, a1, b;
             chunk_scales(raw, 2 * kt + c, a0, a1, b);
             (void)a1;
-            const uint32_t w4 = __byte_perm(*reinterpret_cast<const uint32_t*>(row + 16 * c + wofs),
-                                            *reinterpret_cast<const uint32_t*>(row + 16 * c + 8 + wofs), pick);
+            const uint32_t w4 = wra_bytes(row + 16 * c, wofs, pick);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int s = 2 * c + h;
                 const uint32_t q4 = (h ? w4 >> 4 : w4) & 0x0F0F0F0Fu;
-                const float4 v = make_float4(wexact(a0, qval(q4, 0), b), wexact(a0, qval(q4, 1), b),
-                                             wexact(a0, qval(q4, 2), b), wexact(a0, qval(q4, 3), b));
-                uint2 hi, lo;
-                split_bf16x4(v, hi, lo);
-                f.h[s][r] = hi.x;
-                f.h[s][2 + r] = hi.y;
-#if WRA_WLO
-                f.l[s][r] = lo.x;
-                f.l[s][2 + r] = lo.y;
-#endif
+                wra_put(f, 2 * c + h, r, make_float4(wexact(a0, qval(q4, 0), b), wexact(a0, qval(q4, 1), b),
+                                                     wexact(a0, qval(q4, 2), b), wexact(a0, qval(q4, 3), b)));
             }
         }
     }
@@ -816,7 +831,7 @@ BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int 
 BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int t, int kt, WraFrag& f) {
     (void)kt;
     const int wofs = 4 * (t >> 1);
-    const uint32_t p = 2 * (t & 1), pick = p | ((p + 1) << 4) | ((p + 4) << 8) | ((p + 5) << 12);
+    const uint32_t pick = wra_pick(t);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const char* row = codes + (ra + 8 * r) * WRA_PITCH;
@@ -824,18 +839,9 @@ BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int 
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             const float a = f16_bits_to_f32((uint16_t)(s < 2 ? sw & 0xFFFFu : sw >> 16));
-            const uint32_t w4 = __byte_perm(*reinterpret_cast<const uint32_t*>(row + 16 * s + wofs),
-                                            *reinterpret_cast<const uint32_t*>(row + 16 * s + 8 + wofs), pick) ^ 0x80808080u;
-            const float4 v = make_float4(__fmul_rn(qval(w4, 0), a), __fmul_rn(qval(w4, 1), a),
-                                         __fmul_rn(qval(w4, 2), a), __fmul_rn(qval(w4, 3), a));
-            uint2 hi, lo;
-            split_bf16x4(v, hi, lo);
-            f.h[s][r] = hi.x;
-            f.h[s][2 + r] = hi.y;
-#if WRA_WLO
-            f.l[s][r] = lo.x;
-            f.l[s][2 + r] = lo.y;
-#endif
+            const uint32_t w4 = wra_bytes(row + 16 * s, wofs, pick) ^ 0x80808080u;  // int8 -> int8 + 128 (qval's QOFF)
+            wra_put(f, s, r, make_float4(__fmul_rn(qval(w4, 0), a), __fmul_rn(qval(w4, 1), a),
+                                         __fmul_rn(qval(w4, 2), a), __fmul_rn(qval(w4, 3), a)));
         }
     }
 }
