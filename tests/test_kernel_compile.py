@@ -93,3 +93,37 @@ def test_kernel_variant_compiles(family, defines, arch):
     cubin, log = kb.compile_cubin(family, arch, defines)
     assert cubin[:4] == b"\x7fELF"
     assert "error" not in log.lower()
+
+
+def production_gemm_builds() -> list[dict]:
+    """The sm_90a GEMM builds the wrappers launch by default: gemm_wra per format, mode and tile
+    width, gemm_wgp per mode, W_lo and tile width, gemm_i8."""
+    from bw24chat.backends import cuda_linear as cl
+
+    out = []
+    for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
+        for precise in (True, False):
+            for n_out in (4096, 24576):
+                bt, stages, _ = cl.wra_geometry(n_out, precise, fmt)
+                out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages})
+    for precise in (True, False):
+        for w_lo in (False, True):
+            for n_out in (4096, 24576):
+                bn, stages, _ = cl.wgp_geometry(n_out, precise, w_lo)
+                out.append({"FMT": 2, "GEMM_SPLIT": int(precise), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)})
+    out.append({"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1})
+    return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
+
+
+@pytest.mark.parametrize("defines", production_gemm_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
+    """ptxas's own report on the default sm_90a GEMM builds: no "Potential Performance Loss" (C7513 /
+    C7515: wgmma serialized), and gemm_wgp / gemm_wra without spills.  Why: the seventeenth
+    session's first register-operand pipeline compiled and gave the right bits while ptxas had
+    serialized every wgmma of its fast and Q4_K builds (bench/NOTES.md)."""
+    _, log = kb.compile_cubin("gemm", "sm_90a", defines, extra=("-Xptxas=-v",))
+    assert "Potential Performance Loss" not in log, [line for line in log.splitlines() if "Potential" in line]
+    for fn in ("gemm_wgp", "gemm_wra"):
+        i = log.index(f"Function properties for {fn}")
+        props = log[i:log.index("\n", log.index("\n", i) + 1)]
+        assert " 0 bytes spill stores" in props, props
