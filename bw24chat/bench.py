@@ -203,13 +203,6 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
     return rows
 
 
-def _wra_summary(default_formats) -> str:
-    """Which prefill matrices decode their weights into wgmma's register operand (cuda_linear.
-    uses_gemm_wra), as BW24CHAT_WRA sets it."""
-    mode = os.environ.get("BW24CHAT_WRA", "auto")
-    return {"0": "off", "1": "NVFP4,Q4_K,Q8_0 all", "wide": "NVFP4,Q4_K,Q8_0 wide"}.get(mode, ",".join(default_formats) + " wide")
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bw24chat bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", help="model path (GGUF / HF dir)")
@@ -256,13 +249,13 @@ def main(argv: list[str]) -> int:
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("BW24CHAT_") and k not in ("BW24CHAT_CACHE_DIR", "BW24CHAT_MODELS_DIR")}
     pdl = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT) if pdl_supported() else "0 (needs sm_90+)"
-    from .backends.cuda_linear import WRA_DEFAULT_FORMATS, gemm_impl
+    from .backends.cuda_linear import gemm_impl, wra_summary
     from .backends.cuda_weights import FORMATS
     from .backends.kernel_refs import act_q8
 
     result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache,
               "pdl": pdl, "prefill_gemm": gemm_impl(), "int8_activations": [f for f in FORMATS if act_q8(f)],
-              "prefill_register_a": _wra_summary(WRA_DEFAULT_FORMATS) if gemm_impl() == "wg" else "off (needs sm_90a)",
+              "prefill_register_a": wra_summary() if gemm_impl() == "wg" else "off (needs sm_90a)",
               "switches": switches, "rows": rows}
     out = json.dumps(result, indent=1)
     print(out)

@@ -75,16 +75,17 @@ def check_linear(cp, rng) -> list[tuple]:
             xgin = act_quant_ref(xg) if a8 else xg
             err = _rel(cp.asnumpy(g), xgin.astype(np.float64) @ ref_w.astype(np.float64).T)
             out.append((f"gemm {fmt}{tag} T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
-    # NVFP4 matrices of >= WGP_WIDE_ROWS rows take gemm_wra on sm_90a (the codes decoded into
-    # wgmma's register operand): one such shape, odd rows and T
-    rows, cols, T = lin.WGP_WIDE_ROWS + int(rng.integers(1, 100)), 512, int(rng.integers(100, 300))
-    t = _weight("NVFP4", rows, cols, rng)
-    W = upload([t])
-    xg = rng.standard_normal((T, cols)).astype(np.float32)
-    g = cp.full((T, rows), np.nan, cp.float32)
-    lin.gemm(W, cp.asarray(xg), g, T)
-    err = _rel(cp.asnumpy(g), act_quant_ref(xg).astype(np.float64) @ t.dequantize().astype(np.float64).T)
-    out.append((f"gemm NVFP4 {rows} rows T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
+    # NVFP4 / Q4_K matrices of >= WGP_WIDE_ROWS rows take gemm_wra on sm_90a (the codes decoded
+    # into wgmma's register operand): one such shape each, odd rows and T
+    for fmt in lin.WRA_DEFAULT_FORMATS:
+        rows, cols, T = lin.WGP_WIDE_ROWS + int(rng.integers(1, 100)), 512, int(rng.integers(100, 300))
+        t = _weight(fmt, rows, cols, rng)
+        W = upload([t])
+        xg = rng.standard_normal((T, cols)).astype(np.float32)
+        g = cp.full((T, rows), np.nan, cp.float32)
+        lin.gemm(W, cp.asarray(xg), g, T)
+        err = _rel(cp.asnumpy(g), act_quant_ref(xg).astype(np.float64) @ t.dequantize().astype(np.float64).T)
+        out.append((f"gemm {fmt} {rows} rows T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
     return out
 
 

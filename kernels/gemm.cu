@@ -868,9 +868,8 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
     // addresses and bounds per copy and k tile: ~200 of its ~470 instructions per tile).  x: rows
     // xr + 32 j (j < WRA_BT / 32), 16-byte unit xu; the x planes are readable up to the last
     // token tile's end (cuda_linear pads their scratch), and rows past T hold whatever is there:
-    // a token (a column of B) only reaches its own outputs, which are not stored.  Codes: row
-    // tid / 2, chunk tid % 2; scales: row tid (tid < 128); rows past n_out read the last row
-    // (a row of A only reaches its own outputs).
+    // a token (a column of B) only reaches its own outputs, which are not stored.  Codes and
+    // records below; rows past n_out read the last row (a row of A only reaches its own outputs).
     const int xr = tid >> 3, xu = tid & 7;
     const uint32_t xdst = xr * 128 + ((xu ^ (xr & 7)) << 4);
     const char* xsrc = reinterpret_cast<const char*>(xh + (m0 + xr) * n_in + xu * 8);
@@ -883,7 +882,8 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
     const uint4* wsrc = wq + (long)min(n0 + (tid >> 2), n_out - 1) * nck + (tid & 3);
     const uint4* wsrc64 = wq + (long)min(n0 + (tid >> 2) + 64, n_out - 1) * nck + (tid & 3);
 #endif
-    // the row's records: NVFP4 one scale word per k tile, Q4_K one 16-byte header per 4 k tiles
+    // records of row tid (tid < 128): NVFP4 one scale word per k tile, Q8_0 its two f16 scales,
+    // Q4_K one 16-byte header per 4 k tiles
     // (every format's record plane has n_in / 16 bytes per row, n_in a multiple of 64)
     const char* ssrc = reinterpret_cast<const char*>(ws) + (long)min(n0 + (tid & (WRA_ROWS - 1)), n_out - 1) * (nsw * 4);
     const uint32_t wdst = XP + (tid >> (WRA_CPR == 2 ? 1 : 2)) * WRA_PITCH + 16 * (tid & (WRA_CPR - 1)), sdst = XP + WRA_W_BYTES + WRA_REC * tid;

@@ -119,3 +119,36 @@ def test_wgp_geometry_fits_shared_memory(monkeypatch, precise, w_lo, n_out, forc
     if force_bn is None:
         wide_fits = 3 * ((2 if precise else 1) * 128 + (2 if w_lo else 1) * 256) * 128 + 1024 <= 227 * 1024
         assert bn == (256 if n_out >= cl.WGP_WIDE_ROWS and wide_fits else 128)
+
+
+WRA_WANTED = {  # BW24CHAT_WRA -> which (format, rows) prefill matrices take gemm_wra
+    None: lambda f, n: f in ("NVFP4", "Q4_K") and n >= 6144,
+    "0": lambda f, n: False,
+    "wide": lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0") and n >= 6144,
+    "1": lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0"),
+}
+
+
+@pytest.mark.parametrize("mode", list(WRA_WANTED))
+def test_which_prefill_matrices_take_gemm_wra(mode, monkeypatch):
+    """uses_gemm_wra: by default the wide NVFP4 / Q4_K matrices only (measured faster there, s17d);
+    BW24CHAT_WRA=0 / wide / 1; never a format it does not decode, nor rows off whole k tiles; and
+    Q8_0 leaves gemm_i8 exactly when it takes gemm_wra."""
+    from types import SimpleNamespace
+
+    from bw24chat.backends import cuda_linear as cl
+
+    if mode is None:
+        monkeypatch.delenv("BW24CHAT_WRA", raising=False)
+    else:
+        monkeypatch.setenv("BW24CHAT_WRA", mode)
+    monkeypatch.delenv("BW24CHAT_WGP_DEQ", raising=False)
+    monkeypatch.delenv("BW24CHAT_GEMM_I8", raising=False)
+    for fmt in ("NVFP4", "Q4_K", "Q8_0", "BF16", "Q6_K"):
+        for n in (4096, 6144, 24576):
+            W = SimpleNamespace(fmt=fmt, out=n, in_=4096)
+            assert cl.uses_gemm_wra(W) == WRA_WANTED[mode](fmt, n), (fmt, n)
+            assert cl.uses_gemm_i8(W) == (fmt == "Q8_0" and not cl.uses_gemm_wra(W))
+            assert not cl.uses_gemm_wra(SimpleNamespace(fmt=fmt, out=n, in_=4096 + 32))
+    assert cl.wra_summary() == {None: "NVFP4,Q4_K wide", "0": "off", "wide": "NVFP4,Q4_K,Q8_0 wide",
+                                "1": "NVFP4,Q4_K,Q8_0 all"}[mode]

@@ -622,6 +622,14 @@ def uses_gemm_wra(W: DeviceWeight) -> bool:
     return mode == "1" or (mode == "wide" and wide) or (mode == "auto" and wide and W.fmt in WRA_DEFAULT_FORMATS)
 
 
+def wra_summary() -> str:
+    """uses_gemm_wra's choice as BW24CHAT_WRA sets it, in words (bench prints it)."""
+    mode = os.environ.get("BW24CHAT_WRA", "auto")
+    if mode == "0":
+        return "off"
+    return ",".join(WRA_RECORD_BYTES if mode in ("1", "wide") else WRA_DEFAULT_FORMATS) + (" all" if mode == "1" else " wide")
+
+
 def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool) -> None:
     bt, stages, stage = wra_geometry(W.out, x_split, W.fmt)
     k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages)
@@ -643,8 +651,8 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     9,075 vs 8,357), and lost everywhere once the pass stored through shared memory (sixteenth
     session: Q4_K precise 9,069 vs 10,325; NVFP4 and the fast modes lost already).
     BW24CHAT_WGP_DEQ=1 decodes in the pipeline (kept as the pass's bit-for-bit cross-check,
-    tests/gpu/test_gemm.py).  The wide NVFP4 matrices go to gemm_wra instead (uses_gemm_wra:
-    the same bits, no pass)."""
+    tests/gpu/test_gemm.py).  The wide NVFP4 / Q4_K matrices go to gemm_wra instead
+    (uses_gemm_wra: the same bits, no pass)."""
     if uses_gemm_wra(W):
         _gemm_wra(W, xh, xl, out, T, epi, x_split)
         return
