@@ -11,15 +11,48 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s18d)
+  # the session's build (Q8_0 wide matrices on gemm_wra; attn_decode_tc with two halves over 4 tiles):
+  # the gates with the kernel check for every weight format, then the bench table
+  timeout 170 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s18d.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s18d.log | tail -6; grep -c "^PASS" $OUT/check_s18d.log
+  timeout 380 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s18d.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s18d.log | tail -30
+  ;;
+s18c)
+  # decode A/B in one call, interleaved: attn_decode_tc one half (3 tiles) vs the new default, two
+  # halves over 4 tiles (s18b: NVFP4 tg128@8192 358.8 / 362.0 vs 372.4; predicted +3 % @8192,
+  # +-1 % @512); Q8_0 prefill with gemm_wra on its wide matrices (the new default) vs every matrix
+  # (s18a's probe: o 111 -> 95 us, down 312 -> 268, yet pp512 equal); the Q8_0 gates under the default
+  for i in 1 2; do for env in "BW24CHAT_ATTN_TC_HALVES=1" "BW24CHAT_ATTN_TC_HALVES=2"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192" | grep -v '"test"' | sed "s/^/$env /"; done; done | tee $OUT/bench_s18c.log
+  for env in "BW24CHAT_ATTN_TC_HALVES=1" "BW24CHAT_ATTN_TC_HALVES=2"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192" | grep -v '"test"' | sed "s/^/$env /"; done | tee -a $OUT/bench_s18c.log
+  for env in "BW24CHAT_WRA=auto" "BW24CHAT_WRA=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep "pp512 \|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee -a $OUT/bench_s18c.log
+  timeout 120 python3 -m bw24chat check --skip-kernels --formats q8_0 --kv bf16,f32 > $OUT/check_s18c.log 2>&1; echo "check rc=$?"
+  grep -v "^  ok" $OUT/check_s18c.log | tail -8
+  ;;
+s18b)
+  # attn_decode_tc with two four-warp halves per block (TC_HALVES=2, BW24CHAT_ATTN_TC_HALVES): two key
+  # tiles' MMA / softmax chains side by side per block.  Predicted: L=8192 21.7 -> ~13-14 us per layer
+  # in the step (16 tiles per split become 8 steps), 512 unchanged (+-0.3); NVFP4 tg128@8192 +10 %,
+  # BF16 @8192 +4-5 %, @512 +-1 %.  Bits first (every decode test), then the probe, then decode A/B.
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py -k "decode" 2>&1 | tail -3 | tee $OUT/pytest_s18b.log
+  grep -q " passed" $OUT/pytest_s18b.log && ! grep -q "failed\|error" $OUT/pytest_s18b.log || exit 3
+  timeout 150 python3 bench/attn_probe.py --kv bf16 --lengths 512,2048,8192 --variants "default;BW24CHAT_ATTN_TC_HALVES=2;BW24CHAT_ATTN_TC_HALVES=2,BW24CHAT_ATTN_TC_STAGES=4;BW24CHAT_ATTN_TC_HALVES=2,BW24CHAT_ATTN_MIN_PER=2;BW24CHAT_ATTN_TC_HALVES=1,BW24CHAT_ATTN_CLUSTER=16" 2>&1 | grep -v "^$" | tee $OUT/probe_s18b.log
+  for env in "BW24CHAT_ATTN_TC_HALVES=1" "BW24CHAT_ATTN_TC_HALVES=2" "BW24CHAT_ATTN_TC_HALVES=2 BW24CHAT_ATTN_TC_STAGES=4" "BW24CHAT_ATTN_TC_HALVES=1"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s18b.log
+  for env in "BW24CHAT_ATTN_TC_HALVES=1" "BW24CHAT_ATTN_TC_HALVES=2"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --decode-only 2>&1 | grep "tg128" | grep -v '"test"' | sed "s/^/$env /"; done | tee -a $OUT/bench_s18b.log
+  ;;
 s18a)
   # prepared in the seventeenth session, never run: gemm_wra on Q8_0 (opt-in BW24CHAT_WRA=1|wide;
   # codes at an 80-byte pitch, W = q d split into W_hi / W_lo registers, 3 wgmmas per k16 step: the
   # bf16 split's contract, bit-identical to pass + gemm_wgp with BW24CHAT_GEMM_I8=0).  Bits first.
   # Predicted: Q8_0 precise pp512 ~11.3-11.8k (Q4_K gained 14 % the same way) vs gemm_i8's 10.7k
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "wra" 2>&1 | tail -3 | tee $OUT/pytest_s18a.log
-  grep -q " passed" $OUT/pytest_s18a.log && ! grep -q "failed\|error" $OUT/pytest_s18a.log || exit 3
+  if grep -q " passed" $OUT/pytest_s18a.log && ! grep -q "failed\|error" $OUT/pytest_s18a.log; then
   for env in "BW24CHAT_WRA=auto" "BW24CHAT_WRA=1" "BW24CHAT_WRA=1 BW24CHAT_WRA_BT=128"; do env $env timeout 80 python3 bench/prefill_probe.py --formats q8_0 2>&1 | grep "a8=on" | sed "s/^/$env /"; done | tee $OUT/probe_s18a.log
   for env in "BW24CHAT_WRA=auto" "BW24CHAT_WRA=wide" "BW24CHAT_WRA=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s18a.log
+  fi
+  # the decode step per role (in-graph us per launch), for the decode work of this session
+  timeout 200 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,nvfp4 --profile > $OUT/profile_s18a.log 2>&1; echo "profile rc=$?"
+  grep -v "^{" $OUT/profile_s18a.log | grep -v "^ *$" | cut -c1-150 | tail -60
   ;;
 s17e)
   # the session's build (gemm_wra for the wide NVFP4 and Q4_K matrices): every GEMM test, the gates

@@ -214,7 +214,7 @@ BW24_DEVICE void merge_block_parts(const float* macc, const float* mm, const flo
 // sums, in shared memory) are merged in part order; with one split the row is finished here, else
 // the (m, l, acc) of this split go to the workspace and the last block of (row, kv head, head
 // group) to arrive merges the splits in split order (then resets the arrival counter).
-template <int NPART>
+template <int NPART, int NTHR = DTHREADS>
 BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
                                int nsplit, int hq0, int H, int K, int NSG, int max_splits, int max_rows,
                                float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
@@ -223,7 +223,7 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     const int ms = max_splits;
     float* ws_ml = ws;                                         // [max_rows][H][ms][2]
     float* ws_acc = ws + (long long)max_rows * H * ms * 2;     // [max_rows][H][ms][HD]
-    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+    for (int idx = tid; idx < GQ * HD; idx += NTHR) {
         const int g = idx / HD, d = idx % HD;
         float M, Ls, O;
         merge_block_parts<NPART>(macc, mm, ml, g, d, M, Ls, O);
@@ -261,7 +261,7 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
     float* sml = reinterpret_cast<float*>(smem);  // [GQ][ms][2] (m, l) of every split
     float* sf = sml + GQ * ms * 2;                // [GQ][ms] split weights
     float* sL = sf + GQ * ms;                     // [GQ] softmax sums
-    for (int i = tid; i < GQ * nsplit; i += DTHREADS) {
+    for (int i = tid; i < GQ * nsplit; i += NTHR) {
         const int g = i / nsplit, b = i - g * nsplit;
         const long long rh = (long long)r * H + hq0 + g;
         const float2 ml = __ldcg(reinterpret_cast<const float2*>(ws_ml + (rh * ms + b) * 2));
@@ -281,7 +281,7 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
         sL[tid] = Ls;
     }
     __syncthreads();
-    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+    for (int idx = tid; idx < GQ * HD; idx += NTHR) {
         const int g = idx / HD, d = idx % HD;
         const long long rh = (long long)r * H + hq0 + g;
         const float* part = ws_acc + rh * ms * HD + d;
@@ -322,7 +322,7 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
 // 8.75 / 16.75; Qwen3-8B NVFP4 decode tg128@512 / @8192 439.2 / 335.7 -> 476.7 / 372.9 (C = 8),
 // 462.6 / 373.5 (C = 16).  Shared memory after the NPART parts: this split's O [GQ][HD], (m, l)
 // [GQ][2], split weights [GQ][C], sums [GQ] (cuda_ops _decode_smem / _decode_tc_smem).
-template <int NPART>
+template <int NPART, int NTHR = DTHREADS>
 BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
                                        int nsplit, int hq0, int H, float* __restrict__ out) {
     const int tid = threadIdx.x;
@@ -330,7 +330,7 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
     float* cml = cpart + GQ * HD;                                           // [GQ][2] its (m, l)
     float* sf = cml + 2 * GQ;                                               // [GQ][C] split weights (split 0's block)
     float* sL = sf + GQ * ATTN_CLUSTER;                                     // [GQ] softmax sums
-    for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+    for (int idx = tid; idx < GQ * HD; idx += NTHR) {
         const int g = idx / HD, d = idx % HD;
         float M, Ls, O;
         merge_block_parts<NPART>(macc, mm, ml, g, d, M, Ls, O);
@@ -366,7 +366,7 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
             sL[tid] = Ls;
         }
         __syncthreads();
-        for (int idx = tid; idx < GQ * HD; idx += DTHREADS) {
+        for (int idx = tid; idx < GQ * HD; idx += NTHR) {
             const int g = idx / HD, d = idx % HD;
             float v[ATTN_CLUSTER];
 #pragma unroll
@@ -882,19 +882,34 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 // merged in warp order by decode_finish (as the FMA kernel's sub-warps).  Every step's order is
 // fixed by L_r alone.  Under PDL the first TCSTAGES-1 tiles are fetched before pdl_wait, except the
 // keys >= L_r - max_rows that this step's cache write may have produced (fetched after it).
+//
+// TC_HALVES = 2: the block is two such 4-warp halves (256 threads).  Half hf computes the local tiles
+// hf, hf + 2, hf + 4, ... of the split: step j of the loop holds tiles 2j and 2j + 1, each half
+// with its own (m, l, O) per warp, so two tiles' MMA / softmax chains run side by side on the SM
+// (one 4-warp block per SM leaves one warp per scheduler: the per-tile chain latency, not the
+// bytes, bound the kernel — bench/NOTES.md, ninth / thirteenth sessions: more stages alone did not
+// help).  The ring holds TCSTAGES / TC_HALVES steps.  The eight warps are merged in warp order
+// (half 0's warps, then half 1's).  Every order is still fixed by L_r alone.
 #define TCK 64
-#ifndef TCSTAGES  // pipeline depth (cuda_ops._decode_tc_stages; BW24CHAT_ATTN_TC_STAGES for experiments)
-#define TCSTAGES 3
+#ifndef TC_HALVES  // 1 or 2 four-warp halves per block (cuda_ops.decode_tc_config)
+#define TC_HALVES 1
 #endif
+#ifndef TCSTAGES  // pipeline depth in tiles (cuda_ops.decode_tc_config; BW24CHAT_ATTN_TC_STAGES for experiments)
+#define TCSTAGES (TC_HALVES == 2 ? 4 : 3)
+#endif
+#define TC_THREADS (128 * TC_HALVES)
+#define TC_RING (TCSTAGES / TC_HALVES)  // steps of TC_HALVES tiles in the ring
+static_assert(TC_HALVES == 1 || TC_HALVES == 2, "TC_HALVES is 1 or 2");
+static_assert(TCSTAGES % TC_HALVES == 0 && TC_RING >= 2, "TCSTAGES: a multiple of TC_HALVES, at least two steps");
 #define TC_STAGE_ELEMS (2 * TCK * LDK)
 #define DECODE_TC_SMEM (TCSTAGES * TC_STAGE_ELEMS * 2)  // the wrapper computes the same number
 #if ATTN_CLUSTER
-static_assert((4 * GQ * (HD + 2) + GQ * HD + 2 * GQ + GQ * ATTN_CLUSTER + GQ) * 4 <= DECODE_TC_SMEM,
+static_assert((4 * TC_HALVES * GQ * (HD + 2) + GQ * HD + 2 * GQ + GQ * ATTN_CLUSTER + GQ) * 4 <= DECODE_TC_SMEM,
               "decode_finish_cluster's shared memory (parts, this split's state, split weights) fits the pipeline's");
 #endif
 
 #if KV_TYPE == KV_BF16 && HD <= 128
-extern "C" __global__ void __launch_bounds__(DTHREADS, 2) ATTN_CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2 / TC_HALVES) ATTN_CLUSTER_DIMS
 attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
                const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
                float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
@@ -920,8 +935,10 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     const int h = blockIdx.z / NSG, sg = blockIdx.z % NSG;
     const int hq0 = h * G + sg * GQ;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hf = warp >> 2;  // this warp's half (TC_HALVES == 2): it computes local tiles hf, hf + 2, ...
     const int g = lane >> 2, c2 = 2 * (lane & 3);
     const bool gv = g < GQ;
+    const int nstep = (ntile + TC_HALVES - 1) / TC_HALVES;
 
     // Keys >= fresh may have been written by the previous kernel (this step's rope / cache write:
     // the newest m <= max_rows positions); older keys were written by earlier steps.  So the first
@@ -935,7 +952,7 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         __nv_bfloat16* sK = tiles + st * TC_STAGE_ELEMS;
         __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = tile * TCK;
-        for (int c = tid; c < TCK * HD / 8; c += DTHREADS) {
+        for (int c = tid; c < TCK * HD / 8; c += TC_THREADS) {
             const int kk = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
             const int j = key0 + kk;
             const bool ok = j < L;
@@ -945,18 +962,25 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
             cp_async16(sV + kk * LDK + d8, cache_v + (row * HD + d8) * 2, ok ? 16 : 0);
         }
     };
+    // step j's tiles: local tiles j * TC_HALVES + hh in stages (j % TC_RING) * TC_HALVES + hh
+    auto issue_step = [&](int j, int mode) {
 #pragma unroll
-    for (int i = 0; i < TCSTAGES - 1; ++i) {
-        if (i < ntile) issue(t0 + i, i, 0);
+        for (int hh = 0; hh < TC_HALVES; ++hh) {
+            const int tl = j * TC_HALVES + hh;
+            if (tl < ntile && (mode != 1 || (t0 + tl + 1) * TCK > fresh)) issue(t0 + tl, (j % TC_RING) * TC_HALVES + hh, mode);
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < TC_RING - 1; ++j) {
+        issue_step(j, 0);
         cp_async_commit();
     }
     pdl_wait();  // q and the fresh keys come from the previous kernel
     // the fresh keys of the prefetched stages (one more group; the first wait below drains all)
-    const bool refill = (t0 + min(ntile, TCSTAGES - 1)) * TCK > fresh;
+    const bool refill = (t0 + min(ntile, (TC_RING - 1) * TC_HALVES)) * TCK > fresh;
     if (refill) {
 #pragma unroll
-        for (int i = 0; i < TCSTAGES - 1; ++i)
-            if (i < ntile && (t0 + i + 1) * TCK > fresh) issue(t0 + i, i, 1);
+        for (int j = 0; j < TC_RING - 1; ++j) issue_step(j, 1);
         cp_async_commit();
     }
 
@@ -974,17 +998,19 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m_ = NEG_INF, l_ = 0.0f;
-    const int kw = warp * 16;  // this warp's keys within a tile
+    const int kw = (warp & 3) * 16;  // this warp's keys within a tile
 
-    for (int it = 0; it < ntile; ++it) {
-        if (it == 0 && refill)
+    for (int j = 0; j < nstep; ++j) {
+        if (j == 0 && refill)
             cp_async_wait<0>();
         else
-            cp_async_wait<TCSTAGES - 2>();
-        __syncthreads();  // tile `it` visible to all; everyone is done with tile it-1's stage
-        if (it + TCSTAGES - 1 < ntile) issue(t0 + it + TCSTAGES - 1, (it + TCSTAGES - 1) % TCSTAGES, 2);
+            cp_async_wait<TC_RING - 2>();
+        __syncthreads();  // step j's tiles visible to all; everyone is done with step j-1's stages
+        if (j + TC_RING - 1 < nstep) issue_step(j + TC_RING - 1, 2);
         cp_async_commit();
-        const __nv_bfloat16* sK = tiles + (it % TCSTAGES) * TC_STAGE_ELEMS;
+        const int it = j * TC_HALVES + hf;  // this half's local tile
+        if (it >= ntile) continue;          // an odd tile count: half 1 has no last tile
+        const __nv_bfloat16* sK = tiles + ((j % TC_RING) * TC_HALVES + hf) * TC_STAGE_ELEMS;
         const __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = (t0 + it) * TCK + kw;
         if (ATTN_ABLATE & 2) continue;
@@ -1072,10 +1098,10 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     cp_async_wait<0>();
     __syncthreads();  // pipeline buffers are reused for the merge
 
-    // the four warps' states -> shared memory, then decode_finish merges them in warp order
-    float* macc = reinterpret_cast<float*>(smem);  // [4][GQ][HD]
-    float* mm = macc + 4 * GQ * HD;                 // [4][GQ]
-    float* ml = mm + 4 * GQ;
+    // the 4 * TC_HALVES warps' states -> shared memory, then decode_finish merges them in warp order
+    float* macc = reinterpret_cast<float*>(smem);  // [4 * TC_HALVES][GQ][HD]
+    float* mm = macc + 4 * TC_HALVES * GQ * HD;     // [4 * TC_HALVES][GQ]
+    float* ml = mm + 4 * TC_HALVES * GQ;
     if (gv) {
 #pragma unroll
         for (int n = 0; n < HD / 8; ++n)
@@ -1084,10 +1110,11 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     }
     __syncthreads();
 #if ATTN_CLUSTER
-    decode_finish_cluster<4>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
+    decode_finish_cluster<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
     (void)NSG; (void)max_splits; (void)max_rows; (void)ws; (void)ws_cnt;
 #else
-    decode_finish<4>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
+    decode_finish<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out,
+                                             ws, ws_cnt);
 #endif
 }
 #endif

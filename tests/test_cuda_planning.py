@@ -122,7 +122,7 @@ def test_wgp_geometry_fits_shared_memory(monkeypatch, precise, w_lo, n_out, forc
 
 
 WRA_WANTED = {  # BW24CHAT_WRA -> which (format, rows) prefill matrices take gemm_wra
-    None: lambda f, n: f in ("NVFP4", "Q4_K") and n >= 6144,
+    None: lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0") and n >= 6144,
     "0": lambda f, n: False,
     "wide": lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0") and n >= 6144,
     "1": lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0"),
@@ -150,5 +150,5 @@ def test_which_prefill_matrices_take_gemm_wra(mode, monkeypatch):
             assert cl.uses_gemm_wra(W) == WRA_WANTED[mode](fmt, n), (fmt, n)
             assert cl.uses_gemm_i8(W) == (fmt == "Q8_0" and not cl.uses_gemm_wra(W))
             assert not cl.uses_gemm_wra(SimpleNamespace(fmt=fmt, out=n, in_=4096 + 32))
-    assert cl.wra_summary() == {None: "NVFP4,Q4_K wide", "0": "off", "wide": "NVFP4,Q4_K,Q8_0 wide",
+    assert cl.wra_summary() == {None: "NVFP4,Q4_K,Q8_0 wide", "0": "off", "wide": "NVFP4,Q4_K,Q8_0 wide",
                                 "1": "NVFP4,Q4_K,Q8_0 all"}[mode]

@@ -54,6 +54,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 3, "MV_STEADY": 1}),  # Q4_K down (adopted)
     # decode attention's split merge in a thread-block cluster (ATTN_CLUSTER: barrier.cluster, mapa, ld.shared::cluster)
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_CLUSTER": 16}),
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_CLUSTER": 8, "TC_HALVES": 2}),  # two tile streams per block
+    ("attention", {"HD": 64, "GQ": 2, "KV_TYPE": 0, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention", {"HD": 64, "GQ": 1, "KV_TYPE": 0, "ATTN_CLUSTER": 8}),
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8}),  # the FMA kernel (q8_0, f32 caches)
     ("attention", {"HD": 64, "GQ": 2, "KV_TYPE": 3, "ATTN_CLUSTER": 16}),

@@ -67,7 +67,14 @@ def attention_cases():
     for gq in (1, 8):  # the merge area (GQ rows per sub-warp) can exceed the pipeline stages
         out.append(("attn_decode", {"HD": 128, "GQ": gq, "KV_TYPE": 0}, "DECODE_SMEM", co._decode_smem(128, gq, "bf16")))
     for hd in (64, 128):
-        out.append(("attn_decode_tc", {"HD": hd, "GQ": 4, "KV_TYPE": 0}, "DECODE_TC_SMEM", co._decode_tc_smem(hd)))
+        halves, stages = co.decode_tc_config(hd)
+        out.append(("attn_decode_tc", {"HD": hd, "GQ": 4, "KV_TYPE": 0, "TC_HALVES": halves, "TCSTAGES": stages},
+                    "DECODE_TC_SMEM", co._decode_tc_smem(hd)))
+    for halves in (1, 2):  # attention.cu's own TCSTAGES default per TC_HALVES is the wrapper's
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("BW24CHAT_ATTN_TC_HALVES", str(halves))
+            out.append(("attn_decode_tc", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "TC_HALVES": halves}, "DECODE_TC_SMEM",
+                        co._decode_tc_smem(128)))
     return out
 
 
@@ -89,3 +96,18 @@ def test_a_wrong_size_fails_to_compile():
 
     with pytest.raises(kb.KernelCompileError, match="I8_SMEM_BYTES differs"):
         assert_equal("gemm", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.I8_STAGES * 41 * 1024 + 1024)
+
+
+@pytest.mark.parametrize("limit_kb,hd,want", [(227, 128, (2, 4)), (227, 64, (2, 4)), (99, 128, (1, 2)), (99, 64, (2, 4)),
+                                              (48, 128, (1, 2))])
+def test_decode_tc_config_fits_the_gpu_shared_memory(monkeypatch, limit_kb, hd, want):
+    """attn_decode_tc's (halves, stages) fit the block's opt-in shared memory: sm_90's 227 KB takes
+    two halves over 4 tiles; sm_120's 99 KB at head dim 128 (34,816 B per tile) one half over 2."""
+    from bw24chat.backends import cuda_ops as co
+
+    monkeypatch.delenv("BW24CHAT_ATTN_TC_HALVES", raising=False)
+    monkeypatch.delenv("BW24CHAT_ATTN_TC_STAGES", raising=False)
+    monkeypatch.setattr(co, "_smem_block_limit", lambda: limit_kb * 1024)
+    assert co.decode_tc_config(hd) == want
+    if limit_kb >= 99:
+        assert co._decode_tc_smem(hd) <= limit_kb * 1024

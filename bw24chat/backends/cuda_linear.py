@@ -584,7 +584,7 @@ def wgp_smem(stages: int, stage: int) -> int:
 WRA_ROWS = 128  # gemm.cu gemm_wra: weight rows per block (2 warpgroups x 64)
 WRA_RECORD_BYTES = {"NVFP4": 4, "Q4_K": 16, "Q8_0": 4}  # gemm.cu WRA_REC: the formats gemm_wra decodes, their per-row record per k tile
 WRA_PITCH = {"NVFP4": 48, "Q4_K": 48, "Q8_0": 80}  # gemm.cu WRA_PITCH: a row's codes of a k tile in the stage, padded
-WRA_DEFAULT_FORMATS = ("NVFP4", "Q4_K")  # measured faster than the pass (s17d); Q8_0 is prepared, opt-in
+WRA_DEFAULT_FORMATS = ("NVFP4", "Q4_K", "Q8_0")  # measured faster than the pass (s17d) / than gemm_i8 (Q8_0, s18a)
 
 
 def wra_stage_bytes(precise: bool, bt: int, fmt: str = "NVFP4") -> int:
@@ -607,14 +607,16 @@ def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4") -> tuple[int, in
 
 def uses_gemm_wra(W: DeviceWeight) -> bool:
     """Prefill on gemm_wra (the codes decoded into wgmma's register operand, no dequantization
-    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of NVFP4 and Q4_K.
+    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of NVFP4, Q4_K and Q8_0.
     Measured on the H200 (s17d, us, pass + gemm_wgp / gemm_wra, precise): NVFP4 qkv 132 / 115,
     gate|up 408 / 333; Q4_K qkv 194 / 162, gate|up 615 / 465.  The 4096-row ones stay on the
     pass, which won there (NVFP4 o 74 / 77, down 197 / 218 at 128 tokens per block, s17b: too
-    little tensor work per k tile to hide the decoding).  BW24CHAT_WRA: 0 none; 1 every matrix
-    of the formats it decodes (Q8_0 too: prepared, never measured; it then replaces gemm_i8);
-    "wide" their wide matrices; the in-pipeline cross-check (BW24CHAT_WGP_DEQ=1) turns it off.
-    Rows of a multiple of 64 inputs (whole k tiles)."""
+    little tensor work per k tile to hide the decoding).  Q8_0 (s18a, gemm_i8 / gemm_wra): qkv
+    161 / 158, gate|up 613 / 453; pp512 10.78k -> 11.92k tok/s; its wide matrices then leave the
+    int8 kernel for the bf16 split contract (W = q d as W_hi + W_lo).  BW24CHAT_WRA: 0 none; 1
+    every matrix of the formats it decodes; "wide" their wide matrices (the default's choice
+    now); the in-pipeline cross-check (BW24CHAT_WGP_DEQ=1) turns it off.  Rows of a multiple of
+    64 inputs (whole k tiles)."""
     if W.fmt not in WRA_RECORD_BYTES or W.in_ % 64 or os.environ.get("BW24CHAT_WGP_DEQ", "") == "1":
         return False
     mode = os.environ.get("BW24CHAT_WRA", "auto")

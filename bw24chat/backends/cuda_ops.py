@@ -250,13 +250,41 @@ def _arch_number() -> int:
     return int(active_arch()[3:].rstrip("a"))
 
 
-def _decode_tc_stages() -> int:
-    """attn_decode_tc's cp.async pipeline depth (TCSTAGES); BW24CHAT_ATTN_TC_STAGES for experiments."""
-    return int(os.environ.get("BW24CHAT_ATTN_TC_STAGES", "3"))
+def _smem_block_limit() -> int:
+    """Dynamic shared memory one block may opt in to on this GPU (227 KB on sm_90, 99 KB on
+    sm_86 / sm_89 / sm_120: CUDA C++ Programming Guide, compute capabilities table)."""
+    try:
+        import cupy as cp
+
+        return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+    except Exception:  # noqa: BLE001  (no GPU: the compile-only paths size for sm_90)
+        return 227 * 1024
+
+
+def _decode_tc_stage_bytes(hd: int) -> int:
+    return 2 * DECODE_TC_TILE * (hd + 8) * 2  # (K, V) x TCK x LDK bf16
+
+
+def decode_tc_config(hd: int) -> tuple[int, int]:
+    """(TC_HALVES, TCSTAGES) of attn_decode_tc: two four-warp halves per block, each computing
+    every other key tile, over a ring of 4 tiles (2 steps) where the shared memory holds it,
+    else one half over 3 tiles, or 2 (sm_120's 99 KB at hd = 128: 3 tiles need 102 KB).
+    Measured on the H200 (bench/NOTES.md, eighteenth session, Qwen3-8B shape, bf16 cache, us per
+    layer one half / two halves): 4.98 / 4.92 at 512 keys, 7.71 / 7.49 at 2048, 22.43 / 18.86 at
+    8192; NVFP4 tg128@8192 358.8-362.0 -> 372.4 tok/s.  Two halves over 6 tiles (209 KB) were
+    faster alone (18.38 us) but slower inside the decode step (339.3 tok/s).
+    BW24CHAT_ATTN_TC_HALVES=1|2 and BW24CHAT_ATTN_TC_STAGES override (experiments)."""
+    stage, limit = _decode_tc_stage_bytes(hd), _smem_block_limit()
+    env_h = os.environ.get("BW24CHAT_ATTN_TC_HALVES", "")
+    if env_h not in ("", "1", "2"):
+        raise ValueError(f"BW24CHAT_ATTN_TC_HALVES={env_h}: 1 or 2")
+    halves = int(env_h) if env_h else (2 if 4 * stage <= limit else 1)
+    default = 4 if halves == 2 else (3 if 3 * stage <= limit else 2)
+    return halves, int(os.environ.get("BW24CHAT_ATTN_TC_STAGES", str(default)))
 
 
 def _decode_tc_smem(hd: int) -> int:
-    return _decode_tc_stages() * 2 * DECODE_TC_TILE * (hd + 8) * 2  # TCSTAGES x (K, V) x TCK x LDK bf16
+    return decode_tc_config(hd)[1] * _decode_tc_stage_bytes(hd)  # TCSTAGES x (K, V) x TCK x LDK bf16
 
 
 def _decode_smem(hd: int, gq: int, kv_type: str, cluster: int = 0) -> int:
@@ -292,8 +320,10 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     tc = decode_on_tensor_cores(kv_type, hd)
     ms = attn_decode_max_splits(H, K, blocks_per_sm=1 if tc else 2)
     extra = {"DEC_MIN_PER": min_per} if min_per != 1 else {}
-    if tc and _decode_tc_stages() != 3:
-        extra["TCSTAGES"] = _decode_tc_stages()
+    halves = 1
+    if tc:  # both always given: the defaults in attention.cu serve the compile-only checks
+        halves, stages = decode_tc_config(hd)
+        extra.update(TC_HALVES=halves, TCSTAGES=stages)
     if os.environ.get("BW24CHAT_ATTN_ABLATE"):  # timing diagnostics only (attention.cu ATTN_ABLATE): garbage out
         extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
     cluster = attn_decode_cluster(tc)
@@ -311,7 +341,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         from .kernel_build import allow_nonportable_clusters
 
         allow_nonportable_clusters(kern)
-    _launch(kern, (m, ms, K * nsg), (128,),
+    _launch(kern, (m, ms, K * nsg), (128 * halves,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),
             smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type, cluster))

@@ -45,24 +45,27 @@ def _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd):
 SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128), (8, 8, 64), (64, 4, 128)]
 
 
-# (cache type, BW24CHAT_ATTN_TC, BW24CHAT_ATTN_CLUSTER): every cache type on the FMA kernel, and
-# bf16 (head dims <= 128, all of SHAPES) on the tensor-core kernel as well, each with its default
-# split merge ("": cuda_ops.attn_decode_cluster) and the other one (workspace "0" / cluster "8")
-DECODE_KERNELS = [(kv, "0", c) for kv in kr.KV_TYPES for c in ("", "8")] + [("bf16", "1", ""), ("bf16", "1", "0")]
+# (cache type, BW24CHAT_ATTN_TC, BW24CHAT_ATTN_CLUSTER, BW24CHAT_ATTN_TC_HALVES): every cache type
+# on the FMA kernel, and bf16 (head dims <= 128, all of SHAPES) on the tensor-core kernel as well,
+# each with its default split merge ("": cuda_ops.attn_decode_cluster) and the other one
+# (workspace "0" / cluster "8"); the tensor-core kernel with one and two four-warp halves per block
+DECODE_KERNELS = ([(kv, "0", c, "") for kv in kr.KV_TYPES for c in ("", "8")]
+                  + [("bf16", "1", c, h) for c in ("", "0") for h in ("1", "2")])
 
 
-def _set_decode_kernel(monkeypatch, tc: str, cluster: str = "") -> None:
+def _set_decode_kernel(monkeypatch, tc: str, cluster: str = "", halves: str = "") -> None:
     monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
-    if cluster:
-        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", cluster)
-    else:
-        monkeypatch.delenv("BW24CHAT_ATTN_CLUSTER", raising=False)
+    for name, v in (("BW24CHAT_ATTN_CLUSTER", cluster), ("BW24CHAT_ATTN_TC_HALVES", halves)):
+        if v:
+            monkeypatch.setenv(name, v)
+        else:
+            monkeypatch.delenv(name, raising=False)
 
 
-@pytest.mark.parametrize("kv_type,tc,cluster", DECODE_KERNELS)
+@pytest.mark.parametrize("kv_type,tc,cluster,halves", DECODE_KERNELS)
 @pytest.mark.parametrize("H,K,hd", SHAPES)
-def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc, cluster):
-    _set_decode_kernel(monkeypatch, tc, cluster)
+def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc, cluster, halves):
+    _set_decode_kernel(monkeypatch, tc, cluster, halves)
     on_tc = ops.decode_on_tensor_cores(kv_type, hd)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (63, 3), (65, 8), (1000, 2), (8193, 1), (8193, 8)]:
@@ -78,16 +81,17 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc, c
 
 
 @pytest.mark.parametrize("cluster", ["8", "16"])
-@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
+@pytest.mark.parametrize("kv_type,tc,halves", [("bf16", "1", "1"), ("bf16", "1", "2"), ("bf16", "0", ""), ("q8_0", "0", ""),
+                                               ("f32", "0", "")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (64, 4, 128)])
-def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, kv_type, tc, H, K, hd):
+def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, kv_type, tc, halves, H, K, hd):
     """attention.cu ATTN_CLUSTER (BW24CHAT_ATTN_CLUSTER=C, both decode kernels): the C splits of a
     (row, kv head, head group) merge through distributed shared memory in a thread-block cluster,
     with the workspace merge's operations in its order, so every row equals the workspace merge's
     with max_splits = C (BW24CHAT_ATTN_SPLITS=C, BW24CHAT_ATTN_CLUSTER=0) bit for bit — one split
     (no barrier), a few (idle blocks in the cluster) and all C; m = 1, 3, 8; within the float64
     reference's tolerance."""
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
+    _set_decode_kernel(monkeypatch, tc, halves=halves)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (64, 3), (300, 3), (700, 8), (2047, 2), (9000, 1)]:
         ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, kv_type, L, m, H, K, hd)
@@ -135,10 +139,11 @@ def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, 
         assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 2e-3, L
 
 
-@pytest.mark.parametrize("kv_type,tc", [("bf16", "1"), ("bf16", "0"), ("q8_0", "0"), ("f32", "0")])
+@pytest.mark.parametrize("kv_type,tc,halves", [("bf16", "1", "1"), ("bf16", "1", "2"), ("bf16", "0", ""), ("q8_0", "0", ""),
+                                               ("f32", "0", "")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
-def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc):
-    _set_decode_kernel(monkeypatch, tc)
+def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc, halves):
+    _set_decode_kernel(monkeypatch, tc, halves=halves)
     scale = 1.0 / math.sqrt(hd)
     for L in (40, 511, 4097):
         N = L + 8
@@ -155,6 +160,24 @@ def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K
         q2[[0, 1, 2, 4, 5, 6, 7]] = rng.standard_normal((7, H, hd))
         other, _ = _decode(cp, q2, ck, cv, kv_type, lengths, scale, H, K, hd)
         assert np.array_equal(other[3], batch[3]), "a row must not depend on the other rows"
+
+
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
+def test_decode_tc_pipeline_depth_does_not_change_bits(cp, rng, monkeypatch, H, K, hd):
+    """attn_decode_tc with two halves: the ring depth (TCSTAGES 4 / 6 tiles) moves only when
+    tiles arrive, never the arithmetic: rows (odd and even tile counts per split, the fresh keys
+    fetched after pdl_wait) are bit-identical."""
+    _set_decode_kernel(monkeypatch, "1", halves="2")
+    scale = 1.0 / math.sqrt(hd)
+    for L, m in [(1, 1), (65, 3), (640, 2), (3000, 8), (9000, 1)]:
+        ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, "bf16", L, m, H, K, hd)
+        outs = []
+        for stages in ("4", "6"):
+            monkeypatch.setenv("BW24CHAT_ATTN_TC_STAGES", stages)
+            outs.append(_decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)[0])
+        for o in outs[1:]:
+            assert np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)), (L, m)
+        assert _rel_err(outs[0], kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 1e-4, (L, m)
 
 
 def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None, precise=True):
