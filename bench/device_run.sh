@@ -11,19 +11,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
-s18e)
-  # the decode step's rope / QK-norm / cache write inside attn_decode_tc (ATTN_ROPE, BW24CHAT_ATTN_ROPE):
-  # bits against the separate kernel (and the refactored rope kernel against NumPy), the model gates
-  # on the fused path, decode A/B interleaved, then the bench table.  Predicted: -1.5 us per layer
-  # (the rope kernel's 1.9-2.15 us minus ~0.5 us more in attention): NVFP4 +2-3 %, BF16 +1 %
-  # (bits ran inline after the first try: test_attention.py -k fused 8 passed once s_q was 16-byte
-  # aligned — the first build read its float2 Q fragments from a 4-byte-aligned array: misaligned
-  # address; test_ops_norm_rope.py 29 passed)
-  timeout 120 python3 -m bw24chat check --skip-kernels --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s18e.log 2>&1; echo "check rc=$?"
-  grep -v "^  ok" $OUT/check_s18e.log | grep -v "^PASS" | tail -5; grep -c "^PASS" $OUT/check_s18e.log
-  for i in 1 2; do for env in "BW24CHAT_ATTN_ROPE=0" "BW24CHAT_ATTN_ROPE=1"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192" | grep -v '"test"' | sed "s/^/$env /"; done; done | tee $OUT/bench_s18e_ab.log
-  timeout 240 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s18e.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s18e.log | tail -30
-  ;;
 s18d)
   # the session's build (Q8_0 wide matrices on gemm_wra; attn_decode_tc with two halves over 4 tiles):
   # the gates with the kernel check for every weight format, then the bench table

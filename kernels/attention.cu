@@ -882,6 +882,9 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 // merged in warp order by decode_finish (as the FMA kernel's sub-warps).  Every step's order is
 // fixed by L_r alone.  Under PDL the first TCSTAGES-1 tiles are fetched before pdl_wait, except the
 // keys >= L_r - max_rows that this step's cache write may have produced (fetched after it).
+// Running rope.cu's prologue (QK-norm, RoPE, cache write) inside this kernel instead, after
+// pdl_wait, was bit-identical but slower in the decode step (NVFP4 tg128@8192 -4 %, eighteenth
+// session, bench/NOTES.md; commit 17aaa13): it puts that work on every block's critical path.
 //
 // TC_HALVES = 2: the block is two such 4-warp halves (256 threads).  Half hf computes the local tiles
 // hf, hf + 2, hf + 4, ... of the split: step j of the loop holds tiles 2j and 2j + 1, each half
@@ -908,49 +911,15 @@ static_assert((4 * TC_HALVES * GQ * (HD + 2) + GQ * HD + 2 * GQ + GQ * ATTN_CLUS
               "decode_finish_cluster's shared memory (parts, this split's state, split weights) fits the pipeline's");
 #endif
 
-// ATTN_ROPE = 1: the step's attention prologue (rope.cu's qk_norm_rope_kv_write: QK-norm and RoPE of
-// q and k, the k / v cache write) runs inside this kernel instead of a kernel of its own.  Each
-// block rotates its GQ query heads of row r (one warp per head) into shared memory, and writes the
-// new keys it attends to itself: for each row j <= r whose position lies in the split's key range,
-// the normed, rotated k and the v of kv head h go to the cache, before the block fetches those keys
-// (a block's own writes are visible to its reads after __syncthreads).  Blocks of other rows or head
-// groups that cover the same position write the same bytes (the same functions on the same
-// inputs), so which write lands last does not matter.  The functions are rope.cuh's, the ones
-// qk_norm_rope_kv_write runs: the rotated q and the cache bytes equal the separate kernel's, so
-// the outputs are bit-identical to rope kernel + attention (test_decode_fused_rope_gives_the_same_bits).
-// Why: the separate kernel cost 1.9-2.15 us per layer in the decode step, most of it launch and
-// dependency latency (bench/NOTES.md).  Inputs: qkv rows (stride floats apart: q heads | k heads |
-// v heads), the norm weights, the cos / sin tables and the rows' positions (positions[j] =
-// lengths[j] - 1).  No projection bias (Qwen2 keeps the separate kernel).
-#ifndef ATTN_ROPE
-#define ATTN_ROPE 0
-#endif
-#if ATTN_ROPE
-#ifndef NEOX
-#define NEOX 1
-#endif
-#ifndef QK_NORM
-#define QK_NORM 0
-#endif
-#include "rope.cuh"
-#endif
-
 #if KV_TYPE == KV_BF16 && HD <= 128
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2 / TC_HALVES) ATTN_CLUSTER_DIMS
 attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
                const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
-               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt,
-               const float* __restrict__ qkv, int qkv_stride, const float* __restrict__ q_norm_w,
-               const float* __restrict__ k_norm_w, float eps, const float* __restrict__ cos_t,
-               const float* __restrict__ sin_t, const int* __restrict__ positions, int rot_dim) {
+               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
     pdl_trigger();
     extern __shared__ __align__(16) uint8_t smem[];
     __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][K, V][TCK][LDK]
     (void)n_ctx;
-#if !ATTN_ROPE
-    (void)qkv; (void)qkv_stride; (void)q_norm_w; (void)k_norm_w; (void)eps; (void)cos_t; (void)sin_t; (void)positions;
-    (void)rot_dim;
-#endif
     const int r = blockIdx.x, s = blockIdx.y;
     const int L = lengths[r];  // written before the step's first kernel: readable before pdl_wait
     if (L <= 0) { pdl_wait(); return; }
@@ -1010,49 +979,6 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
         cp_async_commit();
     }
     pdl_wait();  // q and the fresh keys come from the previous kernel
-#if ATTN_ROPE
-    // this block's query heads, rotated, and the new keys of its range (see ATTN_ROPE above)
-    __shared__ __align__(16) float s_q[GQ][HD];  // read back as float2 (the Q fragments)
-    __shared__ float s_rot[TC_THREADS / 32][HD];  // each warp's pair exchange
-    {
-        const int key_hi = min(L, (t0 + ntile) * TCK);
-        unsigned fresh_rows = 0;  // rows j <= r whose new key this split attends
-        for (int j = 0; j <= r; ++j) {
-            const int p = positions[j];
-            if (p >= t0 * TCK && p < key_hi) fresh_rows |= 1u << j;
-        }
-        const int items = GQ + 2 * __popc(fresh_rows);
-        const int half = rot_dim >> 1;
-        for (int i = warp; i < items; i += TC_THREADS / 32) {
-            float x[ROPE_EPL];
-            if (i < GQ) {  // query head hq0 + i of row r
-                const float* src = qkv + (long long)r * qkv_stride + (long long)(hq0 + i) * HD;
-#pragma unroll
-                for (int e = 0; e < ROPE_EPL; ++e) x[e] = src[lane + 32 * e];
-                const long long pos = positions[r];
-                norm_rope_head(x, q_norm_w, eps, cos_t + pos * half, sin_t + pos * half, rot_dim, s_rot[warp], lane);
-#pragma unroll
-                for (int e = 0; e < ROPE_EPL; ++e) s_q[i][lane + 32 * e] = x[e];
-            } else {  // the k (even item) or v (odd item) of the f-th fresh row
-                const int f = (i - GQ) >> 1, kind = (i - GQ) & 1;
-                unsigned rest = fresh_rows;
-                for (int c = 0; c < f; ++c) rest &= rest - 1;
-                const int j = __ffs(rest) - 1;
-                const int pos = positions[j];
-                const float* src = qkv + (long long)j * qkv_stride + (long long)(H + kind * K + h) * HD;
-#pragma unroll
-                for (int e = 0; e < ROPE_EPL; ++e) x[e] = src[lane + 32 * e];
-                if (kind == 0)
-                    norm_rope_head(x, k_norm_w, eps, cos_t + (long long)pos * half, sin_t + (long long)pos * half, rot_dim,
-                                   s_rot[warp], lane);
-                if (pos < n_ctx)
-                    kv_store(kind == 0 ? (void*)cache_k : (void*)cache_v, (long long)pos * K + h, (long long)n_ctx * K, x,
-                             lane);
-            }
-        }
-        __syncthreads();  // s_q complete; this block's cache writes precede its fetches of those keys
-    }
-#endif
     // the fresh keys of the prefetched stages (one more group; the first wait below drains all)
     const bool refill = (t0 + min(ntile, (TC_RING - 1) * TC_HALVES)) * TCK > fresh;
     if (refill) {
@@ -1063,11 +989,7 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
 
     // Q as A fragments (rows g; rows g+8 are zero): hi and lo parts
     uint32_t qh[HD / 16][2], ql[HD / 16][2];
-#if ATTN_ROPE
-    const float* qrow = s_q[gv ? g : 0];
-#else
     const float* qrow = q + ((long long)r * H + hq0 + (gv ? g : 0)) * HD;
-#endif
 #pragma unroll
     for (int kt = 0; kt < HD / 16; ++kt) {
         const float2 a0 = gv ? *reinterpret_cast<const float2*>(qrow + kt * 16 + c2) : make_float2(0.f, 0.f);

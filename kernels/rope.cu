@@ -31,6 +31,8 @@
 //   grid = ceil(T*(H+2K) / 4); no shared memory beyond 4*HD floats (static).
 // Defines: HD (head dim, multiple of 32, <= 256), NEOX (1 neox / 0 normal), QK_NORM (0/1),
 //          KV_TYPE (0 bf16, 1 q8_0, 2 fp8, 3 f32, 255 none: only q and k are rotated in place).
+#include "common.cuh"
+
 #ifndef HD
 #define HD 128
 #endif
@@ -43,11 +45,65 @@
 #ifndef KV_TYPE
 #define KV_TYPE 0
 #endif
-// norm_rope_head, kv_store: shared with attention.cu's fused decode prologue (ATTN_ROPE)
-#include "rope.cuh"
 
-#define EPL ROPE_EPL
+#define KV_BF16 0
+#define KV_Q8_0 1
+#define KV_FP8 2
+#define KV_F32 3
+#define KV_NONE 255
+
+#define EPL (HD / 32)  // values per lane; lane l holds dims l + 32*i
 #define WARPS 4
+
+static_assert(HD % 32 == 0 && HD <= 256, "HD must be a multiple of 32, at most 256");
+
+// float -> E4M3 code, round to nearest even, saturating (PTX cvt, sm_89+)
+BW24_DEVICE uint8_t f32_to_e4m3(float x) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+    return (uint8_t)(r & 0xFF);  // the second source lands in the low byte
+}
+
+BW24_DEVICE float warp_max_abs(float v) { return warp_max(fabsf(v)); }
+
+// Store one head vector (lane-strided registers x[i] = dim lane + 32 i) at cache row `row`
+// (= pos*K + head) of a cache with N*K rows.
+BW24_DEVICE void kv_store(void* cache, long long row, long long n_rows, const float (&x)[EPL], int lane) {
+#if KV_TYPE == KV_BF16
+    uint16_t* c = (uint16_t*)cache + row * HD;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) c[lane + 32 * i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+#elif KV_TYPE == KV_Q8_0
+    int8_t* c = (int8_t*)cache + row * HD;
+    __half* sc = (__half*)((uint8_t*)cache + n_rows * HD) + row * (HD / 32);
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+        float amax = warp_max_abs(x[i]);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        c[lane + 32 * i] = (int8_t)roundf(__fmul_rn(x[i], id));
+        if (lane == 0) sc[i] = __float2half_rn(d);
+    }
+#elif KV_TYPE == KV_FP8
+    uint8_t* c = (uint8_t*)cache + row * HD;
+    float* sc = (float*)((uint8_t*)cache + n_rows * HD) + row;
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    amax = warp_max(amax);
+    float d = amax / 448.0f;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) c[lane + 32 * i] = f32_to_e4m3(d > 0.0f ? x[i] / d : 0.0f);
+    if (lane == 0) *sc = d;
+#elif KV_TYPE == KV_F32
+    (void)n_rows;
+    float* c = (float*)cache + row * HD;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) c[lane + 32 * i] = x[i];
+#elif KV_TYPE != KV_NONE
+#error "KV_TYPE must be 0 (bf16), 1 (q8_0), 2 (fp8), 3 (f32) or 255 (none)"
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
@@ -94,8 +150,39 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
     }
 
     if (kind < 2) {
+#if QK_NORM
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) ss = __fadd_rn(ss, __fmul_rn(x[i], x[i]));
+        ss = warp_sum(ss);
+        const float inv = rms_inv(ss, HD, eps);
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], inv), nw[lane + 32 * i]);
+#else
+        (void)nw;
+#endif
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) buf[w][lane + 32 * i] = x[i];
+        __syncwarp();
         const int half = rot_dim >> 1;
-        norm_rope_head(x, nw, eps, cos_t + (long long)pos * half, sin_t + (long long)pos * half, rot_dim, buf[w], lane);
+        const float* cr = cos_t + (long long)pos * half;
+        const float* sr = sin_t + (long long)pos * half;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) {
+            const int j = lane + 32 * i;
+            if (j < rot_dim) {
+#if NEOX
+                const int p = j < half ? j : j - half;
+                const float a = buf[w][p], b = buf[w][p + half];
+#else
+                const int p = j >> 1;
+                const float a = buf[w][2 * p], b = buf[w][2 * p + 1];
+#endif
+                const float c = cr[p], s = sr[p];
+                const bool first = NEOX ? (j < half) : ((j & 1) == 0);
+                x[i] = first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+            }
+        }
         float* dst = (kind == 0 && q_out != nullptr) ? q_out + ((long long)t * H + slot) * HD : src;
 #pragma unroll
         for (int i = 0; i < EPL; ++i) dst[lane + 32 * i] = x[i];

@@ -56,9 +56,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_CLUSTER": 16}),
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_CLUSTER": 8, "TC_HALVES": 2}),  # two tile streams per block
     ("attention", {"HD": 64, "GQ": 2, "KV_TYPE": 0, "TC_HALVES": 2, "TCSTAGES": 4}),
-    # the decode step's rope / QK-norm / cache write inside the tensor-core decode kernel (ATTN_ROPE)
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "ATTN_ROPE": 1, "QK_NORM": 1}),
-    ("attention", {"HD": 64, "GQ": 3, "KV_TYPE": 0, "TC_HALVES": 1, "TCSTAGES": 2, "ATTN_ROPE": 1, "NEOX": 0}),
     ("attention", {"HD": 64, "GQ": 1, "KV_TYPE": 0, "ATTN_CLUSTER": 8}),
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8}),  # the FMA kernel (q8_0, f32 caches)
     ("attention", {"HD": 64, "GQ": 2, "KV_TYPE": 3, "ATTN_CLUSTER": 16}),

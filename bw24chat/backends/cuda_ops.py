@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import NamedTuple
 
 import numpy as np
 
@@ -279,7 +278,6 @@ def decode_tc_config(hd: int) -> tuple[int, int]:
     env_h = os.environ.get("BW24CHAT_ATTN_TC_HALVES", "")
     if env_h not in ("", "1", "2"):
         raise ValueError(f"BW24CHAT_ATTN_TC_HALVES={env_h}: 1 or 2")
-    limit -= 8 * 1024  # static shared memory: ATTN_ROPE's rotated q heads and pair buffers, the merge's flags
     halves = int(env_h) if env_h else (2 if 4 * stage <= limit else 1)
     default = 4 if halves == 2 else (3 if 3 * stage <= limit else 2)
     return halves, int(os.environ.get("BW24CHAT_ATTN_TC_STAGES", str(default)))
@@ -297,41 +295,15 @@ def _decode_smem(hd: int, gq: int, kv_type: str, cluster: int = 0) -> int:
     return max(3 * stage, nsub * gq * (hd + 2) * 4, _decode_cluster_smem(hd, gq, nsub, cluster))
 
 
-class DecodeRope(NamedTuple):
-    """The step's attention prologue, for attn_decode to run itself (attention.cu ATTN_ROPE): what
-    qk_norm_rope_kv_write would take.  qkv: float32 (m', (H + 2K) * hd) rows of the fused
-    projection; q_norm_w / k_norm_w: (hd,) or both None; positions_dev: int32 (m',), lengths - 1."""
-    qkv: object
-    q_norm_w: object
-    k_norm_w: object
-    eps: float
-    cos: object
-    sin: object
-    positions_dev: object
-    rope_style: str
-    rot_dim: int
-
-
-def decode_fuses_rope(kv_type: str, hd: int, bias) -> bool:
-    """Whether the decode step hands its attention prologue to attn_decode (DecodeRope): the
-    tensor-core kernel (bf16 caches), no projection bias.  BW24CHAT_ATTN_ROPE=0 keeps the
-    separate qk_norm_rope_kv_write launch."""
-    return (bias is None and decode_on_tensor_cores(kv_type, hd)
-            and os.environ.get("BW24CHAT_ATTN_ROPE", "1") != "0")
-
-
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
-                max_rows: int = DECODE_MAX_ROWS, rope: DecodeRope | None = None) -> None:
+                max_rows: int = DECODE_MAX_ROWS) -> None:
     """Split-K decode attention for m (1..max_rows) query rows.
 
     q (m', H, hd) float32 with m' >= m (rows 0..m-1 used); row r attends keys 0..lengths_dev[r]-1
     (int32 device array, >= 1; for speculative verify the rows are consecutive positions so
     lengths are L, L+1, ...); cache_k / cache_v: one layer (kv_cache_alloc); out (m', H, hd)
     float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
-    (zeroed once at allocation); scale: softmax scale (1/sqrt(hd)).
-    rope: the rows' unrotated q, k, v and what rotates them (DecodeRope; decode_fuses_rope must
-    hold): q is then only a shape, the kernel rotates q itself and writes the rows' k and v into
-    the cache, bit for bit as qk_norm_rope_kv_write would have."""
+    (zeroed once at allocation); scale: softmax scale (1/sqrt(hd))."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if not 1 <= m <= max_rows:
@@ -352,14 +324,6 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     if tc:  # both always given: the defaults in attention.cu serve the compile-only checks
         halves, stages = decode_tc_config(hd)
         extra.update(TC_HALVES=halves, TCSTAGES=stages)
-    if rope is not None:
-        if not tc:
-            raise ValueError("attn_decode(rope=...) needs the tensor-core kernel (bf16 cache, head dim <= 128)")
-        if (rope.q_norm_w is None) != (rope.k_norm_w is None):
-            raise ValueError("q_norm_w and k_norm_w: both or neither")
-        if rope.qkv.strides[1] != 4 or rope.qkv.shape[1] != (H + 2 * K) * hd:
-            raise ValueError("rope.qkv: rows of (H + 2K) * hd contiguous floats")
-        extra.update(ATTN_ROPE=1, NEOX=int(rope.rope_style == "neox"), QK_NORM=int(rope.q_norm_w is not None))
     if os.environ.get("BW24CHAT_ATTN_ABLATE"):  # timing diagnostics only (attention.cu ATTN_ABLATE): garbage out
         extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
     cluster = attn_decode_cluster(tc)
@@ -377,18 +341,9 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         from .kernel_build import allow_nonportable_clusters
 
         allow_nonportable_clusters(kern)
-    args = (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
-            _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt)
-    if tc:  # the ATTN_ROPE inputs (unused without it)
-        if rope is None:
-            args += (np.uint64(0), _i32(0), np.uint64(0), np.uint64(0), _f32(0), np.uint64(0), np.uint64(0), np.uint64(0),
-                     _i32(0))
-        else:
-            null = np.uint64(0)
-            args += (rope.qkv, _i32(rope.qkv.strides[0] // 4), rope.q_norm_w if rope.q_norm_w is not None else null,
-                     rope.k_norm_w if rope.k_norm_w is not None else null, _f32(rope.eps), rope.cos, rope.sin,
-                     rope.positions_dev, _i32(rope.rot_dim))
-    _launch(kern, (m, ms, K * nsg), (128 * halves,), args,
+    _launch(kern, (m, ms, K * nsg), (128 * halves,),
+            (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
+             _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),
             smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type, cluster))
 
 

@@ -8,7 +8,6 @@ residual adds into their epilogues):
     matvec(W_qkv, x, qkv, prologue=rmsnorm(attn_norm))      x: residual (m, D) f32
     qk_norm_rope_kv_write(q, k, v -> cache)                  (+ q/k/v bias, QK-norm, RoPE)
     attn_decode(q, cache -> attn)                            split-K, GQA
-      (decode on a bf16 cache: attn_decode runs the line above itself, ops.DecodeRope)
     matvec(W_o, attn, x, epilogue=add)
     matvec(W_gu, x, act, prologue=rmsnorm(ffn_norm), epilogue=swiglu [, qx_out=qx_act])
                                    W_gu rows interleaved gate_i, up_i; act: (m, F) = silu(g) * u
@@ -221,14 +220,8 @@ class CudaRunner:
         lin.embed(self.w_embed, self.d_tokens[:m], x)
         for li, L in enumerate(self.layers):
             lin.matvec(L["qkv"], x, qkv, m, prologue="rmsnorm", norm_w=L["attn_norm"], eps=eps)
-            rope = None
-            if ops.decode_fuses_rope(self.kv_type, hd, L["bias"]):  # the attention kernel rotates q, k and writes the cache
-                rope = ops.DecodeRope(qkv, L["q_norm"], L["k_norm"], eps, self.rope_cos, self.rope_sin, self.d_pos[:m],
-                                      self.rope_style, self.rot_dim)
-            else:
-                self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
-            ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn,
-                            self.attn_ws, rope=rope)
+            self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
+            ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn, self.attn_ws)
             lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add")
             qx = self.d_qx_act[:m] if self._down_takes_qx(L, m) else None
             lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps, qx_out=qx)

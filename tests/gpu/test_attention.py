@@ -180,49 +180,6 @@ def test_decode_tc_pipeline_depth_does_not_change_bits(cp, rng, monkeypatch, H, 
         assert _rel_err(outs[0], kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 1e-4, (L, m)
 
 
-@pytest.mark.parametrize("halves", ["1", "2"])
-@pytest.mark.parametrize("H,K,hd,style,partial,qk_norm", [(32, 8, 128, "neox", 1.0, True), (9, 3, 64, "normal", 1.0, False),
-                                                          (64, 4, 128, "neox", 0.5, True), (16, 2, 128, "normal", 0.75, True)])
-def test_decode_fused_rope_gives_the_same_bits(cp, rng, monkeypatch, halves, H, K, hd, style, partial, qk_norm):
-    """attn_decode(rope=DecodeRope(...)) (attention.cu ATTN_ROPE: the kernel rotates q, k and writes
-    the rows' k, v itself) against qk_norm_rope_kv_write + attn_decode: the same outputs bit for bit
-    and the same cache bytes, for m = 1..8 rows (new keys on both sides of a split or tile edge),
-    QK-norm on / off, neox / normal, partial rotary, one and two halves per block, both merges."""
-    _set_decode_kernel(monkeypatch, "1", halves=halves)
-    n_ctx = 9100
-    tab = build_rope_table(hd, partial, 1e6, None, n_ctx, style, n_ctx)
-    cos, sin = cp.asarray(tab.cos), cp.asarray(tab.sin)
-    qn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk_norm else None
-    kn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk_norm else None
-    qn_d, kn_d = (None, None) if not qk_norm else (cp.asarray(qn), cp.asarray(kn))
-    scale = 1.0 / math.sqrt(hd)
-    for cluster in ("", "0"):
-        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", cluster) if cluster else monkeypatch.delenv("BW24CHAT_ATTN_CLUSTER",
-                                                                                                 raising=False)
-        for L0, m in [(1, 1), (64, 1), (64, 8), (127, 3), (640, 2), (4100, 8), (9000, 1)]:
-            ck, cv, _, _ = _make_cache(cp, rng, "bf16", n_ctx, K, hd)
-            qkv = cp.asarray((rng.standard_normal((m, (H + 2 * K) * hd)) * 2).astype(np.float32))
-            pos = cp.asarray(np.arange(L0 - 1, L0 - 1 + m, dtype=np.int32))
-            lens = cp.asarray(np.arange(L0, L0 + m, dtype=np.int32))
-            ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd), cp.uint8)
-            # the separate kernels
-            ck1, cv1, qkv1 = ck.copy(), cv.copy(), qkv.copy()
-            q_rot = cp.empty((m, H, hd), cp.float32)
-            ops.qk_norm_rope_kv_write(qkv1[:, :H * hd].reshape(m, H, hd), qkv1[:, H * hd:(H + K) * hd].reshape(m, K, hd),
-                                      qkv1[:, (H + K) * hd:].reshape(m, K, hd), qn_d, kn_d, 1e-6, cos, sin, pos, style,
-                                      tab.rot_dim, ck1, cv1, "bf16", q_out=q_rot)
-            want = cp.full((m, H, hd), np.nan, cp.float32)
-            ops.attn_decode(q_rot, ck1, cv1, "bf16", lens, m, scale, want, ws)
-            # fused
-            ck2, cv2, qkv_before = ck.copy(), cv.copy(), qkv.copy()
-            got = cp.full((m, H, hd), np.nan, cp.float32)
-            ops.attn_decode(cp.empty((m, H, hd), cp.float32), ck2, cv2, "bf16", lens, m, scale, got, ws,
-                            rope=ops.DecodeRope(qkv, qn_d, kn_d, 1e-6, cos, sin, pos, style, tab.rot_dim))
-            assert np.array_equal(got.get().view(np.uint32), want.get().view(np.uint32)), (cluster, L0, m)
-            assert cp.array_equal(ck2, ck1) and cp.array_equal(cv2, cv1), (cluster, L0, m)
-            assert cp.array_equal(qkv, qkv_before), "the fused prologue only reads the projection rows"
-
-
 def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None, precise=True):
     T, H, hd = q.shape
     qd = cp.asarray(q)
