@@ -11,6 +11,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s19a)
+  # prepared in the eighteenth session, never run on a GPU: the kernel variants the 99 KB GPUs
+  # (sm_86 / sm_89 / sm_120) take, forced on the H200 — the portable gemm with one tile buffer
+  # (GM_BUFS=1), the prefill attention with one K/V stage (PREFILL_STAGES=1): bits against the
+  # default variants, then the whole portable path in that configuration through the gates
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py tests/gpu/test_attention.py -k "one_buffer or one_stage" 2>&1 | tail -3 | tee $OUT/pytest_s19a.log
+  BW24CHAT_GEMM=mma BW24CHAT_GM_BUFS=1 BW24CHAT_PREFILL_STAGES=1 BW24CHAT_ATTN_TC_HALVES=1 BW24CHAT_ATTN_TC_STAGES=2 timeout 200 python3 -m bw24chat check --skip-kernels --formats bf16,q8_0,nvfp4 --kv bf16,q8_0 > $OUT/check_s19a.log 2>&1; echo "check rc=$?"
+  grep -v "^  ok" $OUT/check_s19a.log | grep -v "^PASS" | tail -8
+  ;;
 s18d)
   # the session's build (Q8_0 wide matrices on gemm_wra; attn_decode_tc with two halves over 4 tiles):
   # the gates with the kernel check for every weight format, then the bench table

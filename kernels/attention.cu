@@ -579,7 +579,14 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
 #define PTILES 2  // per stage: K, V
 #endif
 #define PSTAGE_ELEMS (PTILES * PTILE_ELEMS)
-#define PREFILL_SMEM (2 * PSTAGE_ELEMS * 2)  // 2 stages, bf16 (the wrapper computes the same)
+// PREFILL_STAGES = 2: key block kb+1 fills the other stage while kb is used; 1 (cuda_ops.
+// prefill_stages, where two do not fit: KV_SPLIT at HD=128 takes 136 KB with two, the 99 KB GPUs
+// sm_86 / sm_89 / sm_120 allow 99): fill, barrier, use.  Same arithmetic and order: the same bits.
+#ifndef PREFILL_STAGES
+#define PREFILL_STAGES 2
+#endif
+static_assert(PREFILL_STAGES == 1 || PREFILL_STAGES == 2, "PREFILL_STAGES is 1 or 2");
+#define PREFILL_SMEM (PREFILL_STAGES * PSTAGE_ELEMS * 2)  // bf16 (the wrapper computes the same)
 
 static_assert(HD % 16 == 0, "prefill needs HD % 16 == 0");
 // PREFILL_SMEM <= 227 KB for HD <= 128 (the prefill's head dims; HD=256 builds serve decode only
@@ -733,6 +740,14 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 
     prefill_load(tiles, cache_k, cache_v, 0, kv_len, K, h, scale_plane);
     for (int kb = 0; kb < nkb; ++kb) {
+#if PREFILL_STAGES == 1
+        const int st = 0;
+        // the one stage was last read in iteration kb-1, which ended with a barrier: fill it
+        if (kb > 0) prefill_load(tiles, cache_k, cache_v, kb, kv_len, K, h, scale_plane);
+#if KV_TYPE == KV_BF16
+        cp_async_wait<0>();
+#endif
+#else
         const int st = kb & 1;
         // Stage st^1 was last read in iteration kb-1, which ended with a barrier: refill it.
         if (kb + 1 < nkb) {
@@ -745,6 +760,7 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
             cp_async_wait<0>();
 #endif
         }
+#endif
         __syncthreads();  // stage st complete and visible to every warp
         const __nv_bfloat16* sK = tiles + st * PSTAGE_ELEMS;
         const __nv_bfloat16* sV = sK + PTILE_ELEMS;

@@ -203,9 +203,18 @@ BW24_DEVICE void gemm_put(float* __restrict__ out, const float* __restrict__ gsc
     *dst = epi ? __fadd_rn(*dst, v) : v;
 }
 
-// gemm's dynamic shared memory: double-buffered x and W tiles, plus x_lo (GEMM_SPLIT) and W_lo
-// (W_SPLIT), bf16 rows of GM_LD (cuda_linear._gemm_smem computes the same; tests/test_smem_contract.py)
-#define GM_SMEM_BYTES (2 * 2 * GM_LD * ((1 + GEMM_SPLIT) * GM_BM + (1 + W_SPLIT) * GM_BN))
+// gemm's dynamic shared memory: GM_BUFS buffers of the x and W tiles, plus x_lo (GEMM_SPLIT) and
+// W_lo (W_SPLIT), bf16 rows of GM_LD (cuda_linear._gemm_smem computes the same;
+// tests/test_smem_contract.py).  GM_BUFS = 2: k tile i+1 is stored into the other buffer while
+// tile i is used; 1 (cuda_linear.gemm_bufs, where 2 do not fit: the precise kernels take 108 /
+// 144 KB with two, the 99 KB GPUs sm_86 / sm_89 / sm_120 allow 99): the next tile waits in
+// registers until every warp is done with the buffer (one more barrier per k tile).  The MMAs of
+// each output run in the same order either way: the same bits.
+#ifndef GM_BUFS
+#define GM_BUFS 2
+#endif
+static_assert(GM_BUFS == 1 || GM_BUFS == 2, "GM_BUFS is 1 or 2");
+#define GM_SMEM_BYTES (GM_BUFS * 2 * GM_LD * ((1 + GEMM_SPLIT) * GM_BM + (1 + W_SPLIT) * GM_BN))
 
 extern "C" __global__ void __launch_bounds__(GM_NT)
 gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
@@ -213,10 +222,10 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
      float* __restrict__ out, int T, int n_out, int n_in, int epi, const __nv_bfloat16* __restrict__ xl) {
     PDL_ENTRY();
     extern __shared__ float4 smem4[];
-    __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][BM][LD]
-    __nv_bfloat16* Ws = As + 2 * GM_BM * GM_LD;                    // [2][BN][LD]
-    __nv_bfloat16* Al = Ws + 2 * GM_BN * GM_LD;                    // [2][BM][LD] x_lo (GEMM_SPLIT)
-    __nv_bfloat16* Wl = Al + (GEMM_SPLIT ? 2 * GM_BM * GM_LD : 0); // [2][BN][LD] W_lo (W_SPLIT)
+    __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem4);        // [GM_BUFS][BM][LD]
+    __nv_bfloat16* Ws = As + GM_BUFS * GM_BM * GM_LD;                    // [GM_BUFS][BN][LD]
+    __nv_bfloat16* Al = Ws + GM_BUFS * GM_BN * GM_LD;                    // [GM_BUFS][BM][LD] x_lo (GEMM_SPLIT)
+    __nv_bfloat16* Wl = Al + (GEMM_SPLIT ? GM_BUFS * GM_BM * GM_LD : 0); // [GM_BUFS][BN][LD] W_lo (W_SPLIT)
     (void)Wl;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
@@ -241,7 +250,7 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
     store(0, 0);
     __syncthreads();
     for (int kt = 0; kt < nkt; ++kt) {
-        const int buf = kt & 1;
+        const int buf = GM_BUFS == 2 ? (kt & 1) : 0;
         if (kt + 1 < nkt) st.load(wq, wh, ws, wd, x, T, n_out, n_in, m0, n0, kt + 1, xl);
         const __nv_bfloat16* A = As + buf * GM_BM * GM_LD + (wm * 64) * GM_LD;
         const __nv_bfloat16* W = Ws + buf * GM_BN * GM_LD + (wn * 32) * GM_LD;
@@ -278,7 +287,10 @@ gemm(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __re
             }
 #endif
         }
-        if (kt + 1 < nkt) store(kt + 1, buf ^ 1);
+#if GM_BUFS == 1
+        __syncthreads();  // every warp is done with the one buffer before tile kt + 1 overwrites it
+#endif
+        if (kt + 1 < nkt) store(kt + 1, GM_BUFS == 2 ? buf ^ 1 : 0);
         __syncthreads();
     }
 

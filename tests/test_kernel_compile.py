@@ -82,6 +82,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm", {"FMT": 3, "I8_STAGES": 4}),
     ("gemm", {"FMT": 3, "I8_STAGES": 4, "I8_SCF32": 1}),  # gemm_i8 with the f32 scales converted once per tile  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)
     ("gemm", {"FMT": 3, "GEMM_XPLANES": 1}),  # register-staged GEMMs on the integer-dot contract's x planes
+    ("gemm", {"FMT": 3, "GEMM_XPLANES": 1, "GM_BUFS": 1}),  # one tile buffer: the precise gemm in 99 KB (sm_120a)
+    ("gemm", {"FMT": 2, "GM_BUFS": 1}),
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "PREFILL_STAGES": 1}),  # one K/V stage: precise prefill in 99 KB
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "PREFILL_STAGES": 1}),
     ("gemm", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),  # the same, fast mode (one plane)
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone

@@ -33,6 +33,8 @@ def gemm_cases():
     for x_split, fmt in ((0, 3), (1, 2), (1, 3)):  # BF16 W exact; Q8_0 W split when precise
         w_split = bool(x_split) and fmt == 3
         out.append(("gemm", {"FMT": fmt, "GEMM_SPLIT": x_split}, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split)))
+        out.append(("gemm", {"FMT": fmt, "GEMM_SPLIT": x_split, "GM_BUFS": 1}, "GM_SMEM_BYTES",
+                    cl._gemm_smem(bool(x_split), w_split, 1)))
         for bn in (128, 256):
             out.append(("gemm_wg", {"FMT": fmt, "GEMM_SPLIT": x_split, "WG_BN": bn}, "WG_SMEM_BYTES",
                         cl.wg_smem(bool(x_split), w_split, bn)))
@@ -64,6 +66,8 @@ def attention_cases():
         for precise in (0, 1):
             out.append(("attn_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise},
                         "PREFILL_SMEM", co.prefill_smem_bytes(hd, kv, bool(precise))))
+            out.append(("attn_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise,
+                                         "PREFILL_STAGES": 1}, "PREFILL_SMEM", co.prefill_smem_bytes(hd, kv, bool(precise), 1)))
     for gq in (1, 8):  # the merge area (GQ rows per sub-warp) can exceed the pipeline stages
         out.append(("attn_decode", {"HD": 128, "GQ": gq, "KV_TYPE": 0}, "DECODE_SMEM", co._decode_smem(128, gq, "bf16")))
     for hd in (64, 128):
@@ -107,7 +111,7 @@ def test_decode_tc_config_fits_the_gpu_shared_memory(monkeypatch, limit_kb, hd, 
 
     monkeypatch.delenv("BW24CHAT_ATTN_TC_HALVES", raising=False)
     monkeypatch.delenv("BW24CHAT_ATTN_TC_STAGES", raising=False)
-    monkeypatch.setattr(co, "_smem_block_limit", lambda: limit_kb * 1024)
+    monkeypatch.setattr(kb, "smem_block_limit", lambda: limit_kb * 1024)
     assert co.decode_tc_config(hd) == want
     if limit_kb >= 99:
         assert co._decode_tc_smem(hd) <= limit_kb * 1024

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from . import kernel_build
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
 from .kernel_refs import FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
@@ -37,15 +38,28 @@ def _wargs(W: DeviceWeight) -> tuple:
     return (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), _ptr(W.gscale))
 
 
-def _gemm_smem(x_split: bool, w_split: bool) -> int:
+def _gemm_smem(x_split: bool, w_split: bool, bufs: int = 2) -> int:
     """gemm.cu GM_SMEM_BYTES (tests/test_smem_contract.py holds the two equal)."""
-    return GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))
+    return (GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))) * bufs // 2
+
+
+def gemm_bufs(x_split: bool, w_split: bool) -> int:
+    """The portable gemm's tile buffers (gemm.cu GM_BUFS): 2 (k tile i+1 stored while tile i is
+    used) where the block's shared memory holds them, else 1 (one more barrier per k tile; the
+    same order of MMAs per output, so the same bits).  The precise kernels need 108 KB (x split)
+    and 144 KB (x and W split) with two buffers: above the 99 KB of sm_86 / sm_89 / sm_120, whose
+    prefill this kernel is.  BW24CHAT_GM_BUFS=1 forces one buffer (tests on a GPU with more)."""
+    if os.environ.get("BW24CHAT_GM_BUFS", "") == "1":
+        return 1
+    return 2 if _gemm_smem(x_split, w_split, 2) <= kernel_build.smem_block_limit() else 1
 
 
 def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, **defines):
     # gemm.cu derives W_SPLIT from GEMM_SPLIT and the format: w_split is that same rule
-    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **defines)
-    k.max_dynamic_shared_size_bytes = _gemm_smem(x_split, w_split)
+    bufs = gemm_bufs(x_split, w_split)
+    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
+                   **defines)
+    k.max_dynamic_shared_size_bytes = _gemm_smem(x_split, w_split, bufs)
     return k
 
 
@@ -310,7 +324,7 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
     if (W.out // 2) % 32 or W.out % 2 or matvec_impl(W, True) != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue])
-    return nw * rows == 64
+    return nw * rows == 64 and m <= a8_rows_per_launch(W, nw, True)
 
 
 def qx_handoff() -> int:
@@ -323,10 +337,23 @@ def qx_handoff() -> int:
     return int(os.environ.get("BW24CHAT_QX_HANDOFF", "2"))
 
 
-def takes_qx(W: DeviceWeight) -> bool:
-    """Whether W's matvec can read its x codes from a QX buffer (prologue "qx"): the integer-dot
-    contract on the SIMT kernel, inputs in whole 32-blocks."""
-    return W.fmt not in FLOAT_FORMATS and act_q8(W.fmt) and W.in_ % 32 == 0 and matvec_impl(W, True) == "simt"
+def takes_qx(W: DeviceWeight, m: int = 1) -> bool:
+    """Whether W's matvec can read its x codes from a QX buffer (prologue "qx") for m rows: the
+    integer-dot contract on the SIMT kernel, inputs in whole 32-blocks, and the m rows staged by
+    one launch (a8_rows_per_launch: on a 99 KB GPU a 12288-input down projection stages 2)."""
+    if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32 or matvec_impl(W, True) != "simt":
+        return False
+    _, _, nw = _simt_geometry(W, m, True, PROLOGUES["qx"])
+    return m <= a8_rows_per_launch(W, nw)
+
+
+def a8_rows_per_launch(W: DeviceWeight, nw: int, qx_out: bool = False) -> int:
+    """Rows of x one integer-dot matvec launch stages in shared memory (matvec.cu ACT_Q8: two int8
+    code planes and a 16-byte record per 32 inputs per row, plus a float per warp; with qx_out
+    two 128-byte tile buffers per row); more rows run in groups of this many (each row equals its
+    m = 1 call), except with QX buffers, which one launch must take whole."""
+    per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw + (256 if qx_out else 0)
+    return max(1, (min(WGP_SMEM_MAX, kernel_build.smem_block_limit()) - 1024) // per_row)
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
@@ -381,7 +408,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     defs, rows, nw = _simt_geometry(W, m, a8, pro)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
-        m_fit = max(1, (WGP_SMEM_MAX - 1024) // per_row)
+        m_fit = a8_rows_per_launch(W, nw, qx_out is not None)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
             xf, of = x.reshape(-1), out.reshape(-1)
             for r0 in range(0, m, m_fit):
@@ -453,7 +480,8 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
         return
     k = _gemm_kernel(W, x_split, w_split, **planes)
-    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=_gemm_smem(x_split, w_split))
+    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args,
+      shared_mem=_gemm_smem(x_split, w_split, gemm_bufs(x_split, w_split)))
 
 
 # gemm.cu I8_STAGE_BYTES, same formula: x h and l tiles (2 x 128 x 128 B), the W tile (64 x 128 B),

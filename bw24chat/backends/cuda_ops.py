@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from . import kernel_build
 from .kernel_build import get_kernel
 from .kernel_refs import KV_TYPES, kv_cache_shape
 
@@ -250,17 +251,6 @@ def _arch_number() -> int:
     return int(active_arch()[3:].rstrip("a"))
 
 
-def _smem_block_limit() -> int:
-    """Dynamic shared memory one block may opt in to on this GPU (227 KB on sm_90, 99 KB on
-    sm_86 / sm_89 / sm_120: CUDA C++ Programming Guide, compute capabilities table)."""
-    try:
-        import cupy as cp
-
-        return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
-    except Exception:  # noqa: BLE001  (no GPU: the compile-only paths size for sm_90)
-        return 227 * 1024
-
-
 def _decode_tc_stage_bytes(hd: int) -> int:
     return 2 * DECODE_TC_TILE * (hd + 8) * 2  # (K, V) x TCK x LDK bf16
 
@@ -274,7 +264,7 @@ def decode_tc_config(hd: int) -> tuple[int, int]:
     8192; NVFP4 tg128@8192 358.8-362.0 -> 372.4 tok/s.  Two halves over 6 tiles (209 KB) were
     faster alone (18.38 us) but slower inside the decode step (339.3 tok/s).
     BW24CHAT_ATTN_TC_HALVES=1|2 and BW24CHAT_ATTN_TC_STAGES override (experiments)."""
-    stage, limit = _decode_tc_stage_bytes(hd), _smem_block_limit()
+    stage, limit = _decode_tc_stage_bytes(hd), kernel_build.smem_block_limit()
     env_h = os.environ.get("BW24CHAT_ATTN_TC_HALVES", "")
     if env_h not in ("", "1", "2"):
         raise ValueError(f"BW24CHAT_ATTN_TC_HALVES={env_h}: 1 or 2")
@@ -347,12 +337,23 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
             smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type, cluster))
 
 
-def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True) -> int:
-    """attention.cu PREFILL_SMEM: 2 stages x tiles x 64 keys x (hd+8) bf16, tiles = K, V, plus
-    K_lo, V_lo for q8_0 / fp8 / f32 caches when precise (73728 B at hd=64, 139264 B at hd=128:
-    one block per SM there)."""
+def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True, stages: int = 2) -> int:
+    """attention.cu PREFILL_SMEM: stages x tiles x 64 keys x (hd+8) bf16, tiles = K, V, plus
+    K_lo, V_lo for q8_0 / fp8 / f32 caches when precise (two stages: 73728 B at hd=64, 139264 B
+    at hd=128: one block per SM there)."""
     tiles = 4 if (precise and kv_type != "bf16") else 2
-    return 2 * tiles * 64 * (hd + 8) * 2
+    return stages * tiles * 64 * (hd + 8) * 2
+
+
+def prefill_stages(hd: int, kv_type: str, precise: bool = True) -> int:
+    """attn_prefill's K/V stages (PREFILL_STAGES): 2 (the next key block fills while this one is
+    used) where the block's shared memory holds them, else 1 (fill, barrier, use: the same
+    arithmetic in the same order, so the same bits).  One stage is what a precise prefill over a
+    q8_0 / fp8 / f32 cache at head dim 128 fits in on the 99 KB GPUs (sm_86 / sm_89 / sm_120).
+    BW24CHAT_PREFILL_STAGES=1 forces it (tests on a GPU with more)."""
+    if os.environ.get("BW24CHAT_PREFILL_STAGES", "") == "1":
+        return 1
+    return 2 if prefill_smem_bytes(hd, kv_type, precise, 2) <= kernel_build.smem_block_limit() else 1
 
 
 def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out,
@@ -371,11 +372,14 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
         return
     G = H // K
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
+    stages = prefill_stages(hd, kv_type, precise)
     kern = get_kernel("attention", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type],
-                      PREFILL_SPLIT=int(bool(precise)))
-    smem = prefill_smem_bytes(hd, kv_type, precise)
-    if smem > 227 * 1024:
-        raise ValueError(f"attn_prefill: hd={hd} kv={kv_type} precise={precise} needs {smem} B of shared memory (> 227 KB)")
+                      PREFILL_SPLIT=int(bool(precise)), **({"PREFILL_STAGES": 1} if stages == 1 else {}))
+    smem = prefill_smem_bytes(hd, kv_type, precise, stages)
+    limit = kernel_build.smem_block_limit()
+    if smem > limit:
+        raise ValueError(f"attn_prefill: hd={hd} kv={kv_type} precise={precise} needs {smem} B of shared memory "
+                         f"(> {limit} B on this GPU)")
     _launch(kern, (-(-(T * G) // 64), K), (128,),
             (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),
              _f32(scale * math.log2(math.e)), out), smem=smem)

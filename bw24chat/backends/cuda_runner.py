@@ -235,7 +235,7 @@ class CudaRunner:
     def _down_takes_qx(L, m: int) -> bool:
         """gate|up writes the down projection's x codes (lin.writes_qx) and down is on the
         integer-dot contract (any quantized format: the QX buffer does not depend on it)."""
-        return lin.writes_qx(L["gu"], m) and lin.takes_qx(L["down"])
+        return lin.writes_qx(L["gu"], m) and lin.takes_qx(L["down"], m)
 
     def _h2d_io(self):
         rt = self.cp.cuda.runtime

@@ -297,6 +297,23 @@ def active_arch() -> str:
     return _device_arch()
 
 
+SMEM_BLOCK_SM90 = 227 * 1024
+
+
+def smem_block_limit() -> int:
+    """Dynamic shared memory one block may opt in to on this GPU: 227 KB on sm_90 / sm_100,
+    99 KB on sm_86 / sm_89 / sm_120 (CUDA C++ Programming Guide, compute capability table).
+    Wrappers whose kernels come in a smaller-footprint variant (fewer pipeline stages or
+    buffers: the same arithmetic, the same bits) pick it from this.  Without a GPU (compile-only
+    paths, CI) the sm_90 figure."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+    except Exception:  # noqa: BLE001
+        return SMEM_BLOCK_SM90
+
+
 # ----------------------------------------------------------------------------- GPU-less path
 def _find_nvrtc() -> str:
     cands = [os.environ.get("BW24CHAT_NVRTC", "")]

@@ -244,6 +244,25 @@ def test_prefill_fast_matches_its_emulation(cp, rng, kv_type):
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("kv_type", kr.KV_TYPES)
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
+def test_prefill_one_stage_gives_the_same_bits(cp, rng, monkeypatch, kv_type, H, K, hd, precise):
+    """attn_prefill with one K/V stage (attention.cu PREFILL_STAGES = 1, what the 99 KB GPUs run for
+    a precise prefill over a q8_0 / fp8 / f32 cache at head dim 128: cuda_ops.prefill_stages)
+    equals the two-stage kernel bit for bit, for a chunk after earlier ones (start > 0)."""
+    T, start = 150, 77
+    ck, cv, _, _ = _make_cache(cp, rng, kv_type, start + T + 5, K, hd)
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    scale = 1.0 / math.sqrt(hd)
+    monkeypatch.delenv("BW24CHAT_PREFILL_STAGES", raising=False)
+    base = _prefill(cp, q, ck, cv, kv_type, start, scale, precise=precise)
+    monkeypatch.setenv("BW24CHAT_PREFILL_STAGES", "1")
+    got = _prefill(cp, q, ck, cv, kv_type, start, scale, precise=precise)
+    assert not np.isnan(base).any()
+    assert np.array_equal(base.view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_prefill_chunking_bit_identical(cp, rng, kv_type, H, K, hd, precise):
     T, start = 1024, 37
     N = start + T

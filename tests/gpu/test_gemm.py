@@ -197,6 +197,22 @@ def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, mon
 
 
 @pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
+def test_portable_gemm_one_buffer_gives_the_same_bits(cp, rng, fmt, precise, monkeypatch):
+    """The portable mma.sync gemm with one tile buffer (gemm.cu GM_BUFS = 1, what the 99 KB GPUs
+    run in precise mode: cuda_linear.gemm_bufs) equals the double-buffered kernel bit for bit:
+    the same MMAs per output in the same order.  Odd rows, tokens and k tiles."""
+    ts, w = make_weight(rng, fmt, rows=(150, 83), nblocks=max(1, 1100 // block_of(fmt)))
+    W = cw.upload(ts)
+    x = rng.standard_normal((203, W.in_)).astype(np.float32)
+    monkeypatch.delenv("BW24CHAT_GM_BUFS", raising=False)
+    base = run(cp, W, x, 203, impl="mma", precise=precise)
+    assert not np.isnan(base).any()
+    monkeypatch.setenv("BW24CHAT_GM_BUFS", "1")
+    assert_same_bits(base, run(cp, W, x, 203, impl="mma", precise=precise))
+
+
+@pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
 def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise):
     """Under the integer-dot contract the portable mma.sync kernel (the sm_120a path), the

@@ -1,0 +1,78 @@
+"""The kernels the 99 KB GPUs run (sm_86 / sm_89 / sm_120: 101,376 bytes of dynamic shared memory
+per block, CUDA C++ Programming Guide) ask for no more than that.  The H200 the GPU tests run on
+allows 227 KB, so an oversized launch there passes and fails only on the consumer GPUs: these
+checks size every such launch's shared memory with the limit replaced by 99 KB (no GPU needed).
+The smaller variants they pick (one GEMM tile buffer, one prefill K/V stage, one decode half
+over two tiles, fewer integer-dot rows per launch) compute the same arithmetic in the same order;
+tests/gpu/test_gemm.py and test_attention.py check their bits against the default variants."""
+import types
+
+import pytest
+
+from bw24chat.backends import cuda_linear as cl
+from bw24chat.backends import cuda_ops as co
+from bw24chat.backends import kernel_build as kb
+
+LIMIT = 99 * 1024  # 101,376 B: cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_86 / sm_89 / sm_120
+
+
+@pytest.fixture
+def small_gpu(monkeypatch):
+    monkeypatch.setattr(kb, "smem_block_limit", lambda: LIMIT)
+    for v in ("BW24CHAT_GM_BUFS", "BW24CHAT_PREFILL_STAGES", "BW24CHAT_ATTN_TC_HALVES", "BW24CHAT_ATTN_TC_STAGES"):
+        monkeypatch.delenv(v, raising=False)
+
+
+@pytest.mark.parametrize("x_split,w_split", [(False, False), (True, False), (True, True)])
+def test_portable_gemm_fits(small_gpu, x_split, w_split):
+    bufs = cl.gemm_bufs(x_split, w_split)
+    assert cl._gemm_smem(x_split, w_split, bufs) <= LIMIT
+    assert bufs == (2 if not x_split else 1)  # fast mode keeps its double buffer (72 KB)
+
+
+def test_portable_gemm_keeps_two_buffers_on_hopper(monkeypatch):
+    monkeypatch.setattr(kb, "smem_block_limit", lambda: kb.SMEM_BLOCK_SM90)
+    monkeypatch.delenv("BW24CHAT_GM_BUFS", raising=False)
+    assert all(cl.gemm_bufs(x, w) == 2 for x, w in [(False, False), (True, False), (True, True)])
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("kv_type", ["bf16", "q8_0", "fp8", "f32"])
+@pytest.mark.parametrize("precise", [True, False])
+def test_prefill_attention_fits(small_gpu, hd, kv_type, precise):
+    stages = co.prefill_stages(hd, kv_type, precise)
+    assert co.prefill_smem_bytes(hd, kv_type, precise, stages) <= LIMIT
+    # two stages wherever they fit: only the precise hd-128 prefill over a non-bf16 cache drops one
+    assert stages == (1 if (hd == 128 and precise and kv_type != "bf16") else 2)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_decode_attention_fits(small_gpu, hd):
+    assert co._decode_tc_smem(hd) + 8 * 1024 <= LIMIT  # + the static shared memory reserve
+    for kv_type in ("bf16", "q8_0", "fp8", "f32"):
+        for gq in (1, 2, 4, 8):
+            for cluster in (0, 8):
+                assert co._decode_smem(hd, gq, kv_type, cluster) <= LIMIT, (kv_type, gq, cluster)
+
+
+def _weight(fmt: str, n_out: int, n_in: int):
+    return types.SimpleNamespace(fmt=fmt, out=n_out, in_=n_in)  # what the planning functions read
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
+@pytest.mark.parametrize("n_in", [2048, 4096, 5120, 12288, 14336, 25600])
+def test_integer_dot_matvec_rows_fit(small_gpu, fmt, n_in):
+    """Decode and speculative verify (m = 1..8 rows): one launch stages a8_rows_per_launch rows,
+    more go in groups; a QX hand-off (which one launch must take whole) only where they fit."""
+    W = _weight(fmt, 4096, n_in)
+    for m in range(1, 9):
+        for nw in (8, 16):
+            for qx_out in (False, True):
+                fit = cl.a8_rows_per_launch(W, nw, qx_out)
+                per_row = 2 * n_in + 32 * (n_in // 32) + 4 * nw + (256 if qx_out else 0)
+                assert min(m, fit) * per_row <= LIMIT
+        if cl.takes_qx(W, m):
+            _, _, nw = cl._simt_geometry(W, m, True, cl.PROLOGUES["qx"])
+            assert m <= cl.a8_rows_per_launch(W, nw)
+    if n_in == 12288:  # Qwen3-8B's down projection: 2 rows per launch in 99 KB, so no QX for m = 3
+        assert not cl.takes_qx(W, 3)
