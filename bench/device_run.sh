@@ -19,6 +19,17 @@ s19a)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py tests/gpu/test_attention.py -k "one_buffer or one_stage" 2>&1 | tail -3 | tee $OUT/pytest_s19a.log
   BW24CHAT_GEMM=mma BW24CHAT_GM_BUFS=1 BW24CHAT_PREFILL_STAGES=1 BW24CHAT_ATTN_TC_HALVES=1 BW24CHAT_ATTN_TC_STAGES=2 timeout 200 python3 -m bw24chat check --skip-kernels --formats bf16,q8_0,nvfp4 --kv bf16,q8_0 > $OUT/check_s19a.log 2>&1; echo "check rc=$?"
   grep -v "^  ok" $OUT/check_s19a.log | grep -v "^PASS" | tail -8
+  # also prepared: Q8_0 on gemm_wra with the per-block fold (WRA_FOLD, opt-in BW24CHAT_WRA_FOLD=1):
+  # bits / contract, then per GEMM and pp512 A/B.  Predicted: Q8_0 qkv / gate|up 1.2-1.35x faster
+  # than the split's three wgmmas (s18a: 157.6 / 453.0 us), pp512 ~11.9k -> 13.5-14.5k
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "wra_fold" 2>&1 | tail -3 | tee $OUT/pytest_s19a_fold.log
+  if grep -q " passed" $OUT/pytest_s19a_fold.log && ! grep -q "failed\|error" $OUT/pytest_s19a_fold.log; then
+  for env in "BW24CHAT_WRA_FOLD=0" "BW24CHAT_WRA_FOLD=1"; do env $env BW24CHAT_WRA=1 timeout 80 python3 bench/prefill_probe.py --formats q8_0 2>&1 | grep "a8=on" | sed "s/^/$env /"; done | tee $OUT/probe_s19a.log
+  for env in "BW24CHAT_WRA_FOLD=0" "BW24CHAT_WRA_FOLD=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s19a.log
+  fi
+  # decode: is the two-half attention's BF16 / Q8_0 gain at 512 keys the shared-memory footprint
+  # (one half with a 4-tile ring, 139 KB, one block per SM)?  And Q4_K's A/B, not measured in s18c
+  for env in "BW24CHAT_ATTN_TC_HALVES=1" "BW24CHAT_ATTN_TC_HALVES=1 BW24CHAT_ATTN_TC_STAGES=4" "BW24CHAT_ATTN_TC_HALVES=2"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192" | grep -v '"test"' | sed "s/^/$env /"; done | tee -a $OUT/bench_s19a.log
   ;;
 s18d)
   # the session's build (Q8_0 wide matrices on gemm_wra; attn_decode_tc with two halves over 4 tiles):
