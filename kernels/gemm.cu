@@ -1011,7 +1011,9 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
 #if WRA_FOLD
     // WRA_FOLD: per block b of tile kt, its wgmmas into P from zero, then D += P x d_b (see above);
     // tile kt + 1 is decoded while block 0's wgmmas run, as step() does for the whole tile
-    float pacc[WRA_ACC];
+    float pacc[WRA_ACC];  // every block's first wgmma overwrites it (scale-d = 0); zeroed once so no read is of an undefined value
+#pragma unroll
+    for (int i = 0; i < WRA_ACC; ++i) pacc[i] = 0.0f;
     auto step_fold = [&](int kt, WraFrag& f, WraFrag& next) {
         if (kt + WRA_STAGES - 2 < nkt) load(kt + WRA_STAGES - 2, (kt + WRA_STAGES - 2) % WRA_STAGES);
         asm volatile("cp.async.commit_group;" ::: "memory");
