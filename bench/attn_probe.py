@@ -1,5 +1,5 @@
 """Decode attention cost on the Qwen3-8B shape (H=32, K=8, hd=128), measured inside CUDA graphs
-(device):  python3 bench/attn_probe.py [--kv bf16,q8_0] [--lengths 1,512,2048,8192] [--heads 32,8]
+(device):  python3 bench/attn_probe.py [--kv bf16,q8_0] [--lengths 1,512,2048,8192] [--heads 32,8] [--rows 1,4,8]
 
 Per (cache type, L): 36 attn_decode launches over 36 different caches (as one decode step, so
 the L2 holds no more than it would there) captured in one graph; us per launch, median of 7 x 10
@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--kv", default="bf16")
     ap.add_argument("--lengths", default="1,512,2048,8192")
     ap.add_argument("--heads", default="32,8", help="query heads, kv heads")
+    ap.add_argument("--rows", default="1", help="decode rows per launch (speculative verify: K + 1), comma list")
     ap.add_argument("--ncu", action="store_true", help="one eager launch per (cache, L, variant): for Nsight Compute")
     ap.add_argument("--variants", default="default;BW24CHAT_ATTN_SPLITS=8;BW24CHAT_ATTN_SPLITS=16;"
                     "BW24CHAT_ATTN_SPLITS=64;BW24CHAT_ATTN_MIN_PER=4")
@@ -60,11 +61,12 @@ def main() -> int:
                     ck[...] = vals.reshape(ck.shape)
                     cv[...] = ck
             caches.append((ck, cv))
-        q = cp.asarray(rng.standard_normal((1, H, HD)).astype(np.float32))
-        out = cp.empty((1, H, HD), cp.float32)
-        for L in lengths:
-            lens = cp.asarray(np.array([L], np.int32))
-            kv_bytes = 2 * L * K * HD * {"bf16": 2, "f32": 4, "q8_0": 1, "fp8": 1}[kv]
+        max_m = max(int(v) for v in a.rows.split(","))  # rows' lengths L..L+m-1 stay inside n_ctx (m <= 8)
+        q = cp.asarray(rng.standard_normal((max_m, H, HD)).astype(np.float32))
+        out = cp.empty((max_m, H, HD), cp.float32)
+        for L, m in [(L, int(m)) for L in lengths for m in a.rows.split(",")]:
+            lens = cp.asarray(np.arange(L, L + m, dtype=np.int32))
+            kv_bytes = 2 * (L + m - 1) * K * HD * {"bf16": 2, "f32": 4, "q8_0": 1, "fp8": 1}[kv]  # each key read once (L2 serves the rows)
             for var in a.variants.split(";"):
                 env = dict(v.split("=") for v in var.split(",") if "=" in v)
                 old = {k: os.environ.get(k) for k in env}
@@ -72,12 +74,12 @@ def main() -> int:
                 try:
                     ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, HD), cp.uint8)
                     if a.ncu:
-                        ops.attn_decode(q, caches[0][0], caches[0][1], kv, lens, 1, 1 / math.sqrt(HD), out, ws)
+                        ops.attn_decode(q, caches[0][0], caches[0][1], kv, lens, m, 1 / math.sqrt(HD), out, ws)
                         cp.cuda.runtime.deviceSynchronize()
-                        print(f"launched {kv} L={L} {var}", flush=True)
+                        print(f"launched {kv} L={L} m={m} {var}", flush=True)
                         continue
                     us = time_graph(cp, stream, lambda c: ops.attn_decode(
-                        q, caches[c][0], caches[c][1], kv, lens, 1, 1 / math.sqrt(HD), out, ws), LAYERS)
+                        q, caches[c][0], caches[c][1], kv, lens, m, 1 / math.sqrt(HD), out, ws), LAYERS)
                 finally:
                     for k, v in old.items():
                         if v is None:
@@ -86,8 +88,8 @@ def main() -> int:
                             os.environ[k] = v
                 if a.ncu:
                     continue
-                rows.append((kv, L, var, us, kv_bytes / us / 1e3))
-                print(f"{kv:5s} L={L:5d} {var:28s} {us:7.2f} us  {kv_bytes / us / 1e3:6.0f} GB/s", flush=True)
+                rows.append((kv, L, m, var, us, kv_bytes / us / 1e3))
+                print(f"{kv:5s} L={L:5d} m={m} {var:28s} {us:7.2f} us  {kv_bytes / us / 1e3:6.0f} GB/s", flush=True)
         if a.ncu:
             continue
         # the rope / norm / cache-write prologue of one decode step (T = 1)

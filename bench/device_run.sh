@@ -27,6 +27,11 @@ s19a)
   for env in "BW24CHAT_WRA_FOLD=0" "BW24CHAT_WRA_FOLD=1"; do env $env BW24CHAT_WRA=1 timeout 80 python3 bench/prefill_probe.py --formats q8_0 2>&1 | grep "a8=on" | sed "s/^/$env /"; done | tee $OUT/probe_s19a.log
   for env in "BW24CHAT_WRA_FOLD=0" "BW24CHAT_WRA_FOLD=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep "pp512\|pp2048" | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s19a.log
   fi
+  # the two-half decode attention for speculative verify (m = K + 1 rows in one launch: the same
+  # kernel, so the same bits as m = 1): 139 KB per block leaves one block per SM where the one-half
+  # kernel had two, so m >= 3 rows take two waves.  Predicted: m = 4 / 8 at 512 keys up to ~2x the
+  # one-half time; at 8192 keys closer.  Also two halves with clusters of 16 (128 blocks at m = 1).
+  timeout 150 python3 bench/attn_probe.py --kv bf16 --lengths 512,8192 --rows 1,4,8 --variants "BW24CHAT_ATTN_TC_HALVES=1;BW24CHAT_ATTN_TC_HALVES=2;BW24CHAT_ATTN_TC_HALVES=2,BW24CHAT_ATTN_CLUSTER=16" 2>&1 | grep " m=" | tee $OUT/probe_s19a_rows.log
   # decode: is the two-half attention's BF16 / Q8_0 gain at 512 keys the shared-memory footprint
   # (one half with a 4-tile ring, 139 KB, one block per SM)?  And Q4_K's A/B, not measured in s18c
   for env in "BW24CHAT_ATTN_TC_HALVES=1" "BW24CHAT_ATTN_TC_HALVES=1 BW24CHAT_ATTN_TC_STAGES=4" "BW24CHAT_ATTN_TC_HALVES=2"; do env $env timeout 120 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192" | grep -v '"test"' | sed "s/^/$env /"; done | tee -a $OUT/bench_s19a.log
