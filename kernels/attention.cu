@@ -892,8 +892,9 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
 // accumulator chain), masked to keys < L_r, scaled to the log2 domain; online softmax per warp;
 // P = exp2(S - m) split the same way, O += P_hi.V + P_lo.V.  Agreement with the float64 reference
 // ~1e-5 (the FMA kernel: ~1e-7; the tolerance of both is 2e-3).
-// Geometry: 128 threads = 4 warps; a block tile is TCK = 64 keys of K and V (rows padded to
-// LDK bf16: conflict-free fragment loads), TCSTAGES-deep cp.async pipeline; warp w owns keys
+// Geometry: 128 threads = 4 warps (256 with TC_HALVES = 2, below); a block tile is TCK = 64 keys
+// of K and V (rows padded to LDK bf16: conflict-free fragment loads), TCSTAGES-deep cp.async
+// pipeline; warp w owns keys
 // 16w..16w+15 of every tile, in increasing tile order, with its own (m, l, O); the four warps are
 // merged in warp order by decode_finish (as the FMA kernel's sub-warps).  Every step's order is
 // fixed by L_r alone.  Under PDL the first TCSTAGES-1 tiles are fetched before pdl_wait, except the
