@@ -55,12 +55,14 @@ def gemm_bufs(x_split: bool, w_split: bool) -> int:
 
 
 def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, **defines):
+    """The portable gemm for these splits and its dynamic shared memory (set as its limit)."""
     # gemm.cu derives W_SPLIT from GEMM_SPLIT and the format: w_split is that same rule
     bufs = gemm_bufs(x_split, w_split)
     k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
                    **defines)
-    k.max_dynamic_shared_size_bytes = _gemm_smem(x_split, w_split, bufs)
-    return k
+    smem = _gemm_smem(x_split, w_split, bufs)
+    k.max_dynamic_shared_size_bytes = smem
+    return k, smem
 
 
 WG_BM = 128  # gemm.cu gemm_wg: tokens per block
@@ -352,8 +354,13 @@ def a8_rows_per_launch(W: DeviceWeight, nw: int, qx_out: bool = False) -> int:
     code planes and a 16-byte record per 32 inputs per row, plus a float per warp; with qx_out
     two 128-byte tile buffers per row); more rows run in groups of this many (each row equals its
     m = 1 call), except with QX buffers, which one launch must take whole."""
-    per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw + (256 if qx_out else 0)
+    per_row = _a8_row_bytes(W, nw) + (256 if qx_out else 0)
     return max(1, (min(WGP_SMEM_MAX, kernel_build.smem_block_limit()) - 1024) // per_row)
+
+
+def _a8_row_bytes(W: DeviceWeight, nw: int) -> int:
+    """Shared bytes of one staged x row of the integer-dot matvec (matvec.cu ACT_Q8)."""
+    return 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
@@ -407,7 +414,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         return
     defs, rows, nw = _simt_geometry(W, m, a8, pro)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
-        per_row = 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
+        per_row = _a8_row_bytes(W, nw)
         m_fit = a8_rows_per_launch(W, nw, qx_out is not None)
         if m > m_fit:  # rows are independent (each equals its m = 1 call): run them in groups
             xf, of = x.reshape(-1), out.reshape(-1)
@@ -479,9 +486,8 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
         return
-    k = _gemm_kernel(W, x_split, w_split, **planes)
-    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args,
-      shared_mem=_gemm_smem(x_split, w_split, gemm_bufs(x_split, w_split)))
+    k, smem = _gemm_kernel(W, x_split, w_split, **planes)
+    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=smem)
 
 
 # gemm.cu I8_STAGE_BYTES, same formula: x h and l tiles (2 x 128 x 128 B), the W tile (64 x 128 B),

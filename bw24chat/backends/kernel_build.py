@@ -304,14 +304,21 @@ def smem_block_limit() -> int:
     """Dynamic shared memory one block may opt in to on this GPU: 227 KB on sm_90 / sm_100,
     99 KB on sm_86 / sm_89 / sm_120 (CUDA C++ Programming Guide, compute capability table).
     Wrappers whose kernels come in a smaller-footprint variant (fewer pipeline stages or
-    buffers: the same arithmetic, the same bits) pick it from this.  Without a GPU (compile-only
-    paths, CI) the sm_90 figure."""
+    buffers: the same arithmetic, the same bits) pick it from this, on every launch: so the
+    device is asked once per device.  Without a GPU (compile-only paths, CI) the sm_90 figure."""
     try:
         import cupy
 
-        return int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+        return _smem_block_limit_of(cupy.cuda.Device().id)
     except Exception:  # noqa: BLE001
         return SMEM_BLOCK_SM90
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_block_limit_of(device_id: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
 
 
 # ----------------------------------------------------------------------------- GPU-less path
