@@ -141,25 +141,55 @@
 #define EPI_SWIGLU 2  // rows interleaved gate_i, up_i: out[m, i] = silu(y[2i]) * y[2i+1]
 static_assert(MV_R % 2 == 0, "the swiglu epilogue pairs rows (2i, 2i+1) inside one warp");
 
+#ifndef XF_NR  // float path: float4 groups per thread and batch of the x prologue (2 at 80 registers: spills)
+#define XF_NR (MV_MINB >= 3 ? 2 : 4)
+#endif
+// The float path reads x in float4 GROUPS (values 4f..4f+3 of a row): thread tid takes the groups
+// f = b0 + tid + NT*i (i < XF_NR) of each batch b0, all of the batch's loads issued before any use,
+// so a batch costs one round trip to L2.  (The scalar loops this replaced, 4 loads in flight per
+// thread, cost 4 round trips per 4096 inputs for the statistic and 4 more for the staging, 6 for
+// the 12288 inputs of a down projection: bench/NOTES.md, nineteenth session.)  vec: x, ldx, n_in
+// (and normw) allow 16-byte loads; otherwise four guarded scalar loads give the same values.
+// Values at or past n read as 0.
+BW24_DEVICE float4 load_group(const float* __restrict__ xr, int f, int n, bool vec) {
+    if (vec) return reinterpret_cast<const float4*>(xr)[f];
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = 4 * f + e < n ? xr[4 * f + e] : 0.0f;
+    return make_float4(v[0], v[1], v[2], v[3]);
+}
+
 // The rmsnorm statistic of the MV_M rows of x for the float path (pro == PRO_RMS; else inv = 1):
-// inv[m] = rms_inv(sum_k x[m, k]^2), the sum in one fixed order (lanes take k = tid, tid + MV_NT,
-// ... by FMA, warp_sum, the warps in order), the same for every MV_M.  red: MV_M * MV_NW floats.
-BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, int pro, float eps, float* red,
+// inv[m] = rms_inv(sum_k x[m, k]^2), the sum in one fixed order (each thread's groups in the order
+// (b0, i, x, y, z, w) by FMA, warp_sum, the warps in order), the same for every MV_M; with
+// MV_STAT8 the first 8 warps sum it in the 8-warp order.  red: MV_M * MV_NW floats.
+BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, int pro, float eps, bool vec, float* red,
                               float (&inv)[MV_M]) {
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) inv[m] = 1.0f;
     if (pro != PRO_RMS) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n4 = (n_in + 3) / 4;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float ss[MV_M];
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) {
         float s = 0.0f;
-        if (!MV_STAT8 || tid < STAT_NT)
-#pragma unroll 4
-            for (int p = tid; p < n_in; p += STAT_NT) {
-                const float v = x[(long)m * ldx + p];
-                s = __fmaf_rn(v, v, s);
+        for (int b0 = 0; b0 < n4 && (!MV_STAT8 || tid < STAT_NT); b0 += STAT_NT * XF_NR) {
+            float4 v[XF_NR];
+#pragma unroll
+            for (int i = 0; i < XF_NR; ++i) {
+                const int f = b0 + tid + STAT_NT * i;
+                v[i] = f < n4 ? load_group(x + (long)m * ldx, f, n_in, vec) : zero;
             }
+#pragma unroll
+            for (int i = 0; i < XF_NR; ++i) {
+                s = __fmaf_rn(v[i].x, v[i].x, s);
+                s = __fmaf_rn(v[i].y, v[i].y, s);
+                s = __fmaf_rn(v[i].z, v[i].z, s);
+                s = __fmaf_rn(v[i].w, v[i].w, s);
+            }
+        }
         ss[m] = warp_sum(s);
     }
     if (lane == 0)
@@ -175,11 +205,12 @@ BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, in
     }
 }
 
-// swizzled smem index -> natural position in the tile
-BW24_DEVICE int unswizzle(int s) {
-    const int w = s / WT, rem = s - w * WT;
-    const int grp = rem >> 7, l4 = rem & 127;
-    return w * WT + (l4 >> 2) * VPC + grp * 4 + (l4 & 3);
+// natural position t in a k-tile -> its swizzled shared-memory index (layout: the header); the
+// values t..t+3 of a group (t % 4 == 0, VPC a multiple of 4) are contiguous there
+BW24_DEVICE int swizzle(int t) {
+    const int w = t / WT, rem = t - w * WT;
+    const int L = rem / VPC, e = rem - L * VPC;
+    return w * WT + (e >> 2) * 128 + 4 * L + (e & 3);
 }
 
 // rmsnorm applied to one value: (x * inv) * w, the order numpy_backend.rmsnorm uses
@@ -192,6 +223,53 @@ BW24_DEVICE float prologue_x(const float* __restrict__ x, long off, int p, int n
     if (pro == PRO_SWIGLU) return swiglu_act(v, x[off + n_in + p]);
     return v;
 }
+
+#if !ACT_Q8
+// The float path's staging of k-tile [k0, k0 + tkk) of the MV_M rows: x' = prologue(x) (rms_apply
+// with inv[m] and normw, or swiglu_act with the up half x[m, n_in + k]) into xs[m][tk] at the
+// swizzled positions, by the float4 groups of load_group (one L2 round trip per batch).  The same
+// values as prologue_x gives element by element.
+BW24_DEVICE void stage_float_x(const float* __restrict__ x, int ldx, int n_in, int k0, int tkk, int tk, int pro,
+                               const float (&inv)[MV_M], const float* __restrict__ normw, bool vec, float* xs) {
+    const int tid = threadIdx.x, g4 = (tkk + 3) / 4;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 1
+    for (int m = 0; m < MV_M; ++m) {
+        const float* xr = x + (long)m * ldx + k0;
+        for (int b0 = 0; b0 < g4; b0 += MV_NT * XF_NR) {
+            float4 a[XF_NR], w[XF_NR];
+#pragma unroll
+            for (int i = 0; i < XF_NR; ++i) {
+                const int f = b0 + tid + MV_NT * i;
+                const bool ok = f < g4;
+                a[i] = ok ? load_group(xr, f, tkk, vec) : zero;
+                w[i] = zero;
+                if (ok && pro == PRO_RMS) w[i] = load_group(normw + k0, f, tkk, vec);
+                if (ok && pro == PRO_SWIGLU) w[i] = load_group(xr + n_in, f, tkk, vec);
+            }
+#pragma unroll
+            for (int i = 0; i < XF_NR; ++i) {
+                const int f = b0 + tid + MV_NT * i;
+                if (f >= g4) continue;
+                float4 v = a[i];
+                if (pro == PRO_RMS)
+                    v = make_float4(rms_apply(v.x, inv[m], w[i].x), rms_apply(v.y, inv[m], w[i].y),
+                                    rms_apply(v.z, inv[m], w[i].z), rms_apply(v.w, inv[m], w[i].w));
+                else if (pro == PRO_SWIGLU)
+                    v = make_float4(swiglu_act(v.x, w[i].x), swiglu_act(v.y, w[i].y), swiglu_act(v.z, w[i].z),
+                                    swiglu_act(v.w, w[i].w));
+                float* dst = xs + m * tk + swizzle(4 * f);
+                if (4 * f + 4 <= tkk) {
+                    *reinterpret_cast<float4*>(dst) = v;
+                } else {  // the row's last, partial group
+                    const float t[4] = {v.x, v.y, v.z, v.w};
+                    for (int e = 0; 4 * f + e < tkk; ++e) dst[e] = t[e];
+                }
+            }
+        }
+    }
+}
+#endif
 
 // one chunk of MV_R rows against MV_M x rows; xb = xs + warp-tile*WT + 4*lane
 BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int tk, const float* xsb, int xss,
@@ -705,7 +783,10 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     const uint32_t nv_t0 = __shfl_sync(0xffffffffu, 0x03020100u + (uint32_t)lane, lane) - (uint32_t)lane;
 #else
     float inv[MV_M];
-    rms_inv_rows(x, ldx, n_in, pro, eps, red, inv);
+    // 16-byte x reads where the rows allow them (the same values either way: load_group)
+    const bool vec = ((reinterpret_cast<unsigned long long>(x) | (pro == PRO_RMS ? reinterpret_cast<unsigned long long>(normw) : 0ull)) & 15) == 0
+                     && (ldx & 3) == 0 && (n_in & 3) == 0;
+    rms_inv_rows(x, ldx, n_in, pro, eps, vec, red, inv);
     (void)qx_in; (void)qx_out;
 #endif
     for (bool staged = ACT_Q8;;) {
@@ -723,13 +804,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #else
             if (!(resident && staged)) {
                 __syncthreads();  // the previous tile (and red[]) is consumed
-#pragma unroll
-                for (int m = 0; m < MV_M; ++m)
-#pragma unroll 4
-                    for (int s = tid; s < tk; s += MV_NT) {
-                        const int t = unswizzle(s);
-                        if (t < tkk) xs[m * tk + s] = prologue_x(x, (long)m * ldx, k0 + t, n_in, pro, inv[m], normw);
-                    }
+                stage_float_x(x, ldx, n_in, k0, tkk, tk, pro, inv, normw, vec, xs);
 #if HAS_MIN
                 __syncthreads();
                 for (int c = tid; c < MV_M * (tk / 32); c += MV_NT) {

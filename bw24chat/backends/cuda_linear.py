@@ -245,8 +245,9 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     333.0 vs 322.4 tok/s.  MV_STAT8 in the picked defines means "allowed behind an rmsnorm"
     (_warps_per_block).
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
-    allow), BW24CHAT_MV_STEADY (branch-free steady-state windows) and BW24CHAT_A8_NR (the
-    integer-dot prologue's float4 batch) override, for experiments."""
+    allow), BW24CHAT_MV_STEADY (branch-free steady-state windows), BW24CHAT_A8_NR (the
+    integer-dot prologue's float4 batch) and BW24CHAT_XF_NR (the float path's) override, for
+    experiments."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -280,7 +281,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
         elif W.out <= A8_SMALL_ROWS:  # o and down at 16 warps (s11a): 11.3 vs 13.7 us, 29.4 vs 32.9 (tc)
             d["MV_NW"] = 16
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
-                      ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW")):
+                      ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW"),
+                      ("BW24CHAT_XF_NR", "XF_NR")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN

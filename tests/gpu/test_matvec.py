@@ -340,3 +340,36 @@ def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer
     cl.matvec(W_d, act, got, m, prologue="qx", epilogue="add", qx_in=qx)
     assert np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32)), "prologue qx differs from none"
     check_close(run(cp, W_d, act_h, m), ref_input(act_h, "none", F, None, consumer), w_d)  # (store: no residual rounding)
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "F32", "F16", "Q4_1"])
+@pytest.mark.parametrize("pro", ["none", "rmsnorm", "swiglu"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_float_path_reads_give_the_same_bits_aligned_or_not(cp, rng, fmt, pro, m, monkeypatch):
+    """The float path's prologue reads x in float4 groups where x, its row stride and normw allow
+    16-byte loads, else as four guarded scalar loads (matvec.cu load_group); the statistic's
+    order and the staged values are the same either way, and for any batch size (XF_NR).  x one
+    float past a 16-byte boundary takes the scalar reads; rows several statistic batches wide."""
+    from bw24chat.backends import cuda_linear as cl
+
+    monkeypatch.setenv("BW24CHAT_MATVEC", "simt")
+    ts, w = make_weight(rng, fmt, rows=(int(rng.integers(20, 90)),), nblocks=8192 // block_of(fmt))
+    W = cw.upload(ts)
+    ldx = 2 * W.in_ if pro == "swiglu" else W.in_
+    x = rng.standard_normal((m, ldx)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32) if pro == "rmsnorm" else None
+
+    def rows(offset: int):
+        buf = cp.zeros(m * ldx + 4, dtype=cp.float32)
+        xd = buf[offset:offset + m * ldx]
+        xd[...] = cp.asarray(x.reshape(-1))
+        out = cp.full((m, W.out), cp.nan, dtype=cp.float32)
+        cl.matvec(W, xd, out, m, prologue=pro, norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS)
+        return cp.asnumpy(out)
+
+    aligned, scalar = rows(0), rows(1)
+    assert np.array_equal(aligned.view(np.uint32), scalar.view(np.uint32))
+    for nr in ("1", "4"):
+        monkeypatch.setenv("BW24CHAT_XF_NR", nr)
+        assert np.array_equal(rows(0).view(np.uint32), aligned.view(np.uint32)), f"XF_NR={nr}"
+    check_close(aligned, ref_input(x, pro, W.in_, norm_w, fmt), w)
