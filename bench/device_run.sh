@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s19c)
+  # the portable path's Q8_0 gap (s19b: rel L2 prefill vs decode 5.4e-4 under BW24CHAT_GEMM=mma, 1.7e-4
+  # on the default path): each prefill GEMM path's rows against the decode matvec's, per kernel
+  timeout 90 python3 bench/prefill_decode_rows.py 2>&1 | tail -20 | tee $OUT/diag_s19c.log
+  # the integer-dot prologue's share per shape (MV_ABLATE=1 skips stage_a8: timing only)
+  BW24CHAT_MV_VARIANTS="auto:;ablate:MV_ABLATE=1" timeout 150 python3 bench/matvec_variants.py --formats q8_0,nvfp4 2>&1 | grep "^Q8_0\|^NVFP4" | tee $OUT/variants_s19c.log
+  ;;
 s19b)
   # the float path's x prologue in float4 batches (matvec.cu load_group / stage_float_x): one L2
   # round trip per batch where the scalar loops took 4 per 4096 inputs (statistic and staging
@@ -20,12 +27,12 @@ s19b)
   grep -q " passed" $OUT/pytest_s19b.log && ! grep -q "failed\|error" $OUT/pytest_s19b.log || exit 3
   cp kernels/matvec.cu /root/new_matvec.cu
   for build in new old; do
-    [ $build = old ] && cp bench/ab_old_matvec.cu kernels/matvec.cu
+    [ $build = old ] && git show 5c3d4b6:kernels/matvec.cu > kernels/matvec.cu
     BW24CHAT_MV_VARIANTS="$build:;$build-nr1:XF_NR=1;$build-nr4:XF_NR=4" timeout 100 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep "^BF16" | tee -a $OUT/variants_s19b.log
     cp /root/new_matvec.cu kernels/matvec.cu
   done
   for i in 1 2; do for build in new old; do
-    [ $build = old ] && cp bench/ab_old_matvec.cu kernels/matvec.cu
+    [ $build = old ] && git show 5c3d4b6:kernels/matvec.cu > kernels/matvec.cu
     timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192" | grep -v '"test"' | sed "s/^/$build /" | tee -a $OUT/bench_s19b.log
     cp /root/new_matvec.cu kernels/matvec.cu
   done; done
