@@ -370,12 +370,11 @@ BW24_DEVICE void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
 // warpgroup holds rows 16v..16v+15 as mma.m16n8k16 does: a[0] = (row g, k 2t..2t+1), a[1] = (row
 // g+8, k 2t..), a[2] = (row g, k 2t+8..2t+9), a[3] = (row g+8, k 2t+8..), low half the lower k);
 // the registers must hold their values until the wgmma completes (wait_group)
-// acc = 0: D = A.B, the accumulators' old values ignored (the wgmma's scale-d predicate)
-BW24_DEVICE void wgmma_ra_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc = 1) {
+BW24_DEVICE void wgmma_ra_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_D0_63 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }"
                  : WG_F0_63
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
 BW24_DEVICE void wgmma_ra_m64n256k16(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
@@ -692,34 +691,13 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #if WRA_BT != 128 && WRA_BT != 256
 #error "WRA_BT: 128 or 256 tokens per block"
 #endif
-// WRA_FOLD (Q8_0, 128 tokens; prepared in the eighteenth session, opt-in BW24CHAT_WRA_FOLD=1): A =
-// the int8 codes q as bf16 (exact), and per 32-value block b the wgmmas of its two k16 steps (x_hi,
-// then x_lo) go into a second accumulator set P, started from zero (scale-d = 0); after them
-// D += P x d_b (one FFMA per accumulator, d_b the row's f16 scale).  Contract:
-//   y[t, o] = sum over blocks b in order of d[o, b] * P[t, o, b],
-//   P[t, o, b] = the f32 tensor-core sum over the block's 2 k16 steps of x_hi.q, x_lo.q
-// (the x planes are the integer-dot levels 2^e h and 2^(e-8) l: every product is exact, so P is
-// the block's integer dot 2^(e-8) (256 H + L) up to the tensor core's f32 additions, and y is the
-// decode matvec's per-block sum of those times d, as the matvec computes it, up to the order of
-// the blocks' f32 additions).  Two wgmmas per k16 step instead of the split's three (x_hi.W_hi,
-// x_lo.W_hi, x_hi.W_lo), for one FFMA per output and block, which runs on the FMA pipe while the
-// other warpgroup's wgmmas run.  The gemm_i8 fold (int8 wgmma) needed four integer / float
-// operations per output and block and was issue-bound (thirteenth session); here the token's
-// scale 2^e rides inside the bf16 plane values.  Not bit-equal to the split contract (its own
-// tests: the float64 reference of act_quant_ref(x) @ W.T, T-independence).
-#ifndef WRA_FOLD
-#define WRA_FOLD 0
-#endif
-#if WRA_FOLD && (FMT != F_Q8_0 || WRA_BT != 128)
-#error "WRA_FOLD: Q8_0 at 128 tokens per block (two accumulator sets)"
-#endif
 #define WRA_ACC (WRA_BT / 2)
 #define WRA_ROWS 128
 #define WRA_X_BYTES (WRA_BT * GM_BK * 2)
 #define WRA_CPR (FMT == F_Q8_0 ? 4 : 2)  // 16-byte resident chunks per row and k tile (Q8_0: 16 values each)
 #define WRA_PITCH (FMT == F_Q8_0 ? 80 : 48)  // a row's codes in the stage, padded (conflict-free 4-byte reads)
 #define WRA_W_BYTES (WRA_ROWS * WRA_PITCH)
-#define WRA_WLO (GEMM_SPLIT && FMT != F_NVFP4 && !WRA_FOLD)  // Q4_K / Q8_0 precise: W = W_hi + W_lo, both register operands
+#define WRA_WLO (GEMM_SPLIT && FMT != F_NVFP4)  // Q4_K / Q8_0 precise: W = W_hi + W_lo, both register operands
 #define WRA_REC (FMT == F_Q4_K ? 16 : 4)  // per row and k tile: NVFP4's scale word, Q8_0's two f16 scales, Q4_K's superblock header
 #define WRA_STAGE_BYTES ((1 + GEMM_SPLIT) * WRA_X_BYTES + ((WRA_W_BYTES + WRA_ROWS * WRA_REC + 1023) / 1024) * 1024)
 #define WRA_SMEM_BYTES (WRA_STAGES * WRA_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
@@ -755,12 +733,11 @@ BW24_DEVICE uint32_t bf16x2_mul(uint32_t a, uint32_t b) {  // exact here: the pr
 }
 
 #if WG_AVAILABLE
-BW24_DEVICE void wra_mma(float (&d)[WRA_ACC], const uint32_t (&a)[4], uint64_t db, int acc = 1) {
+BW24_DEVICE void wra_mma(float (&d)[WRA_ACC], const uint32_t (&a)[4], uint64_t db) {
 #if WRA_BT == 256
-    (void)acc;  // the 128-register accumulators are never restarted (WRA_FOLD runs at 128 tokens)
     wgmma_ra_m64n256k16(d, a, db);
 #else
-    wgmma_ra_m64n128k16(d, a, db, acc);
+    wgmma_ra_m64n128k16(d, a, db);
 #endif
 }
 #endif
@@ -771,9 +748,6 @@ struct WraFrag {
     uint32_t h[4][4];
 #if WRA_WLO
     uint32_t l[4][4];
-#endif
-#if WRA_FOLD
-    float dsc[2][2];  // [row ra / ra + 8][block of the k tile]: Q8_0's f16 scales
 #endif
 };
 
@@ -878,13 +852,8 @@ BW24_DEVICE void wra_fragments(const char* codes, const void* recs, int ra, int 
         for (int s = 0; s < 4; ++s) {
             const float a = f16_bits_to_f32((uint16_t)(s < 2 ? sw & 0xFFFFu : sw >> 16));
             const uint32_t w4 = wra_bytes(row + 16 * s, wofs, pick) ^ 0x80808080u;  // int8 -> int8 + 128 (qval's QOFF)
-#if WRA_FOLD
-            if ((s & 1) == 0) f.dsc[r][s >> 1] = a;  // q itself is the operand: exact in bf16 (|q| <= 128)
-            wra_put(f, s, r, make_float4(qval(w4, 0), qval(w4, 1), qval(w4, 2), qval(w4, 3)));
-#else
             wra_put(f, s, r, make_float4(__fmul_rn(qval(w4, 0), a), __fmul_rn(qval(w4, 1), a),
                                          __fmul_rn(qval(w4, 2), a), __fmul_rn(qval(w4, 3), a)));
-#endif
         }
     }
 }
@@ -1008,56 +977,12 @@ gemm_wra(const uint4* __restrict__ wq, const uint32_t* __restrict__ ws, const fl
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         wg_fence_acc(d);
     };
-#if WRA_FOLD
-    // WRA_FOLD: per block b of tile kt, its wgmmas into P from zero, then D += P x d_b (see above);
-    // tile kt + 1 is decoded while block 0's wgmmas run, as step() does for the whole tile
-    float pacc[WRA_ACC];  // every block's first wgmma overwrites it (scale-d = 0); zeroed once so no read is of an undefined value
-#pragma unroll
-    for (int i = 0; i < WRA_ACC; ++i) pacc[i] = 0.0f;
-    auto step_fold = [&](int kt, WraFrag& f, WraFrag& next) {
-        if (kt + WRA_STAGES - 2 < nkt) load(kt + WRA_STAGES - 2, (kt + WRA_STAGES - 2) % WRA_STAGES);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-        const uint32_t st = sbase + (kt % WRA_STAGES) * WRA_STAGE_BYTES;
-        uint64_t dh[4], dl[4];
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            dh[s] = wg_desc(st + 32 * s);
-            dl[s] = wg_desc(st + WRA_X_BYTES + 32 * s);
-            asm volatile("" : "+l"(dh[s]), "+l"(dl[s])::"memory");
-        }
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-            wg_fence_acc(pacc);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-            for (int s = 2 * b; s < 2 * b + 2; ++s) {
-                wra_mma(pacc, f.h[s], dh[s], s != 2 * b);  // the block's first wgmma starts P from zero
-                if (GEMM_SPLIT) wra_mma(pacc, f.h[s], dl[s]);
-            }
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            if (b == 0 && kt + 1 < nkt) {
-                tile_ready();
-                decode(kt + 1, next);
-            }
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            wg_fence_acc(pacc);
-            // d[4j + h]: row ra + 8 (h >> 1) of the warpgroup's 64 (the epilogue's layout)
-#pragma unroll
-            for (int i = 0; i < WRA_ACC; ++i) d[i] = __fmaf_rn(pacc[i], f.dsc[(i >> 1) & 1][b], d[i]);
-        }
-    };
-#endif
     WraFrag fa, fb;
     tile_ready();
     decode(0, fa);
     for (int kt = 0; kt < nkt; kt += 2) {  // unrolled by two: the register sets are named, not indexed
-#if WRA_FOLD
-        step_fold(kt, fa, fb);
-        if (kt + 1 < nkt) step_fold(kt + 1, fb, fa);
-#else
         step(kt, fa, fb);
         if (kt + 1 < nkt) step(kt + 1, fb, fa);
-#endif
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_fence_acc(d);

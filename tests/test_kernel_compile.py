@@ -79,8 +79,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm", {"FMT": 11, "WRA_BT": 128, "WRA_STAGES": 4, "GEMM_SPLIT": 0}),
     ("gemm", {"FMT": 8, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra on Q4_K (W_hi and W_lo registers)
     ("gemm", {"FMT": 3, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra on Q8_0 (the bf16 split: W_hi, W_lo)
-    ("gemm", {"FMT": 3, "WRA_BT": 128, "WRA_STAGES": 4, "WRA_FOLD": 1}),  # Q8_0 with the per-block fold (prepared)
-    ("gemm", {"FMT": 3, "WRA_BT": 128, "WRA_STAGES": 4, "WRA_FOLD": 1, "GEMM_SPLIT": 0}),
     ("gemm", {"FMT": 3, "I8_STAGES": 4}),
     ("gemm", {"FMT": 3, "I8_STAGES": 4, "I8_SCF32": 1}),  # gemm_i8 with the f32 scales converted once per tile  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)
     ("gemm", {"FMT": 3, "GEMM_XPLANES": 1}),  # register-staged GEMMs on the integer-dot contract's x planes
@@ -120,9 +118,6 @@ def production_gemm_builds() -> list[dict]:
                 bn, stages, _ = cl.wgp_geometry(n_out, precise, w_lo)
                 out.append({"FMT": 2, "GEMM_SPLIT": int(precise), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)})
     out.append({"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1})
-    for precise in (True, False):  # and the prepared Q8_0 fold (BW24CHAT_WRA_FOLD=1: 128 tokens)
-        stages = max(3, min(4, (cl.WGP_SMEM_MAX - 1024) // cl.wra_stage_bytes(precise, 128, "Q8_0")))
-        out.append({"FMT": 3, "GEMM_SPLIT": int(precise), "WRA_BT": 128, "WRA_STAGES": stages, "WRA_FOLD": 1})
     return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
 
 

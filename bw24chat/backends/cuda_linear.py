@@ -636,8 +636,6 @@ def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4") -> tuple[int, in
     half the SMs idle); fast, 128 (gate|up 260 vs 279).  A ring of up to 4 stages as fits
     (BW24CHAT_WRA_BT / BW24CHAT_WRA_STAGES override)."""
     bt = int(os.environ.get("BW24CHAT_WRA_BT", 256 if precise and n_out >= WGP_WIDE_ROWS else 128))
-    if wra_fold(fmt):
-        bt = 128  # two accumulator sets (gemm.cu WRA_FOLD)
     stage = wra_stage_bytes(precise, bt, fmt)
     stages = max(3, min(int(os.environ.get("BW24CHAT_WRA_STAGES", 4)), (WGP_SMEM_MAX - 1024) // stage))
     return bt, stages, stage
@@ -670,20 +668,9 @@ def wra_summary() -> str:
     return ",".join(WRA_RECORD_BYTES if mode in ("1", "wide") else WRA_DEFAULT_FORMATS) + (" all" if mode == "1" else " wide")
 
 
-def wra_fold(fmt: str) -> bool:
-    """Q8_0 on gemm_wra with the per-block fold (gemm.cu WRA_FOLD: the int8 codes as the register
-    operand, two wgmmas per k16 step into a second accumulator set, D += P x d per 32-value block)
-    instead of the bf16 split's three wgmmas.  Prepared in the eighteenth session, never run on a
-    GPU: opt-in, BW24CHAT_WRA_FOLD=1.  Predicted: the wide Q8_0 GEMMs ~1.2-1.35x faster (two
-    wgmma units and one FFMA per output and block, where the split takes three), pp512 ~11.9k ->
-    ~13.5-14.5k tok/s on the H200."""
-    return fmt == "Q8_0" and os.environ.get("BW24CHAT_WRA_FOLD", "0") == "1"
-
-
 def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool) -> None:
     bt, stages, stage = wra_geometry(W.out, x_split, W.fmt)
-    fold = {"WRA_FOLD": 1} if wra_fold(W.fmt) else {}
-    k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages, **fold)
+    k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages)
     smem = wgp_smem(stages, stage)
     _ensure_smem(k, smem)
     k((-(-T // bt), -(-W.out // WRA_ROWS)), (256,),

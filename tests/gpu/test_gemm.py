@@ -289,42 +289,6 @@ def test_integer_dot_gemm_matches_reference(cp, rng, fmt, impl):
             check(cp.asnumpy(out), xin, ref_w, tol)
 
 
-@pytest.mark.parametrize("precise", [True, False])
-@pytest.mark.parametrize("T", [1, 77, 300])
-def test_gemm_wra_fold_matches_the_integer_dot_reference(cp, rng, T, precise, monkeypatch):
-    """gemm_wra with the per-block fold (gemm.cu WRA_FOLD, BW24CHAT_WRA_FOLD=1: Q8_0's int8 codes as
-    the register operand, P = the block's x.q on the tensor cores from zero, D += P x d): precise,
-    act_quant_ref(x) @ W.T within 2e-6 of sum |x||w| (the products exact, f32 sums per block, one
-    FMA rounding per block), fast the same with the high code level alone; rows do not depend on T;
-    the add epilogue; and the decode matvec on the same contract agrees (~1e-6)."""
-    from bw24chat.backends import cuda_linear as cl
-    from bw24chat.backends.kernel_build import active_arch
-
-    if active_arch() != "sm_90a":
-        pytest.skip("gemm_wra runs on sm_90a")
-    monkeypatch.setenv("BW24CHAT_WRA", "1")
-    monkeypatch.setenv("BW24CHAT_WRA_FOLD", "1")
-    # rows off the 128-row block, k tiles more than the ring's stages (the ring wraps)
-    ts, w = make_weight(rng, "Q8_0", rows=(int(rng.integers(60, 200)), 71), nblocks=2 * int(rng.integers(9, 25)))
-    W = cw.upload(ts)
-    assert cl.uses_gemm_wra(W) and cl.wra_fold(W.fmt)
-    x = (rng.standard_normal((T, W.in_)) * rng.uniform(0.01, 10.0, (T, 1))).astype(np.float32)
-    got = run(cp, W, x, T, precise=precise)
-    assert not np.isnan(got).any()
-    xq = act_quant_ref(x)
-    check(got, xq if precise else act_quant_ref(x, 1), w, 2e-6)  # fast: the high level, W still exact (q d)
-    for r in {0, T // 2, T - 1}:
-        one = run(cp, W, x[r:r + 1], 1, precise=precise)
-        assert np.array_equal(one.view(np.uint32), got[r:r + 1].view(np.uint32)), f"row {r} depends on T"
-    res = rng.standard_normal((T, W.out)).astype(np.float32)
-    assert np.array_equal(run(cp, W, x, T, epi="add", init=res, precise=precise), (res + got).astype(np.float32))
-    if precise:
-        mv = cp.full((1, W.out), cp.nan, dtype=cp.float32)
-        cl.matvec(W, cp.asarray(x[:1]), mv, 1)
-        bound = np.abs(xq[:1].astype(np.float64)) @ np.abs(w.astype(np.float64)).T
-        assert np.all(np.abs(cp.asnumpy(mv).astype(np.float64) - got[:1]) <= 1e-6 * bound + 1e-30)
-
-
 @pytest.mark.parametrize("T", [1, 77, 300])
 def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
     """gemm_i8 (gemm.cu: Q8_0 precise prefill on the int8 wgmma, the default): act_quant_qx
