@@ -11,6 +11,19 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s19d)
+  # gemm_i8_mma (gemm.cu: the portable path's Q8_0 precise prefill on mma.sync s8, gemm_i8's
+  # contract): bits (= gemm_i8 on sm_90a), the rows against the decode's (bench/prefill_decode_rows.py:
+  # the mma row predicted 4.2e-5 -> ~5e-7), then the portable gates that failed in s19a / s19b
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_gemm.py -k "i8 or one_buffer or integer_dot" 2>&1 | tail -3 | tee $OUT/pytest_s19d.log
+  grep -q " passed" $OUT/pytest_s19d.log && ! grep -q "failed\|error" $OUT/pytest_s19d.log || exit 3
+  timeout 90 python3 bench/prefill_decode_rows.py 2>&1 | grep "wg  \|mma" | tee $OUT/rows_s19d.log
+  BW24CHAT_PORTABLE=1 timeout 150 python3 -m bw24chat check --skip-kernels --formats bf16,q8_0,q4_k,nvfp4 --kv bf16,q8_0 > $OUT/check_s19d.log 2>&1; echo "portable check rc=$?"
+  grep "FAIL\|argmax\|passed" $OUT/check_s19d.log | cut -c1-150
+  BW24CHAT_GEMM=mma BW24CHAT_GM_BUFS=1 BW24CHAT_PREFILL_STAGES=1 BW24CHAT_ATTN_TC_HALVES=1 BW24CHAT_ATTN_TC_STAGES=2 timeout 100 python3 -m bw24chat check --skip-kernels --formats q8_0 --kv bf16,q8_0 2>&1 | grep "FAIL\|argmax\|passed" | cut -c1-150 | tee -a $OUT/check_s19d.log
+  # the portable Q8_0 prefill speed, the split (GEMM_I8=0) vs gemm_i8_mma, H200 (the sm_120a kernels' code path)
+  for env in "BW24CHAT_GEMM_I8=0" "BW24CHAT_GEMM_I8=1"; do env BW24CHAT_GEMM=mma $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0 --prefill-only 2>&1 | grep "pp512 " | grep -v '"test"' | sed "s/^/mma $env /"; done | tee $OUT/bench_s19d.log
+  ;;
 s19c)
   # the portable path's Q8_0 gap (s19b: rel L2 prefill vs decode 5.4e-4 under BW24CHAT_GEMM=mma, 1.7e-4
   # on the default path): each prefill GEMM path's rows against the decode matvec's, per kernel

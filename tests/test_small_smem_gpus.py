@@ -30,6 +30,11 @@ def test_portable_gemm_fits(small_gpu, x_split, w_split):
     assert bufs == (2 if not x_split else 1)  # fast mode keeps its double buffer (72 KB)
 
 
+def test_portable_integer_dot_gemm_fits(small_gpu):
+    """gemm_i8_mma (the portable path's Q8_0 precise prefill) fits one block of a 99 KB GPU."""
+    assert cl.gemm_i8_mma_smem() <= LIMIT
+
+
 def test_portable_gemm_keeps_two_buffers_on_hopper(monkeypatch):
     monkeypatch.setattr(kb, "smem_block_limit", lambda: kb.SMEM_BLOCK_SM90)
     monkeypatch.delenv("BW24CHAT_GM_BUFS", raising=False)

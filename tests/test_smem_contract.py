@@ -1,7 +1,7 @@
 """The wrappers' dynamic shared-memory sizes equal what the kernels lay out, checked without a GPU.
 
 Each kernel that takes dynamic shared memory names its total in a macro next to its layout
-(gemm.cu GM_SMEM_BYTES, WG_SMEM_BYTES, WGP_SMEM_BYTES, I8_SMEM_BYTES; attention.cu
+(gemm.cu GM_SMEM_BYTES, WG_SMEM_BYTES, WGP_SMEM_BYTES, I8_SMEM_BYTES, IM_SMEM_BYTES; attention.cu
 DECODE_SMEM, DECODE_TC_SMEM, PREFILL_SMEM); the Python launch code computes the size it passes
 on its own.  Here each kernel is compiled (NVRTC, sm_90a, the wrapper's defines) with a
 static_assert that the two agree.  Why: the eleventh session's gemm_i8 wrapper summed its stage
@@ -54,6 +54,7 @@ def gemm_cases():
                         "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
     out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1}, "I8_SMEM_BYTES", cl.gemm_i8_smem(scf32=True)))
+    out.append(("gemm_i8_mma", {"FMT": 3}, "IM_SMEM_BYTES", cl.gemm_i8_mma_smem()))
     return out
 
 

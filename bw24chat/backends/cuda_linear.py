@@ -462,8 +462,8 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     x_split = precise
     w_split = precise and W.fmt not in _W_EXACT_IN_BF16
     epi = np.int32(EPILOGUES[epilogue])
-    if impl == "wg" and a8 and x_split and uses_gemm_i8(W):
-        _gemm_i8(W, x, out, T, epi)
+    if a8 and x_split and uses_gemm_i8(W, impl):
+        _gemm_i8(W, x, out, T, epi, impl)
         return
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
@@ -514,30 +514,57 @@ def _i8_scf32() -> bool:
     return os.environ.get("BW24CHAT_I8_SCF32", "1") != "0"
 
 
-def uses_gemm_i8(W: DeviceWeight) -> bool:
-    """Whether the precise prefill of W runs on gemm_i8 (gemm.cu: Q8_0 on Hopper's int8 wgmma,
-    the integer-dot contract on the raw code bytes; rows whose width is a multiple of 128).
-    Measured on the H200 (bench/NOTES.md, twelfth session, Qwen3-8B shapes): pp512 10.31k tok/s
-    against the bf16 split's 9.61k, pp2048 10.18k vs 9.40k.  BW24CHAT_GEMM_I8=0 turns it off
-    (the split, bit-identical to the sm_120a mma.sync kernel)."""
-    return (W.fmt == "Q8_0" and W.in_ % 128 == 0 and os.environ.get("BW24CHAT_GEMM_I8", "1") != "0"
-            and not uses_gemm_wra(W))
+def uses_gemm_i8(W: DeviceWeight, impl: str = "wg") -> bool:
+    """Whether the precise prefill of W runs on the integer-dot contract's own kernels: Q8_0's
+    code bytes against x's two code levels, exact int32 block dots (gemm.cu).  impl "wg": gemm_i8
+    on Hopper's int8 wgmma, rows whose width is a multiple of 128 that are not on gemm_wra (the
+    wide ones, uses_gemm_wra); measured on the H200 (bench/NOTES.md, twelfth session, Qwen3-8B
+    shapes): pp512 10.31k tok/s against the bf16 split's 9.61k, pp2048 10.18k vs 9.40k.  impl
+    "mma" (the portable path: sm_86 / sm_89 / sm_120): gemm_i8_mma, every Q8_0 matrix of a
+    multiple of 64 inputs — the same rows as gemm_i8, where the bf16 split left them 1.6e-5 to
+    4.2e-5 from the decode's (nineteenth session).  BW24CHAT_GEMM_I8=0 turns both off (the split,
+    bit-identical to the sm_120a mma.sync kernel)."""
+    if W.fmt != "Q8_0" or os.environ.get("BW24CHAT_GEMM_I8", "1") == "0":
+        return False
+    if impl == "mma":
+        return W.in_ % IM_BK == 0
+    return W.in_ % 128 == 0 and not uses_gemm_wra(W)
 
 
-def _gemm_i8(W: DeviceWeight, x, out, T: int, epi) -> None:
-    """x (f32 [T, W.in]) quantized once into QX rows (gemm.cu act_quant_qx), then gemm_i8."""
+IM_BK = 64  # gemm.cu gemm_i8_mma: k tile (two 32-blocks), rows per block IM_BN, tokens per block GM_BM
+IM_BN = 64
+IM_STAGES = 3
+# gemm.cu IM_STAGE_BYTES: x h and l code tiles (128 rows at an 80-byte pitch), the W code tile (64
+# rows), the records (128 tokens x 2 blocks x 16 B), the scales (64 rows x 2 f16), rounded up to 1 KB
+IM_STAGE_BYTES = -(-(2 * WG_BM * 80 + IM_BN * 80 + WG_BM * 2 * 16 + IM_BN * 4) // 1024) * 1024
+
+
+def gemm_i8_mma_smem(stages: int = IM_STAGES) -> int:
+    """gemm.cu IM_SMEM_BYTES (tests/test_smem_contract.py): 90 KB, inside the 99 KB GPUs' limit."""
+    return stages * IM_STAGE_BYTES
+
+
+def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg") -> None:
+    """x (f32 [T, W.in]) quantized once into QX rows (gemm.cu act_quant_qx), then gemm_i8 (impl
+    "wg") or gemm_i8_mma (the portable path): the same rows."""
     n = W.in_
     words = qx_row_words(n)
     qx = _scratch_u16("x_qx", 2 * T * words)  # uint32 words as pairs of uint16
     n4 = T * n // 4
     q = get_kernel("gemm", "act_quant_qx")
     q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4)))
+    args = (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi)
+    if impl == "mma":
+        k = get_kernel("gemm", "gemm_i8_mma", FMT=W.fmt_id)
+        smem = gemm_i8_mma_smem()
+        _ensure_smem(k, smem)
+        k((-(-T // WG_BM), -(-W.out // IM_BN)), (256,), args, shared_mem=smem)
+        return
     scf32 = _i8_scf32()
     k = get_kernel("gemm", "gemm_i8", FMT=W.fmt_id, I8_STAGES=I8_STAGES, **({"I8_SCF32": 1} if scf32 else {}))
     smem = gemm_i8_smem(scf32=scf32)
     _ensure_smem(k, smem)
-    k((-(-T // WG_BM), -(-W.out // 64)), (256,),
-      (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi), shared_mem=smem)
+    k((-(-T // WG_BM), -(-W.out // 64)), (256,), args, shared_mem=smem)
 
 
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)

@@ -205,6 +205,7 @@ def test_portable_gemm_one_buffer_gives_the_same_bits(cp, rng, fmt, precise, mon
     ts, w = make_weight(rng, fmt, rows=(150, 83), nblocks=max(1, 1100 // block_of(fmt)))
     W = cw.upload(ts)
     x = rng.standard_normal((203, W.in_)).astype(np.float32)
+    monkeypatch.setenv("BW24CHAT_GEMM_I8", "0")  # Q8_0 precise on this kernel, not gemm_i8_mma
     monkeypatch.delenv("BW24CHAT_GM_BUFS", raising=False)
     base = run(cp, W, x, 203, impl="mma", precise=precise)
     assert not np.isnan(base).any()
@@ -287,6 +288,38 @@ def test_integer_dot_gemm_matches_reference(cp, rng, fmt, impl):
             out = cp.full((T, W.out), cp.nan, dtype=cp.float32)
             cl.gemm(W, cp.asarray(x), out, T, precise=precise, impl=impl, act_quant=True)
             check(cp.asnumpy(out), xin, ref_w, tol)
+
+
+@pytest.mark.parametrize("T", [1, 77, 300])
+def test_gemm_i8_mma_is_gemm_i8s_contract(cp, rng, T, monkeypatch):
+    """gemm_i8_mma (gemm.cu: the portable path's Q8_0 precise prefill on mma.sync s8): within
+    2e-6 of act_quant_ref(x) @ W.T (integer block dots exact, one I2F and one FMA rounding per
+    block), rows independent of T, the add epilogue, the decode matvec within 1e-6 — and on
+    sm_90a bit-identical to gemm_i8 (the same fold in the same order).  Odd rows and tokens,
+    more k tiles than ring stages."""
+    from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends.kernel_build import active_arch
+
+    monkeypatch.delenv("BW24CHAT_GEMM_I8", raising=False)
+    ts, w = make_weight(rng, "Q8_0", rows=(int(rng.integers(60, 200)),), nblocks=4 * int(rng.integers(2, 25)))
+    W = cw.upload(ts)
+    assert cl.uses_gemm_i8(W, "mma")
+    x = (rng.standard_normal((T, W.in_)) * rng.uniform(0.01, 10.0, (T, 1))).astype(np.float32)
+    got = run(cp, W, x, T, impl="mma")
+    xq = act_quant_ref(x)
+    check(got, xq, w, 2e-6)
+    for r in {0, T // 2, T - 1}:
+        one = run(cp, W, x[r:r + 1], 1, impl="mma")
+        assert np.array_equal(one.view(np.uint32), got[r:r + 1].view(np.uint32)), f"row {r} depends on T"
+    res = rng.standard_normal((T, W.out)).astype(np.float32)
+    assert np.array_equal(run(cp, W, x, T, epi="add", init=res, impl="mma"), (res + got).astype(np.float32))
+    mv = cp.full((1, W.out), cp.nan, dtype=cp.float32)
+    cl.matvec(W, cp.asarray(x[:1]), mv, 1)
+    bound = np.abs(xq[:1].astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    assert np.all(np.abs(cp.asnumpy(mv).astype(np.float64) - got[:1]) <= 1e-6 * bound + 1e-30)
+    if active_arch() == "sm_90a":
+        assert cl.uses_gemm_i8(W)
+        assert_same_bits(run(cp, W, x, T, impl="wg"), got)
 
 
 @pytest.mark.parametrize("T", [1, 77, 300])
