@@ -11,6 +11,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s19e)
+  # the session's build (the float path's batched x prologue; gemm_i8_mma on the portable path;
+  # WRA_FOLD removed): the gates with the kernel check for every weight format, then the bench table
+  timeout 150 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s19e.log 2>&1; echo "check rc=$?"
+  grep -v "^PASS\|^  ok" $OUT/check_s19e.log | tail -6; grep -c "^PASS" $OUT/check_s19e.log
+  timeout 370 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s19e.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s19e.log | tail -30
+  ;;
 s19d)
   # gemm_i8_mma (gemm.cu: the portable path's Q8_0 precise prefill on mma.sync s8, gemm_i8's
   # contract): bits (= gemm_i8 on sm_90a), the rows against the decode's (bench/prefill_decode_rows.py:
