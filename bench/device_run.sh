@@ -11,6 +11,22 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s19f)
+  # rope.cu: the position, norm weights, cos / sin and biases read before pdl_wait (one post-wait
+  # round trip instead of two).  Predicted: rope 2.15 -> ~1.6 us per layer, decode +0.5-1 %.  Bits
+  # first (the rope / QK-norm / cache-write tests compare with NumPy bit for bit); then decode A/B
+  # against the previous rope.cu; and two BF16 matvec variants (XF_NR=8: the down's x in one batch;
+  # qkv at 16 warps with the 8-warp statistic)
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_ops_norm_rope.py 2>&1 | tail -3 | tee $OUT/pytest_s19f.log
+  grep -q " passed" $OUT/pytest_s19f.log && ! grep -q "failed\|error" $OUT/pytest_s19f.log || exit 3
+  cp kernels/rope.cu /root/new_rope.cu
+  for build in new old new old; do
+    [ $build = old ] && git show HEAD:kernels/rope.cu > kernels/rope.cu
+    timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192" | grep -v '"test"' | sed "s/^/$build /" | tee -a $OUT/bench_s19f.log
+    cp /root/new_rope.cu kernels/rope.cu
+  done
+  BW24CHAT_MV_VARIANTS="auto:;xf8:XF_NR=8;nw16:MV_NW=16,MV_STAT8=1" timeout 60 python3 bench/matvec_variants.py --formats bf16 2>&1 | grep "^BF16" | tee $OUT/variants_s19f.log
+  ;;
 s19e)
   # the session's build (the float path's batched x prologue; gemm_i8_mma on the portable path;
   # WRA_FOLD removed): the gates with the kernel check for every weight format, then the bench table

@@ -113,7 +113,11 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
                       void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx,
                       int stride_q, int stride_k, int stride_v, const float* __restrict__ bias,
                       float* __restrict__ q_out) {
-    PDL_ENTRY();
+    // The inputs that no kernel of the step writes — the position (copied in before the step's
+    // first kernel), the norm weights, the cos / sin rows, the biases — are read before pdl_wait,
+    // while the qkv matvec still finishes, so the post-wait path is one round trip for x (the
+    // cos / sin reads depended on the position's: two round trips after the wait before).
+    pdl_trigger();
     // q_out: optional contiguous (T, H, HD) destination of the rotated q (the attention kernels
     // read q densely); null: q is rotated in place.
     // stride_*: floats between consecutive tokens' rows (lets q, k, v be column slices of one
@@ -125,24 +129,39 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
     const long long item = (long long)blockIdx.x * WARPS + w;
     if (item >= (long long)T * slots) return;
     const int t = (int)(item / slots), slot = (int)(item % slots);
+    const int kind = slot < H ? 0 : slot < H + K ? 1 : 2;  // q, k, v
     const int pos = positions[t];
-
-    float* src;
-    const float* nw = nullptr;
-    int kind;  // 0 q, 1 k, 2 v
-    if (slot < H) {
-        src = q + (long long)t * stride_q + (long long)slot * HD; kind = 0; nw = q_norm_w;
-    } else if (slot < H + K) {
-        src = k + (long long)t * stride_k + (long long)(slot - H) * HD; kind = 1; nw = k_norm_w;
-    } else {
-        src = (float*)v + (long long)t * stride_v + (long long)(slot - H - K) * HD; kind = 2;
+    const int half = rot_dim >> 1;
+    float nwv[EPL], bv[EPL], cv[EPL], sv[EPL];
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+        const int j = lane + 32 * i;
+#if QK_NORM
+        nwv[i] = kind < 2 ? (kind == 0 ? q_norm_w : k_norm_w)[j] : 0.0f;
+#else
+        nwv[i] = 0.0f;
+#endif
+        bv[i] = bias != nullptr ? bias[(long long)slot * HD + j] : 0.0f;
+#if NEOX
+        const int p = j < half ? j : j - half;
+#else
+        const int p = j >> 1;
+#endif
+        const bool rot = kind < 2 && j < rot_dim;
+        cv[i] = rot ? cos_t[(long long)pos * half + p] : 0.0f;
+        sv[i] = rot ? sin_t[(long long)pos * half + p] : 0.0f;
     }
+    pdl_wait();  // q, k, v come from the qkv matvec
+
+    float* src = kind == 0 ? q + (long long)t * stride_q + (long long)slot * HD
+               : kind == 1 ? k + (long long)t * stride_k + (long long)(slot - H) * HD
+                           : (float*)v + (long long)t * stride_v + (long long)(slot - H - K) * HD;
     float x[EPL];
 #pragma unroll
     for (int i = 0; i < EPL; ++i) x[i] = src[lane + 32 * i];
     if (bias != nullptr) {
 #pragma unroll
-        for (int i = 0; i < EPL; ++i) x[i] = __fadd_rn(x[i], bias[(long long)slot * HD + lane + 32 * i]);
+        for (int i = 0; i < EPL; ++i) x[i] = __fadd_rn(x[i], bv[i]);
         if (kind == 2) {  // v is not rotated: store the biased value back for the attention to read
 #pragma unroll
             for (int i = 0; i < EPL; ++i) src[lane + 32 * i] = x[i];
@@ -157,16 +176,13 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
         ss = warp_sum(ss);
         const float inv = rms_inv(ss, HD, eps);
 #pragma unroll
-        for (int i = 0; i < EPL; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], inv), nw[lane + 32 * i]);
+        for (int i = 0; i < EPL; ++i) x[i] = __fmul_rn(__fmul_rn(x[i], inv), nwv[i]);
 #else
-        (void)nw;
+        (void)nwv; (void)q_norm_w; (void)k_norm_w; (void)eps;
 #endif
 #pragma unroll
         for (int i = 0; i < EPL; ++i) buf[w][lane + 32 * i] = x[i];
         __syncwarp();
-        const int half = rot_dim >> 1;
-        const float* cr = cos_t + (long long)pos * half;
-        const float* sr = sin_t + (long long)pos * half;
 #pragma unroll
         for (int i = 0; i < EPL; ++i) {
             const int j = lane + 32 * i;
@@ -178,7 +194,7 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
                 const int p = j >> 1;
                 const float a = buf[w][2 * p], b = buf[w][2 * p + 1];
 #endif
-                const float c = cr[p], s = sr[p];
+                const float c = cv[i], s = sv[i];
                 const bool first = NEOX ? (j < half) : ((j & 1) == 0);
                 x[i] = first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
             }
