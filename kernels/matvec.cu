@@ -159,6 +159,20 @@ BW24_DEVICE float4 load_group(const float* __restrict__ xr, int f, int n, bool v
     return make_float4(v[0], v[1], v[2], v[3]);
 }
 
+// s plus the squares of NR float4 groups, in the order (i, x, y, z, w) by FMA: one step of the
+// rmsnorm statistic, the same in the float path (rms_inv_rows) and the integer-dot one (stage_a8)
+template <int NR>
+BW24_DEVICE float add_squares(const float4 (&v)[NR], float s) {
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+        s = __fmaf_rn(v[i].x, v[i].x, s);
+        s = __fmaf_rn(v[i].y, v[i].y, s);
+        s = __fmaf_rn(v[i].z, v[i].z, s);
+        s = __fmaf_rn(v[i].w, v[i].w, s);
+    }
+    return s;
+}
+
 // The rmsnorm statistic of the MV_M rows of x for the float path (pro == PRO_RMS; else inv = 1):
 // inv[m] = rms_inv(sum_k x[m, k]^2), the sum in one fixed order (each thread's groups in the order
 // (b0, i, x, y, z, w) by FMA, warp_sum, the warps in order), the same for every MV_M; with
@@ -182,13 +196,7 @@ BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, in
                 const int f = b0 + tid + STAT_NT * i;
                 v[i] = f < n4 ? load_group(x + (long)m * ldx, f, n_in, vec) : zero;
             }
-#pragma unroll
-            for (int i = 0; i < XF_NR; ++i) {
-                s = __fmaf_rn(v[i].x, v[i].x, s);
-                s = __fmaf_rn(v[i].y, v[i].y, s);
-                s = __fmaf_rn(v[i].z, v[i].z, s);
-                s = __fmaf_rn(v[i].w, v[i].w, s);
-            }
+            s = add_squares(v, s);
         }
         ss[m] = warp_sum(s);
     }
@@ -475,13 +483,7 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
                     const int f = b0 + tid + STAT_NT * i;
                     v[i] = f < n4 ? x4[f] : zero;
                 }
-#pragma unroll
-                for (int i = 0; i < A8_NR; ++i) {
-                    ss = __fmaf_rn(v[i].x, v[i].x, ss);
-                    ss = __fmaf_rn(v[i].y, v[i].y, ss);
-                    ss = __fmaf_rn(v[i].z, v[i].z, ss);
-                    ss = __fmaf_rn(v[i].w, v[i].w, ss);
-                }
+                ss = add_squares(v, ss);
             }
             ss = warp_sum(ss);
             if (lane == 0) red[warp] = ss;
