@@ -25,14 +25,15 @@ for rows, cols in ((4096, 4096), (8192, 4096), (1024, 12288)):
     for t in range(T):
         lin.matvec(W, x[t:t + 1], dec[t:t + 1], 1)
     dn = cp.asnumpy(dec).astype(np.float64)
-    for label, env, impl in (("wg", {}, "wg"), ("wg i8=0", {"BW24CHAT_GEMM_I8": "0"}, "wg"), ("wg wra=0", {"BW24CHAT_WRA": "0"}, "wg"),
-                             ("wg i8=0 wra=0", {"BW24CHAT_GEMM_I8": "0", "BW24CHAT_WRA": "0"}, "wg"), ("mma", {}, "mma"),
-                             ("wg fast", {}, "wg-fast")):
+    for label, env, impl, precise in (("wg", {}, "wg", True), ("wg i8=0", {"BW24CHAT_GEMM_I8": "0"}, "wg", True),
+                                      ("wg wra=0", {"BW24CHAT_WRA": "0"}, "wg", True),
+                                      ("wg i8=0 wra=0", {"BW24CHAT_GEMM_I8": "0", "BW24CHAT_WRA": "0"}, "wg", True),
+                                      ("mma", {}, "mma", True), ("wg fast", {}, "wg", False)):
         for k in ("BW24CHAT_GEMM_I8", "BW24CHAT_WRA"):
             os.environ.pop(k, None)
         os.environ.update(env)
         out = cp.zeros((T, rows), cp.float32)
-        lin.gemm(W, x, out, T, precise=impl != "wg-fast", impl=impl.split("-")[0])
+        lin.gemm(W, x, out, T, precise=precise, impl=impl)
         o = cp.asnumpy(out).astype(np.float64)
         rel = np.abs(o - dn).max() / np.abs(dn).max()
         print(f"Q8_0 {rows}x{cols} {label:14} max|gemm - matvec| / max|matvec| = {rel:.3e}", flush=True)

@@ -531,12 +531,13 @@ def uses_gemm_i8(W: DeviceWeight, impl: str = "wg") -> bool:
     return W.in_ % 128 == 0 and not uses_gemm_wra(W)
 
 
-IM_BK = 64  # gemm.cu gemm_i8_mma: k tile (two 32-blocks), rows per block IM_BN, tokens per block GM_BM
+IM_BM = 128  # gemm.cu gemm_i8_mma: tokens per block, out rows per block, k tile (two 32-blocks)
 IM_BN = 64
+IM_BK = 64
 IM_STAGES = 3
 # gemm.cu IM_STAGE_BYTES: x h and l code tiles (128 rows at an 80-byte pitch), the W code tile (64
 # rows), the records (128 tokens x 2 blocks x 16 B), the scales (64 rows x 2 f16), rounded up to 1 KB
-IM_STAGE_BYTES = -(-(2 * WG_BM * 80 + IM_BN * 80 + WG_BM * 2 * 16 + IM_BN * 4) // 1024) * 1024
+IM_STAGE_BYTES = -(-(2 * IM_BM * 80 + IM_BN * 80 + IM_BM * 2 * 16 + IM_BN * 4) // 1024) * 1024
 
 
 def gemm_i8_mma_smem(stages: int = IM_STAGES) -> int:
@@ -558,7 +559,7 @@ def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg") -> None:
         k = get_kernel("gemm", "gemm_i8_mma", FMT=W.fmt_id)
         smem = gemm_i8_mma_smem()
         _ensure_smem(k, smem)
-        k((-(-T // WG_BM), -(-W.out // IM_BN)), (256,), args, shared_mem=smem)
+        k((-(-T // IM_BM), -(-W.out // IM_BN)), (256,), args, shared_mem=smem)
         return
     scf32 = _i8_scf32()
     k = get_kernel("gemm", "gemm_i8", FMT=W.fmt_id, I8_STAGES=I8_STAGES, **({"I8_SCF32": 1} if scf32 else {}))
