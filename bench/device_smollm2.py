@@ -37,18 +37,22 @@ def main(path):
     fmt = ChatFormatter(tok.chat_template, None, None)
     prompts = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis briefly.",
                "List three prime numbers."]
-    npr = NumpyRunner(build_model(ck, NumpyBackend(), 2048))
-    cur = CudaRunner(ck, 2048, "f32")  # the exact cache: the NumPy reference keeps float32 K/V
-    ok = 0
-    for p in prompts:
-        ids = tok.encode(fmt.render([{"role": "user", "content": p}]))
-        t0 = time.time()
-        a = greedy(npr, tok, ids)
-        b = greedy(cur, tok, ids)
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 64)
-        ok += same == 64
-        print(f"{p[:32]:34} equal for {same}/64 tokens  ({time.time() - t0:.1f}s)  {tok.decode(b)[:60]!r}", flush=True)
-    print(f"CUDA = NumPy greedy 64 tokens on {ok}/{len(prompts)} prompts")
+    # each activation contract against the NumPy backend computing the same one; the exact f32
+    # cache (the NumPy reference keeps float32 K/V)
+    for act in ("bf16", "f32"):
+        npr = NumpyRunner(build_model(ck, NumpyBackend(act_quant=True, act_bf16=act == "bf16"), 2048))
+        cur = CudaRunner(ck, 2048, "f32", activations=act)
+        ok = 0
+        for p in prompts:
+            ids = tok.encode(fmt.render([{"role": "user", "content": p}]))
+            t0 = time.time()
+            a = greedy(npr, tok, ids)
+            b = greedy(cur, tok, ids)
+            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 64)
+            ok += same == 64
+            print(f"x={act} {p[:32]:34} equal for {same}/64 tokens  ({time.time() - t0:.1f}s)  {tok.decode(b)[:60]!r}", flush=True)
+        print(f"x={act}: CUDA = NumPy greedy 64 tokens on {ok}/{len(prompts)} prompts")
+        del cur
     for kv in ("bf16", "q8_0", "fp8", "f32"):
         r = CudaRunner(ck, 2048, kv)
         for g in model_gates(r, f"smollm2/kv={kv}"):

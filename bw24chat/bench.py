@@ -83,17 +83,22 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
     rng = np.random.default_rng(0)
     V = runner.args.vocab_size
     rows = []
-    for T, precise in () if decode_only else ((512, True), (2048, True), (512, False)):
+    # the runner's activation contract (default float32), then pp512 / pp2048 under the other one
+    # (prefill is not graph-captured, so the switch is safe here; the decode rows below run the
+    # runner's own contract)
+    own = runner.act_bf16
+    cases = [(512, own), (2048, own), (512, not own), (2048, not own)]
+    for T, xb16 in () if decode_only else cases:
         if T >= runner.n_ctx:
             continue
-        runner.precise = precise
+        runner.act_bf16 = xb16
         ids = rng.integers(0, V, T)
         ms = statistics.median(_events_ms(cp, lambda: runner.prefill(ids, 0), runs, warmup=1, stream=runner.stream))
         tps = T / (ms * 1e-3)
         roof = gemm_rate / flops_per_token(runner, T)
-        rows.append(dict(model=label, test=f"pp{T}" + ("" if precise else "-fast"), tok_s=tps, roofline_tok_s=roof,
+        rows.append(dict(model=label, test=f"pp{T}" + ("" if xb16 == own else "-bf16x" if xb16 else "-f32x"), tok_s=tps, roofline_tok_s=roof,
                          pct=100 * tps / roof, ms=ms))
-    runner.precise = True
+    runner.act_bf16 = own
     if prefill_only:
         return rows
     from .api import SamplingParams
@@ -209,6 +214,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--synthetic", help="named shape with random weights: " + ", ".join(__import__("bw24chat.synthetic", fromlist=["SHAPES"]).SHAPES))
     p.add_argument("--weights", default="bf16", help="comma list for --synthetic: bf16,q8_0,q4_k,nvfp4,...")
     p.add_argument("--kv-cache", default="bf16")
+    p.add_argument("--activations", choices=["f32", "bf16"], default="f32",
+                   help="the matmul inputs' contract (the prefill rows are also measured under the other)")
     p.add_argument("--ctx", type=int, default=10240)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", help="also write the JSON here")
@@ -228,7 +235,7 @@ def main(argv: list[str]) -> int:
 
         for fmt in a.weights.split(","):
             ck = synthetic_checkpoint(a.synthetic, fmt.upper())
-            runner = CudaRunner(ck, a.ctx, a.kv_cache)
+            runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations)
             if a.profile:
                 _print_profile(runner, cp, f"{a.synthetic}/{fmt}", a.ctx)
             else:
@@ -239,7 +246,7 @@ def main(argv: list[str]) -> int:
         from .loaders import load_checkpoint
 
         ck = load_checkpoint(a.model)
-        runner = CudaRunner(ck, a.ctx, a.kv_cache)
+        runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations)
         if a.profile:
             _print_profile(runner, cp, ck.name, a.ctx)
         else:
@@ -254,6 +261,7 @@ def main(argv: list[str]) -> int:
     from .backends.kernel_refs import act_q8
 
     result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache,
+              "activations": a.activations,
               "pdl": pdl, "prefill_gemm": gemm_impl(), "int8_activations": [f for f in FORMATS if act_q8(f)],
               "prefill_register_a": wra_summary() if gemm_impl() == "wg" else "off (needs sm_90a)",
               "switches": switches, "rows": rows}
@@ -262,6 +270,7 @@ def main(argv: list[str]) -> int:
     if a.json:
         open(a.json, "w").write(out)
     print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}, "
+          f"activations {a.activations}, "
           f"PDL {pdl}, prefill GEMM {result['prefill_gemm']} (register-A weights: {result['prefill_register_a']}), "
           f"int8 activations {','.join(result['int8_activations']) or 'none'}"
           + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))

@@ -9,6 +9,10 @@ the exactness gates on a model for every weight format x KV-cache type:
   seed                the same seed twice = the same sampled tokens
   graph-launches      no kernel launched from Python during graph decode steps
 
+Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
+opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
+from-scratch prefill-vs-decode row shows a few argmax flips at margins of 1e-3..1e-2 on random
+models (a bf16 rounding boundary crossed by the paths' ~1e-7 differences, amplified).
 Prints a table; exits non-zero on any failure.  ``BW24CHAT_PORTABLE=1`` (or --portable) runs
 everything on the portable kernels (mma.sync, no wgmma/TMA), as sm_120a would.
 """
@@ -139,6 +143,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--skip-kernels", action="store_true")
     p.add_argument("--skip-gates", action="store_true")
     p.add_argument("--portable", action="store_true", help="force the portable (non-wgmma) kernels")
+    p.add_argument("--activations", default="f32",
+                   help="comma list of the matmul-input contracts gated: f32 (the default engine), bf16 (opt-in: "
+                        "its prefill-vs-decode rows are expected to show a few flips on random models)")
     a = p.parse_args(argv)
     if a.portable:
         os.environ["BW24CHAT_PORTABLE"] = "1"
@@ -156,18 +163,20 @@ def main(argv: list[str]) -> int:
         for fmt in a.formats.split(","):
             ck = synthetic_checkpoint(a.synthetic, fmt.upper())
             for kv in a.kv.split(","):
-                runner = CudaRunner(ck, 2048, kv, prefill_chunk=512)
-                results += model_gates(runner, f"{a.synthetic}/{fmt}/kv={kv}")
-                del runner
-                cp.get_default_memory_pool().free_all_blocks()
+                for act in a.activations.split(","):
+                    runner = CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
+                    results += model_gates(runner, f"{a.synthetic}/{fmt}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
+                    del runner
+                    cp.get_default_memory_pool().free_all_blocks()
         if a.model:
             from .loaders import load_checkpoint
 
             ck = load_checkpoint(a.model)
             for kv in a.kv.split(","):
-                runner = CudaRunner(ck, 2048, kv, prefill_chunk=512)
-                results += model_gates(runner, f"{ck.name[:20]}/kv={kv}")
-                del runner
+                for act in a.activations.split(","):
+                    runner = CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
+                    results += model_gates(runner, f"{ck.name[:20]}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
+                    del runner
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"\nbw24chat check on {dev} ({kernel_build.active_arch()}), {time.time() - t0:.0f}s")
     w = max(len(r.section) for r in results) if results else 10

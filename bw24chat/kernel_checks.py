@@ -34,7 +34,7 @@ def _weight(fmt: str, rows: int, cols: int, rng) -> QTensor:
 def check_linear(cp, rng) -> list[tuple]:
     from .backends import cuda_linear as lin
     from .backends.cuda_weights import upload
-    from .backends.kernel_refs import FLOAT_FORMATS, act_q8, act_quant_ref
+    from .backends.kernel_refs import FLOAT_FORMATS, act_q8, act_quant_ref, bf16_round
 
     out = []
     for fmt in FORMATS:
@@ -48,31 +48,36 @@ def check_linear(cp, rng) -> list[tuple]:
         lin.dequantize(W, d)
         bad = int(np.count_nonzero(cp.asnumpy(d).view(np.uint32) != ref_w.view(np.uint32)))
         out.append((f"dequantize {fmt}", f"{bad} bit mismatches", "0", bad == 0))
-        modes = [act_q8(fmt)] + ([True] if fmt not in FLOAT_FORMATS and not act_q8(fmt) else [])
-        for a8 in modes:  # the default contract, then the opt-in integer-dot one (quantized formats)
-            tag = " int8-x" if a8 else ""
+        # the default contract; the opt-in integer-dot one (quantized formats); the opt-in
+        # bf16-activation contract (--activations bf16: decode act_quant(bf16(x)) or bf16(x),
+        # prefill bf16(x) as its one plane)
+        modes = [(act_q8(fmt), False)] + ([(True, False)] if fmt not in FLOAT_FORMATS and not act_q8(fmt) else [])
+        for a8, xb16 in modes + [(act_q8(fmt), True)]:
+            tag = " bf16-x" if xb16 else " int8-x" if a8 else ""
             # matvec m = 1..8: f32 accumulation vs float64, and each row bit-equal to its m=1 result
             x = rng.standard_normal((8, cols)).astype(np.float32)
-            xin = act_quant_ref(x) if a8 else x  # the integer-dot contract quantizes x first
+            xin = bf16_round(x) if xb16 else x
+            xin = act_quant_ref(xin) if a8 else xin  # the integer-dot contract quantizes x first
             ref = xin.astype(np.float64) @ ref_w.astype(np.float64).T
             y8 = cp.full((8, rows), np.nan, cp.float32)
-            lin.matvec(W, cp.asarray(x), y8, 8, act_quant=a8)
+            lin.matvec(W, cp.asarray(x), y8, 8, act_quant=a8, act_bf16=xb16)
             y8 = cp.asnumpy(y8)
             rows_equal = True
             for r in range(8):
                 y1 = cp.full((1, rows), np.nan, cp.float32)
-                lin.matvec(W, cp.asarray(x[r:r + 1]), y1, 1, act_quant=a8)
+                lin.matvec(W, cp.asarray(x[r:r + 1]), y1, 1, act_quant=a8, act_bf16=xb16)
                 rows_equal &= bool(np.array_equal(cp.asnumpy(y1).view(np.uint32), y8[r:r + 1].view(np.uint32)))
             err = _rel(y8, ref)
             out.append((f"matvec {fmt}{tag} m=1..8", f"rel {err:.1e}, rows {'bit-equal' if rows_equal else 'DIFFER'}", "1e-3, equal",
                         err <= 1e-3 and rows_equal))
             # prefill GEMM, T not a multiple of the tile; precise: x split (or quantized, exact in
-            # bf16) and W split where not bf16-exact -> compare with the exact weights
+            # bf16; under bf16-x the rounded x as one plane) and W split where not bf16-exact ->
+            # compare with the exact weights
             T = int(rng.integers(100, 300))
             xg = rng.standard_normal((T, cols)).astype(np.float32)
             g = cp.full((T, rows), np.nan, cp.float32)
-            lin.gemm(W, cp.asarray(xg), g, T, act_quant=a8)
-            xgin = act_quant_ref(xg) if a8 else xg
+            lin.gemm(W, cp.asarray(xg), g, T, act_quant=a8, act_bf16=xb16)
+            xgin = bf16_round(xg) if xb16 else act_quant_ref(xg) if a8 else xg
             err = _rel(cp.asnumpy(g), xgin.astype(np.float64) @ ref_w.astype(np.float64).T)
             out.append((f"gemm {fmt}{tag} T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
     # NVFP4 / Q4_K matrices of >= WGP_WIDE_ROWS rows take gemm_wra on sm_90a (the codes decoded
@@ -86,6 +91,9 @@ def check_linear(cp, rng) -> list[tuple]:
         lin.gemm(W, cp.asarray(xg), g, T)
         err = _rel(cp.asnumpy(g), act_quant_ref(xg).astype(np.float64) @ t.dequantize().astype(np.float64).T)
         out.append((f"gemm {fmt} {rows} rows T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
+        lin.gemm(W, cp.asarray(xg), g, T, act_bf16=True)
+        err = _rel(cp.asnumpy(g), bf16_round(xg).astype(np.float64) @ t.dequantize().astype(np.float64).T)
+        out.append((f"gemm {fmt} bf16-x {rows} rows T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
     return out
 
 

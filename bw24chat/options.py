@@ -13,6 +13,7 @@ class EngineOptions:
     device: str = "auto"  # auto | cpu | cuda
     n_ctx: int = 0  # 0: the model's own maximum (capped by memory on the device)
     kv_cache: str = "bf16"  # bf16 | q8_0 | fp8 | f32   (CUDA backend)
+    activations: str = "f32"  # f32 | bf16: matmul inputs exact, or rounded to bf16 (CUDA backend)
     quantize: str | None = None  # re-encode weights at load: nvfp4 | q8_0
     speculative: str = "off"  # off | mtp
     spec_k: int = 4
@@ -28,6 +29,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ctx", dest="n_ctx", type=int, default=0, help="context length (default: the model's)")
     g.add_argument("--kv-cache", choices=["bf16", "q8_0", "fp8", "f32"], default="bf16",
                    help="KV cache type on the GPU (f32: exact, 2x the bytes of bf16)")
+    g.add_argument("--activations", choices=["f32", "bf16"], default="f32",
+                   help="matmul inputs on the GPU: float32 (default: prefill and decode logits agree to ~1e-5) or "
+                        "rounded to bf16 as bf16 engines do (prefill ~1.3-1.4x faster; the two paths then agree "
+                        "to ~3e-3 and can pick different tokens at small margins)")
     g.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None, help="re-encode weights at load")
     g.add_argument("--speculative", choices=["off", "mtp"], default="off")
     g.add_argument("--spec-k", type=int, default=4)
@@ -50,6 +55,7 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         device=a.device,
         n_ctx=a.n_ctx,
         kv_cache=a.kv_cache,
+        activations=a.activations,
         quantize=a.quantize,
         speculative=a.speculative,
         spec_k=a.spec_k,

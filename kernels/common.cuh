@@ -113,6 +113,14 @@ BW24_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The bf16-activation contract (opt-in: cuda_runner `activations="bf16"`): every matmul input is
+// rounded to the nearest bf16 (ties to even) before the product, on both paths — the prefill
+// GEMM's single bf16 x plane and the decode matvec's staging (or its integer-dot quantization
+// of that rounded value) — as bf16 engines do (kernel_refs.bf16_round).  The default keeps x
+// float32: inputs ~1e-7 apart on the two paths round to neighbouring bf16 values now and then.
+BW24_DEVICE float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+BW24_DEVICE float4 bf16_round4(float4 v) { return make_float4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w)); }
+
 // four x values -> bf16 hi = bf16(x) and lo = bf16(x - hi) (x - bf16(x) is exact in f32; lo's
 // own rounding is the residual error, ~2^-17 relative), each as 4 packed bf16
 BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
@@ -126,8 +134,12 @@ BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
 // ---- Activation quantization of the integer-dot linear contract (kernel_refs.act_quant_ref;
 // llama.cpp's q8_1 activations, refined to two int8 levels and power-of-two scales).  Per block
 // of 32 consecutive inputs of a row: e = max(floor(log2 amax), -100) - 6 (from amax's exponent
-// bits, so amax * 2^-e lies in [64, 128)); r = x * 2^-e (exact); h = clamp(rint(r), -127, 127);
-// l = clamp(rint((r - h) * 256), -127, 127) (r - h exact; rint half to even).  The quantized
+// bits, so amax * 2^-e lies in [64, 128)); r = x * 2^-e (exact); h = clamp(floor(r + 1/2), -128,
+// 127) (round half up, r + 1/2 in f32), so r - h lies in [-1/2, 1/2) and l = clamp(rint((r - h) *
+// 256), -128, 127) (r - h exact; rint half to even) needs no clamp at the half steps: a bf16 input
+// (the bf16-activation contract) of at least 2^(e-1) is represented exactly.  (Round-to-even h
+// with l clamped to +-127 lost 2^(e-8) on every half step: 18 % of a bf16 row's values, 2e-5 of
+// sum |x||w| between prefill and decode; bench/NOTES.md, twentieth session.)  The quantized
 // input is 2^e * (h + l / 256): 15 significant bits, error <= 2^(e-8) (one 256th of a step),
 // exact in f32, and its two parts 2^e h and 2^(e-8) l are each exact in bf16.  So the prefill
 // GEMM takes them as its two bf16 planes (the precise mode's hi / lo) and the decode matvec as
@@ -138,7 +150,7 @@ BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
 BW24_DEVICE int act_exp(float amax) { return max((int)((__float_as_uint(amax) >> 23) & 0xFFu) - 127, -100) - 6; }
 BW24_DEVICE float pow2f(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }  // -126 <= e <= 127
 
-BW24_DEVICE float clamp127(float v) { return fminf(fmaxf(v, -127.0f), 127.0f); }
+BW24_DEVICE float clamp_s8(float v) { return fminf(fmaxf(v, -128.0f), 127.0f); }
 
 BW24_DEVICE uint32_t pack_s8x4(int a, int b, int c, int d) {
     return (uint32_t)(a & 0xFF) | ((uint32_t)(b & 0xFF) << 8) | ((uint32_t)(c & 0xFF) << 16) | ((uint32_t)d << 24);
@@ -160,9 +172,9 @@ BW24_DEVICE uint32_t act_quant_lane(float4 v, int& e, uint32_t& lo, int& sum_h, 
     int h[4], l[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const float hf = clamp127(rintf(r[j]));
+        const float hf = clamp_s8(floorf(__fadd_rn(r[j], 0.5f)));
         h[j] = (int)hf;
-        l[j] = (int)clamp127(rintf(__fmul_rn(__fsub_rn(r[j], hf), 256.0f)));
+        l[j] = (int)clamp_s8(rintf(__fmul_rn(__fsub_rn(r[j], hf), 256.0f)));
     }
     int sh = h[0] + h[1] + h[2] + h[3], sl = l[0] + l[1] + l[2] + l[3];
     sh += __shfl_xor_sync(0xffffffffu, sh, 1);

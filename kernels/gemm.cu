@@ -14,7 +14,10 @@
 //   same f32 accumulator ("bf16x2" error compensation, Markidis et al. 2018): the activation
 //   rounding error drops from ~2^-9 to ~2^-17, so the prefill logits follow the f32 decode path
 //   (bw24chat check: prefill argmax = decode argmax).  The weights are exactly bf16 (BF16) or
-//   rounded once (quantized formats).  GEMM_SPLIT=0 is the fast plain-bf16 variant.
+//   rounded once (quantized formats).  GEMM_SPLIT=0 is the plain-bf16 x variant: x = bf16(x),
+//   the bf16-activation contract (common.cuh bf16_round) when W stays split (GEMM_WSPLIT=1:
+//   prefill = bf16(x) . W to W_lo's rounding, as the decode matvec on the same rounded x), or
+//   the fast variant with W rounded too (GEMM_WSPLIT=0: benchmarks only, it leaves decode).
 // T-independence: no split-K; every output's k order is the fixed sequence of 64-wide k tiles,
 // each 4 mma k16 steps in order, so a row's values do not depend on T or on the row's place in
 // its tile (prefill of 256 vs 512 tokens gives identical rows).
@@ -39,7 +42,10 @@
 // the integer-dot contract takes gemm_i8 / gemm_i8_mma instead (exact block dots).
 // (The integer-dot formats arrive with x already as two exact bf16 levels, act_quant below:
 // the same three products.)
-#define W_SPLIT (GEMM_SPLIT && FMT != F_BF16 && FMT != F_NVFP4)
+#ifndef GEMM_WSPLIT  // W split where not exact in bf16 (default: with x, the precise variant)
+#define GEMM_WSPLIT GEMM_SPLIT
+#endif
+#define W_SPLIT (GEMM_WSPLIT && FMT != F_BF16 && FMT != F_NVFP4)
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
@@ -699,7 +705,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #define WRA_CPR (FMT == F_Q8_0 ? 4 : 2)  // 16-byte resident chunks per row and k tile (Q8_0: 16 values each)
 #define WRA_PITCH (FMT == F_Q8_0 ? 80 : 48)  // a row's codes in the stage, padded (conflict-free 4-byte reads)
 #define WRA_W_BYTES (WRA_ROWS * WRA_PITCH)
-#define WRA_WLO (GEMM_SPLIT && FMT != F_NVFP4)  // Q4_K / Q8_0 precise: W = W_hi + W_lo, both register operands
+#define WRA_WLO (GEMM_WSPLIT && FMT != F_NVFP4)  // Q4_K / Q8_0 precise: W = W_hi + W_lo, both register operands
 #define WRA_REC (FMT == F_Q4_K ? 16 : 4)  // per row and k tile: NVFP4's scale word, Q8_0's two f16 scales, Q4_K's superblock header
 #define WRA_STAGE_BYTES ((1 + GEMM_SPLIT) * WRA_X_BYTES + ((WRA_W_BYTES + WRA_ROWS * WRA_REC + 1023) / 1024) * 1024)
 #define WRA_SMEM_BYTES (WRA_STAGES * WRA_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack
@@ -1246,12 +1252,14 @@ gemm_i8(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const 
 // act_quant_qx: x (f32 [T, n], n a multiple of 32) -> QX rows [T, qx_row_words(n)] (common.cuh:
 // the codes and records the decode matvec's prologue would build; kernel_refs.qx_ref), for
 // gemm_i8.  An aligned group of 8 lanes takes one 32-block (n / 4 float4 per row: a multiple of 8).
-extern "C" __global__ void act_quant_qx(const float4* __restrict__ x, uint32_t* __restrict__ qx, int n, long n4) {
+// xb16: x rounded to bf16 first (the bf16-activation contract, as the matvec's PRO_BF16).
+extern "C" __global__ void act_quant_qx(const float4* __restrict__ x, uint32_t* __restrict__ qx, int n, long n4, int xb16) {
     PDL_ENTRY();
     for (long f0 = (long)blockIdx.x * blockDim.x; f0 < n4; f0 += (long)gridDim.x * blockDim.x) {
         const long f = f0 + threadIdx.x;
         const bool ok = f < n4;
-        const float4 v = ok ? x[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 v = ok ? x[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (xb16) v = bf16_round4(v);
         const long t = ok ? f / (n / 4) : 0;
         const int b = ok ? (int)((f - t * (n / 4)) >> 3) : 0;
         qx_write_block(qx + t * qx_row_words(n), n, b, v, ok);

@@ -13,6 +13,8 @@
 //                 (numpy_backend.rmsnorm; the sum has one fixed order, identical in every
 //                 block and for every MV_M)
 //       2 swiglu: xin = silu(x[m, k]) * x[m, n_in + k] = g / (1 + exp(-g)) * u (ldx >= 2*n_in)
+//     pro | PRO_BF16 (8, the bf16-activation contract, common.cuh bf16_round): xin rounded to
+//                 bf16 after the prologue, before it is staged or quantized (qx_out's codes too)
 //       3 qx (ACT_Q8 only): xin's codes come ready-made from qx_in (below), quantized once by the
 //                 kernel that produced xin; the staged words and records are the ones prologue 0
 //                 would build from those floats, so the rows are bit-identical to it.
@@ -136,6 +138,7 @@
 #define PRO_RMS 1
 #define PRO_SWIGLU 2
 #define PRO_QX 3
+#define PRO_BF16 8  // flag: the matmul input rounded to bf16 (the contract above)
 #define EPI_STORE 0
 #define EPI_ADD 1
 #define EPI_SWIGLU 2  // rows interleaved gate_i, up_i: out[m, i] = silu(y[2i]) * y[2i+1]
@@ -238,7 +241,7 @@ BW24_DEVICE float prologue_x(const float* __restrict__ x, long off, int p, int n
 // swizzled positions, by the float4 groups of load_group (one L2 round trip per batch).  The same
 // values as prologue_x gives element by element.
 BW24_DEVICE void stage_float_x(const float* __restrict__ x, int ldx, int n_in, int k0, int tkk, int tk, int pro,
-                               const float (&inv)[MV_M], const float* __restrict__ normw, bool vec, float* xs) {
+                               const float (&inv)[MV_M], const float* __restrict__ normw, bool vec, bool xb16, float* xs) {
     const int tid = threadIdx.x, g4 = (tkk + 3) / 4;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 1
@@ -266,6 +269,7 @@ BW24_DEVICE void stage_float_x(const float* __restrict__ x, int ldx, int n_in, i
                 else if (pro == PRO_SWIGLU)
                     v = make_float4(swiglu_act(v.x, w[i].x), swiglu_act(v.y, w[i].y), swiglu_act(v.z, w[i].z),
                                     swiglu_act(v.w, w[i].w));
+                if (xb16) v = bf16_round4(v);
                 float* dst = xs + m * tk + swizzle(4 * f);
                 if (4 * f + 4 <= tkk) {
                     *reinterpret_cast<float4*>(dst) = v;
@@ -463,7 +467,7 @@ BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* x
 #define A8_NR (MV_MINB >= 3 ? 2 : 4)
 #endif
 BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pro, float eps,
-                          const float* __restrict__ normw, uint32_t* xw, uint4* meta, float* red) {
+                          const float* __restrict__ normw, bool xb16, uint32_t* xw, uint4* meta, float* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n4 = n_in / 4, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
     const float4* w4 = reinterpret_cast<const float4*>(normw);
@@ -502,6 +506,7 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
             else if (pro == PRO_SWIGLU)
                 a = make_float4(swiglu_act(a.x, w.x), swiglu_act(a.y, w.y), swiglu_act(a.z, w.z), swiglu_act(a.w, w.w));
             if (!ok) a = zero;
+            if (xb16) a = bf16_round4(a);
             int e, sh, sl;
             uint32_t ql;
             const uint32_t qh = act_quant_lane(a, e, ql, sh, sl);
@@ -752,6 +757,8 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     float* red = xsum + MV_M * (tk / 32);         // [MV_M][MV_NW]
 #endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const bool xb16 = (pro & PRO_BF16) != 0;
+    pro &= ~PRO_BF16;
     const int nck = n_in / VPC;
     const int ntiles = (n_out + MV_NW * MV_R - 1) / (MV_NW * MV_R);
     const bool resident = tk >= n_in;
@@ -777,7 +784,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     if (pro == PRO_QX)
         stage_qx(qx_in, n_in, xw, meta);
     else if (!(MV_ABLATE & 1))
-        stage_a8(x, ldx, n_in, pro, eps, normw, xw, meta, red);
+        stage_a8(x, ldx, n_in, pro, eps, normw, xb16, xw, meta, red);
     __syncthreads();
     // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
     // one from lane 0, went to a uniform register and was copied back before every PRMT; a
@@ -806,7 +813,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #else
             if (!(resident && staged)) {
                 __syncthreads();  // the previous tile (and red[]) is consumed
-                stage_float_x(x, ldx, n_in, k0, tkk, tk, pro, inv, normw, vec, xs);
+                stage_float_x(x, ldx, n_in, k0, tkk, tk, pro, inv, normw, vec, xb16, xs);
 #if HAS_MIN
                 __syncthreads();
                 for (int c = tid; c < MV_M * (tk / 32); c += MV_NT) {
@@ -899,7 +906,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                         const float a = swiglu_act(v[r], v[r + 1]);
                         out[(long)m * (n_out >> 1) + ((this_row0 + r) >> 1)] = a;
 #if ACT_Q8
-                        if (qx_out) qxb[m * 32 + ((warp * MV_R + r) >> 1)] = a;
+                        if (qx_out) qxb[m * 32 + ((warp * MV_R + r) >> 1)] = xb16 ? bf16_round(a) : a;
 #endif
                     }
             } else {
@@ -1154,6 +1161,8 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
     float* minv = stat + 2 * TC_NW;                                // [MV_M] rms inverse
     float* mscale = minv + MV_M;                                   // [MV_M] 2^s_m
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const bool xb16 = (pro & PRO_BF16) != 0;  // x rounded to bf16 before the split (lo = 0 for BF16)
+    pro &= ~PRO_BF16;
     const int g = lane >> 2, t = lane & 3;
     const int nck = n_in / VPC;
     const int nss = (nck + 3) / 4;  // super-steps of 4 chunks (4 * VPC values of a row)
@@ -1211,6 +1220,7 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
                                         rms_apply(v.z, inv, w.z), rms_apply(v.w, inv, w.w));
                     }
                 }
+                if (xb16) v = bf16_round4(v);
                 xs[m * (tkx / 4) + qi] = tc_split4(v, sc);
             }
         }
@@ -1237,7 +1247,9 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
                             const int p = k0 + 4 * qi + e;
                             v[e] = p < n_in ? prologue_x(x, (long)m * ldx, p, n_in, pro, inv, normw) : 0.0f;
                         }
-                        xs[m * (tkx / 4) + qi] = tc_split4(make_float4(v[0], v[1], v[2], v[3]), sc);
+                        float4 v4 = make_float4(v[0], v[1], v[2], v[3]);
+                        if (xb16) v4 = bf16_round4(v4);
+                        xs[m * (tkx / 4) + qi] = tc_split4(v4, sc);
                     }
                 }
                 __syncthreads();

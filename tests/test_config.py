@@ -24,6 +24,7 @@ def test_defaults_without_a_file(tmp_path):
 def test_round_trip(tmp_path):
     config = Config(theme="nord", system_prompt='Say "hi"\n\tthen \\stop\x01', recent_models=["/m/a.gguf", "b"])
     config.options.kv_cache = "fp8"
+    config.options.activations = "bf16"
     config.options.speculative = "mtp"
     config.options.spec_k = 6
     config.options.vram_budget_gb = 7.5
@@ -47,13 +48,14 @@ def test_a_seed_of_none_is_left_out(tmp_path):
 def test_bad_values_and_files_fall_back_to_defaults(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text(
-        '[sampling]\ntemperature = "hot"\ntop_k = 5\nseed = true\n[engine]\nspec_k = 2.5\nkv_cache = "f64"\n'
+        '[sampling]\ntemperature = "hot"\ntop_k = 5\nseed = true\n[engine]\nspec_k = 2.5\nkv_cache = "f64"\nactivations = "f16"\n'
         '[ui]\ntheme = 3\n[models]\nrecent = ["a", 1]\n'
     )
     config = load_config(path)
     assert config.options.sampling.temperature == 0.7 and config.options.sampling.top_k == 5
     assert config.options.sampling.seed is None and config.options.spec_k == 4
     assert config.options.kv_cache == "bf16"  # not one of the --kv-cache choices
+    assert config.options.activations == "f32"  # nor of --activations
     assert config.theme == "textual-dark" and config.recent_models == ["a"]
     path.write_text("this is [not toml")
     assert load_config(path) == Config()

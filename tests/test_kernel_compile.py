@@ -87,6 +87,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "PREFILL_STAGES": 1}),  # one K/V stage: precise prefill in 99 KB
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "PREFILL_STAGES": 1}),
     ("gemm", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),  # the same, fast mode (one plane)
+    ("gemm", {"FMT": 3, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1}),  # the bf16-activation contract: x one plane, W split
+    ("gemm", {"FMT": 8, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "GM_BUFS": 1}),
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
@@ -108,10 +110,12 @@ def production_gemm_builds() -> list[dict]:
 
     out = []
     for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
-        for precise in (True, False):
+        # precise f32 x, fast, and the bf16-activation contract (x one plane, W split: GEMM_WSPLIT)
+        for precise, wsplit in ((True, None), (False, None), (False, fmt != "NVFP4")):
             for n_out in (4096, 24576):
-                bt, stages, _ = cl.wra_geometry(n_out, precise, fmt)
-                out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages})
+                bt, stages, _ = cl.wra_geometry(n_out, precise, fmt, bool(wsplit))
+                out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages,
+                            **({"GEMM_WSPLIT": 1} if wsplit else {})})
     for precise in (True, False):
         for w_lo in (False, True):
             for n_out in (4096, 24576):

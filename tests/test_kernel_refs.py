@@ -121,9 +121,11 @@ def test_kv_split_residual_bound(rng):
 
 def test_act_quant_ref_contract():
     """The integer-dot activation quantization: per 32 inputs a power-of-two scale 2^e with
-    amax * 2^-e in [64, 128), two int8 levels h, l in [-127, 127], error at most 2^(e-8) (one low
-    step at the l clamp near half-steps; the h clamp of amax * 2^-e in [127.5, 128) aside), both parts exact in bf16, the one-
-    level form within half a high step, zeros and tiny blocks safe, ties to even."""
+    amax * 2^-e in [64, 128), two int8 levels h, l in [-128, 127], error at most 2^(e-8) (one low
+    step where l clamps at 127 just below a half step; the h clamp of amax * 2^-e in [127.5, 128)
+    aside), both parts exact in bf16, the one-level form within half a high step, zeros and tiny
+    blocks safe, h rounded half up so half steps are exact; bf16 inputs of at least 2^(e-1) exact
+    (the bf16-activation contract quantizes bf16 values)."""
     from bw24chat.backends.kernel_refs import act_quant_codes, act_quant_ref, bf16_round
 
     rng = np.random.default_rng(5)
@@ -132,7 +134,7 @@ def test_act_quant_ref_contract():
     x[1, :32] = np.float32(1e-42)
     h, l, e = act_quant_codes(x)
     assert h.dtype == np.int8 and l.dtype == np.int8
-    assert np.all(np.abs(h.astype(int)) <= 127) and np.all(np.abs(l.astype(int)) <= 127)
+    assert h.min() >= -128 and l.min() >= -128
     amax = np.abs(x.reshape(6, 9, 32)).max(-1)
     big = amax > 1e-30
     ratio = amax[big] / np.ldexp(1.0, e[big])
@@ -145,15 +147,21 @@ def test_act_quant_ref_contract():
     v = act_quant_ref(x)
     assert np.array_equal(v, (hi + lo).astype(np.float32))
     err = np.abs(v.astype(np.float64) - x)
-    clamped = np.abs(x) / step > 127.5  # the amax element of a block whose amax * 2^-e >= 127.5
-    assert np.all(err[~clamped] <= step[~clamped] / 256 + 1e-300)  # half a low step; 1/256 where l clamps at +-127
+    clamped = x / step >= 127.5  # the amax element of a block whose amax * 2^-e >= 127.5 (h = 128 clamps)
+    assert np.all(err[~clamped] <= step[~clamped] / 256 + 1e-300)  # half a low step; 1/256 where l clamps at 127
     assert np.all(err[clamped] <= step[clamped] / 2)
     assert np.all(np.abs(act_quant_ref(x, 1).astype(np.float64) - x) <= step / 2 + 1e-300)
     assert np.all(v[0, :32] == 0)
     t = np.zeros((1, 32), np.float32)
-    t[0, :4] = [100.0, 2.5, 3.5, -2.5]  # amax 100 -> e = 0: high codes round half to even
+    t[0, :4] = [100.0, 2.5, 3.5, -2.5]  # amax 100 -> e = 0: high codes round half up, the low ones take -1/2
     h, l, _ = act_quant_codes(t)
-    assert list(h[0, :4]) == [100, 2, 4, -2] and list(l[0, :4]) == [0, 127, -127, -127]
+    assert list(h[0, :4]) == [3 + 97, 3, 4, -2] and list(l[0, :4]) == [0, -128, -128, -128]
+    assert np.array_equal(act_quant_ref(t), t)
+    xb = bf16_round(x)  # bf16 values of at least 2^(e-1) (8 significant bits from the block's top binade down) are exact
+    vb = act_quant_ref(xb)
+    stepb = np.ldexp(1.0, act_quant_codes(xb)[2]).repeat(32, -1).reshape(x.shape)  # rounding may raise a block's e
+    big_enough = (np.abs(xb) >= stepb / 2) & ~(xb / stepb >= 127.5)
+    assert np.array_equal(vb[big_enough], xb[big_enough])
 
 
 def test_numpy_backend_act_quant_matrices(monkeypatch):
@@ -173,3 +181,26 @@ def test_numpy_backend_act_quant_matrices(monkeypatch):
         want = (act_quant_ref(x) if quantized else x) @ t.dequantize().T
         assert np.array_equal(B.linear(x, w), want)
         assert np.array_equal(NumpyBackend().linear(x, NumpyBackend().load_matrix(t)), x @ t.dequantize().T)
+
+
+def test_numpy_backend_bf16_activations():
+    """NumpyBackend(act_bf16=True): every product's input rounded to bf16 (ties to even) first,
+    then the integer-dot contract where it applies (the CUDA engine's default, common.cuh
+    bf16_round); the rounding is the nearest bf16 of each value."""
+    from bw24chat.backends.kernel_refs import act_quant_ref, bf16_round
+    from bw24chat.backends.numpy_backend import NumpyBackend
+    from bw24chat.synthetic import random_matrix
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    xr = bf16_round(x)
+    assert np.all((xr.view(np.uint32) & 0xFFFF) == 0)
+    ulp = np.ldexp(np.float32(1), np.frexp(np.abs(x))[1] - 8).astype(np.float32)  # bf16's step at |x|
+    assert np.all(np.abs(xr - x) <= ulp / 2)
+    ties = np.array([1 + 2**-8, 1 + 3 * 2**-8], np.float32)  # halfway cases: to the even neighbour
+    assert list(bf16_round(ties)) == [1.0, 1 + 2**-6]
+    for fmt, quantized in (("Q8_0", True), ("BF16", False)):
+        t = random_matrix(fmt, 5, 256, rng)
+        B = NumpyBackend(act_quant=True, act_bf16=True)
+        want = (act_quant_ref(xr) if quantized else xr) @ t.dequantize().T
+        assert np.array_equal(B.linear(x, B.load_matrix(t)), want)

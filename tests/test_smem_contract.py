@@ -30,14 +30,14 @@ def gemm_cases():
     from bw24chat.backends import cuda_linear as cl
 
     out = []
-    for x_split, fmt in ((0, 3), (1, 2), (1, 3)):  # BF16 W exact; Q8_0 W split when precise
-        w_split = bool(x_split) and fmt == 3
-        out.append(("gemm", {"FMT": fmt, "GEMM_SPLIT": x_split}, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split)))
-        out.append(("gemm", {"FMT": fmt, "GEMM_SPLIT": x_split, "GM_BUFS": 1}, "GM_SMEM_BYTES",
-                    cl._gemm_smem(bool(x_split), w_split, 1)))
+    # BF16 W exact; Q8_0 W split when precise, and under the bf16-activation contract (x one plane)
+    for x_split, fmt, wsplit in ((0, 3, 0), (1, 2, 1), (1, 3, 1), (0, 3, 1)):
+        w_split = bool(wsplit) and fmt == 3
+        defs = {"FMT": fmt, "GEMM_SPLIT": x_split, **({"GEMM_WSPLIT": 1} if wsplit and not x_split else {})}
+        out.append(("gemm", defs, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split)))
+        out.append(("gemm", {**defs, "GM_BUFS": 1}, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split, 1)))
         for bn in (128, 256):
-            out.append(("gemm_wg", {"FMT": fmt, "GEMM_SPLIT": x_split, "WG_BN": bn}, "WG_SMEM_BYTES",
-                        cl.wg_smem(bool(x_split), w_split, bn)))
+            out.append(("gemm_wg", {**defs, "WG_BN": bn}, "WG_SMEM_BYTES", cl.wg_smem(bool(x_split), w_split, bn)))
     for precise in (False, True):
         for w_lo in (False, True):
             for n_out in (4096, 24576):
@@ -51,6 +51,10 @@ def gemm_cases():
         for precise in (False, True):
             bt, stages, stage = cl.wra_geometry(24576, precise, fmt)
             out.append(("gemm_wra", {"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages},
+                        "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
+        if fmt != "NVFP4":  # the bf16-activation contract: x one plane, W split (GEMM_WSPLIT), 256 tokens
+            bt, stages, stage = cl.wra_geometry(24576, False, fmt, True)
+            out.append(("gemm_wra", {"FMT": code, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "WRA_BT": bt, "WRA_STAGES": stages},
                         "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
     out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1}, "I8_SMEM_BYTES", cl.gemm_i8_smem(scf32=True)))

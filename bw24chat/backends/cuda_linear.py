@@ -27,6 +27,7 @@ GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
 _W_EXACT_IN_BF16 = ("BF16", "NVFP4")
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2, "qx": 3}  # qx: x's codes ready-made (matvec.cu PRO_QX)
 EPILOGUES = {"store": 0, "add": 1, "swiglu": 2}
+PRO_BF16 = 8  # matvec.cu: the prologue flag of the bf16-activation contract (x rounded to bf16 first)
 _NULL = np.uint64(0)
 
 
@@ -54,12 +55,18 @@ def gemm_bufs(x_split: bool, w_split: bool) -> int:
     return 2 if _gemm_smem(x_split, w_split, 2) <= kernel_build.smem_block_limit() else 1
 
 
+def _wsplit_define(W: DeviceWeight, x_split: bool, w_split: bool) -> dict:
+    """gemm.cu GEMM_WSPLIT where it differs from its default (GEMM_SPLIT): W split with x as one
+    bf16 plane (the bf16-activation contract on weights not exact in bf16).  gemm.cu derives
+    W_SPLIT from it and the format, as w_split here (_W_EXACT_IN_BF16)."""
+    return {"GEMM_WSPLIT": 1} if w_split and not x_split else {}
+
+
 def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, **defines):
     """The portable gemm for these splits and its dynamic shared memory (set as its limit)."""
-    # gemm.cu derives W_SPLIT from GEMM_SPLIT and the format: w_split is that same rule
     bufs = gemm_bufs(x_split, w_split)
     k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
-                   **defines)
+                   **_wsplit_define(W, x_split, w_split), **defines)
     smem = _gemm_smem(x_split, w_split, bufs)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem
@@ -367,7 +374,7 @@ def _a8_row_bytes(W: DeviceWeight, nw: int) -> int:
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
            norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None,
-           qx_in=None, qx_out=None) -> None:
+           qx_in=None, qx_out=None, act_bf16: bool = False) -> None:
     """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T; epilogue "swiglu" (W's rows interleaved
     gate_i, up_i): out[m, W.out/2] = silu(y[:, 0::2]) * y[:, 1::2].
 
@@ -376,10 +383,13 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     call on that row.  act_quant: the integer-dot contract on/off (None: kernel_refs.act_q8).
     qx_out (uint32 [m, qx_row_words(W.out/2)], swiglu epilogue, where writes_qx): also write the
     outputs' integer-dot codes (kernel_refs.qx_ref); prologue "qx" reads x's codes from qx_in
-    instead of quantizing x (rows bit-identical to prologue "none" on the floats qx_in came from)."""
+    instead of quantizing x (rows bit-identical to prologue "none" on the floats qx_in came from).
+    act_bf16: the bf16-activation contract, x rounded to bf16 after the prologue (qx_out's codes
+    are of the rounded outputs; kernel_refs.bf16_round)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
+    pro_arg = np.int32(pro | (PRO_BF16 if act_bf16 else 0))
     if (pro == PROLOGUES["qx"]) != (qx_in is not None):
         raise ValueError('prologue "qx" and qx_in go together')
     if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue)):
@@ -412,7 +422,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         k = get_kernel("matvec", "matvec_tc", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **defs)
         _ensure_smem(k, smem)
         k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
-                                            np.int32(tkx), np.int32(pro), np.int32(epi), np.float32(eps)), shared_mem=smem)
+                                            np.int32(tkx), pro_arg, np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
     defs, rows, nw = _simt_geometry(W, m, a8, pro)
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
@@ -424,7 +434,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                 mm = min(m_fit, m - r0)
                 if qx_in is not None or qx_out is not None:
                     raise ValueError("the QX buffers take at most the rows one launch stages")
-                matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True)
+                matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps, impl, True,
+                       act_bf16=act_bf16)
             return
         tk = W.in_
         handoff = qx_handoff() if qx_out is not None else 0
@@ -439,17 +450,22 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     _ensure_smem(k, smem)
     grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // (nw * rows))),)
     k(grid, (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
-                         np.int32(tk), np.int32(pro), np.int32(epi), np.float32(eps), _ptr(qx_in), _ptr(qx_out)),
+                         np.int32(tk), pro_arg, np.int32(epi), np.float32(eps), _ptr(qx_in), _ptr(qx_out)),
       shared_mem=smem)
 
 
 def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True, impl: str | None = None,
-         act_quant: bool | None = None) -> None:
+         act_quant: bool | None = None, act_bf16: bool = False) -> None:
     """out[T, W.out] (=|+=) x[T, W.in] @ W.T on tensor cores (f32 accumulation).  precise=True:
     x, and W where its values are not bf16 numbers, are split into bf16 hi + lo parts (error
-    ~2^-16, matching the exact decode path); precise=False: x and W rounded to bf16 (fastest).
-    Row values do not depend on T (no split-K).  impl: "wg" | "mma" (default gemm_impl());
-    act_quant: the integer-dot contract (x quantized first) on/off (None: kernel_refs.act_q8)."""
+    ~2^-16, matching the exact decode path); precise=False: x and W rounded to bf16 (fastest,
+    benchmarks only: the decode path does not round W).  act_bf16 (with precise): the
+    bf16-activation contract, x rounded to bf16 (one plane, so one wgmma fewer per product)
+    and W split where not exact, as the decode matvec with act_bf16 computes it; Q8_0 on
+    gemm_i8 quantizes the rounded x.  Row values do not depend on T (no split-K).  impl: "wg" |
+    "mma" (default gemm_impl()); act_quant: the integer-dot contract (x quantized first) on/off
+    (None: kernel_refs.act_q8) — under act_bf16 the GEMM takes bf16(x) itself, within the
+    integer codes' 2^-16 of the block maximum of the decode's act_quant(bf16(x))."""
     if x.dtype != np.float32 or out.dtype != np.float32 or x.size < T * W.in_ or out.size < T * W.out:
         raise ValueError("gemm: x and out must be float32 [T, in] / [T, out]")
     if T <= 0:
@@ -459,19 +475,22 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     # precise: x as two bf16 planes (hi + lo split, or the integer-dot contract's two exact code
     # levels), W split where its values are not bf16 numbers; fast: one plane (bf16(x), or the
     # high code level only), W rounded to bf16
-    x_split = precise
+    xb16 = precise and act_bf16
+    x_split = precise and not xb16
     w_split = precise and W.fmt not in _W_EXACT_IN_BF16
     epi = np.int32(EPILOGUES[epilogue])
-    if a8 and x_split and uses_gemm_i8(W, impl):
-        _gemm_i8(W, x, out, T, epi, impl)
+    if a8 and precise and uses_gemm_i8(W, impl):
+        _gemm_i8(W, x, out, T, epi, impl, xb16)
         return
+    a8 = a8 and not xb16  # the bf16 contract's GEMMs take the rounded x as their one plane
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
     if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
-        if a8:  # gemm_wra reads x in whole tiles of up to 256 tokens
-            xh, xl = _act_quant(x, T * W.in_, x_split, -(-T // 256) * 256 * W.in_ if uses_gemm_wra(W) else 0)
+        alloc = -(-T // 256) * 256 * W.in_ if uses_gemm_wra(W) else 0  # gemm_wra reads x in whole tiles of up to 256 tokens
+        if a8:
+            xh, xl = _act_quant(x, T * W.in_, x_split, alloc)
         else:
-            xh, xl = _bf16_planes(x, T * W.in_, x_split)
+            xh, xl = _bf16_planes(x, T * W.in_, x_split, alloc)
         _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
         return
     # the register-staged kernels take x as f32 and split it themselves; under the integer-dot
@@ -483,7 +502,8 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl))
     if impl == "wg":
         bn = _wg_bn()
-        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WG_BN=bn, **planes)
+        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WG_BN=bn, **planes,
+                       **_wsplit_define(W, x_split, w_split))
         smem = wg_smem(x_split, w_split, bn)
         _ensure_smem(k, smem)
         k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
@@ -545,15 +565,15 @@ def gemm_i8_mma_smem(stages: int = IM_STAGES) -> int:
     return stages * IM_STAGE_BYTES
 
 
-def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg") -> None:
-    """x (f32 [T, W.in]) quantized once into QX rows (gemm.cu act_quant_qx), then gemm_i8 (impl
-    "wg") or gemm_i8_mma (the portable path): the same rows."""
+def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg", xb16: bool = False) -> None:
+    """x (f32 [T, W.in]; rounded to bf16 first with xb16) quantized once into QX rows (gemm.cu
+    act_quant_qx), then gemm_i8 (impl "wg") or gemm_i8_mma (the portable path): the same rows."""
     n = W.in_
     words = qx_row_words(n)
     qx = _scratch_u16("x_qx", 2 * T * words)  # uint32 words as pairs of uint16
     n4 = T * n // 4
     q = get_kernel("gemm", "act_quant_qx")
-    q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4)))
+    q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4), np.int32(xb16)))
     args = (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi)
     if impl == "mma":
         k = get_kernel("gemm", "gemm_i8_mma", FMT=W.fmt_id)
@@ -608,10 +628,11 @@ def _act_quant(x, n: int, with_lo: bool = True, alloc: int = 0):
     return hi, lo
 
 
-def _bf16_planes(x, n: int, with_lo: bool):
-    """x[:n] (f32) as bf16 planes hi = bf16(x), lo = bf16(x - hi) (split_bf16)."""
-    hi = _scratch_u16("x_hi", n)
-    lo = _scratch_u16("x_lo", n) if with_lo else None
+def _bf16_planes(x, n: int, with_lo: bool, alloc: int = 0):
+    """x[:n] (f32) as bf16 planes hi = bf16(x), lo = bf16(x - hi) (split_bf16); alloc as
+    _act_quant's."""
+    hi = _scratch_u16("x_hi", max(n, alloc))
+    lo = _scratch_u16("x_lo", max(n, alloc)) if with_lo else None
     n4 = n // 4
     k = get_kernel("gemm", "split_bf16")
     k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
@@ -657,13 +678,15 @@ def wra_stage_bytes(precise: bool, bt: int, fmt: str = "NVFP4") -> int:
     return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * (WRA_PITCH[fmt] + WRA_RECORD_BYTES[fmt])) // 1024) * 1024
 
 
-def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4") -> tuple[int, int, int]:
+def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4", w_split: bool = False) -> tuple[int, int, int]:
     """(tokens per block, ring stages, bytes per stage) of gemm_wra.  Measured on the H200
     (bench/NOTES.md, seventeenth session; Qwen3-8B shapes at T = 512): precise, 256 tokens on
     the wide matrices (NVFP4 gate|up 340 us vs 426 at 128), 128 on the 4096-row ones (256 leaves
-    half the SMs idle); fast, 128 (gate|up 260 vs 279).  A ring of up to 4 stages as fits
-    (BW24CHAT_WRA_BT / BW24CHAT_WRA_STAGES override)."""
-    bt = int(os.environ.get("BW24CHAT_WRA_BT", 256 if precise and n_out >= WGP_WIDE_ROWS else 128))
+    half the SMs idle); fast, 128 (gate|up 260 vs 279).  x one plane with W split (the
+    bf16-activation contract on Q8_0 / Q4_K: W_hi and W_lo decoded per tile): 256 as well
+    (twentieth session, H100, pp512 Q8_0 14,286 vs 13,074, Q4_K 15,388 vs 13,761).  A ring of up
+    to 4 stages as fits (BW24CHAT_WRA_BT / BW24CHAT_WRA_STAGES override)."""
+    bt = int(os.environ.get("BW24CHAT_WRA_BT", 256 if (precise or w_split) and n_out >= WGP_WIDE_ROWS else 128))
     stage = wra_stage_bytes(precise, bt, fmt)
     stages = max(3, min(int(os.environ.get("BW24CHAT_WRA_STAGES", 4)), (WGP_SMEM_MAX - 1024) // stage))
     return bt, stages, stage
@@ -696,9 +719,10 @@ def wra_summary() -> str:
     return ",".join(WRA_RECORD_BYTES if mode in ("1", "wide") else WRA_DEFAULT_FORMATS) + (" all" if mode == "1" else " wide")
 
 
-def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool) -> None:
-    bt, stages, stage = wra_geometry(W.out, x_split, W.fmt)
-    k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages)
+def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_split: bool) -> None:
+    bt, stages, stage = wra_geometry(W.out, x_split, W.fmt, w_split)
+    k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages,
+                   **_wsplit_define(W, x_split, w_split))
     smem = wgp_smem(stages, stage)
     _ensure_smem(k, smem)
     k((-(-T // bt), -(-W.out // WRA_ROWS)), (256,),
@@ -720,7 +744,7 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
     tests/gpu/test_gemm.py).  The wide NVFP4 / Q4_K matrices go to gemm_wra instead
     (uses_gemm_wra: the same bits, no pass)."""
     if uses_gemm_wra(W):
-        _gemm_wra(W, xh, xl, out, T, epi, x_split)
+        _gemm_wra(W, xh, xl, out, T, epi, x_split, w_lo)
         return
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
     in_pipeline = W.fmt not in FLOAT_FORMATS and os.environ.get("BW24CHAT_WGP_DEQ", "") == "1"

@@ -50,7 +50,7 @@ _IO_BYTES = _IO_RING + 4 * RING
 
 class CudaRunner:
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
-                 use_graph: bool = True, progress=None, precise_prefill: bool = True):
+                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32"):
         import cupy as cp
 
         self.cp = cp
@@ -64,6 +64,17 @@ class CudaRunner:
         # precise: split-bf16 prefill GEMMs and attention (matches the f32 decode path; the
         # check gates need it); False: plain bf16 tensor-core prefill, ~2-3x faster
         self.precise = precise_prefill
+        # the matmul inputs' contract, one for prefill and decode (the decode graph is captured
+        # with it): "f32" keeps them exact (the gates: prefill and decode logits ~1e-5 apart);
+        # "bf16" rounds every product's input to bf16 first (common.cuh bf16_round), as bf16
+        # engines do: one bf16 plane in the prefill GEMMs (pp512 +30-45 %), but the two paths'
+        # f32 inputs, ~1e-7 apart, then straddle a bf16 rounding boundary now and then, a whole
+        # bf16 step (2^-8) that random check models amplify to ~3e-3 of the logits and a few
+        # argmax flips at margins of 1e-3..1e-2 (bench/NOTES.md, twentieth session)
+        if activations not in ("bf16", "f32"):
+            raise ValueError(f"activations: bf16 or f32, got {activations!r}")
+        self.activations = activations
+        self.act_bf16 = activations == "bf16"
         t = checkpoint.tensors
         report = progress or (lambda f: None)
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
@@ -162,21 +173,22 @@ class CudaRunner:
         for li, L in enumerate(self.layers):
             ops.rmsnorm(x, L["attn_norm"], eps, h)
             pr = self.precise
-            lin.gemm(L["qkv"], h, qkv, T, precise=pr)
+            lin.gemm(L["qkv"], h, qkv, T, precise=pr, act_bf16=self.act_bf16)
             self._rope_kv(qkv, q_rot, L, self.p_pos[:T], li, T)
             ops.attn_prefill(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, start, T, self.attn_scale, attn, precise=pr)
-            lin.gemm(L["o"], attn.reshape(T, H * hd), x, T, epilogue="add", precise=pr)
+            lin.gemm(L["o"], attn.reshape(T, H * hd), x, T, epilogue="add", precise=pr, act_bf16=self.act_bf16)
             ops.rmsnorm(x, L["ffn_norm"], eps, h)
-            lin.gemm(L["gu"], h, gu, T, precise=pr)
+            lin.gemm(L["gu"], h, gu, T, precise=pr, act_bf16=self.act_bf16)
             ops.swiglu(gu, act)
-            lin.gemm(L["down"], act, x, T, epilogue="add", precise=pr)
+            lin.gemm(L["down"], act, x, T, epilogue="add", precise=pr, act_bf16=self.act_bf16)
         if all_logits:
             out = cp.empty((T, a.vocab_size), cp.float32)
             ops.rmsnorm(x, self.output_norm, eps, h)
-            lin.gemm(self.w_out, h, out, T, precise=self.precise)
+            lin.gemm(self.w_out, h, out, T, precise=self.precise, act_bf16=self.act_bf16)
             return out
         # the last row through the decode path's LM head (rmsnorm fused) into logits row 0
-        lin.matvec(self.w_out, x[T - 1:T], self.d_logits[:1], 1, prologue="rmsnorm", norm_w=self.output_norm, eps=eps)
+        lin.matvec(self.w_out, x[T - 1:T], self.d_logits[:1], 1, prologue="rmsnorm", norm_w=self.output_norm, eps=eps,
+                   act_bf16=self.act_bf16)
         return self.d_logits[0]
 
     def _rope_kv(self, qkv, q_rot, L, positions, li, T):
@@ -219,17 +231,19 @@ class CudaRunner:
         x, qkv, q_rot, attn, act = self.d_x[:m], self.d_qkv[:m], self.d_q[:m], self.d_attn[:m], self.d_act[:m]
         lin.embed(self.w_embed, self.d_tokens[:m], x)
         for li, L in enumerate(self.layers):
-            lin.matvec(L["qkv"], x, qkv, m, prologue="rmsnorm", norm_w=L["attn_norm"], eps=eps)
+            lin.matvec(L["qkv"], x, qkv, m, prologue="rmsnorm", norm_w=L["attn_norm"], eps=eps, act_bf16=self.act_bf16)
             self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
             ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn, self.attn_ws)
-            lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add")
+            lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add", act_bf16=self.act_bf16)
             qx = self.d_qx_act[:m] if self._down_takes_qx(L, m) else None
-            lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps, qx_out=qx)
+            lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps, qx_out=qx,
+                       act_bf16=self.act_bf16)
             if qx is None:
-                lin.matvec(L["down"], act, x, m, epilogue="add")
+                lin.matvec(L["down"], act, x, m, epilogue="add", act_bf16=self.act_bf16)
             else:  # x's codes from gate|up's epilogue: the same bits as quantizing act here
-                lin.matvec(L["down"], act, x, m, prologue="qx", epilogue="add", qx_in=qx)
-        lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue="rmsnorm", norm_w=self.output_norm, eps=eps)
+                lin.matvec(L["down"], act, x, m, prologue="qx", epilogue="add", qx_in=qx, act_bf16=self.act_bf16)
+        lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue="rmsnorm", norm_w=self.output_norm, eps=eps,
+                   act_bf16=self.act_bf16)
 
     @staticmethod
     def _down_takes_qx(L, m: int) -> bool:
@@ -350,8 +364,8 @@ def make_cuda_runner(checkpoint, options, report):
                         a.num_key_value_heads, a.head_dim, options.kv_cache)
     if n_ctx < min(options.n_ctx or a.max_position_embeddings, a.max_position_embeddings):
         report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))
-    runner = CudaRunner(checkpoint, n_ctx, options.kv_cache,
-                        progress=lambda f: report(LoadProgress("uploading", f)))
+    runner = CudaRunner(checkpoint, n_ctx, options.kv_cache, progress=lambda f: report(LoadProgress("uploading", f)),
+                        activations=options.activations)
     report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
     runner.warmup()
     report(LoadProgress("compiling", 1.0))

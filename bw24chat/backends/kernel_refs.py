@@ -89,8 +89,9 @@ def act_quant_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The activation quantization of the integer-dot linear contract (kernels/common.cuh
     act_quant_lane): x float32 [..., n], n a multiple of 32; per block of 32 consecutive inputs
     e = max(floor(log2 amax), -100) - 6 (amax's exponent bits; a subnormal or zero amax counts
-    as -127), r = x * 2^-e, h = clamp(rint(r), -127, 127), l = clamp(rint((r - h) * 256), -127,
-    127), rint half to even.  Returns (h int8 [..., n], l int8 [..., n], e int32 [..., n/32])."""
+    as -127), r = x * 2^-e, h = clamp(floor(r + 1/2), -128, 127) (r + 1/2 in float32), l =
+    clamp(rint((r - h) * 256), -128, 127), rint half to even: r - h in [-1/2, 1/2), so a bf16 x
+    of at least 2^(e-1) is exact.  Returns (h int8 [..., n], l int8 [..., n], e int32 [..., n/32])."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.shape[-1] % ACT_BLOCK:
         raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
@@ -99,8 +100,8 @@ def act_quant_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     biased = ((amax.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
     e = np.maximum(biased - 127, -100) - 6
     r = xb * _pow2(-e)[..., None]  # exact
-    h = np.clip(np.rint(r), -127, 127)
-    l = np.clip(np.rint((r - h) * np.float32(256)), -127, 127)  # r - h exact
+    h = np.clip(np.floor(r + np.float32(0.5)), -128, 127)
+    l = np.clip(np.rint((r - h) * np.float32(256)), -128, 127)  # r - h exact
     return h.astype(np.int8).reshape(x.shape), l.astype(np.int8).reshape(x.shape), e
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..loaders.tensor import QTensor
 from ..rope import RopeTable, apply_rope
-from .kernel_refs import act_q8, act_quant_ref
+from .kernel_refs import act_q8, act_quant_ref, bf16_round
 
 
 class NumpyKVCache:
@@ -52,12 +52,14 @@ class NumpyBackend:
     name = "numpy"
     device_name = "CPU"
 
-    def __init__(self, act_quant: bool = False):
+    def __init__(self, act_quant: bool = False, act_bf16: bool = False):
         # act_quant=False: exact activations for every format (the specification, and the numbers
         # transformers gives on the dequantized weights); True: the CUDA engine's integer-dot
         # contract for the formats that use it (kernel_refs.act_q8), e.g. for quality figures of
-        # what a GPU user gets
+        # what a GPU user gets.  act_bf16: the CUDA engine's opt-in bf16-activation contract, every
+        # product's input rounded to bf16 first (before act_quant's codes; common.cuh bf16_round)
         self.act_quant = act_quant
+        self.act_bf16 = act_bf16
 
     # -- weights
     def load_matrix(self, t: QTensor) -> np.ndarray:
@@ -84,6 +86,8 @@ class NumpyBackend:
 
     def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         """(T, in) @ (out, in)^T -> (T, out)."""
+        if self.act_bf16:
+            x = bf16_round(x)
         if isinstance(w, ActQuantMatrix):
             x, w = act_quant_ref(x), w.view(np.ndarray)
         y = x @ w.T

@@ -22,19 +22,24 @@ def prologue_ref(x, pro, in_, norm_w):
     return x
 
 
-def ref_input(x, pro, in_, norm_w, fmt):
-    """The reference's input of the product: the prologue (float64), or for the integer-dot
-    formats the prologue in float32 (NumpyBackend, the kernels' formulas) then the activation
-    quantization of the contract (kernel_refs.act_quant_ref)."""
-    if not act_q8(fmt):
-        return prologue_ref(x, pro, in_, norm_w)
+def prologue_f32(x, pro, in_, norm_w):
+    """The prologue in float32 with the kernels' formulas (NumpyBackend)."""
     B = NumpyBackend()
     x32 = x.astype(np.float32)
     if pro == "rmsnorm":
-        x32 = B.rmsnorm(x32, norm_w, EPS)
-    elif pro == "swiglu":
-        x32 = B.swiglu(x32[:, :in_], x32[:, in_:])
-    return act_quant_ref(x32).astype(np.float64)
+        return B.rmsnorm(x32, norm_w, EPS)
+    if pro == "swiglu":
+        return B.swiglu(x32[:, :in_], x32[:, in_:])
+    return x32
+
+
+def ref_input(x, pro, in_, norm_w, fmt):
+    """The reference's input of the product: the prologue (float64), or for the integer-dot
+    formats the prologue in float32 (prologue_f32) then the activation quantization of the
+    contract (kernel_refs.act_quant_ref)."""
+    if not act_q8(fmt):
+        return prologue_ref(x, pro, in_, norm_w)
+    return act_quant_ref(prologue_f32(x, pro, in_, norm_w)).astype(np.float64)
 
 
 def check_close(got, xin, w):
