@@ -45,6 +45,7 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
         screen.query_one("#set-top_k").value = "40"
         screen.query_one("#set-seed").value = "1234"
         screen.query_one("#set-kv_cache").value = "q8_0"
+        screen.query_one("#set-activations").value = "bf16"
         screen.query_one("#set-speculative").value = "mtp"
         screen.query_one("#set-vram_budget_gb").value = "6.5"
         screen.query_one("#set-system-prompt").load_text("Be kind.")
@@ -55,6 +56,7 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
         assert data["sampling"]["temperature"] == 0.2
         assert data["sampling"]["top_k"] == 40 and data["sampling"]["seed"] == 1234
         assert data["engine"]["kv_cache"] == "q8_0" and data["engine"]["speculative"] == "mtp"
+        assert data["engine"]["activations"] == "bf16"
         assert data["engine"]["vram_budget_gb"] == 6.5
         assert data["ui"]["system_prompt"] == "Be kind."
 
@@ -63,6 +65,7 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
         assert (sampling.temperature, sampling.top_k, sampling.seed) == (0.2, 40, 1234)
         assert engine.requests[-1].messages[0] == {"role": "system", "content": "Be kind."}
         assert app.config.engine_options("m").kv_cache == "q8_0"
+        assert app.config.engine_options("m").activations == "bf16"
 
     # a new app reads them back and shows them
     app2 = make_app(FakeEngine())
@@ -71,6 +74,7 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
         await open_screen(pilot, "f2", SettingsScreen)
         assert app2.screen.query_one("#set-temperature").value == "0.2"
         assert app2.screen.query_one("#set-kv_cache").value == "q8_0"
+        assert app2.screen.query_one("#set-activations").value == "bf16"
         assert app2.screen.query_one("#set-seed").value == "1234"
 
 
