@@ -9,8 +9,42 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export BW24CHAT_CACHE_DIR=/root/bw24cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/m
 SMOL=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
+# SmolLM2's second half appended to the first (left in /root/m by an earlier call on this machine),
+# checked, then CUDA = NumPy greedy and the real model's gates: $1 the stage that carries the first
+# half, $2 the log name under $OUT
+smollm2_second_half() {
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
+  have=$(sha256sum $SMOL | cut -c1-16); want=$(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)
+  echo "sha256 $have want $want"; [ "$have" = "$want" ] || { rm -f $SMOL; echo "the first half is gone (fresh machine): run $1 again"; exit 3; }
+  timeout 300 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/$2 | tail -30
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s21c)
+  # prepared in the twentieth session (compiled for sm_90a / sm_120a in CI, never run): the opt-in
+  # attention -> o QX hand-off (attention.cu ATTN_QX, BW24CHAT_ATTN_QX=1).  Predicted: o's prologue
+  # becomes a copy (~2 us -> ~1 us per layer, as the down projection's QX did), NVFP4 / Q8_0 decode
+  # +1.5-2.5 %.  Bits first, then the decode A/B (off / on / off / on)
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py tests/gpu/test_runner_qx.py -k "qx" 2>&1 | tail -3 | tee $OUT/pytest_s21c.log
+  grep -q " passed" $OUT/pytest_s21c.log && ! grep -q "failed\|error" $OUT/pytest_s21c.log || exit 3
+  for v in 0 1 0 1; do BW24CHAT_ATTN_QX=$v timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/qx=$v /"; done | tee $OUT/bench_s21c.log
+  ;;
+s21b)
+  # SmolLM2 second half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab",
+  # ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256"]): CUDA = NumPy greedy 64 tokens under each
+  # activation contract (NumpyBackend(act_bf16=...)), then its gates per cache type
+  smollm2_second_half s21a smollm2_s21b.log
+  ;;
+s21a)
+  # prepared in the twentieth session (which had H100s only): SmolLM2 first half (carry [".whl",
+  # ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]); the H200 bench with both activation
+  # contracts' prefill rows; the transformers reference (f32 activations and cache: 1e-3; the bf16
+  # cache and bf16 activations for the record); the bf16 contract's gates for the record
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
+  timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s21a.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s21a.log | tail -30
+  timeout 150 python3 tools/device_reference.py /root/ref --big 2>&1 | tail -10 | tee $OUT/ref_s21a.log
+  timeout 90 python3 -m bw24chat check --skip-kernels --activations bf16 --formats bf16,nvfp4 --kv bf16 2>&1 | grep "argmax\|passed" | cut -c1-160 | tee $OUT/check_bf16x_s21a.log
+  ;;
 s20c)
   # the float32 comparison with transformers (f32 activations and cache: 1e-3), the default
   # contract's figures beside it; the gates under f32 activations (the act_quant rounding change) and
@@ -519,10 +553,7 @@ s10d)
 s10e)
   # SmolLM2 second half (carry [".whl", ".carry/.../part-ab", ".carry/.../sha256"]): CUDA and NumPy
   # greedy 64 tokens on chat prompts, the gates on the real model per cache type
-  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-ab >> $SMOL
-  have=$(sha256sum $SMOL | cut -c1-16); want=$(cut -c1-16 .carry/SmolLM2-135M-Instruct.Q4_1.gguf/sha256)
-  echo "sha256 $have want $want"; [ "$have" = "$want" ] || { rm -f $SMOL; echo "the first half is gone (fresh machine): run s10d again"; exit 3; }
-  timeout 300 python3 bench/device_smollm2.py $SMOL 2>&1 | tee $OUT/smollm2.log | tail -30
+  smollm2_second_half s10d smollm2.log
   ;;
 s10a)
   # prepared in the ninth session (every build compiled for sm_90a / sm_120a in CI; not run):

@@ -88,6 +88,15 @@
 // fence per block and prefetched partials measured the same as this one, s13f).
 #define ATTN_ABLATE 0
 #endif
+#ifndef ATTN_QX  // decode (opt-in, cuda_ops attn_decode qx_out; not measured yet): 1 = the block that finishes
+// a (row, kv head, head group) also writes the integer-dot codes of its GQ * HD outputs (matvec.cu's
+// QX layout, common.cuh qx_write_block; rounded to bf16 first when qx_b16) into the o projection's
+// QX row, so the o matvec copies them (prologue "qx") instead of every block quantizing all H * HD
+// inputs after pdl_wait (that prologue: 2.0-2.2 us of NVFP4 / Q8_0's o, bench/NOTES.md, nineteenth
+// session).  The outputs themselves are unchanged (the same stores; the codes from a copy of them
+// in shared memory).
+#define ATTN_QX 0
+#endif
 #ifndef DEC_MIN_PER  // decode: at least this many key tiles per split (fewer splits to merge at short context)
 #define DEC_MIN_PER 1
 #endif
@@ -209,6 +218,35 @@ BW24_DEVICE void merge_block_parts(const float* macc, const float* mm, const flo
     }
 }
 
+// ATTN_QX: the finishing block's GQ * HD outputs (fin, a shared copy of what it stored to out) as the
+// QX codes of row r's blocks hq0 * HD / 32 .. of the o projection's input (n = H * HD values):
+// aligned 8-lane groups, one 32-value block each, every thread the same trip count (shuffles).
+template <int NTHR>
+BW24_DEVICE void attn_qx_write(const float* fin, int r, int hq0, int H, uint32_t* __restrict__ qx, int qx_b16) {
+#if ATTN_QX
+    __syncthreads();  // fin is complete
+    const int n = H * HD, nblk = GQ * HD / 32;
+    uint32_t* row = qx + (long long)r * qx_row_words(n);
+    for (int i0 = 0; i0 < nblk; i0 += NTHR / 8) {
+        const int i = i0 + (int)threadIdx.x / 8;
+        float4 v = i < nblk ? reinterpret_cast<const float4*>(fin)[i * 8 + (threadIdx.x & 7)] : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (qx_b16) v = bf16_round4(v);
+        qx_write_block(row, n, hq0 * HD / 32 + i, v, i < nblk);
+    }
+#else
+    (void)fin; (void)r; (void)hq0; (void)H; (void)qx; (void)qx_b16;
+#endif
+}
+#if ATTN_QX
+#define ATTN_FIN_DECL __shared__ __align__(16) float s_fin[GQ * HD];
+#define ATTN_FIN_STORE(idx, v) (s_fin[idx] = (v))
+#define ATTN_FIN s_fin
+#else
+#define ATTN_FIN_DECL
+#define ATTN_FIN_STORE(idx, v) ((void)0)
+#define ATTN_FIN nullptr
+#endif
+
 // The end of a decode block, shared by attn_decode and attn_decode_tc: the block's NPART partial
 // softmax states (sm_acc [NPART][GQ][HD] un-normalised outputs, sm_m / sm_l [NPART][GQ] maxima and
 // sums, in shared memory) are merged in part order; with one split the row is finished here, else
@@ -217,8 +255,10 @@ BW24_DEVICE void merge_block_parts(const float* macc, const float* mm, const flo
 template <int NPART, int NTHR = DTHREADS>
 BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
                                int nsplit, int hq0, int H, int K, int NSG, int max_splits, int max_rows,
-                               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
+                               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt,
+                               uint32_t* __restrict__ qx, int qx_b16) {
     __shared__ int s_last;
+    ATTN_FIN_DECL
     const int tid = threadIdx.x;
     const int ms = max_splits;
     float* ws_ml = ws;                                         // [max_rows][H][ms][2]
@@ -230,12 +270,17 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
         const long long rh = (long long)r * H + hq0 + g;
         if (nsplit == 1) {
             out[rh * HD + d] = O / Ls;
+            ATTN_FIN_STORE(idx, O / Ls);
         } else {
             ws_acc[(rh * ms + s) * HD + d] = O;
             if (d == 0) { ws_ml[(rh * ms + s) * 2] = M; ws_ml[(rh * ms + s) * 2 + 1] = Ls; }
         }
     }
-    if (nsplit == 1 || (ATTN_ABLATE & 1)) return;
+    if (nsplit == 1) {
+        attn_qx_write<NTHR>(ATTN_FIN, r, hq0, H, qx, qx_b16);
+        return;
+    }
+    if (ATTN_ABLATE & 1) return;
 
     // ---- last block of (row, kv head, head group) merges the splits, in split order
     if (!(ATTN_ABLATE & 16)) __threadfence();
@@ -295,7 +340,9 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
                 if (b0 + u < nsplit) O = fmaf(v[u], sf[g * ms + b0 + u], O);
         }
         out[rh * HD + d] = O / sL[g];
+        ATTN_FIN_STORE(idx, O / sL[g]);
     }
+    attn_qx_write<NTHR>(ATTN_FIN, r, hq0, H, qx, qx_b16);
     if (tid == 0) *cnt = 0;  // ready for the next launch / graph replay
 }
 
@@ -324,8 +371,10 @@ BW24_DEVICE void decode_finish(uint8_t* smem, const float* macc, const float* mm
 // [GQ][2], split weights [GQ][C], sums [GQ] (cuda_ops _decode_smem / _decode_tc_smem).
 template <int NPART, int NTHR = DTHREADS>
 BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const float* mm, const float* ml, int r, int s,
-                                       int nsplit, int hq0, int H, float* __restrict__ out) {
+                                       int nsplit, int hq0, int H, float* __restrict__ out, uint32_t* __restrict__ qx,
+                                       int qx_b16) {
     const int tid = threadIdx.x;
+    ATTN_FIN_DECL
     float* cpart = reinterpret_cast<float*>(smem) + NPART * GQ * (HD + 2);  // [GQ][HD] this split's O (after macc, mm, ml)
     float* cml = cpart + GQ * HD;                                           // [GQ][2] its (m, l)
     float* sf = cml + 2 * GQ;                                               // [GQ][C] split weights (split 0's block)
@@ -336,12 +385,16 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
         merge_block_parts<NPART>(macc, mm, ml, g, d, M, Ls, O);
         if (nsplit == 1) {
             out[((long long)r * H + hq0 + g) * HD + d] = O / Ls;
+            ATTN_FIN_STORE(idx, O / Ls);
         } else {
             cpart[idx] = O;
             if (d == 0) { cml[2 * g] = M; cml[2 * g + 1] = Ls; }
         }
     }
-    if (nsplit == 1) return;
+    if (nsplit == 1) {
+        attn_qx_write<NTHR>(ATTN_FIN, r, hq0, H, qx, qx_b16);
+        return;
+    }
     cluster_sync_all();  // every split's state is in its block's shared memory
     if (s == 0) {
         if (tid < GQ) {  // every split's (m, l) read once, all in flight together
@@ -376,7 +429,9 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
             for (int b = 0; b < ATTN_CLUSTER; ++b)
                 if (b < nsplit) O = fmaf(v[b], sf[g * ATTN_CLUSTER + b], O);
             out[((long long)r * H + hq0 + g) * HD + d] = O / sL[g];
+            ATTN_FIN_STORE(idx, O / sL[g]);
         }
+        attn_qx_write<NTHR>(ATTN_FIN, r, hq0, H, qx, qx_b16);
     }
     cluster_sync_all();  // split 0 has read every state: the blocks may exit
 }
@@ -388,7 +443,7 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
 extern "C" __global__ void __launch_bounds__(DTHREADS) ATTN_CLUSTER_DIMS
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
             const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
-            float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
+            float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt, uint32_t* __restrict__ qx, int qx_b16) {
     PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t smem[];
     const int r = blockIdx.x, s = blockIdx.y;
@@ -557,11 +612,11 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     __syncthreads();
 #if ATTN_CLUSTER
     if (in_cluster) {
-        decode_finish_cluster<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
+        decode_finish_cluster<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out, qx, qx_b16);
         return;
     }
 #endif
-    decode_finish<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt);
+    decode_finish<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt, qx, qx_b16);
 }
 
 // =================================================================== prefill
@@ -932,7 +987,7 @@ static_assert((4 * TC_HALVES * GQ * (HD + 2) + GQ * HD + 2 * GQ + GQ * ATTN_CLUS
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2 / TC_HALVES) ATTN_CLUSTER_DIMS
 attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
                const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
-               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt) {
+               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt, uint32_t* __restrict__ qx, int qx_b16) {
     pdl_trigger();
     extern __shared__ __align__(16) uint8_t smem[];
     __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][K, V][TCK][LDK]
@@ -1130,11 +1185,11 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     }
     __syncthreads();
 #if ATTN_CLUSTER
-    decode_finish_cluster<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out);
+    decode_finish_cluster<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out, qx, qx_b16);
     (void)NSG; (void)max_splits; (void)max_rows; (void)ws; (void)ws_cnt;
 #else
     decode_finish<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out,
-                                             ws, ws_cnt);
+                                             ws, ws_cnt, qx, qx_b16);
 #endif
 }
 #endif

@@ -90,6 +90,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm", {"FMT": 3, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1}),  # the bf16-activation contract: x one plane, W split
     ("gemm", {"FMT": 8, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "GM_BUFS": 1}),
     ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
+    # ATTN_QX (opt-in): the finishing block writes the o projection's QX codes, every merge
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
+    ("attention", {"HD": 64, "GQ": 8, "KV_TYPE": 1, "ATTN_QX": 1, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
 ]

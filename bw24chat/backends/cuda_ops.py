@@ -286,14 +286,16 @@ def _decode_smem(hd: int, gq: int, kv_type: str, cluster: int = 0) -> int:
 
 
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
-                max_rows: int = DECODE_MAX_ROWS) -> None:
+                max_rows: int = DECODE_MAX_ROWS, qx_out=None, act_bf16: bool = False) -> None:
     """Split-K decode attention for m (1..max_rows) query rows.
 
     q (m', H, hd) float32 with m' >= m (rows 0..m-1 used); row r attends keys 0..lengths_dev[r]-1
     (int32 device array, >= 1; for speculative verify the rows are consecutive positions so
     lengths are L, L+1, ...); cache_k / cache_v: one layer (kv_cache_alloc); out (m', H, hd)
     float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
-    (zeroed once at allocation); scale: softmax scale (1/sqrt(hd))."""
+    (zeroed once at allocation); scale: softmax scale (1/sqrt(hd)).  qx_out (uint32 [m', qx_row_words(H
+    * hd)], opt-in: attention.cu ATTN_QX): also the o projection's QX codes of the outputs (of their
+    bf16 roundings with act_bf16), for its matvec's prologue "qx"."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if not 1 <= m <= max_rows:
@@ -314,6 +316,10 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     if tc:  # both always given: the defaults in attention.cu serve the compile-only checks
         halves, stages = decode_tc_config(hd)
         extra.update(TC_HALVES=halves, TCSTAGES=stages)
+    if qx_out is not None:
+        if (H * hd) % 32:
+            raise ValueError("the QX codes cover whole 32-value blocks")
+        extra["ATTN_QX"] = 1
     if os.environ.get("BW24CHAT_ATTN_ABLATE"):  # timing diagnostics only (attention.cu ATTN_ABLATE): garbage out
         extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
     cluster = attn_decode_cluster(tc)
@@ -333,7 +339,8 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         allow_nonportable_clusters(kern)
     _launch(kern, (m, ms, K * nsg), (128 * halves,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
-             _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt),
+             _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt, qx_out if qx_out is not None else np.uint64(0),
+             _i32(int(act_bf16))),
             smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type, cluster))
 
 

@@ -28,6 +28,8 @@ F ffn width, V vocabulary, Q = (H + 2K) * hd fused qkv width.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..api import SamplingParams
@@ -133,6 +135,7 @@ class CudaRunner:
         # the down projection's x codes, written by the gate|up epilogue (matvec.cu qx_out: quantized
         # once per step instead of once per block of the down matvec); F % 32 == 0 where used
         self.d_qx_act = cp.zeros((m, lin.qx_row_words(F - F % 32)), cp.uint32)
+        self.d_qx_attn = cp.zeros((m, lin.qx_row_words(H * hd - H * hd % 32)), cp.uint32)
         self.attn_ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS), cp.uint8)
         self.sample_ws = cp.zeros(ops.sample_workspace_bytes(a.vocab_size), cp.uint8)
         self.p_x, self.p_h, self.p_qkv = z(T, D), z(T, D), z(T, Q)
@@ -233,8 +236,14 @@ class CudaRunner:
         for li, L in enumerate(self.layers):
             lin.matvec(L["qkv"], x, qkv, m, prologue="rmsnorm", norm_w=L["attn_norm"], eps=eps, act_bf16=self.act_bf16)
             self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
-            ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn, self.attn_ws)
-            lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add", act_bf16=self.act_bf16)
+            qa = self.d_qx_attn[:m] if self._o_takes_qx(L, m) else None
+            ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn,
+                            self.attn_ws, qx_out=qa, act_bf16=self.act_bf16)
+            if qa is None:
+                lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add", act_bf16=self.act_bf16)
+            else:  # x's codes from the attention's finishing blocks: the same bits as quantizing attn here
+                lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, prologue="qx", epilogue="add", qx_in=qa,
+                           act_bf16=self.act_bf16)
             qx = self.d_qx_act[:m] if self._down_takes_qx(L, m) else None
             lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps, qx_out=qx,
                        act_bf16=self.act_bf16)
@@ -244,6 +253,13 @@ class CudaRunner:
                 lin.matvec(L["down"], act, x, m, prologue="qx", epilogue="add", qx_in=qx, act_bf16=self.act_bf16)
         lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue="rmsnorm", norm_w=self.output_norm, eps=eps,
                    act_bf16=self.act_bf16)
+
+    def _o_takes_qx(self, L, m: int) -> bool:
+        """Opt-in (BW24CHAT_ATTN_QX=1, not measured yet: bench/NOTES.md, twentieth session): the
+        decode attention writes the o projection's x codes (attention.cu ATTN_QX) and o reads them
+        (prologue "qx") where o is on the integer-dot contract."""
+        D, H, K, hd, F = self.dims
+        return os.environ.get("BW24CHAT_ATTN_QX", "0") == "1" and (H * hd) % 32 == 0 and lin.takes_qx(L["o"], m)
 
     @staticmethod
     def _down_takes_qx(L, m: int) -> bool:

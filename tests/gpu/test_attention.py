@@ -345,3 +345,29 @@ def test_prefill_matches_decode_large_cache(cp, rng, kv_type):
     rows = [0, 1, 63, 64, 200, 299]
     dec, _ = _decode(cp, q[rows[:6]], ck, cv, kv_type, [r + 1 for r in rows[:6]], scale, H, K, hd)
     assert float(np.linalg.norm(pre[rows] - dec) / np.linalg.norm(dec)) <= 3e-5
+
+
+@pytest.mark.parametrize("kv_type,tc,cluster,halves", DECODE_KERNELS)
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (8, 8, 64)])
+@pytest.mark.parametrize("b16", [False, True])
+def test_decode_qx_codes_are_the_outputs_codes(cp, rng, monkeypatch, kv_type, tc, cluster, halves, H, K, hd, b16):
+    """attention.cu ATTN_QX (opt-in): the block finishing a (row, kv head, head group) also writes
+    the o projection's QX codes of its outputs — word for word kernel_refs.qx_ref of the outputs
+    (of their bf16 roundings with act_bf16) — every split merge (one split, a few, many; cluster
+    and workspace), and the outputs are bit-identical to the launch without codes."""
+    from bw24chat.backends.kernel_refs import bf16_round, qx_ref, qx_row_words
+
+    _set_decode_kernel(monkeypatch, tc, cluster, halves)
+    scale = 1.0 / math.sqrt(hd)
+    for L, m in [(1, 1), (63, 3), (700, 8), (8193, 2)]:
+        ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, kv_type, L, m, H, K, hd)
+        plain, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+        ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd), cp.uint8)
+        out = cp.full((m, H, hd), np.nan, cp.float32)
+        qx = cp.zeros((m, qx_row_words(H * hd)), cp.uint32)
+        ops.attn_decode(cp.asarray(q), ck, cv, kv_type, cp.asarray(np.asarray(lengths, np.int32)), m, scale, out, ws,
+                        qx_out=qx, act_bf16=b16)
+        got = out.get()
+        assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), (L, m)
+        flat = got.reshape(m, H * hd)
+        assert np.array_equal(qx.get(), qx_ref(bf16_round(flat) if b16 else flat)), (L, m)
