@@ -1161,7 +1161,7 @@ matvec_tc(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
     float* minv = stat + 2 * TC_NW;                                // [MV_M] rms inverse
     float* mscale = minv + MV_M;                                   // [MV_M] 2^s_m
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const bool xb16 = (pro & PRO_BF16) != 0;  // x rounded to bf16 before the split (lo = 0 for BF16)
+    const bool xb16 = (pro & PRO_BF16) != 0;  // x rounded to bf16 before the split (BF16: lo = 0, its MMAs still run)
     pro &= ~PRO_BF16;
     const int g = lane >> 2, t = lane & 3;
     const int nck = n_in / VPC;
