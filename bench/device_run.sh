@@ -20,6 +20,26 @@ smollm2_second_half() {
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s21e)
+  # the final build (ATTN_QX on by default, the tensor-core decode's cluster merge unchanged):
+  # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]; s21b
+  # follows at once), the gates with the kernel check, then the full bench table
+  cat .carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa > $SMOL && ls -la $SMOL | cut -c1-80
+  timeout 220 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s21e.log 2>&1; echo "check rc=$?"
+  grep "FAIL\|argmax\|passed" $OUT/check_s21e.log | cut -c1-150 | tail -12
+  timeout 330 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_s21e.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_s21e.log | tail -30
+  ;;
+s21d)
+  # the tensor-core decode's hybrid merge (attention.cu ATTN_HYBRID on attn_decode_tc, cuda_ops
+  # ATTN_HYBRID_TC_TILES = 32, attn_decode_long_splits): rows over 2048 keys stream over one wave
+  # of blocks (16 splits of 8 kv heads) with the workspace merge instead of a cluster of 8.
+  # Predicted: 8192 keys 18.4-18.9 -> ~12-13 us per layer; NVFP4 tg128@8192 +6-8 %, @512 unchanged.
+  # Bits first, then the probe (P = 0 is the old pure cluster), then the decode A/B in the step
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py tests/gpu/test_runner_qx.py -k "hybrid or any_m or cluster_merge or (decode_matches and bf16-1) or hand_off" 2>&1 | tail -3 | tee $OUT/pytest_s21d.log
+  grep -q " passed" $OUT/pytest_s21d.log && ! grep -q "failed\|error" $OUT/pytest_s21d.log || exit 3
+  timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 512,1024,2048,4096,8192 --variants "BW24CHAT_ATTN_HYBRID=0;default;BW24CHAT_ATTN_HYBRID=1;BW24CHAT_ATTN_HYBRID=2;BW24CHAT_ATTN_HYBRID=1,BW24CHAT_ATTN_SPLITS=8" 2>&1 | grep " us " | tee $OUT/probe_s21d.log
+  for v in 0 4 0 4; do BW24CHAT_ATTN_HYBRID=$v timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/P=$v /"; done | tee $OUT/bench_s21d.log
+  ;;
 s21c)
   # prepared in the twentieth session (compiled for sm_90a / sm_120a in CI, never run): the opt-in
   # attention -> o QX hand-off (attention.cu ATTN_QX, BW24CHAT_ATTN_QX=1).  Predicted: o's prologue

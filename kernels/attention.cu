@@ -88,7 +88,7 @@
 // fence per block and prefetched partials measured the same as this one, s13f).
 #define ATTN_ABLATE 0
 #endif
-#ifndef ATTN_QX  // decode (opt-in, cuda_ops attn_decode qx_out; not measured yet): 1 = the block that finishes
+#ifndef ATTN_QX  // decode (cuda_ops attn_decode qx_out; the runner's default, BW24CHAT_ATTN_QX=0 off): 1 = the block that finishes
 // a (row, kv head, head group) also writes the integer-dot codes of its GQ * HD outputs (matvec.cu's
 // QX layout, common.cuh qx_write_block; rounded to bf16 first when qx_b16) into the o projection's
 // QX row, so the o matvec copies them (prologue "qx") instead of every block quantizing all H * HD
@@ -440,6 +440,34 @@ BW24_DEVICE void decode_finish_cluster(uint8_t* smem, const float* macc, const f
 #define ATTN_CLUSTER_DIMS
 #endif
 
+// How a row of `tiles` key tiles is split (both decode kernels).  ATTN_HYBRID = P under a
+// cluster of C: a row of up to C * P tiles takes the first cluster (grid y = max_splits, a
+// multiple of C) and merges in distributed shared memory; a longer row takes all max_splits
+// blocks and the workspace merge (more SMs streaming its keys; the merge costs a few L2 round
+// trips more).  Without ATTN_HYBRID every row takes the cluster (or, without ATTN_CLUSTER, the
+// workspace).  The choice depends on L alone, so a row's bits do not depend on m.
+BW24_DEVICE void decode_split_plan(int tiles, int max_splits, bool& in_cluster, int& per, int& nsplit) {
+#if ATTN_CLUSTER && ATTN_HYBRID
+    in_cluster = tiles <= ATTN_CLUSTER * ATTN_HYBRID;
+#else
+    in_cluster = ATTN_CLUSTER != 0;
+#endif
+    const int cap = in_cluster ? ATTN_CLUSTER : max_splits;
+    per = max(DEC_MIN_PER, (tiles + cap - 1) / cap);
+    nsplit = (tiles + per - 1) / per;
+}
+
+// A block with no keys of its row (s >= nsplit): inside a merging cluster it still takes part in
+// decode_finish_cluster's two barriers (a cluster barrier waits for every thread of every block);
+// blocks of the other clusters just leave.
+BW24_DEVICE void decode_idle_split(bool in_cluster, int nsplit, int s) {
+#if ATTN_CLUSTER
+    if (in_cluster && nsplit > 1 && s < ATTN_CLUSTER) { cluster_sync_all(); cluster_sync_all(); }
+#else
+    (void)in_cluster; (void)nsplit; (void)s;
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(DTHREADS) ATTN_CLUSTER_DIMS
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
             const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
@@ -450,22 +478,11 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     const int L = lengths[r];
     if (L <= 0) return;
     const int tiles = (L + TK - 1) / TK;
-#if ATTN_CLUSTER && ATTN_HYBRID
-    // ATTN_HYBRID = P: up to C * P tiles the first cluster (grid y = max_splits, a multiple of C)
-    // takes them and merges in distributed shared memory, longer rows take all max_splits blocks
-    // and the workspace merge.  The choice depends on L alone, so a row's bits do not depend on m.
-    const bool in_cluster = tiles <= ATTN_CLUSTER * ATTN_HYBRID;
-#else
-    const bool in_cluster = ATTN_CLUSTER != 0;
-#endif
-    const int cap = in_cluster ? ATTN_CLUSTER : max_splits;
-    const int per = max(DEC_MIN_PER, (tiles + cap - 1) / cap);
-    const int nsplit = (tiles + per - 1) / per;
+    bool in_cluster;
+    int per, nsplit;
+    decode_split_plan(tiles, max_splits, in_cluster, per, nsplit);
     if (s >= nsplit) {
-#if ATTN_CLUSTER
-        // the two barriers of decode_finish_cluster (blocks of the other clusters just leave)
-        if (in_cluster && nsplit > 1 && s < ATTN_CLUSTER) { cluster_sync_all(); cluster_sync_all(); }
-#endif
+        decode_idle_split(in_cluster, nsplit, s);
         return;
     }
     const int t0 = s * per, ntile = min(tiles, t0 + per) - t0;
@@ -996,13 +1013,12 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     const int L = lengths[r];  // written before the step's first kernel: readable before pdl_wait
     if (L <= 0) { pdl_wait(); return; }
     const int ntiles_all = (L + TCK - 1) / TCK;
-    const int per = max(DEC_MIN_PER, (ntiles_all + max_splits - 1) / max_splits);
-    const int nsplit = (ntiles_all + per - 1) / per;
+    bool in_cluster;
+    int per, nsplit;
+    decode_split_plan(ntiles_all, max_splits, in_cluster, per, nsplit);
     if (s >= nsplit) {
         pdl_wait();
-#if ATTN_CLUSTER
-        if (nsplit > 1) { cluster_sync_all(); cluster_sync_all(); }  // the two barriers of decode_finish_cluster
-#endif
+        decode_idle_split(in_cluster, nsplit, s);
         return;
     }
     const int t0 = s * per, ntile = min(ntiles_all, t0 + per) - t0;
@@ -1185,11 +1201,12 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     }
     __syncthreads();
 #if ATTN_CLUSTER
-    decode_finish_cluster<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out, qx, qx_b16);
-    (void)NSG; (void)max_splits; (void)max_rows; (void)ws; (void)ws_cnt;
-#else
+    if (in_cluster) {
+        decode_finish_cluster<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out, qx, qx_b16);
+        return;
+    }
+#endif
     decode_finish<4 * TC_HALVES, TC_THREADS>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out,
                                              ws, ws_cnt, qx, qx_b16);
-#endif
 }
 #endif

@@ -94,6 +94,9 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention", {"HD": 64, "GQ": 8, "KV_TYPE": 1, "ATTN_QX": 1, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
+    # the tensor-core decode's hybrid merge (long rows over one wave of blocks, the workspace merge)
+    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 4, "TC_HALVES": 2,
+                   "TCSTAGES": 4}),
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
 ]

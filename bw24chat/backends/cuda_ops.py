@@ -179,6 +179,16 @@ ATTN_CLUSTER_TC = 8  # the tensor-core decode's cluster size (attention.cu ATTN_
 # other GPUs take 8 (measured on the H200 too, attn_decode_hybrid).
 ATTN_CLUSTER_FMA = {90: 16}
 ATTN_HYBRID_TILES = 64  # C * P: 2048 keys of DECODE_TILE
+# The tensor-core decode's C * P in its 64-key tiles (attention.cu TCK), 0: the cluster at every
+# length.  Tried in the twenty-first session: rows past C * P tiles over one wave of blocks
+# (attn_decode_long_splits: 16 splits of 8 kv heads, 128 blocks, instead of a cluster's 64), on
+# the idea that 64 blocks with 16 tiles in series each bound the 8192-key row (1.5-1.8 TB/s).
+# Measured (H100, bench/attn_probe.py, us per layer, cluster / hybrid P = 4 / P = 1 / P = 1 with
+# 8 splits): 2048 keys 8.36 / 8.69 / 12.60 / 9.51, 4096 12.62 / 17.12 / 17.02 / 13.76, 8192 21.17 /
+# 24.98 / 24.94 / 22.57; NVFP4 tg128@8192 336 -> 317-320 tok/s.  Twice the blocks stream no faster
+# (the workspace merge alone costs ~1.4 us over the cluster's at 8 splits): the series of tiles is
+# not what bounds the long row.  Off; BW24CHAT_ATTN_HYBRID=P turns it on for experiments.
+ATTN_HYBRID_TC_TILES = 0
 
 
 def attn_decode_cluster(tc: bool) -> int:
@@ -203,17 +213,37 @@ def _decode_cluster_smem(hd: int, gq: int, nparts: int, cluster: int) -> int:
     return (nparts * gq * (hd + 2) + gq * hd + 2 * gq + gq * cluster + gq) * 4 if cluster else 0
 
 
-def attn_decode_hybrid(cluster: int) -> int:
-    """attention.cu ATTN_HYBRID = P of the FMA decode under a cluster of C: rows of up to C * P
-    tiles merge in the cluster, longer ones over max_splits blocks (rounded up to a multiple of C)
-    through the workspace.  Fourteenth session, H200: bench/attn_probe.py, q8_0 cache, us per
-    layer at 512 / 2048 / 8192 keys: workspace 10.77 / 16.13 / 25.82, cluster 8 7.38 / 15.55 /
-    49.35, cluster 16 8.57 / 13.99 / 35.75 (the FMA kernel needs more than 16 splits at long
-    context); Qwen3-8B NVFP4 decode with a q8_0 cache, tg128@512 / @8192 (s14f, one call):
-    workspace 422.4 / 327.2, C = 8, P = 8 448.5 / 321.3, C = 16, P = 4 444.1 / 328.5 tok/s.
-    BW24CHAT_ATTN_HYBRID=P overrides (0: the cluster at every length)."""
+def attn_decode_hybrid(cluster: int, tc: bool = False) -> int:
+    """attention.cu ATTN_HYBRID = P under a cluster of C: rows of up to C * P tiles merge in the
+    cluster, longer ones over attn_decode_long_splits blocks through the workspace.
+    The FMA decode (fourteenth session, H200: bench/attn_probe.py, q8_0 cache, us per layer at
+    512 / 2048 / 8192 keys): workspace 10.77 / 16.13 / 25.82, cluster 8 7.38 / 15.55 / 49.35,
+    cluster 16 8.57 / 13.99 / 35.75 (the FMA kernel needs more than 16 splits at long context);
+    Qwen3-8B NVFP4 decode with a q8_0 cache, tg128@512 / @8192 (s14f, one call): workspace
+    422.4 / 327.2, C = 8, P = 8 448.5 / 321.3, C = 16, P = 4 444.1 / 328.5 tok/s.
+    The tensor-core decode: 0 (ATTN_HYBRID_TC_TILES: measured slower, see there).
+    BW24CHAT_ATTN_HYBRID=P overrides both (0: the cluster at every length)."""
     env = os.environ.get("BW24CHAT_ATTN_HYBRID")
-    return int(env) if env else max(1, ATTN_HYBRID_TILES // cluster)
+    if env:
+        return int(env)
+    tiles = ATTN_HYBRID_TC_TILES if tc else ATTN_HYBRID_TILES
+    return max(1, tiles // cluster) if tiles else 0
+
+
+def attn_decode_long_splits(n_heads: int, n_kv_heads: int, cluster: int, tc: bool, halves: int = 2,
+                            n_sm: int | None = None) -> int:
+    """Splits per (row, kv head, head group) of a hybrid launch's long rows (its grid y): the FMA
+    kernel's max_splits rounded up to a whole number of clusters; the tensor-core kernel's blocks
+    (one per SM with two halves, 139 KB) as many as fill ONE wave at one row, rounded down to a
+    whole number of clusters (at least one): 17 splits of 8 kv heads would leave 4 blocks of 139 KB
+    to a second wave.  BW24CHAT_ATTN_SPLITS overrides (rounded up to clusters)."""
+    forced = int(os.environ.get("BW24CHAT_ATTN_SPLITS", "0"))
+    if not tc or forced > 0:
+        return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm, blocks_per_sm=2) // cluster) * cluster
+    nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
+    one_wave = (n_sm or _n_sm()) * (2 // halves) // (n_kv_heads * nsg)  # blocks per SM: launch bounds 2 / TC_HALVES
+    ws_cap = _decode_ws_layout(n_heads, n_kv_heads, 128, DECODE_MAX_ROWS, n_sm)[0]
+    return max(cluster, min(one_wave, ws_cap) // cluster * cluster)
 
 
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
@@ -294,7 +324,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     lengths are L, L+1, ...); cache_k / cache_v: one layer (kv_cache_alloc); out (m', H, hd)
     float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
     (zeroed once at allocation); scale: softmax scale (1/sqrt(hd)).  qx_out (uint32 [m', qx_row_words(H
-    * hd)], opt-in: attention.cu ATTN_QX): also the o projection's QX codes of the outputs (of their
+    * hd)], attention.cu ATTN_QX): also the o projection's QX codes of the outputs (of their
     bf16 roundings with act_bf16), for its matvec's prologue "qx"."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
@@ -310,7 +340,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
     min_per = int(os.environ.get("BW24CHAT_ATTN_MIN_PER", "1"))  # experiments: tiles per split at least
     tc = decode_on_tensor_cores(kv_type, hd)
-    ms = attn_decode_max_splits(H, K, blocks_per_sm=1 if tc else 2)
+    ms = attn_decode_max_splits(H, K, blocks_per_sm=1 if tc else 2)  # the workspace merge's (no cluster)
     extra = {"DEC_MIN_PER": min_per} if min_per != 1 else {}
     halves = 1
     if tc:  # both always given: the defaults in attention.cu serve the compile-only checks
@@ -325,10 +355,10 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     cluster = attn_decode_cluster(tc)
     if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (attention.cu ATTN_CLUSTER)
         extra["ATTN_CLUSTER"] = cluster
-        hybrid = 0 if tc else attn_decode_hybrid(cluster)
-        if hybrid:  # long rows keep the workspace merge over max_splits blocks, a whole number of clusters
+        hybrid = attn_decode_hybrid(cluster, tc)
+        if hybrid:  # long rows take the workspace merge over more blocks, a whole number of clusters
             extra["ATTN_HYBRID"] = hybrid
-            ms = -(-ms // cluster) * cluster
+            ms = attn_decode_long_splits(H, K, cluster, tc, halves)
         else:
             ms = cluster
     kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],

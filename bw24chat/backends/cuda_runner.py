@@ -136,7 +136,7 @@ class CudaRunner:
         # once per step instead of once per block of the down matvec); F % 32 == 0 where used
         self.d_qx_act = cp.zeros((m, lin.qx_row_words(F - F % 32)), cp.uint32)
         self.d_qx_attn = cp.zeros((m, lin.qx_row_words(H * hd - H * hd % 32)), cp.uint32)
-        self.attn_qx = os.environ.get("BW24CHAT_ATTN_QX", "0") == "1" and (H * hd) % 32 == 0  # see _o_takes_qx
+        self.attn_qx = os.environ.get("BW24CHAT_ATTN_QX", "1") != "0" and (H * hd) % 32 == 0  # see _o_takes_qx
         self.attn_ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS), cp.uint8)
         self.sample_ws = cp.zeros(ops.sample_workspace_bytes(a.vocab_size), cp.uint8)
         self.p_x, self.p_h, self.p_qkv = z(T, D), z(T, D), z(T, Q)
@@ -256,9 +256,11 @@ class CudaRunner:
                    act_bf16=self.act_bf16)
 
     def _o_takes_qx(self, L, m: int) -> bool:
-        """Opt-in (BW24CHAT_ATTN_QX=1, not measured yet: bench/NOTES.md, twentieth session): the
-        decode attention writes the o projection's x codes (attention.cu ATTN_QX) and o reads them
-        (prologue "qx") where o is on the integer-dot contract."""
+        """The decode attention writes the o projection's x codes (attention.cu ATTN_QX) and o
+        reads them (prologue "qx") where o is on the integer-dot contract: the same bits, o's
+        prologue a copy.  Measured (H100, twenty-first session, bench --decode-only, off / on, two
+        rounds): NVFP4 tg128@512 430.5 / 438.1, 430.9 / 436.0, @8192 322.0 / 334.6, 323.0 / 334.5;
+        Q8_0 295.9 / 299.2, 296.1 / 299.1, 242.4 / 248.8.  BW24CHAT_ATTN_QX=0 turns it off."""
         return self.attn_qx and lin.takes_qx(L["o"], m)
 
     @staticmethod

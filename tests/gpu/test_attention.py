@@ -105,19 +105,22 @@ def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster,
         assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= tol, (L, m)
 
 
-@pytest.mark.parametrize("cluster,hybrid", [("8", "8"), ("16", "4"), ("8", "1")])
-@pytest.mark.parametrize("kv_type", ["q8_0", "f32"])
+@pytest.mark.parametrize("cluster,hybrid", [("8", "8"), ("16", "4"), ("8", "1"), ("8", "4")])
+@pytest.mark.parametrize("kv_type,tc,halves", [("q8_0", "0", ""), ("f32", "0", ""), ("bf16", "1", "1"), ("bf16", "1", "2")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
-def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, hybrid, kv_type, H, K, hd):
-    """attention.cu ATTN_HYBRID = P (the FMA kernel under a cluster of C): a row of up to C * P
-    tiles (DECODE_TILE keys) equals the workspace merge over C splits bit for bit, a longer one the
-    workspace merge over max_splits rounded up to a multiple of C; rows on both sides of the
-    threshold in one launch (m = 2, lengths L and L + 1), and each row alone."""
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", "0")
+def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, hybrid, kv_type, tc, halves, H, K, hd):
+    """attention.cu ATTN_HYBRID = P under a cluster of C (both decode kernels): a row of up to
+    C * P tiles (DECODE_TILE keys, DECODE_TC_TILE on tensor cores) equals the workspace merge over
+    C splits bit for bit, a longer one the workspace merge over attn_decode_long_splits (the FMA
+    kernel: max_splits rounded up to clusters; the tensor-core kernel: one wave of blocks, rounded
+    down to clusters); rows on both sides of the threshold in one launch (m = 2, lengths L and
+    L + 1), and each row alone."""
+    _set_decode_kernel(monkeypatch, tc, halves=halves)
     C, P = int(cluster), int(hybrid)
-    ms = ops.attn_decode_max_splits(H, K, blocks_per_sm=2)
-    ms_long = -(-ms // C) * C
-    edge = C * P * ops.DECODE_TILE
+    on_tc = tc == "1"
+    ms_long = ops.attn_decode_long_splits(H, K, C, on_tc, int(halves or 2))
+    tile = ops.DECODE_TC_TILE if on_tc else ops.DECODE_TILE
+    edge = C * P * tile
     scale = 1.0 / math.sqrt(hd)
     for L in (1, 100, edge - 1, edge, 3 * edge + 5):
         m = 2
@@ -132,11 +135,11 @@ def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, 
         monkeypatch.setenv("BW24CHAT_ATTN_HYBRID", hybrid)
         got, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
         for r, n in enumerate(lengths):
-            ref = want[C if -(-n // ops.DECODE_TILE) <= C * P else ms_long][r]
+            ref = want[C if -(-n // tile) <= C * P else ms_long][r]
             assert np.array_equal(got[r].view(np.uint32), ref.view(np.uint32)), (L, r)
             alone, _ = _decode(cp, q[r:r + 1], ck, cv, kv_type, [n], scale, H, K, hd)
             assert np.array_equal(alone[0].view(np.uint32), got[r].view(np.uint32)), (L, r)
-        assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 2e-3, L
+        assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= (1e-4 if on_tc else 2e-3), L
 
 
 @pytest.mark.parametrize("kv_type,tc,halves", [("bf16", "1", "1"), ("bf16", "1", "2"), ("bf16", "0", ""), ("q8_0", "0", ""),

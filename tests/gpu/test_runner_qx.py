@@ -1,5 +1,5 @@
-"""The decode step with the opt-in hand-offs of integer-dot codes (BW24CHAT_ATTN_QX=1: the
-attention's finishing blocks write the o projection's QX codes) gives the same logits bit for bit
+"""The decode step with the hand-off of integer-dot codes (the default; BW24CHAT_ATTN_QX=0 turns it
+off: the attention's finishing blocks write the o projection's QX codes) gives the same logits bit for bit
 as without them, in both activation contracts, graph and eager — on a random-weight model whose
 o projection is on the integer-dot contract."""
 import numpy as np
