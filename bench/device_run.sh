@@ -20,6 +20,17 @@ smollm2_second_half() {
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s22a)
+  # prepared in the twenty-first session (compiled for sm_90a / sm_120a in CI, registers checked:
+  # no spills in the wide builds; never run): the integer-dot rmsnorm prologue from the statistic's
+  # one batch of loads (matvec.cu A8_STAT_CACHE, BW24CHAT_A8_STAT_CACHE=1).  Predicted: qkv /
+  # gate|up / LM head -0.7..-1 us each (one L2 round trip of x after pdl_wait instead of two),
+  # NVFP4 / Q4_K / Q8_0 decode +2-3 %.  Bits first, then the per-role times, then the decode A/B
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "stat_cache" 2>&1 | tail -3 | tee $OUT/pytest_s22a.log
+  grep -q " passed" $OUT/pytest_s22a.log && ! grep -q "failed\|error" $OUT/pytest_s22a.log || exit 3
+  BW24CHAT_MV_VARIANTS="auto:;stat cache:A8_STAT_CACHE=1" timeout 150 python3 bench/matvec_variants.py --formats nvfp4,q4_k,q8_0 2>&1 | tail -32 | tee $OUT/variants_s22a.log
+  for v in 0 1 0 1; do BW24CHAT_A8_STAT_CACHE=$v timeout 90 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/sc=$v /"; done | tee $OUT/bench_s22a.log
+  ;;
 s21e)
   # the final build (ATTN_QX on by default, the tensor-core decode's cluster merge unchanged):
   # SmolLM2 first half (carry [".whl", ".carry/SmolLM2-135M-Instruct.Q4_1.gguf/part-aa"]; s21b

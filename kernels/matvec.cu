@@ -466,18 +466,39 @@ BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* x
 #ifndef A8_NR  // float4 groups per thread and batch: 4 where the register budget allows (2 at 80 registers: spills)
 #define A8_NR (MV_MINB >= 3 ? 2 : 4)
 #endif
+#ifndef A8_STAT_CACHE  // rmsnorm prologue of the integer-dot path in ONE L2 round trip (opt-in, cuda_linear
+// BW24CHAT_A8_STAT_CACHE=1; prepared in the twenty-first session, not yet measured): where one batch
+// of the statistic's loads holds the whole row (n_in / 4 <= STAT_NT * A8_NR: qkv, gate|up and the LM
+// head of 4096-input models), the norm weights come in that batch too and the statistic's threads
+// stage exactly the groups they hold — under MV_STAT8 (16-warp blocks) the other 8 warps stage
+// nothing.  Today a 16-warp block reads x twice after pdl_wait (the statistic's batch, then the
+// staging's, with the norm weights), and the 8-warp cached path reads the norm weights in a second
+// round trip.  Each group is staged by the same code from the same values (the aligned 8-lane group
+// of 32 inputs is unchanged: consecutive lanes hold consecutive groups), so the codes and records
+// are the same bits.  Predicted: -0.7..-1 us per qkv / gate|up (NVFP4, Q4_K, Q8_0 wide), +2-3 %
+// decode.  (The eighth session's A8_SMEM — the row copied to shared memory by cp.async — lost
+// 1-2 us per matvec for reasons not found; this keeps the registers' path.)
+#define A8_STAT_CACHE 0
+#endif
 BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pro, float eps,
                           const float* __restrict__ normw, bool xb16, uint32_t* xw, uint4* meta, float* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n4 = n_in / 4, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
     const float4* w4 = reinterpret_cast<const float4*>(normw);
+#if A8_STAT_CACHE  // the statistic's loads (x and the norm weights) serve the staging; see A8_STAT_CACHE
+    const bool cached = pro == PRO_RMS && n4 <= STAT_NT * A8_NR;
+#else
     const bool cached = !MV_STAT8 && pro == PRO_RMS && n4 <= MV_NT * A8_NR;  // the statistic's loads serve the staging
+#endif
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int m = 0; m < MV_M; ++m) {
         const float4* x4 = reinterpret_cast<const float4*>(x + (long)m * ldx);
         uint32_t* xwm = xw + 2 * m * wpm;
         uint4* metam = meta + 2 * m * nb;
         float4 v[A8_NR];
+#if A8_STAT_CACHE
+        float4 wc[A8_NR];  // the norm weights of the groups in v (cached)
+#endif
         float inv = 1.0f;
         if (pro == PRO_RMS) {
             float ss = 0.0f;
@@ -486,6 +507,9 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
                 for (int i = 0; i < A8_NR; ++i) {
                     const int f = b0 + tid + STAT_NT * i;
                     v[i] = f < n4 ? x4[f] : zero;
+#if A8_STAT_CACHE
+                    if (cached) wc[i] = f < n4 ? __ldg(w4 + f) : zero;
+#endif
                 }
                 ss = add_squares(v, ss);
             }
@@ -517,6 +541,14 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
             if ((lane & 7) == 0)  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
                 a8_records(metam, nb, f >> 3, e, sh, sh_other, sl, sl_other);
         };
+#if A8_STAT_CACHE
+        if (cached) {  // one batch held the row: its threads stage their own groups (whole warps: shuffles)
+            if (tid < STAT_NT)
+#pragma unroll
+                for (int i = 0; i < A8_NR; ++i) stage(tid + STAT_NT * i, v[i], wc[i]);
+            continue;
+        }
+#endif
         for (int b0 = 0; b0 < n4; b0 += MV_NT * A8_NR) {
             float4 wv[A8_NR];
 #pragma unroll

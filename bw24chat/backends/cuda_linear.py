@@ -254,7 +254,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
     allow), BW24CHAT_MV_STEADY (branch-free steady-state windows), BW24CHAT_A8_NR (the
     integer-dot prologue's float4 batch) and BW24CHAT_XF_NR (the float path's) override, for
-    experiments."""
+    experiments; BW24CHAT_A8_STAT_CACHE=1 stages the integer-dot rmsnorm prologue from the
+    statistic's one batch of loads (matvec.cu A8_STAT_CACHE: prepared, not yet measured)."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -289,7 +290,7 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d["MV_NW"] = 16
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
                       ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW"),
-                      ("BW24CHAT_XF_NR", "XF_NR")):
+                      ("BW24CHAT_XF_NR", "XF_NR"), ("BW24CHAT_A8_STAT_CACHE", "A8_STAT_CACHE")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN

@@ -49,12 +49,12 @@ def check_close(got, xin, w):
     assert np.all(err <= 1e-3 * bound + 1e-30), f"max rel err {np.max(err / (bound + 1e-30)):.3g}"
 
 
-def run(cp, W, x, m, pro="none", epi="store", norm_w=None, init=None):
+def run(cp, W, x, m, pro="none", epi="store", norm_w=None, init=None, act_bf16=False):
     from bw24chat.backends import cuda_linear as cl
 
     out = cp.full((m, W.out), cp.nan, dtype=cp.float32) if init is None else cp.asarray(init)
     cl.matvec(W, cp.asarray(np.ascontiguousarray(x[:m])), out, m, prologue=pro, epilogue=epi,
-              norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS)
+              norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS, act_bf16=act_bf16)
     return cp.asnumpy(out)
 
 
@@ -290,6 +290,33 @@ def test_sixteen_warps_with_the_eight_warp_statistic_give_the_same_bits(cp, rng,
     monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
     eight, sixteen = _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, "BW24CHAT_MV_NW", ("8", "16"))
     assert np.array_equal(sixteen.view(np.uint32), eight.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("rows,inputs,m", [(4154, 4096, 1), (4154, 2048, 1), (130, 4096, 1), (131, 4096, 3),
+                                           (77, 2048, 8), (4160, 8192, 1)])
+@pytest.mark.parametrize("act_bf16", [False, True])
+def test_stat_cache_prologue_gives_the_same_bits(cp, rng, fmt, rows, inputs, m, act_bf16, monkeypatch):
+    """matvec.cu A8_STAT_CACHE (BW24CHAT_A8_STAT_CACHE=1): the integer-dot rmsnorm prologue staged
+    from the statistic's one batch of loads (x and the norm weights), by the statistic's threads
+    only under MV_STAT8, gives every row bit for bit as the two-batch prologue — the wide default
+    geometry (16 warps, 8-warp statistic: > 4096 rows at m = 1), the 8-warp kernel (130 / 131
+    rows, m = 1, 3, 8), a row of half a batch (2048 inputs) and one past a batch (8192 inputs:
+    the old path), both activation contracts; the swiglu epilogue (gate|up) too."""
+    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    got = {}
+    for v in ("0", "1"):
+        monkeypatch.setenv("BW24CHAT_A8_STAT_CACHE", v)
+        got[v] = (run(cp, W, x, m, "rmsnorm", norm_w=norm_w, act_bf16=act_bf16),)
+        if rows % 2 == 0:
+            got[v] += (run(cp, W, x, m, "rmsnorm", epi="swiglu", norm_w=norm_w, act_bf16=act_bf16),)
+    for a, b in zip(got["1"], got["0"]):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    if not act_bf16:
+        check_close(got["1"][0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
 
 
 QX_CASES = [(p, c, m, b, "0") for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
