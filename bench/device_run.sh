@@ -20,6 +20,42 @@ smollm2_second_half() {
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s22d)
+  # three rows per warp where 64-row tiles leave SMs idle (cuda_linear._fill_rows; the qkv shape: 96
+  # tiles of 64 rows on 132 SMs -> 128 of 48; BW24CHAT_MV_FILL=0 the old 4).  Predicted: qkv in the
+  # step 10.5 -> ~9 us (H100), decode +1.5-2.5 %.  Bits first; then the decode A/B, the final bench
+  # table and the gates (A8_STAT_CACHE and the fill are on by default in this build)
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "three_rows" 2>&1 | tail -2 | tee $OUT/pytest_s22d.log
+  grep -q " passed" $OUT/pytest_s22d.log && ! grep -q "failed\|error" $OUT/pytest_s22d.log || exit 3
+  for v in 0 1 0 1; do BW24CHAT_MV_FILL=$v timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/fill=$v /"; done | tee $OUT/bench_s22d.log
+  timeout 200 python3 -m bw24chat bench --synthetic qwen3-8b --weights bf16,q8_0,q4_k,nvfp4 --json $OUT/bench_final_s22d.json 2>&1 | grep -v '^{\|^}\|^  *"\|^\]' | tee $OUT/bench_final_s22d.log | tail -24
+  timeout 150 python3 -m bw24chat check --formats bf16,q8_0,q4_k,nvfp4 --kv bf16 > $OUT/check_s22d.log 2>&1; echo "check rc=$?"
+  grep "FAIL\|argmax\|passed" $OUT/check_s22d.log | cut -c1-150 | tail -12
+  ;;
+s22c)
+  # (1) A8_STAT_CACHE as the default (matvec.cu define 1; BW24CHAT_A8_STAT_CACHE=0 the old path): bits
+  # again on the default build, decode A/B default / 0.  (2) The tensor-core decode attention's
+  # cluster at 4 instead of 8 (BW24CHAT_ATTN_CLUSTER=4): at 512 keys 8 splits hold one 64-key tile
+  # each, with two halves per block 4 splits hold the same 8 tiles side by side and the cluster
+  # merge spans 4 blocks.  Predicted: 512 keys -0.5..-1 us per layer (+1-2 % decode), 8192 keys
+  # slower (32 tiles in series per split); bits: the cluster merge tests at C = 4
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "stat_cache" 2>&1 | tail -2 | tee $OUT/pytest_s22c.log
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py -k "cluster_merge and bf16-1-" 2>&1 | tail -2 | tee -a $OUT/pytest_s22c.log
+  timeout 120 python3 bench/attn_probe.py --kv bf16 --lengths 512,1024,2048,8192 --variants "default;BW24CHAT_ATTN_CLUSTER=4;BW24CHAT_ATTN_CLUSTER=2" 2>&1 | grep " us " | tee $OUT/probe_s22c.log
+  for env in "BW24CHAT_A8_STAT_CACHE=0" "BW24CHAT_ATTN_CLUSTER=8" "BW24CHAT_ATTN_CLUSTER=4" "BW24CHAT_A8_STAT_CACHE=0" "BW24CHAT_ATTN_CLUSTER=8" "BW24CHAT_ATTN_CLUSTER=4"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s22c.log
+  ;;
+s22b)
+  # where the integer-dot matvecs' tiles land: the persistent grid spreads 384 gate|up tiles (64 rows)
+  # over 192 blocks on 132 SMs (60 SMs hold two blocks, 72 one), qkv's 96 tiles over 96 SMs (36 idle).
+  # If an SM's issue or load slots, not the DRAM, set each tile's pace, the grid's shape matters:
+  # one tile per block (MV_PERSIST=0: a second partial wave), 1 block per SM (MV_MAX_BLOCKS=132),
+  # smaller tiles (MV_R=2 / 1: 32- / 16-row tiles).  Predicted: within 3 % of auto if the DRAM
+  # sets the pace; 10-20 % apart if the SMs do (then a dynamic tile scheduler is the next step)
+  timeout 60 python3 bench/decode_floor.py 2>&1 | tail -12 | tee $OUT/floor_s22b.log
+  BW24CHAT_MV_VARIANTS="auto:;persist0:MV_PERSIST=0;max132:MV_MAX_BLOCKS=132;max96:MV_MAX_BLOCKS=96;r2:MV_R=2;r1:MV_R=1" timeout 240 python3 bench/matvec_variants.py --formats nvfp4,q8_0 2>&1 | tail -80 | tee $OUT/variants_s22b.log
+  for env in "BW24CHAT_MV_PERSIST=1" "BW24CHAT_MV_MAX_BLOCKS=132"; do env $env timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | sed "s/^/$env /"; done | tee $OUT/profile_s22b.log
+  for env in "BW24CHAT_MV_PERSIST=1" "BW24CHAT_MV_PERSIST=0" "BW24CHAT_MV_MAX_BLOCKS=132" "BW24CHAT_MV_PERSIST=1"; do env $env timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/$env /"; done | tee $OUT/bench_s22b.log
+  ;;
 s22a)
   # prepared in the twenty-first session (compiled for sm_90a / sm_120a in CI, registers checked:
   # no spills in the wide builds; never run): the integer-dot rmsnorm prologue from the statistic's

@@ -142,7 +142,8 @@
 #define EPI_STORE 0
 #define EPI_ADD 1
 #define EPI_SWIGLU 2  // rows interleaved gate_i, up_i: out[m, i] = silu(y[2i]) * y[2i+1]
-static_assert(MV_R % 2 == 0, "the swiglu epilogue pairs rows (2i, 2i+1) inside one warp");
+// The swiglu epilogue pairs rows (2i, 2i+1) inside one warp: an even MV_R (cuda_linear._simt_geometry
+// raises otherwise; odd MV_R builds, 3 rows for the qkv projection, never take that epilogue).
 
 #ifndef XF_NR  // float path: float4 groups per thread and batch of the x prologue (2 at 80 registers: spills)
 #define XF_NR (MV_MINB >= 3 ? 2 : 4)
@@ -466,19 +467,21 @@ BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* x
 #ifndef A8_NR  // float4 groups per thread and batch: 4 where the register budget allows (2 at 80 registers: spills)
 #define A8_NR (MV_MINB >= 3 ? 2 : 4)
 #endif
-#ifndef A8_STAT_CACHE  // rmsnorm prologue of the integer-dot path in ONE L2 round trip (opt-in, cuda_linear
-// BW24CHAT_A8_STAT_CACHE=1; prepared in the twenty-first session, not yet measured): where one batch
+#ifndef A8_STAT_CACHE  // rmsnorm prologue of the integer-dot path in ONE L2 round trip (the default since
+// the twenty-second session; cuda_linear BW24CHAT_A8_STAT_CACHE=0 turns it off): where one batch
 // of the statistic's loads holds the whole row (n_in / 4 <= STAT_NT * A8_NR: qkv, gate|up and the LM
 // head of 4096-input models), the norm weights come in that batch too and the statistic's threads
 // stage exactly the groups they hold — under MV_STAT8 (16-warp blocks) the other 8 warps stage
-// nothing.  Today a 16-warp block reads x twice after pdl_wait (the statistic's batch, then the
+// nothing.  Without it a 16-warp block reads x twice after pdl_wait (the statistic's batch, then the
 // staging's, with the norm weights), and the 8-warp cached path reads the norm weights in a second
 // round trip.  Each group is staged by the same code from the same values (the aligned 8-lane group
 // of 32 inputs is unchanged: consecutive lanes hold consecutive groups), so the codes and records
-// are the same bits.  Predicted: -0.7..-1 us per qkv / gate|up (NVFP4, Q4_K, Q8_0 wide), +2-3 %
-// decode.  (The eighth session's A8_SMEM — the row copied to shared memory by cp.async — lost
-// 1-2 us per matvec for reasons not found; this keeps the registers' path.)
-#define A8_STAT_CACHE 0
+// are the same bits (tests/gpu/test_matvec.py, 36 cases on an H100).  Measured (H100, s22a, us, off /
+// on): NVFP4 qkv 9.2 / 9.0, Q4_K qkv 10.3 / 9.7, gate|up 25.0 / 24.1, Q8_0 qkv 12.9 / 12.5; decode
+// tg128@512 NVFP4 437.4-437.9 / 439.4, Q4_K 416.6-425.9 / 433.1-433.4, Q8_0 299.4-299.8 / 299.8-301.6
+// tok/s.  (The eighth session's A8_SMEM — the row copied to shared memory by cp.async — lost 1-2 us
+// per matvec for reasons not found; this keeps the registers' path.)
+#define A8_STAT_CACHE 1
 #endif
 BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pro, float eps,
                           const float* __restrict__ normw, bool xb16, uint32_t* xw, uint4* meta, float* red) {

@@ -94,14 +94,17 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention", {"HD": 64, "GQ": 8, "KV_TYPE": 1, "ATTN_QX": 1, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
-    # the integer-dot rmsnorm prologue from the statistic's one batch (opt-in A8_STAT_CACHE): the wide
-    # NVFP4 / Q4_K / Q8_0 geometry (16 warps, 8-warp statistic) and the 8-warp kernel
+    # the integer-dot rmsnorm prologue from the statistic's one batch (A8_STAT_CACHE, the default) on the
+    # wide NVFP4 / Q4_K / Q8_0 geometry (16 warps, 8-warp statistic); its two-batch path (0) on the 8-warp kernel
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "A8_STAT_CACHE": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1,
                 "MV_NW": 16, "MV_STAT8": 1}),
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "A8_STAT_CACHE": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1,
                 "MV_NW": 16, "MV_STAT8": 1}),
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_STAT_CACHE": 1}),
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_STAT_CACHE": 1, "MV_M": 8}),
+    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_STAT_CACHE": 0}),
+    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_STAT_CACHE": 0, "MV_M": 8}),
+    # three rows per warp where 64-row tiles would leave SMs idle (cuda_linear._fill_rows: the qkv shape)
+    *[("matvec", {"FMT": f, "ACT_Q8": 1, "MV_R": 3, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1})
+      for f in (11, 8, 3)],
     # the tensor-core decode's hybrid merge (long rows over one wave of blocks, the workspace merge)
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 4, "TC_HALVES": 2,
                    "TCSTAGES": 4}),

@@ -210,3 +210,34 @@ def test_gemm_i8_serves_q8_0_rows_of_a_multiple_of_128(monkeypatch):
     assert not cl.uses_gemm_i8(W("Q4_K", 4096), "mma")
     monkeypatch.setenv("BW24CHAT_GEMM_I8", "0")
     assert not cl.uses_gemm_i8(W("Q8_0", 4096)) and not cl.uses_gemm_i8(W("Q8_0", 4096), "mma")
+
+
+def test_wide_matrices_fill_the_multiprocessors_with_three_rows_per_warp(monkeypatch):
+    """Twenty-second session: where 64-row tiles (4 rows x 16 warps) leave multiprocessors without
+    a tile (Qwen3-8B qkv: 96 tiles on 132 SMs) and 48-row tiles do not need a second round (128),
+    the wrapper takes 3 rows per warp — never under the swiglu epilogue (row pairs, QX's 64-row
+    tiles: gate|up keeps 4 and writes QX); BW24CHAT_MV_FILL=0 keeps 4; an odd row count
+    forced under swiglu is refused."""
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
+    monkeypatch.delenv("BW24CHAT_MV_R", raising=False)
+    monkeypatch.delenv("BW24CHAT_MV_FILL", raising=False)
+    rms = cl.PROLOGUES["rmsnorm"]
+
+    def geometry(shape, swiglu=False, fmt="NVFP4", m=1):
+        W = types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])
+        _, rows, nw = cl._simt_geometry(W, m, True, rms, swiglu=swiglu)
+        return rows, nw
+
+    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
+        assert geometry(QKV, fmt=fmt) == (3, 16), fmt
+        assert geometry(GATE_UP, fmt=fmt) == (4, 16) and geometry(LM_HEAD, fmt=fmt) == (4, 16), fmt
+        assert geometry((5120, 2048), swiglu=True, fmt=fmt) == (4, 16), fmt  # a small gate|up keeps QX's tiles
+    assert geometry((5120, 2048)) == (3, 16)  # Qwen3-30B-A3B's qkv: 80 tiles of 64 rows, 107 of 48
+    assert geometry((8448, 4096)) == (4, 16)  # 132 tiles of 64 rows fill them already
+    assert geometry((9000, 4096)) == (4, 16)  # 188 tiles of 48 rows would need a second round
+    assert geometry(QKV, m=2)[0] != 3
+    monkeypatch.setenv("BW24CHAT_MV_FILL", "0")
+    assert geometry(QKV) == (4, 16)
+    monkeypatch.setenv("BW24CHAT_MV_R", "3")
+    with pytest.raises(ValueError, match="pairs rows"):
+        geometry(GATE_UP, swiglu=True)

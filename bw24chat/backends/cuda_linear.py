@@ -254,8 +254,9 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
     allow), BW24CHAT_MV_STEADY (branch-free steady-state windows), BW24CHAT_A8_NR (the
     integer-dot prologue's float4 batch) and BW24CHAT_XF_NR (the float path's) override, for
-    experiments; BW24CHAT_A8_STAT_CACHE=1 stages the integer-dot rmsnorm prologue from the
-    statistic's one batch of loads (matvec.cu A8_STAT_CACHE: prepared, not yet measured)."""
+    experiments; BW24CHAT_A8_STAT_CACHE=0 stages the integer-dot rmsnorm prologue in two
+    batches of loads instead of from the statistic's one (matvec.cu A8_STAT_CACHE, on by default
+    since the twenty-second session: Q4_K decode +1.7-4 %, NVFP4 / Q8_0 +0.3-0.7 % on an H100)."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -319,12 +320,33 @@ def _warps_per_block(defs: dict, pro: int) -> int:
     return nw
 
 
-def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int) -> tuple[dict, int, int]:
-    """(defines, rows per warp, warps per block) of the SIMT matvec for this call."""
+def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int, swiglu: bool = False) -> tuple[dict, int, int]:
+    """(defines, rows per warp, warps per block) of the SIMT matvec for this call; swiglu: the
+    call's epilogue pairs rows (2i, 2i+1) inside a warp, so the rows per warp stay even."""
     defs = _simt_defines(W, m, a8)
     rows_picked = defs.pop("MV_R", MV_R)
+    nw = _warps_per_block(defs, pro)
+    if rows_picked == 4 and not swiglu and m == 1:
+        rows_picked = _fill_rows(W.out, nw)
     rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
-    return defs, rows, _warps_per_block(defs, pro)
+    if swiglu and rows % 2:
+        raise ValueError(f"the swiglu epilogue pairs rows (2i, 2i+1) inside one warp: {rows} rows per warp")
+    return defs, rows, nw
+
+
+def _fill_rows(n_out: int, nw: int) -> int:
+    """Rows per warp of a wide integer-dot matvec picked at 4 (_simt_defines): 3 where tiles of 4
+    rows would leave multiprocessors without a tile and tiles of 3 do not need a second one — the
+    Qwen3-8B qkv (6144 rows, one 16-warp block per SM): 96 tiles of 64 rows on 132 SMs, 128 of 48.
+    The rows' values do not depend on it (matvec.cu: each row is one warp's, its lanes' chunk
+    order fixed).  Not under the swiglu epilogue (row pairs; its QX tiles are 64 rows).
+    BW24CHAT_MV_FILL=0 keeps 4 (comparisons)."""
+    if os.environ.get("BW24CHAT_MV_FILL", "1") == "0":
+        return 4
+    sms, _ = _sm_resources()
+    if -(-n_out // (4 * nw)) < sms and -(-n_out // (3 * nw)) <= sms:
+        return 3
+    return 4
 
 
 def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
@@ -335,7 +357,7 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
         return False
     if (W.out // 2) % 32 or W.out % 2 or matvec_impl(W, True) != "simt":
         return False
-    _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue])
+    _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
     return nw * rows == 64 and m <= a8_rows_per_launch(W, nw, True)
 
 
@@ -425,7 +447,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), pro_arg, np.int32(epi), np.float32(eps)), shared_mem=smem)
         return
-    defs, rows, nw = _simt_geometry(W, m, a8, pro)
+    defs, rows, nw = _simt_geometry(W, m, a8, pro, swiglu=epi == EPILOGUES["swiglu"])
     if a8:  # x resident as two int8 code planes + 16-byte records per 32 inputs (matvec.cu ACT_Q8)
         per_row = _a8_row_bytes(W, nw)
         m_fit = a8_rows_per_launch(W, nw, qx_out is not None)

@@ -80,7 +80,7 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc, c
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
-@pytest.mark.parametrize("cluster", ["8", "16"])
+@pytest.mark.parametrize("cluster", ["4", "8", "16"])
 @pytest.mark.parametrize("kv_type,tc,halves", [("bf16", "1", "1"), ("bf16", "1", "2"), ("bf16", "0", ""), ("q8_0", "0", ""),
                                                ("f32", "0", "")])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (64, 4, 128)])

@@ -319,6 +319,32 @@ def test_stat_cache_prologue_gives_the_same_bits(cp, rng, fmt, rows, inputs, m, 
         check_close(got["1"][0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
 
 
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("rows,inputs,m,pro", [(6144, 4096, 1, "rmsnorm"), (6150, 4096, 1, "rmsnorm"),
+                                               (5120, 2048, 1, "rmsnorm"), (6144, 4096, 1, "none")])
+@pytest.mark.parametrize("act_bf16", [False, True])
+def test_three_rows_per_warp_give_the_same_bits(cp, rng, fmt, rows, inputs, m, pro, act_bf16, monkeypatch):
+    """cuda_linear._fill_rows: a wide integer-dot matvec whose 64-row tiles would leave SMs idle
+    (the qkv shape) runs 3 rows per warp (48-row tiles); every row equals the 4-row build's bit for
+    bit (BW24CHAT_MV_FILL=0) and the 3-row build with 2 load slots (BW24CHAT_MV_U=2), a partial last
+    tile included (6150 rows), both activation contracts; within the reference's tolerance."""
+    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32) if pro == "rmsnorm" else None
+    got = {}
+    for label, env in (("fill", {}), ("four", {"BW24CHAT_MV_FILL": "0"}), ("fill u2", {"BW24CHAT_MV_U": "2"})):
+        for k in ("BW24CHAT_MV_FILL", "BW24CHAT_MV_U"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        got[label] = run(cp, W, x, m, pro, norm_w=norm_w, act_bf16=act_bf16)
+    for label in ("four", "fill u2"):
+        assert np.array_equal(got["fill"].view(np.uint32), got[label].view(np.uint32)), label
+    if not act_bf16:
+        check_close(got["fill"], ref_input(x, pro, W.in_, norm_w, fmt), w)
+
+
 QX_CASES = [(p, c, m, b, "0") for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
             for m in (1, 3, 8) for b in ("", "2")]
 QX_CASES += [(p, p, m, b, h) for p in ("NVFP4", "Q8_0", "Q4_K") for m in (1, 3, 8) for b in ("", "2", "3")
