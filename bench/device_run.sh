@@ -20,6 +20,17 @@ smollm2_second_half() {
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s23a)
+  # prepared in the twenty-second session: matvec.cu MV_L2AHEAD (the block's first tile asked of L2
+  # before pdl_wait).  Measured there (H100, matvec_variants NVFP4): slower on every shape but the o
+  # projection (7.2 -> 6.6 us); decode -10 % with it everywhere.  The open question: the o alone in
+  # the step, whose neighbour (the attention: 64 blocks) leaves SMs and the DRAM idle.  Predicted
+  # o in the step 7.0 -> ~6 us, decode +1-2 %.  Bits of every plane layout first
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "l2_ahead" 2>&1 | tail -2 | tee $OUT/pytest_s23a.log
+  grep -q " passed" $OUT/pytest_s23a.log && ! grep -q "failed\|error" $OUT/pytest_s23a.log || exit 3
+  for v in 1 0; do BW24CHAT_MV_L2AHEAD_O=$v timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[128\]\|whole" | sed "s/^/o=$v /" | cut -c1-170; done | tee $OUT/profile_s23a.log
+  for v in 0 1 0 1; do BW24CHAT_MV_L2AHEAD_O=$v timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/o=$v /"; done | tee $OUT/bench_s23a.log
+  ;;
 s22d)
   # three rows per warp where 64-row tiles leave SMs idle (cuda_linear._fill_rows; the qkv shape: 96
   # tiles of 64 rows on 132 SMs -> 128 of 48; BW24CHAT_MV_FILL=0 the old 4).  Predicted: qkv in the

@@ -768,6 +768,57 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 }
 #endif
 
+#ifndef MV_L2AHEAD  // weights asked of L2 ahead of the loads (opt-in, cuda_linear BW24CHAT_MV_L2AHEAD,
+// BW24CHAT_MV_L2AHEAD_O for the square <= 4096-row matrices only).  1: before pdl_wait every thread asks
+// L2 for 128-byte lines of the block's first tile (every plane: codes, scales, high bits), so the
+// DRAM streams it while the previous kernel's tail and this kernel's x prologue run (the register
+// window holds ~37 KB per SM, the DRAM sits idle otherwise: the qkv's 14 MB fit in one such
+// request wave); 2: also one tile ahead (the first two tiles before pdl_wait, then entering tile t
+// the tile after it), so a block's demand loads hit lines the DRAM fetched while it computed the
+// tile before.  A hint (prefetch.global.L2 writes no register and no result): the values and the
+// bits are those of MV_L2AHEAD 0.  Unlike the eighth session's MV_L2PF (lost: each tile asked at
+// its own start, racing its demand loads, on top of the shared-memory prologue), the lines asked
+// here are not yet demanded.  Measured (twenty-second session, H100, matvec_variants NVFP4, us,
+// 0 / 1 / 2): qkv 8.3 / 9.6 / 9.7, o 7.2 / **6.6** / 6.8, gate|up 23.6 / 24.8 / 26.8, down 14.6 /
+// 16.4 / 16.3, LM head 42.2 / 43.3 / 50.3; decode with 2 everywhere 401.1 vs 447.2 tok/s — the third
+// L2-prefetch design that loses, except on the o projection (its step neighbour, the attention,
+// leaves most SMs and the DRAM idle): that one is the open experiment (stage s23a).
+#define MV_L2AHEAD 0
+#endif
+// bytes per row of a weight plane (the repacked layout of fetch_chunk: row-major per plane)
+BW24_DEVICE void l2_ahead_plane(const void* base, long row0, int nrows, long row_bytes) {
+    const char* p = static_cast<const char*>(base) + row0 * row_bytes;
+    const long len = (long)nrows * row_bytes;
+    for (long b = (long)threadIdx.x * 128; b < len; b += (long)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+    if (threadIdx.x == 0 && len > 0)  // the line holding the last byte (the range need not start on a line)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + len - 1));
+}
+// every plane of rows [row0, row0 + nrows) of the tile
+BW24_DEVICE void l2_ahead_tile(const uint4* wq, const void* wh, const void* ws, const void* wd, long row0, int nrows, int nck) {
+    (void)wh; (void)ws; (void)wd;
+    l2_ahead_plane(wq, row0, nrows, (long)nck * 16);
+#if HAS_H5
+    l2_ahead_plane(wh, row0, nrows, (long)nck * 4);
+#elif FMT == F_Q6_K
+    l2_ahead_plane(wh, row0, nrows, (long)nck * 8);
+#endif
+#if FMT == F_Q8_0
+    l2_ahead_plane(ws, row0, nrows, (long)(nck >> 1) * 2);
+#elif FMT == F_NVFP4
+    l2_ahead_plane(ws, row0, nrows, (long)(nck >> 1) * 4);
+#elif FMT == F_Q4_0 || FMT == F_Q5_0
+    l2_ahead_plane(ws, row0, nrows, (long)nck * 2);
+#elif FMT == F_Q4_1 || FMT == F_Q5_1
+    l2_ahead_plane(ws, row0, nrows, (long)nck * 4);
+#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
+    l2_ahead_plane(ws, row0, nrows, (long)(nck >> 3) * 16);
+#if FMT == F_Q6_K
+    l2_ahead_plane(wd, row0, nrows, (long)(nck >> 3) * 2);
+#endif
+#endif
+}
+
 // Persistent tiles (as matvec_tc): block b takes the 8*MV_R-row tiles b, b + gridDim.x, ...
 // (cuda_linear sizes the grid to the resident capacity with the same tile count per block).  The
 // rmsnorm statistic is computed once per block and, when x fits (tk >= n_in, "resident"), so is
@@ -813,6 +864,13 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
     for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
+    const int tile_rows = MV_NW * MV_R;
+    auto l2_ahead = [&](int t) {  // MV_L2AHEAD: the rows of tile t (if it is this block's)
+        if (t < ntiles)
+            l2_ahead_tile(wq, wh, ws, wd, (long)t * tile_rows, min(tile_rows, n_out - t * tile_rows), nck);
+    };
+    if (MV_L2AHEAD >= 1) l2_ahead(tile);
+    if (MV_L2AHEAD >= 2) l2_ahead(tile + (int)gridDim.x);
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
 #if ACT_Q8
@@ -915,6 +973,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             row0 = ((long)tile * MV_NW + warp) * MV_R;
 #pragma unroll
             for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
+            if (MV_L2AHEAD >= 2) l2_ahead(tile + (int)gridDim.x);  // one tile ahead of the one starting
         } else {
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads
         }

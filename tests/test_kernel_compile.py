@@ -105,6 +105,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     # three rows per warp where 64-row tiles would leave SMs idle (cuda_linear._fill_rows: the qkv shape)
     *[("matvec", {"FMT": f, "ACT_Q8": 1, "MV_R": 3, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1})
       for f in (11, 8, 3)],
+    # weights asked of L2 ahead of the loads (opt-in MV_L2AHEAD): every plane layout
+    *[("matvec", {"FMT": f, "MV_L2AHEAD": 2, **extra}) for f, extra in
+      ((11, {"ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}),
+       (3, {"ACT_Q8": 1}), (8, {"ACT_Q8": 1}), (9, {}), (10, {}), (2, {}), (5, {}), (6, {}))],
     # the tensor-core decode's hybrid merge (long rows over one wave of blocks, the workspace merge)
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 4, "TC_HALVES": 2,
                    "TCSTAGES": 4}),

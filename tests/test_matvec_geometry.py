@@ -11,7 +11,8 @@ from bw24chat.backends import cuda_linear as cl
 
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
 SWITCHES = ("BW24CHAT_MV_U", "BW24CHAT_MV_MINB", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN",
-            "BW24CHAT_A8_WIDE_R4", "BW24CHAT_MV_ABLATE", "BW24CHAT_MV_NW", "BW24CHAT_MV_STAT8")
+            "BW24CHAT_A8_WIDE_R4", "BW24CHAT_MV_ABLATE", "BW24CHAT_MV_NW", "BW24CHAT_MV_STAT8",
+            "BW24CHAT_MV_L2AHEAD", "BW24CHAT_MV_L2AHEAD_O", "BW24CHAT_MV_FILL", "BW24CHAT_MV_R")
 
 
 @pytest.fixture(autouse=True)
@@ -241,3 +242,16 @@ def test_wide_matrices_fill_the_multiprocessors_with_three_rows_per_warp(monkeyp
     monkeypatch.setenv("BW24CHAT_MV_R", "3")
     with pytest.raises(ValueError, match="pairs rows"):
         geometry(GATE_UP, swiglu=True)
+
+
+def test_l2_ahead_for_the_o_projection_only(monkeypatch):
+    """BW24CHAT_MV_L2AHEAD_O=1 (an experiment: matvec.cu MV_L2AHEAD lost on every shape but the o
+    projection, twenty-second session) asks L2 for the first tile on the square <= 4096-row
+    integer-dot matrices alone; off by default."""
+    assert "MV_L2AHEAD" not in defs("NVFP4", O)
+    monkeypatch.setenv("BW24CHAT_MV_L2AHEAD_O", "1")
+    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
+        assert defs(fmt, O)["MV_L2AHEAD"] == 1, fmt
+        for shape in (QKV, GATE_UP, DOWN, LM_HEAD):
+            assert "MV_L2AHEAD" not in defs(fmt, shape), (fmt, shape)
+    assert "MV_L2AHEAD" not in defs("BF16", O, a8=False)

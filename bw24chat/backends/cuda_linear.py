@@ -256,7 +256,11 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     integer-dot prologue's float4 batch) and BW24CHAT_XF_NR (the float path's) override, for
     experiments; BW24CHAT_A8_STAT_CACHE=0 stages the integer-dot rmsnorm prologue in two
     batches of loads instead of from the statistic's one (matvec.cu A8_STAT_CACHE, on by default
-    since the twenty-second session: Q4_K decode +1.7-4 %, NVFP4 / Q8_0 +0.3-0.7 % on an H100)."""
+    since the twenty-second session: Q4_K decode +1.7-4 %, NVFP4 / Q8_0 +0.3-0.7 % on an H100);
+    BW24CHAT_MV_L2AHEAD=1|2 asks L2 for the first tile (2: and one tile ahead) before the loads
+    (matvec.cu MV_L2AHEAD: slower on every shape but the o projection, 7.2 -> 6.6 us NVFP4 on an
+    H100; decode -10 % with 2 everywhere); BW24CHAT_MV_L2AHEAD_O=1 sets 1 for the square
+    <= 4096-row integer-dot matrices only (the o projection: not yet measured in the step)."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -272,6 +276,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d["MV_NW"] = 16  # tenth session, s10f: down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode 424.6 vs 412.3 tok/s
         if W.fmt in ("Q8_0", "Q4_K") and W.out <= A8_SMALL_ROWS < W.in_:  # down (s11a): Q4_K 12.6 vs 14.1 us,
             d["MV_NW"] = 16  # Q8_0 17.1 vs 18.5; their o loses (6.7 vs 6.6, 8.4 vs 7.9)
+        if square_small and os.environ.get("BW24CHAT_MV_L2AHEAD_O") == "1":  # matvec.cu MV_L2AHEAD (experiment)
+            d["MV_L2AHEAD"] = 1
         if W.fmt == "Q4_K" and W.out > A8_SMALL_ROWS and W.out * W.in_ <= 1 << 27:  # not the LM head
             d["MV_MINB"] = 2  # joined levels (ninth session): qkv 9.2 vs 9.6 us, gate|up 20.9 vs 21.4; LM head 38.6 vs 37.0
         wide_r4 = os.environ.get("BW24CHAT_A8_WIDE_R4")  # comparisons: a comma list replaces A8_WIDE_R4
@@ -291,7 +297,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d["MV_NW"] = 16
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
                       ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW"),
-                      ("BW24CHAT_XF_NR", "XF_NR"), ("BW24CHAT_A8_STAT_CACHE", "A8_STAT_CACHE")):
+                      ("BW24CHAT_XF_NR", "XF_NR"), ("BW24CHAT_A8_STAT_CACHE", "A8_STAT_CACHE"),
+                      ("BW24CHAT_MV_L2AHEAD", "MV_L2AHEAD")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN

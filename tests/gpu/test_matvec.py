@@ -345,6 +345,27 @@ def test_three_rows_per_warp_give_the_same_bits(cp, rng, fmt, rows, inputs, m, p
         check_close(got["fill"], ref_input(x, pro, W.in_, norm_w, fmt), w)
 
 
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "BF16", "Q4_1"])
+@pytest.mark.parametrize("rows,inputs,max_blocks", [(6150, 4096, ""), (24576, 4096, ""), (1000, 2048, "3")])
+def test_l2_ahead_gives_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks, monkeypatch):
+    """matvec.cu MV_L2AHEAD (BW24CHAT_MV_L2AHEAD=1|2): the block's first tile, and one tile ahead,
+    asked of L2 before the loads (every plane of the format) — a hint: every row equals the build
+    without it bit for bit, with several tiles per block (MV_MAX_BLOCKS=3) and a partial last tile."""
+    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((1, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    if max_blocks:
+        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
+    got = {}
+    for v in ("0", "1", "2"):
+        monkeypatch.setenv("BW24CHAT_MV_L2AHEAD", v)
+        got[v] = run(cp, W, x, 1, "rmsnorm", norm_w=norm_w)
+    for v in ("1", "2"):
+        assert np.array_equal(got[v].view(np.uint32), got["0"].view(np.uint32)), v
+    check_close(got["0"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+
+
 QX_CASES = [(p, c, m, b, "0") for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
             for m in (1, 3, 8) for b in ("", "2")]
 QX_CASES += [(p, p, m, b, h) for p in ("NVFP4", "Q8_0", "Q4_K") for m in (1, 3, 8) for b in ("", "2", "3")
