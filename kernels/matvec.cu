@@ -127,6 +127,15 @@
 //    warp but warp 0 waits for the tile's slowest warp or for the quantization.
 #define QX_HANDOFF 0
 #endif
+#ifndef QX_ROTATE  // 1 (opt-in, cuda_linear BW24CHAT_QX_ROTATE=1; prepared in the twenty-second session,
+// not yet measured): the quantizing warp of the block's tile ordinal t is warp t % MV_NW instead of
+// warp 0, so no warp does the quantization (and waits on the tile's slowest warp) more than once in
+// MV_NW tiles: with warp 0 on every tile (gate|up: 3 tiles per block) its lag adds up and the
+// block ends with it.  Under QX_HANDOFF 2 the warp that read buffer p two tiles before (warp
+// (t - 2) % MV_NW) is the one that arrives on EMPTY[p], every other warp waits on it.  The same
+// words (qx_write_block is one function of the 32 outputs, whichever warp runs it).
+#define QX_ROTATE 0
+#endif
 #define QX_BUFS (QX_HANDOFF ? 2 : 1)  // tile buffers of MV_M * 32 floats (the wrapper allocates as many)
 #define QX_BAR_FULL 1   // named barrier ids of QX_HANDOFF 2: FULL[p] = 1 + p, EMPTY[p] = 3 + p (0 is __syncthreads)
 #define QX_BAR_EMPTY 3
@@ -981,8 +990,10 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         // qx_out's tile buffer: the tile ordinal's parity (QX_HANDOFF >= 1)
         const int tord = (this_tile - (int)blockIdx.x) / (int)gridDim.x, my_tiles = (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
         float* qxb = qxs + (QX_HANDOFF ? (tord & 1) * MV_M * 32 : 0);
-        if (QX_HANDOFF == 2 && qx_out && epi == EPI_SWIGLU && warp != 0 && tord >= 2)
-            named_bar_sync(QX_BAR_EMPTY + (tord & 1), MV_NT);  // warp 0 has read this buffer (tile tord - 2)
+        // the quantizing warp of this tile, and of tile tord - 2 (QX_ROTATE; else warp 0)
+        const int qw = QX_ROTATE ? tord % MV_NW : 0, qw2 = QX_ROTATE ? (tord + MV_NW - 2) % MV_NW : 0;
+        if (QX_HANDOFF == 2 && qx_out && epi == EPI_SWIGLU && warp != qw2 && tord >= 2)
+            named_bar_sync(QX_BAR_EMPTY + (tord & 1), MV_NT);  // warp qw2 has read this buffer (tile tord - 2)
 #endif
 #pragma unroll
         for (int m = 0; m < MV_M; ++m) {
@@ -1016,18 +1027,18 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         }
 #if ACT_Q8
         // The tile's 32 outputs (MV_NW * MV_R = 64 rows: the wrapper checks) are block this_tile of
-        // the next matvec's x: warp 0 quantizes them once every warp's are in (QX_HANDOFF above).
+        // the next matvec's x: warp qw quantizes them once every warp's are in (QX_HANDOFF above).
         // (A hand-off where the tile's last warp to arrive quantizes, found by a shared-memory
         // arrival count and a spin, measured slower: NVFP4 tg128@512 415.5 vs 422.0; NOTES.md.)
         if (qx_out && epi == EPI_SWIGLU) {
             const int nq = n_out >> 1;
-            if (QX_HANDOFF == 2 && warp != 0)
+            if (QX_HANDOFF == 2 && warp != qw)
                 named_bar_arrive(QX_BAR_FULL + (tord & 1), MV_NT);  // this warp's outputs are in: go on
             else if (QX_HANDOFF == 2)
                 named_bar_sync(QX_BAR_FULL + (tord & 1), MV_NT);
             else
                 __syncthreads();
-            if (warp == 0) {
+            if (warp == qw) {
                 for (int m0 = 0; m0 < MV_M; m0 += 4) {  // lane group lane / 8: token m0 + lane / 8
                     const int m = m0 + (lane >> 3);
                     const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxb + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);

@@ -109,6 +109,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     *[("matvec", {"FMT": f, "MV_L2AHEAD": 2, **extra}) for f, extra in
       ((11, {"ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}),
        (3, {"ACT_Q8": 1}), (8, {"ACT_Q8": 1}), (9, {}), (10, {}), (2, {}), (5, {}), (6, {}))],
+    # the quantizing warp of the QX epilogue rotating with the tile (opt-in QX_ROTATE), every hand-off
+    *[("matvec", {"FMT": 11, "ACT_Q8": 1, "QX_ROTATE": 1, "QX_HANDOFF": h, "MV_R": 4, "MV_U": 1, "MV_MINB": 1,
+                  "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}) for h in (0, 1, 2)],
+    ("matvec", {"FMT": 3, "ACT_Q8": 1, "QX_ROTATE": 1, "QX_HANDOFF": 2, "MV_M": 8, "MV_R": 4, "MV_NW": 16, "MV_STAT8": 1}),
     # the tensor-core decode's hybrid merge (long rows over one wave of blocks, the workspace merge)
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 4, "TC_HALVES": 2,
                    "TCSTAGES": 4}),

@@ -374,7 +374,9 @@ def qx_handoff() -> int:
     Measured (H200, thirteenth session, s13c, NVFP4 tg128@512 / @8192 tok/s in one call): 0
     425.7 / 330.1 and 430.9 / 332.8, 1 434.7 / 333.1, 2 438.6 / 335.9 and 445.9 / 341.5; the
     gate|up matvec in the step 22.5 us (23.6 with mode 0, s11d).  So 2 is the default;
-    BW24CHAT_QX_HANDOFF picks another (comparisons; every mode gives the same words)."""
+    BW24CHAT_QX_HANDOFF picks another (comparisons; every mode gives the same words).
+    BW24CHAT_QX_ROTATE=1: the quantizing warp rotates with the tile ordinal (matvec.cu QX_ROTATE:
+    prepared in the twenty-second session, not yet measured; the same words)."""
     return int(os.environ.get("BW24CHAT_QX_HANDOFF", "2"))
 
 
@@ -471,6 +473,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         handoff = qx_handoff() if qx_out is not None else 0
         if handoff:
             defs["QX_HANDOFF"] = handoff
+        if qx_out is not None and os.environ.get("BW24CHAT_QX_ROTATE") == "1":  # matvec.cu QX_ROTATE (experiment)
+            defs["QX_ROTATE"] = 1
         smem = m * per_row + (128 * m * (2 if handoff else 1) if qx_out is not None else 0)  # + qx_out's tile buffers
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:

@@ -369,7 +369,7 @@ def test_l2_ahead_gives_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks, mo
 QX_CASES = [(p, c, m, b, "0") for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
             for m in (1, 3, 8) for b in ("", "2")]
 QX_CASES += [(p, p, m, b, h) for p in ("NVFP4", "Q8_0", "Q4_K") for m in (1, 3, 8) for b in ("", "2", "3")
-             for h in ("1", "2")]
+             for h in ("1", "2", "2r", "0r")]  # r: the quantizing warp rotates with the tile (QX_ROTATE)
 
 
 @pytest.mark.parametrize("producer,consumer,m,blocks,handoff", QX_CASES)
@@ -382,11 +382,13 @@ def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer
     for every pair of formats (the QX layout does not depend on either), odd block counts; one
     tile per block and many (grids of 2 and 3 blocks: the tile buffers reused, odd and even tile
     counts per block); every hand-off of the tile outputs to the quantizing warp (QX_HANDOFF 0:
-    block barriers, 1: two buffers and one barrier, 2: named producer / consumer barriers)."""
+    block barriers, 1: two buffers and one barrier, 2: named producer / consumer barriers), with
+    warp 0 quantizing every tile or the warp of the tile ordinal (QX_ROTATE)."""
     from bw24chat.backends import cuda_linear as cl
     from bw24chat.backends.kernel_refs import qx_ref, qx_row_words
 
-    monkeypatch.setenv("BW24CHAT_QX_HANDOFF", handoff)
+    monkeypatch.setenv("BW24CHAT_QX_HANDOFF", handoff.rstrip("r"))
+    monkeypatch.setenv("BW24CHAT_QX_ROTATE", "1" if handoff.endswith("r") else "0")
     if blocks:
         monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", blocks)
     monkeypatch.setenv("BW24CHAT_MV_NW", "16")
