@@ -152,3 +152,41 @@ def test_which_prefill_matrices_take_gemm_wra(mode, monkeypatch):
             assert not cl.uses_gemm_wra(SimpleNamespace(fmt=fmt, out=n, in_=4096 + 32))
     assert cl.wra_summary() == {None: "NVFP4,Q4_K,Q8_0 wide", "0": "off", "wide": "NVFP4,Q4_K,Q8_0 wide",
                                 "1": "NVFP4,Q4_K,Q8_0 all"}[mode]
+
+
+def test_device_attributes_are_read_once_per_device(monkeypatch):
+    """kernel_build.device_attributes: CuPy's Device.attributes queries every attribute on each
+    read; the launch wrappers' SM count and shared-memory sizes come from one read per device."""
+    import sys
+    import types
+
+    from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends import cuda_ops as ops
+    from bw24chat.backends import kernel_build as kb
+
+    reads = []
+
+    class FakeDevice:
+        def __init__(self, device_id=None):
+            self.id = 0 if device_id is None else device_id
+
+        @property
+        def attributes(self):
+            reads.append(self.id)
+            return {"MultiProcessorCount": 132 + self.id, "MaxSharedMemoryPerMultiprocessor": 233472,
+                    "MaxSharedMemoryPerBlockOptin": 232448}
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=FakeDevice))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    kb.device_attributes.cache_clear()
+    kb._smem_block_limit_of.cache_clear()
+    try:
+        for _ in range(3):
+            assert cl._sm_resources() == (132, 233472)
+            assert ops._n_sm() == 132
+        assert kb._smem_block_limit_of(0) == 232448
+        assert kb._smem_block_limit_of(1) == 232448 and kb.device_attributes(1)["MultiProcessorCount"] == 133
+        assert reads == [0, 1]
+    finally:
+        kb.device_attributes.cache_clear()
+        kb._smem_block_limit_of.cache_clear()

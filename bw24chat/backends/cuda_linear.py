@@ -169,10 +169,9 @@ def tc_geometry(W: DeviceWeight) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=None)
 def _sm_resources() -> tuple[int, int]:
-    import cupy as cp
-
-    a = cp.cuda.Device().attributes
-    return int(a["MultiProcessorCount"]), int(a["MaxSharedMemoryPerMultiprocessor"])
+    """(multiprocessors, shared memory per multiprocessor) of the current device."""
+    return (kernel_build.current_device_attribute("MultiProcessorCount"),
+            kernel_build.current_device_attribute("MaxSharedMemoryPerMultiprocessor"))
 
 
 _resident: dict = {}

@@ -153,9 +153,7 @@ def _decode_gq(G: int) -> int:
 
 def _n_sm() -> int:
     try:
-        import cupy as cp
-
-        return int(cp.cuda.Device().attributes["MultiProcessorCount"])
+        return kernel_build.current_device_attribute("MultiProcessorCount")
     except Exception:  # noqa: BLE001
         return 132
 

@@ -316,9 +316,24 @@ def smem_block_limit() -> int:
 
 @functools.lru_cache(maxsize=None)
 def _smem_block_limit_of(device_id: int) -> int:
+    return int(device_attributes(device_id)["MaxSharedMemoryPerBlockOptin"])
+
+
+@functools.lru_cache(maxsize=None)
+def device_attributes(device_id: int) -> dict:
+    """The CUDA attributes of device ``device_id``, read once: they do not change, and CuPy's
+    Device.attributes queries every one of them (~100 driver calls) each time it is read — the
+    launch wrappers ask for the SM count on every eager launch."""
     import cupy
 
-    return int(cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+    return dict(cupy.cuda.Device(device_id).attributes)
+
+
+def current_device_attribute(name: str) -> int:
+    """One attribute of the current device (device_attributes)."""
+    import cupy
+
+    return int(device_attributes(cupy.cuda.Device().id)[name])
 
 
 # ----------------------------------------------------------------------------- GPU-less path
