@@ -55,6 +55,7 @@ def _variants(fmt: str) -> list:
 def main() -> int:
     from bw24chat.backends import cuda_linear as lin
     from bw24chat.backends.cuda_weights import repack_host, upload
+    from bw24chat.backends.kernel_build import KernelCompileError
     from bw24chat.synthetic import random_matrix
 
     cp, formats, rng, stream = format_bench_setup("nvfp4,bf16")
@@ -70,7 +71,11 @@ def main() -> int:
             for label, env in _variants(fmt):
                 reset_switches()
                 os.environ.update(env)
-                us = time_graph(cp, stream, lambda c: lin.matvec(Ws[c], x, y, 1, prologue=pro, norm_w=nw), COPIES)
+                try:  # a variant the wrapper refuses or NVRTC cannot build is reported, not fatal
+                    us = time_graph(cp, stream, lambda c: lin.matvec(Ws[c], x, y, 1, prologue=pro, norm_w=nw), COPIES)
+                except (KernelCompileError, ValueError) as e:
+                    print(f"{fmt:6} {name:8} {label:12} n/a: {str(e).splitlines()[0][:120]}", flush=True)
+                    continue
                 gbs = Ws[0].nbytes / (us * 1e-6) / 1e9
                 rows.append((fmt, name, label, us, gbs))
                 print(f"{fmt:6} {name:8} {label:12} {us:8.2f} us {gbs:7.0f} GB/s", flush=True)
