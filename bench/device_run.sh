@@ -20,6 +20,15 @@ smollm2_second_half() {
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
+s23c)
+  # the qkv's 3-row build with two load slots (BW24CHAT_MV_FILL_U=2; bits: test_three_rows_per_warp
+  # "fill u2", then through BW24CHAT_MV_U=2, passed in s22d): each lane has 4 windows of the 4096 inputs, so two slots halve its
+  # chain of load latencies.  Predicted: qkv in the step 10.0 -> 8.5-9 us (H100), decode +1-2 %
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "three_rows" 2>&1 | tail -2 | tee $OUT/pytest_s23c.log
+  grep -q " passed" $OUT/pytest_s23c.log && ! grep -q "failed\|error" $OUT/pytest_s23c.log || exit 3
+  BW24CHAT_MV_VARIANTS="auto:;fill u2:MV_FILL_U=2;four:MV_FILL=0" timeout 150 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep "qkv" | tee $OUT/variants_s23c.log
+  for v in 2 "" 2 ""; do BW24CHAT_MV_FILL_U=$v timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/u=$v /"; done | tee $OUT/bench_s23c.log
+  ;;
 s23b)
   # prepared in the twenty-second session (compiled for sm_90a / sm_120a in CI; default cubins
   # byte-identical, the rotating build 127 registers, no spills): matvec.cu QX_ROTATE, the gate|up

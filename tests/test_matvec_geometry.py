@@ -12,7 +12,8 @@ from bw24chat.backends import cuda_linear as cl
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
 SWITCHES = ("BW24CHAT_MV_U", "BW24CHAT_MV_MINB", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN",
             "BW24CHAT_A8_WIDE_R4", "BW24CHAT_MV_ABLATE", "BW24CHAT_MV_NW", "BW24CHAT_MV_STAT8",
-            "BW24CHAT_MV_L2AHEAD", "BW24CHAT_MV_L2AHEAD_O", "BW24CHAT_MV_FILL", "BW24CHAT_MV_R")
+            "BW24CHAT_MV_L2AHEAD", "BW24CHAT_MV_L2AHEAD_O", "BW24CHAT_MV_FILL", "BW24CHAT_MV_R",
+            "BW24CHAT_MV_FILL_U")
 
 
 @pytest.fixture(autouse=True)
@@ -237,6 +238,12 @@ def test_wide_matrices_fill_the_multiprocessors_with_three_rows_per_warp(monkeyp
     assert geometry((8448, 4096)) == (4, 16)  # 132 tiles of 64 rows fill them already
     assert geometry((9000, 4096)) == (4, 16)  # 188 tiles of 48 rows would need a second round
     assert geometry(QKV, m=2)[0] != 3
+    monkeypatch.setenv("BW24CHAT_MV_FILL_U", "2")  # the 3-row build's load slots (experiment)
+    W = types.SimpleNamespace(fmt="NVFP4", out=QKV[0], in_=QKV[1])
+    assert cl._simt_geometry(W, 1, True, rms)[0]["MV_U"] == 2
+    W = types.SimpleNamespace(fmt="NVFP4", out=GATE_UP[0], in_=GATE_UP[1])
+    assert cl._simt_geometry(W, 1, True, rms)[0]["MV_U"] == 1
+    monkeypatch.delenv("BW24CHAT_MV_FILL_U")
     monkeypatch.setenv("BW24CHAT_MV_FILL", "0")
     assert geometry(QKV) == (4, 16)
     monkeypatch.setenv("BW24CHAT_MV_R", "3")

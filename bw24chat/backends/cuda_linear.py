@@ -334,6 +334,8 @@ def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int, swiglu: bool = F
     nw = _warps_per_block(defs, pro)
     if rows_picked == 4 and not swiglu and m == 1:
         rows_picked = _fill_rows(W.out, nw)
+        if rows_picked == 3 and os.environ.get("BW24CHAT_MV_FILL_U"):  # experiment: load slots of the 3-row build
+            defs["MV_U"] = int(os.environ["BW24CHAT_MV_FILL_U"])
     rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
     if swiglu and rows % 2:
         raise ValueError(f"the swiglu epilogue pairs rows (2i, 2i+1) inside one warp: {rows} rows per warp")
@@ -346,7 +348,9 @@ def _fill_rows(n_out: int, nw: int) -> int:
     Qwen3-8B qkv (6144 rows, one 16-warp block per SM): 96 tiles of 64 rows on 132 SMs, 128 of 48.
     The rows' values do not depend on it (matvec.cu: each row is one warp's, its lanes' chunk
     order fixed).  Not under the swiglu epilogue (row pairs; its QX tiles are 64 rows).
-    BW24CHAT_MV_FILL=0 keeps 4 (comparisons)."""
+    BW24CHAT_MV_FILL=0 keeps 4 (comparisons); BW24CHAT_MV_FILL_U=2 gives the 3-row build two
+    load slots (NVFP4 / Q8_0 128 registers without spills, Q4_K 16 bytes of spills; an experiment:
+    the qkv's lanes have 4 windows each, so the slots halve its chain of load latencies)."""
     if os.environ.get("BW24CHAT_MV_FILL", "1") == "0":
         return 4
     sms, _ = _sm_resources()

@@ -326,15 +326,15 @@ def test_stat_cache_prologue_gives_the_same_bits(cp, rng, fmt, rows, inputs, m, 
 def test_three_rows_per_warp_give_the_same_bits(cp, rng, fmt, rows, inputs, m, pro, act_bf16, monkeypatch):
     """cuda_linear._fill_rows: a wide integer-dot matvec whose 64-row tiles would leave SMs idle
     (the qkv shape) runs 3 rows per warp (48-row tiles); every row equals the 4-row build's bit for
-    bit (BW24CHAT_MV_FILL=0) and the 3-row build with 2 load slots (BW24CHAT_MV_U=2), a partial last
+    bit (BW24CHAT_MV_FILL=0) and the 3-row build with 2 load slots (BW24CHAT_MV_FILL_U=2), a partial last
     tile included (6150 rows), both activation contracts; within the reference's tolerance."""
     ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
     W = cw.upload(ts)
     x = rng.standard_normal((m, W.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32) if pro == "rmsnorm" else None
     got = {}
-    for label, env in (("fill", {}), ("four", {"BW24CHAT_MV_FILL": "0"}), ("fill u2", {"BW24CHAT_MV_U": "2"})):
-        for k in ("BW24CHAT_MV_FILL", "BW24CHAT_MV_U"):
+    for label, env in (("fill", {}), ("four", {"BW24CHAT_MV_FILL": "0"}), ("fill u2", {"BW24CHAT_MV_FILL_U": "2"})):
+        for k in ("BW24CHAT_MV_FILL", "BW24CHAT_MV_FILL_U"):
             monkeypatch.delenv(k, raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
