@@ -34,7 +34,7 @@ s23b)
   # byte-identical, the rotating build 127 registers, no spills): matvec.cu QX_ROTATE, the gate|up
   # epilogue's quantizing warp rotating with the tile ordinal instead of warp 0 on every tile.
   # Predicted: gate|up in the step 26.1 -> 25-25.5 us (H100), decode +1-2 %.  Bits first
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "qx_written and (2r or 0r) or rotating" 2>&1 | tail -2 | tee $OUT/pytest_s23b.log
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "qx_written and (2r or 0r) or rotating or hand_off" 2>&1 | tail -2 | tee $OUT/pytest_s23b.log
   grep -q " passed" $OUT/pytest_s23b.log && ! grep -q "failed\|error" $OUT/pytest_s23b.log || exit 3
   for v in 1 0; do BW24CHAT_QX_ROTATE=$v timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[128\]\|whole" | sed "s/^/rot=$v /" | cut -c1-170; done | tee $OUT/profile_s23b.log
   for v in 0 1 0 1; do BW24CHAT_QX_ROTATE=$v timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/rot=$v /"; done | tee $OUT/bench_s23b.log
