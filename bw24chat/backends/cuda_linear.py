@@ -8,7 +8,6 @@ passed as a null 64-bit value.  Contracts: kernels/matvec.cu, gemm.cu, dequant.c
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import numpy as np
@@ -167,9 +166,9 @@ def tc_geometry(W: DeviceWeight) -> tuple[int, int]:
     return int(os.environ.get("BW24CHAT_TC_NW", nw)), int(os.environ.get("BW24CHAT_TC_U", u))
 
 
-@functools.lru_cache(maxsize=None)
 def _sm_resources() -> tuple[int, int]:
-    """(multiprocessors, shared memory per multiprocessor) of the current device."""
+    """(multiprocessors, shared memory per multiprocessor) of the current device (read once per
+    device: kernel_build.device_attributes)."""
     return (kernel_build.current_device_attribute("MultiProcessorCount"),
             kernel_build.current_device_attribute("MaxSharedMemoryPerMultiprocessor"))
 

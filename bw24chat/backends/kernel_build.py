@@ -323,7 +323,9 @@ def _smem_block_limit_of(device_id: int) -> int:
 def device_attributes(device_id: int) -> dict:
     """The CUDA attributes of device ``device_id``, read once: they do not change, and CuPy's
     Device.attributes queries every one of them (~100 driver calls) each time it is read — the
-    launch wrappers ask for the SM count on every eager launch."""
+    decode attention's split count (cuda_ops._n_sm) asked for the SM count on every eager launch.
+    One cache per device for every reader (cuda_linear._sm_resources, cuda_ops._n_sm, the
+    shared-memory limit)."""
     import cupy
 
     return dict(cupy.cuda.Device(device_id).attributes)
