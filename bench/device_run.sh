@@ -20,35 +20,26 @@ smollm2_second_half() {
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
-s23c)
-  # the qkv's 3-row build with two load slots (BW24CHAT_MV_FILL_U=2; bits: test_three_rows_per_warp
-  # "fill u2", then through BW24CHAT_MV_U=2, passed in s22d): each lane has 4 windows of the 4096 inputs, so two slots halve its
-  # chain of load latencies.  Predicted: qkv in the step 10.0 -> 8.5-9 us (H100), decode +1-2 %
-  timeout 100 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "three_rows" 2>&1 | tail -2 | tee $OUT/pytest_s23c.log
-  grep -q " passed" $OUT/pytest_s23c.log && ! grep -q "failed\|error" $OUT/pytest_s23c.log || exit 3
-  BW24CHAT_MV_VARIANTS="auto:;fill u2:MV_FILL_U=2;four:MV_FILL=0" timeout 150 python3 bench/matvec_variants.py --formats nvfp4,q8_0,q4_k 2>&1 | grep "qkv" | tee $OUT/variants_s23c.log
-  for v in 2 "" 2 ""; do BW24CHAT_MV_FILL_U=$v timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/u=$v /"; done | tee $OUT/bench_s23c.log
+s23)
+  # Everything prepared in the twenty-second and twenty-third sessions, in one call (~8 min).  Four
+  # opt-in builds, each bit-identical to the default by its tests (bits first):
+  #   MV_ROWPTR=1   steady windows load through per-row plane pointers (3-34 % fewer instructions in
+  #                 the window loop, nvdisasm): predicted gate|up -1..-2 us, LM head -2..-3, decode +2-4 %
+  #   QX_ROTATE=1   the gate|up epilogue's quantizing warp rotates: gate|up 26.1 -> 25-25.5 us, +1-2 %
+  #   MV_FILL_U=2   two load slots for the 3-row qkv: qkv 10.0 -> 8.5-9 us, +1-2 %
+  #   MV_L2AHEAD_O=1 the o's first tile asked of L2 during attention: o 7.0 -> ~6 us, +1-2 %
+  # The per-role profile (default / row pointers / all four) separates them: each touches other roles
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "(row_pointers and (NVFP4 or Q4_K)) or (qx_written and (2r or 0r)) or rotating or hand_off" 2>&1 | tail -2 | tee $OUT/pytest_s23.log
+  grep -q " passed" $OUT/pytest_s23.log && ! grep -q "failed\|error" $OUT/pytest_s23.log || exit 3
+  ALL="BW24CHAT_MV_ROWPTR=1 BW24CHAT_QX_ROTATE=1 BW24CHAT_MV_FILL_U=2 BW24CHAT_MV_L2AHEAD_O=1"
+  for v in "X=0" "BW24CHAT_MV_ROWPTR=1" "$ALL"; do env $v timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[\|whole" | sed "s/^/[$v] /" | cut -c1-200; done | tee $OUT/profile_s23.log
+  for v in "X=0" "BW24CHAT_MV_ROWPTR=1" "$ALL" "X=0" "BW24CHAT_MV_ROWPTR=1" "$ALL"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23.log
   ;;
-s23b)
-  # prepared in the twenty-second session (compiled for sm_90a / sm_120a in CI; default cubins
-  # byte-identical, the rotating build 127 registers, no spills): matvec.cu QX_ROTATE, the gate|up
-  # epilogue's quantizing warp rotating with the tile ordinal instead of warp 0 on every tile.
-  # Predicted: gate|up in the step 26.1 -> 25-25.5 us (H100), decode +1-2 %.  Bits first
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "qx_written and (2r or 0r) or rotating or hand_off" 2>&1 | tail -2 | tee $OUT/pytest_s23b.log
-  grep -q " passed" $OUT/pytest_s23b.log && ! grep -q "failed\|error" $OUT/pytest_s23b.log || exit 3
-  for v in 1 0; do BW24CHAT_QX_ROTATE=$v timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[128\]\|whole" | sed "s/^/rot=$v /" | cut -c1-170; done | tee $OUT/profile_s23b.log
-  for v in 0 1 0 1; do BW24CHAT_QX_ROTATE=$v timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/rot=$v /"; done | tee $OUT/bench_s23b.log
-  ;;
-s23a)
-  # prepared in the twenty-second session: matvec.cu MV_L2AHEAD (the block's first tile asked of L2
-  # before pdl_wait).  Measured there (H100, matvec_variants NVFP4): slower on every shape but the o
-  # projection (7.2 -> 6.6 us); decode -10 % with it everywhere.  The open question: the o alone in
-  # the step, whose neighbour (the attention: 64 blocks) leaves SMs and the DRAM idle.  Predicted
-  # o in the step 7.0 -> ~6 us, decode +1-2 %.  Bits of every plane layout first
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "l2_ahead" 2>&1 | tail -2 | tee $OUT/pytest_s23a.log
-  grep -q " passed" $OUT/pytest_s23a.log && ! grep -q "failed\|error" $OUT/pytest_s23a.log || exit 3
-  for v in 1 0; do BW24CHAT_MV_L2AHEAD_O=$v timeout 100 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[128\]\|whole" | sed "s/^/o=$v /" | cut -c1-170; done | tee $OUT/profile_s23a.log
-  for v in 0 1 0 1; do BW24CHAT_MV_L2AHEAD_O=$v timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/o=$v /"; done | tee $OUT/bench_s23a.log
+s23x)
+  # the rest of s23's bits (row pointers: the other formats and m; L2AHEAD: every plane layout), and
+  # Q8_0 decode with the row pointers (its window loop: 399 -> 262 instructions in the gate|up)
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "row_pointers or l2_ahead" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
+  for v in "X=0" "BW24CHAT_MV_ROWPTR=1" "X=0" "BW24CHAT_MV_ROWPTR=1"; do env $v timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23x.log
   ;;
 s22d)
   # three rows per warp where 64-row tiles leave SMs idle (cuda_linear._fill_rows; the qkv shape: 96

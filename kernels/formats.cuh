@@ -103,30 +103,75 @@ BW24_DEVICE uint4 ld_stream16(const uint4* p) {
 BW24_DEVICE uint32_t word_of(const uint4& v, int g) { return g == 0 ? v.x : g == 1 ? v.y : g == 2 ? v.z : v.w; }
 BW24_DEVICE uint32_t byte_of(uint32_t w, int j) { return (w >> (8 * j)) & 0xFFu; }
 
+// One row's planes as pointers (row_planes), then the loads of its chunk kc (fetch_chunk_at):
+// each load's address is then one IMAD.WIDE of the 32-bit kc.  Indexing the planes with the
+// 64-bit row * nck + kc inside a loop cost four instructions per load (sign extension, 64-bit
+// add, LEA / LEA.HI.X): ~15 % of the NVFP4 matvec's steady loop (nvdisasm, twenty-third
+// session).  Unused planes are dead code for the format and cost no registers.
+struct RowPlanes {
+    const uint4* q;
+    const void* h;
+    const void* s;
+    const void* d;
+};
+BW24_DEVICE RowPlanes row_planes(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
+                                 const void* __restrict__ wd, long row, int nck) {
+    RowPlanes p;
+    p.q = wq + row * nck;
+    p.h = nullptr;
+    p.s = nullptr;
+    p.d = nullptr;
+#if HAS_H5
+    p.h = (const unsigned int*)wh + row * nck;
+#elif FMT == F_Q6_K
+    p.h = (const uint2*)wh + row * nck;
+#endif
+#if FMT == F_Q8_0  // one scale record per 2 chunks
+    p.s = (const unsigned short*)ws + row * (nck >> 1);
+#elif FMT == F_NVFP4
+    p.s = (const unsigned int*)ws + row * (nck >> 1);
+#elif FMT == F_Q4_0 || FMT == F_Q5_0
+    p.s = (const unsigned short*)ws + row * nck;
+#elif FMT == F_Q4_1 || FMT == F_Q5_1
+    p.s = (const unsigned int*)ws + row * nck;
+#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
+    p.s = (const uint4*)ws + row * (nck >> 3);
+#if FMT == F_Q6_K
+    p.d = (const unsigned short*)wd + row * (nck >> 3);
+#endif
+#endif
+    (void)wh; (void)ws; (void)wd;
+    return p;
+}
+
+// issue the loads of chunk kc of the row whose planes are p
+BW24_DEVICE void fetch_chunk_at(Raw& r, const RowPlanes& p, int kc) {
+    r.q = ld_stream16(p.q + kc);
+#if HAS_H5
+    r.h.x = __ldg((const unsigned int*)p.h + kc);
+#elif FMT == F_Q6_K
+    r.h = __ldg((const uint2*)p.h + kc);
+#endif
+#if FMT == F_Q8_0
+    r.s.x = (uint32_t)__ldg((const unsigned short*)p.s + (kc >> 1));
+#elif FMT == F_NVFP4
+    r.s.x = __ldg((const unsigned int*)p.s + (kc >> 1));
+#elif FMT == F_Q4_0 || FMT == F_Q5_0
+    r.s.x = __ldg((const unsigned short*)p.s + kc);
+#elif FMT == F_Q4_1 || FMT == F_Q5_1
+    r.s.x = __ldg((const unsigned int*)p.s + kc);
+#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
+    r.s = __ldg((const uint4*)p.s + (kc >> 3));
+#if FMT == F_Q6_K
+    r.d = __ldg((const unsigned short*)p.d + (kc >> 3));
+#endif
+#endif
+}
+
 // issue the loads of chunk kc of row `row` (nck = chunks per row)
 BW24_DEVICE void fetch_chunk(Raw& r, const uint4* __restrict__ wq, const void* __restrict__ wh,
                              const void* __restrict__ ws, const void* __restrict__ wd, long row, int nck, int kc) {
-    const long ci = row * nck + kc;
-    r.q = ld_stream16(wq + ci);
-#if HAS_H5
-    r.h.x = __ldg((const unsigned int*)wh + ci);
-#elif FMT == F_Q6_K
-    r.h = __ldg((const uint2*)wh + ci);
-#endif
-#if FMT == F_Q8_0 || FMT == F_NVFP4
-    // one scale record per 2 chunks
-    r.s.x = FMT == F_Q8_0 ? (uint32_t)__ldg((const unsigned short*)ws + (row * (nck >> 1) + (kc >> 1)))
-                          : __ldg((const unsigned int*)ws + (row * (nck >> 1) + (kc >> 1)));
-#elif FMT == F_Q4_0 || FMT == F_Q5_0
-    r.s.x = __ldg((const unsigned short*)ws + ci);
-#elif FMT == F_Q4_1 || FMT == F_Q5_1
-    r.s.x = __ldg((const unsigned int*)ws + ci);
-#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
-    r.s = __ldg((const uint4*)ws + (row * (nck >> 3) + (kc >> 3)));
-#if FMT == F_Q6_K
-    r.d = __ldg((const unsigned short*)wd + (row * (nck >> 3) + (kc >> 3)));
-#endif
-#endif
+    fetch_chunk_at(r, row_planes(wq, wh, ws, wd, row, nck), kc);
 }
 
 // ue4m3 scale halved (quants.ue4m3_to_f32_half) of a repacked scale byte (bit 7 clear, the

@@ -777,6 +777,16 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 }
 #endif
 
+#ifndef MV_ROWPTR  // 1 (opt-in, cuda_linear BW24CHAT_MV_ROWPTR=1; not yet run on a GPU): the steady
+#define MV_ROWPTR 0      // windows load through this warp's rows as plane pointers (formats.cuh
+#endif                   // row_planes, set per tile), one IMAD.WIDE per load instead of the 64-bit
+// row * nck + kc index's sign extension, add and LEA / LEA.HI.X: the steady window loop of the
+// Qwen3-8B shapes (nvdisasm, twenty-third session) NVFP4 qkv / o / gate|up / down / LM head
+// 515 / 707 / 682 / 1032 / 672 -> 502 / 689 / 634 / 1000 / 621 instructions, Q4_K gate|up 681 ->
+// 635, Q8_0 gate|up 399 -> 262, LM head 317 -> 265; registers within +-1, no spills.  The same
+// loads in the same order: the same bits.  Builds without steady windows keep the index (there
+// the pointers cost a copy of the window's registers per guarded refill: Q4_K's o 473 -> 518).
+
 #ifndef MV_L2AHEAD  // weights asked of L2 ahead of the loads (opt-in, cuda_linear BW24CHAT_MV_L2AHEAD,
 // BW24CHAT_MV_L2AHEAD_O for the square <= 4096-row matrices only).  1: before pdl_wait every thread asks
 // L2 for 128-byte lines of the block's first tile (every plane: codes, scales, high bits), so the
@@ -865,10 +875,21 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
     Raw raw[MV_U][MV_R];
+    RowPlanes rp[MV_R];  // MV_ROWPTR: this warp's rows of the current tile (see MV_ROWPTR's definition)
+    auto aim = [&]() {
+#pragma unroll
+        for (int r = 0; r < MV_R; ++r) rp[r] = row_planes(wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck);
+    };
+    aim();
     auto fetch = [&](int u, int kk, int kcb, int nkc) {
         if (kk < nkc)
 #pragma unroll
-            for (int r = 0; r < MV_R; ++r) fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
+            for (int r = 0; r < MV_R; ++r) {
+                if (MV_ROWPTR && MV_STEADY)
+                    fetch_chunk_at(raw[u][r], rp[r], kcb + kk);
+                else
+                    fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
+            }
     };
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
@@ -946,8 +967,12 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                 for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
                 if (steady) {
 #pragma unroll
-                    for (int r = 0; r < MV_R; ++r)
-                        fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk + 32 * MV_U);
+                    for (int r = 0; r < MV_R; ++r) {
+                        if (MV_ROWPTR)
+                            fetch_chunk_at(raw[u][r], rp[r], kcb + kk + 32 * MV_U);
+                        else
+                            fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk + 32 * MV_U);
+                    }
                 } else {
                     fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
                 }
@@ -980,6 +1005,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         tile += gridDim.x;
         if (tile < ntiles) {
             row0 = ((long)tile * MV_NW + warp) * MV_R;
+            aim();
 #pragma unroll
             for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
             if (MV_L2AHEAD >= 2) l2_ahead(tile + (int)gridDim.x);  // one tile ahead of the one starting

@@ -116,6 +116,12 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     # the tensor-core decode's hybrid merge (long rows over one wave of blocks, the workspace merge)
     ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 4, "TC_HALVES": 2,
                    "TCSTAGES": 4}),
+    # steady windows through per-row plane pointers (opt-in MV_ROWPTR): every plane layout
+    *[("matvec", {"FMT": f, "MV_ROWPTR": 1, "MV_STEADY": 1, **extra}) for f, extra in
+      ((11, {"ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1, "QX_HANDOFF": 2}),
+       (11, {"ACT_Q8": 1, "MV_U": 2, "MV_NW": 16, "MV_MINB": 1}), (3, {"ACT_Q8": 1, "MV_M": 8}),
+       (8, {"ACT_Q8": 1, "MV_R": 3, "MV_U": 1, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}),
+       (9, {}), (10, {}), (10, {"ACT_Q8": 1}), (2, {"MV_M": 4}), (5, {}), (6, {}))],
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
 ]

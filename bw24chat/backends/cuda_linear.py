@@ -258,7 +258,9 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     BW24CHAT_MV_L2AHEAD=1|2 asks L2 for the first tile (2: and one tile ahead) before the loads
     (matvec.cu MV_L2AHEAD: slower on every shape but the o projection, 7.2 -> 6.6 us NVFP4 on an
     H100; decode -10 % with 2 everywhere); BW24CHAT_MV_L2AHEAD_O=1 sets 1 for the square
-    <= 4096-row integer-dot matrices only (the o projection: not yet measured in the step)."""
+    <= 4096-row integer-dot matrices only (the o projection: not yet measured in the step);
+    BW24CHAT_MV_ROWPTR=1 loads the steady windows through per-row plane pointers (matvec.cu
+    MV_ROWPTR: 3-34 % fewer instructions in the window loop, not yet run on a GPU)."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -296,7 +298,7 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
                       ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW"),
                       ("BW24CHAT_XF_NR", "XF_NR"), ("BW24CHAT_A8_STAT_CACHE", "A8_STAT_CACHE"),
-                      ("BW24CHAT_MV_L2AHEAD", "MV_L2AHEAD")):
+                      ("BW24CHAT_MV_L2AHEAD", "MV_L2AHEAD"), ("BW24CHAT_MV_ROWPTR", "MV_ROWPTR")):
         if os.environ.get(env):
             d[name] = int(os.environ[env])
     if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN

@@ -454,3 +454,27 @@ def test_float_path_reads_give_the_same_bits_aligned_or_not(cp, rng, fmt, pro, m
         monkeypatch.setenv("BW24CHAT_XF_NR", nr)
         assert np.array_equal(rows(0).view(np.uint32), aligned.view(np.uint32)), f"XF_NR={nr}"
     check_close(aligned, ref_input(x, pro, W.in_, norm_w, fmt), w)
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "BF16", "Q4_1"])
+@pytest.mark.parametrize("rows,inputs,max_blocks", [(6150, 4096, ""), (24576, 4096, ""), (1000, 2048, "3")])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_row_pointers_give_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks, m, monkeypatch):
+    """matvec.cu MV_ROWPTR (BW24CHAT_MV_ROWPTR=1): the steady windows load through per-row plane
+    pointers set per tile (formats.cuh row_planes) instead of the row * nck + kc index — the same
+    loads, so every row equals the index build's bit for bit, steady windows forced on
+    (BW24CHAT_MV_STEADY=1) for every format's planes (h: Q5_K, Q6_K; d: Q6_K), several tiles per
+    block (MV_MAX_BLOCKS=3: the pointers re-aimed per tile) and a partial last tile."""
+    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    if max_blocks:
+        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
+    monkeypatch.setenv("BW24CHAT_MV_STEADY", "1")
+    got = {}
+    for v in ("0", "1"):
+        monkeypatch.setenv("BW24CHAT_MV_ROWPTR", v)
+        got[v] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
+    assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
+    check_close(got["0"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
