@@ -21,25 +21,29 @@ smollm2_second_half() {
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 case "$1" in
 s23)
-  # Everything prepared in the twenty-second and twenty-third sessions, in one call (~8 min).  Four
-  # opt-in builds, each bit-identical to the default by its tests (bits first):
-  #   MV_ROWPTR=1   steady windows load through per-row plane pointers (3-34 % fewer instructions in
-  #                 the window loop, nvdisasm): predicted gate|up -1..-2 us, LM head -2..-3, decode +2-4 %
-  #   QX_ROTATE=1   the gate|up epilogue's quantizing warp rotates: gate|up 26.1 -> 25-25.5 us, +1-2 %
-  #   MV_FILL_U=2   two load slots for the 3-row qkv: qkv 10.0 -> 8.5-9 us, +1-2 %
+  # Everything prepared in the twenty-second and twenty-third sessions (~8 min).  Opt-in builds,
+  # each bit-identical to the default by its tests (bits first):
+  #   MV_ROWPTR=1 + MV_PINGPONG=1  the window loop through per-row plane pointers, in pairs without
+  #                 copying each window's chunks (bench/sass_count.py, instructions per dp4a:
+  #                 NVFP4 gate|up 5.33 -> 4.53, qkv 5.37 -> 4.62, LM head 5.25 -> 4.55; Q4_K 5.3 ->
+  #                 4.0-4.1; Q8_0 gate|up 6.23 -> 3.09): predicted NVFP4 gate|up 26.1 -> 23-24 us in
+  #                 the step, LM head 41 -> 39, decode NVFP4 +4-7 %, Q4_K +5-8 %, Q8_0 +0-2 % (not issue-bound)
+  #   QX_ROTATE=1   the gate|up epilogue's quantizing warp rotates: gate|up -0.5..-1 us, +1-2 %
   #   MV_L2AHEAD_O=1 the o's first tile asked of L2 during attention: o 7.0 -> ~6 us, +1-2 %
-  # The per-role profile (default / row pointers / all four) separates them: each touches other roles
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "(row_pointers and (NVFP4 or Q4_K)) or (qx_written and (2r or 0r)) or rotating or hand_off" 2>&1 | tail -2 | tee $OUT/pytest_s23.log
+  # The per-role profile (default / rp+pp / rp+pp+rot+l2o) separates the roles they touch
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "((row_pointers or pingpong) and (NVFP4 or Q4_K)) or rotating or hand_off" 2>&1 | tail -2 | tee $OUT/pytest_s23.log
   grep -q " passed" $OUT/pytest_s23.log && ! grep -q "failed\|error" $OUT/pytest_s23.log || exit 3
-  ALL="BW24CHAT_MV_ROWPTR=1 BW24CHAT_QX_ROTATE=1 BW24CHAT_MV_FILL_U=2 BW24CHAT_MV_L2AHEAD_O=1"
-  for v in "X=0" "BW24CHAT_MV_ROWPTR=1" "$ALL"; do env $v timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[\|whole" | sed "s/^/[$v] /" | cut -c1-200; done | tee $OUT/profile_s23.log
-  for v in "X=0" "BW24CHAT_MV_ROWPTR=1" "$ALL" "X=0" "BW24CHAT_MV_ROWPTR=1" "$ALL"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23.log
+  RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1"; ALL="$RP BW24CHAT_QX_ROTATE=1 BW24CHAT_MV_L2AHEAD_O=1"
+  for v in "X=0" "$RP" "$ALL"; do env $v timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[\|whole" | sed "s/^/[$v] /" | cut -c1-220; done | tee $OUT/profile_s23.log
+  for v in "X=0" "$RP" "$ALL" "X=0" "$RP" "$ALL"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23.log
   ;;
 s23x)
-  # the rest of s23's bits (row pointers: the other formats and m; L2AHEAD: every plane layout), and
-  # Q8_0 decode with the row pointers (its window loop: 399 -> 262 instructions in the gate|up)
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "row_pointers or l2_ahead" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
-  for v in "X=0" "BW24CHAT_MV_ROWPTR=1" "X=0" "BW24CHAT_MV_ROWPTR=1"; do env $v timeout 60 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23x.log
+  # the rest of s23's bits (row pointers and pairs: every format and m; QX_ROTATE's 54 QX cases;
+  # L2AHEAD: every plane layout; the 3-row qkv with two slots), Q8_0 / BF16 decode with rp+pp, and
+  # MV_FILL_U=2 (two load slots for the 3-row qkv: predicted qkv 10.0 -> 8.5-9 us)
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "row_pointers or pingpong or l2_ahead or (qx_written and (2r or 0r)) or three_rows" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
+  RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1"
+  for v in "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "X=0" "$RP" "BW24CHAT_MV_FILL_U=2"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23x.log
   ;;
 s22d)
   # three rows per warp where 64-row tiles leave SMs idle (cuda_linear._fill_rows; the qkv shape: 96

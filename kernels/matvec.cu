@@ -787,6 +787,15 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 // loads in the same order: the same bits.  Builds without steady windows keep the index (there
 // the pointers cost a copy of the window's registers per guarded refill: Q4_K's o 473 -> 518).
 
+#ifndef MV_PINGPONG  // 1 (opt-in, cuda_linear BW24CHAT_MV_PINGPONG=1; one-slot steady builds only; not
+#define MV_PINGPONG 0    // yet run on a GPU): the window loop in pairs with two chunk buffers that swap
+#endif                   // roles, instead of each window copying its slot to a consumption buffer
+// before the refill (ptxas keeps the loop-carried slot in fixed registers: ~20 moves per window of
+// 4 rows in the one-slot builds, nvdisasm).  See the loop.
+#if MV_PINGPONG && !(MV_U == 1 && MV_STEADY)
+#error "MV_PINGPONG: one load slot and steady windows (MV_U 1, MV_STEADY 1)"
+#endif
+
 #ifndef MV_L2AHEAD  // weights asked of L2 ahead of the loads (opt-in, cuda_linear BW24CHAT_MV_L2AHEAD,
 // BW24CHAT_MV_L2AHEAD_O for the square <= 4096-row matrices only).  1: before pdl_wait every thread asks
 // L2 for 128-byte lines of the block's first tile (every plane: codes, scales, high bits), so the
@@ -960,29 +969,59 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             }
             // slot u of window i0: consume chunk kk (this lane's (i0+u)-th of the k-tile), refill
             // the slot with chunk kk + 32*MV_U; `steady`: every refill exists (no guard)
+            // chunk kk of every row of this warp into c, no guard (the steady windows')
+            auto fetch_rows = [&](Raw (&c)[MV_R], int kk) {
+#pragma unroll
+                for (int r = 0; r < MV_R; ++r) {
+                    if (MV_ROWPTR)
+                        fetch_chunk_at(c[r], rp[r], kcb + kk);
+                    else
+                        fetch_chunk(c[r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
+                }
+            };
+            // the dot products of window i (slot u) on the chunks c
+            auto dot_window = [&](const Raw (&c)[MV_R], int i) {
+                const int kk = lane + 32 * i;
+#if ACT_Q8
+                dot_a8_or_ablated(c, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
+#else
+                chunk_dot(c, kcb + kk, xs + i * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
+#endif
+            };
             auto consume = [&](int u, int i0, bool steady) {
                 const int kk = lane + 32 * (i0 + u);
                 Raw cur[MV_R];
 #pragma unroll
                 for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
-                if (steady) {
-#pragma unroll
-                    for (int r = 0; r < MV_R; ++r) {
-                        if (MV_ROWPTR)
-                            fetch_chunk_at(raw[u][r], rp[r], kcb + kk + 32 * MV_U);
-                        else
-                            fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk + 32 * MV_U);
-                    }
-                } else {
+                if (steady)
+                    fetch_rows(raw[u], kk + 32 * MV_U);
+                else
                     fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
-                }
-#if ACT_Q8
-                dot_a8_or_ablated(cur, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
-#else
-                chunk_dot(cur, kcb + kk, xs + (i0 + u) * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
-#endif
+                dot_window(cur, i0 + u);
             };
-            for (int i0 = 0; i0 * 32 < nkc; i0 += MV_U) {
+            int i0 = 0;
+#if MV_PINGPONG
+            // One slot, windows in pairs: window i0's chunks (raw[0]) are consumed while window
+            // i0 + 1's load into nxt, then i0 + 1's while i0 + 2's load into raw[0] — the two
+            // buffers swap roles in code, so no window copies its chunks to a consumption buffer
+            // (consume's cur, ~20 register moves per window: MV_PINGPONG's definition).  The same
+            // loads and dot products in the same order as the slot loop below.
+            for (; (i0 + 3) * 32 <= nkc; i0 += 2) {
+                Raw nxt[MV_R];
+                fetch_rows(nxt, lane + 32 * (i0 + 1));
+                dot_window(raw[0], i0);
+                fetch_rows(raw[0], lane + 32 * (i0 + 2));
+                dot_window(nxt, i0 + 1);
+            }
+            if ((i0 + 2) * 32 == nkc) {  // the k-tile's last pair, whole for every lane: nothing after it to load
+                Raw nxt[MV_R];
+                fetch_rows(nxt, lane + 32 * (i0 + 1));
+                dot_window(raw[0], i0);
+                dot_window(nxt, i0 + 1);
+                i0 += 2;
+            }
+#endif
+            for (; i0 * 32 < nkc; i0 += MV_U) {
                 // MV_STEADY: while every chunk of the window and every refill exist for all lanes,
                 // the window is one branch-free block, so one slot's shared-memory x reads overlap
                 // the previous slot's dot products (Nsight Compute: the int-dot matvec waited on

@@ -122,6 +122,12 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
        (11, {"ACT_Q8": 1, "MV_U": 2, "MV_NW": 16, "MV_MINB": 1}), (3, {"ACT_Q8": 1, "MV_M": 8}),
        (8, {"ACT_Q8": 1, "MV_R": 3, "MV_U": 1, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}),
        (9, {}), (10, {}), (10, {"ACT_Q8": 1}), (2, {"MV_M": 4}), (5, {}), (6, {}))],
+    # the one-slot window loop in pairs (opt-in MV_PINGPONG), with and without row pointers
+    *[("matvec", {"FMT": f, "MV_PINGPONG": 1, "MV_ROWPTR": rp, "MV_U": 1, "MV_STEADY": 1, **extra}) for f, rp, extra in
+      ((11, 1, {"ACT_Q8": 1, "MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1, "QX_HANDOFF": 2}),
+       (11, 0, {"ACT_Q8": 1, "MV_R": 3, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}),
+       (8, 1, {"ACT_Q8": 1, "MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (3, 1, {"ACT_Q8": 1, "MV_M": 8}),
+       (2, 1, {"MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (2, 0, {"MV_M": 3}))],
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
 ]

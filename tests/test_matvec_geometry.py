@@ -262,3 +262,31 @@ def test_l2_ahead_for_the_o_projection_only(monkeypatch):
         for shape in (QKV, GATE_UP, DOWN, LM_HEAD):
             assert "MV_L2AHEAD" not in defs(fmt, shape), (fmt, shape)
     assert "MV_L2AHEAD" not in defs("BF16", O, a8=False)
+
+
+def test_window_pairs_only_where_one_slot_runs_steady(monkeypatch):
+    """BW24CHAT_MV_PINGPONG=1 (matvec.cu MV_PINGPONG, which refuses to compile otherwise) is given
+    only to builds of one load slot with steady windows: the wide integer-dot matrices and BF16's
+    at m = 1 — not the 3-row qkv given two slots (BW24CHAT_MV_FILL_U=2), not the o / down (2-4
+    slots), not m > 1; off without the variable."""
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
+    for k in ("BW24CHAT_MV_R", "BW24CHAT_MV_FILL", "BW24CHAT_MV_FILL_U", "BW24CHAT_MV_U", "BW24CHAT_MV_STEADY"):
+        monkeypatch.delenv(k, raising=False)
+    rms, qx = cl.PROLOGUES["rmsnorm"], cl.PROLOGUES["qx"]
+
+    def pairs(shape, fmt="NVFP4", m=1, pro=rms, a8=True):
+        W = types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])
+        defs = cl._simt_geometry(W, m, a8, pro)[0]
+        assert not defs.get("MV_PINGPONG") or (defs["MV_U"] == 1 and defs["MV_STEADY"])
+        return bool(defs.get("MV_PINGPONG"))
+
+    monkeypatch.delenv("BW24CHAT_MV_PINGPONG", raising=False)
+    assert not pairs(GATE_UP)
+    monkeypatch.setenv("BW24CHAT_MV_PINGPONG", "1")
+    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
+        assert pairs(GATE_UP, fmt) and pairs(LM_HEAD, fmt) and pairs(QKV, fmt), fmt
+        assert not pairs((4096, 4096), fmt, pro=qx) and not pairs((4096, 12288), fmt, pro=qx), fmt
+        assert not pairs(GATE_UP, fmt, m=2), fmt
+    assert pairs(GATE_UP, "BF16", a8=False)
+    monkeypatch.setenv("BW24CHAT_MV_FILL_U", "2")
+    assert not pairs(QKV) and pairs(GATE_UP)

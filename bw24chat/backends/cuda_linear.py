@@ -260,7 +260,9 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     H100; decode -10 % with 2 everywhere); BW24CHAT_MV_L2AHEAD_O=1 sets 1 for the square
     <= 4096-row integer-dot matrices only (the o projection: not yet measured in the step);
     BW24CHAT_MV_ROWPTR=1 loads the steady windows through per-row plane pointers (matvec.cu
-    MV_ROWPTR: 3-34 % fewer instructions in the window loop, not yet run on a GPU)."""
+    MV_ROWPTR: 3-34 % fewer instructions in the window loop, not yet run on a GPU);
+    BW24CHAT_MV_PINGPONG=1 (_simt_geometry: the one-slot steady builds) runs the window loop in
+    pairs without copying each window's chunks (matvec.cu MV_PINGPONG, not yet run on a GPU)."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -337,6 +339,8 @@ def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int, swiglu: bool = F
         rows_picked = _fill_rows(W.out, nw)
         if rows_picked == 3 and os.environ.get("BW24CHAT_MV_FILL_U"):  # experiment: load slots of the 3-row build
             defs["MV_U"] = int(os.environ["BW24CHAT_MV_FILL_U"])
+    if os.environ.get("BW24CHAT_MV_PINGPONG") == "1" and defs.get("MV_U") == 1 and defs.get("MV_STEADY"):
+        defs["MV_PINGPONG"] = 1  # matvec.cu MV_PINGPONG (experiment): one-slot steady builds only
     rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
     if swiglu and rows % 2:
         raise ValueError(f"the swiglu epilogue pairs rows (2i, 2i+1) inside one warp: {rows} rows per warp")

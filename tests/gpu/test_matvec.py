@@ -478,3 +478,31 @@ def test_row_pointers_give_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks,
         got[v] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
     assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
     check_close(got["0"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "BF16"])
+@pytest.mark.parametrize("rows,extra_blocks,max_blocks", [(6150, 0, ""), (24576, 0, ""), (24576, 1, ""), (1000, 1, "3"), (1000, 0, "3")])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_pingpong_windows_give_the_same_bits(cp, rng, fmt, rows, extra_blocks, max_blocks, m, monkeypatch):
+    """matvec.cu MV_PINGPONG (BW24CHAT_MV_PINGPONG=1, one-slot steady builds): the window loop in
+    pairs with two chunk buffers swapping roles — the same loads and dot products in the same
+    order, so every row equals the slot loop's bit for bit: 4096 inputs (pairs to the end) and one
+    block more (a partial window after the pairs: the slot loop takes over), one slot forced
+    (BW24CHAT_MV_U=1, steady) where m > 1, row pointers on and off, several tiles per block."""
+    nblocks = 4096 // block_of(fmt) + extra_blocks
+    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=nblocks)
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    if max_blocks:
+        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
+    monkeypatch.setenv("BW24CHAT_MV_U", "1")
+    monkeypatch.setenv("BW24CHAT_MV_STEADY", "1")
+    got = {}
+    for pp, rowptr in (("0", "0"), ("1", "0"), ("1", "1")):
+        monkeypatch.setenv("BW24CHAT_MV_PINGPONG", pp)
+        monkeypatch.setenv("BW24CHAT_MV_ROWPTR", rowptr)
+        got[pp + rowptr] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
+    for k in ("10", "11"):
+        assert np.array_equal(got[k].view(np.uint32), got["00"].view(np.uint32)), k
+    check_close(got["00"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
