@@ -345,25 +345,36 @@ def test_three_rows_per_warp_give_the_same_bits(cp, rng, fmt, rows, inputs, m, p
         check_close(got["fill"], ref_input(x, pro, W.in_, norm_w, fmt), w)
 
 
+def same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, nblocks, m, max_blocks, fixed, variants):
+    """Rows of one random matrix under each variant's environment (plus `fixed`), rmsnorm prologue:
+    every variant equals the first bit for bit, and the first is within the reference's tolerance.
+    max_blocks: BW24CHAT_MV_MAX_BLOCKS (several tiles per block) or ""."""
+    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=nblocks)
+    W = cw.upload(ts)
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
+    if max_blocks:
+        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
+    for k, v in fixed.items():
+        monkeypatch.setenv(k, v)
+    got = []
+    for env in variants:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        got.append(run(cp, W, x, m, "rmsnorm", norm_w=norm_w))
+    for env, g in zip(variants[1:], got[1:]):
+        assert np.array_equal(g.view(np.uint32), got[0].view(np.uint32)), env
+    check_close(got[0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+
+
 @pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "BF16", "Q4_1"])
 @pytest.mark.parametrize("rows,inputs,max_blocks", [(6150, 4096, ""), (24576, 4096, ""), (1000, 2048, "3")])
 def test_l2_ahead_gives_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks, monkeypatch):
     """matvec.cu MV_L2AHEAD (BW24CHAT_MV_L2AHEAD=1|2): the block's first tile, and one tile ahead,
     asked of L2 before the loads (every plane of the format) — a hint: every row equals the build
     without it bit for bit, with several tiles per block (MV_MAX_BLOCKS=3) and a partial last tile."""
-    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
-    W = cw.upload(ts)
-    x = rng.standard_normal((1, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    if max_blocks:
-        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
-    got = {}
-    for v in ("0", "1", "2"):
-        monkeypatch.setenv("BW24CHAT_MV_L2AHEAD", v)
-        got[v] = run(cp, W, x, 1, "rmsnorm", norm_w=norm_w)
-    for v in ("1", "2"):
-        assert np.array_equal(got[v].view(np.uint32), got["0"].view(np.uint32)), v
-    check_close(got["0"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, inputs // block_of(fmt), 1, max_blocks, {},
+                            [{"BW24CHAT_MV_L2AHEAD": v} for v in ("0", "1", "2")])
 
 
 QX_CASES = [(p, c, m, b, "0") for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
@@ -465,19 +476,8 @@ def test_row_pointers_give_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks,
     loads, so every row equals the index build's bit for bit, steady windows forced on
     (BW24CHAT_MV_STEADY=1) for every format's planes (h: Q5_K, Q6_K; d: Q6_K), several tiles per
     block (MV_MAX_BLOCKS=3: the pointers re-aimed per tile) and a partial last tile."""
-    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
-    W = cw.upload(ts)
-    x = rng.standard_normal((m, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    if max_blocks:
-        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
-    monkeypatch.setenv("BW24CHAT_MV_STEADY", "1")
-    got = {}
-    for v in ("0", "1"):
-        monkeypatch.setenv("BW24CHAT_MV_ROWPTR", v)
-        got[v] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
-    assert np.array_equal(got["1"].view(np.uint32), got["0"].view(np.uint32))
-    check_close(got["0"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, inputs // block_of(fmt), m, max_blocks,
+                            {"BW24CHAT_MV_STEADY": "1"}, [{"BW24CHAT_MV_ROWPTR": v} for v in ("0", "1")])
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "BF16"])
@@ -489,20 +489,6 @@ def test_pingpong_windows_give_the_same_bits(cp, rng, fmt, rows, extra_blocks, m
     order, so every row equals the slot loop's bit for bit: 4096 inputs (pairs to the end) and one
     block more (a partial window after the pairs: the slot loop takes over), one slot forced
     (BW24CHAT_MV_U=1, steady) where m > 1, row pointers on and off, several tiles per block."""
-    nblocks = 4096 // block_of(fmt) + extra_blocks
-    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=nblocks)
-    W = cw.upload(ts)
-    x = rng.standard_normal((m, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    if max_blocks:
-        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
-    monkeypatch.setenv("BW24CHAT_MV_U", "1")
-    monkeypatch.setenv("BW24CHAT_MV_STEADY", "1")
-    got = {}
-    for pp, rowptr in (("0", "0"), ("1", "0"), ("1", "1")):
-        monkeypatch.setenv("BW24CHAT_MV_PINGPONG", pp)
-        monkeypatch.setenv("BW24CHAT_MV_ROWPTR", rowptr)
-        got[pp + rowptr] = run(cp, W, x, m, "rmsnorm", norm_w=norm_w)
-    for k in ("10", "11"):
-        assert np.array_equal(got[k].view(np.uint32), got["00"].view(np.uint32)), k
-    check_close(got["00"], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, 4096 // block_of(fmt) + extra_blocks, m, max_blocks,
+                            {"BW24CHAT_MV_U": "1", "BW24CHAT_MV_STEADY": "1"},
+                            [{"BW24CHAT_MV_PINGPONG": pp, "BW24CHAT_MV_ROWPTR": rp} for pp, rp in (("0", "0"), ("1", "0"), ("1", "1"))])
