@@ -967,8 +967,6 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #pragma unroll
                 for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, kcb, nkc);
             }
-            // slot u of window i0: consume chunk kk (this lane's (i0+u)-th of the k-tile), refill
-            // the slot with chunk kk + 32*MV_U; `steady`: every refill exists (no guard)
             // chunk kk of every row of this warp into c, no guard (the steady windows')
             auto fetch_rows = [&](Raw (&c)[MV_R], int kk) {
 #pragma unroll
@@ -979,7 +977,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                         fetch_chunk(c[r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
                 }
             };
-            // the dot products of window i (slot u) on the chunks c
+            // the dot products of window i (this lane: chunk lane + 32 i of the k-tile) on the chunks c
             auto dot_window = [&](const Raw (&c)[MV_R], int i) {
                 const int kk = lane + 32 * i;
 #if ACT_Q8
@@ -988,6 +986,8 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                 chunk_dot(c, kcb + kk, xs + i * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
 #endif
             };
+            // slot u of window i0: consume chunk kk (this lane's (i0+u)-th of the k-tile), refill
+            // the slot with chunk kk + 32*MV_U; `steady`: every refill exists (no guard)
             auto consume = [&](int u, int i0, bool steady) {
                 const int kk = lane + 32 * (i0 + u);
                 Raw cur[MV_R];
