@@ -810,41 +810,26 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 // 0 / 1 / 2): qkv 8.3 / 9.6 / 9.7, o 7.2 / **6.6** / 6.8, gate|up 23.6 / 24.8 / 26.8, down 14.6 /
 // 16.4 / 16.3, LM head 42.2 / 43.3 / 50.3; decode with 2 everywhere 401.1 vs 447.2 tok/s — the third
 // L2-prefetch design that loses, except on the o projection (its step neighbour, the attention,
-// leaves most SMs and the DRAM idle): that one is the open experiment (stage s23a).
+// leaves most SMs and the DRAM idle): that one is the open experiment (stage s23).
 #define MV_L2AHEAD 0
 #endif
-// bytes per row of a weight plane (the repacked layout of fetch_chunk: row-major per plane)
-BW24_DEVICE void l2_ahead_plane(const void* base, long row0, int nrows, long row_bytes) {
-    const char* p = static_cast<const char*>(base) + row0 * row_bytes;
-    const long len = (long)nrows * row_bytes;
+// the bytes [begin, end) of one plane asked of L2, 128-byte lines spread over the block's threads
+BW24_DEVICE void l2_ahead_range(const void* begin, const void* end) {
+    const char* p = static_cast<const char*>(begin);
+    const long len = static_cast<const char*>(end) - p;
     for (long b = (long)threadIdx.x * 128; b < len; b += (long)blockDim.x * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
     if (threadIdx.x == 0 && len > 0)  // the line holding the last byte (the range need not start on a line)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + len - 1));
 }
-// every plane of rows [row0, row0 + nrows) of the tile
+// every plane of rows [row0, row0 + nrows) of the tile: each plane is row-major, so the rows are
+// the bytes from row row0's planes (formats.cuh row_planes) to row row0 + nrows's
 BW24_DEVICE void l2_ahead_tile(const uint4* wq, const void* wh, const void* ws, const void* wd, long row0, int nrows, int nck) {
-    (void)wh; (void)ws; (void)wd;
-    l2_ahead_plane(wq, row0, nrows, (long)nck * 16);
-#if HAS_H5
-    l2_ahead_plane(wh, row0, nrows, (long)nck * 4);
-#elif FMT == F_Q6_K
-    l2_ahead_plane(wh, row0, nrows, (long)nck * 8);
-#endif
-#if FMT == F_Q8_0
-    l2_ahead_plane(ws, row0, nrows, (long)(nck >> 1) * 2);
-#elif FMT == F_NVFP4
-    l2_ahead_plane(ws, row0, nrows, (long)(nck >> 1) * 4);
-#elif FMT == F_Q4_0 || FMT == F_Q5_0
-    l2_ahead_plane(ws, row0, nrows, (long)nck * 2);
-#elif FMT == F_Q4_1 || FMT == F_Q5_1
-    l2_ahead_plane(ws, row0, nrows, (long)nck * 4);
-#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
-    l2_ahead_plane(ws, row0, nrows, (long)(nck >> 3) * 16);
-#if FMT == F_Q6_K
-    l2_ahead_plane(wd, row0, nrows, (long)(nck >> 3) * 2);
-#endif
-#endif
+    const RowPlanes a = row_planes(wq, wh, ws, wd, row0, nck), b = row_planes(wq, wh, ws, wd, row0 + nrows, nck);
+    l2_ahead_range(a.q, b.q);
+    if (a.h) l2_ahead_range(a.h, b.h);  // the formats without a plane have nullptr there (compile-time)
+    if (a.s) l2_ahead_range(a.s, b.s);
+    if (a.d) l2_ahead_range(a.d, b.d);
 }
 
 // Persistent tiles (as matvec_tc): block b takes the 8*MV_R-row tiles b, b + gridDim.x, ...
