@@ -38,12 +38,14 @@ s23)
   for v in "X=0" "$RP" "$ALL" "X=0" "$RP" "$ALL"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23.log
   ;;
 s23x)
-  # the rest of s23's bits (row pointers and pairs: every format and m; QX_ROTATE's 54 QX cases;
-  # L2AHEAD: every plane layout; the 3-row qkv with two slots), Q8_0 / BF16 decode with rp+pp, and
-  # MV_FILL_U=2 (two load slots for the 3-row qkv: predicted qkv 10.0 -> 8.5-9 us)
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py -k "row_pointers or pingpong or l2_ahead or (qx_written and (2r or 0r)) or three_rows" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
+  # the rest of s23's bits (row pointers and window pairs: every format and m; QX_ROTATE's 54 QX
+  # cases; attn_decode_tc's hoisted cp.async issue), then decode A/B of: rp+pp on Q8_0; MV_FILL_U=2
+  # (two load slots for the 3-row qkv: predicted qkv 10.0 -> 8.5-9 us, +1-2 %); ATTN_ISSUE_HOIST
+  # (the tile loop 818 -> 529 instructions: predicted attention at 8192 keys -1..-1.5 us per layer,
+  # tg128@8192 +1-2 %, @512 unchanged)
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_attention.py -k "row_pointers or pingpong or (qx_written and (2r or 0r)) or hoisted" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
   RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1"
-  for v in "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "X=0" "$RP" "BW24CHAT_MV_FILL_U=2"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights q8_0,bf16 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23x.log
+  for v in "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "BW24CHAT_ATTN_ISSUE_HOIST=1" "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "BW24CHAT_ATTN_ISSUE_HOIST=1"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23x.log
   ;;
 s22d)
   # three rows per warp where 64-row tiles leave SMs idle (cuda_linear._fill_rows; the qkv shape: 96

@@ -62,6 +62,8 @@ def production_defines(fmt: str, code: int, vpc: int, role: str) -> dict:
 def instructions(sass: str, function: str = "matvec") -> tuple[list, dict]:
     """[(address, op, text)] of one function's code and {label: address}."""
     body = sass[sass.index(f".text.{function}:"):]
+    nxt = body.find(".section", 1)  # the next function's section: this one ends there
+    body = body if nxt < 0 else body[:nxt]
     ins, labels, pending = [], {}, []
     for line in body.splitlines():
         s = line.strip()

@@ -1000,6 +1000,15 @@ static_assert((4 * TC_HALVES * GQ * (HD + 2) + GQ * HD + 2 * GQ + GQ * ATTN_CLUS
               "decode_finish_cluster's shared memory (parts, this split's state, split weights) fits the pipeline's");
 #endif
 
+#ifndef ATTN_ISSUE_HOIST  // 1 (opt-in, cuda_ops BW24CHAT_ATTN_ISSUE_HOIST=1; not yet run on a GPU):
+#define ATTN_ISSUE_HOIST 0   // attn_decode_tc's cp.async issue loop unrolled with its cache addresses
+#endif                       // hoisted (see issue)
+// Why: the loop's trip count depends on tid for the compiler, and each chunk recomputed its 64-bit
+// cache address (~25 instructions per K / V pair, ~200 per step of two tiles, issued in order
+// before the step's MMA chain); hoisted, the tile loop is 529 instead of 818 instructions and 206
+// instead of 215 registers (HD 128, two halves; nvdisasm, twenty-third session).
+static_assert(!ATTN_ISSUE_HOIST || (TC_THREADS % (HD / 8) == 0 && (TCK * (HD / 8)) % TC_THREADS == 0),
+              "ATTN_ISSUE_HOIST: a tile's chunks are a whole number of the block's, each thread's KSTEP keys apart");
 #if KV_TYPE == KV_BF16 && HD <= 128
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2 / TC_HALVES) ATTN_CLUSTER_DIMS
 attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
@@ -1038,11 +1047,33 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     // (V rows meet p = 0: they must be finite).  mode 0: before the wait (keys < fresh, zeros for
     // keys >= L, nothing in between); 1: the fresh keys only; 2: every key < L, zeros after.
     const int fresh = L - max_rows;
+#if ATTN_ISSUE_HOIST
+    // this thread's 16-byte chunks of a tile: dims d8.. of keys kk0 + KSTEP * i (the loop below,
+    // unrolled: the same chunks in the same order), their cache addresses from one per tile
+    constexpr int CPR = HD / 8, KSTEP = TC_THREADS / CPR;
+    const int kk0 = tid / CPR, d8 = (tid % CPR) * 8;
+    const long long key_bytes = (long long)K * HD * 2;  // one key of the cache (every head)
+    const uint8_t* gk0 = cache_k + ((long long)h * HD + d8) * 2;  // key 0's chunk: also the zero-fill's address
+    const uint8_t* gv0 = cache_v + ((long long)h * HD + d8) * 2;
+#endif
     auto issue = [&](int tile, int st, int mode) {
         if (ATTN_ABLATE & 4) return;
         __nv_bfloat16* sK = tiles + st * TC_STAGE_ELEMS;
         __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = tile * TCK;
+#if ATTN_ISSUE_HOIST
+        const uint8_t* gk = gk0 + (key0 + kk0) * key_bytes;
+        const uint8_t* gv = gv0 + (key0 + kk0) * key_bytes;
+#pragma unroll
+        for (int i = 0; i < TCK / KSTEP; ++i) {
+            const int kk = kk0 + KSTEP * i, j = key0 + kk;
+            const bool ok = j < L;
+            if ((mode == 0 && ok && j >= fresh) || (mode == 1 && (!ok || j < fresh))) continue;
+            const long long off = i * KSTEP * key_bytes;
+            cp_async16(sK + kk * LDK + d8, ok ? gk + off : gk0, ok ? 16 : 0);
+            cp_async16(sV + kk * LDK + d8, ok ? gv + off : gv0, ok ? 16 : 0);
+        }
+#else
         for (int c = tid; c < TCK * HD / 8; c += TC_THREADS) {
             const int kk = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
             const int j = key0 + kk;
@@ -1052,6 +1083,7 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
             cp_async16(sK + kk * LDK + d8, cache_k + (row * HD + d8) * 2, ok ? 16 : 0);
             cp_async16(sV + kk * LDK + d8, cache_v + (row * HD + d8) * 2, ok ? 16 : 0);
         }
+#endif
     };
     // step j's tiles: local tiles j * TC_HALVES + hh in stages (j % TC_RING) * TC_HALVES + hh
     auto issue_step = [&](int j, int mode) {

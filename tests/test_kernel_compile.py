@@ -128,6 +128,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
        (11, 0, {"ACT_Q8": 1, "MV_R": 3, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}),
        (8, 1, {"ACT_Q8": 1, "MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (3, 1, {"ACT_Q8": 1, "MV_M": 8}),
        (2, 1, {"MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (2, 0, {"MV_M": 3}))],
+    # attn_decode_tc's cp.async issue unrolled with hoisted addresses (opt-in ATTN_ISSUE_HOIST)
+    *[("attention", {"HD": hd, "GQ": gq, "KV_TYPE": 0, "ATTN_ISSUE_HOIST": 1, **extra}) for hd, gq, extra in
+      ((128, 4, {"TC_HALVES": 2, "TCSTAGES": 4, "ATTN_CLUSTER": 8, "ATTN_QX": 1}), (128, 4, {"TC_HALVES": 1}),
+       (64, 8, {"TC_HALVES": 2, "TCSTAGES": 4}), (32, 4, {"TC_HALVES": 2, "TCSTAGES": 4}))],
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
 ]

@@ -344,6 +344,8 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     if tc:  # both always given: the defaults in attention.cu serve the compile-only checks
         halves, stages = decode_tc_config(hd)
         extra.update(TC_HALVES=halves, TCSTAGES=stages)
+        if os.environ.get("BW24CHAT_ATTN_ISSUE_HOIST") == "1":  # attention.cu ATTN_ISSUE_HOIST (experiment)
+            extra["ATTN_ISSUE_HOIST"] = 1
     if qx_out is not None:
         if (H * hd) % 32:
             raise ValueError("the QX codes cover whole 32-value blocks")
