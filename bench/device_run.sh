@@ -23,28 +23,30 @@ case "$1" in
 s23)
   # Everything prepared in the twenty-second and twenty-third sessions (~8 min).  Opt-in builds,
   # each bit-identical to the default by its tests (bits first):
-  #   MV_ROWPTR=1 + MV_PINGPONG=1  the window loop through per-row plane pointers, in pairs without
-  #                 copying each window's chunks (bench/sass_count.py, instructions per dp4a:
-  #                 NVFP4 gate|up 5.33 -> 4.53, qkv 5.37 -> 4.62, LM head 5.25 -> 4.55; Q4_K 5.3 ->
-  #                 4.0-4.1; Q8_0 gate|up 6.23 -> 3.09): predicted NVFP4 gate|up 26.1 -> 23-24 us in
-  #                 the step, LM head 41 -> 39, decode NVFP4 +4-7 %, Q4_K +5-8 %, Q8_0 +0-2 % (not issue-bound)
+  #   MV_ROWPTR=1 + MV_PINGPONG=1 + MV_NOCOPY=1  the window loop through per-row plane pointers,
+  #                 without copying each window's chunks (pairs for the one-slot wide builds, one
+  #                 slot more consumed in place for the o / down): bench/sass_count.py, instructions
+  #                 per dp4a, NVFP4 gate|up 5.33 -> 4.53, qkv 5.37 -> 4.62, LM head 5.25 -> 4.55, o
+  #                 5.52 -> 4.76, down 5.38 -> 4.81; Q4_K 5.3 -> 4.0-4.3; Q8_0 gate|up 6.23 -> 3.09:
+  #                 predicted NVFP4 gate|up 26.1 -> 23-24 us in the step, LM head 41 -> 39, o / down
+  #                 -0.5 / -1 us, decode NVFP4 +5-8 %, Q4_K +5-8 %, Q8_0 +0-2 % (not issue-bound)
   #   QX_ROTATE=1   the gate|up epilogue's quantizing warp rotates: gate|up -0.5..-1 us, +1-2 %
   #   MV_L2AHEAD_O=1 the o's first tile asked of L2 during attention: o 7.0 -> ~6 us, +1-2 %
   # The per-role profile (default / rp+pp / rp+pp+rot+l2o) separates the roles they touch
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "((row_pointers or pingpong) and (NVFP4 or Q4_K)) or rotating or hand_off" 2>&1 | tail -2 | tee $OUT/pytest_s23.log
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_runner_qx.py -k "((row_pointers or pingpong or in_place) and (NVFP4 or Q4_K)) or rotating or hand_off" 2>&1 | tail -2 | tee $OUT/pytest_s23.log
   grep -q " passed" $OUT/pytest_s23.log && ! grep -q "failed\|error" $OUT/pytest_s23.log || exit 3
-  RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1"; ALL="$RP BW24CHAT_QX_ROTATE=1 BW24CHAT_MV_L2AHEAD_O=1"
+  RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1 BW24CHAT_MV_NOCOPY=1"; ALL="$RP BW24CHAT_QX_ROTATE=1 BW24CHAT_MV_L2AHEAD_O=1"
   for v in "X=0" "$RP" "$ALL"; do env $v timeout 80 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4 --profile --ctx 2048 2>&1 | grep " us" | grep "grid \[\|whole" | sed "s/^/[$v] /" | cut -c1-220; done | tee $OUT/profile_s23.log
   for v in "X=0" "$RP" "$ALL" "X=0" "$RP" "$ALL"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q4_k --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23.log
   ;;
 s23x)
-  # the rest of s23's bits (row pointers and window pairs: every format and m; QX_ROTATE's 54 QX
+  # the rest of s23's bits (row pointers, window pairs, slots in place: every format and m; QX_ROTATE's 54 QX
   # cases; attn_decode_tc's hoisted cp.async issue), then decode A/B of: rp+pp on Q8_0; MV_FILL_U=2
   # (two load slots for the 3-row qkv: predicted qkv 10.0 -> 8.5-9 us, +1-2 %); ATTN_ISSUE_HOIST
   # (the tile loop 818 -> 529 instructions: predicted attention at 8192 keys -1..-1.5 us per layer,
   # tg128@8192 +1-2 %, @512 unchanged)
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_attention.py -k "row_pointers or pingpong or (qx_written and (2r or 0r)) or hoisted" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
-  RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_attention.py -k "row_pointers or pingpong or in_place or (qx_written and (2r or 0r)) or hoisted" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
+  RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1 BW24CHAT_MV_NOCOPY=1"
   for v in "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "BW24CHAT_ATTN_ISSUE_HOIST=1" "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "BW24CHAT_ATTN_ISSUE_HOIST=1"; do env $v timeout 45 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23x.log
   ;;
 s22d)

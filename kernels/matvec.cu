@@ -787,6 +787,23 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 // loads in the same order: the same bits.  Builds without steady windows keep the index (there
 // the pointers cost a copy of the window's registers per guarded refill: Q4_K's o 473 -> 518).
 
+#ifndef MV_NOCOPY  // 1 (opt-in, cuda_linear BW24CHAT_MV_NOCOPY=1; not yet run on a GPU): each slot's
+#define MV_NOCOPY 0    // chunks consumed in place and the slot refilled after (consume), instead of
+#endif                 // copied out and refilled first, with one slot more (MV_SLOTS = MV_U + 1): the
+// same loads in flight during each window's dot products (MV_U) and the same registers, without
+// the copy — ptxas kept the copy as register moves (the window loop's instructions per dp4a,
+// nvdisasm, with MV_ROWPTR: NVFP4 o 5.38 -> 4.76, down 5.21 -> 4.81, Q4_K down 5.02 -> 4.34, Q8_0
+// o / down 4.53 -> 3.66).  The one-slot steady builds take MV_PINGPONG instead (the same idea as
+// pairs: 4.53 vs 4.64 for NVFP4's gate|up).
+#if MV_NOCOPY
+#define MV_SLOTS (MV_U + 1)
+#else
+#define MV_SLOTS MV_U
+#endif
+#if MV_NOCOPY && MV_PINGPONG
+#error "MV_NOCOPY and MV_PINGPONG: one or the other"
+#endif
+
 #ifndef MV_PINGPONG  // 1 (opt-in, cuda_linear BW24CHAT_MV_PINGPONG=1; one-slot steady builds only; not
 #define MV_PINGPONG 0    // yet run on a GPU): the window loop in pairs with two chunk buffers that swap
 #endif                   // roles, instead of each window copying its slot to a consumption buffer
@@ -868,7 +885,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     // The first batch of weight loads goes out before the prologue: its memory latency then
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
-    Raw raw[MV_U][MV_R];
+    Raw raw[MV_SLOTS][MV_R];
     RowPlanes rp[MV_R];  // MV_ROWPTR: this warp's rows of the current tile (see MV_ROWPTR's definition)
     auto aim = [&]() {
 #pragma unroll
@@ -887,7 +904,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     };
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
-    for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
+    for (int u = 0; u < MV_SLOTS; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
     const int tile_rows = MV_NW * MV_R;
     auto l2_ahead = [&](int t) {  // MV_L2AHEAD: the rows of tile t (if it is this block's)
         if (t < ntiles)
@@ -950,7 +967,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #endif
             if (k0 != 0) {  // a later k-tile: its first window (the first was fetched ahead)
 #pragma unroll
-                for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, kcb, nkc);
+                for (int u = 0; u < MV_SLOTS; ++u) fetch(u, lane + 32 * u, kcb, nkc);
             }
             // chunk kk of every row of this warp into c, no guard (the steady windows')
             auto fetch_rows = [&](Raw (&c)[MV_R], int kk) {
@@ -972,16 +989,24 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #endif
             };
             // slot u of window i0: consume chunk kk (this lane's (i0+u)-th of the k-tile), refill
-            // the slot with chunk kk + 32*MV_U; `steady`: every refill exists (no guard)
+            // the slot with chunk kk + 32*MV_SLOTS; `steady`: every refill exists (no guard)
             auto consume = [&](int u, int i0, bool steady) {
                 const int kk = lane + 32 * (i0 + u);
+                if (MV_NOCOPY) {  // the slot's chunks consumed in place, then the slot refilled
+                    dot_window(raw[u], i0 + u);
+                    if (steady)
+                        fetch_rows(raw[u], kk + 32 * MV_SLOTS);
+                    else
+                        fetch(u, kk + 32 * MV_SLOTS, kcb, nkc);
+                    return;
+                }
                 Raw cur[MV_R];
 #pragma unroll
                 for (int r = 0; r < MV_R; ++r) cur[r] = raw[u][r];
                 if (steady)
-                    fetch_rows(raw[u], kk + 32 * MV_U);
+                    fetch_rows(raw[u], kk + 32 * MV_SLOTS);
                 else
-                    fetch(u, kk + 32 * MV_U, kcb, nkc);  // refill the slot (none past the k-tile)
+                    fetch(u, kk + 32 * MV_SLOTS, kcb, nkc);  // refill the slot (none past the k-tile)
                 dot_window(cur, i0 + u);
             };
             int i0 = 0;
@@ -1006,19 +1031,19 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                 i0 += 2;
             }
 #endif
-            for (; i0 * 32 < nkc; i0 += MV_U) {
+            for (; i0 * 32 < nkc; i0 += MV_SLOTS) {
                 // MV_STEADY: while every chunk of the window and every refill exist for all lanes,
                 // the window is one branch-free block, so one slot's shared-memory x reads overlap
                 // the previous slot's dot products (Nsight Compute: the int-dot matvec waited on
                 // shared memory 50-57 % of its stall cycles; measured -5..-14 % per Q8_0 / Q4_K
                 // matvec, bench/NOTES.md seventh session).  Same operations, same order.
-                if (MV_STEADY && (i0 + 2 * MV_U) * 32 <= nkc) {
+                if (MV_STEADY && (i0 + 2 * MV_SLOTS) * 32 <= nkc) {
 #pragma unroll
-                    for (int u = 0; u < MV_U; ++u) consume(u, i0, true);
+                    for (int u = 0; u < MV_SLOTS; ++u) consume(u, i0, true);
                     continue;
                 }
 #pragma unroll
-                for (int u = 0; u < MV_U; ++u)
+                for (int u = 0; u < MV_SLOTS; ++u)
                     if (lane + 32 * (i0 + u) < nkc) consume(u, i0, false);
             }
         }
@@ -1031,7 +1056,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             row0 = ((long)tile * MV_NW + warp) * MV_R;
             aim();
 #pragma unroll
-            for (int u = 0; u < MV_U; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
+            for (int u = 0; u < MV_SLOTS; ++u) fetch(u, lane + 32 * u, 0, nkc_first);
             if (MV_L2AHEAD >= 2) l2_ahead(tile + (int)gridDim.x);  // one tile ahead of the one starting
         } else {
             pdl_trigger();  // this block's weight stream is done: the next kernel may start its loads

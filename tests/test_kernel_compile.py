@@ -128,6 +128,12 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
        (11, 0, {"ACT_Q8": 1, "MV_R": 3, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}),
        (8, 1, {"ACT_Q8": 1, "MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (3, 1, {"ACT_Q8": 1, "MV_M": 8}),
        (2, 1, {"MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (2, 0, {"MV_M": 3}))],
+    # one load slot more, consumed in place (opt-in MV_NOCOPY): the o / down geometries, m = 8, a guarded build
+    *[("matvec", {"FMT": f, "MV_NOCOPY": 1, "MV_ROWPTR": 1, **extra}) for f, extra in
+      ((11, {"ACT_Q8": 1, "MV_U": 2, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}),
+       (11, {"ACT_Q8": 1, "MV_U": 3, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}),
+       (3, {"ACT_Q8": 1, "MV_U": 4, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}), (8, {"ACT_Q8": 1, "MV_U": 3, "MV_MINB": 2}),
+       (3, {"ACT_Q8": 1, "MV_M": 8}), (10, {"ACT_Q8": 1}), (2, {"MV_NW": 16, "MV_MINB": 1, "MV_STEADY": 1}))],
     # attn_decode_tc's cp.async issue unrolled with hoisted addresses (opt-in ATTN_ISSUE_HOIST)
     *[("attention", {"HD": hd, "GQ": gq, "KV_TYPE": 0, "ATTN_ISSUE_HOIST": 1, **extra}) for hd, gq, extra in
       ((128, 4, {"TC_HALVES": 2, "TCSTAGES": 4, "ATTN_CLUSTER": 8, "ATTN_QX": 1}), (128, 4, {"TC_HALVES": 1}),

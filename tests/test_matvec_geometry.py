@@ -290,3 +290,30 @@ def test_window_pairs_only_where_one_slot_runs_steady(monkeypatch):
     assert pairs(GATE_UP, "BF16", a8=False)
     monkeypatch.setenv("BW24CHAT_MV_FILL_U", "2")
     assert not pairs(QKV) and pairs(GATE_UP)
+
+
+def test_slots_consumed_in_place_where_pairs_do_not_apply(monkeypatch):
+    """BW24CHAT_MV_NOCOPY=1 (matvec.cu MV_NOCOPY: one slot more, consumed in place) goes to the
+    builds that MV_PINGPONG does not take — the o / down (2-4 slots), m > 1 — and never with it
+    (matvec.cu refuses both); without BW24CHAT_MV_PINGPONG the one-slot builds take it too."""
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
+    for k in ("BW24CHAT_MV_R", "BW24CHAT_MV_FILL", "BW24CHAT_MV_FILL_U", "BW24CHAT_MV_U", "BW24CHAT_MV_STEADY"):
+        monkeypatch.delenv(k, raising=False)
+    rms, qx = cl.PROLOGUES["rmsnorm"], cl.PROLOGUES["qx"]
+
+    def picked(shape, fmt="NVFP4", m=1, pro=rms):
+        W = types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])
+        defs = cl._simt_geometry(W, m, True, pro)[0]
+        assert not (defs.get("MV_NOCOPY") and defs.get("MV_PINGPONG"))
+        return "pairs" if defs.get("MV_PINGPONG") else "nocopy" if defs.get("MV_NOCOPY") else ""
+
+    monkeypatch.setenv("BW24CHAT_MV_NOCOPY", "1")
+    monkeypatch.setenv("BW24CHAT_MV_PINGPONG", "1")
+    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
+        assert picked(GATE_UP, fmt) == "pairs" and picked(QKV, fmt) == "pairs", fmt
+        assert picked((4096, 4096), fmt, pro=qx) == "nocopy" and picked((4096, 12288), fmt, pro=qx) == "nocopy", fmt
+        assert picked(GATE_UP, fmt, m=3) == "nocopy", fmt
+    monkeypatch.delenv("BW24CHAT_MV_PINGPONG")
+    assert picked(GATE_UP) == "nocopy"
+    monkeypatch.delenv("BW24CHAT_MV_NOCOPY")
+    assert picked((4096, 4096), pro=qx) == ""

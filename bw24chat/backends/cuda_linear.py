@@ -262,7 +262,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     BW24CHAT_MV_ROWPTR=1 loads the steady windows through per-row plane pointers (matvec.cu
     MV_ROWPTR: 3-34 % fewer instructions in the window loop, not yet run on a GPU);
     BW24CHAT_MV_PINGPONG=1 (_simt_geometry: the one-slot steady builds) runs the window loop in
-    pairs without copying each window's chunks (matvec.cu MV_PINGPONG, not yet run on a GPU)."""
+    pairs without copying each window's chunks (matvec.cu MV_PINGPONG, not yet run on a GPU), and
+    BW24CHAT_MV_NOCOPY=1 the other builds with one slot more, consumed in place (MV_NOCOPY)."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -341,6 +342,8 @@ def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int, swiglu: bool = F
             defs["MV_U"] = int(os.environ["BW24CHAT_MV_FILL_U"])
     if os.environ.get("BW24CHAT_MV_PINGPONG") == "1" and defs.get("MV_U") == 1 and defs.get("MV_STEADY"):
         defs["MV_PINGPONG"] = 1  # matvec.cu MV_PINGPONG (experiment): one-slot steady builds only
+    elif os.environ.get("BW24CHAT_MV_NOCOPY") == "1":
+        defs["MV_NOCOPY"] = 1  # matvec.cu MV_NOCOPY (experiment): one slot more, consumed in place
     rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
     if swiglu and rows % 2:
         raise ValueError(f"the swiglu epilogue pairs rows (2i, 2i+1) inside one warp: {rows} rows per warp")

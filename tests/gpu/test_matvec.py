@@ -492,3 +492,16 @@ def test_pingpong_windows_give_the_same_bits(cp, rng, fmt, rows, extra_blocks, m
     same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, 4096 // block_of(fmt) + extra_blocks, m, max_blocks,
                             {"BW24CHAT_MV_U": "1", "BW24CHAT_MV_STEADY": "1"},
                             [{"BW24CHAT_MV_PINGPONG": pp, "BW24CHAT_MV_ROWPTR": rp} for pp, rp in (("0", "0"), ("1", "0"), ("1", "1"))])
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "BF16", "Q4_1"])
+@pytest.mark.parametrize("rows,extra_blocks,max_blocks", [(4096, 0, ""), (4100, 1, ""), (1000, 1, "3")])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_slots_consumed_in_place_give_the_same_bits(cp, rng, fmt, rows, extra_blocks, max_blocks, m, monkeypatch):
+    """matvec.cu MV_NOCOPY (BW24CHAT_MV_NOCOPY=1): one load slot more, each consumed in place and
+    refilled after — the same loads and dot products in the same order, so every row equals the
+    copying window's bit for bit: the geometry's own slot counts (2-4 at m = 1 on these 4096-input
+    matrices, the o / down shapes), steady and guarded windows (Q4_K's square o has no steady
+    ones), a partial window, with and without row pointers, several tiles per block."""
+    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, 4096 // block_of(fmt) + extra_blocks, m, max_blocks, {},
+                            [{"BW24CHAT_MV_NOCOPY": nc, "BW24CHAT_MV_ROWPTR": rp} for nc, rp in (("0", "0"), ("1", "0"), ("1", "1"))])
