@@ -46,7 +46,7 @@ s23x)
   # (two load slots for the 3-row qkv: predicted qkv 10.0 -> 8.5-9 us, +1-2 %); ATTN_ISSUE_HOIST
   # (the tile loop 818 -> 529 instructions: predicted attention at 8192 keys -1..-1.5 us per layer,
   # tg128@8192 +1-2 %, @512 unchanged)
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_matvec.py tests/gpu/test_attention.py -k "row_pointers or pingpong or in_place or (qx_written and (2r or 0r)) or hoisted" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_attention.py tests/gpu/test_matvec.py -k "row_pointers or pingpong or in_place or (qx_written and (2r or 0r)) or hoisted" 2>&1 | tail -2 | tee $OUT/pytest_s23x.log
   RP="BW24CHAT_MV_ROWPTR=1 BW24CHAT_MV_PINGPONG=1 BW24CHAT_MV_NOCOPY=1"
   for v in "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "BW24CHAT_ATTN_ISSUE_HOIST=1" "X=0" "$RP" "BW24CHAT_MV_FILL_U=2" "BW24CHAT_ATTN_ISSUE_HOIST=1"; do env $v timeout 70 python3 -m bw24chat bench --synthetic qwen3-8b --weights nvfp4,q8_0 --decode-only 2>&1 | grep "tg128@512 \|tg128@8192 " | grep -v '"test"' | sed "s/^/[$v] /"; done | tee $OUT/bench_s23x.log
   ;;
