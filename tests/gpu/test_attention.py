@@ -165,40 +165,37 @@ def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K
         assert np.array_equal(other[3], batch[3]), "a row must not depend on the other rows"
 
 
-@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
-def test_decode_tc_pipeline_depth_does_not_change_bits(cp, rng, monkeypatch, H, K, hd):
-    """attn_decode_tc with two halves: the ring depth (TCSTAGES 4 / 6 tiles) moves only when
-    tiles arrive, never the arithmetic: rows (odd and even tile counts per split, the fresh keys
-    fetched after pdl_wait) are bit-identical."""
-    _set_decode_kernel(monkeypatch, "1", halves="2")
+def _tc_decode_same_bits_across(cp, rng, monkeypatch, H, K, hd, halves, variable, values):
+    """attn_decode_tc under each value of the environment variable: rows bit-identical (odd and
+    even tile counts per split, a partial tile, the fresh keys fetched after pdl_wait, m up to 8),
+    and the first within 1e-4 of the float64 reference."""
+    _set_decode_kernel(monkeypatch, "1", halves=halves)
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (65, 3), (640, 2), (3000, 8), (9000, 1)]:
         ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, "bf16", L, m, H, K, hd)
         outs = []
-        for stages in ("4", "6"):
-            monkeypatch.setenv("BW24CHAT_ATTN_TC_STAGES", stages)
+        for v in values:
+            monkeypatch.setenv(variable, v)
             outs.append(_decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)[0])
         for o in outs[1:]:
             assert np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)), (L, m)
         assert _rel_err(outs[0], kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 1e-4, (L, m)
 
 
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
+def test_decode_tc_pipeline_depth_does_not_change_bits(cp, rng, monkeypatch, H, K, hd):
+    """attn_decode_tc with two halves: the ring depth (TCSTAGES 4 / 6 tiles) moves only when
+    tiles arrive, never the arithmetic: rows (odd and even tile counts per split, the fresh keys
+    fetched after pdl_wait) are bit-identical."""
+    _tc_decode_same_bits_across(cp, rng, monkeypatch, H, K, hd, "2", "BW24CHAT_ATTN_TC_STAGES", ("4", "6"))
+
+
 @pytest.mark.parametrize("H,K,hd,halves", [(32, 8, 128, "2"), (32, 8, 128, "1"), (9, 3, 64, "2"), (8, 2, 32, "2")])
 def test_decode_tc_hoisted_issue_gives_the_same_bits(cp, rng, monkeypatch, H, K, hd, halves):
     """attention.cu ATTN_ISSUE_HOIST (BW24CHAT_ATTN_ISSUE_HOIST=1): attn_decode_tc's cp.async issue
     loop unrolled with its cache addresses hoisted — the same chunks into the same stages, so rows
-    are bit-identical: one and two halves, head dims 128 / 64 / 32, tails of a partial tile, the
-    fresh keys fetched after pdl_wait (m up to 8)."""
-    _set_decode_kernel(monkeypatch, "1", halves=halves)
-    scale = 1.0 / math.sqrt(hd)
-    for L, m in [(1, 1), (65, 3), (640, 2), (3000, 8), (9000, 1)]:
-        ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, "bf16", L, m, H, K, hd)
-        outs = []
-        for hoist in ("0", "1"):
-            monkeypatch.setenv("BW24CHAT_ATTN_ISSUE_HOIST", hoist)
-            outs.append(_decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)[0])
-        assert np.array_equal(outs[1].view(np.uint32), outs[0].view(np.uint32)), (L, m)
-        assert _rel_err(outs[0], kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 1e-4, (L, m)
+    are bit-identical: one and two halves, head dims 128 / 64 / 32."""
+    _tc_decode_same_bits_across(cp, rng, monkeypatch, H, K, hd, halves, "BW24CHAT_ATTN_ISSUE_HOIST", ("0", "1"))
 
 
 def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None, precise=True):
