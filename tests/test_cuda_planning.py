@@ -179,14 +179,13 @@ def test_device_attributes_are_read_once_per_device(monkeypatch):
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=FakeDevice))
     monkeypatch.setitem(sys.modules, "cupy", fake)
     kb.device_attributes.cache_clear()
-    kb._smem_block_limit_of.cache_clear()
     try:
         for _ in range(3):
             assert cl._sm_resources() == (132, 233472)
             assert ops._n_sm() == 132
-        assert kb._smem_block_limit_of(0) == 232448
-        assert kb._smem_block_limit_of(1) == 232448 and kb.device_attributes(1)["MultiProcessorCount"] == 133
+        assert kb.smem_block_limit() == 232448
+        assert kb.device_attributes(1)["MaxSharedMemoryPerBlockOptin"] == 232448
+        assert kb.device_attributes(1)["MultiProcessorCount"] == 133
         assert reads == [0, 1]
     finally:
         kb.device_attributes.cache_clear()
-        kb._smem_block_limit_of.cache_clear()

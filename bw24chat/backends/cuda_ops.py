@@ -240,13 +240,18 @@ def attn_decode_long_splits(n_heads: int, n_kv_heads: int, cluster: int, tc: boo
         return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm, blocks_per_sm=2) // cluster) * cluster
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
     one_wave = (n_sm or _n_sm()) * (2 // halves) // (n_kv_heads * nsg)  # blocks per SM: launch bounds 2 / TC_HALVES
-    ws_cap = _decode_ws_layout(n_heads, n_kv_heads, 128, DECODE_MAX_ROWS, n_sm)[0]
+    ws_cap = _decode_ws_splits(n_heads, n_kv_heads, n_sm)
     return max(cluster, min(one_wave, ws_cap) // cluster * cluster)
 
 
+def _decode_ws_splits(n_heads, n_kv_heads, n_sm=None) -> int:
+    """Splits per (row, kv head, head group) the decode workspace holds: max_splits rounded up to
+    a hybrid launch's cluster size (<= 16)."""
+    return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm) // 16) * 16
+
+
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
-    ms = attn_decode_max_splits(n_heads, n_kv_heads, n_sm)
-    ms = -(-ms // 16) * 16  # room for a hybrid launch's max_splits rounded up to its cluster size (<= 16)
+    ms = _decode_ws_splits(n_heads, n_kv_heads, n_sm)
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
     cnt_bytes = -(-(max_rows * n_kv_heads * nsg * 4) // 256) * 256
     part_bytes = max_rows * n_heads * ms * (head_dim + 2) * 4

@@ -307,16 +307,9 @@ def smem_block_limit() -> int:
     buffers: the same arithmetic, the same bits) pick it from this, on every launch: so the
     device is asked once per device.  Without a GPU (compile-only paths, CI) the sm_90 figure."""
     try:
-        import cupy
-
-        return _smem_block_limit_of(cupy.cuda.Device().id)
+        return current_device_attribute("MaxSharedMemoryPerBlockOptin")
     except Exception:  # noqa: BLE001
         return SMEM_BLOCK_SM90
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_block_limit_of(device_id: int) -> int:
-    return int(device_attributes(device_id)["MaxSharedMemoryPerBlockOptin"])
 
 
 @functools.lru_cache(maxsize=None)
