@@ -800,9 +800,6 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 #else
 #define MV_SLOTS MV_U
 #endif
-#if MV_NOCOPY && MV_PINGPONG
-#error "MV_NOCOPY and MV_PINGPONG: one or the other"
-#endif
 
 #ifndef MV_PINGPONG  // 1 (opt-in, cuda_linear BW24CHAT_MV_PINGPONG=1; one-slot steady builds only; not
 #define MV_PINGPONG 0    // yet run on a GPU): the window loop in pairs with two chunk buffers that swap
@@ -811,6 +808,9 @@ BW24_DEVICE void dot_a8_or_ablated(const Raw (&cur)[MV_R], int kc, int nck, cons
 // 4 rows in the one-slot builds, nvdisasm).  See the loop.
 #if MV_PINGPONG && !(MV_U == 1 && MV_STEADY)
 #error "MV_PINGPONG: one load slot and steady windows (MV_U 1, MV_STEADY 1)"
+#endif
+#if MV_NOCOPY && MV_PINGPONG
+#error "MV_NOCOPY and MV_PINGPONG: one or the other"
 #endif
 
 #ifndef MV_L2AHEAD  // weights asked of L2 ahead of the loads (opt-in, cuda_linear BW24CHAT_MV_L2AHEAD,
@@ -886,21 +886,23 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     // overlaps the prologue's x reads, reduction and staging instead of following them (the
     // small projections are a few microseconds long, so this start-up is a large share).
     Raw raw[MV_SLOTS][MV_R];
-    RowPlanes rp[MV_R];  // MV_ROWPTR: this warp's rows of the current tile (see MV_ROWPTR's definition)
+    RowPlanes rp[MV_R];  // MV_ROWPTR (steady builds): this warp's rows of the current tile (see MV_ROWPTR)
     auto aim = [&]() {
 #pragma unroll
         for (int r = 0; r < MV_R; ++r) rp[r] = row_planes(wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck);
     };
     aim();
+    // chunk kc of this warp's row r (of the current tile) into c
+    auto fetch_row = [&](Raw& c, int r, int kc) {
+        if (MV_ROWPTR && MV_STEADY)
+            fetch_chunk_at(c, rp[r], kc);
+        else
+            fetch_chunk(c, wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kc);
+    };
     auto fetch = [&](int u, int kk, int kcb, int nkc) {
         if (kk < nkc)
 #pragma unroll
-            for (int r = 0; r < MV_R; ++r) {
-                if (MV_ROWPTR && MV_STEADY)
-                    fetch_chunk_at(raw[u][r], rp[r], kcb + kk);
-                else
-                    fetch_chunk(raw[u][r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
-            }
+            for (int r = 0; r < MV_R; ++r) fetch_row(raw[u][r], r, kcb + kk);
     };
     const int nkc_first = min(tk, n_in) / VPC;
 #pragma unroll
@@ -972,12 +974,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             // chunk kk of every row of this warp into c, no guard (the steady windows')
             auto fetch_rows = [&](Raw (&c)[MV_R], int kk) {
 #pragma unroll
-                for (int r = 0; r < MV_R; ++r) {
-                    if (MV_ROWPTR)
-                        fetch_chunk_at(c[r], rp[r], kcb + kk);
-                    else
-                        fetch_chunk(c[r], wq, wh, ws, wd, min(row0 + r, (long)n_out - 1), nck, kcb + kk);
-                }
+                for (int r = 0; r < MV_R; ++r) fetch_row(c[r], r, kcb + kk);
             };
             // the dot products of window i (this lane: chunk lane + 32 i of the k-tile) on the chunks c
             auto dot_window = [&](const Raw (&c)[MV_R], int i) {
