@@ -56,12 +56,7 @@ def measure_gemm_rate(cp, n: int = 8192, runs: int = 10) -> float:
 
 def weight_bytes(runner) -> int:
     """Bytes the decode step must read: every matrix once (embedding: one row)."""
-    total = 0
-    for L in runner.layers:
-        total += sum(L[k].nbytes for k in ("qkv", "o", "gu", "down"))
-    total += runner.w_out.nbytes
-    total += runner.w_embed.nbytes // runner.args.vocab_size
-    return total
+    return runner.decode_weight_bytes()
 
 
 def kv_bytes_per_token(runner, ctx: int) -> int:
@@ -116,7 +111,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         tok = int(ids[-1])
         # warm-up (captures the graph)
         for i in range(3):
-            tok = runner.sample(runner.decode(tok, ctx + i), sp, 0, ctx + i, [])
+            tok = runner.step([tok], ctx + i, sp, 0, [])[0]
         tok = int(ids[-1])
         walls, gpu = [], []
         for r in range(runs):
@@ -124,7 +119,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
             a, b = cp.cuda.Event(), cp.cuda.Event()
             a.record(runner.stream)
             for i in range(128):
-                tok = runner.sample(runner.decode(tok, ctx + i), sp, 0, ctx + i, [])
+                tok = runner.step([tok], ctx + i, sp, 0, [])[0]
             b.record(runner.stream)
             b.synchronize()
             walls.append(time.perf_counter() - t0)
@@ -158,8 +153,8 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
     sp = SamplingParams(temperature=0)
     tok = int(ids[-1])
     for i in range(3):  # captures the step graph
-        tok = runner.sample(runner.decode(tok, ctx + i), sp, 0, ctx + i, [])
-    runner._write_io(tok, ctx, sp, 0, [])
+        tok = runner.step([tok], ctx + i, sp, 0, [])[0]
+    runner._write_io([tok], ctx, sp, 0, [])
     stream = runner.stream
 
     def time_graph(graph) -> float:
@@ -177,7 +172,7 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
             ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / inner)
         return statistics.median(ts)
 
-    step_us = time_graph(runner.graph)
+    step_us = time_graph(runner.graphs[1])
     LaunchCounter.record = []
     try:
         with stream:

@@ -43,23 +43,19 @@ class Result:
 
 def _greedy(runner, prompt, n, use_graph: bool, sp=None, seed=0):
     runner.use_graph = use_graph
-    runner.graph = None
+    runner.graphs.clear()
     sp = sp or SamplingParams(temperature=0)
-    logits = runner.prefill(prompt, 0)
-    pos = len(prompt)
     hist = list(int(t) for t in prompt)
-    tok = runner.sample(logits, sp, seed, pos, hist)
+    tok = runner.prefill(prompt, 0, sp, seed)
     out = [tok]
     for i in range(n - 1):
-        hist.append(tok)
-        tok = runner.sample(runner.decode(tok, pos + i), sp, seed, pos + i + 1, hist)
+        tok = runner.step([tok], len(hist), sp, seed, hist)[0]
+        hist.append(out[-1])
         out.append(tok)
     return out
 
 
 def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> list[Result]:
-    import cupy as cp
-
     from .backends.kernel_build import LaunchCounter
 
     res = []
@@ -67,13 +63,13 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     V = runner.args.vocab_size
     prompt = rng.integers(0, V, n_prompt)
     # chunk invariance
-    a = cp.asnumpy(runner.prefill_all(prompt, 0, chunk=512))
-    b = cp.asnumpy(runner.prefill_all(prompt, 0, chunk=256))
+    a = runner.prefill_logits(prompt, 0, chunk=512)
+    b = runner.prefill_logits(prompt, 0, chunk=256)
     nbad = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
     res.append(Result(label, "prefill chunk 256 vs 512", f"{nbad} bits differ", "0", nbad == 0 and np.isfinite(a).all()))
     # prefill argmax vs decode argmax, position by position (decode path: matvec kernels, graph)
     runner.use_graph = True
-    runner.graph = None
+    runner.graphs.clear()
     dec = np.empty_like(a)
     for i, t in enumerate(prompt):
         dec[i] = runner.decode_logits(int(t), i)
@@ -122,7 +118,7 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     pos = len(short) + 4
     tok = 1
     for i in range(16):
-        tok = runner.sample(runner.decode(tok, pos + i), SamplingParams(temperature=0), 0, pos + i + 1, [])
+        tok = runner.step([tok], pos + i, SamplingParams(temperature=0), 0, [])[0]
     launched = LaunchCounter.count - before
     res.append(Result(label, "launches outside graph (16 steps)", str(launched), "0", launched == 0))
     return res

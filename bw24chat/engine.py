@@ -108,11 +108,9 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
 
         runner, device_name = make_cuda_runner(ckpt, options, report)
     else:
-        from .backends.numpy_backend import NumpyBackend
-        from .generate import NumpyRunner
-        from .models import build_model
+        from .backends.numpy_backend import numpy_runner
 
-        model = build_model(ckpt, NumpyBackend(), options.n_ctx, lambda f: report(LoadProgress("uploading", f)))
-        runner, device_name = NumpyRunner(model), "CPU (NumPy)"
+        runner = numpy_runner(ckpt, options.n_ctx, progress=lambda f: report(LoadProgress("uploading", f)))
+        device_name = "CPU (NumPy)"
     report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
     return Engine(ckpt, runner, device, device_name, note, options.max_queue)

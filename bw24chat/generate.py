@@ -1,13 +1,8 @@
 """Generation, top to bottom: prefill (chunked, reusing the cached prefix of the previous turn),
 the decode step, and the sampling/stopping loop around them.
 
-A *runner* owns the model weights and its KV cache on one backend and offers:
-  ``n_ctx``, ``vocab_size``
-  ``prefill(ids, start) -> logits (V,)``  run ids at positions start.., return last logits
-  ``decode(token, pos) -> logits (V,)``    one token at position pos
-  ``sample(logits_or_None, params, seed, pos, history) -> int`` (optional; the CUDA runner
-      samples on the device from the logits it still holds)
-Runners keep no notion of text; this module turns ids into a stream of whole characters.
+The runner (backends/runner.py: NumpyRunner or CudaRunner) samples on its own backend and
+returns token ids; this module turns them into a stream of whole characters.
 """
 from __future__ import annotations
 
@@ -19,38 +14,9 @@ from typing import Callable
 import numpy as np
 
 from .api import SamplingParams, TokenLogprob
-from .sampling import log_softmax, sample_token
+from .sampling import log_softmax
 from .stopping import StopMatcher
 from .tokenizer import StreamDecoder, TokenizerInfo
-
-
-class NumpyRunner:
-    """The reference runner: DenseTransformer on the NumPy backend."""
-
-    def __init__(self, model):
-        self.model = model
-        self.cache = model.new_cache()
-        self.n_ctx = model.n_ctx
-        self.vocab_size = model.args.vocab_size
-
-    def prefill(self, ids: np.ndarray, start: int) -> np.ndarray:
-        return self.model.forward(np.asarray(ids), start, self.cache, last_only=True)[-1]
-
-    def prefill_all(self, ids: np.ndarray, start: int) -> np.ndarray:
-        """Logits at every position (T, V): for checks and perplexity."""
-        return self.model.forward(np.asarray(ids), start, self.cache, last_only=False)
-
-    def decode(self, token: int, pos: int) -> np.ndarray:
-        return self.model.forward(np.array([token]), pos, self.cache, last_only=True)[-1]
-
-    def sample(self, logits, params: SamplingParams, seed: int, pos: int, history: list[int]) -> int:
-        return sample_token(logits, params, seed, pos, history)
-
-    def host_logits(self, logits) -> np.ndarray:
-        return logits
-
-    def memory_info(self) -> dict:
-        return {"kv_bytes": self.cache.nbytes}
 
 
 @dataclass
@@ -79,10 +45,10 @@ class Generator:
         self.cached: list[int] = []  # ids whose K/V sit in the runner's cache, positions 0..
 
     # ------------------------------------------------------------------ prefill
-    def prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
-        """Make the cache hold ``ids``; return (logits after the last id, reused prefix length).
-        The common prefix with what the cache already holds is kept (multi-turn chats prefill
-        only the new turn); at least the last id is always recomputed to get its logits."""
+    def prefill(self, ids: list[int], sp: SamplingParams, seed: int) -> tuple[int, int]:
+        """Make the cache hold ``ids``; return (the token sampled after the last id, reused prefix
+        length).  The common prefix with what the cache already holds is kept (multi-turn chats
+        prefill only the new turn); at least the last id is always recomputed for its logits."""
         n = len(ids)
         if n == 0:
             raise ValueError("empty prompt")
@@ -93,19 +59,23 @@ class Generator:
         while reuse < limit and self.cached[reuse] == ids[reuse]:
             reuse += 1
         self.cached = list(ids[:reuse])
-        logits = None
+        self.runner.rollback(reuse)
+        tok = None
         for s in range(reuse, n, self.prefill_chunk):
             chunk = np.asarray(ids[s : s + self.prefill_chunk], dtype=np.int64)
-            logits = self.runner.prefill(chunk, s)
+            last = s + self.prefill_chunk >= n
+            tok = self.runner.prefill(chunk, s, sp if last else None, seed, ids[:s])
             self.cached.extend(int(t) for t in chunk)
-        return logits, reuse
+        return tok, reuse
 
     # ------------------------------------------------------------------ decode step
-    def decode(self, token: int) -> np.ndarray:
+    def decode(self, token: int, sp: SamplingParams, seed: int, history: list[int]) -> int:
+        """``token`` at the next position -> the token sampled after it (history: the ids
+        before ``token``)."""
         pos = len(self.cached)
-        logits = self.runner.decode(token, pos)
+        nxt = self.runner.step([token], pos, sp, seed, history)[0]
         self.cached.append(token)
-        return logits
+        return nxt
 
     # ------------------------------------------------------------------ the loop
     def generate(
@@ -119,7 +89,7 @@ class Generator:
     ) -> GenerationResult:
         seed = sp.seed if sp.seed is not None else secrets.randbits(63)
         t0 = time.perf_counter()
-        logits, reused = self.prefill(prompt_ids)
+        tok, reused = self.prefill(prompt_ids, sp, seed)
         t_first = time.perf_counter()
         n_prefilled = len(prompt_ids) - reused
         history = list(prompt_ids)
@@ -139,13 +109,11 @@ class Generator:
             if len(out_ids) >= sp.max_tokens:
                 finish = "length"
                 break
-            pos = len(history)
-            tok = self.runner.sample(logits, sp, seed, pos, history)
             if tok in self.tok.stop_ids:
                 finish = "stop"
                 break
             if logprobs:
-                pending_lp.append(self._logprob(self.runner.host_logits(logits), tok, logprobs))
+                pending_lp.append(self._logprob(self.runner.last_logits()[-1], tok, logprobs))
             out_ids.append(tok)
             history.append(tok)
             pending_ids.append(tok)
@@ -164,7 +132,8 @@ class Generator:
             if len(out_ids) >= sp.max_tokens:
                 finish = "length"
                 break
-            logits = self.decode(tok)
+            # the history only feeds the repetition penalty: skip the copy when it is off
+            tok = self.decode(tok, sp, seed, history[:-1] if sp.repeat_penalty != 1.0 else [])
             now = time.perf_counter()
             if on_stats and now - last_stats > 0.25:
                 last_stats = now

@@ -32,11 +32,10 @@ FIXED_TEXT = (
 
 
 def _log_probs(ck, ids):
-    from .backends.numpy_backend import NumpyBackend
-    from .models import build_model
+    from .backends.numpy_backend import NumpyBackend, numpy_runner
 
-    m = build_model(ck, NumpyBackend(act_quant=True))  # the engine's numbers: integer-dot formats quantize x
-    logits = m.forward(np.asarray(ids), 0, m.new_cache(), last_only=False).astype(np.float64)
+    r = numpy_runner(ck, backend=NumpyBackend(act_quant=True))  # the engine's numbers: integer-dot formats quantize x
+    logits = r.prefill_logits(np.asarray(ids), 0).astype(np.float64)
     logits -= logits.max(axis=1, keepdims=True)
     return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
 

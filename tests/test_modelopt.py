@@ -5,11 +5,10 @@ import json
 
 import numpy as np
 
-from bw24chat.backends.numpy_backend import NumpyBackend
+from bw24chat.backends.numpy_backend import numpy_runner
 from bw24chat.loaders import load_checkpoint
 from bw24chat.loaders.hf_loader import SafetensorsFile
 from bw24chat.modelopt_export import dequantized_twin, export_modelopt_nvfp4
-from bw24chat.models import build_model
 from tests.model_factory import make_hf_dir
 
 
@@ -34,15 +33,12 @@ def test_modelopt_nvfp4_checkpoint_matches_its_dequantized_twin(tmp_path):
     assert all(ck.tensors[n].global_scale != 1.0 for n in ck.tensors if fm[n] == "NVFP4")
     twin = load_checkpoint(dequantized_twin(q, tmp_path / "twin"))
     ids = np.random.default_rng().integers(0, ck.config["vocab_size"], 19)
-    a = build_model(ck, NumpyBackend())
-    b = build_model(twin, NumpyBackend())
-    la = a.forward(ids, 0, a.new_cache(), last_only=False)
-    lb = b.forward(ids, 0, b.new_cache(), last_only=False)
+    la = numpy_runner(ck).prefill_logits(ids, 0)
+    lb = numpy_runner(twin).prefill_logits(ids, 0)
     np.testing.assert_array_equal(la, lb)  # the same float32 weights: the same float32 logits
     # and the NVFP4 model stays close to the BF16 original it was quantized from
     base = load_checkpoint(src)
-    c = build_model(base, NumpyBackend())
-    lc = c.forward(ids, 0, c.new_cache(), last_only=False)
+    lc = numpy_runner(base).prefill_logits(ids, 0)
     assert np.linalg.norm(la - lc) / np.linalg.norm(lc) < 0.5  # 4-bit weights: ~10 % weight error
 
 
@@ -53,14 +49,12 @@ def test_forgetting_the_global_scale_would_be_caught(tmp_path):
     src, _ = make_hf_dir(tmp_path / "bf16", "llama", "BF16", hidden_size=128, intermediate_size=128, head_dim=32)
     q = export_modelopt_nvfp4(src, tmp_path / "nvfp4")
     ck = load_checkpoint(q)
-    m = build_model(ck, NumpyBackend())
     ids = np.arange(5)
-    good = m.forward(ids, 0, m.new_cache())
+    good = numpy_runner(ck).forward(ids, 0)
     for t in ck.tensors.values():
         if t.fmt == "NVFP4":
             t.global_scale = 1.0
-    bad_m = build_model(ck, NumpyBackend())
     with np.errstate(all="ignore"):
-        bad = bad_m.forward(ids, 0, bad_m.new_cache())
+        bad = numpy_runner(ck).forward(ids, 0)
     with np.errstate(all="ignore"):
         assert not np.isfinite(bad).all() or np.linalg.norm(bad - good) / np.linalg.norm(good) > 0.5

@@ -4,17 +4,16 @@ tied embeddings, rope styles and scalings) change what they should."""
 import numpy as np
 import pytest
 
-from bw24chat.backends.numpy_backend import NumpyBackend
+from bw24chat.backends.numpy_backend import NumpyBackend, NumpyRunner, numpy_runner
 from bw24chat.loaders import load_checkpoint
 from bw24chat.models import REGISTRY, build_model, get_family
 from tests.model_factory import make_hf_dir
 
 
 def _logits_prefill_vs_decode(model, ids):
-    c1 = model.new_cache()
-    full = model.forward(np.array(ids), 0, c1, last_only=False)
-    c2 = model.new_cache()
-    steps = [model.forward(np.array([t]), i, c2)[0] for i, t in enumerate(ids)]
+    full = NumpyRunner(model).prefill_logits(np.array(ids), 0)
+    r = NumpyRunner(model)
+    steps = [r.forward([t], i)[0] for i, t in enumerate(ids)]
     return full, np.stack(steps)
 
 
@@ -41,11 +40,10 @@ def test_qk_norm_and_bias_matter(tmp_path):
     for fam, key in (("qwen3", "blk.0.attn_q_norm"), ("qwen2", "blk.0.attn_q_bias")):
         d, _ = make_hf_dir(tmp_path / fam, fam, "F32")
         ck = load_checkpoint(d)
-        base = build_model(ck, NumpyBackend()).forward(np.array([5, 6, 7]), 0, build_model(ck, NumpyBackend()).new_cache())
+        base = numpy_runner(ck).forward(np.array([5, 6, 7]), 0)
         t = ck.tensors[key]
         t.raw = np.zeros_like(np.asarray(t.raw)) + (1.0 if "norm" in key else 0.0) * 3
-        m2 = build_model(ck, NumpyBackend())
-        assert not np.allclose(base, m2.forward(np.array([5, 6, 7]), 0, m2.new_cache()))
+        assert not np.allclose(base, numpy_runner(ck).forward(np.array([5, 6, 7]), 0))
 
 
 @pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0},
@@ -61,8 +59,7 @@ def test_rope_scalings_run_and_differ(tmp_path, scaling):
     np.testing.assert_allclose(full, steps, rtol=2e-5, atol=2e-5)
     if scaling:
         d0, _ = make_hf_dir(tmp_path / "m0", "llama", "F32")
-        m0 = build_model(load_checkpoint(d0), NumpyBackend())
-        assert not np.allclose(m0.forward(np.array(ids), 0, m0.new_cache()), full[-1:])
+        assert not np.allclose(numpy_runner(load_checkpoint(d0)).forward(np.array(ids), 0), full[-1:])
 
 
 def test_rope_styles_are_equivalent_under_permutation():

@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 
 from bw24chat.api import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent
-from bw24chat.backends.numpy_backend import NumpyBackend
-from bw24chat.generate import NumpyRunner
+from bw24chat.backends.numpy_backend import NumpyBackend, NumpyRunner
 from bw24chat.models import build_model
 
 
 @pytest.fixture(scope="module")
 def runner_factory(smollm2):
     model = build_model(smollm2, NumpyBackend())
-    return lambda: NumpyRunner(model)
+    return lambda: NumpyRunner(model, NumpyBackend())
 
 
 def test_greedy_tokens_and_top5_logits_match_transformers(smollm2, reference, runner_factory):
@@ -28,14 +27,14 @@ def test_greedy_tokens_and_top5_logits_match_transformers(smollm2, reference, ru
         if case["kind"] == "raw":
             assert tok.encode(case["text"]) == ids
         r = runner_factory()
-        logits = r.prefill(np.array(ids), 0)
+        logits = r.forward(np.array(ids), 0)[-1]
         np.testing.assert_array_equal(np.argsort(-logits, kind="stable")[:5], case["top5_ids"])
         np.testing.assert_allclose(logits[case["top5_ids"]], case["top5_logits"], atol=1e-3, rtol=0)
         out, pos = [], len(ids)
         for _ in range(32):
             t = int(np.argmax(logits))
             out.append(t)
-            logits = r.decode(t, pos)
+            logits = r.forward([t], pos)[-1]
             pos += 1
         assert out == case["greedy32"], (case, tok.decode(out), tok.decode(case["greedy32"]))
 

@@ -89,7 +89,7 @@ def main(outdir: str, big: bool = False, long: bool = False, only: tuple = ()) -
             r = CudaRunner(ck, n_ctx, kv, activations=act)
             dec = [r.decode_logits(int(t), i) for i, t in enumerate(prompt)]
             dec = np.stack(dec[tail])
-            pre = cp.asnumpy(r.prefill_all(prompt, 0)[tail]).astype(np.float64)
+            pre = r.prefill_logits(prompt, 0)[tail].astype(np.float64)
             rel_dec = float(np.linalg.norm(dec - ref_logits) / np.linalg.norm(ref_logits))
             rel_pre = float(np.linalg.norm(pre - ref_logits) / np.linalg.norm(ref_logits))
             # greedy 32 on the decode path

@@ -1,56 +1,231 @@
 """The CUDA runner: weights resident on the GPU in their quantized form, buffers at fixed
-addresses, chunked tensor-core prefill, and a decode step (embedding -> layers -> LM head ->
-sampling) that replays as ONE CUDA graph; the host reads back only the sampled token id, through
-pinned memory.
+addresses, chunked tensor-core prefill, and a decode step of m = 1..8 rows (embedding -> the
+model's blocks -> LM head -> sampling) that replays as ONE CUDA graph per m; the host reads back
+only the sampled token ids, through pinned memory.
 
-Decode step per layer (6 launches; RMSNorm fused into the matvec prologues, SwiGLU and the
-residual adds into their epilogues):
-    matvec(W_qkv, x, qkv, prologue=rmsnorm(attn_norm))      x: residual (m, D) f32
-    qk_norm_rope_kv_write(q, k, v -> cache)                  (+ q/k/v bias, QK-norm, RoPE)
-    attn_decode(q, cache -> attn)                            split-K, GQA
-    matvec(W_o, attn, x, epilogue=add)
-    matvec(W_gu, x, act, prologue=rmsnorm(ffn_norm), epilogue=swiglu [, qx_out=qx_act])
-                                   W_gu rows interleaved gate_i, up_i; act: (m, F) = silu(g) * u
-    matvec(W_down, act, x, epilogue=add [, prologue=qx over qx_act])
-                                   where gate|up's tiles cover whole 32-input blocks (NVFP4 at
-                                   m = 1): act's integer-dot codes are written once by gate|up
-                                   and copied by down, not re-quantized by each of its blocks
-then matvec(W_out, x, logits, prologue=rmsnorm(output_norm)) and the sampler.
+The forward pass is the model file's (``models/*.py``), run on ``CudaOps``: the op set
+(``bw24chat.ops``) on the CUDA kernels.  Values are deferred until their consumer is known, so
+that the launches fuse as the kernels allow:
+    rmsnorm            -> the next matvec's prologue (decode) / a norm kernel (prefill)
+    linear + swiglu    -> the gate|up matvec's epilogue (decode) / GEMM + swiglu_rows (prefill)
+    linear(residual=x) -> the matvec's / GEMM's add epilogue, in place in x
+    attention -> linear, swiglu -> linear:  on the integer-dot contract the producer also writes
+                          the consumer's quantized input codes (QX), which the consumer copies
+                          instead of quantizing again (the same bits)
+A dense Llama-style block is thus 6 launches per layer in decode: qkv matvec (rmsnorm
+prologue), rope + QK-norm + KV write, attention, o matvec (+x), gate|up matvec (rmsnorm
+prologue, swiglu epilogue), down matvec (+x); then the LM head matvec and the sampler.
 The matvec kernels reduce each row in the same order for m = 1..8, so speculative verify and
 batched decode reproduce plain decode bit for bit.
 
-Prefill (chunks of ``prefill_chunk`` tokens) runs the GEMMs on tensor cores (bf16 inputs, f32
-accumulate) and FlashAttention over the cache; it differs from decode by rounding only
-(``bw24chat check`` compares argmax and reports near-ties).
-
-Shape legend: m decode rows (1..8), T prefill tokens, D width, H/K q/kv heads, hd head dim,
-F ffn width, V vocabulary, Q = (H + 2K) * hd fused qkv width.
+Prefill (chunks of ``prefill_chunk`` tokens) runs the GEMMs on tensor cores and FlashAttention
+over the cache; it differs from decode by rounding only (``bw24chat check`` compares argmax and
+reports near-ties).
 """
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
 from ..api import SamplingParams
 from ..models import get_family
-from ..rope import build_rope_table
+from ..ops import AttentionSpec, Loader, Ops
 from . import cuda_linear as lin
 from . import cuda_ops as ops
-from .cuda_weights import repack_host
+from .cuda_weights import DeviceWeight, repack_host
 from .cuda_weights import upload as upload_planes
 from .kernel_build import eager_launches
+from .runner import MAX_ROWS
 
-MAX_ROWS = 8
 RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
 
 # Host <-> device step image (pinned on the host, mirrored on the device): one H2D copy at the
-# start of the graph, one D2H copy of the sampled token at its end.
-_IO_TOKEN, _IO_POS, _IO_LEN, _IO_OUT, _IO_PARAMS, _IO_RING = 0, 4, 8, 12, 16, 16 + 8 * ops.SAMPLE_PARAM_WORDS
-_IO_BYTES = _IO_RING + 4 * RING
+# start of the graph, one D2H copy of the sampled tokens at its end.  A header of per-row
+# tokens, positions, lengths (= position + 1: the keys attended, and the sampled token's
+# position, which keys the Philox draw) and sampled tokens; then one block per row: its
+# sampling params and its ring of recent ids.  A step of m rows copies the header and m blocks.
+_HDR_TOKEN, _HDR_POS, _HDR_LEN, _HDR_OUT = (i * 4 * MAX_ROWS for i in range(4))
+_HDR_BYTES = 16 * MAX_ROWS
+_ROW_PARAMS = 8 * ops.SAMPLE_PARAM_WORDS
+_ROW_BYTES = _ROW_PARAMS + 4 * RING
+_IO_BYTES = _HDR_BYTES + MAX_ROWS * _ROW_BYTES
+
+
+class CudaLoader(Loader):
+    """Uploads weights in their resident layouts (cuda_weights); remembers what it uploaded."""
+
+    def __init__(self):
+        import cupy as cp
+
+        self.cp = cp
+        self.linears: list[DeviceWeight] = []
+        self._planes: dict = {}
+
+    def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight:
+        # the host repack is memoized on the source arrays: random-weight benchmark models share
+        # one set of arrays across layers (each layer still gets its own device copy)
+        key = tuple(id(x.raw) for x in tensors) + (interleave,)
+        if key not in self._planes:
+            self._planes[key] = repack_host(tensors, interleave)
+        w = upload_planes(tensors, self._planes[key])
+        w.role = role
+        self.linears.append(w)
+        return w
+
+    def load_vector(self, tensors: list):
+        cp = self.cp
+        return cp.concatenate([cp.asarray(np.ascontiguousarray(t.dequantize(), np.float32).reshape(-1)) for t in tensors])
+
+    def load_embedding(self, tensor) -> DeviceWeight:
+        w = upload_planes([tensor], repack_host([tensor]))
+        w.role = "embed"
+        return w
+
+
+class _Normed:  # rmsnorm(x) * w, not yet computed
+    def __init__(self, x, w):
+        self.x, self.w = x, w
+
+
+class _Linear:  # x @ W^T, not yet computed (x may itself be deferred)
+    def __init__(self, x, W: DeviceWeight):
+        self.x, self.W = x, W
+
+
+class _Swiglu:  # swiglu(x @ W^T), not yet computed
+    def __init__(self, lin_: _Linear):
+        self.x, self.W = lin_.x, lin_.W
+
+
+class _Attention:  # attention(q) of a layer, not yet computed
+    def __init__(self, q, spec: AttentionSpec, layer: int):
+        self.q, self.spec, self.layer = q, spec, layer
+
+
+class CudaOps(Ops):
+    """The op set on the CUDA kernels for one pass: a decode step of m rows (matvec kernels,
+    tokens and positions in the step image on the device) or a prefill chunk of T rows (GEMMs,
+    host positions)."""
+
+    def __init__(self, runner: "CudaRunner", rows: int, decode: bool, start: int = 0, all_logits: bool = False):
+        self.r, self.n, self.decode, self.start, self.all_logits = runner, rows, decode, start, all_logits
+        self.eps = runner.args.rms_norm_eps
+        self.xb16 = runner.act_bf16
+        if decode:
+            self.tokens, self.positions = runner.d_tokens[:rows], runner.d_pos[:rows]
+        else:
+            self.tokens, self.positions = runner.p_ids[:rows], runner.p_pos[:rows]
+
+    def buf(self, name: str, *cols: int):
+        return self.r.buffer(("d:" if self.decode else "p:") + name, self.n, *cols)
+
+    # ------------------------------------------------------------------ materializing inputs
+    def _input(self, v, W: DeviceWeight | None = None, matvec: bool | None = None) -> dict:
+        """Launch what ``v`` still owes; the input arguments for consuming it with ``W`` (through
+        a matvec: a deferred rmsnorm becomes W's prologue, QX codes its copied input)."""
+        m = self.n
+        if isinstance(v, _Normed):
+            if self.decode if matvec is None else matvec:
+                return dict(x=v.x, prologue="rmsnorm", norm_w=v.w, eps=self.eps)
+            h = self.buf("h", v.x.shape[-1])
+            ops.rmsnorm(v.x, v.w, self.eps, h)
+            return dict(x=h)
+        qx_ok = self.decode and W is not None and lin.takes_qx(W, m)
+        if isinstance(v, _Swiglu):
+            F = v.W.out // 2
+            act = self.buf("act", F)
+            if not self.decode:
+                gu = self.buf(v.W.role or "gu", v.W.out)
+                self._linear(v.x, v.W, gu)
+                ops.swiglu(gu, act)
+                return dict(x=act)
+            # gate|up writes the consumer's x codes where its tiles cover whole 32-input blocks
+            qx = self.r.buffer("d:qx_act", m, lin.qx_row_words(F - F % 32), dtype="u4") \
+                if qx_ok and lin.writes_qx(v.W, m) else None
+            self._linear(v.x, v.W, act, epilogue="swiglu", qx_out=qx)
+            return dict(x=act, prologue="qx", qx_in=qx) if qx is not None else dict(x=act)
+        if isinstance(v, _Attention):
+            s, r = v.spec, self.r
+            H, hd = s.n_heads, s.head_dim
+            out = self.buf("attn", H, hd)
+            if not self.decode:
+                ops.attn_prefill(v.q, r.cache_k[v.layer], r.cache_v[v.layer], r.kv_type, self.start, m, s.scale, out,
+                                 precise=r.precise)
+                return dict(x=out.reshape(m, H * hd))
+            qa = self.r.buffer("d:qx_attn", m, lin.qx_row_words(H * hd), dtype="u4") \
+                if qx_ok and r.attn_qx and (H * hd) % 32 == 0 else None
+            ops.attn_decode(v.q, r.cache_k[v.layer], r.cache_v[v.layer], r.kv_type, r.d_len[:m], m, s.scale, out,
+                            r.attn_ws, qx_out=qa, act_bf16=self.xb16)
+            x = out.reshape(m, H * hd)
+            return dict(x=x, prologue="qx", qx_in=qa) if qa is not None else dict(x=x)
+        if isinstance(v, _Linear):
+            out = self.buf(v.W.role or "linear", v.W.out)
+            self._linear(v.x, v.W, out)
+            return dict(x=out)
+        return dict(x=v)
+
+    def _linear(self, x, W: DeviceWeight, out, epilogue: str = "store", qx_out=None) -> None:
+        a = self._input(x, W)
+        if self.decode:
+            lin.matvec(W, a.pop("x"), out, self.n, epilogue=epilogue, qx_out=qx_out, act_bf16=self.xb16, **a)
+        else:
+            lin.gemm(W, a["x"], out, self.n, epilogue=epilogue, precise=self.r.precise, act_bf16=self.xb16)
+
+    # ------------------------------------------------------------------ the op set
+    def embed(self, table: DeviceWeight, ids):
+        x = self.buf("x", table.in_)
+        lin.embed(table, self.tokens, x)
+        return x
+
+    def rmsnorm(self, x, w):
+        return _Normed(x, w)
+
+    def linear(self, x, W: DeviceWeight, residual=None):
+        if residual is None:
+            return _Linear(x, W)
+        self._linear(x, W, residual, epilogue="add")
+        return residual
+
+    def swiglu(self, gu):
+        if not isinstance(gu, _Linear):
+            raise TypeError("swiglu takes the gate|up linear directly (it is fused into its epilogue)")
+        return _Swiglu(gu)
+
+    def rope_kv(self, qkv, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
+        r, T = self.r, self.n
+        H, K, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        qkv = self._input(qkv)["x"]
+        q = qkv[:, : H * hd].reshape(T, H, hd)  # column slices of the fused output
+        k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
+        v = qkv[:, (H + K) * hd:].reshape(T, K, hd)
+        q_rot = self.buf("q", H, hd)
+        cos, sin = r.rope_tables(spec.rope)
+        ops.qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, spec.eps, cos, sin, self.positions, spec.rope.style,
+                                  spec.rope.rot_dim, r.cache_k[layer], r.cache_v[layer], r.kv_type, bias=bias,
+                                  q_out=q_rot)
+        return q_rot
+
+    def attention(self, q, spec: AttentionSpec, layer: int):
+        return _Attention(q, spec, layer)
+
+    def lm_head(self, x, W: DeviceWeight):
+        r, V = self.r, W.out
+        if self.decode or not self.all_logits:
+            # prefill: only the last row, through the decode path's LM head into logits row 0
+            rows = self.n if self.decode else 1
+            if not self.decode:
+                x = _Normed(x.x[self.n - 1:self.n], x.w) if isinstance(x, _Normed) else x[self.n - 1:self.n]
+            a = self._input(x, W, matvec=True)
+            out = r.d_logits[:rows]
+            lin.matvec(W, a.pop("x"), out, rows, act_bf16=self.xb16, **a)
+            return out
+        out = self.r.cp.empty((self.n, V), self.r.cp.float32)
+        self._linear(x, W, out)
+        return out
 
 
 class CudaRunner:
+    """The runner interface (backends/runner.py) on one GPU."""
+
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
                  use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32"):
         import cupy as cp
@@ -66,287 +241,195 @@ class CudaRunner:
         # precise: split-bf16 prefill GEMMs and attention (matches the f32 decode path; the
         # check gates need it); False: plain bf16 tensor-core prefill, ~2-3x faster
         self.precise = precise_prefill
-        # the matmul inputs' contract, one for prefill and decode (the decode graph is captured
-        # with it): "f32" keeps them exact (the gates: prefill and decode logits ~1e-5 apart);
-        # "bf16" rounds every product's input to bf16 first (common.cuh bf16_round), as bf16
-        # engines do: one bf16 plane in the prefill GEMMs (pp512 +30-45 %), but the two paths'
-        # f32 inputs, ~1e-7 apart, then straddle a bf16 rounding boundary now and then, a whole
-        # bf16 step (2^-8) that random check models amplify to ~3e-3 of the logits and a few
-        # argmax flips at margins of 1e-3..1e-2 (bench/NOTES.md, twentieth session)
+        # the matmul inputs' contract, one for prefill and decode (the decode graphs are captured
+        # with it): "f32" keeps them exact (prefill and decode logits ~1e-5 apart); "bf16" rounds
+        # every product's input to bf16 first (common.cuh bf16_round), as bf16 engines do: one
+        # bf16 plane in the prefill GEMMs (pp512 +30-45 %), at the price of prefill and decode
+        # logits ~3e-3 apart (docs/performance.md)
         if activations not in ("bf16", "f32"):
             raise ValueError(f"activations: bf16 or f32, got {activations!r}")
         self.activations = activations
         self.act_bf16 = activations == "bf16"
-        t = checkpoint.tensors
+        self.loader = CudaLoader()
         report = progress or (lambda f: None)
+        self.model = fam.Model(a, self.loader, checkpoint.tensors, self.n_ctx, report)
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        F = a.intermediate_size
-        self.dims = (D, H, K, hd, F)
-        f32 = lambda q: cp.asarray(np.ascontiguousarray(q.dequantize(), np.float32).reshape(-1))  # noqa: E731
-        planes = {}
-
-        def upload(tensors, interleave=False):
-            # the host repack is memoized on the source arrays: random-weight benchmark models
-            # share one set of arrays across layers (each layer still gets its own device copy)
-            key = tuple(id(x.raw) for x in tensors) + (interleave,)
-            if key not in planes:
-                planes[key] = repack_host(tensors, interleave)
-            return upload_planes(tensors, planes[key])
-
-        # ---------------------------------------------------------------- weights
-        self.w_embed = upload([t["tok_embd"]])
-        self.w_out = self.w_embed if (a.tie_word_embeddings or "output" not in t) else upload([t["output"]])
-        self.output_norm = f32(t["output_norm"])
-        self.layers = []
-        for i in range(a.num_hidden_layers):
-            p = f"blk.{i}."
-            L = {
-                "attn_norm": f32(t[p + "attn_norm"]),
-                "ffn_norm": f32(t[p + "ffn_norm"]),
-                "qkv": upload([t[p + "attn_q"], t[p + "attn_k"], t[p + "attn_v"]]),
-                "o": upload([t[p + "attn_o"]]),
-                # rows gate_0, up_0, gate_1, up_1, ...: the decode matvec applies SwiGLU in its
-                # epilogue, the prefill's swiglu_rows reads the pairs
-                "gu": upload([t[p + "ffn_gate"], t[p + "ffn_up"]], interleave=True),
-                "down": upload([t[p + "ffn_down"]]),
-                "bias": None,
-                "q_norm": f32(t[p + "attn_q_norm"]) if p + "attn_q_norm" in t else None,
-                "k_norm": f32(t[p + "attn_k_norm"]) if p + "attn_k_norm" in t else None,
-            }
-            if p + "attn_q_bias" in t:
-                L["bias"] = cp.concatenate([f32(t[p + "attn_q_bias"]), f32(t[p + "attn_k_bias"]), f32(t[p + "attn_v_bias"])])
-            self.layers.append(L)
-            report((i + 1) / a.num_hidden_layers)
-        rope = build_rope_table(hd, a.partial_rotary_factor, a.rope_theta, a.rope_scaling, self.n_ctx, a.rope_style, a.max_position_embeddings)
-        self.rope_cos, self.rope_sin = cp.asarray(rope.cos), cp.asarray(rope.sin)
-        self.rope_style, self.rot_dim = rope.style, rope.rot_dim
-        self.attn_scale = 1.0 / float(np.sqrt(hd))
+        self.dims = (D, H, K, hd, a.intermediate_size)
+        self._rope: dict = {}
+        # the decode attention writes the o projection's QX codes (attention.cu ATTN_QX); tests
+        # turn it off to compare bits
+        self.attn_qx = True
 
         # ---------------------------------------------------------------- KV cache
         self.cache_k = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(a.num_hidden_layers)]
         self.cache_v = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(a.num_hidden_layers)]
 
         # ---------------------------------------------------------------- buffers (fixed addresses)
-        Q = (H + 2 * K) * hd
-        m, T = MAX_ROWS, prefill_chunk
-        z = lambda *s: cp.zeros(s, cp.float32)  # noqa: E731
-        self.d_x, self.d_qkv, self.d_q, self.d_attn, self.d_act = z(m, D), z(m, Q), z(m, H, hd), z(m, H, hd), z(m, F)
-        self.d_logits = z(m, a.vocab_size)
-        # the down projection's x codes, written by the gate|up epilogue (matvec.cu qx_out: quantized
-        # once per step instead of once per block of the down matvec); F % 32 == 0 where used
-        self.d_qx_act = cp.zeros((m, lin.qx_row_words(F - F % 32)), cp.uint32)
-        self.d_qx_attn = cp.zeros((m, lin.qx_row_words(H * hd - H * hd % 32)), cp.uint32)
-        self.attn_qx = os.environ.get("BW24CHAT_ATTN_QX", "1") != "0" and (H * hd) % 32 == 0  # see _o_takes_qx
+        self._bufs: dict = {}
+        self.d_logits = cp.zeros((MAX_ROWS, a.vocab_size), cp.float32)
         self.attn_ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS), cp.uint8)
         self.sample_ws = cp.zeros(ops.sample_workspace_bytes(a.vocab_size), cp.uint8)
-        self.p_x, self.p_h, self.p_qkv = z(T, D), z(T, D), z(T, Q)
-        self.p_q, self.p_attn = z(T, H, hd), z(T, H, hd)
-        self.p_gu, self.p_act = z(T, 2 * F), z(T, F)
-        self.p_ids, self.p_pos = cp.zeros(T, cp.int32), cp.zeros(T, cp.int32)
-        # the step image: token, position, keys attended (= position + 1 = the sampled token's
-        # position, which keys the Philox draw), sampled token, sampling params, recent ids
+        self.p_ids, self.p_pos = cp.zeros(prefill_chunk, cp.int32), cp.zeros(prefill_chunk, cp.int32)
         self.h_io = cp.cuda.alloc_pinned_memory(_IO_BYTES)
         self.h_i32 = np.frombuffer(self.h_io, np.int32, _IO_BYTES // 4)
-        self.h_params = np.frombuffer(self.h_io, np.uint64, ops.SAMPLE_PARAM_WORDS, _IO_PARAMS)
         self.d_io = cp.zeros(_IO_BYTES, cp.uint8)
-        self.d_tokens = self.d_io[_IO_TOKEN:_IO_TOKEN + 4].view(cp.int32)
-        self.d_pos = self.d_io[_IO_POS:_IO_POS + 4].view(cp.int32)
-        self.d_len = self.d_io[_IO_LEN:_IO_LEN + 4].view(cp.int32)
-        self.d_next = self.d_io[_IO_OUT:_IO_OUT + 4].view(cp.int32)
-        self.d_params = self.d_io[_IO_PARAMS:_IO_RING].view(cp.uint64)
-        self.d_ring = self.d_io[_IO_RING:].view(cp.int32)
+        i32 = lambda off: self.d_io[off:off + 4 * MAX_ROWS].view(cp.int32)  # noqa: E731
+        self.d_tokens, self.d_pos, self.d_len, self.d_next = (i32(o) for o in (_HDR_TOKEN, _HDR_POS, _HDR_LEN, _HDR_OUT))
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graph = None
+        self.graphs: dict = {}  # rows -> the captured decode step
+        self._rows = 1  # rows of the last pass (last_logits)
+
+    # ==================================================================== buffers
+    def buffer(self, name: str, rows: int, *cols: int, dtype: str = "f4"):
+        """A persistent buffer (name -> fixed address, sized for the most rows a pass of its
+        kind runs), its first ``rows`` rows.  Allocated on first use: eagerly, before any graph
+        is captured (_capture runs the step once eagerly first)."""
+        b = self._bufs.get(name)
+        if b is None:
+            cap = MAX_ROWS if name.startswith("d:") else self.prefill_chunk
+            b = self._bufs[name] = self.cp.zeros((cap, *cols), np.dtype(dtype))
+        return b[:rows]
+
+    def rope_tables(self, table):
+        key = id(table)
+        if key not in self._rope:
+            self._rope[key] = (table, self.cp.asarray(table.cos), self.cp.asarray(table.sin))
+        return self._rope[key][1:]
 
     # ==================================================================== prefill
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
-        with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
-            return self._prefill_chunk_body(ids, start, all_logits)
-
-    def _prefill_chunk_body(self, ids: np.ndarray, start: int, all_logits: bool):
-        cp = self.cp
-        a = self.args
         T = len(ids)
-        D, H, K, hd, F = self.dims
-        eps = a.rms_norm_eps
         self.p_ids[:T].set(np.asarray(ids, np.int32), stream=self.stream)
         self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=self.stream)
-        x, h, qkv, q_rot, attn = self.p_x[:T], self.p_h[:T], self.p_qkv[:T], self.p_q[:T], self.p_attn[:T]
-        gu, act = self.p_gu[:T], self.p_act[:T]
-        lin.embed(self.w_embed, self.p_ids[:T], x)
-        for li, L in enumerate(self.layers):
-            ops.rmsnorm(x, L["attn_norm"], eps, h)
-            pr = self.precise
-            lin.gemm(L["qkv"], h, qkv, T, precise=pr, act_bf16=self.act_bf16)
-            self._rope_kv(qkv, q_rot, L, self.p_pos[:T], li, T)
-            ops.attn_prefill(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, start, T, self.attn_scale, attn, precise=pr)
-            lin.gemm(L["o"], attn.reshape(T, H * hd), x, T, epilogue="add", precise=pr, act_bf16=self.act_bf16)
-            ops.rmsnorm(x, L["ffn_norm"], eps, h)
-            lin.gemm(L["gu"], h, gu, T, precise=pr, act_bf16=self.act_bf16)
-            ops.swiglu(gu, act)
-            lin.gemm(L["down"], act, x, T, epilogue="add", precise=pr, act_bf16=self.act_bf16)
-        if all_logits:
-            out = cp.empty((T, a.vocab_size), cp.float32)
-            ops.rmsnorm(x, self.output_norm, eps, h)
-            lin.gemm(self.w_out, h, out, T, precise=self.precise, act_bf16=self.act_bf16)
-            return out
-        # the last row through the decode path's LM head (rmsnorm fused) into logits row 0
-        lin.matvec(self.w_out, x[T - 1:T], self.d_logits[:1], 1, prologue="rmsnorm", norm_w=self.output_norm, eps=eps,
-                   act_bf16=self.act_bf16)
-        return self.d_logits[0]
+        with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
+            return self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), ids)
 
-    def _rope_kv(self, qkv, q_rot, L, positions, li, T):
-        D, H, K, hd, F = self.dims
-        q = qkv[:, : H * hd].reshape(T, H, hd)  # (T, H, hd) column slices of the fused output
-        k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
-        v = qkv[:, (H + K) * hd:].reshape(T, K, hd)
-        ops.qk_norm_rope_kv_write(q, k, v, L["q_norm"], L["k_norm"], self.args.rms_norm_eps, self.rope_cos, self.rope_sin,
-                                  positions, self.rope_style, self.rot_dim, self.cache_k[li], self.cache_v[li], self.kv_type,
-                                  bias=L["bias"], q_out=q_rot)
-
-    def prefill(self, ids: np.ndarray, start: int):
-        """Run ids at positions start..; the device logits of the last position (d_logits[0])."""
+    def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
+                history: list[int] = ()) -> int | None:
+        ids = np.asarray(ids)
         with self.stream:
-            logits = None
             for s in range(0, len(ids), self.prefill_chunk):
-                logits = self._prefill_chunk(ids[s: s + self.prefill_chunk], start + s, False)
-        return logits
+                self._prefill_chunk(ids[s: s + self.prefill_chunk], start + s, False)
+        self._rows = 1
+        if params is None:
+            return None
+        # the first token after the prompt: its logits are already in d_logits[0]
+        end = start + len(ids)
+        self._write_io([int(ids[-1])], end - 1, params, seed, [*history[-RING:], *map(int, ids[:-1][-RING:])])
+        with self.stream:
+            self._h2d_io(1)
+            self._sample_rows(1)
+            self._d2h_tokens(1)
+        self.stream.synchronize()
+        return int(self.h_i32[_HDR_OUT // 4])
 
-    def prefill_all(self, ids: np.ndarray, start: int, chunk: int | None = None):
-        """Logits at every position (T, V) on the device (checks: chunk invariance, argmax)."""
+    def prefill_logits(self, ids, start: int, chunk: int | None = None) -> np.ndarray:
+        """Logits at every position (T, V), host (checks: chunk invariance, argmax)."""
         chunk = chunk or self.prefill_chunk
         if chunk > self.prefill_chunk:
             raise ValueError(f"chunk {chunk} > the buffers' {self.prefill_chunk}")
+        ids = np.asarray(ids)
         with self.stream:
             outs = [self._prefill_chunk(ids[s: s + chunk], start + s, True) for s in range(0, len(ids), chunk)]
             out = self.cp.concatenate(outs)
-        # the runner works on its own non-blocking stream: a caller reading `out` on another
-        # stream (cp.asnumpy uses the current one) must not race the kernels still running
+        # the runner works on its own non-blocking stream: read back after its kernels finish
         self.stream.synchronize()
-        return out
+        return self.cp.asnumpy(out)
 
     # ==================================================================== decode step
-    def _decode_body(self, m: int):
-        """The kernels of one decode step for m rows (tokens, positions and lengths already in
-        d_io).  Captured into the graph, or run eagerly: the same launches either way."""
-        a = self.args
-        D, H, K, hd, F = self.dims
-        eps = a.rms_norm_eps
-        x, qkv, q_rot, attn, act = self.d_x[:m], self.d_qkv[:m], self.d_q[:m], self.d_attn[:m], self.d_act[:m]
-        lin.embed(self.w_embed, self.d_tokens[:m], x)
-        for li, L in enumerate(self.layers):
-            lin.matvec(L["qkv"], x, qkv, m, prologue="rmsnorm", norm_w=L["attn_norm"], eps=eps, act_bf16=self.act_bf16)
-            self._rope_kv(qkv, q_rot, L, self.d_pos[:m], li, m)
-            qa = self.d_qx_attn[:m] if self._o_takes_qx(L, m) else None
-            ops.attn_decode(q_rot, self.cache_k[li], self.cache_v[li], self.kv_type, self.d_len[:m], m, self.attn_scale, attn,
-                            self.attn_ws, qx_out=qa, act_bf16=self.act_bf16)
-            if qa is None:
-                lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, epilogue="add", act_bf16=self.act_bf16)
-            else:  # x's codes from the attention's finishing blocks: the same bits as quantizing attn here
-                lin.matvec(L["o"], attn.reshape(m, H * hd), x, m, prologue="qx", epilogue="add", qx_in=qa,
-                           act_bf16=self.act_bf16)
-            qx = self.d_qx_act[:m] if self._down_takes_qx(L, m) else None
-            lin.matvec(L["gu"], x, act, m, prologue="rmsnorm", epilogue="swiglu", norm_w=L["ffn_norm"], eps=eps, qx_out=qx,
-                       act_bf16=self.act_bf16)
-            if qx is None:
-                lin.matvec(L["down"], act, x, m, epilogue="add", act_bf16=self.act_bf16)
-            else:  # x's codes from gate|up's epilogue: the same bits as quantizing act here
-                lin.matvec(L["down"], act, x, m, prologue="qx", epilogue="add", qx_in=qx, act_bf16=self.act_bf16)
-        lin.matvec(self.w_out, x, self.d_logits[:m], m, prologue="rmsnorm", norm_w=self.output_norm, eps=eps,
-                   act_bf16=self.act_bf16)
-
-    def _o_takes_qx(self, L, m: int) -> bool:
-        """The decode attention writes the o projection's x codes (attention.cu ATTN_QX) and o
-        reads them (prologue "qx") where o is on the integer-dot contract: the same bits, o's
-        prologue a copy.  Measured (H100, twenty-first session, bench --decode-only, off / on, two
-        rounds): NVFP4 tg128@512 430.5 / 438.1, 430.9 / 436.0, @8192 322.0 / 334.6, 323.0 / 334.5;
-        Q8_0 295.9 / 299.2, 296.1 / 299.1, 242.4 / 248.8.  BW24CHAT_ATTN_QX=0 turns it off."""
-        return self.attn_qx and lin.takes_qx(L["o"], m)
-
-    @staticmethod
-    def _down_takes_qx(L, m: int) -> bool:
-        """gate|up writes the down projection's x codes (lin.writes_qx) and down is on the
-        integer-dot contract (any quantized format: the QX buffer does not depend on it)."""
-        return lin.writes_qx(L["gu"], m) and lin.takes_qx(L["down"], m)
-
-    def _h2d_io(self):
+    def _h2d_io(self, m: int):
         rt = self.cp.cuda.runtime
         # a raw runtime copy: CuPy refuses H2D copies while capturing; CUDA allows them from pinned memory
-        rt.memcpyAsync(self.d_io.data.ptr, self.h_io.ptr, _IO_BYTES, rt.memcpyHostToDevice, self.stream.ptr)
+        rt.memcpyAsync(self.d_io.data.ptr, self.h_io.ptr, _HDR_BYTES + m * _ROW_BYTES, rt.memcpyHostToDevice,
+                       self.stream.ptr)
 
-    def _d2h_token(self):
+    def _d2h_tokens(self, m: int):
         rt = self.cp.cuda.runtime
-        rt.memcpyAsync(self.h_io.ptr + _IO_OUT, self.d_io.data.ptr + _IO_OUT, 4, rt.memcpyDeviceToHost, self.stream.ptr)
+        rt.memcpyAsync(self.h_io.ptr + _HDR_OUT, self.d_io.data.ptr + _HDR_OUT, 4 * m, rt.memcpyDeviceToHost,
+                       self.stream.ptr)
 
-    def _step_body(self):
-        """One decode step: H2D step image -> decode -> sample -> D2H sampled token."""
-        self._h2d_io()
-        self._decode_body(1)
-        ops.sample(self.d_logits[0], self.d_params, self.d_next, self.d_ring, self.d_len, self.sample_ws)
-        self._d2h_token()
+    def _sample_rows(self, m: int):
+        for i in range(m):
+            row = self.d_io[_HDR_BYTES + i * _ROW_BYTES:_HDR_BYTES + (i + 1) * _ROW_BYTES]
+            ops.sample(self.d_logits[i], row[:_ROW_PARAMS].view(self.cp.uint64), self.d_next[i:i + 1],
+                       row[_ROW_PARAMS:].view(self.cp.int32), self.d_len[i:i + 1], self.sample_ws)
 
-    def _capture(self):
+    def _step_body(self, m: int = 1):
+        """One decode step of m rows: H2D step image -> the model's forward -> sample each row ->
+        D2H sampled tokens.  Captured into the graph, or run eagerly: the same launches."""
+        self._h2d_io(m)
+        self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
+        self._sample_rows(m)
+        self._d2h_tokens(m)
+
+    def _capture(self, m: int):
         with self.stream:
+            self._step_body(m)  # eagerly once: buffers are allocated before the capture
             self.stream.begin_capture()
             try:
-                self._step_body()
+                self._step_body(m)
             finally:
-                self.graph = self.stream.end_capture()
+                self.graphs[m] = self.stream.end_capture()
 
-    def _write_io(self, token: int, pos: int, params: SamplingParams, seed: int, history: list[int]):
-        n = min(len(history), params.repeat_last_n, RING) if params.repeat_penalty != 1.0 else 0
-        self.h_i32[_IO_TOKEN // 4] = token
-        self.h_i32[_IO_POS // 4] = pos
-        self.h_i32[_IO_LEN // 4] = pos + 1
-        self.h_params[:] = ops.pack_sampling_params(params, seed, n)
-        if n:
-            self.h_i32[_IO_RING // 4:_IO_RING // 4 + n] = history[-n:]
+    def _write_io(self, tokens, start: int, params: SamplingParams, seed: int, history):
+        """Rows tokens[i] at positions start + i; each row's params and ring (its history:
+        ``history`` then tokens[:i+1])."""
+        h = self.h_i32
+        n_hist = min(params.repeat_last_n, RING) if params.repeat_penalty != 1.0 else 0
+        recent = [int(t) for t in history[-RING:]]
+        for i, t in enumerate(tokens):
+            h[_HDR_TOKEN // 4 + i] = int(t)
+            h[_HDR_POS // 4 + i] = start + i
+            h[_HDR_LEN // 4 + i] = start + i + 1
+            recent.append(int(t))
+            n = min(len(recent), n_hist)
+            base = _HDR_BYTES + i * _ROW_BYTES
+            np.frombuffer(self.h_io, np.uint64, ops.SAMPLE_PARAM_WORDS, base)[:] = ops.pack_sampling_params(params, seed, n)
+            if n:
+                h[(base + _ROW_PARAMS) // 4:(base + _ROW_PARAMS) // 4 + n] = recent[-n:]
 
-    def decode(self, token: int, pos: int):
-        """Record the pending step; the work runs in sample() (decode and sampling are one graph)."""
-        self._pending = (int(token), int(pos))
-        return self
-
-    def sample(self, logits, params: SamplingParams, seed: int, pos: int, history: list[int]) -> int:
-        if logits is self:  # a decode step: token at pos -> graph -> the token at pos + 1
-            tok, p = self._pending
-            self._write_io(tok, p, params, seed, history)
-            if self.use_graph:
-                if self.graph is None:
-                    self._capture()
-                self.graph.launch(self.stream)
-            else:
-                with self.stream:
-                    self._step_body()
-        else:  # the first token after prefill: its logits are already in d_logits[0]
-            self._write_io(0, pos - 1, params, seed, history)
+    def step(self, tokens, start: int, params: SamplingParams, seed: int, history) -> list[int]:
+        m = len(tokens)
+        if not 1 <= m <= MAX_ROWS:
+            raise ValueError(f"a step runs 1..{MAX_ROWS} rows, got {m}")
+        self._write_io(tokens, start, params, seed, history)
+        if self.use_graph:
+            if m not in self.graphs:
+                self._capture(m)
+            self.graphs[m].launch(self.stream)
+        else:
             with self.stream:
-                self._h2d_io()
-                ops.sample(self.d_logits[0], self.d_params, self.d_next, self.d_ring, self.d_len, self.sample_ws)
-                self._d2h_token()
+                self._step_body(m)
         self.stream.synchronize()
-        return int(self.h_i32[_IO_OUT // 4])
+        self._rows = m
+        return [int(t) for t in self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + m]]
+
+    def last_logits(self) -> np.ndarray:
+        self.stream.synchronize()
+        return self.cp.asnumpy(self.d_logits[:self._rows])
+
+    def rollback(self, n: int) -> None:
+        """Positions >= n are stale; the position-indexed cache overwrites them before any read."""
 
     def decode_logits(self, token: int, pos: int) -> np.ndarray:
-        """One decode step (graph or eager, as configured); host copy of its logits (checks)."""
-        self.sample(self.decode(token, pos), SamplingParams(temperature=0), 0, pos + 1, [])
-        return self.logits_host()
-
-    def host_logits(self, logits) -> np.ndarray:
-        """Host copy of the logits the last prefill or decode step left (for logprobs)."""
-        return self.logits_host()
-
-    def logits_host(self) -> np.ndarray:
-        self.stream.synchronize()
-        return self.cp.asnumpy(self.d_logits[0])
+        """One greedy decode step (graph or eager, as configured); host copy of its logits."""
+        self.step([token], pos, SamplingParams(temperature=0), 0, [])
+        return self.last_logits()[0]
 
     def warmup(self) -> None:
         """Compile every kernel the runner uses (NVRTC, cached on disk after the first start) and
-        capture the decode graph, so the first request pays neither.  Positions 0..2 of the cache
-        are overwritten later like any other."""
-        self.prefill(np.array([0, 1], np.int64), 0)
-        self.sample(self.d_logits[0], SamplingParams(temperature=0), 0, 2, [])
-        self.sample(self.decode(0, 2), SamplingParams(temperature=0), 0, 3, [])
+        capture the one-row decode graph, so the first request pays neither.  Positions 0..2 of
+        the cache are overwritten later like any other."""
+        greedy = SamplingParams(temperature=0)
+        self.prefill(np.array([0, 1], np.int64), 0, greedy)
+        self.step([0], 2, greedy, 0, [])
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes one decode step must read of the weights: every matrix once, one embedding row
+        (the whole table where it is also the LM head)."""
+        total = sum(w.nbytes for w in self.loader.linears)
+        emb = self.model.tok_embd
+        return total + (emb.nbytes if self.model.output is emb else emb.nbytes // self.vocab_size)
 
     def memory_info(self) -> dict:
         free, total = self.cp.cuda.runtime.memGetInfo()

@@ -305,6 +305,7 @@ class DeviceWeight:
     nbytes: int = 0
     fmt_id: int = field(default=0)
     vpc: int = field(default=0)
+    role: str = ""  # its place in the block (ops.Loader.load_linear): output buffers, plans, profiles
 
     @property
     def nck(self) -> int:

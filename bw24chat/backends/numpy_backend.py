@@ -1,4 +1,4 @@
-"""The NumPy reference backend (float32).
+"""The NumPy reference backend (float32): the op set (``bw24chat.ops``) and the CPU runner.
 
 This is the specification every CUDA kernel is checked against, so it is kept plain: each op
 is the textbook formula in float32.  It also serves users without an NVIDIA GPU
@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..api import SamplingParams
 from ..loaders.tensor import QTensor
-from ..rope import RopeTable, apply_rope
+from ..ops import AttentionSpec, Loader, Ops
+from ..rope import apply_rope
+from ..sampling import sample_token
 from .kernel_refs import act_q8, act_quant_ref, bf16_round
 
 
@@ -48,7 +51,7 @@ class ActQuantMatrix(np.ndarray):
     does for these formats."""
 
 
-class NumpyBackend:
+class NumpyBackend(Loader):
     name = "numpy"
     device_name = "CPU"
 
@@ -61,63 +64,84 @@ class NumpyBackend:
         self.act_quant = act_quant
         self.act_bf16 = act_bf16
 
-    # -- weights
-    def load_matrix(self, t: QTensor) -> np.ndarray:
-        w = np.ascontiguousarray(t.dequantize(), dtype=np.float32)  # (out, in)
-        return w.view(ActQuantMatrix) if self.act_quant and act_q8(t.fmt) else w
+    def _matrix(self, rows: np.ndarray, fmts) -> np.ndarray:
+        w = np.ascontiguousarray(rows, dtype=np.float32)
+        return w.view(ActQuantMatrix) if self.act_quant and all(act_q8(f) for f in fmts) else w
 
-    def load_vector(self, t: QTensor) -> np.ndarray:
-        return np.ascontiguousarray(t.dequantize(), dtype=np.float32).reshape(-1)
+    def load_linear(self, tensors: list[QTensor], interleave: bool = False, role: str = "") -> np.ndarray:
+        parts = [np.asarray(t.dequantize(), np.float32) for t in tensors]  # each (out, in)
+        if interleave:  # gate_0, up_0, gate_1, up_1, ...
+            w = np.stack(parts, axis=1).reshape(-1, parts[0].shape[1])
+        else:
+            w = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return self._matrix(w, [t.fmt for t in tensors])
+
+    def load_vector(self, tensors: list[QTensor]) -> np.ndarray:
+        return np.concatenate([np.asarray(t.dequantize(), np.float32).reshape(-1) for t in tensors])
 
     def load_embedding(self, t: QTensor) -> np.ndarray:
-        return self.load_matrix(t)  # (V, D)
+        return self.load_linear([t])  # (V, D)
 
     def new_kv_cache(self, n_layers: int, n_kv: int, head_dim: int, n_ctx: int) -> NumpyKVCache:
         return NumpyKVCache(n_layers, n_kv, head_dim, n_ctx)
 
-    # -- ops
+    def ops(self, cache: NumpyKVCache, start: int, n_rows: int, eps: float, all_rows: bool = True) -> "NumpyOps":
+        return NumpyOps(self, cache, start, n_rows, eps, all_rows)
+
+
+class NumpyOps(Ops):
+    """The op set over T rows at positions start..start+T-1 (bw24chat.ops)."""
+
+    def __init__(self, backend: NumpyBackend, cache: NumpyKVCache, start: int, n_rows: int, eps: float,
+                 all_rows: bool = True):
+        self.b, self.cache, self.start, self.T, self.eps, self.all_rows = backend, cache, start, n_rows, eps, all_rows
+        self.positions = np.arange(start, start + n_rows)
+
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return np.asarray(table)[np.asarray(ids, dtype=np.int64)]  # (T, D), a plain array
 
-    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        """x * rsqrt(mean(x^2) + eps) * w over the last axis (Zhang & Sennrich 2019)."""
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float | None = None) -> np.ndarray:
         ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-        return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))) * w
+        return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(self.eps if eps is None else eps)))) * w
 
-    def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """(T, in) @ (out, in)^T -> (T, out)."""
-        if self.act_bf16:
+    def linear(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+        if self.b.act_bf16:
             x = bf16_round(x)
         if isinstance(w, ActQuantMatrix):
             x, w = act_quant_ref(x), w.view(np.ndarray)
         y = x @ w.T
-        return y + bias if bias is not None else y
+        return y if residual is None else residual + y
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, table: RopeTable) -> np.ndarray:
-        return apply_rope(x, positions, table)
-
-    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        """silu(gate) * up (Shazeer 2020, GLU variants)."""
+    def swiglu(self, gu: np.ndarray) -> np.ndarray:
+        gate, up = gu[:, 0::2], gu[:, 1::2]
         return gate / (np.float32(1.0) + np.exp(-gate)) * up
 
-    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return a + b
+    def rope_kv(self, qkv: np.ndarray, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
+        T, H, K, hd = len(qkv), spec.n_heads, spec.n_kv_heads, spec.head_dim
+        if bias is not None:
+            qkv = qkv + bias
+        q = qkv[:, : H * hd].reshape(T, H, hd)
+        k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
+        v = qkv[:, (H + K) * hd:].reshape(T, K, hd)
+        if q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
+            q, k = self.rmsnorm(q, q_norm, spec.eps), self.rmsnorm(k, k_norm, spec.eps)
+        q = apply_rope(q, self.positions, spec.rope)
+        k = apply_rope(k, self.positions, spec.rope)
+        end = self.start + T
+        self.cache.ensure(end)
+        self.cache.k[layer, self.start:end] = k
+        self.cache.v[layer, self.start:end] = v
+        return q
 
-    def attention(self, q, k, v, cache: NumpyKVCache, layer: int, start: int, scale: float) -> np.ndarray:
-        """Causal GQA attention of T new queries at positions start..start+T-1 over the cache.
-
-        q: (T, H, hd), k/v: (T, K, hd) are written to the cache first.  Returns (T, H*hd)."""
+    def attention(self, q: np.ndarray, spec: AttentionSpec, layer: int) -> np.ndarray:
         T, H, hd = q.shape
-        K = k.shape[1]
+        K = spec.n_kv_heads
         G = H // K
-        end = start + T
-        cache.ensure(end)
-        cache.k[layer, start:end] = k
-        cache.v[layer, start:end] = v
-        keys = cache.k[layer, :end]  # (S, K, hd)
-        vals = cache.v[layer, :end]
+        start, end = self.start, self.start + T
+        keys = self.cache.k[layer, :end]  # (S, K, hd)
+        vals = self.cache.v[layer, :end]
         qg = q.reshape(T, K, G, hd).transpose(1, 2, 0, 3).reshape(K, G * T, hd)  # (K, G*T, hd)
-        s = np.matmul(qg, keys.transpose(1, 2, 0)) * np.float32(scale)  # (K, G*T, S)
+        s = np.matmul(qg, keys.transpose(1, 2, 0)) * np.float32(spec.scale)  # (K, G*T, S)
         s = s.reshape(K, G, T, end)
         causal = np.arange(end)[None, :] > (start + np.arange(T))[:, None]  # (T, S)
         s[:, :, causal] = -np.inf
@@ -127,8 +151,63 @@ class NumpyBackend:
         o = np.matmul(p.reshape(K, G * T, end), vals.transpose(1, 0, 2))  # (K, G*T, hd)
         return o.reshape(K, G, T, hd).transpose(2, 0, 1, 3).reshape(T, H * hd)
 
-    def to_host(self, x) -> np.ndarray:
-        return x
+    def lm_head(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return self.linear(x if self.all_rows else x[-1:], w)
+
+
+class NumpyRunner:
+    """The reference runner (the interface: backends/runner.py): a model on the NumPy backend,
+    its KV cache, host sampling (bw24chat.sampling, the specification of the device sampler)."""
+
+    def __init__(self, model, backend: NumpyBackend | None = None):
+        self.model = model
+        self.backend = backend or NumpyBackend()
+        a = self.args = model.args
+        self.cache = self.backend.new_kv_cache(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, model.n_ctx)
+        self.n_ctx = model.n_ctx
+        self.vocab_size = a.vocab_size
+        self._logits = np.zeros((1, a.vocab_size), np.float32)
+
+    def forward(self, ids, start: int, all_rows: bool = False) -> np.ndarray:
+        """Run ``ids`` at positions start..; logits (T, V) with all_rows, else (1, V) of the last."""
+        ids = np.asarray(ids)
+        ops = self.backend.ops(self.cache, start, len(ids), self.args.rms_norm_eps, all_rows)
+        self._logits = self.model.forward(ops, ids)
+        return self._logits
+
+    def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
+                history: list[int] = ()) -> int | None:
+        self.forward(ids, start)
+        if params is None:
+            return None
+        return sample_token(self._logits[-1], params, seed, start + len(ids), [*history, *map(int, ids)])
+
+    def prefill_logits(self, ids, start: int, chunk: int | None = None) -> np.ndarray:
+        """Logits at every position (T, V) (checks, perplexity); ``chunk`` rows per pass."""
+        chunk = chunk or max(len(ids), 1)
+        return np.concatenate([self.forward(ids[s:s + chunk], start + s, all_rows=True) for s in range(0, len(ids), chunk)])
+
+    def step(self, tokens, start: int, params: SamplingParams, seed: int, history: list[int]) -> list[int]:
+        # one row at a time: BLAS products over several rows may round differently from one row,
+        # and each row must equal a one-row step bit for bit (runner.py)
+        tokens = [int(t) for t in tokens]
+        logits = np.concatenate([self.forward([t], start + i) for i, t in enumerate(tokens)])
+        self._logits = logits
+        return [sample_token(logits[i], params, seed, start + i + 1, [*history, *tokens[:i + 1]]) for i in range(len(tokens))]
+
+    def last_logits(self) -> np.ndarray:
+        return self._logits
+
+    def rollback(self, n: int) -> None:
+        """Positions >= n are stale; they are overwritten before anything reads them again."""
 
     def memory_info(self) -> dict:
-        return {}
+        return {"kv_bytes": self.cache.nbytes}
+
+
+def numpy_runner(checkpoint, n_ctx: int = 0, backend: NumpyBackend | None = None, progress=None) -> NumpyRunner:
+    """A checkpoint's model on the NumPy backend, ready to run."""
+    from ..models import build_model
+
+    backend = backend or NumpyBackend()
+    return NumpyRunner(build_model(checkpoint, backend, n_ctx, progress), backend)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import BaseArgs, DenseTransformer
+from .dense import BaseArgs, DenseTransformer
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import BaseArgs, DenseTransformer
+from .dense import BaseArgs, DenseTransformer
 
 
 @dataclass

@@ -1,0 +1,25 @@
+"""The runner interface both backends implement (``NumpyRunner``, ``CudaRunner``).
+
+A runner owns a model's weights and one sequence's KV cache on its backend.  It keeps no
+notion of text: ``generate.py`` drives it with token ids.
+
+  ``n_ctx``, ``vocab_size``, ``args`` (the model's ModelArgs)
+  ``prefill(ids, start, params=None, seed=0, history=()) -> int | None``
+        run ``ids`` at positions start..start+T-1 (any T, chunked inside), then, given
+        ``params``, sample the token at position start+T
+  ``step(tokens, start, params, seed, history) -> list[int]``
+        m = 1..MAX_ROWS rows of one sequence in one pass: tokens[i] at position start+i; returns
+        the token sampled after each row (the row's own logits, Philox draw keyed by seed and
+        position start+i+1, repetition history ``history + tokens[:i+1]``).  Each row's
+        numerics equal a one-row step at that position bit for bit (speculative verify relies
+        on it).
+  ``last_logits() -> np.ndarray``  host copy of the logits of the last prefill (1, V) or step (m, V)
+  ``prefill_logits(ids, start, chunk=None) -> (T, V)``  logits at every position (checks)
+  ``rollback(n)``  positions >= n are no longer valid (after a rejected speculative draft)
+  ``memory_info() -> dict``
+
+``history`` is always the ids at positions 0..start-1 (the sampler's repetition penalty window).
+"""
+from __future__ import annotations
+
+MAX_ROWS = 8

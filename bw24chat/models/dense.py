@@ -1,0 +1,121 @@
+"""The dense decoder-only transformer shared by the llama, qwen2 and qwen3 families.
+
+Pre-norm blocks (RMSNorm -> GQA attention with RoPE -> residual; RMSNorm -> SwiGLU MLP ->
+residual), final RMSNorm, LM head (tied to the embedding or not).  Family files only choose
+the switches (q/k/v bias, per-head QK-norm) and defaults.  All math is op calls (``bw24chat.ops``)
+that both backends implement; this file never touches an array library.
+
+Shape legend: T tokens in the step, D model width, H query heads, K kv heads, hd head dim,
+F ffn width, V vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from ..ops import AttentionSpec, Loader, Ops
+from ..rope import build_rope_table
+
+
+@dataclass
+class BaseArgs:
+    model_type: str = "llama"
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int = 32000
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rope_style: str = "neox"  # "neox" (HF layout) | "normal" (llama.cpp-permuted llama weights)
+    partial_rotary_factor: float = 1.0
+    rope_freqs: list | None = None  # GGUF llama3 frequency factors
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """Build from an HF config.json-style dict; unknown keys are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        args = cls(**{k: v for k, v in d.items() if k in names and k != "extra"})
+        if args.num_key_value_heads is None:
+            args.num_key_value_heads = args.num_attention_heads
+        if args.head_dim is None:
+            args.head_dim = args.hidden_size // args.num_attention_heads
+        rp = d.get("rope_parameters")  # transformers >= 5 nests rope settings here
+        if isinstance(rp, dict):
+            args.rope_theta = rp.get("rope_theta", args.rope_theta)
+            if rp.get("rope_type", "default") != "default" and args.rope_scaling is None:
+                args.rope_scaling = rp
+        if args.rope_freqs is not None:
+            args.rope_scaling = {"rope_type": "freq_factors", "freq_factors": args.rope_freqs}
+        return args
+
+
+@dataclass
+class Layer:
+    attn_norm: object
+    qkv: object  # rows q | k | v
+    o: object
+    ffn_norm: object
+    gu: object  # rows gate_0, up_0, gate_1, up_1, ...
+    down: object
+    bias: object = None  # q | k | v biases (qwen2)
+    q_norm: object = None  # per-head RMSNorm weights of q and k (qwen3)
+    k_norm: object = None
+
+
+class DenseTransformer:
+    """Weights on one backend plus the forward pass written once as op calls."""
+
+    Args = BaseArgs
+
+    def __init__(self, args: BaseArgs, loader: Loader, tensors: dict, n_ctx: int, progress=None):
+        self.args = a = args
+        self.n_ctx = n_ctx
+        L = loader
+        self.tok_embd = L.load_embedding(tensors["tok_embd"])
+        self.output_norm = L.load_vector([tensors["output_norm"]])
+        tied = a.tie_word_embeddings or "output" not in tensors
+        # a tied LM head is the embedding table itself (load_embedding's result serves as a linear)
+        self.output = self.tok_embd if tied else L.load_linear([tensors["output"]], role="lm_head")
+        self.layers: list[Layer] = []
+        for i in range(a.num_hidden_layers):
+            t = lambda name: tensors[f"blk.{i}.{name}"]  # noqa: E731
+            has = lambda name: f"blk.{i}.{name}" in tensors  # noqa: E731
+            self.layers.append(Layer(
+                attn_norm=L.load_vector([t("attn_norm")]),
+                qkv=L.load_linear([t("attn_q"), t("attn_k"), t("attn_v")], role="qkv"),
+                o=L.load_linear([t("attn_o")], role="o"),
+                ffn_norm=L.load_vector([t("ffn_norm")]),
+                gu=L.load_linear([t("ffn_gate"), t("ffn_up")], interleave=True, role="gu"),
+                down=L.load_linear([t("ffn_down")], role="down"),
+                bias=L.load_vector([t("attn_q_bias"), t("attn_k_bias"), t("attn_v_bias")]) if has("attn_q_bias") else None,
+                q_norm=L.load_vector([t("attn_q_norm")]) if has("attn_q_norm") else None,
+                k_norm=L.load_vector([t("attn_k_norm")]) if has("attn_k_norm") else None,
+            ))
+            if progress:
+                progress((i + 1) / a.num_hidden_layers)
+        rope = build_rope_table(a.head_dim, a.partial_rotary_factor, a.rope_theta, a.rope_scaling, n_ctx, a.rope_style,
+                                a.max_position_embeddings)
+        self.attn = AttentionSpec(a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps, rope,
+                                  1.0 / math.sqrt(a.head_dim))
+
+    def block(self, ops: Ops, li: int, L: Layer, x):
+        q = ops.rope_kv(ops.linear(ops.rmsnorm(x, L.attn_norm), L.qkv), self.attn, li, L.bias, L.q_norm, L.k_norm)
+        x = ops.linear(ops.attention(q, self.attn, li), L.o, residual=x)
+        return ops.linear(ops.swiglu(ops.linear(ops.rmsnorm(x, L.ffn_norm), L.gu)), L.down, residual=x)
+
+    def forward(self, ops: Ops, ids):
+        """Logits of the pass's rows (the Ops object decides which rows reach the LM head)."""
+        x = ops.embed(self.tok_embd, ids)
+        for li, L in enumerate(self.layers):
+            x = self.block(ops, li, L, x)
+        return ops.lm_head(ops.rmsnorm(x, self.output_norm), self.output)
