@@ -12,7 +12,6 @@ Every stream is: zero or more TokenEvent / StatsEvent, then exactly one DoneEven
 Stats keys (a key is present only when the engine has that figure; consumers must not assume
 any key):  ``decode_tps``, ``prefill_tps``, ``ttft_s``, ``prompt_tokens``, ``generated_tokens``,
 ``ctx_used``, ``ctx_max``, ``vram_used``, ``vram_total`` (bytes), ``gpu_name``, ``backend``,
-``spec_acceptance`` (0..1), ``spec_mean_len``, ``expert_hit_rates`` (dict tier -> 0..1),
 ``cached_tokens`` (prompt tokens reused from the previous turn's KV cache).
 """
 from __future__ import annotations

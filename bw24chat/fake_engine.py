@@ -2,8 +2,7 @@
 
 It "tokenizes" into words-with-leading-space, streams a scripted reply at a set pace (deterministic: the same request gives the same text), honours
 max_tokens, stop strings, cancel and seeds, and reports every stats field the real engine may
-report (speculation and expert-tier figures included) so that UIs can be tested against all of
-them.  A user message containing ``[[error]]`` makes it fail mid-stream; ``[[slow]]`` makes it
+report, so that UIs can be tested against all of them.  A user message containing ``[[error]]`` makes it fail mid-stream; ``[[slow]]`` makes it
 stream 10x slower.
 """
 from __future__ import annotations
@@ -150,9 +149,6 @@ class FakeEngine(EngineThread):
             ttft_s=ttft,
             prompt_tokens=n_prompt,
             generated_tokens=n_gen,
-            spec_acceptance=0.72,
-            spec_mean_len=2.9,
-            expert_hit_rates={"vram": 0.91, "host": 0.08, "disk": 0.01},
             cached_tokens=0,
         )
         return s

@@ -72,7 +72,7 @@ def testpdl_supported_compares_numbers(monkeypatch):
 
 
 def test_resident_blocks_match_the_occupancy_calculator(monkeypatch):
-    """Nsight Compute's "Block Limit Registers" on the H200 (bench/NOTES.md): 151 registers x 256
+    """Nsight Compute's "Block Limit Registers" on the H200: 151 registers x 256
     threads -> 1 block per SM, 93 x 128 -> 5, 80 x 256 -> 3; shared memory and warps cap too."""
     from bw24chat.backends import cuda_linear as cl
 

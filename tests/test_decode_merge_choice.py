@@ -1,5 +1,5 @@
 """Which split merge decode attention picks (cuda_ops.attn_decode_cluster / attn_decode_hybrid),
-checked without a GPU: the measured choices of bench/NOTES.md (fourteenth session) stay wired to
+checked without a GPU: the measured choices (docs/performance.md) stay wired to
 the architectures and kernels they were measured on, and the switches override them."""
 import pytest
 

@@ -4,7 +4,7 @@ orders, split-bf16 attention), and the prefill-vs-decode gate compares their arg
 NumPy model of the contract is run twice on a random tiny model, once with the attention output
 perturbed by 1e-5 relative (the precise prefill attention's error): the logits must stay close
 and no argmax may change outside near-ties.  (One int8 level failed this: 2-4 changes in 64
-positions, bench/NOTES.md fifth session.)"""
+positions; docs/performance.md.)"""
 import numpy as np
 import pytest
 

@@ -176,9 +176,9 @@ def production_gemm_builds() -> list[dict]:
 @pytest.mark.parametrize("defines", production_gemm_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
 def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
     """ptxas's own report on the default sm_90a GEMM builds: no "Potential Performance Loss" (C7513 /
-    C7515: wgmma serialized), and gemm_wgp / gemm_wra without spills.  Why: the seventeenth
-    session's first register-operand pipeline compiled and gave the right bits while ptxas had
-    serialized every wgmma of its fast and Q4_K builds (bench/NOTES.md)."""
+    C7515: wgmma serialized), and gemm_wgp / gemm_wra without spills.  Why: a register-operand
+    pipeline can compile and give the right bits while ptxas serializes every wgmma (it did for
+    gemm_wra's fast and Q4_K builds in a first pipeline order)."""
     _, log = kb.compile_cubin("gemm", "sm_90a", defines, extra=("-Xptxas=-v",))
     assert "Potential Performance Loss" not in log, [line for line in log.splitlines() if "Potential" in line]
     for fn in ("gemm_wgp", "gemm_wra"):

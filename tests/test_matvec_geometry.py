@@ -1,5 +1,5 @@
 """The decode matvec geometry the wrapper picks (cuda_linear._simt_defines), checked without a GPU:
-the measured choices of bench/NOTES.md stay wired to the shapes they were measured on, the
+the measured choices (docs/performance.md) stay wired to the shapes they were measured on, the
 experiment switches override them, and every picked build compiles (tests/test_kernel_compile.py
 covers the compile side).  Shapes: Qwen3-8B (qkv 6144x4096, o 4096x4096, gate|up 24576x4096,
 down 4096x12288, LM head 49152x4096)."""
@@ -199,7 +199,7 @@ def test_qx_ref_layout():
 
 
 def test_gemm_i8_serves_q8_0_rows_of_a_multiple_of_128(monkeypatch):
-    """gemm_i8 (faster than the bf16 split on the H200: bench/NOTES.md, twelfth session) serves
+    """gemm_i8 (faster than the bf16 split on the H200) serves
     Q8_0 rows of a multiple of 128 by default, gemm_i8_mma the portable path's of a multiple of
     64; BW24CHAT_GEMM_I8=0 turns both off."""
     W = lambda fmt, in_: types.SimpleNamespace(fmt=fmt, out=4096, in_=in_)  # noqa: E731

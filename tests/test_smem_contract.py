@@ -4,9 +4,9 @@ Each kernel that takes dynamic shared memory names its total in a macro next to 
 (gemm.cu GM_SMEM_BYTES, WG_SMEM_BYTES, WGP_SMEM_BYTES, I8_SMEM_BYTES, IM_SMEM_BYTES; attention.cu
 DECODE_SMEM, DECODE_TC_SMEM, PREFILL_SMEM); the Python launch code computes the size it passes
 on its own.  Here each kernel is compiled (NVRTC, sm_90a, the wrapper's defines) with a
-static_assert that the two agree.  Why: the eleventh session's gemm_i8 wrapper summed its stage
-by hand (41 KB for a 49 KB stage); the ring overran its allocation from the fourth k tile on and
-the first GPU run died with illegal addresses (bench/NOTES.md, twelfth session).
+static_assert that the two agree.  Why: a wrapper that summed gemm_i8's stage by hand (41 KB for
+a 49 KB stage) let the ring overrun its allocation from the fourth k tile on, and the GPU run died
+with illegal addresses.
 """
 import pytest
 

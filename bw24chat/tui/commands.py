@@ -60,7 +60,7 @@ class PaletteEntry:
 PALETTE_ENTRIES = (
     PaletteEntry("Models", "Open the model manager: local models, Hugging Face search and downloads", "models"),
     PaletteEntry("Conversations", "List, open, rename, delete and export conversations", "conversations"),
-    PaletteEntry("Settings", "Sampling, speculative decoding, KV cache, VRAM budget", "settings"),
+    PaletteEntry("Settings", "Sampling, KV cache, VRAM budget", "settings"),
     PaletteEntry("Model info", "The loaded model: size, backend, storage format of each layer", "model_info"),
     PaletteEntry("Help", "Keys and slash commands", "help"),
     PaletteEntry("New chat", "Start a new conversation", "chat('new_chat')"),

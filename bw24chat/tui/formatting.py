@@ -28,10 +28,6 @@ def human_duration(seconds: float | None) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"
 
 
-def percent(fraction: float) -> str:
-    return f"{fraction * 100:.0f}%"
-
-
 def first_line(text: str, width: int = 48) -> str:
     """A one-line title from a message."""
     line = next((l.strip() for l in text.splitlines() if l.strip()), "")

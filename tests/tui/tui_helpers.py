@@ -54,9 +54,6 @@ class HeldEngine(FakeEngine):
             "decode_tps": 50.0 + 2.5 * n,
             "prefill_tps": 812.5,
             "ttft_s": 0.042,
-            "spec_acceptance": 0.72,
-            "spec_mean_len": 2.9,
-            "expert_hit_rates": {"vram": 0.91, "host": 0.08, "disk": 0.01},
         }
 
     def run_request(self, handle) -> None:

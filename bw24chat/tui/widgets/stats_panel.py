@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import Label, Sparkline, Static
 
-from ..formatting import human_bytes, human_duration, percent
+from ..formatting import human_bytes, human_duration
 
 LABEL_WIDTH = 11
 
@@ -30,11 +30,6 @@ def _one(key: str, fmt: Callable) -> Callable[[dict], str | None]:
     return lambda stats: fmt(stats[key]) if key in stats else None
 
 
-def _tiers(rates: dict) -> str:
-    pad = "\n" + " " * LABEL_WIDTH
-    return pad.join(f"{tier} {percent(rate)}" for tier, rate in rates.items())
-
-
 @dataclass(frozen=True)
 class StatRow:
     name: str  # also the widget id suffix
@@ -50,9 +45,6 @@ STAT_ROWS = (
     StatRow("vram", "VRAM", _both("vram_used", "vram_total", lambda v: human_bytes(v).removesuffix(" GiB"), " GiB")),
     StatRow("gpu", "GPU", _one("gpu_name", str)),
     StatRow("backend", "Backend", _one("backend", str)),
-    StatRow("spec-accept", "Spec acc.", _one("spec_acceptance", percent)),
-    StatRow("spec-len", "Spec len", _one("spec_mean_len", lambda v: f"{v:.2f} tok")),
-    StatRow("experts", "Expert hit", _one("expert_hit_rates", _tiers)),
 )
 
 

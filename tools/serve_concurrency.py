@@ -2,7 +2,7 @@
 real engine): the aggregate rate and each stream's rate.  The engine serves requests first come,
 first served (no batched decoding yet), so N streams share one decode loop.
 
-    python bench/serve_concurrency.py -m MODEL [--device cuda] [--streams 8] [--max-tokens 128]
+    python tools/serve_concurrency.py -m MODEL [--device cuda] [--streams 8] [--max-tokens 128]
 """
 from __future__ import annotations
 

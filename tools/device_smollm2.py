@@ -1,5 +1,9 @@
 """SmolLM2-135M-Instruct Q4_1 on the device: the CUDA and NumPy backends give the same greedy
-64 tokens (chat prompts), then the check gates on this real model."""
+64 tokens (chat prompts) under each activation contract, then the check gates on this real model
+for every KV cache type.
+
+    python tools/device_smollm2.py PATH/SmolLM2-135M-Instruct.Q4_1.gguf
+"""
 import sys
 import time
 

@@ -1,8 +1,8 @@
 """What a decode-sized kernel can reach at best on this GPU (device):
 
-    python3 bench/decode_floor.py
+    python3 tools/decode_floor.py
 
-Two floors the matvec timings of bench/matvec_variants.py are read against:
+Two floors the in-step matvec times of `bw24chat bench --profile` are read against:
   1. the launch floor: an empty kernel, 200 back-to-back launches captured in one CUDA graph;
   2. the streaming floor: a kernel that only reads S bytes (16-byte loads, 4 in flight per
      thread, grid-stride, one xor-folded word written per block so nothing is elided), for the
@@ -12,7 +12,6 @@ Median of 7 timings of 10 graph replays (CUDA events).  Prints us per launch and
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 
@@ -43,32 +42,6 @@ SIZES_MB = {"nvfp4 o 4096x4096": 9.44, "nvfp4 qkv 6144x4096": 14.16, "nvfp4 down
             "bf16 o 4096x4096": 33.55, "nvfp4 gate|up 24576x4096": 56.62, "bf16 qkv": 50.33,
             "bf16 down": 100.66, "bf16 gate|up": 201.33}
 COPIES = 6
-
-
-# The BW24CHAT_ switches as the run started (the variant scripts put them back before each
-# variant; a fixed list of switches to clear missed BW24CHAT_MV_CPA in stage s10a, so after the
-# first "cpa" variant every later one, "auto" included, ran with the cp.async ring).
-_BASE_SWITCHES = {k: v for k, v in os.environ.items() if k.startswith("BW24CHAT_")}
-
-
-def reset_switches() -> None:
-    """Put every BW24CHAT_ environment switch back to its value at start-up."""
-    for k in [k for k in os.environ if k.startswith("BW24CHAT_")]:
-        os.environ.pop(k)
-    os.environ.update(_BASE_SWITCHES)
-
-
-def format_bench_setup(default_formats: str):
-    """The shared start of the per-format kernel benchmarks: (cupy, upper-case formats from
-    --formats, a seeded NumPy generator, a non-blocking stream)."""
-    import argparse
-
-    import cupy as cp
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--formats", default=default_formats)
-    args = ap.parse_args()
-    return cp, [f.upper() for f in args.formats.split(",")], np.random.default_rng(0), cp.cuda.Stream(non_blocking=True)
 
 
 def time_graph(cp, stream, launch, copies):
