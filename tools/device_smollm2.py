@@ -15,26 +15,21 @@ def greedy(runner, tok, prompt_ids, n=64):
     from bw24chat.generate import Generator
 
     g = Generator(runner, tok)
-    logits, _ = g.prefill(prompt_ids)
     sp = SamplingParams(temperature=0)
-    hist = list(prompt_ids)
-    out = []
-    for i in range(n):
-        t = runner.sample(logits, sp, 0, len(hist), hist)
+    t, _ = g.prefill(prompt_ids, sp, 0)
+    out = [t]
+    for i in range(n - 1):
+        t = g.decode(t, sp, 0, [])
         out.append(t)
-        hist.append(t)
-        logits = g.decode(t)
     return out
 
 
 def main(path):
     from bw24chat.backends.cuda_runner import CudaRunner
-    from bw24chat.backends.numpy_backend import NumpyBackend
+    from bw24chat.backends.numpy_backend import NumpyBackend, numpy_runner
     from bw24chat.chat_template import ChatFormatter
     from bw24chat.check import model_gates
-    from bw24chat.generate import NumpyRunner
     from bw24chat.loaders import load_checkpoint
-    from bw24chat.models import build_model
 
     ck = load_checkpoint(path)
     tok = ck.tokenizer
@@ -44,7 +39,7 @@ def main(path):
     # each activation contract against the NumPy backend computing the same one; the exact f32
     # cache (the NumPy reference keeps float32 K/V)
     for act in ("bf16", "f32"):
-        npr = NumpyRunner(build_model(ck, NumpyBackend(act_quant=True, act_bf16=act == "bf16"), 2048))
+        npr = numpy_runner(ck, 2048, NumpyBackend(act_quant=True, act_bf16=act == "bf16"))
         cur = CudaRunner(ck, 2048, "f32", activations=act)
         ok = 0
         for p in prompts:
