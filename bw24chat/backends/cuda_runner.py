@@ -278,6 +278,7 @@ class CudaRunner:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: dict = {}  # rows -> the captured decode step
         self._rows = 1  # rows of the last pass (last_logits)
+        self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
 
     # ==================================================================== buffers
     def buffer(self, name: str, rows: int, *cols: int, dtype: str = "f4"):
@@ -310,7 +311,7 @@ class CudaRunner:
         with self.stream:
             for s in range(0, len(ids), self.prefill_chunk):
                 self._prefill_chunk(ids[s: s + self.prefill_chunk], start + s, False)
-        self._rows = 1
+        self._rows, self._kept = 1, []
         if params is None:
             return None
         # the first token after the prompt: its logits are already in d_logits[0]
@@ -389,10 +390,27 @@ class CudaRunner:
                 h[(base + _ROW_PARAMS) // 4:(base + _ROW_PARAMS) // 4 + n] = recent[-n:]
 
     def step(self, tokens, start: int, params: SamplingParams, seed: int, history) -> list[int]:
-        m = len(tokens)
-        if not 1 <= m <= MAX_ROWS:
-            raise ValueError(f"a step runs 1..{MAX_ROWS} rows, got {m}")
-        self._write_io(tokens, start, params, seed, history)
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("a step runs at least one row")
+        # more rows than one pass holds (a verify of K = 8 drafts): passes of MAX_ROWS rows, each
+        # row still the same arithmetic as a one-row step
+        out, kept = [], []
+        hist = list(history[-RING:])
+        for s in range(0, len(tokens), MAX_ROWS):
+            rows = tokens[s:s + MAX_ROWS]
+            if kept or s + MAX_ROWS < len(tokens):
+                kept.append(self._pass(rows, start + s, params, seed, hist, keep=True))
+            else:
+                self._pass(rows, start + s, params, seed, hist)
+            out += [int(t) for t in self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + len(rows)]]
+            hist += rows
+        self._kept = kept
+        return out
+
+    def _pass(self, rows: list[int], start: int, params: SamplingParams, seed: int, history, keep: bool = False):
+        m = len(rows)
+        self._write_io(rows, start, params, seed, history)
         if self.use_graph:
             if m not in self.graphs:
                 self._capture(m)
@@ -400,12 +418,16 @@ class CudaRunner:
         else:
             with self.stream:
                 self._step_body(m)
-        self.stream.synchronize()
         self._rows = m
-        return [int(t) for t in self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + m]]
+        with self.stream:  # the copy follows the step on the runner's stream
+            kept = self.d_logits[:m].copy() if keep else None
+        self.stream.synchronize()
+        return kept
 
     def last_logits(self) -> np.ndarray:
         self.stream.synchronize()
+        if self._kept:
+            return np.concatenate([self.cp.asnumpy(k) for k in self._kept])
         return self.cp.asnumpy(self.d_logits[:self._rows])
 
     def rollback(self, n: int) -> None:

@@ -8,7 +8,8 @@ notion of text: ``generate.py`` drives it with token ids.
         run ``ids`` at positions start..start+T-1 (any T, chunked inside), then, given
         ``params``, sample the token at position start+T
   ``step(tokens, start, params, seed, history) -> list[int]``
-        m = 1..MAX_ROWS rows of one sequence in one pass: tokens[i] at position start+i; returns
+        m rows of one sequence (one pass for m <= MAX_ROWS; more take several passes):
+        tokens[i] at position start+i; returns
         the token sampled after each row (the row's own logits, Philox draw keyed by seed and
         position start+i+1, repetition history ``history + tokens[:i+1]``).  Each row's
         numerics equal a one-row step at that position bit for bit (speculative verify relies

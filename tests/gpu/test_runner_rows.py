@@ -1,4 +1,4 @@
-"""CudaRunner.step over m = 1..8 rows of one sequence: each row's logits and sampled token equal
+"""CudaRunner.step over m = 1..9 rows of one sequence: each row's logits and sampled token equal
 a one-row step at its position, bit for bit, graph and eager (what speculative verify relies
 on); and the runner equals the NumPy runner's greedy tokens on a tiny model."""
 import numpy as np
@@ -21,7 +21,7 @@ def test_rows_equal_single_steps(cp, models, fmt, graph):
 
     rng = np.random.default_rng()
     prompt = [int(t) for t in rng.integers(0, 4096, 45)]
-    rows = [int(t) for t in rng.integers(0, 4096, 8)]
+    rows = [int(t) for t in rng.integers(0, 4096, 9)]
     sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repeat_penalty=1.1)
     r = CudaRunner(models[fmt], 1024, "bf16", use_graph=graph)
     r.prefill(prompt, 0)
@@ -29,7 +29,7 @@ def test_rows_equal_single_steps(cp, models, fmt, graph):
     for i, t in enumerate(rows):
         single += r.step([t], len(prompt) + i, sp, 5, prompt + rows[:i])
         single_logits.append(r.last_logits()[0])
-    for m in range(1, 9):
+    for m in range(1, 10):  # 9 rows: two passes (a verify of K = 8 drafts)
         r.prefill(prompt, 0)
         got = r.step(rows[:m], len(prompt), sp, 5, prompt)
         assert got == single[:m], m
