@@ -19,6 +19,7 @@ from ..config import load_config, update_saved_config, with_cli_overrides
 from ..conversations import ConversationStore
 from ..options import EngineOptions
 from .commands import ChatCommands
+from .formatting import model_title
 from .messages import EngineFailed, EngineLoading, EngineReady
 from .screens.chat import ChatScreen
 from .screens.conversations import ConversationsScreen
@@ -120,7 +121,7 @@ class ChatApp(App):
         if self.chat.conversation is not None:
             self.store.set_model(self.chat.conversation.id, message.spec)
         self.chat.engine_ready()
-        self.notify(f"{self.engine.info.name} is ready", title="Model loaded", markup=False)
+        self.notify(f"{model_title(self.engine.info)} is ready", title="Model loaded", markup=False)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         if message.load_id != self._load_id:
