@@ -131,10 +131,15 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
 
         runner, device_name = make_cuda_runner(ckpt, options, report)
     else:
+        from threadpoolctl import threadpool_limits
+
         from .backends.numpy_backend import NumpyBackend
         from .generate import NumpyRunner
         from .models import build_model
 
+        # the BLAS library's default (a thread per core) collapses when another process takes
+        # a core; set process-wide, as the engine thread's products are this process's BLAS work
+        threadpool_limits(limits=options.threads, user_api="blas")
         model = build_model(ckpt, NumpyBackend(), options.n_ctx, lambda f: report(LoadProgress("uploading", f)))
         runner, device_name = NumpyRunner(model), "CPU (NumPy)"
     report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))

@@ -74,6 +74,7 @@ class EngineOptions:
     speculative: str = "off"  # off | mtp
     spec_k: int = 4
     vram_budget_gb: float = 0.0  # 0: all free VRAM
+    threads: int = 1  # BLAS threads of the NumPy backend (docs/performance.md)
     max_queue: int = 64
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # the MODEL_SAMPLING_KEYS the user chose; the others take the model's recommendation
@@ -82,7 +83,7 @@ class EngineOptions:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    add_model_arg(g)
+    add_model_arg(g, help=MODEL_HELP + " (default: none: the app opens its model manager; --headless and serve use 'default')")
     add_device_arg(g)
     g.add_argument("--ctx", dest="n_ctx", type=int, default=0, help="context length in tokens (default: 0, the model's)")
     g.add_argument("--kv-cache", choices=KV_CACHE_TYPES, default="bf16",
@@ -95,6 +96,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative", choices=["off", "mtp"], default="off", help="speculative decoding with multi-token-prediction drafts")
     g.add_argument("--spec-k", type=int, default=4, help="draft tokens per speculative step")
     g.add_argument("--vram-budget", dest="vram_budget_gb", type=float, default=0.0, help="GiB of VRAM to use (default: 0, all free)")
+    g.add_argument("--threads", type=int, default=1,
+                   help="BLAS threads of the NumPy backend (1 was fastest on 2 cores, idle or busy: docs/performance.md)")
     s = p.add_argument_group("sampling (unset: the model's recommendation, else the conservative values shown)")
     from .sampling_defaults import CONSERVATIVE
 
@@ -128,6 +131,7 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         speculative=a.speculative,
         spec_k=a.spec_k,
         vram_budget_gb=a.vram_budget_gb,
+        threads=a.threads,
         sampling=SamplingParams(
             **chosen,
             repeat_last_n=a.repeat_last_n,

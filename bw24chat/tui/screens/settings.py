@@ -48,6 +48,7 @@ SETTINGS = (
     Setting("kv_cache", "engine", "KV cache", str, "cache precision"),
     Setting("activations", "engine", "Activations", str, "matmul inputs: bf16 = faster prefill"),
     Setting("vram_budget_gb", "engine", "VRAM budget", float, "GiB, 0 = all free", 0),
+    Setting("threads", "engine", "CPU threads", int, "BLAS threads of the NumPy backend", 1, 256),
 )
 
 
