@@ -63,9 +63,10 @@ class SettingsScreen(Screen):
 
     def _model_defaults(self) -> tuple[dict, str]:
         engine = self.app.engine
-        if engine is not None and engine.info.sampling_source:
-            return engine.info.sampling_defaults, engine.info.sampling_source
-        return CONSERVATIVE, "bw24chat's conservative defaults (no model loaded)"
+        if engine is None:
+            return CONSERVATIVE, "no model loaded; bw24chat's conservative defaults until one is"
+        info = engine.info
+        return info.sampling_defaults or CONSERVATIVE, info.sampling_source or "bw24chat's conservative defaults"
 
     def compose(self):
         yield Header(show_clock=False)
