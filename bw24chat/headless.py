@@ -48,6 +48,8 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> t
             out.write("\n")
             if final.finish_reason == "context_full":
                 sys.stderr.write("[context full: the reply was cut at the model's context length]\n")
+            elif final.finish_reason == "loop":
+                sys.stderr.write(f"[stopped: the reply repeated itself for {request.sampling.stop_on_loop} tokens (--stop-on-loop)]\n")
     else:
         if as_json:
             out.write(json.dumps({"type": "error", "message": final.message}) + "\n")

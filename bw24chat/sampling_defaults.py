@@ -2,9 +2,10 @@
 
 A Hugging Face folder recommends through its ``generation_config.json``.  A GGUF file carries
 no sampling metadata, so the published recommendation of its family applies (matched on the
-file and model name).  A recommendation is a transformers generation config: what it leaves
-out has transformers' default (top-k 50, no top-p / min-p / repetition penalty), the setting
-the recommendation was made in.  Values the user sets (flags, settings, request fields) win.
+file and model name).  What a recommendation leaves out takes the conservative value: SmolLM2's
+card names only temperature 0.2 and top-p 0.9, and without a repeat penalty the ~10 % of its
+replies that start off course ("L'Étoile, la Cité, ...") loop until max_tokens.  Values the
+user sets (flags, settings, request fields) win.
 """
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from collections.abc import Iterable
 from .api import SamplingParams
 
 # No recommendation: a low temperature, a truncated tail and a mild repeat penalty, which keep
-# small models on topic (the 0.7 / untruncated / no-penalty settings made SmolLM2-135M drift
-# into other languages and loops).
-CONSERVATIVE = dict(temperature=0.6, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1)
-_TRANSFORMERS = dict(temperature=1.0, top_k=50, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+# small models on topic.  SmolLM2-135M, "What is the capital of France?", 20-40 seeds: Paris in
+# 11/20 at the old 0.7 / untruncated / no penalty, 14/20 at temperature 0.6 with the rest of these,
+# 32/40 at 0.3 (the others mostly begin "L'Étoile (The City) - The capital of France...").
+CONSERVATIVE = dict(temperature=0.3, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1)
 
 # (name pattern, values, where they come from), first match wins
 FAMILIES = (
@@ -42,11 +43,11 @@ def model_sampling(checkpoint) -> tuple[dict, str]:
     """(temperature, top_k, top_p, min_p, repeat_penalty) for ``checkpoint``, and their source."""
     found = _from_generation_config(checkpoint.generation_config or {})
     if found:
-        return {**_TRANSFORMERS, **found}, "the model's generation_config.json"
+        return {**CONSERVATIVE, **found}, "the model's generation_config.json"
     name = f"{getattr(checkpoint.path, 'name', '')} {checkpoint.name}".lower()
     for pattern, values, source in FAMILIES:
         if re.search(pattern, name):
-            return {**_TRANSFORMERS, **values}, source
+            return {**CONSERVATIVE, **values}, source
     return dict(CONSERVATIVE), "bw24chat's conservative defaults"
 
 

@@ -283,6 +283,9 @@ class ChatScreen(Screen):
             reply.finish_reason = event.finish_reason
             reply.stats = event.stats
             self.stats_panel.update_stats(event.stats)
+            if event.finish_reason == "loop":
+                self.notify("The reply kept repeating itself and was stopped (settings: Stop on loop)",
+                            title="Stopped", severity="warning")
             if event.finish_reason == "context_full":
                 self.notify(
                     "The context is full: start a new chat (/clear) to go on",
