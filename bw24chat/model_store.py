@@ -8,7 +8,6 @@ The file is checked against its SHA-256 either way.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
@@ -20,14 +19,12 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
-import httpx
 
-from .hub import hub_endpoint
+from .hub import hub_offline
 from .paths import models_dir
 
 # progress(text, bytes done, bytes total): the byte counts are None outside a download
 Progress = Callable[[str, "int | None", "int | None"], None]
-HUB_PROBE_TIMEOUT_S = 3.0
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -46,25 +43,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def hub_offline() -> str | None:
-    """Why the Hugging Face hub is not to be used now, or None.  Asked once per process: one
-    short request (proxies honoured), no retries; ``HF_HUB_OFFLINE`` skips even that."""
-    return _hub_offline(hub_endpoint())
-
-
-@functools.cache
-def _hub_offline(endpoint: str) -> str | None:
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return "HF_HUB_OFFLINE is set"
-    try:
-        httpx.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        return f"{endpoint} is not reachable ({type(exc).__name__})"
-    return None
 
 
 def _from_hub(dest: Path, progress: Progress | None) -> None:

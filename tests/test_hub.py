@@ -502,7 +502,7 @@ async def test_a_download_can_be_cancelled_in_the_model_manager(fake_hub, tiny_r
 def test_the_default_model_comes_from_the_hub_with_progress(fake_hub, tiny_repo, monkeypatch):
     from bw24chat import model_store
 
-    model_store._hub_offline.cache_clear()
+    hub.hub_offline(fresh=True)
     monkeypatch.setattr(model_store, "DEFAULT_MODEL_REPO", "acme/Tiny-GGUF")
     monkeypatch.setattr(model_store, "DEFAULT_MODEL_REVISION", "main")
     monkeypatch.setattr(model_store, "DEFAULT_MODEL_FILE", "tiny-Q4_1.gguf")
@@ -514,18 +514,17 @@ def test_the_default_model_comes_from_the_hub_with_progress(fake_hub, tiny_repo,
 
 
 def test_an_offline_hub_is_detected_once_without_retries(monkeypatch):
-    from bw24chat import model_store
-
-    model_store._hub_offline.cache_clear()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "HF_HUB_OFFLINE" in model_store.hub_offline()
+    assert "HF_HUB_OFFLINE" in hub.hub_offline(fresh=True)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     t0 = time.monotonic()
-    assert "not reachable" in model_store.hub_offline()
-    assert time.monotonic() - t0 < model_store.HUB_PROBE_TIMEOUT_S + 1
-    model_store._hub_offline.cache_clear()
+    assert "not reachable" in hub.hub_offline()
+    with pytest.raises(hub.HubUnreachable):
+        hub.search_models("tiny")
+    assert time.monotonic() - t0 < hub.HUB_PROBE_TIMEOUT_S + 1
+    hub.hub_offline(fresh=True)
 
 
 @pytest.mark.anyio

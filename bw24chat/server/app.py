@@ -68,7 +68,7 @@ from ..console import load_reporter
 from ..options import EngineOptions, add_engine_args, options_from_args, parser
 from ..sampling_defaults import effective_sampling
 from .metrics import Metrics
-from .protocol import APIError, Limits, ParsedRequest, Responder, parse_chat, parse_completion
+from .protocol import APIError, Limits, ParsedRequest, Responder, check_model, parse_chat, parse_completion
 
 log = logging.getLogger("bw24chat.server")
 
@@ -199,6 +199,7 @@ class _Generation:
 class _Service:
     def __init__(self, engine: EngineAPI, max_body_bytes: int, limits: Limits, model_name: str):
         info = engine.info
+        limits.model_id = model_name
         limits.models = frozenset({model_name, info.model_id, info.name, *info.aliases})
         self.engine = engine
         self.max_body = max_body_bytes
@@ -225,10 +226,7 @@ class _Service:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> Response:
-        model_id = request.path_params["model_id"]
-        if model_id not in self.limits.models:
-            raise APIError(404, f"The model '{model_id}' does not exist on this server (it serves "
-                                f"'{self.model_name}').", "model", "model_not_found")
+        check_model(request.path_params["model_id"], self.limits)
         return JSONResponse(self._model_card())
 
     # -- generation

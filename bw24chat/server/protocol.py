@@ -107,7 +107,8 @@ class Limits:
 
     max_tokens_cap: int = 4096
     defaults: SamplingParams = dataclasses.field(default_factory=SamplingParams)
-    models: frozenset[str] = frozenset()  # the ids a request's "model" may name (empty: any)
+    model_id: str = ""  # the served model's id
+    models: frozenset[str] = frozenset()  # the ids a request's "model" may name: model_id and its aliases (empty: any)
 
 
 @dataclass
@@ -176,9 +177,15 @@ def _stream_flags(b: _Body) -> tuple[bool, bool]:
 
 def _model(b: _Body, limits: Limits) -> None:
     name = b.get("model", "string")
-    if name is not None and limits.models and name not in limits.models:
-        raise APIError(404, f"The model '{name}' does not exist on this server (it serves "
-                            f"{', '.join(repr(m) for m in sorted(limits.models))}).", "model", "model_not_found")
+    if name is not None:
+        check_model(name, limits)
+
+
+def check_model(name: str, limits: Limits) -> None:
+    """404 model_not_found (OpenAI's answer) unless ``name`` is the served model or an alias."""
+    if limits.models and name not in limits.models:
+        raise APIError(404, f"The model '{name}' does not exist on this server (it serves '{limits.model_id}').",
+                       "model", "model_not_found")
 
 
 def _message_text(i: int, m: dict) -> str:

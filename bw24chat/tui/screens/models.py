@@ -177,12 +177,16 @@ class ModelsScreen(Screen):
     @on(Button.Pressed, "#hub-search")
     @on(Input.Submitted, "#hub-query")
     def search(self) -> None:
+        self._start_search(fresh=False)
+
+    def _start_search(self, fresh: bool) -> None:
+        """Search the Hub (``fresh``: probe its reachability again, a Retry)."""
         query = self.query_one("#hub-query", Input).value.strip()
         fmt = self.query_one("#hub-format", Select).value
         self._show_hub_error(None)
         self.query_one("#hub-results", DataTable).loading = True
-        self._retry = self.search
-        self._search(query, None if fmt == "any" else fmt)
+        self._retry = self._start_search
+        self._search(query, None if fmt == "any" else fmt, fresh)
 
     def _show_hub_error(self, text: str | None) -> None:
         """A failed Hub request: its reason and a Retry button where its table was."""
@@ -197,11 +201,12 @@ class ModelsScreen(Screen):
     @on(Button.Pressed, "#hub-retry")
     def retry_hub(self) -> None:
         if self._retry is not None:
-            self._retry()
+            self._retry(fresh=True)
 
     @work(thread=True, exclusive=True, group="hub")
-    def _search(self, query: str, fmt: str | None) -> None:
+    def _search(self, query: str, fmt: str | None, fresh: bool) -> None:
         try:
+            hub.hub_offline(fresh)
             self.post_message(HubSearchDone(hub.search_models(query, fmt)))
         except Exception as exc:  # noqa: BLE001 - network errors are shown, not raised
             self.post_message(HubFailed("search", f"{type(exc).__name__}: {exc}"))
@@ -226,17 +231,18 @@ class ModelsScreen(Screen):
     def list_files(self, event: DataTable.RowSelected) -> None:
         self._open_repo(self.hub_models[int(event.row_key.value)].repo_id)
 
-    def _open_repo(self, repo_id: str) -> None:
+    def _open_repo(self, repo_id: str, fresh: bool = False) -> None:
         self._show_hub_error(None)
         files = self.query_one("#hub-files", DataTable)
         files.display = True
         files.loading = True
-        self._retry = lambda: self._open_repo(repo_id)
-        self._list_files(repo_id)
+        self._retry = lambda fresh: self._open_repo(repo_id, fresh)
+        self._list_files(repo_id, fresh)
 
     @work(thread=True, exclusive=True, group="hub")
-    def _list_files(self, repo_id: str) -> None:
+    def _list_files(self, repo_id: str, fresh: bool) -> None:
         try:
+            hub.hub_offline(fresh)
             self.post_message(HubFilesListed(hub.list_choices(repo_id)))
         except Exception as exc:  # noqa: BLE001
             self.post_message(HubFailed("listing", f"{type(exc).__name__}: {exc}"))
