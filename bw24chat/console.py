@@ -17,10 +17,11 @@ def load_reporter(prefix: str = "bw24chat", stream=None) -> Callable[[LoadProgre
     def report(p: LoadProgress) -> None:
         if p.stage == "downloading":
             tenth = int(p.fraction * 10)
+            line = f"{prefix}: downloading {p.detail} ({100 * p.fraction:.0f} %)"
             if tty:
-                out.write(f"\r{prefix}: {p.detail} ({100 * p.fraction:.0f} %)\x1b[K" + ("\n" if p.fraction >= 1 else ""))
+                out.write(f"\r{line}\x1b[K" + ("\n" if p.fraction >= 1 else ""))
             elif tenth != last["tenth"]:
-                out.write(f"{prefix}: {p.detail} ({100 * p.fraction:.0f} %)\n")
+                out.write(line + "\n")
             last["tenth"] = tenth
         elif p.detail and p.detail != last["detail"] and p.stage in ("reading", "ready"):
             out.write(f"{prefix}: {p.detail}\n")

