@@ -54,6 +54,9 @@ async def test_only_reported_figures_are_shown():
         panel.reset([10.0, 20.0])
         await pilot.pause()
         assert shown(panel) == {} and panel.tps_history == [10.0, 20.0]
+        panel.reset([12.0])  # a reopened conversation of one reply: no solid block
+        await pilot.pause()
+        assert not panel.query_one("#tps-sparkline").display
 
 
 async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
