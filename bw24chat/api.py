@@ -34,6 +34,7 @@ class SamplingParams:
     min_p: float = 0.0  # 0.0: off
     repeat_penalty: float = 1.0  # 1.0: off (llama.cpp / CTRL-style penalty)
     repeat_last_n: int = 64
+    stop_on_loop: int = 0  # stop once the same phrase has repeated for this many tokens (0: off)
     seed: int | None = None  # None: a fresh random seed per request
     max_tokens: int = 512
     stop: list[str] = field(default_factory=list)
@@ -96,7 +97,7 @@ class Usage:
 
 @dataclass
 class DoneEvent:
-    finish_reason: str  # "stop" | "length" | "context_full" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "context_full" | "cancelled" | "loop"
     usage: Usage
     stats: dict = field(default_factory=dict)
     text: str = ""  # the whole generated text (stop string excluded)
@@ -112,7 +113,7 @@ Event = Union[TokenEvent, StatsEvent, DoneEvent, ErrorEvent]
 
 @dataclass
 class LoadProgress:
-    """Reported while a model loads: stage in ("reading", "uploading", "compiling", "ready")."""
+    """Reported while a model loads: stage in ("downloading", "reading", "uploading", "compiling", "ready")."""
 
     stage: str
     fraction: float  # 0..1 within the stage
@@ -130,6 +131,14 @@ class ModelInfo:
     device_name: str
     formats: dict[str, str] = field(default_factory=dict)  # tensor name -> format, e.g. "Q4_1"
     chat_template: bool = True
+    id: str = ""  # the clean model id (repo id or file stem) clients use; "" means name
+    aliases: tuple[str, ...] = ()  # other ids a client may use for this model
+    sampling_defaults: dict = field(default_factory=dict)  # model_sampling(): what unset values take
+    sampling_source: str = ""
+
+    @property
+    def model_id(self) -> str:
+        return self.id or self.name
 
 
 class EngineBusy(Exception):

@@ -203,22 +203,96 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
     return rows
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="bw24chat bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", help="model path (GGUF / HF dir)")
-    p.add_argument("--synthetic", help="named shape with random weights: " + ", ".join(__import__("bw24chat.synthetic", fromlist=["SHAPES"]).SHAPES))
-    p.add_argument("--weights", default="bf16", help="comma list for --synthetic: bf16,q8_0,q4_k,nvfp4,...")
-    p.add_argument("--kv-cache", default="bf16")
+def bench_numpy(ck, threads: list[int], runs: int, prompt: int = 128, gen: int = 32) -> list[dict]:
+    """The NumPy backend: prefill of ``prompt`` tokens and ``gen`` decode steps, medians of
+    ``runs``, under each BLAS thread count in ``threads`` (threadpoolctl)."""
+    from threadpoolctl import threadpool_limits
+
+    from .api import SamplingParams
+    from .backends.numpy_backend import NumpyRunner, numpy_runner
+
+    model = numpy_runner(ck, prompt + gen + 8).model
+    ids = np.random.default_rng(0).integers(0, model.args.vocab_size, prompt)
+    greedy = SamplingParams(temperature=0)
+    rows = []
+    for n in threads:
+        with threadpool_limits(limits=n, user_api="blas"):
+            pre, dec = [], []
+            for _ in range(runs):
+                runner = NumpyRunner(model)
+                t0 = time.perf_counter()
+                tok = runner.prefill(ids, 0, greedy)
+                t1 = time.perf_counter()
+                for i in range(gen):
+                    tok = runner.step([tok], prompt + i, greedy, 0, [])[0]
+                pre.append(t1 - t0)
+                dec.append(time.perf_counter() - t1)
+        rows.append(dict(model=ck.name, threads=n, test=f"pp{prompt}", tok_s=prompt / statistics.median(pre)))
+        rows.append(dict(model=ck.name, threads=n, test=f"tg{gen}", tok_s=gen / statistics.median(dec)))
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .options import KV_CACHE_TYPES, MODEL_HELP, add_device_arg, add_model_arg, comma_ints, comma_list, parser
+    from .synthetic import FORMATS, SHAPES
+
+    p = parser("bw24chat bench", __doc__)
+    add_model_arg(p, help=MODEL_HELP + " (default: 'default' unless --synthetic)")
+    add_device_arg(p, help="cuda: the GPU benchmarks against the roofline; cpu: prefill and decode of the NumPy backend "
+                           "per BLAS thread count (--threads); auto: cuda where CuPy and a GPU are usable, else a "
+                           "one-line notice and exit status 2")
+    p.add_argument("--synthetic", choices=sorted(SHAPES), help="named shape with random weights (GPU)")
+    p.add_argument("--weights", type=comma_list(FORMATS), default="bf16",
+                   help="comma list of the weight formats for --synthetic: " + ", ".join(FORMATS))
+    p.add_argument("--kv-cache", choices=KV_CACHE_TYPES, default="bf16", help="KV cache type on the GPU")
     p.add_argument("--activations", choices=["f32", "bf16"], default="f32",
                    help="the matmul inputs' contract (the prefill rows are also measured under the other)")
-    p.add_argument("--ctx", type=int, default=10240)
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--json", help="also write the JSON here")
+    p.add_argument("--ctx", type=int, default=10240, help="context length the GPU runner allocates")
+    p.add_argument("--runs", type=int, default=5, help="timed runs per row (the median is reported)")
+    p.add_argument("--threads", type=comma_ints, default="1,2",
+                   help="--device cpu: comma list of BLAS thread counts to measure")
+    p.add_argument("--json", action="store_true", help="print the results as JSON only (no table)")
+    p.add_argument("-o", "--output", metavar="PATH", help="also write the JSON results to PATH (default: none)")
     p.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
     p.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
     p.add_argument("--profile", action="store_true",
                    help="only the per-kernel decode profile (in-graph times of each role) at context 512 and 8192")
-    a = p.parse_args(argv)
+    return p
+
+
+def _legacy(argv: list[str]) -> list[str]:
+    """``--json PATH`` (bench/device_run.sh's spelling): ``--output PATH``."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--json" and not out[i + 1].startswith("-"):
+            out[i] = "--output"
+    return out
+
+
+def _emit(result: dict, a, table) -> None:
+    text = json.dumps(result, indent=1)
+    if a.output:
+        with open(a.output, "w") as f:
+            f.write(text)
+    if a.json:
+        print(text)
+    else:
+        table()
+
+
+def main(argv: list[str]) -> int:
+    from .backends import cuda_status
+    from .check import no_gpu
+
+    a = build_parser().parse_args(_legacy(argv))
+    usable, why = (False, "") if a.device == "cpu" else cuda_status()
+    if a.device == "cpu":
+        return _main_cpu(a)
+    if not usable:
+        sys.stderr.write(f"bw24chat bench: {no_gpu(why)}; the GPU benchmarks need an NVIDIA GPU with CuPy "
+                         f"(pip install 'bw24chat[cuda13]' or [cuda12]); 'bw24chat bench --device cpu' measures the "
+                         f"NumPy backend\n")
+        return 2
     import cupy as cp
 
     from .backends.cuda_runner import CudaRunner
@@ -228,7 +302,7 @@ def main(argv: list[str]) -> int:
     if a.synthetic:
         from .synthetic import synthetic_checkpoint
 
-        for fmt in a.weights.split(","):
+        for fmt in a.weights:
             ck = synthetic_checkpoint(a.synthetic, fmt.upper())
             runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations)
             if a.profile:
@@ -238,9 +312,10 @@ def main(argv: list[str]) -> int:
             del runner
             cp.get_default_memory_pool().free_all_blocks()
     else:
-        from .loaders import load_checkpoint
+        from .console import print_downloads
+        from .model_store import open_checkpoint
 
-        ck = load_checkpoint(a.model)
+        ck = open_checkpoint(a.model or "default", print_downloads("bw24chat bench"))
         runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations)
         if a.profile:
             _print_profile(runner, cp, ck.name, a.ctx)
@@ -260,19 +335,41 @@ def main(argv: list[str]) -> int:
               "pdl": pdl, "prefill_gemm": gemm_impl(), "int8_activations": [f for f in FORMATS if act_q8(f)],
               "prefill_register_a": wra_summary() if gemm_impl() == "wg" else "off (needs sm_90a)",
               "switches": switches, "rows": rows}
-    out = json.dumps(result, indent=1)
-    print(out)
-    if a.json:
-        open(a.json, "w").write(out)
-    print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}, "
-          f"activations {a.activations}, "
-          f"PDL {pdl}, prefill GEMM {result['prefill_gemm']} (register-A weights: {result['prefill_register_a']}), "
-          f"int8 activations {','.join(result['int8_activations']) or 'none'}"
-          + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))
-    print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
-    for r in rows:
-        print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
-              f"{r.get('bytes_per_token', ''):>12} " + (f"{r['host_overhead']:8.3f}" if "host_overhead" in r else f"{'-':>8}"))
+
+    def table() -> None:
+        print(f"\n{dev}: copy {copy_bw / 1e9:.0f} GB/s, fp16 GEMM {gemm_rate / 1e12:.0f} TFLOP/s, KV cache {a.kv_cache}, "
+              f"activations {a.activations}, "
+              f"PDL {pdl}, prefill GEMM {result['prefill_gemm']} (register-A weights: {result['prefill_register_a']}), "
+              f"int8 activations {','.join(result['int8_activations']) or 'none'}"
+              + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))
+        print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
+        for r in rows:
+            print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
+                  f"{r.get('bytes_per_token', ''):>12} " + (f"{r['host_overhead']:8.3f}" if "host_overhead" in r else f"{'-':>8}"))
+
+    _emit(result, a, table)
+    return 0
+
+
+def _main_cpu(a) -> int:
+    from threadpoolctl import threadpool_info
+
+    from .console import print_downloads
+    from .model_store import open_checkpoint
+
+    ck = open_checkpoint(a.model or "default", print_downloads("bw24chat bench"))
+    rows = bench_numpy(ck, a.threads, a.runs)
+    blas = ", ".join(f"{i['internal_api']} {i.get('version')} ({i['num_threads']} threads by default)"
+                     for i in threadpool_info() if i["user_api"] == "blas")
+    result = {"device": "cpu", "blas": blas, "cpu_count": os.cpu_count(), "rows": rows}
+
+    def table() -> None:
+        print(f"\nNumPy backend on {os.cpu_count()} CPUs, BLAS {blas}")
+        print(f"{'model':32} {'threads':>7} {'test':8} {'tok/s':>10}")
+        for r in rows:
+            print(f"{r['model'][:32]:32} {r['threads']:7} {r['test']:8} {r['tok_s']:10.1f}")
+
+    _emit(result, a, table)
     return 0
 
 

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .api import SamplingParams
+from .synthetic import FORMATS
 
-DEFAULT_FORMATS = "bf16,f16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k,nvfp4"
+DEFAULT_FORMATS = ",".join(FORMATS)
 DEFAULT_KV = "bf16,q8_0,fp8,f32"
+NO_GPU_HINT = "the CUDA kernels and the GPU gates need an NVIDIA GPU with CuPy: pip install 'bw24chat[cuda13]' (or [cuda12])"
 
 
 @dataclass
@@ -42,8 +44,9 @@ class Result:
 
 
 def _greedy(runner, prompt, n, use_graph: bool, sp=None, seed=0):
-    runner.use_graph = use_graph
-    runner.graphs.clear()
+    if hasattr(runner, "graphs"):  # CUDA: start from a fresh capture (or none)
+        runner.use_graph = use_graph
+        runner.graphs.clear()
     sp = sp or SamplingParams(temperature=0)
     hist = list(int(t) for t in prompt)
     tok = runner.prefill(prompt, 0, sp, seed)
@@ -130,56 +133,130 @@ def kernel_checks() -> list[Result]:
     return [Result("kernels", name, value, limit, ok) for name, value, limit, ok in kc.run_all()]
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="bw24chat check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", help="also gate this model (GGUF / HF dir)")
-    p.add_argument("--synthetic", default="tiny", help="random-weight shape gated in every format (bw24chat.synthetic.SHAPES)")
-    p.add_argument("--formats", default=DEFAULT_FORMATS)
-    p.add_argument("--kv", default=DEFAULT_KV)
-    p.add_argument("--skip-kernels", action="store_true")
-    p.add_argument("--skip-gates", action="store_true")
+def numpy_checks(formats: list[str], shape: str, n_prompt: int = 96, n_gen: int = 16) -> list[Result]:
+    """What runs without a GPU: the NumPy dequantization of every format against gguf's own
+    (bit for bit), and on a random-weight model per format the NumPy backend's prefill argmax
+    against its decode argmax at every position, and seed reproducibility."""
+    from gguf import quants as gq
+    from gguf.constants import GGMLQuantizationType as T
+
+    from . import quants
+    from .backends.numpy_backend import numpy_runner
+    from .synthetic import synthetic_checkpoint
+
+    res = []
+    rng = np.random.default_rng()
+    for qtype in sorted(t for t in quants.SUPPORTED if t != T.F32):
+        raw = rng.integers(0, 256, size=(7, 5 * quants.block_info(qtype)[1]), dtype=np.uint8)
+        with np.errstate(all="ignore"):  # random bytes make NaN / inf scales too
+            ours, theirs = quants.dequantize(raw, qtype), gq.dequantize(raw, qtype).astype(np.float32)
+        bad = int(np.count_nonzero(ours.view(np.uint32) != theirs.view(np.uint32)))
+        res.append(Result("numpy", f"dequantize {T(qtype).name} = gguf.quants", f"{bad} bit mismatches", "0", bad == 0))
+    for fmt in formats:
+        ck = synthetic_checkpoint(shape, fmt.upper())
+        runner = numpy_runner(ck, 1024)
+        prompt = rng.integers(0, runner.vocab_size, n_prompt)
+        a = runner.prefill_logits(prompt, 0)
+        dec = np.concatenate([runner.forward([int(t)], i) for i, t in enumerate(prompt)])
+        top2 = np.sort(a, axis=1)[:, -2:]
+        near = top2[:, 1] - top2[:, 0] < 1e-3
+        mism = int(((np.argmax(a, 1) != np.argmax(dec, 1)) & ~near).sum())
+        res.append(Result(f"{shape}/{fmt}", "numpy prefill argmax = decode argmax", f"{mism} mismatches, {int(near.sum())} near-ties",
+                          "0 (ties < 1e-3 excluded)", mism == 0))
+        sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, repeat_penalty=1.1)
+        s1, s2 = (_greedy(runner, prompt[:32], n_gen, False, sp, seed=1234) for _ in range(2))
+        res.append(Result(f"{shape}/{fmt}", "numpy same seed = same tokens", "equal" if s1 == s2 else "differ", "equal", s1 == s2))
+    return res
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .options import KV_CACHE_TYPES, MODEL_HELP, add_device_arg, add_model_arg, comma_list, parser
+    from .synthetic import SHAPES
+
+    p = parser("bw24chat check", __doc__)
+    add_model_arg(p, help="also gate this model on the GPU: " + MODEL_HELP + " (default: none)")
+    add_device_arg(p, help="cuda: every kernel against its NumPy reference, then the gates; cpu: the NumPy-side checks "
+                           "alone (dequantization against gguf, the NumPy backend's prefill vs decode and seeds); auto: "
+                           "cuda where CuPy and a GPU are usable, else the NumPy-side checks and exit status 2")
+    p.add_argument("--synthetic", default="tiny", choices=sorted(SHAPES), help="random-weight shape gated in every format")
+    p.add_argument("--formats", type=comma_list(FORMATS), default=DEFAULT_FORMATS,
+                   help="comma list of the weight formats gated: " + ", ".join(FORMATS))
+    p.add_argument("--kv-cache", type=comma_list(KV_CACHE_TYPES), default=DEFAULT_KV,
+                   help="comma list of the KV cache types gated: " + ", ".join(KV_CACHE_TYPES))
+    p.add_argument("--kv", dest="kv_cache", type=comma_list(KV_CACHE_TYPES), help=argparse.SUPPRESS)  # the old spelling
+    p.add_argument("--skip-kernels", action="store_true", help="skip the kernel-vs-reference section")
+    p.add_argument("--skip-gates", action="store_true", help="skip the model gates")
     p.add_argument("--portable", action="store_true", help="force the portable (non-wgmma) kernels")
-    p.add_argument("--activations", default="f32",
+    p.add_argument("--activations", type=comma_list(("f32", "bf16")), default="f32",
                    help="comma list of the matmul-input contracts gated: f32 (the default engine), bf16 (opt-in: "
                         "its prefill-vs-decode rows are expected to show a few flips on random models)")
-    a = p.parse_args(argv)
+    return p
+
+
+def no_gpu(why: str) -> str:
+    """cuda_status's reason without its install advice (the caller gives its own)."""
+    return "no usable CUDA GPU: " + why.split(";")[0]
+
+
+def _print(results: list[Result], title: str) -> list[Result]:
+    print(f"\n{title}")
+    w = max(len(r.section) for r in results) if results else 10
+    for r in results:
+        print(f"{'PASS' if r.ok else 'FAIL'}  {r.section:{w}}  {r.name:36} {r.value:48} limit {r.limit}")
+    bad = [r for r in results if not r.ok]
+    print(f"{len(results) - len(bad)} passed, {len(bad)} failed")
+    return bad
+
+
+def main(argv: list[str]) -> int:
+    from .backends import cuda_status
+
+    a = build_parser().parse_args(argv)
     if a.portable:
         os.environ["BW24CHAT_PORTABLE"] = "1"
+    t0 = time.time()
+    usable, why = (False, "") if a.device == "cpu" else cuda_status()
+    if not usable:
+        if a.device == "cuda":
+            sys.stderr.write(f"bw24chat check: --device cuda: {no_gpu(why)}; {NO_GPU_HINT}\n")
+            return 2
+        results = [] if a.skip_gates and a.skip_kernels else numpy_checks(a.formats, a.synthetic)
+        bad = _print(results, f"bw24chat check on the CPU (NumPy), {time.time() - t0:.0f}s")
+        if a.device == "auto":
+            sys.stderr.write(f"bw24chat check: {no_gpu(why)}: ran the NumPy-side checks only (--device cpu runs "
+                             f"just those); {NO_GPU_HINT}\n")
+            return 2
+        return 1 if bad else 0
     import cupy as cp
 
     from .backends import kernel_build
     from .backends.cuda_runner import CudaRunner
     from .synthetic import synthetic_checkpoint
 
-    t0 = time.time()
     results: list[Result] = []
     if not a.skip_kernels:
         results += kernel_checks()
     if not a.skip_gates:
-        for fmt in a.formats.split(","):
+        for fmt in a.formats:
             ck = synthetic_checkpoint(a.synthetic, fmt.upper())
-            for kv in a.kv.split(","):
-                for act in a.activations.split(","):
+            for kv in a.kv_cache:
+                for act in a.activations:
                     runner = CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
                     results += model_gates(runner, f"{a.synthetic}/{fmt}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
                     del runner
                     cp.get_default_memory_pool().free_all_blocks()
         if a.model:
-            from .loaders import load_checkpoint
+            from .console import print_downloads
+            from .model_store import open_checkpoint
 
-            ck = load_checkpoint(a.model)
-            for kv in a.kv.split(","):
-                for act in a.activations.split(","):
+            ck = open_checkpoint(a.model, print_downloads("bw24chat check"))
+            for kv in a.kv_cache:
+                for act in a.activations:
                     runner = CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
                     results += model_gates(runner, f"{ck.name[:20]}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
                     del runner
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-    print(f"\nbw24chat check on {dev} ({kernel_build.active_arch()}), {time.time() - t0:.0f}s")
-    w = max(len(r.section) for r in results) if results else 10
-    for r in results:
-        print(f"{'PASS' if r.ok else 'FAIL'}  {r.section:{w}}  {r.name:36} {r.value:48} limit {r.limit}")
-    bad = [r for r in results if not r.ok]
-    print(f"{len(results) - len(bad)} passed, {len(bad)} failed")
+    bad = _print(results, f"bw24chat check on {dev} ({kernel_build.active_arch()}), {time.time() - t0:.0f}s")
     return 1 if bad else 0
 
 

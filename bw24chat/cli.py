@@ -3,74 +3,60 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from .options import add_engine_args, options_from_args
+from .options import add_engine_args, options_from_args, parser
+
+# subcommand -> module with build_parser() and main(argv)
+SUBCOMMANDS = {
+    "serve": "bw24chat.server.app",
+    "bench": "bw24chat.bench",
+    "check": "bw24chat.check",
+    "quality": "bw24chat.quality",
+    "info": "bw24chat.info",
+}
 
 
-def _main_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bw24chat",
-        description="Chat with a local LLM in the terminal. Subcommands: serve, bench, check, quality, info (bw24chat SUBCOMMAND -h).",
-    )
-    p.add_argument("prompt", nargs="?", help="headless: the prompt (default: read stdin)")
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("bw24chat", "Chat with a local LLM in the terminal. Subcommands: "
+                           + ", ".join(SUBCOMMANDS) + " (bw24chat SUBCOMMAND -h).")
+    p.add_argument("prompt", nargs="?", help="headless: the prompt (default: read stdin, one trailing newline dropped)")
     p.add_argument("--headless", action="store_true", help="no TUI: answer the prompt on stdout")
-    p.add_argument("--system", help="system prompt")
-    p.add_argument("--json", action="store_true", help="headless: JSON lines (text deltas, then a stats record)")
+    p.add_argument("--system", help="system prompt (default: none)")
+    p.add_argument("--json", action="store_true",
+                   help="headless: JSON lines (text deltas, then a done record with the stats and the sampling values used)")
     p.add_argument("--multi-turn", action="store_true", help="headless: JSON lines in, JSON lines out")
     p.add_argument("--raw", action="store_true", help="headless: no chat template, continue the prompt as is")
     add_engine_args(p)
     return p
 
 
-def _open(options, quiet: bool):
-    from .engine import open_engine
-
-    def progress(ev):
-        if not quiet and ev.detail and ev.stage in ("reading", "ready"):
-            sys.stderr.write(f"[{ev.stage}] {ev.detail}\n")
-
-    return open_engine(options, progress)
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser ("" is the main command): the README is checked against these."""
+    return {"": build_parser(), **{name: importlib.import_module(mod).build_parser() for name, mod in SUBCOMMANDS.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "serve":
-        from .server.app import add_serve_args, serve_from_args
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
 
-        p = argparse.ArgumentParser(prog="bw24chat serve", description="OpenAI-compatible HTTP server")
-        add_engine_args(p)
-        add_serve_args(p)
-        return serve_from_args(p.parse_args(argv[1:]))
-    if argv and argv[0] == "bench":
-        from .bench import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv and argv[0] == "quality":
-        from .quality import main as quality_main
-
-        return quality_main(argv[1:])
-    if argv and argv[0] == "info":
-        from .info import main as info_main
-
-        return info_main(argv[1:])
-    if argv and argv[0] == "check":
-        from .check import main as check_main
-
-        return check_main(argv[1:])
-
-    a = _main_parser().parse_args(argv)
+    a = build_parser().parse_args(argv)
     options = options_from_args(a)
     if a.headless or a.multi_turn or a.json:
+        from .console import load_reporter
+        from .engine import open_engine
+
         try:
-            engine = _open(options, quiet=a.json)
+            engine = open_engine(options, load_reporter())
         except Exception as exc:  # noqa: BLE001 - one line for the user, non-zero exit
             sys.stderr.write(f"bw24chat: {exc}\n")
             return 2
         try:
             from .headless import run_headless
 
-            return run_headless(engine, a, options.sampling)
+            return run_headless(engine, a, options)
         finally:
             engine.close()
     from .tui.app import run_app

@@ -21,13 +21,16 @@ from pathlib import Path
 from typing import Callable
 
 from .api import SamplingParams
-from .options import EngineOptions, add_engine_args
+from .options import MODEL_SAMPLING_KEYS, EngineOptions, add_engine_args
+from .sampling_defaults import effective_sampling
 from .paths import config_dir
 
 # The EngineOptions / SamplingParams fields the settings screen edits and the file keeps.
 # Per-run choices (model, quantize, max_queue, stop strings) stay command-line only.
-ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "vram_budget_gb")
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
+ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "vram_budget_gb", "threads")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed", "stop_on_loop")
+# MODEL_SAMPLING_KEYS are kept only when the user chose them (options.sampling_set): the others
+# follow the loaded model's recommendation
 
 MAX_RECENT_MODELS = 12
 
@@ -50,8 +53,9 @@ class Config:
         options.model = model
         return options
 
-    def sampling(self) -> SamplingParams:
-        return copy.deepcopy(self.options.sampling)
+    def sampling(self, model_defaults: dict | None = None) -> SamplingParams:
+        """The sampling of a request: the user's choices, the model's defaults for the rest."""
+        return effective_sampling(self.options.sampling, self.options.sampling_set, model_defaults or {})
 
 
 def config_path() -> Path:
@@ -71,8 +75,10 @@ def with_cli_overrides(config: Config, cli: EngineOptions) -> Config:
         if getattr(cli, key) != getattr(default, key):
             setattr(merged.options, key, getattr(cli, key))
     for key in SAMPLING_KEYS:
-        if getattr(cli.sampling, key) != getattr(default.sampling, key):
+        given = key in cli.sampling_set if key in MODEL_SAMPLING_KEYS else getattr(cli.sampling, key) != getattr(default.sampling, key)
+        if given:
             setattr(merged.options.sampling, key, getattr(cli.sampling, key))
+    merged.options.sampling_set = config.options.sampling_set | cli.sampling_set
     merged.options.sampling.stop = list(cli.sampling.stop)
     merged.options.quantize = cli.quantize
     merged.options.max_queue = cli.max_queue
@@ -104,19 +110,24 @@ def cli_choices() -> dict[str, list[str]]:
     return {action.dest: list(action.choices) for action in parser._actions if action.choices}
 
 
-def _load_section(target, section: dict, keys: tuple[str, ...]) -> None:
+def _load_section(target, section: dict, keys: tuple[str, ...]) -> set[str]:
+    """Set the valid values of ``section`` on ``target``; the keys set."""
     defaults = type(target)()
+    loaded = set()
     for key in keys:
         if key in section:
             value = _coerce(section[key], getattr(defaults, key))
             if value is not None and value in cli_choices().get(key, [value]):
                 setattr(target, key, value)
+                loaded.add(key)
+    return loaded
 
 
 def config_from_dict(data: dict) -> Config:
     config = Config()
     _load_section(config.options, data.get("engine", {}), ENGINE_KEYS)
-    _load_section(config.options.sampling, data.get("sampling", {}), SAMPLING_KEYS)
+    loaded = _load_section(config.options.sampling, data.get("sampling", {}), SAMPLING_KEYS)
+    config.options.sampling_set = frozenset(loaded & set(MODEL_SAMPLING_KEYS))
     ui = data.get("ui", {})
     for key in ("theme", "system_prompt"):
         if isinstance(ui.get(key), str):
@@ -146,7 +157,8 @@ def config_to_dict(config: Config) -> dict:
     return {
         "ui": {"theme": config.theme, "system_prompt": config.system_prompt},
         "engine": pick(config.options, ENGINE_KEYS),
-        "sampling": pick(config.options.sampling, SAMPLING_KEYS),
+        "sampling": pick(config.options.sampling, [k for k in SAMPLING_KEYS
+                                                   if k not in MODEL_SAMPLING_KEYS or k in config.options.sampling_set]),
         "models": {"recent": list(config.recent_models)},
     }
 

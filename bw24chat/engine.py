@@ -2,21 +2,38 @@
 on its own thread (see api.py for the client side)."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Callable
 
 from .api import DoneEvent, ErrorEvent, LoadProgress, ModelInfo, RequestHandle, StatsEvent, TokenEvent, Usage
 from .backends import pick_device
+from .console import download_reporter
 from .chat_template import ChatFormatter, ChatTemplateError
 from .engine_thread import EngineThread
 from .generate import ContextFull, Generator
 from .loaders import load_checkpoint
-from .model_store import resolve_model
+from .model_store import model_aliases, resolve_model
+from .sampling_defaults import model_sampling
 from .options import EngineOptions
 
 
+def process_rss() -> int:
+    """This process's resident memory in bytes (Linux: now; elsewhere: the peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
 class Engine(EngineThread):
-    def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64):
+    def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64,
+                 ids: tuple[str, ...] = ()):
         self.checkpoint = checkpoint
         self.runner = runner
         self.note = note
@@ -36,7 +53,10 @@ class Engine(EngineThread):
             device_name=device_name,
             formats=checkpoint.formats(),
             chat_template=self.formatter.has_template,
+            id=ids[0] if ids else "",
+            aliases=tuple(ids[1:]),
         )
+        self.info.sampling_defaults, self.info.sampling_source = model_sampling(checkpoint)
         super().__init__(max_queue=max_queue)
 
     # ------------------------------------------------------------------ API
@@ -48,8 +68,11 @@ class Engine(EngineThread):
 
     def stats(self) -> dict:
         s = {"backend": self.info.backend, "gpu_name": self.info.device_name, "ctx_max": self.runner.n_ctx,
-             "ctx_used": len(self.generator.cached)}
-        s.update({k: v for k, v in self.runner.memory_info().items() if k in ("vram_used", "vram_total")})
+             "ctx_used": len(self.generator.cached), "rss": process_rss()}
+        memory = self.runner.memory_info()
+        if "kv_bytes" not in memory and hasattr(self.runner, "cache_k"):  # the CUDA runner's per-layer caches
+            memory["kv_bytes"] = sum(int(c.nbytes) for c in (*self.runner.cache_k, *self.runner.cache_v))
+        s.update({k: v for k, v in memory.items() if k in ("vram_used", "vram_total", "kv_bytes")})
         return s
 
     # ------------------------------------------------------------------ worker
@@ -93,7 +116,7 @@ class Engine(EngineThread):
 def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None] | None = None) -> Engine:
     """Resolve, load and start.  Blocking; call from a worker thread in UIs."""
     report = progress or (lambda p: None)
-    path = resolve_model(options.model, lambda msg: report(LoadProgress("reading", 0.0, msg)))
+    path = resolve_model(options.model, download_reporter(report))
     report(LoadProgress("reading", 0.0, str(path)))
     t0 = time.perf_counter()
     ckpt = load_checkpoint(path)
@@ -108,9 +131,15 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
 
         runner, device_name = make_cuda_runner(ckpt, options, report)
     else:
+        from threadpoolctl import threadpool_limits
+
         from .backends.numpy_backend import numpy_runner
 
+        # the BLAS library's default (a thread per core) collapses when another process takes
+        # a core; set process-wide, as the engine thread's products are this process's BLAS work
+        threadpool_limits(limits=options.threads, user_api="blas")
         runner = numpy_runner(ckpt, options.n_ctx, progress=lambda f: report(LoadProgress("uploading", f)))
         device_name = "CPU (NumPy)"
     report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
-    return Engine(ckpt, runner, device, device_name, note, options.max_queue)
+    return Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model))
+

@@ -74,6 +74,8 @@ class FakeEngine(EngineThread):
             "gpu_name": "Fake GPU",
             "vram_used": 3 * 2**30,
             "vram_total": 24 * 2**30,
+            "kv_bytes": 96 * 2**20,
+            "rss": 1536 * 2**20,
             "ctx_used": self._ctx_used,
             "ctx_max": self.info.n_ctx,
         }

@@ -15,7 +15,7 @@ import numpy as np
 
 from .api import SamplingParams, TokenLogprob
 from .sampling import log_softmax
-from .stopping import StopMatcher
+from .stopping import LoopDetector, StopMatcher
 from .tokenizer import StreamDecoder, TokenizerInfo
 
 
@@ -95,6 +95,7 @@ class Generator:
         history = list(prompt_ids)
         stream = StreamDecoder(self.tok)
         stopper = StopMatcher(sp.stop)
+        loops = LoopDetector(sp.stop_on_loop)
         out_ids: list[int] = []
         text_parts: list[str] = []
         finish = "length"
@@ -125,6 +126,9 @@ class Generator:
                 pending_ids, pending_lp = [], []
             if stopper.stopped:
                 finish = "stop"
+                break
+            if loops.feed(tok):
+                finish = "loop"
                 break
             if len(history) >= self.runner.n_ctx:
                 finish = "context_full"

@@ -1,8 +1,9 @@
 """``bw24chat --headless``: scripting without the TUI, on the same engine.
 
-One-shot: the prompt comes from the argument or stdin; the reply streams to stdout (or, with
+One-shot: the prompt comes from the argument or stdin (one trailing newline dropped: ``echo``
+and here-strings add it, and it changes the answer); the reply streams to stdout (or, with
 --json, JSON lines: {"type": "text", "text": ...} records, then one {"type": "done", ...} record
-with token counts, time to first token and prefill/decode tokens/s).
+with token counts, time to first token, prefill/decode tokens/s and the sampling values used).
 Multi-turn (--multi-turn): JSON lines in, JSON lines out.  Each input line is
 {"role": "user", "content": "..."} (appended to the conversation and answered),
 {"role": "system", "content": "..."} (sets the system prompt), or {"command": "reset"}.
@@ -13,6 +14,7 @@ import json
 import sys
 
 from .api import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
+from .sampling_defaults import effective_sampling, sampling_summary
 
 
 def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> tuple[str, DoneEvent | ErrorEvent]:
@@ -38,6 +40,7 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> t
             "decode_tps": round(s.get("decode_tps", 0.0), 2),
             "seed": s.get("seed"),
             "backend": s.get("backend"),
+            "sampling": sampling_summary(request.sampling),
         }
         if as_json:
             out.write(json.dumps(rec) + "\n")
@@ -45,6 +48,8 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> t
             out.write("\n")
             if final.finish_reason == "context_full":
                 sys.stderr.write("[context full: the reply was cut at the model's context length]\n")
+            elif final.finish_reason == "loop":
+                sys.stderr.write(f"[stopped: the reply repeated itself for {request.sampling.stop_on_loop} tokens (--stop-on-loop)]\n")
     else:
         if as_json:
             out.write(json.dumps({"type": "error", "message": final.message}) + "\n")
@@ -54,10 +59,20 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> t
     return "".join(text), final
 
 
-def run_headless(engine, args, sampling) -> int:
+def read_prompt(text: str) -> str:
+    """stdin's prompt without the one newline that ends a line of input."""
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+def run_headless(engine, args, options) -> int:
+    info = engine.info
+    sampling = effective_sampling(options.sampling, options.sampling_set, info.sampling_defaults)
+    if info.sampling_source and not args.json:
+        summary = ", ".join(f"{k} {v}" for k, v in sampling_summary(sampling).items())
+        sys.stderr.write(f"bw24chat: sampling {summary} ({info.sampling_source} unless set by a flag)\n")
     if args.multi_turn:
         return _multi_turn(engine, args, sampling)
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    prompt = args.prompt if args.prompt is not None else read_prompt(sys.stdin.read())
     if not prompt.strip():
         sys.stderr.write("bw24chat: empty prompt (give it as an argument or on stdin)\n")
         return 2

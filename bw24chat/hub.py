@@ -14,6 +14,7 @@ mirror, or a test server, can be chosen after import.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -42,6 +43,39 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+class HubUnreachable(ConnectionError):
+    pass
+
+
+def hub_offline(fresh: bool = False) -> str | None:
+    """Why the Hugging Face hub is not to be used now, or None.  One short request per process
+    (proxies honoured, no retries; ``fresh`` asks again); ``HF_HUB_OFFLINE`` skips even that.
+    huggingface_hub's own calls retry a dead connection for ~20 s, printing each attempt."""
+    if fresh:
+        _probe.cache_clear()
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    return _probe(hub_endpoint())
+
+
+@functools.cache
+def _probe(endpoint: str) -> str | None:
+    try:
+        httpx.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"{endpoint} is not reachable ({type(exc).__name__})"
+    return None
+
+
+def _online() -> None:
+    why = hub_offline()
+    if why is not None:
+        raise HubUnreachable(why)
 
 
 def _api(token: str | bool | None = None) -> HfApi:
@@ -79,6 +113,7 @@ def search_models(query: str, fmt: str | None = None, limit: int = 40, token: st
     ("gguf" or "safetensors")."""
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}")
+    _online()
     models = _api(token).list_models(search=query or None, filter=fmt, sort="downloads", limit=limit)
     return [HubModel(m.id, m.downloads or 0, m.likes or 0, list(m.tags or [])) for m in models]
 
@@ -107,6 +142,7 @@ class RepoFiles:
 
 
 def list_choices(repo_id: str, revision: str | None = None, token: str | bool | None = None) -> RepoFiles:
+    _online()
     info = _api(token).model_info(repo_id, revision=revision, files_metadata=True)
     sizes = {s.rfilename: (s.size or (s.lfs.size if s.lfs else 0) or 0) for s in info.siblings or []}
     return RepoFiles(repo_id, info.sha or revision or "main", choices_from_files(sizes))
@@ -208,6 +244,7 @@ def download_files(
     size or checksum mismatch, and the transport error once the retries are spent.
     """
     dest_dir = Path(dest_dir) if dest_dir is not None else repo_dir(repo_id)
+    _online()
     cancel = cancel or threading.Event()
     headers = build_hf_headers(token=token)
     remotes = []

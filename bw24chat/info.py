@@ -9,12 +9,16 @@ import argparse
 import json
 import sys
 
-from .loaders import load_checkpoint, summarize_formats
+from .console import print_downloads
+from .loaders import summarize_formats
+from .model_store import model_aliases, open_checkpoint
+from .options import add_model_arg, parser
 
 
 def describe(ck) -> dict:
     return {
         "name": ck.name,
+        "id": model_aliases(ck.path)[0],
         "path": str(ck.path),
         "arch": ck.arch,
         "parameters": ck.n_params,
@@ -30,14 +34,19 @@ def format_table(rows: list[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("bw24chat info", __doc__)
+    add_model_arg(p, default="default")
+    p.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None,
+                   help="show the formats after quantize-at-load (default: as stored)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    return p
+
+
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="bw24chat info", description=__doc__)
-    p.add_argument("-m", "--model", required=True, help="GGUF file or Hugging Face model directory")
-    p.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None)
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    a = build_parser().parse_args(argv)
     try:
-        ck = load_checkpoint(a.model)
+        ck = open_checkpoint(a.model, print_downloads("bw24chat info"))
         if a.quantize:
             from .quantize import requantize_checkpoint
 
@@ -49,6 +58,6 @@ def main(argv: list[str]) -> int:
     if a.json:
         print(json.dumps(d, indent=1))
         return 0
-    print(f"{d['name']}  ({d['arch']}, {d['parameters'] / 1e6:.1f} M parameters, {d['bytes'] / 2**20:.1f} MiB)")
+    print(f"{d['id']}: {d['name']}  ({d['arch']}, {d['parameters'] / 1e6:.1f} M parameters, {d['bytes'] / 2**20:.1f} MiB)")
     print(format_table([(r["role"], r["format"], r["layers"]) for r in d["formats"]]))
     return 0

@@ -1,4 +1,5 @@
-"""Engine options shared by the TUI, the headless mode and the server (one set of flags)."""
+"""Engine options shared by the TUI, the headless mode and the server (one set of flags), and the
+flag vocabulary every subcommand shares (``-m``, ``--device``, ``--kv-cache``, ``--json``)."""
 from __future__ import annotations
 
 import argparse
@@ -6,46 +7,116 @@ from dataclasses import dataclass, field
 
 from .api import SamplingParams
 
+DEVICES = ("auto", "cpu", "cuda")
+KV_CACHE_TYPES = ("bf16", "q8_0", "fp8", "f32")
+# Sampling values a model may recommend: left unset, they come from the model (sampling_defaults).
+MODEL_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
+MODEL_HELP = ("GGUF file, Hugging Face model directory, repo id in the local HF cache (org/name, org/name:QUANT, "
+              "org/name/FILE.gguf), or 'default' (SmolLM2-135M-Instruct Q4_1, fetched on first use)")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """States every flag's default unless its help already speaks of one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        quiet = (None, False, argparse.SUPPRESS, [])
+        if "default" not in text and action.default not in quiet and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+def parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
+
+
+def add_model_arg(p, help: str = MODEL_HELP, **kwargs) -> None:
+    p.add_argument("-m", "--model", help=help, **kwargs)
+
+
+def add_device_arg(p, help: str = "where to run: auto picks CUDA when CuPy and an NVIDIA GPU are usable, else the "
+                                  "NumPy backend on the CPU") -> None:
+    p.add_argument("--device", choices=DEVICES, default="auto", help=help)
+
+
+def comma_list(choices: tuple[str, ...]):
+    """An argparse type: a comma list whose every item is one of ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        items = [s.strip().lower() for s in text.split(",") if s.strip()]
+        bad = [s for s in items if s not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: each item must be one of {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def comma_ints(text: str) -> list[int]:
+    """An argparse type: a comma list of positive integers."""
+    try:
+        items = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas")
+    return items
+
 
 @dataclass
 class EngineOptions:
-    model: str | None = None  # GGUF path, HF directory, or HF repo id in the local cache
+    model: str | None = None  # GGUF path, HF directory, HF repo id in the local cache, or "default"
     device: str = "auto"  # auto | cpu | cuda
     n_ctx: int = 0  # 0: the model's own maximum (capped by memory on the device)
     kv_cache: str = "bf16"  # bf16 | q8_0 | fp8 | f32   (CUDA backend)
     activations: str = "f32"  # f32 | bf16: matmul inputs exact, or rounded to bf16 (CUDA backend)
     quantize: str | None = None  # re-encode weights at load: nvfp4 | q8_0
     vram_budget_gb: float = 0.0  # 0: all free VRAM
+    threads: int = 1  # BLAS threads of the NumPy backend (docs/performance.md)
     max_queue: int = 64
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # the MODEL_SAMPLING_KEYS the user chose; the others take the model's recommendation
+    sampling_set: frozenset[str] = frozenset()
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("-m", "--model", help="GGUF file, Hugging Face directory, or repo id in the local HF cache")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    g.add_argument("--ctx", dest="n_ctx", type=int, default=0, help="context length (default: the model's)")
-    g.add_argument("--kv-cache", choices=["bf16", "q8_0", "fp8", "f32"], default="bf16",
+    add_model_arg(g, help=MODEL_HELP + " (default: none: the app opens its model manager; --headless and serve use 'default')")
+    add_device_arg(g)
+    g.add_argument("--ctx", dest="n_ctx", type=int, default=0, help="context length in tokens (default: 0, the model's)")
+    g.add_argument("--kv-cache", choices=KV_CACHE_TYPES, default="bf16",
                    help="KV cache type on the GPU (f32: exact, 2x the bytes of bf16)")
     g.add_argument("--activations", choices=["f32", "bf16"], default="f32",
                    help="matmul inputs on the GPU: float32 (default: prefill and decode logits agree to ~1e-5) or "
                         "rounded to bf16 as bf16 engines do (prefill ~1.3-1.4x faster; the two paths then agree "
                         "to ~3e-3 and can pick different tokens at small margins)")
-    g.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None, help="re-encode weights at load")
-    g.add_argument("--vram-budget", dest="vram_budget_gb", type=float, default=0.0, help="GiB (0: all free)")
-    s = p.add_argument_group("sampling")
-    s.add_argument("--temperature", "--temp", type=float, default=0.7, help="0 means greedy")
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--min-p", type=float, default=0.0)
-    s.add_argument("--repeat-penalty", type=float, default=1.0)
-    s.add_argument("--repeat-last-n", type=int, default=64)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--max-tokens", type=int, default=512)
-    s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None, help="re-encode the weights at load (default: as stored)")
+    g.add_argument("--vram-budget", dest="vram_budget_gb", type=float, default=0.0, help="GiB of VRAM to use (default: 0, all free)")
+    g.add_argument("--threads", type=int, default=1,
+                   help="BLAS threads of the NumPy backend (1 was fastest on 2 cores, idle or busy: docs/performance.md)")
+    s = p.add_argument_group("sampling (unset: the model's recommendation, else the conservative values shown)")
+    from .sampling_defaults import CONSERVATIVE
+
+    def model_default(key: str) -> str:
+        return f"default: the model's, else {CONSERVATIVE[key]}"
+
+    s.add_argument("--temperature", "--temp", type=float, default=None, help=f"0 means greedy ({model_default('temperature')})")
+    s.add_argument("--top-k", type=int, default=None, help=f"keep the k most likely tokens, 0: off ({model_default('top_k')})")
+    s.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling, 1: off ({model_default('top_p')})")
+    s.add_argument("--min-p", type=float, default=None,
+                   help=f"drop tokens below min-p times the top probability, 0: off ({model_default('min_p')})")
+    s.add_argument("--repeat-penalty", type=float, default=None,
+                   help=f"penalize tokens of the last --repeat-last-n, 1: off ({model_default('repeat_penalty')})")
+    s.add_argument("--repeat-last-n", type=int, default=64, help="tokens the repeat penalty looks back over")
+    s.add_argument("--stop-on-loop", type=int, default=0, metavar="N",
+                   help="stop a reply once it has repeated the same phrase (up to 32 tokens) for N tokens (default: 0, off)")
+    s.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh random seed per reply)")
+    s.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
+    s.add_argument("--stop", action="append", default=[], help="stop string (repeatable; default: none)")
 
 
 def options_from_args(a: argparse.Namespace) -> EngineOptions:
+    chosen = {k: getattr(a, k) for k in MODEL_SAMPLING_KEYS if getattr(a, k) is not None}
     return EngineOptions(
         model=a.model,
         device=a.device,
@@ -54,15 +125,14 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         activations=a.activations,
         quantize=a.quantize,
         vram_budget_gb=a.vram_budget_gb,
+        threads=a.threads,
         sampling=SamplingParams(
-            temperature=a.temperature,
-            top_k=a.top_k,
-            top_p=a.top_p,
-            min_p=a.min_p,
-            repeat_penalty=a.repeat_penalty,
+            **chosen,
             repeat_last_n=a.repeat_last_n,
+            stop_on_loop=a.stop_on_loop,
             seed=a.seed,
             max_tokens=a.max_tokens,
             stop=list(a.stop),
         ),
+        sampling_set=frozenset(chosen),
     )

@@ -34,5 +34,10 @@ def config_dir() -> Path:
     return _dir("BW24CHAT_CONFIG_DIR", platformdirs.user_config_dir(APP))
 
 
+def log_file() -> Path:
+    """Where the TUI sends log output (its own and third-party libraries'), off the screen."""
+    return _dir("BW24CHAT_LOG_DIR", platformdirs.user_log_dir(APP)) / "bw24chat.log"
+
+
 def data_dir() -> Path:
     return _dir("BW24CHAT_DATA_DIR", platformdirs.user_data_dir(APP))

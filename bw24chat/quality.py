@@ -71,16 +71,26 @@ def _matrix_bytes(ck) -> int:
     return sum(t.nbytes for t in ck.tensors.values() if len(t.shape) == 2)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="bw24chat quality", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", default=None, help="model (default: the default model)")
-    p.add_argument("--formats", default="nvfp4,q8_0,q4_k")
-    a = p.parse_args(argv)
-    from .loaders import load_checkpoint
-    from .model_store import resolve_model
+QUALITY_FORMATS = ("nvfp4", "q8_0", "q4_k")
 
-    ck = load_checkpoint(resolve_model(a.model))
-    rows = evaluate(ck, a.formats.split(","))
+
+def build_parser() -> argparse.ArgumentParser:
+    from .options import add_model_arg, comma_list, parser
+
+    p = parser("bw24chat quality", __doc__)
+    add_model_arg(p, default="default")
+    p.add_argument("--formats", type=comma_list(QUALITY_FORMATS), default=",".join(QUALITY_FORMATS),
+                   help="comma list of the formats re-quantized and compared: " + ", ".join(QUALITY_FORMATS))
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from .console import print_downloads
+    from .model_store import open_checkpoint
+
+    a = build_parser().parse_args(argv)
+    ck = open_checkpoint(a.model, print_downloads("bw24chat quality"))
+    rows = evaluate(ck, a.formats)
     print(json.dumps(rows, indent=1))
     print(f"\n{ck.name}: {len(ck.tokenizer.encode(FIXED_TEXT))} tokens of fixed text, NumPy backend")
     print(f"{'format':16} {'mean KL':>10} {'p99 KL':>10} {'top-1 agree':>12} {'perplexity':>11} {'matrix MB':>10}")

@@ -46,3 +46,29 @@ class StopMatcher:
         """At the end of generation: release what was held back."""
         out, self._pending = self._pending, ""
         return "" if self.stopped else out
+
+
+class LoopDetector:
+    """Sees a reply repeat itself: the same phrase of 1..max_period tokens over and over for
+    ``span`` tokens (an opt-in stop, SamplingParams.stop_on_loop; 0 never fires).
+
+    For each period p it counts how many tokens in a row equal the token p before them; a run
+    of span - p such tokens means the last ``span`` tokens are one p-token phrase repeated."""
+
+    def __init__(self, span: int, max_period: int = 32):
+        self.span = span
+        self.periods = range(1, min(max_period, max(span // 2, 1)) + 1)
+        self._runs = [0] * (len(self.periods) + 1)
+        self._ids: list[int] = []
+
+    def feed(self, token: int) -> bool:
+        """Add a generated token; True once the reply is looping."""
+        if self.span <= 0:
+            return False
+        ids = self._ids
+        ids.append(token)
+        looping = False
+        for p in self.periods:
+            self._runs[p] = self._runs[p] + 1 if len(ids) > p and ids[-1] == ids[-1 - p] else 0
+            looping |= self._runs[p] + p >= self.span
+        return looping

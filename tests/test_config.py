@@ -28,8 +28,21 @@ def test_round_trip(tmp_path):
     config.options.n_ctx = 8192
     config.options.vram_budget_gb = 7.5
     config.options.sampling = SamplingParams(temperature=0.0, top_p=0.9, top_k=40, min_p=0.05, max_tokens=99, seed=7)
+    config.options.sampling_set = frozenset({"temperature", "top_p", "top_k", "min_p"})
     path = save_config(config, tmp_path / "c" / "config.toml")
     assert load_config(path) == config
+
+
+def test_sampling_values_not_chosen_follow_the_model(tmp_path):
+    config = Config()
+    config.options.sampling.temperature = 0.1
+    config.options.sampling.top_k = 7
+    config.options.sampling_set = frozenset({"top_k"})
+    loaded = load_config(save_config(config, tmp_path / "config.toml"))
+    assert loaded.options.sampling_set == {"top_k"}
+    model = {"temperature": 0.2, "top_k": 50, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 1.0}
+    sp = loaded.sampling(model)
+    assert (sp.temperature, sp.top_k, sp.top_p) == (0.2, 7, 0.9)
 
 
 def test_the_default_path_is_in_the_config_dir(tmp_path, monkeypatch):
@@ -83,7 +96,7 @@ def test_command_line_values_override_the_file_but_defaults_do_not():
     config = Config()
     config.options.sampling.temperature = 0.2
     config.options.kv_cache = "q8_0"
-    cli = EngineOptions(model="x", n_ctx=8192, sampling=SamplingParams(top_k=20, stop=["</s>"]))
+    cli = EngineOptions(model="x", n_ctx=8192, sampling=SamplingParams(top_k=20, stop=["</s>"]), sampling_set=frozenset({"top_k"}))
     merged = with_cli_overrides(config, cli)
     assert merged.options.sampling.temperature == 0.2  # not given on the command line
     assert merged.options.kv_cache == "q8_0"

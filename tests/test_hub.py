@@ -496,3 +496,62 @@ async def test_a_download_can_be_cancelled_in_the_model_manager(fake_hub, tiny_r
         await wait_for(pilot, lambda: "cancelled" in str(text.render()), what="the cancellation")
         part = hub.part_path(hub.repo_dir("acme/Tiny-GGUF") / "tiny-Q4_1.gguf")
         assert 0 < part.stat().st_size < len(TINY_Q4)
+
+
+# ----------------------------------------------------------------------------- the default model
+def test_the_default_model_comes_from_the_hub_with_progress(fake_hub, tiny_repo, monkeypatch):
+    from bw24chat import model_store
+
+    hub.hub_offline(fresh=True)
+    monkeypatch.setattr(model_store, "DEFAULT_MODEL_REPO", "acme/Tiny-GGUF")
+    monkeypatch.setattr(model_store, "DEFAULT_MODEL_REVISION", "main")
+    monkeypatch.setattr(model_store, "DEFAULT_MODEL_FILE", "tiny-Q4_1.gguf")
+    monkeypatch.setattr(model_store, "DEFAULT_MODEL_SHA256", hashlib.sha256(TINY_Q4).hexdigest())
+    seen = []
+    path = model_store.default_model_path(lambda text, done, total: seen.append((done, total)))
+    assert path.read_bytes() == TINY_Q4
+    assert seen and seen[-1] == (len(TINY_Q4), len(TINY_Q4))
+
+
+def test_an_offline_hub_is_detected_once_without_retries(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "HF_HUB_OFFLINE" in hub.hub_offline(fresh=True)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    t0 = time.monotonic()
+    assert "not reachable" in hub.hub_offline()
+    with pytest.raises(hub.HubUnreachable):
+        hub.search_models("tiny")
+    assert time.monotonic() - t0 < hub.HUB_PROBE_TIMEOUT_S + 1
+    hub.hub_offline(fresh=True)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_failed_search_shows_why_in_place_of_the_table_with_retry(fake_hub, tiny_repo, anyio_backend, monkeypatch):
+    real = hub.search_models
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise httpx.ConnectError("no route to host")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hub, "search_models", flaky)
+    app = model_manager_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        screen = app.screen
+        await pilot.press("ctrl+f")
+        await wait_for(pilot, lambda: screen.query_one("#hub-query").has_focus, what="the search box")
+        await pilot.press(*"tiny", "enter")
+        error = screen.query_one("#hub-error")
+        await wait_for(pilot, lambda: error.display, what="the error panel")
+        assert "no route to host" in str(screen.query_one("#hub-error-text").render())
+        assert not screen.query_one("#hub-results").display
+        await click(pilot, "#hub-retry")
+        results = screen.query_one("#hub-results")
+        await wait_for(pilot, lambda: results.display and results.row_count == 1, what="results after Retry")
+        assert not error.display

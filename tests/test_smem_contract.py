@@ -12,13 +12,7 @@ import pytest
 
 from bw24chat.backends import kernel_build as kb
 
-try:
-    kb._find_nvrtc()
-    HAVE_NVRTC = True
-except Exception:  # noqa: BLE001
-    HAVE_NVRTC = False
-
-pytestmark = pytest.mark.skipif(not HAVE_NVRTC, reason="libnvrtc not installed (pip install nvidia-cuda-nvrtc)")
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
 
 def assert_equal(family: str, defines: dict, macro: str, host: int) -> None:

@@ -14,11 +14,14 @@ base="http://127.0.0.1:$(cat "$tmp/port")"
 run() { echo "\$ curl $*"; curl -s "$@"; echo; echo; }
 run "$base/health"
 run "$base/v1/models"
+# requests name the served id (or an alias such as "default"); any other gets 404 model_not_found
+id=$(curl -s "$base/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
 run "$base/v1/chat/completions" -H 'Content-Type: application/json' \
-  -d '{"model":"any","messages":[{"role":"user","content":"Say hi."}],"max_tokens":16,"temperature":0}'
+  -d '{"model":"'"$id"'","messages":[{"role":"user","content":"Say hi."}],"max_tokens":16,"temperature":0}'
 run -N "$base/v1/chat/completions" -H 'Content-Type: application/json' \
-  -d '{"model":"any","messages":[{"role":"user","content":"Stream it."}],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}'
+  -d '{"model":"'"$id"'","messages":[{"role":"user","content":"Stream it."}],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}'
 run "$base/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model":"any","prompt":"The capital of France is","max_tokens":6,"temperature":0,"logprobs":1}'
-run "$base/v1/chat/completions" -H 'Content-Type: application/json' -d '{"model":"any","messages":[],"n":2}'
+  -d '{"model":"'"$id"'","prompt":"The capital of France is","max_tokens":6,"temperature":0,"logprobs":1}'
+run "$base/v1/chat/completions" -H 'Content-Type: application/json' -d '{"model":"'"$id"'","messages":[],"n":2}'
+run "$base/v1/chat/completions" -H 'Content-Type: application/json' -d '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}'
 run "$base/metrics"

@@ -1,18 +1,9 @@
 """``python -m bw24chat.server``: the server alone (the same flags as ``bw24chat serve``)."""
 from __future__ import annotations
 
-import argparse
+import sys
 
-from ..options import add_engine_args
-from .app import add_serve_args, serve_from_args
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bw24chat.server", description="bw24chat's OpenAI-compatible server")
-    add_engine_args(p)
-    add_serve_args(p)
-    return serve_from_args(p.parse_args(argv))
-
+from .app import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:], "python -m bw24chat.server"))

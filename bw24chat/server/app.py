@@ -11,9 +11,10 @@ Endpoints
     (streaming as SSE ``data: {json}`` chunks ending with ``data: [DONE]``, or whole).
 
 Policies
-    * Model names: any ``model`` is accepted (one model is served; clients often hard-code a
-      name), and every response names the loaded model.  ``/v1/models`` lists only it, and
-      ``/v1/models/{id}`` answers 404 for any other id.
+    * Model names: one model is served, under a clean id (``--model-name``, else the repo id or
+      the GGUF file stem); a request may name it by that id or an alias (the friendly name, the
+      file name, what ``-m`` said, e.g. ``default``).  Any other ``model`` gets 404
+      ``model_not_found``, as OpenAI answers; ``/v1/models`` lists only the id.
     * Auth: with an API key, every endpoint but ``GET /health`` needs
       ``Authorization: Bearer KEY`` (401 otherwise); ``/metrics`` is protected too.
     * Limits: bodies over ``max_body_bytes`` get 413; ``max_tokens`` over ``max_tokens_cap``
@@ -60,13 +61,14 @@ from ..api import (
     EngineClosed,
     ErrorEvent,
     GenerationRequest,
-    LoadProgress,
     SamplingParams,
     TokenEvent,
 )
-from ..options import EngineOptions, options_from_args
+from ..console import load_reporter
+from ..options import EngineOptions, add_engine_args, options_from_args, parser
+from ..sampling_defaults import effective_sampling
 from .metrics import Metrics
-from .protocol import APIError, Limits, ParsedRequest, Responder, parse_chat, parse_completion
+from .protocol import APIError, Limits, ParsedRequest, Responder, check_model, parse_chat, parse_completion
 
 log = logging.getLogger("bw24chat.server")
 
@@ -196,6 +198,9 @@ class _Generation:
 # ----------------------------------------------------------------------------- the app
 class _Service:
     def __init__(self, engine: EngineAPI, max_body_bytes: int, limits: Limits, model_name: str):
+        info = engine.info
+        limits.model_id = model_name
+        limits.models = frozenset({model_name, info.model_id, info.name, *info.aliases})
         self.engine = engine
         self.max_body = max_body_bytes
         self.limits = limits
@@ -221,10 +226,7 @@ class _Service:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> Response:
-        model_id = request.path_params["model_id"]
-        if model_id != self.model_name:
-            raise APIError(404, f"The model '{model_id}' does not exist on this server (it serves "
-                                f"'{self.model_name}').", "model", "model_not_found")
+        check_model(request.path_params["model_id"], self.limits)
         return JSONResponse(self._model_card())
 
     # -- generation
@@ -347,7 +349,7 @@ def create_app(
     out (the engine flags); ``model_name`` is the id reported (default: the engine's model name).
     ``app.state.metrics`` holds the counters."""
     svc = _Service(engine, max_body_bytes, Limits(max_tokens_cap, defaults or SamplingParams()),
-                   model_name or engine.info.name)
+                   model_name or engine.info.model_id)
     app = Starlette(
         routes=[
             Route("/health", svc.health, methods=["GET"]),
@@ -399,17 +401,6 @@ def _uvicorn_server(app, log_level: str, quiet: bool) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def _print_progress():
-    last = [None]
-
-    def report(p: LoadProgress) -> None:
-        if p.stage != last[0]:
-            last[0] = p.stage
-            print(f"bw24chat: {p.stage} {p.detail}".rstrip(), file=sys.stderr, flush=True)
-
-    return report
-
-
 def serve(
     options: EngineOptions,
     host: str = "127.0.0.1",
@@ -437,8 +428,9 @@ def serve(
         if own:
             from ..engine import open_engine
 
-            engine = open_engine(options, progress=_print_progress())
-        app = create_app(engine, api_key, max_body_bytes, max_tokens_cap, model_name, options.sampling)
+            engine = open_engine(options, progress=load_reporter("bw24chat serve"))
+        defaults = effective_sampling(options.sampling, options.sampling_set, engine.info.sampling_defaults)
+        app = create_app(engine, api_key, max_body_bytes, max_tokens_cap, model_name, defaults)
         server = _uvicorn_server(app, log_level, quiet=False)
         url = _url(host, sock)
         print(f"bw24chat: serving {app.state.model_name} at {url}/v1 (OpenAI-compatible)", file=sys.stderr, flush=True)
@@ -497,9 +489,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body in bytes (413 above)")
     g.add_argument("--max-tokens-cap", type=int, default=DEFAULT_MAX_TOKENS_CAP, help="largest max_tokens a request may ask")
     g.add_argument("--max-queue", type=int, default=64, help="requests waiting at most (429 with Retry-After above)")
-    g.add_argument("--model-name", default=None, help="model id reported to clients (default: the model's name)")
+    g.add_argument("--model-name", default=None, help="model id reported to clients (default: the repo id or the GGUF file stem)")
     g.add_argument("--port-file", default=None, help="write the bound port number to this file once listening")
-    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level")
     t = p.add_argument_group("testing")
     t.add_argument("--fake", action="store_true", help="serve the scripted fake engine instead of a model")
     t.add_argument("--fake-token-delay", type=float, default=0.005, help="seconds per fake token")
@@ -511,6 +504,17 @@ def _echo_reply(request: GenerationRequest) -> str:
         return f"You said: {request.prompt}"
     users = [m["content"] for m in request.messages or [] if m["role"] == "user"]
     return f"You said: {users[-1] if users else ''}"
+
+
+def build_parser(prog: str = "bw24chat serve") -> argparse.ArgumentParser:
+    p = parser(prog, "OpenAI-compatible HTTP server")
+    add_engine_args(p)
+    add_serve_args(p)
+    return p
+
+
+def main(argv: list[str], prog: str = "bw24chat serve") -> int:
+    return serve_from_args(build_parser(prog).parse_args(argv))
 
 
 def serve_from_args(args: argparse.Namespace) -> int:

@@ -107,6 +107,8 @@ class Limits:
 
     max_tokens_cap: int = 4096
     defaults: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    model_id: str = ""  # the served model's id
+    models: frozenset[str] = frozenset()  # the ids a request's "model" may name: model_id and its aliases (empty: any)
 
 
 @dataclass
@@ -173,8 +175,17 @@ def _stream_flags(b: _Body) -> tuple[bool, bool]:
     return stream, bool(opts.get("include_usage", "boolean", False)) and stream
 
 
-def _model(b: _Body) -> None:
-    b.get("model", "string")  # any name is accepted (see app.py); only its type is checked
+def _model(b: _Body, limits: Limits) -> None:
+    name = b.get("model", "string")
+    if name is not None:
+        check_model(name, limits)
+
+
+def check_model(name: str, limits: Limits) -> None:
+    """404 model_not_found (OpenAI's answer) unless ``name`` is the served model or an alias."""
+    if limits.models and name not in limits.models:
+        raise APIError(404, f"The model '{name}' does not exist on this server (it serves '{limits.model_id}').",
+                       "model", "model_not_found")
 
 
 def _message_text(i: int, m: dict) -> str:
@@ -197,7 +208,7 @@ def _message_text(i: int, m: dict) -> str:
 
 def parse_chat(data: dict, limits: Limits) -> ParsedRequest:
     b = _Body(data)
-    _model(b)
+    _model(b, limits)
     messages = b.get("messages", "array")
     if not messages:
         raise APIError(400, "'messages' is required and must be a non-empty array.", "messages", "missing_required_parameter")
@@ -226,7 +237,7 @@ def parse_chat(data: dict, limits: Limits) -> ParsedRequest:
 
 def parse_completion(data: dict, limits: Limits) -> ParsedRequest:
     b = _Body(data)
-    _model(b)
+    _model(b, limits)
     prompt = data.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

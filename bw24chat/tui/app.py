@@ -8,6 +8,7 @@ model when none is found; the engine fetches it on first use).  Models load on a
 from __future__ import annotations
 
 import itertools
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +19,9 @@ from ..api import EngineAPI, LoadProgress
 from ..config import load_config, update_saved_config, with_cli_overrides
 from ..conversations import ConversationStore
 from ..options import EngineOptions
+from ..paths import log_file
 from .commands import ChatCommands
+from .formatting import model_title
 from .messages import EngineFailed, EngineLoading, EngineReady
 from .screens.chat import ChatScreen
 from .screens.conversations import ConversationsScreen
@@ -120,7 +123,7 @@ class ChatApp(App):
         if self.chat.conversation is not None:
             self.store.set_model(self.chat.conversation.id, message.spec)
         self.chat.engine_ready()
-        self.notify(f"{self.engine.info.name} is ready", title="Model loaded", markup=False)
+        self.notify(f"{model_title(self.engine.info)} is ready", title="Model loaded", markup=False)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         if message.load_id != self._load_id:
@@ -160,7 +163,23 @@ class ChatApp(App):
         await self.chat.run_action(action)
 
 
+def log_to_file() -> Path:
+    """Send every logger (huggingface_hub's retries, httpx, ...) and Python warnings to the app's
+    log file: written to the terminal they would be painted over the screen."""
+    path = log_file()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    return path
+
+
 def run_app(options: EngineOptions, engine_factory: EngineFactory | None = None) -> int:
+    log_to_file()
     app = ChatApp(options, engine_factory)
     app.run()
     return app.return_code or 0

@@ -32,3 +32,10 @@ def first_line(text: str, width: int = 48) -> str:
     """A one-line title from a message."""
     line = next((l.strip() for l in text.splitlines() if l.strip()), "")
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def model_title(info) -> str:
+    """The loaded model for people: its clean id, and its own (friendly) name where that says more."""
+    if info.name and info.name != info.model_id:
+        return f"{info.model_id} · {info.name}"
+    return info.model_id

@@ -1,4 +1,5 @@
-"""GPU tests: skipped cleanly when CuPy or an NVIDIA GPU is missing."""
+"""GPU tests: without CuPy or an NVIDIA GPU each module is one skip (not collected, so its
+hundreds of parameter cases are neither built nor listed)."""
 import pytest
 
 from bw24chat.backends import cuda_status
@@ -6,12 +7,21 @@ from bw24chat.backends import cuda_status
 _ok, _why = cuda_status()
 
 
+class _NoGPUModule(pytest.Module):
+    def collect(self):
+        pytest.skip(f"no GPU: {_why}", allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if not _ok:
+        return _NoGPUModule.from_parent(parent, path=module_path)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/gpu/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.gpu)
-            if not _ok:
-                item.add_marker(pytest.mark.skip(reason=f"no GPU: {_why}"))
 
 
 @pytest.fixture(scope="session")

@@ -61,9 +61,9 @@ def run_concurrently(fn, args: list, timeout: float) -> list:
     return results
 
 
-def stream_chat(client: openai.OpenAI, content: str, **kw) -> str:
+def stream_chat(client: openai.OpenAI, content: str, model: str = "fake-model", **kw) -> str:
     """The text of a streamed chat completion of one user message."""
-    chunks = client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}],
+    chunks = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
                                             stream=True, **kw)
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 

@@ -32,7 +32,7 @@ def test_start_in_thread_serves(served):
     engine, url = served
     assert httpx.get(url + "/health").json()["model"] == "my-model"
     client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
-    r = client.chat.completions.create(model="whatever", messages=[{"role": "user", "content": "hi"}])
+    r = client.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "hi"}])
     assert r.model == "my-model"
     assert [m.id for m in client.models.list()] == ["my-model"]
 
@@ -41,7 +41,7 @@ def test_sampling_parameters_reach_the_engine(served):
     engine, url = served
     client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
     client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hi"}], temperature=1.3, top_p=0.5, seed=99,
+        model="my-model", messages=[{"role": "user", "content": "hi"}], temperature=1.3, top_p=0.5, seed=99,
         max_tokens=9, stop=["x", "y"], extra_body={"top_k": 40, "min_p": 0.1, "repetition_penalty": 1.2},
     )
     sp = engine.requests[-1].sampling
@@ -49,12 +49,12 @@ def test_sampling_parameters_reach_the_engine(served):
     assert (sp.top_k, sp.min_p, sp.repeat_penalty) == (40, 0.1, 1.2)
     assert engine.requests[-1].messages == [{"role": "user", "content": "hi"}]
 
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    r = client.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "hi"}])
     sp = engine.requests[-1].sampling
     assert (sp.temperature, sp.top_p, sp.max_tokens, sp.stop, sp.seed) == (0.25, 0.8, 5, ["six"], None)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
 
-    client.completions.create(model="m", prompt="p", max_tokens=3, logprobs=2)
+    client.completions.create(model="my-model", prompt="p", max_tokens=3, logprobs=2)
     req = engine.requests[-1]
     assert req.prompt == "p" and req.messages is None and req.sampling.max_tokens == 3 and req.logprobs == 2
     assert not req.echo  # echo is done by the server, not the engine

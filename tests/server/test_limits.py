@@ -27,7 +27,7 @@ def error_of(r: httpx.Response) -> dict:
 
 # ----------------------------------------------------------------------------- bad requests
 def test_malformed_json(fake_server):
-    for raw in (b'{"model": "m", "messages": [', b"not json", b"\xff\xfe\x00garbage"):
+    for raw in (b'{"model": "fake-model", "messages": [', b"not json", b"\xff\xfe\x00garbage"):
         r = fake_server.http.post(CHAT, content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 400
         err = error_of(r)
@@ -65,7 +65,7 @@ def test_malformed_json(fake_server):
     ],
 )
 def test_invalid_chat_parameters(fake_server, patch, param):
-    body = {"model": "m", "messages": msg("hi"), **patch}
+    body = {"model": "fake-model", "messages": msg("hi"), **patch}
     r = fake_server.http.post(CHAT, json=body)
     assert r.status_code == 400, r.text
     err = error_of(r)
@@ -80,31 +80,31 @@ def test_invalid_chat_parameters(fake_server, patch, param):
      ({"prompt": "x", "best_of": 3}, "best_of"), ({"prompt": "x", "suffix": "end"}, "suffix")],
 )
 def test_invalid_completion_parameters(fake_server, patch, param):
-    r = fake_server.http.post("/v1/completions", json={"model": "m", **patch})
+    r = fake_server.http.post("/v1/completions", json={"model": "fake-model", **patch})
     assert r.status_code == 400, r.text
     assert error_of(r)["param"] == param
 
 
 def test_n_above_one_through_client(fake_server):
     with pytest.raises(openai.BadRequestError) as e:
-        fake_server.client().chat.completions.create(model="m", messages=msg("hi"), n=2)
+        fake_server.client().chat.completions.create(model="fake-model", messages=msg("hi"), n=2)
     assert e.value.param == "n"
 
 
 def test_nulls_mean_defaults(fake_server):
-    body = {"model": "m", "messages": msg("hi"), "temperature": None, "stop": None, "max_tokens": None, "n": None}
+    body = {"model": "fake-model", "messages": msg("hi"), "temperature": None, "stop": None, "max_tokens": None, "n": None}
     r = fake_server.http.post(CHAT, json=body)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "You said: hi"
 
 
 def test_context_too_long(fake_server):
-    r = fake_server.http.post("/v1/completions", json={"model": "m", "prompt": "w " * 5000})
+    r = fake_server.http.post("/v1/completions", json={"model": "fake-model", "prompt": "w " * 5000})
     assert r.status_code == 400
     assert error_of(r)["code"] == "context_length_exceeded"
 
 
 def test_body_too_large(fake_server):
-    big = {"model": "m", "messages": msg("x" * 70_000)}  # the server allows 64 KiB
+    big = {"model": "fake-model", "messages": msg("x" * 70_000)}  # the server allows 64 KiB
     r = fake_server.http.post(CHAT, json=big)
     assert r.status_code == 413
     assert error_of(r)["type"] == "invalid_request_error"
@@ -112,7 +112,7 @@ def test_body_too_large(fake_server):
     data = json.dumps(big).encode()
     r = fake_server.http.post(CHAT, content=iter([data[i:i + 8192] for i in range(0, len(data), 8192)]))
     assert r.status_code == 413
-    assert fake_server.http.post(CHAT, json={"model": "m", "messages": msg("small")}).status_code == 200
+    assert fake_server.http.post(CHAT, json={"model": "fake-model", "messages": msg("small")}).status_code == 200
 
 
 def test_unknown_route_and_method(fake_server):
@@ -126,14 +126,14 @@ def test_unknown_route_and_method(fake_server):
 def test_api_key(start_server):
     server = start_server("--fake", "--fake-echo", "--fake-token-delay", "0", api_key="sekrit")
     with pytest.raises(openai.AuthenticationError):
-        server.client(api_key="wrong").chat.completions.create(model="m", messages=msg("hi"))
-    r = httpx.post(server.base_url + CHAT, json={"model": "m", "messages": msg("hi")})
+        server.client(api_key="wrong").chat.completions.create(model="fake-model", messages=msg("hi"))
+    r = httpx.post(server.base_url + CHAT, json={"model": "fake-model", "messages": msg("hi")})
     assert r.status_code == 401 and error_of(r)["code"] == "invalid_api_key"
     assert r.headers["www-authenticate"] == "Bearer"
     assert httpx.get(server.base_url + "/v1/models").status_code == 401
     assert httpx.get(server.base_url + "/metrics").status_code == 401
     assert httpx.get(server.base_url + "/health").status_code == 200  # health stays open
-    ok = server.client(api_key="sekrit").chat.completions.create(model="m", messages=msg("hi"))
+    ok = server.client(api_key="sekrit").chat.completions.create(model="fake-model", messages=msg("hi"))
     assert ok.choices[0].message.content == "You said: hi"
     assert server.metric("http_requests_total", endpoint=CHAT, status="401") >= 2
 
@@ -148,7 +148,7 @@ class OpenStream:
 
     def __init__(self, server, content: str):
         self.client = httpx.Client(base_url=server.base_url, timeout=30)
-        body = {"model": "m", "messages": msg(content), "stream": True}
+        body = {"model": "fake-model", "messages": msg(content), "stream": True}
         self.resp = self.client.send(self.client.build_request("POST", CHAT, json=body), stream=True)
         assert self.resp.status_code == 200
         self.lines = self.resp.iter_lines()
@@ -175,7 +175,7 @@ def test_queue_full_gives_429(slow_server):
         try:
             assert slow_server.http.get("/health").json()["queue_depth"] == 2
             with pytest.raises(openai.RateLimitError) as e:
-                slow_server.client().chat.completions.create(model="m", messages=msg("one too many"))
+                slow_server.client().chat.completions.create(model="fake-model", messages=msg("one too many"))
             retry_after = e.value.response.headers["retry-after"]
             assert retry_after.isdigit() and 1 <= int(retry_after) <= 60
             assert e.value.code == "queue_full"
@@ -184,7 +184,7 @@ def test_queue_full_gives_429(slow_server):
     finally:
         running.close()
     wait_until(lambda: slow_server.http.get("/health").json()["queue_depth"] == 0, 10, "the queue to drain")
-    r = slow_server.client().chat.completions.create(model="m", messages=msg("after"))
+    r = slow_server.client().chat.completions.create(model="fake-model", messages=msg("after"))
     assert r.choices[0].message.content == "You said: after"
 
 
@@ -196,7 +196,7 @@ def test_disconnect_cancels_streaming_generation(slow_server):
     stream.close()
     wait_until(lambda: slow_server.metric("generations_total", finish_reason="cancelled") == before + 1,
                5, "the generation to be cancelled")
-    r = slow_server.client().chat.completions.create(model="m", messages=msg("next"))
+    r = slow_server.client().chat.completions.create(model="fake-model", messages=msg("next"))
     assert r.choices[0].message.content == "You said: next"
     assert time.monotonic() - t0 < 5  # far less than the 10 s the abandoned reply would take
 
@@ -205,7 +205,7 @@ def test_disconnect_cancels_non_streaming_generation(slow_server):
     before = slow_server.metric("generations_total", finish_reason="cancelled")
     t0 = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(slow_server.base_url + CHAT, json={"model": "m", "messages": msg(LONG)}, timeout=0.5)
+        httpx.post(slow_server.base_url + CHAT, json={"model": "fake-model", "messages": msg(LONG)}, timeout=0.5)
     wait_until(lambda: slow_server.metric("generations_total", finish_reason="cancelled") == before + 1,
                5, "the generation to be cancelled")
     assert time.monotonic() - t0 < 5
@@ -222,7 +222,7 @@ def test_concurrent_clients_get_their_own_streams(fake_server):
 
 
 def test_metrics(fake_server):
-    fake_server.client().chat.completions.create(model="m", messages=msg("count me"))
+    fake_server.client().chat.completions.create(model="fake-model", messages=msg("count me"))
     text = fake_server.metrics()
     for name in ("bw24chat_http_requests_total", "bw24chat_prompt_tokens_total", "bw24chat_generated_tokens_total",
                  "bw24chat_decode_tokens_per_second", "bw24chat_queue_depth", "bw24chat_vram_used_bytes",

@@ -22,7 +22,7 @@ def chat_prompt_tokens(counter, messages):
 
 
 def ask(client, content, **kw):
-    return client.chat.completions.create(model="anything", messages=[{"role": "user", "content": content}], **kw)
+    return client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": content}], **kw)
 
 
 def test_health_and_models(fake_server):
@@ -36,10 +36,19 @@ def test_health_and_models(fake_server):
     assert e.value.code == "model_not_found"
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_unknown_model_is_not_found(fake_server, path):
+    body = {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    r = fake_server.http.post(path, json=body)
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("model_not_found", "model") and "fake-model" in err["message"]
+
+
 def test_chat_non_streaming(fake_server, counter):
     r = ask(fake_server.client(), "hello world")
     assert r.object == "chat.completion"
-    assert r.model == "fake-model"  # any requested name is answered by the loaded model
+    assert r.model == "fake-model"
     choice = r.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content == "You said: hello world"
@@ -71,7 +80,7 @@ def test_chat_streaming(fake_server, counter):
 
 
 def test_streaming_without_usage_and_raw_sse(fake_server):
-    body = {"model": "m", "messages": [{"role": "user", "content": "raw"}], "stream": True}
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "raw"}], "stream": True}
     with fake_server.http.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -85,7 +94,7 @@ def test_streaming_without_usage_and_raw_sse(fake_server):
 
 def test_content_parts_and_roles(fake_server):
     r = fake_server.client().chat.completions.create(
-        model="m",
+        model="fake-model",
         messages=[
             {"role": "developer", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]},
@@ -96,22 +105,22 @@ def test_content_parts_and_roles(fake_server):
 
 def test_completions(fake_server, counter):
     client = fake_server.client()
-    r = client.completions.create(model="m", prompt="The sky is")
+    r = client.completions.create(model="fake-model", prompt="The sky is")
     assert r.object == "text_completion"
     assert r.choices[0].text == "You said: The sky is"
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens == counter.count_tokens("The sky is") == 3
     assert r.usage.completion_tokens == 5
 
-    streamed = list(client.completions.create(model="m", prompt="The sky is", stream=True,
+    streamed = list(client.completions.create(model="fake-model", prompt="The sky is", stream=True,
                                               stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == r.choices[0].text
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "stop"
     assert streamed[-1].usage.completion_tokens == 5
 
-    echoed = client.completions.create(model="m", prompt="Echo", echo=True)
+    echoed = client.completions.create(model="fake-model", prompt="Echo", echo=True)
     assert echoed.choices[0].text == "EchoYou said: Echo"
-    streamed = list(client.completions.create(model="m", prompt="Echo", echo=True, stream=True))
+    streamed = list(client.completions.create(model="fake-model", prompt="Echo", echo=True, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == "EchoYou said: Echo"
 
 
@@ -130,7 +139,7 @@ def test_stop_sequences(fake_server, stream):
     assert text(stop="beta") == ("You said: alpha ", "stop")
     assert text(stop=["gamma", " alpha"]) == ("You said:", "stop")
     assert text(stop=["not there"]) == ("You said: alpha beta gamma", "stop")
-    r = client.completions.create(model="m", prompt="one two three", stop=" two")
+    r = client.completions.create(model="fake-model", prompt="one two three", stop=" two")
     assert r.choices[0].text == "You said: one"
 
 
@@ -142,7 +151,7 @@ def test_max_tokens(fake_server):
     assert r.choices[0].message.content == "You said: a"
     r = ask(client, "a b c d e f", max_completion_tokens=2)
     assert r.usage.completion_tokens == 2
-    r = client.completions.create(model="m", prompt="a b c", max_tokens=1)
+    r = client.completions.create(model="fake-model", prompt="a b c", max_tokens=1)
     assert r.choices[0].text == "You" and r.choices[0].finish_reason == "length"
 
 
@@ -175,7 +184,7 @@ def test_chat_logprobs(fake_server):
 
 
 def test_completion_logprobs(fake_server):
-    r = fake_server.client().completions.create(model="m", prompt="x y", logprobs=2, echo=True)
+    r = fake_server.client().completions.create(model="fake-model", prompt="x y", logprobs=2, echo=True)
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == "You said: x y"
     assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == r.usage.completion_tokens

@@ -38,7 +38,7 @@ def real_server(request, start_server):
 @pytest.mark.slow
 def test_concurrent_greedy_streams_match_solo_runs(real_server):
     client = real_server.client(timeout=600)
-    greedy = dict(temperature=0, max_tokens=8)
+    greedy = dict(temperature=0, max_tokens=8, model="default")
     alone = [stream_chat(client, p, **greedy) for p in PROMPTS]
     assert all(alone), alone
 
@@ -49,7 +49,8 @@ def test_concurrent_greedy_streams_match_solo_runs(real_server):
 @pytest.mark.slow
 def test_real_engine_usage_and_seed(real_server):
     client = real_server.client(timeout=600)
-    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8)
+    assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct.Q4_1"]  # the file stem, not general.name
+    kw = dict(model="default", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8)
     a = client.chat.completions.create(temperature=0.9, seed=1234, **kw)
     b = client.chat.completions.create(temperature=0.9, seed=1234, **kw)
     assert a.choices[0].message.content == b.choices[0].message.content

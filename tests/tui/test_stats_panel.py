@@ -32,21 +32,28 @@ async def test_only_reported_figures_are_shown():
         rows = shown(panel)
         assert set(rows) == {"decode", "context", "backend"}
         assert "41.2 tok/s" in rows["decode"] and "300" in rows["context"] and "/" not in rows["context"]
+        assert not panel.query_one("#tps-sparkline").display  # one point would be a solid block
+        panel.update_stats({"decode_tps": 40.0})
+        await pilot.pause()
         assert panel.query_one("#tps-sparkline").display
 
         panel.update_stats({"ctx_max": 4096, "vram_used": 3 * 2**30, "vram_total": 24 * 2**30, "ttft_s": 0.25})
-        panel.update_stats({"gpu_name": "H200", "prefill_tps": 1000.0})
+        panel.update_stats({"gpu_name": "H200", "prefill_tps": 1000.0, "kv_bytes": 96 * 2**20, "rss": 1.5 * 2**30})
         await pilot.pause()
         rows = shown(panel)
         assert set(rows) == {row.name for row in STAT_ROWS}
         assert "300 / 4,096" in rows["context"]
         assert "3.0 / 24.0 GiB" in rows["vram"]
         assert "250 ms" in rows["ttft"]
-        assert "41.2 tok/s" in rows["decode"]  # a figure not in the latest event keeps its value
+        assert "96.0 MiB" in rows["kv"] and "1.5 GiB" in rows["rss"]
+        assert "40.0 tok/s" in rows["decode"]  # a figure not in the latest event keeps its value
 
         panel.reset([10.0, 20.0])
         await pilot.pause()
         assert shown(panel) == {} and panel.tps_history == [10.0, 20.0]
+        panel.reset([12.0])  # a reopened conversation of one reply: no solid block
+        await pilot.pause()
+        assert not panel.query_one("#tps-sparkline").display
 
 
 async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
@@ -55,7 +62,7 @@ async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
         await start_chat(pilot)
         panel = app.chat.stats_panel
         # before any reply: what engine.stats() reports (no decode speed yet)
-        assert set(shown(panel)) == {"context", "vram", "gpu", "backend"}
+        assert set(shown(panel)) == {"context", "vram", "kv", "rss", "gpu", "backend"}
         await send(pilot, "hello")
         assert set(shown(panel)) == {row.name for row in STAT_ROWS}  # the FakeEngine reports everything
         samples = len(panel.tps_history)

@@ -22,7 +22,7 @@ from textual.widgets import Footer, Header, Static
 from ...api import DoneEvent, ErrorEvent, GenerationRequest, RequestHandle, StatsEvent, TokenEvent
 from ...conversations import DEFAULT_TITLE, ChatMessage, Conversation
 from ..commands import parse_slash
-from ..formatting import first_line
+from ..formatting import first_line, model_title
 from ..messages import (
     EngineLoading,
     MessageAction,
@@ -130,7 +130,7 @@ class ChatScreen(Screen):
 
     def engine_ready(self) -> None:
         self.query_one("#load-progress", ProgressLine).hide()
-        self.sub_title = self.app.engine.info.name
+        self.sub_title = model_title(self.app.engine.info)
         self.stats_panel.update_stats(self.app.engine.stats())
 
     def engine_failed(self) -> None:
@@ -215,7 +215,8 @@ class ChatScreen(Screen):
 
     async def _start_reply(self) -> None:
         conversation = self.conversation
-        request = GenerationRequest(messages=self._request_messages(), sampling=self.app.config.sampling())
+        sampling = self.app.config.sampling(self.app.engine.info.sampling_defaults)
+        request = GenerationRequest(messages=self._request_messages(), sampling=sampling)
         reply = self.app.store.add_message(conversation.id, ChatMessage("assistant", "", complete=False))
         conversation.messages.append(reply)
         view = MessageView(reply, live=True)
@@ -282,6 +283,9 @@ class ChatScreen(Screen):
             reply.finish_reason = event.finish_reason
             reply.stats = event.stats
             self.stats_panel.update_stats(event.stats)
+            if event.finish_reason == "loop":
+                self.notify("The reply kept repeating itself and was stopped (settings: Stop on loop)",
+                            title="Stopped", severity="warning")
             if event.finish_reason == "context_full":
                 self.notify(
                     "The context is full: start a new chat (/clear) to go on",

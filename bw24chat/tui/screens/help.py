@@ -16,6 +16,11 @@ def _key(key: str) -> str:
     return ", ".join(f"`{k.strip()}`" for k in key.split(","))
 
 
+def _cell(text: str) -> str:
+    """Table-cell text: a bare "|" would end the cell (/model [PATH|REPO])."""
+    return text.replace("|", "\\|")
+
+
 def _binding_rows(bindings) -> list[str]:
     rows = []
     for b in bindings:
@@ -34,7 +39,9 @@ def help_markdown() -> str:
     parts += ["", "## On a message (Tab / click to focus it)", "", "| Key | Does |", "|---|---|"]
     parts += _binding_rows(MessageView.BINDINGS)
     parts += ["", "## Slash commands", "", "| Command | Does |", "|---|---|"]
-    parts += [f"| `/{c.name}{' ' + c.args if c.args else ''}` | {c.help} |" for c in SLASH_COMMANDS]
+    for c in SLASH_COMMANDS:
+        usage = " ".join(filter(None, (f"/{c.name}", c.args)))
+        parts.append(f"| {_cell(f'`{usage}`')} | {_cell(c.help)} |")
     parts += ["", "Start a message with `//` to send text that begins with `/`.", ""]
     return "\n".join(parts)
 

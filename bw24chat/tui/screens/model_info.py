@@ -15,9 +15,13 @@ from ...loaders import summarize_formats
 def info_markdown(info: ModelInfo | None) -> str:
     if info is None:
         return "# No model loaded\n\nChoose one in the model manager (F3)."
-    parts = [f"# {info.name}", "", f"* architecture: `{info.arch}`, {info.n_params / 1e6:,.1f} M parameters",
+    parts = [f"# {info.name}", "", f"* id: `{info.model_id}`", f"* architecture: `{info.arch}`, {info.n_params / 1e6:,.1f} M parameters",
              f"* backend: {info.backend} ({info.device_name})", f"* context: {info.n_ctx:,} tokens",
-             f"* file: `{info.path}`", "", "## Storage formats", "", "| Tensor | Format | Layers |", "|---|---|---|"]
+             f"* file: `{info.path}`"]
+    if info.sampling_source:
+        values = ", ".join(f"{k} {v}" for k, v in info.sampling_defaults.items())
+        parts.append(f"* sampling defaults: {values} ({info.sampling_source})")
+    parts += ["", "## Storage formats", "", "| Tensor | Format | Layers |", "|---|---|---|"]
     parts += [f"| `{role}` | {fmt} | {layers} |" for role, fmt, layers in summarize_formats(info.formats)]
     return "\n".join(parts) + "\n"
 

@@ -70,6 +70,7 @@ class ModelsScreen(Screen):
         self.repo_files: hub.RepoFiles | None = None
         self._cancel_download: threading.Event | None = None
         self._select_after_scan: str | None = None  # a just-downloaded model to put the cursor on
+        self._retry = None  # what the Retry button of a failed Hub request runs
 
     def compose(self):
         yield Header(show_clock=False)
@@ -96,6 +97,9 @@ class ModelsScreen(Screen):
                         id="hub-format",
                     )
                     yield Button("Search", id="hub-search")
+                with Vertical(id="hub-error"):
+                    yield Static("", id="hub-error-text")
+                    yield Button("Retry", variant="primary", id="hub-retry")
                 yield DataTable(id="hub-results", cursor_type="row", zebra_stripes=True)
                 yield DataTable(id="hub-files", cursor_type="row", zebra_stripes=True)
                 with Horizontal(id="download-row"):
@@ -105,6 +109,7 @@ class ModelsScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#first-run").display = False
+        self.query_one("#hub-error").display = False
         self.query_one("#hub-files").display = False
         self.query_one("#download-cancel").display = False
         self.query_one("#gpu-line", Static).update("Looking for models…")
@@ -172,14 +177,36 @@ class ModelsScreen(Screen):
     @on(Button.Pressed, "#hub-search")
     @on(Input.Submitted, "#hub-query")
     def search(self) -> None:
+        self._start_search(fresh=False)
+
+    def _start_search(self, fresh: bool) -> None:
+        """Search the Hub (``fresh``: probe its reachability again, a Retry)."""
         query = self.query_one("#hub-query", Input).value.strip()
         fmt = self.query_one("#hub-format", Select).value
+        self._show_hub_error(None)
         self.query_one("#hub-results", DataTable).loading = True
-        self._search(query, None if fmt == "any" else fmt)
+        self._retry = self._start_search
+        self._search(query, None if fmt == "any" else fmt, fresh)
+
+    def _show_hub_error(self, text: str | None) -> None:
+        """A failed Hub request: its reason and a Retry button where its table was."""
+        failed = text is not None
+        self.query_one("#hub-error").display = failed
+        self.query_one("#hub-results").display = not failed
+        if failed:
+            self.query_one("#hub-files").display = False
+            self.query_one("#hub-error-text", Static).update(Content(text))
+            self.query_one("#hub-retry", Button).focus()
+
+    @on(Button.Pressed, "#hub-retry")
+    def retry_hub(self) -> None:
+        if self._retry is not None:
+            self._retry(fresh=True)
 
     @work(thread=True, exclusive=True, group="hub")
-    def _search(self, query: str, fmt: str | None) -> None:
+    def _search(self, query: str, fmt: str | None, fresh: bool) -> None:
         try:
+            hub.hub_offline(fresh)
             self.post_message(HubSearchDone(hub.search_models(query, fmt)))
         except Exception as exc:  # noqa: BLE001 - network errors are shown, not raised
             self.post_message(HubFailed("search", f"{type(exc).__name__}: {exc}"))
@@ -198,18 +225,24 @@ class ModelsScreen(Screen):
     def on_hub_failed(self, message: HubFailed) -> None:
         for table in self.query(DataTable):
             table.loading = False
-        self.notify(message.error, title=f"Hugging Face {message.what} failed", severity="error", markup=False)
+        self._show_hub_error(f"The Hugging Face {message.what} failed: {message.error}")
 
     @on(DataTable.RowSelected, "#hub-results")
     def list_files(self, event: DataTable.RowSelected) -> None:
+        self._open_repo(self.hub_models[int(event.row_key.value)].repo_id)
+
+    def _open_repo(self, repo_id: str, fresh: bool = False) -> None:
+        self._show_hub_error(None)
         files = self.query_one("#hub-files", DataTable)
         files.display = True
         files.loading = True
-        self._list_files(self.hub_models[int(event.row_key.value)].repo_id)
+        self._retry = lambda fresh: self._open_repo(repo_id, fresh)
+        self._list_files(repo_id, fresh)
 
     @work(thread=True, exclusive=True, group="hub")
-    def _list_files(self, repo_id: str) -> None:
+    def _list_files(self, repo_id: str, fresh: bool) -> None:
         try:
+            hub.hub_offline(fresh)
             self.post_message(HubFilesListed(hub.list_choices(repo_id)))
         except Exception as exc:  # noqa: BLE001
             self.post_message(HubFailed("listing", f"{type(exc).__name__}: {exc}"))

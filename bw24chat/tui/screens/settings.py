@@ -1,6 +1,8 @@
 """Settings: sampling, engine options, theme and the default system prompt, saved to
 ``config.toml``.  The form is built from ``SETTINGS``; the choices of the select fields come
-from the command-line parser so that the two can never offer different values."""
+from the command-line parser so that the two can never offer different values.  A sampling
+value the model recommends (options.MODEL_SAMPLING_KEYS) left blank follows the loaded model;
+its field shows the value in force as a placeholder."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +15,8 @@ from textual.validation import Integer, Number
 from textual.widgets import Button, Footer, Header, Input, Label, Select, TextArea
 
 from ...config import cli_choices, save_config
+from ...options import MODEL_SAMPLING_KEYS
+from ...sampling_defaults import CONSERVATIVE
 
 if TYPE_CHECKING:
     from ..app import ChatApp
@@ -35,11 +39,14 @@ SETTINGS = (
     Setting("top_p", "sampling", "Top-p", float, "1 = off", 0, 1),
     Setting("top_k", "sampling", "Top-k", int, "0 = off", 0),
     Setting("min_p", "sampling", "Min-p", float, "0 = off", 0, 1),
+    Setting("repeat_penalty", "sampling", "Repeat penalty", float, "1 = off", 0.5, 2),
     Setting("max_tokens", "sampling", "Max tokens", int, "per reply", 1),
+    Setting("stop_on_loop", "sampling", "Stop on loop", int, "stop a reply repeating one phrase for N tokens, 0 = off", 0),
     Setting("seed", "sampling", "Seed", int, "blank = random", optional=True),
     Setting("kv_cache", "engine", "KV cache", str, "cache precision"),
     Setting("activations", "engine", "Activations", str, "matmul inputs: bf16 = faster prefill"),
     Setting("vram_budget_gb", "engine", "VRAM budget", float, "GiB, 0 = all free", 0),
+    Setting("threads", "engine", "CPU threads", int, "BLAS threads of the NumPy backend", 1, 256),
 )
 
 
@@ -52,11 +59,21 @@ class SettingsScreen(Screen):
         options = self.app.config.options
         return options.sampling if setting.section == "sampling" else options
 
+    def _model_defaults(self) -> tuple[dict, str]:
+        engine = self.app.engine
+        if engine is None:
+            return CONSERVATIVE, "no model loaded; bw24chat's conservative defaults until one is"
+        info = engine.info
+        return info.sampling_defaults or CONSERVATIVE, info.sampling_source or "bw24chat's conservative defaults"
+
     def compose(self):
         yield Header(show_clock=False)
         with VerticalScroll(id="settings-form"):
             for section, title in (("sampling", "Sampling"), ("engine", "Engine (applies at the next model load)")):
                 yield Label(title, classes="section-title")
+                if section == "sampling":
+                    yield Label(f"Blank fields follow the model: {self._model_defaults()[1]}", classes="hint",
+                                id="sampling-source")
                 with Grid(classes="settings-grid"):
                     for setting in SETTINGS:
                         if setting.section == section:
@@ -82,6 +99,11 @@ class SettingsScreen(Screen):
         if setting.kind is str:
             return Select([(c, c) for c in cli_choices()[setting.key]], value=value, allow_blank=False, id=field_id, compact=True)
         validator = (Integer if setting.kind is int else Number)(minimum=setting.minimum, maximum=setting.maximum)
+        if setting.key in MODEL_SAMPLING_KEYS:
+            chosen = setting.key in self.app.config.options.sampling_set
+            placeholder = f"{self._model_defaults()[0][setting.key]} (model)"
+            return Input(str(value) if chosen else "", placeholder=placeholder, id=field_id, validators=[validator],
+                         valid_empty=True, compact=True)
         text = "" if value is None else str(value)
         return Input(text, id=field_id, validators=[validator], valid_empty=setting.optional, compact=True)
 
@@ -99,7 +121,7 @@ class SettingsScreen(Screen):
                 values[setting] = widget.value
                 continue
             text = widget.value.strip()
-            if not text and setting.optional:
+            if not text and (setting.optional or setting.key in MODEL_SAMPLING_KEYS):
                 values[setting] = None
             elif widget.validate(text).is_valid:
                 values[setting] = setting.kind(float(text)) if setting.kind is int else setting.kind(text)
@@ -109,8 +131,15 @@ class SettingsScreen(Screen):
             self.notify("Check: " + ", ".join(invalid), title="Not saved", severity="error")
             return
         config = self.app.config
+        chosen = set(config.options.sampling_set)
         for setting, value in values.items():
+            if setting.key in MODEL_SAMPLING_KEYS:
+                if value is None:  # blank: the model's value
+                    chosen.discard(setting.key)
+                    continue
+                chosen.add(setting.key)
             setattr(self._target(setting), setting.key, value)
+        config.options.sampling_set = frozenset(chosen)
         config.theme = self.query_one("#set-theme", Select).value
         config.system_prompt = self.query_one("#set-system-prompt", TextArea).text.strip()
         self.app.theme = config.theme

@@ -43,6 +43,8 @@ STAT_ROWS = (
     StatRow("ttft", "First tok", _one("ttft_s", human_duration)),
     StatRow("context", "Context", _both("ctx_used", "ctx_max", lambda v: f"{int(v):,}")),
     StatRow("vram", "VRAM", _both("vram_used", "vram_total", lambda v: human_bytes(v).removesuffix(" GiB"), " GiB")),
+    StatRow("kv", "KV cache", _one("kv_bytes", human_bytes)),
+    StatRow("rss", "Memory", _one("rss", human_bytes)),
     StatRow("gpu", "GPU", _one("gpu_name", str)),
     StatRow("backend", "Backend", _one("backend", str)),
 )
@@ -86,6 +88,7 @@ class StatsPanel(Vertical):
             widget.display = text is not None
             if text is not None:
                 widget.update(Content.from_markup(f"[b]{row.label:<{LABEL_WIDTH}}[/b]$value", value=text))
-        has_history = bool(self.tps_history)
+        # one point would be drawn as a solid block: the line needs two to say anything
+        has_history = len(self.tps_history) > 1
         self.query_one("#tps-label").display = has_history
         self.query_one("#tps-sparkline").display = has_history
