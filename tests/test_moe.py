@@ -255,3 +255,25 @@ def test_routing_switches_are_live(tmp_path):
         saved, t.raw = t.raw, new
         assert not np.allclose(base, numpy_runner(ck).prefill_logits(ids, 0))
         t.raw = saved
+
+
+def test_info_moe_facts(tmp_path):
+    from bw24chat.info import describe
+
+    d, _ = make_hf_dir(tmp_path / "g", "glm4_moe", "F32")
+    m = describe(load_checkpoint(d))["moe"]
+    per_expert = 3 * 64 * 32  # D * F per projection
+    assert (m["experts"], m["experts_per_token"], m["shared_experts"]) == (8, 3, 1)
+    assert load_checkpoint(d).n_params - m["active_parameters"] == 2 * (8 - 3) * per_expert  # 2 sparse layers
+
+
+def test_synthetic_moe_shape_runs():
+    """The random-weight MoE shape for GPU checks: quantized experts as views, prefill = decode."""
+    from bw24chat.synthetic import synthetic_checkpoint
+
+    ck = synthetic_checkpoint("tiny-moe", "Q8_0")
+    t = ck.tensors["blk.2.ffn_up_exps"]
+    assert t.shape == (16, 256, 512) and t.fmt == "Q8_0"
+    model = build_model(ck, NumpyBackend(), n_ctx=64)
+    full, steps = _prefill_vs_decode(model, [1, 7, 300, 42, 9])
+    np.testing.assert_allclose(full, steps, rtol=1e-4, atol=1e-4)

@@ -33,12 +33,6 @@ class MoEArgs(BaseArgs):
         return RouterSpec(self.num_experts, self.num_experts_per_tok, self.scoring_func, bool(self.norm_topk_prob),
                           self.n_group or 1, self.topk_group or 1, float(self.routed_scaling_factor))
 
-    def active_params(self) -> tuple[int, int]:
-        """(routed-expert parameters of the whole model, of them those one token uses)."""
-        per_expert = 3 * self.hidden_size * self.moe_intermediate_size
-        n_moe = sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
-        return n_moe * self.num_experts * per_expert, n_moe * self.num_experts_per_tok * per_expert
-
 
 @dataclass
 class MoE:
