@@ -23,6 +23,9 @@ from .tokenizer import TokenizerInfo
 _QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=49152,
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+_TINY = dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+             num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
+             max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 SHAPES = {
     # Qwen3-8B with a 49k vocabulary: the shape llama.cpp was measured on (engine notes)
     "qwen3-8b": _QWEN3_8B,
@@ -50,13 +53,9 @@ SHAPES = {
                        num_attention_heads=48, num_key_value_heads=8, head_dim=128, vocab_size=200064,
                        max_position_embeddings=196608, rope_theta=5000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                        num_local_experts=256, num_experts_per_tok=8, rotary_dim=64),
-    "tiny-moe": dict(model_type="qwen3_moe", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
-                     num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
-                     max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                     num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256, norm_topk_prob=True),
-    "tiny": dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
-                 num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
-                 max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "tiny": _TINY,
+    "tiny-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
+                 "moe_intermediate_size": 256, "norm_topk_prob": True},
 }
 
 
