@@ -13,10 +13,27 @@ from .console import print_downloads
 from .loaders import summarize_formats
 from .model_store import model_aliases, open_checkpoint
 from .options import add_model_arg, parser
+from .loaders.tensor import ExpertTensor
+
+
+def moe_facts(ck) -> dict | None:
+    """Routed experts, experts per token, and the parameters one token uses (all but the
+    unselected experts), or None for a dense model."""
+    routed = [t for t in ck.tensors.values() if isinstance(t, ExpertTensor)]
+    if not routed:
+        return None
+    from .models import get_family
+
+    a = get_family(ck.arch).ModelArgs.from_dict(ck.config)
+    E, k = routed[0].shape[0], a.num_experts_per_tok
+    routed_params = sum(t.numel for t in routed)
+    return {"experts": E, "experts_per_token": k, "shared_experts": a.n_shared_experts,
+            "expert_bytes": sum(t.nbytes for t in routed),
+            "active_parameters": ck.n_params - routed_params + routed_params * k // E}
 
 
 def describe(ck) -> dict:
-    return {
+    d = {
         "name": ck.name,
         "id": model_aliases(ck.path)[0],
         "path": str(ck.path),
@@ -25,6 +42,10 @@ def describe(ck) -> dict:
         "bytes": ck.nbytes,
         "formats": [dict(role=r, format=f, layers=l) for r, f, l in summarize_formats(ck.formats())],
     }
+    moe = moe_facts(ck)
+    if moe:
+        d["moe"] = moe
+    return d
 
 
 def format_table(rows: list[tuple[str, str, str]]) -> str:
@@ -59,5 +80,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(d, indent=1))
         return 0
     print(f"{d['id']}: {d['name']}  ({d['arch']}, {d['parameters'] / 1e6:.1f} M parameters, {d['bytes'] / 2**20:.1f} MiB)")
+    if "moe" in d:
+        m = d["moe"]
+        print(f"experts: {m['experts']} routed, {m['experts_per_token']} per token, {m['shared_experts']} shared; "
+              f"{m['active_parameters'] / 1e6:.1f} M parameters active per token; experts {m['expert_bytes'] / 2**20:.1f} MiB")
     print(format_table([(r["role"], r["format"], r["layers"]) for r in d["formats"]]))
     return 0

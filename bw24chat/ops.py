@@ -12,7 +12,8 @@ An ``Ops`` object is bound to one forward pass: the rows it runs (T tokens at po
 cache it writes.  Weights are loaded through the backend's ``load_*`` methods (below), which a
 model calls once at load.
 
-Shape legend: T rows, D width, H query heads, K kv heads, hd head dim, F ffn width, V vocabulary.
+Shape legend: T rows, D width, H query heads, K kv heads, hd head dim, F ffn width, V vocabulary,
+E routed experts, k experts per token.
 """
 from __future__ import annotations
 
@@ -32,6 +33,34 @@ class AttentionSpec:
     eps: float  # of the per-head QK-norm
     rope: RopeTable
     scale: float  # softmax scale, 1/sqrt(hd) unless the family says otherwise
+    # QK-norm width: "head" = RMSNorm over each head of q and of k (Qwen3, GLM-4.5); "full" = over
+    # the whole q projection (H * hd) and the whole k projection (K * hd) (MiniMax-M2,
+    # transformers modeling_minimax_m2.py: q_norm = RMSNorm(num_attention_heads * head_dim))
+    qk_norm: str = "head"
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """A layer's expert routing (the same for every MoE layer of a model).
+
+    softmax (Qwen3-MoE, Mixtral): p = softmax(logits); rank by p.
+    sigmoid (DeepSeek-V3 routing: GLM-4.5, MiniMax-M2): p = sigmoid(logits); rank by
+      s = p + bias (the selection bias, ``e_score_correction_bias``), which picks experts but
+      never enters the weights; with n_group > 1 only the topk_group groups of the highest group
+      score (sum of the two largest s of the group's E/n_group experts) compete, the others are
+      out (-inf, as DeepSeek-V3's reference inference code; transformers fills 0.0, which only
+      differs when a selected group has fewer than k experts with s > 0).
+    Then: ids = the k best in ranking order (descending; ties go to the lower expert index, at
+    every step: group choice and expert choice), w = p[ids]; with norm_topk_prob w /= sum(w)
+    (summed in ranking order); then w *= scale (routed_scaling_factor)."""
+
+    n_experts: int
+    top_k: int
+    scoring: str = "softmax"  # "softmax" | "sigmoid"
+    norm_topk_prob: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    scale: float = 1.0
 
 
 class Loader:
@@ -49,6 +78,15 @@ class Loader:
         raise NotImplementedError
 
     def load_embedding(self, tensor):
+        raise NotImplementedError
+
+    def load_experts(self, gate, up, down, role: str = "experts"):
+        """A layer's routed experts from three (E, out, in) expert tensors
+        (loaders.tensor.ExpertTensor: gate and up (E, F, D), down (E, D, F)).  Expert e is the
+        dense SwiGLU MLP pair (gu_e, down_e) with gu_e interleaved like ``load_linear(...,
+        interleave=True)`` (gate_0, up_0, gate_1, up_1, ...), so a backend can run each expert
+        with its dense matvec layouts; a backend may keep experts anywhere (VRAM, host, the
+        memory-mapped file) as long as ``experts`` reads only the selected ones."""
         raise NotImplementedError
 
 
@@ -75,7 +113,8 @@ class Ops:
 
     def rope_kv(self, qkv, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
         """The attention prologue of (T, (H + 2K) * hd) fused projections: add ``bias``, RMSNorm
-        each head of q and k (``q_norm`` / ``k_norm``, both or neither: Qwen3), rotate q and k
+        each head of q and k (``q_norm`` / ``k_norm``, both or neither: Qwen3; over the whole q
+        and k projections when ``spec.qk_norm == "full"``: MiniMax-M2), rotate q and k
         (RoPE at the pass's positions), write k and v into the cache of ``layer``.  Returns q
         (T, H, hd)."""
         raise NotImplementedError
@@ -83,6 +122,26 @@ class Ops:
     def attention(self, q, spec: AttentionSpec, layer: int):
         """Causal GQA attention of the pass's rows over the cache of ``layer`` (every position
         up to each row's own): (T, H, hd) -> (T, H * hd)."""
+        raise NotImplementedError
+
+    def router(self, x, gate, spec: RouterSpec, bias=None):
+        """Expert choice of each row: logits = x @ gate^T (float32, gate (E, D) from
+        ``load_linear``), then the RouterSpec rule with ``bias`` (E,) the selection bias (sigmoid
+        routers).  Returns (ids (T, k) int32, weights (T, k) float32), both in ranking order.
+        ``x`` may be a deferred rmsnorm, as for ``linear``."""
+        raise NotImplementedError
+
+    def experts(self, x, ids, weights, experts, residual, shared=None):
+        """The MoE FFN of (T, D) rows ``x`` (may be a deferred rmsnorm), added to ``residual``
+        (which it replaces, as ``linear(..., residual=)``):
+            y_j = down_e @ swiglu(gu_e @ x)      for e = ids[:, j]   (each a dense-MLP product)
+            acc = w_0 * y_0;  acc += w_j * y_j   for j = 1 .. k-1, in the router's ranking order
+            acc += g * (down_s @ swiglu(gu_s @ x))   with shared = (gu_s, down_s, gate_s or None),
+                   g = sigmoid(x . gate_s) (Qwen2-MoE) or 1 (GLM-4.5's shared experts)
+            out = residual + acc
+        every product w_j * y_j rounded to float32 before its add (no fused multiply-add), so
+        that every CUDA path (resident, spilled, decode of m rows) reproduces the same bits.
+        The grouping is transformers' (routed sum, + shared, then the residual)."""
         raise NotImplementedError
 
     def lm_head(self, x, w):

@@ -4,7 +4,9 @@ to carry, in any weight format without a quantizer: quantized formats get random
 
 Layers share one set of host arrays (each is uploaded to its own device buffer, so device reads
 are still distinct and never served from L2); the logits are therefore meaningless but the work
-per token is exactly a real model's.
+per token is exactly a real model's.  MoE shapes get E experts that are row-shifted windows of
+one random matrix (distinct contents, one expert's generation cost; shared across layers the
+same way) and an F32 router (llama.cpp keeps ``ffn_gate_inp`` unquantized).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from tokenizers import Tokenizer, models
 
 from . import quants
 from .loaders import Checkpoint
-from .loaders.tensor import QTensor
+from .loaders.tensor import ExpertTensor, QTensor
+from .models import get_family
 from .tokenizer import TokenizerInfo
 
 _QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
@@ -22,6 +25,9 @@ _QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, 
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 # the weight formats synthetic_checkpoint makes (check gates and benchmarks them), lower case as typed
 FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "nvfp4")
+_TINY = dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+             num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
+             max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 SHAPES = {
     # Qwen3-8B with a 49k vocabulary: the shape llama.cpp was measured on (engine notes)
     "qwen3-8b": _QWEN3_8B,
@@ -32,9 +38,26 @@ SHAPES = {
     "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
                          max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
-    "tiny": dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
-                 num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
-                 max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): the llama.cpp MoE figures of issue 32
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                          max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                          num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
+    # GLM-4.5-Air (zai-org/GLM-4.5-Air config.json): 1 dense layer, 128 experts + 1 shared, no QK-norm
+    "glm-4.5-air": dict(model_type="glm4_moe", hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
+                        num_attention_heads=96, num_key_value_heads=8, head_dim=128, vocab_size=151552,
+                        max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                        attention_bias=True, partial_rotary_factor=0.5, n_routed_experts=128, num_experts_per_tok=8,
+                        moe_intermediate_size=1408, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+                        routed_scaling_factor=1.0, norm_topk_prob=True),
+    # MiniMax-M2 (MiniMaxAI/MiniMax-M2 config.json): 256 experts of 1536, full-width QK-norm, rotary_dim 64
+    "minimax-m2": dict(model_type="minimax_m2", hidden_size=3072, intermediate_size=1536, num_hidden_layers=62,
+                       num_attention_heads=48, num_key_value_heads=8, head_dim=128, vocab_size=200064,
+                       max_position_embeddings=196608, rope_theta=5000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       num_local_experts=256, num_experts_per_tok=8, rotary_dim=64),
+    "tiny": _TINY,
+    "tiny-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
+                 "moe_intermediate_size": 256, "norm_topk_prob": True},
 }
 
 
@@ -72,30 +95,66 @@ def random_matrix(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> Q
     return QTensor("", fmt, (rows, cols), raw.reshape(rows, -1), global_scale=0.05 if fmt == "NVFP4" else 1.0)
 
 
+def random_experts(fmt: str, n: int, rows: int, cols: int, rng: np.random.Generator) -> list[QTensor]:
+    """n (rows, cols) experts: expert e is rows e .. e + rows - 1 of one (rows + n, cols) random matrix."""
+    m = random_matrix(fmt, rows + n, cols, rng)
+    return [QTensor("", fmt, (rows, cols), m.raw[e:e + rows], m.global_scale) for e in range(n)]
+
+
 def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, embed_fmt: str | None = None) -> Checkpoint:
     cfg = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     cfg["rope_style"] = "neox"
     rng = np.random.default_rng(seed)
     D, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     H, K, hd, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"]
+    mt = cfg["model_type"]
+    args = get_family(mt).ModelArgs.from_dict(cfg)
+    moe = [getattr(args, "is_moe_layer", lambda i: False)(i) for i in range(L)]
     shared = {
         "attn_q": random_matrix(fmt, H * hd, D, rng), "attn_k": random_matrix(fmt, K * hd, D, rng),
         "attn_v": random_matrix(fmt, K * hd, D, rng), "attn_o": random_matrix(fmt, D, H * hd, rng),
-        "ffn_gate": random_matrix(fmt, F, D, rng), "ffn_up": random_matrix(fmt, F, D, rng),
-        "ffn_down": random_matrix(fmt, D, F, rng),
     }
+    if not all(moe):
+        shared.update(ffn_gate=random_matrix(fmt, F, D, rng), ffn_up=random_matrix(fmt, F, D, rng),
+                      ffn_down=random_matrix(fmt, D, F, rng))
     ones = lambda n: QTensor("", "F32", (n,), (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))  # noqa: E731
+    small = lambda *s: QTensor("", "F32", s, (0.02 * rng.standard_normal(s)).astype(np.float32))  # noqa: E731
+    if any(moe):
+        E, Fe = args.num_experts, args.moe_intermediate_size
+        experts = {"ffn_gate_exps": random_experts(fmt, E, Fe, D, rng), "ffn_up_exps": random_experts(fmt, E, Fe, D, rng),
+                   "ffn_down_exps": random_experts(fmt, E, D, Fe, rng)}
+        router = small(E, D)
+        if args.n_shared_experts:
+            Fs = Fe * args.n_shared_experts
+            shexp = {"ffn_gate_shexp": random_matrix(fmt, Fs, D, rng), "ffn_up_shexp": random_matrix(fmt, Fs, D, rng),
+                     "ffn_down_shexp": random_matrix(fmt, D, Fs, rng)}
     tensors = {"tok_embd": random_matrix(embed_fmt or fmt, V, D, rng), "output_norm": ones(D)}
     if not cfg.get("tie_word_embeddings"):
         tensors["output"] = random_matrix(embed_fmt or fmt, V, D, rng)
     for i in range(L):
         for k, v in shared.items():
-            tensors[f"blk.{i}.{k}"] = QTensor(f"blk.{i}.{k}", v.fmt, v.shape, v.raw, v.global_scale)
+            if not k.startswith("ffn_") or not moe[i]:
+                tensors[f"blk.{i}.{k}"] = QTensor(f"blk.{i}.{k}", v.fmt, v.shape, v.raw, v.global_scale)
         tensors[f"blk.{i}.attn_norm"] = ones(D)
         tensors[f"blk.{i}.ffn_norm"] = ones(D)
-        if cfg["model_type"] == "qwen3":
+        if mt in ("qwen3", "qwen3_moe"):
             tensors[f"blk.{i}.attn_q_norm"] = ones(hd)
             tensors[f"blk.{i}.attn_k_norm"] = ones(hd)
+        if mt == "minimax_m2":  # QK-norm over the whole projections
+            tensors[f"blk.{i}.attn_q_norm"] = ones(H * hd)
+            tensors[f"blk.{i}.attn_k_norm"] = ones(K * hd)
+        if cfg.get("attention_bias"):
+            for n, rows in (("q", H * hd), ("k", K * hd), ("v", K * hd)):
+                tensors[f"blk.{i}.attn_{n}_bias"] = small(rows)
+        if moe[i]:
+            tensors[f"blk.{i}.ffn_gate_inp"] = QTensor("", "F32", router.shape, router.raw)
+            for k, parts in experts.items():
+                tensors[f"blk.{i}.{k}"] = ExpertTensor(f"blk.{i}.{k}", parts)
+            if args.scoring_func == "sigmoid":
+                tensors[f"blk.{i}.exp_probs_b"] = small(E)
+            if args.n_shared_experts:
+                for k, v in shexp.items():
+                    tensors[f"blk.{i}.{k}"] = QTensor("", v.fmt, v.shape, v.raw, v.global_scale)
     for n, t in tensors.items():
         t.name = n
     tk = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))

@@ -6,15 +6,17 @@ is the textbook formula in float32.  It also serves users without an NVIDIA GPU
 is one BLAS call.
 
 Shape legend: T tokens in the step, D model width, H query heads, K kv heads, G = H/K,
-hd head dim, S cached positions, F ffn width, V vocabulary.
+hd head dim, S cached positions, F ffn width, V vocabulary, E routed experts, k experts per token.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..api import SamplingParams
 from ..loaders.tensor import QTensor
-from ..ops import AttentionSpec, Loader, Ops
+from ..ops import AttentionSpec, Loader, Ops, RouterSpec
 from ..rope import apply_rope
 from ..sampling import sample_token
 from .kernel_refs import act_q8, act_quant_ref, bf16_round
@@ -51,6 +53,20 @@ class ActQuantMatrix(np.ndarray):
     does for these formats."""
 
 
+@dataclass
+class NumpyExperts:
+    """A layer's routed experts, each as the dense MLP's two float32 matrices."""
+
+    gu: list  # E x (2F, D), rows gate_0, up_0, gate_1, up_1, ...
+    down: list  # E x (D, F)
+
+
+def top_k_by_index(s: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest of each row, largest first, ties to the lower index (a stable
+    sort of -s keeps equal values in index order)."""
+    return np.argsort(-s, axis=-1, kind="stable")[..., :k]
+
+
 class NumpyBackend(Loader):
     name = "numpy"
     device_name = "CPU"
@@ -81,6 +97,11 @@ class NumpyBackend(Loader):
 
     def load_embedding(self, t: QTensor) -> np.ndarray:
         return self.load_linear([t])  # (V, D)
+
+    def load_experts(self, gate, up, down, role: str = "experts") -> NumpyExperts:
+        E = gate.shape[0]
+        return NumpyExperts([self.load_linear([gate.expert(e), up.expert(e)], interleave=True) for e in range(E)],
+                            [self.load_linear([down.expert(e)]) for e in range(E)])
 
     def new_kv_cache(self, n_layers: int, n_kv: int, head_dim: int, n_ctx: int) -> NumpyKVCache:
         return NumpyKVCache(n_layers, n_kv, head_dim, n_ctx)
@@ -120,10 +141,11 @@ class NumpyOps(Ops):
         T, H, K, hd = len(qkv), spec.n_heads, spec.n_kv_heads, spec.head_dim
         if bias is not None:
             qkv = qkv + bias
-        q = qkv[:, : H * hd].reshape(T, H, hd)
-        k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
-        v = qkv[:, (H + K) * hd:].reshape(T, K, hd)
-        if q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
+        q, k, v = qkv[:, : H * hd], qkv[:, H * hd:(H + K) * hd], qkv[:, (H + K) * hd:]
+        if q_norm is not None and spec.qk_norm == "full":  # MiniMax-M2: over the whole projections
+            q, k = self.rmsnorm(q, q_norm, spec.eps), self.rmsnorm(k, k_norm, spec.eps)
+        q, k, v = q.reshape(T, H, hd), k.reshape(T, K, hd), v.reshape(T, K, hd)
+        if q_norm is not None and spec.qk_norm == "head":  # Qwen3: RMSNorm over each head before RoPE
             q, k = self.rmsnorm(q, q_norm, spec.eps), self.rmsnorm(k, k_norm, spec.eps)
         q = apply_rope(q, self.positions, spec.rope)
         k = apply_rope(k, self.positions, spec.rope)
@@ -150,6 +172,48 @@ class NumpyOps(Ops):
         p /= p.sum(axis=-1, keepdims=True)
         o = np.matmul(p.reshape(K, G * T, end), vals.transpose(1, 0, 2))  # (K, G*T, hd)
         return o.reshape(K, G, T, hd).transpose(2, 0, 1, 3).reshape(T, H * hd)
+
+    def router(self, x: np.ndarray, gate: np.ndarray, spec: RouterSpec, bias: np.ndarray | None = None):
+        logits = self.linear(x, gate)  # (T, E) float32
+        if spec.scoring == "softmax":
+            e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            p = e / e.sum(axis=-1, keepdims=True)
+        else:
+            p = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
+        s = p if bias is None else p + bias
+        if spec.n_group > 1:  # DeepSeek-V3: only the topk_group best groups (by their top-2 sum) compete
+            T, E = s.shape
+            sg = s.reshape(T, spec.n_group, E // spec.n_group)
+            top2 = np.take_along_axis(sg, top_k_by_index(sg, 2), axis=-1)
+            keep = np.zeros((T, spec.n_group), bool)
+            np.put_along_axis(keep, top_k_by_index(top2[..., 0] + top2[..., 1], spec.topk_group), True, axis=-1)
+            s = np.where(keep[:, :, None], sg, -np.inf).reshape(T, E)
+        ids = top_k_by_index(s, spec.top_k)
+        w = np.take_along_axis(p, ids, axis=-1)
+        if spec.norm_topk_prob:
+            total = w[:, 0].copy()
+            for j in range(1, spec.top_k):  # in ranking order, as the contract says
+                total += w[:, j]
+            w = w / total[:, None]
+        return ids.astype(np.int32), (w * np.float32(spec.scale)).astype(np.float32)
+
+    def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, experts: NumpyExperts,
+                residual: np.ndarray, shared=None) -> np.ndarray:
+        T, k = ids.shape
+        y = np.empty((T, k, x.shape[-1]), np.float32)  # y[t, j]: expert ids[t, j] on row t
+        for e in np.unique(ids):  # the rows each selected expert serves, in one product
+            rows, slots = np.nonzero(ids == e)
+            y[rows, slots] = self.linear(self.swiglu(self.linear(x[rows], experts.gu[e])), experts.down[e])
+        acc = weights[:, 0:1] * y[:, 0]
+        for j in range(1, k):  # ranking order; each product rounded before its add (NumPy never fuses)
+            acc = acc + weights[:, j:j + 1] * y[:, j]
+        if shared is not None:
+            gu, down, gate = shared
+            out = self.linear(self.swiglu(self.linear(x, gu)), down)
+            if gate is not None:  # Qwen2-MoE: sigmoid(x . gate) scales the shared expert
+                out = out * (np.float32(1.0) / (np.float32(1.0) + np.exp(-(x @ gate))))[:, None]
+            acc = acc + out
+        return residual + acc
 
     def lm_head(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return self.linear(x if self.all_rows else x[-1:], w)

@@ -9,6 +9,7 @@ layout.  The config records which, as ``rope_style``.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +18,24 @@ from gguf.constants import GGMLQuantizationType as T
 
 from .. import quants
 from ..tokenizer import TokenizerInfo, collect_stop_ids, tokenizer_from_gguf_fields
-from .names import GGUF_MAP
-from .tensor import QTensor
+from .names import GGUF_ARCH_MAPS, GGUF_MAP
+from .tensor import ExpertTensor, QTensor
 
 # llama.cpp architectures -> our model families, and their rope layout in GGUF
-ARCH_FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-ROPE_STYLE = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox"}
+ARCH_FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+               "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2"}
+ROPE_STYLE = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
+              "qwen3moe": "neox", "glm4moe": "neox", "minimax-m2": "neox"}
+# MoE metadata (gguf-py constants.py Keys.LLM) -> the HF-style config keys models/moe.py reads
+MOE_KEYS = {
+    "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size", "expert_shared_count": "n_shared_experts",
+    "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob",
+    "leading_dense_block_count": "first_k_dense_replace", "expert_group_count": "n_group",
+    "expert_group_used_count": "topk_group",
+}
+GATING_FUNC = {1: "softmax", 2: "sigmoid"}  # gguf-py ExpertGatingFuncType
+_LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
 def _field(reader: GGUFReader, key: str, default=None):
@@ -71,6 +84,16 @@ def config_from_metadata(md: dict, tensor_names: set[str]) -> dict:
         "partial_rotary_factor": (g("rope.dimension_count") or g("attention.key_length", d_model // n_head))
         / g("attention.key_length", d_model // n_head),
     }
+    # NextN / MTP layers are counted in block_count but follow the trunk (llama.cpp glm4-moe.cpp)
+    cfg["num_hidden_layers"] -= g("nextn_predict_layers", 0) or 0
+    for key, hf_key in MOE_KEYS.items():
+        v = g(key)
+        if v is not None:  # a per-layer array (minimax-m2's expert_feed_forward_length) is uniform
+            cfg[hf_key] = max(v) if isinstance(v, list) else v
+    if g("expert_gating_func") is not None:
+        cfg["scoring_func"] = GATING_FUNC[g("expert_gating_func")]
+    if cfg.get("routed_scaling_factor") == 0:  # llama.cpp: 0 = no scaling
+        cfg["routed_scaling_factor"] = 1.0
     vocab = g("vocab_size")
     if vocab is not None:
         cfg["vocab_size"] = vocab
@@ -94,6 +117,7 @@ def load_gguf(path: Path):
     md = read_metadata(reader)
     names = {t.name for t in reader.tensors}
     cfg = config_from_metadata(md, names)
+    name_map = GGUF_ARCH_MAPS.get(md["general.architecture"], GGUF_MAP)
     tensors: dict[str, QTensor] = {}
     unknown = []
     extra = {}
@@ -105,11 +129,17 @@ def load_gguf(path: Path):
         if t.name == "rope_freqs.weight":
             extra["rope_freqs"] = np.array(t.data, dtype=np.float32)
             continue
-        canon = GGUF_MAP.canonical(t.name)
+        m = _LAYER.match(t.name)
+        if m and int(m.group(1)) >= cfg["num_hidden_layers"]:
+            continue  # NextN / MTP layers: not used yet
+        canon = name_map.canonical(t.name)
         if canon is None:
             unknown.append(t.name)
             continue
-        tensors[canon] = QTensor(canon, qtype.name, shape, t.data)
+        if canon.endswith("_exps"):  # (E, out, in): one memory-mapped tensor, experts are its slices
+            tensors[canon] = ExpertTensor.from_array(canon, qtype.name, shape, t.data)
+        else:
+            tensors[canon] = QTensor(canon, qtype.name, shape, t.data)
     if unknown:
         raise ValueError(f"{path.name}: tensors with no mapping: {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
     if extra.get("rope_freqs") is not None:

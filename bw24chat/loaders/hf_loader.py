@@ -14,6 +14,7 @@ README) because ``safetensors``' NumPy frontend has no bfloat16 or float8 dtype.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -21,13 +22,16 @@ import numpy as np
 
 from ..tokenizer import load_hf_tokenizer
 from .names import HF_MAP
-from .tensor import QTensor
+from .tensor import ExpertTensor, QTensor
 
 ARCH_FAMILY = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Glm4MoeForCausalLM": "glm4_moe",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
 }
 
 _ST_DTYPES = {"F32": (np.float32, "F32"), "F16": (np.float16, "F16"), "BF16": (np.uint16, "BF16"),
@@ -116,6 +120,38 @@ def _nvfp4_modelopt_to_ggml(packed: np.ndarray, scales: np.ndarray) -> np.ndarra
     return np.concatenate([sc, qs], axis=-1).reshape(rows, n // 64 * 36)
 
 
+_EXPERT_PART = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(\d+)$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def stack_experts(tensors: dict[str, QTensor]) -> dict[str, QTensor | ExpertTensor]:
+    """Per-expert tensors (blk.N.ffn_gate_exps.{j}) -> one ExpertTensor per projection, and
+    transformers' fused (E, 2F, D) gate|up -> gate and up ExpertTensors of views (no copies)."""
+    out, parts = {}, {}
+    for name, t in tensors.items():
+        m = _EXPERT_PART.match(name)
+        if m:
+            parts.setdefault(m.group(1), {})[int(m.group(2))] = t
+        elif name.endswith(("ffn_gate_up_exps", "ffn_down_exps")) and len(t.shape) == 3:
+            if t.fmt not in ("F32", "F16", "BF16"):
+                raise ValueError(f"{name}: fused expert tensors in {t.fmt} are not supported")
+            E, rows, _ = t.shape
+            if name.endswith("ffn_down_exps"):
+                out[name] = ExpertTensor.from_array(name, t.fmt, t.shape, t.raw)
+                continue
+            base = name[: -len("gate_up_exps")]
+            for half, proj in enumerate(("gate", "up")):
+                sub = t.raw[:, half * rows // 2:(half + 1) * rows // 2]
+                out[f"{base}{proj}_exps"] = ExpertTensor.from_array(f"{base}{proj}_exps", t.fmt, sub.shape, sub)
+        else:
+            out[name] = t
+    for name, by_id in parts.items():
+        if sorted(by_id) != list(range(len(by_id))):
+            raise ValueError(f"{name}: experts {sorted(set(range(max(by_id) + 1)) - set(by_id))[:5]} are missing")
+        out[name] = ExpertTensor(name, [by_id[j] for j in range(len(by_id))])
+    return out
+
+
 def load_hf_dir(model_dir: Path):
     from . import Checkpoint
 
@@ -135,6 +171,9 @@ def load_hf_dir(model_dir: Path):
     for name in sorted(where):
         if name in consumed:
             continue
+        m = _LAYER.match(name)
+        if m and int(m.group(1)) >= cfg.get("num_hidden_layers", 1 << 30):
+            continue  # the NextN / MTP layers appended after the trunk (GLM-4.5); not used yet
         canon = HF_MAP.canonical(name)
         if canon is None:
             if name.endswith(("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv")) or "rotary_emb" in name:
@@ -156,6 +195,7 @@ def load_hf_dir(model_dir: Path):
             tensors[canon] = QTensor(canon, kind, tuple(arr.shape), arr)
         else:
             raise ValueError(f"{model_dir.name}: {name}: unsupported dtype/layout {kind}")
+    tensors = stack_experts(tensors)
     if "output" not in tensors:
         cfg["tie_word_embeddings"] = True
     elif "tie_word_embeddings" not in cfg:

@@ -6,6 +6,13 @@ Canonical names (what the model code and backends use):
   blk.{i}.attn_q_bias, blk.{i}.attn_k_bias, blk.{i}.attn_v_bias,
   blk.{i}.attn_q_norm, blk.{i}.attn_k_norm,
   blk.{i}.ffn_norm, blk.{i}.ffn_gate, blk.{i}.ffn_up, blk.{i}.ffn_down
+MoE layers (llama.cpp's names):
+  blk.{i}.ffn_gate_inp (E, D) router, blk.{i}.exp_probs_b (E,) selection bias,
+  blk.{i}.ffn_gate_exps, blk.{i}.ffn_up_exps (E, F, D), blk.{i}.ffn_down_exps (E, D, F)
+      (loaders.tensor.ExpertTensor; HF per-expert tensors arrive as blk.{i}.ffn_gate_exps.{j}
+      and are stacked by the loader, transformers' fused gate|up as blk.{i}.ffn_gate_up_exps),
+  blk.{i}.ffn_gate_shexp, blk.{i}.ffn_up_shexp, blk.{i}.ffn_down_shexp (shared experts),
+  blk.{i}.ffn_gate_inp_shexp (D,) the shared expert's sigmoid gate (Qwen2-MoE)
 """
 from __future__ import annotations
 
@@ -30,6 +37,22 @@ GGUF_NAMES: dict[str, str] = {
     "blk.{i}.ffn_gate.weight": "blk.{i}.ffn_gate",
     "blk.{i}.ffn_up.weight": "blk.{i}.ffn_up",
     "blk.{i}.ffn_down.weight": "blk.{i}.ffn_down",
+    "blk.{i}.ffn_gate_inp.weight": "blk.{i}.ffn_gate_inp",
+    "blk.{i}.exp_probs_b.bias": "blk.{i}.exp_probs_b",
+    "blk.{i}.ffn_gate_exps.weight": "blk.{i}.ffn_gate_exps",
+    "blk.{i}.ffn_up_exps.weight": "blk.{i}.ffn_up_exps",
+    "blk.{i}.ffn_down_exps.weight": "blk.{i}.ffn_down_exps",
+    "blk.{i}.ffn_gate_shexp.weight": "blk.{i}.ffn_gate_shexp",
+    "blk.{i}.ffn_up_shexp.weight": "blk.{i}.ffn_up_shexp",
+    "blk.{i}.ffn_down_shexp.weight": "blk.{i}.ffn_down_shexp",
+    "blk.{i}.ffn_gate_inp_shexp.weight": "blk.{i}.ffn_gate_inp_shexp",
+}
+
+# per-architecture exceptions: glm4moe names its pre-FFN norm ATTN_POST_NORM (llama.cpp
+# src/models/glm4-moe.cpp: attn_post_norm feeds the FFN), which other architectures use for a
+# norm of the attention output
+GGUF_ARCH_NAMES: dict[str, dict[str, str]] = {
+    "glm4moe": {"blk.{i}.post_attention_norm.weight": "blk.{i}.ffn_norm"},
 }
 
 # Hugging Face transformers names (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
@@ -51,6 +74,31 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate",
     "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up",
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down",
+    # MoE (transformers modeling_qwen3_moe.py, modeling_glm4_moe.py, modeling_qwen2_moe.py): the
+    # checkpoints' per-expert layout, which save_pretrained writes back (conversion_mapping.py)
+    "model.layers.{i}.mlp.gate.weight": "blk.{i}.ffn_gate_inp",
+    "model.layers.{i}.mlp.gate.e_score_correction_bias": "blk.{i}.exp_probs_b",
+    "model.layers.{i}.mlp.experts.{j}.gate_proj.weight": "blk.{i}.ffn_gate_exps.{j}",
+    "model.layers.{i}.mlp.experts.{j}.up_proj.weight": "blk.{i}.ffn_up_exps.{j}",
+    "model.layers.{i}.mlp.experts.{j}.down_proj.weight": "blk.{i}.ffn_down_exps.{j}",
+    "model.layers.{i}.mlp.shared_experts.gate_proj.weight": "blk.{i}.ffn_gate_shexp",
+    "model.layers.{i}.mlp.shared_experts.up_proj.weight": "blk.{i}.ffn_up_shexp",
+    "model.layers.{i}.mlp.shared_experts.down_proj.weight": "blk.{i}.ffn_down_shexp",
+    "model.layers.{i}.mlp.shared_expert.gate_proj.weight": "blk.{i}.ffn_gate_shexp",
+    "model.layers.{i}.mlp.shared_expert.up_proj.weight": "blk.{i}.ffn_up_shexp",
+    "model.layers.{i}.mlp.shared_expert.down_proj.weight": "blk.{i}.ffn_down_shexp",
+    "model.layers.{i}.mlp.shared_expert_gate.weight": "blk.{i}.ffn_gate_inp_shexp",
+    # transformers >= 5 in-memory layout, for checkpoints saved without the reverse conversion:
+    # gate_up_proj (E, 2F, D) = gate rows then up rows; down_proj (E, D, F)
+    "model.layers.{i}.mlp.experts.gate_up_proj": "blk.{i}.ffn_gate_up_exps",
+    "model.layers.{i}.mlp.experts.down_proj": "blk.{i}.ffn_down_exps",
+    "model.layers.{i}.mlp.e_score_correction_bias": "blk.{i}.exp_probs_b",
+    # MiniMax-M2 checkpoints (Mixtral-style names: w1 gate, w3 up, w2 down)
+    "model.layers.{i}.block_sparse_moe.gate.weight": "blk.{i}.ffn_gate_inp",
+    "model.layers.{i}.block_sparse_moe.e_score_correction_bias": "blk.{i}.exp_probs_b",
+    "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight": "blk.{i}.ffn_gate_exps.{j}",
+    "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight": "blk.{i}.ffn_up_exps.{j}",
+    "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight": "blk.{i}.ffn_down_exps.{j}",
 }
 
 
@@ -60,7 +108,7 @@ class NameMap:
     def __init__(self, table: dict[str, str]):
         self._rules = []
         for src, dst in table.items():
-            pat = "^" + re.escape(src).replace(r"\{i\}", r"(?P<i>\d+)") + "$"
+            pat = "^" + re.escape(src).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{j\}", r"(?P<j>\d+)") + "$"
             self._rules.append((re.compile(pat), dst))
 
     def canonical(self, source_name: str) -> str | None:
@@ -72,4 +120,5 @@ class NameMap:
 
 
 GGUF_MAP = NameMap(GGUF_NAMES)
+GGUF_ARCH_MAPS = {arch: NameMap({**extra, **GGUF_NAMES}) for arch, extra in GGUF_ARCH_NAMES.items()}
 HF_MAP = NameMap(HF_NAMES)

@@ -58,3 +58,47 @@ class QTensor:
         if self.global_scale != 1.0:
             out = out * np.float32(self.global_scale)
         return out
+
+
+@dataclass
+class ExpertTensor:
+    """One projection of a layer's routed experts, (E, out, in): expert e is ``parts[e]``, an
+    ordinary (out, in) QTensor.  The parts are views into the file either way, never copies:
+    slices of one 3-D tensor (GGUF ``ffn_*_exps``, transformers' fused ``gate_up_proj``) or the
+    per-expert tensors of an HF checkpoint (``experts.{j}.gate_proj``), so a backend reads (or
+    uploads, or spills) one expert at a time."""
+
+    name: str
+    parts: list[QTensor]
+
+    def __post_init__(self):
+        fmts = {(p.fmt, p.shape) for p in self.parts}
+        if len(fmts) != 1:
+            raise ValueError(f"{self.name}: experts differ in format or shape: {sorted(fmts)[:3]}")
+
+    @classmethod
+    def from_array(cls, name: str, fmt: str, shape: tuple[int, ...], raw: np.ndarray, **kw) -> "ExpertTensor":
+        """Over a 3-D array (E, out, row) whose slices are the experts."""
+        return cls(name, [QTensor(f"{name}.{e}", fmt, tuple(shape[1:]), raw[e], **kw) for e in range(shape[0])])
+
+    @property
+    def fmt(self) -> str:
+        return self.parts[0].fmt
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.parts), *self.parts[0].shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape))
+
+    def expert(self, e: int) -> QTensor:
+        return self.parts[e]
+
+    def dequantize(self) -> np.ndarray:
+        return np.stack([p.dequantize() for p in self.parts])

@@ -8,6 +8,9 @@ REGISTRY = {
     "mistral": "bw24chat.models.llama",
     "qwen2": "bw24chat.models.qwen2",
     "qwen3": "bw24chat.models.qwen3",
+    "qwen3_moe": "bw24chat.models.qwen3_moe",
+    "glm4_moe": "bw24chat.models.glm4_moe",
+    "minimax_m2": "bw24chat.models.minimax_m2",
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 
 from ..ops import AttentionSpec, Loader, Ops
@@ -40,10 +41,14 @@ class BaseArgs:
     qk_norm: bool = False
     extra: dict = field(default_factory=dict)
 
+    # a family's config keys that mean one of our fields (GLM's n_routed_experts = num_experts)
+    aliases: typing.ClassVar[dict[str, str]] = {}
+
     @classmethod
     def from_dict(cls, d: dict):
         """Build from an HF config.json-style dict; unknown keys are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
+        d = {**{cls.aliases[k]: v for k, v in d.items() if k in cls.aliases and cls.aliases[k] not in d}, **d}
         args = cls(**{k: v for k, v in d.items() if k in names and k != "extra"})
         if args.num_key_value_heads is None:
             args.num_key_value_heads = args.num_attention_heads
@@ -52,6 +57,7 @@ class BaseArgs:
         rp = d.get("rope_parameters")  # transformers >= 5 nests rope settings here
         if isinstance(rp, dict):
             args.rope_theta = rp.get("rope_theta", args.rope_theta)
+            args.partial_rotary_factor = rp.get("partial_rotary_factor", args.partial_rotary_factor)
             if rp.get("rope_type", "default") != "default" and args.rope_scaling is None:
                 args.rope_scaling = rp
         if args.rope_freqs is not None:
@@ -65,17 +71,19 @@ class Layer:
     qkv: object  # rows q | k | v
     o: object
     ffn_norm: object
-    gu: object  # rows gate_0, up_0, gate_1, up_1, ...
-    down: object
+    gu: object = None  # dense MLP: rows gate_0, up_0, gate_1, up_1, ...
+    down: object = None
     bias: object = None  # q | k | v biases (qwen2)
-    q_norm: object = None  # per-head RMSNorm weights of q and k (qwen3)
+    q_norm: object = None  # RMSNorm weights of q and k (qwen3: per head)
     k_norm: object = None
+    moe: object = None  # a sparse layer's router and experts (models/moe.py), else None
 
 
 class DenseTransformer:
     """Weights on one backend plus the forward pass written once as op calls."""
 
     Args = BaseArgs
+    qk_norm_width = "head"  # AttentionSpec.qk_norm: what the family's QK-norm normalizes over
 
     def __init__(self, args: BaseArgs, loader: Loader, tensors: dict, n_ctx: int, progress=None):
         self.args = a = args
@@ -95,23 +103,34 @@ class DenseTransformer:
                 qkv=L.load_linear([t("attn_q"), t("attn_k"), t("attn_v")], role="qkv"),
                 o=L.load_linear([t("attn_o")], role="o"),
                 ffn_norm=L.load_vector([t("ffn_norm")]),
-                gu=L.load_linear([t("ffn_gate"), t("ffn_up")], interleave=True, role="gu"),
-                down=L.load_linear([t("ffn_down")], role="down"),
                 bias=L.load_vector([t("attn_q_bias"), t("attn_k_bias"), t("attn_v_bias")]) if has("attn_q_bias") else None,
                 q_norm=L.load_vector([t("attn_q_norm")]) if has("attn_q_norm") else None,
                 k_norm=L.load_vector([t("attn_k_norm")]) if has("attn_k_norm") else None,
+                **self.load_ffn(L, i, t, has),
             ))
             if progress:
                 progress((i + 1) / a.num_hidden_layers)
         rope = build_rope_table(a.head_dim, a.partial_rotary_factor, a.rope_theta, a.rope_scaling, n_ctx, a.rope_style,
                                 a.max_position_embeddings)
         self.attn = AttentionSpec(a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps, rope,
-                                  1.0 / math.sqrt(a.head_dim))
+                                  1.0 / math.sqrt(a.head_dim), self.qk_norm_width)
+
+    def load_ffn(self, L: Loader, i: int, t, has) -> dict:
+        """Layer ``i``'s FFN weights as Layer fields (``t(name)`` / ``has(name)``: its tensors)."""
+        return dict(gu=L.load_linear([t("ffn_gate"), t("ffn_up")], interleave=True, role="gu"),
+                    down=L.load_linear([t("ffn_down")], role="down"))
+
+    def attention(self, ops: Ops, li: int, L: Layer, x):
+        """The attention half of a block: x + o(attention(rope_kv(qkv(rmsnorm(x)))))."""
+        q = ops.rope_kv(ops.linear(ops.rmsnorm(x, L.attn_norm), L.qkv), self.attn, li, L.bias, L.q_norm, L.k_norm)
+        return ops.linear(ops.attention(q, self.attn, li), L.o, residual=x)
+
+    def ffn(self, ops: Ops, li: int, L: Layer, x):
+        """The FFN half: x + down(swiglu(gu(rmsnorm(x))))."""
+        return ops.linear(ops.swiglu(ops.linear(ops.rmsnorm(x, L.ffn_norm), L.gu)), L.down, residual=x)
 
     def block(self, ops: Ops, li: int, L: Layer, x):
-        q = ops.rope_kv(ops.linear(ops.rmsnorm(x, L.attn_norm), L.qkv), self.attn, li, L.bias, L.q_norm, L.k_norm)
-        x = ops.linear(ops.attention(q, self.attn, li), L.o, residual=x)
-        return ops.linear(ops.swiglu(ops.linear(ops.rmsnorm(x, L.ffn_norm), L.gu)), L.down, residual=x)
+        return self.ffn(ops, li, L, self.attention(ops, li, L, x))
 
     def forward(self, ops: Ops, ids):
         """Logits of the pass's rows (the Ops object decides which rows reach the LM head)."""
