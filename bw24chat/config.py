@@ -26,7 +26,7 @@ from .paths import config_dir
 
 # The EngineOptions / SamplingParams fields the settings screen edits and the file keeps.
 # Per-run choices (model, quantize, max_queue, stop strings) stay command-line only.
-ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "speculative", "spec_k", "vram_budget_gb")
+ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "vram_budget_gb")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
 
 MAX_RECENT_MODELS = 12

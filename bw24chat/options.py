@@ -15,8 +15,6 @@ class EngineOptions:
     kv_cache: str = "bf16"  # bf16 | q8_0 | fp8 | f32   (CUDA backend)
     activations: str = "f32"  # f32 | bf16: matmul inputs exact, or rounded to bf16 (CUDA backend)
     quantize: str | None = None  # re-encode weights at load: nvfp4 | q8_0
-    speculative: str = "off"  # off | mtp
-    spec_k: int = 4
     vram_budget_gb: float = 0.0  # 0: all free VRAM
     max_queue: int = 64
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -34,8 +32,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "rounded to bf16 as bf16 engines do (prefill ~1.3-1.4x faster; the two paths then agree "
                         "to ~3e-3 and can pick different tokens at small margins)")
     g.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None, help="re-encode weights at load")
-    g.add_argument("--speculative", choices=["off", "mtp"], default="off")
-    g.add_argument("--spec-k", type=int, default=4)
     g.add_argument("--vram-budget", dest="vram_budget_gb", type=float, default=0.0, help="GiB (0: all free)")
     s = p.add_argument_group("sampling")
     s.add_argument("--temperature", "--temp", type=float, default=0.7, help="0 means greedy")
@@ -57,8 +53,6 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         kv_cache=a.kv_cache,
         activations=a.activations,
         quantize=a.quantize,
-        speculative=a.speculative,
-        spec_k=a.spec_k,
         vram_budget_gb=a.vram_budget_gb,
         sampling=SamplingParams(
             temperature=a.temperature,

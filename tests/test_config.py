@@ -25,8 +25,7 @@ def test_round_trip(tmp_path):
     config = Config(theme="nord", system_prompt='Say "hi"\n\tthen \\stop\x01', recent_models=["/m/a.gguf", "b"])
     config.options.kv_cache = "fp8"
     config.options.activations = "bf16"
-    config.options.speculative = "mtp"
-    config.options.spec_k = 6
+    config.options.n_ctx = 8192
     config.options.vram_budget_gb = 7.5
     config.options.sampling = SamplingParams(temperature=0.0, top_p=0.9, top_k=40, min_p=0.05, max_tokens=99, seed=7)
     path = save_config(config, tmp_path / "c" / "config.toml")
@@ -48,12 +47,12 @@ def test_a_seed_of_none_is_left_out(tmp_path):
 def test_bad_values_and_files_fall_back_to_defaults(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text(
-        '[sampling]\ntemperature = "hot"\ntop_k = 5\nseed = true\n[engine]\nspec_k = 2.5\nkv_cache = "f64"\nactivations = "f16"\n'
+        '[sampling]\ntemperature = "hot"\ntop_k = 5\nseed = true\n[engine]\nn_ctx = 2.5\nkv_cache = "f64"\nactivations = "f16"\n'
         '[ui]\ntheme = 3\n[models]\nrecent = ["a", 1]\n'
     )
     config = load_config(path)
     assert config.options.sampling.temperature == 0.7 and config.options.sampling.top_k == 5
-    assert config.options.sampling.seed is None and config.options.spec_k == 4
+    assert config.options.sampling.seed is None and config.options.n_ctx == 0
     assert config.options.kv_cache == "bf16"  # not one of the --kv-cache choices
     assert config.options.activations == "f32"  # nor of --activations
     assert config.theme == "textual-dark" and config.recent_models == ["a"]
@@ -84,13 +83,13 @@ def test_command_line_values_override_the_file_but_defaults_do_not():
     config = Config()
     config.options.sampling.temperature = 0.2
     config.options.kv_cache = "q8_0"
-    cli = EngineOptions(model="x", spec_k=8, sampling=SamplingParams(top_k=20, stop=["</s>"]))
+    cli = EngineOptions(model="x", n_ctx=8192, sampling=SamplingParams(top_k=20, stop=["</s>"]))
     merged = with_cli_overrides(config, cli)
     assert merged.options.sampling.temperature == 0.2  # not given on the command line
     assert merged.options.kv_cache == "q8_0"
-    assert merged.options.spec_k == 8 and merged.options.sampling.top_k == 20
+    assert merged.options.n_ctx == 8192 and merged.options.sampling.top_k == 20
     assert merged.options.sampling.stop == ["</s>"]
-    assert config.options.spec_k == 4  # the original is untouched
+    assert config.options.n_ctx == 0  # the original is untouched
 
 
 def test_update_saved_config_changes_only_the_file(tmp_path):

@@ -46,7 +46,6 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
         screen.query_one("#set-seed").value = "1234"
         screen.query_one("#set-kv_cache").value = "q8_0"
         screen.query_one("#set-activations").value = "bf16"
-        screen.query_one("#set-speculative").value = "mtp"
         screen.query_one("#set-vram_budget_gb").value = "6.5"
         screen.query_one("#set-system-prompt").load_text("Be kind.")
         await pilot.press("ctrl+s")
@@ -55,7 +54,7 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
         data = tomllib.loads(config_path().read_text())
         assert data["sampling"]["temperature"] == 0.2
         assert data["sampling"]["top_k"] == 40 and data["sampling"]["seed"] == 1234
-        assert data["engine"]["kv_cache"] == "q8_0" and data["engine"]["speculative"] == "mtp"
+        assert data["engine"]["kv_cache"] == "q8_0"
         assert data["engine"]["activations"] == "bf16"
         assert data["engine"]["vram_budget_gb"] == 6.5
         assert data["ui"]["system_prompt"] == "Be kind."

@@ -37,8 +37,6 @@ SETTINGS = (
     Setting("min_p", "sampling", "Min-p", float, "0 = off", 0, 1),
     Setting("max_tokens", "sampling", "Max tokens", int, "per reply", 1),
     Setting("seed", "sampling", "Seed", int, "blank = random", optional=True),
-    Setting("speculative", "engine", "Speculative", str, "multi-token-prediction drafts"),
-    Setting("spec_k", "engine", "Speculative K", int, "draft tokens per step", 1, 16),
     Setting("kv_cache", "engine", "KV cache", str, "cache precision"),
     Setting("activations", "engine", "Activations", str, "matmul inputs: bf16 = faster prefill"),
     Setting("vram_budget_gb", "engine", "VRAM budget", float, "GiB, 0 = all free", 0),
