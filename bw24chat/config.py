@@ -25,7 +25,7 @@ from .options import EngineOptions, add_engine_args
 from .paths import config_dir
 
 # The EngineOptions / SamplingParams fields the settings screen edits and the file keeps.
-# Per-run choices (model, quantize, max_queue, stop strings) stay command-line only.
+# Per-run choices (model, quantize, max_queue, stop strings, spec) stay command-line only.
 ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "vram_budget_gb")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
 
@@ -75,6 +75,7 @@ def with_cli_overrides(config: Config, cli: EngineOptions) -> Config:
             setattr(merged.options.sampling, key, getattr(cli.sampling, key))
     merged.options.sampling.stop = list(cli.sampling.stop)
     merged.options.quantize = cli.quantize
+    merged.options.spec, merged.options.spec_k = cli.spec, cli.spec_k
     merged.options.max_queue = cli.max_queue
     return merged
 
