@@ -133,7 +133,7 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
 # The gate's model on the NumPy backend: small enough that the whole K x drafter x sampling table
 # runs in about a minute on a loaded CPU (the GPU gate takes the synthetic "tiny" shape).
 SPEC_SHAPE = dict(model_type="qwen3", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=4096,
+                  num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=4096,
                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 # the oracle's wrong drafts, by output index: singles, a pair, and a run longer than any K (each
 # of its rounds accepts nothing and gets the true token as the bonus)

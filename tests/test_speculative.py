@@ -127,7 +127,7 @@ def test_fixed_configuration(gate_model):
     runner, tok = gate_model
     counts, got, plain = check.spec_fixed(runner, tok)
     assert counts == (36, 141, 91)
-    assert got == plain == "5de0ae677484741ea1356e2208ff56469ff8fd1561b13804f16f7bfe3b9b29fe"
+    assert got == plain == "ccc52e3cf94ab65f51ba83e0571462c89c432be03a01c0919575bb95a1e7489e"
 
 
 def test_check_spec_cli(capsys):
