@@ -155,3 +155,35 @@ def test_spec_flags(capsys):
         assert why in capsys.readouterr().err
     with pytest.raises(ValueError, match="multi-token-prediction"):
         make_drafter("mtp")
+
+
+# ----------------------------------------------------------------------------- where users see it
+def test_counters_in_usage_and_metrics():
+    from bw24chat.api import DoneEvent, ModelInfo, Usage
+    from bw24chat.server.metrics import Metrics
+    from bw24chat.server.protocol import usage_body
+
+    stats = {"spec_rounds": 10, "spec_drafted": 30, "spec_accepted": 21, "spec_acceptance": 0.7, "spec_mean_len": 3.1}
+    done = DoneEvent("length", Usage(5, 41), stats)
+    assert usage_body(done)["completion_tokens_details"] == {"accepted_prediction_tokens": 21, "rejected_prediction_tokens": 9}
+    assert "completion_tokens_details" not in usage_body(DoneEvent("length", Usage(5, 41), {}))
+    m = Metrics()
+    m.observe(done, 1.0)
+    m.observe(done, 1.0)
+    text = m.render(ModelInfo("m", "", "llama", 1, 8, "numpy", "CPU"), "m", 0, {})
+    assert "bw24chat_spec_accepted_total 42" in text and "bw24chat_spec_drafted_total 60" in text
+    assert "bw24chat_spec_acceptance_ratio 0.7" in text and "bw24chat_spec_tokens_per_step 3.1" in text
+
+
+def test_engine_request_with_speculation_on_smollm2(smollm2_engine):
+    """The real model on the editing workload (bench --spec): the same text, the counters in the
+    stats, drafts accepted (the reply copies the paragraph)."""
+    from bw24chat.api import GenerationRequest
+    from bw24chat.bench import EDIT_PARAGRAPH, EDIT_REQUEST
+
+    msgs = [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
+    sp = SamplingParams(temperature=0, max_tokens=48)
+    text, plain = smollm2_engine.submit(GenerationRequest(messages=msgs, sampling=sp)).result()
+    text2, spec = smollm2_engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec="ngram", spec_k=0)).result()
+    assert text2 == text and spec.text == plain.text and "spec_rounds" not in plain.stats
+    assert spec.stats["spec_accepted"] > 0 and spec.stats["spec_mean_len"] > 1.5
