@@ -13,6 +13,8 @@ Stats keys (a key is present only when the engine has that figure; consumers mus
 any key):  ``decode_tps``, ``prefill_tps``, ``ttft_s``, ``prompt_tokens``, ``generated_tokens``,
 ``ctx_used``, ``ctx_max``, ``vram_used``, ``vram_total`` (bytes), ``gpu_name``, ``backend``,
 ``cached_tokens`` (prompt tokens reused from the previous turn's KV cache).
+Speculative decoding adds ``spec_rounds`` (verify steps), ``spec_drafted``, ``spec_accepted``,
+``spec_acceptance`` (accepted / drafted) and ``spec_mean_len`` (tokens per verify step).
 """
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ class GenerationRequest:
     add_generation_prompt: bool = True
     logprobs: int = 0  # top-N log-probabilities per generated token (0: none)
     echo: bool = False
+    spec: str | None = None  # speculative decoding: off | ngram; None: the engine's --spec
+    spec_k: int | None = None  # drafts per step (0: adaptive); None: the engine's --spec-k
 
     def __post_init__(self):
         if (self.messages is None) == (self.prompt is None):

@@ -7,6 +7,11 @@ bf16 and fp16 tensor-core rates are equal).
                              (every weight matrix once + the embedding row + KV cache at that context)
   prefill roofline (tok/s) = GEMM rate / FLOPs per token (2 x matrix parameters + attention)
 All timings: CUDA events after warm-up, medians of >= 5 runs.
+
+``--spec ngram`` instead measures speculative decoding on either backend (``--device``): an
+editing workload (a paragraph of ~250 tokens, then a request to repeat it with small changes),
+greedy, through the engine as a user runs it: tokens/s with and without speculation, acceptance,
+tokens per verify step, the speed-up, and whether the output was token-identical.
 """
 from __future__ import annotations
 
@@ -232,6 +237,66 @@ def bench_numpy(ck, threads: list[int], runs: int, prompt: int = 128, gen: int =
     return rows
 
 
+EDIT_PARAGRAPH = (
+    "The old lighthouse at the end of the harbour was built in 1874 by a company of stonemasons from the "
+    "north, who carried every block across the bay on flat-bottomed barges. For more than a century its lamp "
+    "turned every night, and the keepers who lived in the cottage below kept a log of every ship that passed, "
+    "every storm that broke against the rocks and every repair they made to the lens. In 1962 the light was "
+    "automated and the last keeper, a quiet man named Thomas Reid, moved to the village, where he spent his "
+    "mornings mending nets and his evenings telling visitors about the winter of 1947, when the sea froze "
+    "along the shore and the supply boat could not reach the island for six weeks. Today the tower belongs to "
+    "a small trust that opens it to visitors on summer weekends. From the gallery at the top you can see the "
+    "whole coast, from the cliffs in the west to the long sandy beach in the east, and on a clear day the "
+    "mountains far inland. The trust hopes to restore the keepers' cottage next year and to turn it into a "
+    "museum of the harbour's history.")
+EDIT_REQUEST = ("Repeat the paragraph above exactly, word for word, except: write 'lighthouse' as 'beacon', "
+                "'1874' as '1875' and 'Thomas Reid' as 'Tom Reid'. Output only the paragraph.")
+
+
+def bench_spec(engine, mode: str, ks: list[int], runs: int, max_tokens: int) -> list[dict]:
+    """Plain decoding, then ``mode`` at each K (0: adaptive) on the editing workload, greedy; each
+    configuration once to warm up (CUDA graphs per row count), then the median of ``runs``."""
+    from .api import GenerationRequest, SamplingParams
+
+    msgs = [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, seed=0)
+    rows, plain = [], None
+    for spec, k in [("off", 0)] + [(mode, k) for k in ks]:
+        done = [engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec=spec, spec_k=k)).result()[1]
+                for _ in range(runs + 1)][1:]
+        tps = statistics.median(d.stats["decode_tps"] for d in done)
+        st, text = done[0].stats, done[0].text
+        plain = plain or (tps, text)
+        rows.append(dict(spec=spec, k="-" if spec == "off" else "auto" if k == 0 else k, tok_s=tps, speedup=tps / plain[0],
+                         acceptance=st.get("spec_acceptance"), mean_len=st.get("spec_mean_len"),
+                         tokens=done[0].usage.completion_tokens, identical=text == plain[1]))
+    return rows
+
+
+def spec_main(a) -> int:
+    from .engine import open_engine
+    from .options import EngineOptions
+
+    engine = open_engine(EngineOptions(model=a.model or "default", device=a.device, n_ctx=min(a.ctx, 4096), kv_cache=a.kv_cache))
+    try:
+        ks = [0 if k == "auto" else int(k) for k in a.spec_k.split(",")]
+        rows = bench_spec(engine, a.spec, ks, a.runs, a.max_tokens)
+        result = {"device": engine.info.device_name, "model": engine.info.name, "workload": "edit (greedy)", "rows": rows}
+    finally:
+        engine.close()
+
+    def table():
+        print(f"\n{result['model']} on {result['device']}: editing workload, greedy, {rows[0]['tokens']} tokens")
+        print(f"{'spec':6} {'K':>4} {'tok/s':>8} {'speed-up':>8} {'accept':>7} {'tok/step':>8}  same tokens")
+        for r in rows:
+            acc = f"{100 * r['acceptance']:6.0f}%" if r["acceptance"] is not None else f"{'-':>7}"
+            mlen = f"{r['mean_len']:8.2f}" if r["mean_len"] is not None else f"{'-':>8}"
+            print(f"{r['spec']:6} {r['k']!s:>4} {r['tok_s']:8.1f} {r['speedup']:8.2f} {acc} {mlen}  {r['identical']}")
+
+    _emit(result, a, table)
+    return 0 if all(r["identical"] for r in rows) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .options import KV_CACHE_TYPES, MODEL_HELP, add_device_arg, add_model_arg, comma_ints, comma_list, parser
     from .synthetic import FORMATS, SHAPES
@@ -257,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
     p.add_argument("--profile", action="store_true",
                    help="only the per-kernel decode profile (in-graph times of each role) at context 512 and 8192")
+    p.add_argument("--spec", choices=["ngram"], help="speculative decoding on an editing workload instead (either backend)")
+    p.add_argument("--spec-k", default="auto,2,4,8", help="--spec: comma list of K (auto: adaptive)")
+    p.add_argument("--max-tokens", type=int, default=320, help="--spec: tokens per generation")
     return p
 
 
@@ -285,6 +353,8 @@ def main(argv: list[str]) -> int:
     from .check import no_gpu
 
     a = build_parser().parse_args(_legacy(argv))
+    if a.spec:
+        return spec_main(a)
     usable, why = (False, "") if a.device == "cpu" else cuda_status()
     if a.device == "cpu":
         return _main_cpu(a)

@@ -9,6 +9,10 @@ the exactness gates on a model for every weight format x KV-cache type:
   seed                the same seed twice = the same sampled tokens
   graph-launches      no kernel launched from Python during graph decode steps
 
+``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
+(``--device cpu`` for the NumPy one): for K = 1..7, the n-gram and the oracle drafter, greedy
+and seeded sampling and nine prompts, the output equals plain decoding's token for token.
+
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
 from-scratch prefill-vs-decode row shows a few argmax flips at margins of 1e-3..1e-2 on random
@@ -28,6 +32,7 @@ import numpy as np
 
 from .api import SamplingParams
 from .synthetic import FORMATS
+from .speculative import MAX_K
 
 DEFAULT_FORMATS = ",".join(FORMATS)
 DEFAULT_KV = "bf16,q8_0,fp8,f32"
@@ -127,6 +132,216 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     return res
 
 
+# ----------------------------------------------------------------------------- speculative decoding
+# The gate's model on the NumPy backend: small enough that the whole K x drafter x sampling table
+# runs in about a minute on a loaded CPU (the GPU gate takes the synthetic "tiny" shape).
+SPEC_SHAPE = dict(model_type="qwen3", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=4096,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+# the oracle's wrong drafts, by output index: singles, a pair, and a run longer than any K (each
+# of its rounds accepts nothing and gets the true token as the bonus)
+ORACLE_ERRORS = frozenset({2, 7, 8, 15, *range(36, 44), 60, 61, 90, 100, 127})
+SPEC_SAMPLING = {"greedy": SamplingParams(temperature=0),
+                 "sampled": SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repeat_penalty=1.1)}
+
+
+def word_tokenizer(vocab: int):
+    """Token i is the word ``wi``: text and stop strings for a random-weight model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from .tokenizer import TokenizerInfo
+
+    tk = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return TokenizerInfo(tk)
+
+
+@dataclass
+class SpecCase:
+    name: str
+    prompt: list[int]
+    max_tokens: int
+    stop_at: int | None = None  # a stop string: the text of the free run's tokens i, i + 1
+    eos_at: int | None = None  # a stop id: the free run's token i
+
+
+def spec_cases(vocab: int, n_ctx: int, n_gen: int) -> list[SpecCase]:
+    """Nine prompts: random, repeating, an edit (a paragraph, then its start again), tiny,
+    max_tokens 1, a stop string and a stop id inside accepted runs, and two over 1k tokens, one
+    of which reaches the end of the context mid-run."""
+    rng = np.random.default_rng(33)
+    r = lambda n: [int(t) for t in rng.integers(0, vocab, n)]  # noqa: E731
+    para = r(80)
+    return [
+        SpecCase("random", r(24), n_gen),
+        SpecCase("repeating", r(6) * 7, n_gen),
+        SpecCase("edit", para + r(4) + para[:20], n_gen),
+        SpecCase("3 tokens", r(3), n_gen),
+        SpecCase("max_tokens 1", r(16), 1),
+        SpecCase("stop string", r(40), n_gen, stop_at=n_gen // 3),
+        SpecCase("eos", r(40), n_gen, eos_at=n_gen // 2),
+        SpecCase("long", r(1030), n_gen),
+        SpecCase("context end", r(n_ctx - n_gen // 2), n_gen),
+    ]
+
+
+class RecordingRunner:
+    """A runner that logs each step's rows and each rollback: ("step", m) / ("rollback", n)."""
+
+    def __init__(self, runner):
+        self.runner, self.log = runner, []
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def step(self, tokens, *args):
+        self.log.append(("step", len(tokens)))
+        return self.runner.step(tokens, *args)
+
+    def rollback(self, n: int) -> None:
+        self.log.append(("rollback", n))
+        self.runner.rollback(n)
+
+
+def oracle_log(n_prompt: int, truth_len: int, n_out: int, k: int, max_tokens: int, n_ctx: int, errors) -> tuple[list, tuple]:
+    """The steps and rollbacks the oracle must cause, worked out without the generator.  The
+    prefill starts from an empty cache (rollback 0).  With c tokens out, a step feeds token c - 1
+    at position n_prompt + c - 1 plus the drafts truth[c:c + n] (n capped as generate.py caps
+    it); the drafts before the first error are accepted (a of them) and the cache keeps
+    n_prompt + c + a positions; c grows by a + 1 (the bonus).  A step without drafts is a plain
+    decode step (no rollback).  At the end the cache is cut to the prompt + the n_out tokens
+    output, if it holds more (a stop inside an accepted run).  Also returns the (rounds, drafted,
+    accepted) counts those steps make."""
+    log, c, cached, counts = [("rollback", 0)], 1, n_prompt, [0, 0, 0]
+    while c < truth_len:
+        n = min(k, max_tokens - c - 1, n_ctx - n_prompt - c - 1, truth_len - c)
+        if n <= 0:
+            log.append(("step", 1))
+            c, cached = c + 1, n_prompt + c
+            continue
+        a = next((i for i in range(n) if c + i in errors), n)
+        cached = n_prompt + c + a
+        log += [("step", n + 1), ("rollback", cached)]
+        counts = [counts[0] + 1, counts[1] + n, counts[2] + a]
+        c += a + 1
+    return log + [("rollback", min(cached, n_prompt + n_out))], tuple(counts)
+
+
+def _generate(runner, tok, case: SpecCase, sp, stop: list[str], stop_ids: set, drafter=None, k: int = 0):
+    """One generation from an empty cache, then a probe step at the last position that plain and
+    speculative runs both hold: its logits' bits show the KV cache the run left (rollbacks)."""
+    from dataclasses import replace
+
+    from .generate import Generator
+
+    rec = RecordingRunner(runner)
+    res = Generator(rec, replace(tok, stop_ids=stop_ids)).generate(
+        case.prompt, replace(sp, max_tokens=case.max_tokens, stop=stop, seed=7), drafter=drafter, spec_k=k)
+    runner.step([1], len(case.prompt) + len(res.token_ids) - 1, SamplingParams(temperature=0), 0, [])
+    return res, rec.log, runner.last_logits()[0].copy()
+
+
+def _first_difference(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def spec_gates(runner, tok, ks=range(1, 8), n_gen: int = 48, label: str = "spec") -> list[Result]:
+    """For every case, sampling mode, drafter (n-gram, oracle) and K: the output (tokens, text,
+    finish reason) equals plain decoding's, else the first divergent position is reported; the
+    cache the run leaves gives the same probe logits; the oracle's runs step and roll back
+    exactly as oracle_log says (the accepted length of every round)."""
+    from .speculative import NgramDrafter, OracleDrafter
+
+    V = runner.vocab_size
+    table: dict[tuple, list] = {}  # (drafter, sampling, K) -> [failures, [rounds, drafted, accepted], runs]
+    for case in spec_cases(V, runner.n_ctx, n_gen):
+        for mode, sp in SPEC_SAMPLING.items():
+            stop, stop_ids = [], set(tok.stop_ids)
+            if case.stop_at is not None or case.eos_at is not None:  # a stop that falls inside the output
+                free = _generate(runner, tok, case, sp, stop, stop_ids)[0].token_ids
+                if case.stop_at is not None:
+                    stop = [tok.decode(free[case.stop_at:case.stop_at + 2])]
+                else:
+                    stop_ids = {free[case.eos_at]}
+            plain, _, probe = _generate(runner, tok, case, sp, stop, stop_ids)
+            # the oracle's truth: the output, and the stop id that ended it (the step that drew it)
+            by_id = case.eos_at is not None and plain.finish_reason == "stop"
+            truth = plain.token_ids + ([free[case.eos_at]] if by_id else [])
+            for k in ks:
+                for name in ("ngram", "oracle"):
+                    drafter = NgramDrafter() if name == "ngram" else OracleDrafter(truth, ORACLE_ERRORS, V)
+                    res, log, probe2 = _generate(runner, tok, case, sp, stop, stop_ids, drafter, k)
+                    row = table.setdefault((name, mode, k), [[], [0, 0, 0], 0])
+                    row[2] += 1
+                    for i, key in enumerate(("spec_rounds", "spec_drafted", "spec_accepted")):
+                        row[1][i] += res.stats.get(key, 0)
+                    bad = None
+                    if (res.token_ids, res.text, res.finish_reason) != (plain.token_ids, plain.text, plain.finish_reason):
+                        bad = (f"diverges at token {_first_difference(res.token_ids, plain.token_ids)} "
+                               f"({res.finish_reason} vs {plain.finish_reason})")
+                    elif not np.array_equal(probe.view(np.uint32), probe2.view(np.uint32)):
+                        bad = "the cache it left differs (probe logits)"
+                    elif name == "oracle":
+                        want = oracle_log(len(case.prompt), len(truth), len(plain.token_ids), k, case.max_tokens,
+                                          runner.n_ctx, ORACLE_ERRORS)[0]
+                        if log != want:
+                            i = _first_difference(log, want)
+                            bad = f"event {i}: {log[i:i + 2]} != {want[i:i + 2]}"
+                    if bad:
+                        row[0].append(f"{case.name}/{mode}: {bad}")
+    out = []
+    for (name, mode, k), (fails, (rounds, drafted, accepted), runs) in table.items():
+        value = (f"{runs - len(fails)}/{runs} identical, acc {100 * accepted / max(drafted, 1):3.0f}%, "
+                 f"len {1 + accepted / max(rounds, 1):.2f}" + (f"; {fails[0]}" if fails else ""))
+        out.append(Result(label, f"{name:6} {mode:7} K={k}", value, "= plain" + (" + rounds" if name == "oracle" else ""),
+                          not fails))
+    return out
+
+
+def spec_runner(device: str = "cpu", n_ctx: int = 1280):
+    """The gate's runner, tokenizer and a name for the backend: SPEC_SHAPE on the NumPy backend,
+    the synthetic "tiny" shape on CUDA (what the other CUDA gates run)."""
+    from .backends import pick_device
+    from .synthetic import synthetic_checkpoint
+
+    if pick_device(device)[0] == "cpu":
+        from .backends.numpy_backend import numpy_runner
+
+        return numpy_runner(synthetic_checkpoint(SPEC_SHAPE, "Q8_0"), n_ctx), word_tokenizer(SPEC_SHAPE["vocab_size"]), "NumPy"
+    from .backends.cuda_runner import CudaRunner
+
+    runner = CudaRunner(synthetic_checkpoint("tiny", "BF16"), n_ctx, "bf16", prefill_chunk=512)
+    dev = runner.cp.cuda.runtime.getDeviceProperties(runner.cp.cuda.Device().id)["name"].decode()
+    return runner, word_tokenizer(runner.vocab_size), f"CUDA, {dev}"
+
+
+def spec_fixed(runner, tok, k: int = 4, n: int = 128) -> tuple[tuple[int, int, int], str, str]:
+    """One fixed configuration: the oracle at K = 4, greedy, the "random" prompt, 128 tokens.
+    Returns the (rounds, drafted, accepted) counts, the sha256 of the 128 tokens (int32
+    little-endian) and that of plain decoding's."""
+    import hashlib
+    from dataclasses import replace
+
+    from .speculative import OracleDrafter
+
+    case = replace(spec_cases(runner.vocab_size, runner.n_ctx, n)[0], max_tokens=n)
+    sha = lambda ids: hashlib.sha256(np.asarray(ids, "<i4").tobytes()).hexdigest()  # noqa: E731
+    sp = SPEC_SAMPLING["greedy"]
+    plain = _generate(runner, tok, case, sp, [], set(tok.stop_ids))[0]
+    res = _generate(runner, tok, case, sp, [], set(tok.stop_ids), OracleDrafter(plain.token_ids, ORACLE_ERRORS, runner.vocab_size), k)[0]
+    counts = tuple(res.stats[key] for key in ("spec_rounds", "spec_drafted", "spec_accepted"))
+    return counts, sha(res.token_ids), sha(plain.token_ids)
+
+
+def spec_fixed_gate(runner, tok, label: str = "spec") -> Result:
+    """The fixed configuration's counts against oracle_log's, its tokens' sha256 against plain's."""
+    counts, got, want = spec_fixed(runner, tok)
+    n_prompt = len(spec_cases(runner.vocab_size, runner.n_ctx, 128)[0].prompt)
+    expect = oracle_log(n_prompt, 128, 128, 4, 128, runner.n_ctx, ORACLE_ERRORS)[1]
+    return Result(label, "fixed: oracle K=4 greedy 128 tokens", f"(rounds, drafted, accepted) {counts}, sha256 {got[:16]}",
+                  f"{expect}, plain's {want[:16]}", counts == expect and got == want)
+
+
 def kernel_checks() -> list[Result]:
     from . import kernel_checks as kc
 
@@ -190,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--activations", type=comma_list(("f32", "bf16")), default="f32",
                    help="comma list of the matmul-input contracts gated: f32 (the default engine), bf16 (opt-in: "
                         "its prefill-vs-decode rows are expected to show a few flips on random models)")
+    p.add_argument("--spec", action="store_true",
+                   help="only the speculative-decoding gate (every K x drafter x greedy/sampled = plain decoding)")
+    p.add_argument("--spec-k", default=",".join(map(str, range(1, MAX_K + 1))), help="--spec: comma list of K")
     return p
 
 
@@ -208,6 +426,11 @@ def _print(results: list[Result], title: str) -> list[Result]:
     return bad
 
 
+def report(results: list[Result], title: str) -> int:
+    """Print the table; 1 if anything failed."""
+    return 1 if _print(results, title) else 0
+
+
 def main(argv: list[str]) -> int:
     from .backends import cuda_status
 
@@ -215,6 +438,10 @@ def main(argv: list[str]) -> int:
     if a.portable:
         os.environ["BW24CHAT_PORTABLE"] = "1"
     t0 = time.time()
+    if a.spec:
+        runner, tok, where = spec_runner(a.device)
+        results = spec_gates(runner, tok, [int(k) for k in a.spec_k.split(",")]) + [spec_fixed_gate(runner, tok)]
+        return report(results, f"bw24chat check --spec on {where}, {time.time() - t0:.0f}s")
     usable, why = (False, "") if a.device == "cpu" else cuda_status()
     if not usable:
         if a.device == "cuda":

@@ -26,7 +26,7 @@ from .sampling_defaults import effective_sampling
 from .paths import config_dir
 
 # The EngineOptions / SamplingParams fields the settings screen edits and the file keeps.
-# Per-run choices (model, quantize, max_queue, stop strings) stay command-line only.
+# Per-run choices (model, quantize, max_queue, stop strings, spec) stay command-line only.
 ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "vram_budget_gb", "threads")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed", "stop_on_loop")
 # MODEL_SAMPLING_KEYS are kept only when the user chose them (options.sampling_set): the others
@@ -81,6 +81,7 @@ def with_cli_overrides(config: Config, cli: EngineOptions) -> Config:
     merged.options.sampling_set = config.options.sampling_set | cli.sampling_set
     merged.options.sampling.stop = list(cli.sampling.stop)
     merged.options.quantize = cli.quantize
+    merged.options.spec, merged.options.spec_k = cli.spec, cli.spec_k
     merged.options.max_queue = cli.max_queue
     return merged
 

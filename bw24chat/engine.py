@@ -17,6 +17,7 @@ from .loaders import load_checkpoint
 from .model_store import model_aliases, resolve_model
 from .sampling_defaults import model_sampling
 from .options import EngineOptions
+from .speculative import make_drafter
 
 
 def process_rss() -> int:
@@ -33,7 +34,9 @@ def process_rss() -> int:
 
 class Engine(EngineThread):
     def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64,
-                 ids: tuple[str, ...] = ()):
+                 ids: tuple[str, ...] = (), spec: str = "off", spec_k: int = 0):
+        make_drafter(spec)  # an unknown mode fails at load, not at the first request
+        self.spec, self.spec_k = spec, spec_k
         self.checkpoint = checkpoint
         self.runner = runner
         self.note = note
@@ -95,9 +98,11 @@ class Engine(EngineThread):
             handle.emit(StatsEvent(s))
 
         try:
-            res = self.generator.generate(ids, req.sampling, on_text, lambda: handle.cancelled, req.logprobs, on_stats)
-        except ContextFull as exc:
-            handle.emit(ErrorEvent(f"context full: {exc}. Start a new chat or raise --ctx."))
+            drafter = make_drafter(req.spec or self.spec)
+            k = self.spec_k if req.spec_k is None else req.spec_k
+            res = self.generator.generate(ids, req.sampling, on_text, lambda: handle.cancelled, req.logprobs, on_stats, drafter, k)
+        except (ContextFull, ValueError) as exc:
+            handle.emit(ErrorEvent(f"context full: {exc}. Start a new chat or raise --ctx." if isinstance(exc, ContextFull) else str(exc)))
             return
         stats = self.stats()
         stats.update(
@@ -108,6 +113,7 @@ class Engine(EngineThread):
             generated_tokens=len(res.token_ids),
             cached_tokens=res.cached_tokens,
             seed=res.seed,
+            **res.stats,
         )
         handle.emit(StatsEvent(stats))
         handle.emit(DoneEvent(res.finish_reason, Usage(res.prompt_tokens, len(res.token_ids)), stats, res.text))
@@ -141,5 +147,6 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         runner = numpy_runner(ckpt, options.n_ctx, progress=lambda f: report(LoadProgress("uploading", f)))
         device_name = "CPU (NumPy)"
     report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
-    return Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model))
+    return Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model),
+                  spec=options.spec, spec_k=options.spec_k)
 

@@ -1,5 +1,6 @@
 """Generation, top to bottom: prefill (chunked, reusing the cached prefix of the previous turn),
-the decode step, and the sampling/stopping loop around them.
+the decode step, the speculative step (speculative.py: drafters), and the sampling/stopping loop
+around them.
 
 The runner (backends/runner.py: NumpyRunner or CudaRunner) samples on its own backend and
 returns token ids; this module turns them into a stream of whole characters.
@@ -15,6 +16,7 @@ import numpy as np
 
 from .api import SamplingParams, TokenLogprob
 from .sampling import log_softmax
+from .speculative import Drafter, DraftLength, SpecCounters
 from .stopping import LoopDetector, StopMatcher
 from .tokenizer import StreamDecoder, TokenizerInfo
 
@@ -58,8 +60,7 @@ class Generator:
         limit = min(len(self.cached), n - 1)
         while reuse < limit and self.cached[reuse] == ids[reuse]:
             reuse += 1
-        self.cached = list(ids[:reuse])
-        self.runner.rollback(reuse)
+        self.truncate(reuse)
         tok = None
         for s in range(reuse, n, self.prefill_chunk):
             chunk = np.asarray(ids[s : s + self.prefill_chunk], dtype=np.int64)
@@ -77,6 +78,28 @@ class Generator:
         self.cached.append(token)
         return nxt
 
+    # ------------------------------------------------------------------ speculative step
+    def speculate(self, token: int, drafts: list[int], sp: SamplingParams, seed: int, history: list[int]) -> list[int]:
+        """``token`` at the next position and the K drafts after it, verified in ONE step of K + 1
+        rows -> the accepted drafts and the bonus token (1..K + 1 tokens).  Row i's token is drawn
+        as plain decoding would draw it at that position, so draft i is accepted iff it equals
+        row i - 1's token and every draft before it was accepted (Leviathan et al. 2023, with the
+        draw fixed by (seed, position) instead of a rejection test: the output is plain
+        decoding's, token for token).  The row after the last accepted draft gives the bonus."""
+        pos = len(self.cached)
+        sampled = self.runner.step([token, *drafts], pos, sp, seed, history)
+        a = 0
+        while a < len(drafts) and drafts[a] == sampled[a]:
+            a += 1
+        self.cached += [token, *drafts[:a]]
+        self.truncate(len(self.cached))  # the rejected drafts' positions are stale
+        return sampled[:a + 1]
+
+    def truncate(self, n: int) -> None:
+        """Keep the cache's first n positions."""
+        del self.cached[n:]
+        self.runner.rollback(n)
+
     # ------------------------------------------------------------------ the loop
     def generate(
         self,
@@ -86,7 +109,11 @@ class Generator:
         cancelled: Callable[[], bool] = lambda: False,
         logprobs: int = 0,
         on_stats: Callable[[dict], None] | None = None,
+        drafter: Drafter | None = None,
+        spec_k: int = 0,
     ) -> GenerationResult:
+        """``drafter`` (None: plain decoding) proposes up to ``spec_k`` drafts a step (0: adaptive,
+        speculative.DraftLength); the tokens are plain decoding's either way."""
         seed = sp.seed if sp.seed is not None else secrets.randbits(63)
         t0 = time.perf_counter()
         tok, reused = self.prefill(prompt_ids, sp, seed)
@@ -103,10 +130,16 @@ class Generator:
         pending_ids: list[int] = []
         pending_lp: list[TokenLogprob] = []
         last_stats = t_first
+        k = DraftLength(spec_k)
+        spec = SpecCounters()
+        if drafter:
+            drafter.begin(prompt_ids)
+        ready = [(0, tok)]  # sampled, not yet emitted: (row of last_logits(), token)
         while True:
             if cancelled():
                 finish = "cancelled"
                 break
+            row, tok = ready.pop(0)
             if len(out_ids) >= sp.max_tokens:
                 finish = "length"
                 break
@@ -114,7 +147,7 @@ class Generator:
                 finish = "stop"
                 break
             if logprobs:
-                pending_lp.append(self._logprob(self.runner.last_logits()[-1], tok, logprobs))
+                pending_lp.append(self._logprob(self.runner.last_logits()[row], tok, logprobs))
             out_ids.append(tok)
             history.append(tok)
             pending_ids.append(tok)
@@ -136,12 +169,28 @@ class Generator:
             if len(out_ids) >= sp.max_tokens:
                 finish = "length"
                 break
+            if ready:  # the rest of an accepted run: the checks above apply to each token
+                continue
             # the history only feeds the repetition penalty: skip the copy when it is off
-            tok = self.decode(tok, sp, seed, history[:-1] if sp.repeat_penalty != 1.0 else [])
+            before = history[:-1] if sp.repeat_penalty != 1.0 else []
+            # drafts + the bonus token never exceed what max_tokens and the context still allow
+            n = min(k.k, sp.max_tokens - len(out_ids) - 1, self.runner.n_ctx - len(history) - 1) if drafter else 0
+            drafts = drafter.propose(history, n) if n > 0 else []
+            if drafts:
+                new = self.speculate(tok, drafts, sp, seed, before)
+                spec.add(len(drafts), len(new) - 1)
+                k.update(len(drafts), len(new) - 1)
+                drafter.verified(len(new) - 1, len(self.cached), self.runner.last_hidden() if drafter.needs_hidden else None)
+            else:
+                new = [self.decode(tok, sp, seed, before)]
+            ready = list(enumerate(new))
             now = time.perf_counter()
             if on_stats and now - last_stats > 0.25:
                 last_stats = now
-                on_stats({"decode_tps": (len(out_ids) - 1) / max(now - t_dec, 1e-9), "ctx_used": len(history), "generated_tokens": len(out_ids)})
+                on_stats({"decode_tps": (len(out_ids) - 1) / max(now - t_dec, 1e-9), "ctx_used": len(history), "generated_tokens": len(out_ids),
+                          **(spec.stats() if drafter else {})})
+        # a stop inside an accepted run: the cache keeps no token beyond the output
+        self.truncate(min(len(self.cached), len(prompt_ids) + len(out_ids)))
         tail = stopper.flush() + (stream.flush() if not stopper.stopped else "")
         if tail or pending_ids:
             if on_text:
@@ -159,6 +208,7 @@ class Generator:
             prefill_tps=n_prefilled / max(t_first - t0, 1e-9),
             decode_tps=n_dec / max(t_end - t_dec, 1e-9) if n_dec else 0.0,
             seed=seed,
+            stats=spec.stats() if drafter else {},
         )
 
     def _logprob(self, logits: np.ndarray, tok: int, n: int) -> TokenLogprob:

@@ -3,7 +3,8 @@
 One-shot: the prompt comes from the argument or stdin (one trailing newline dropped: ``echo``
 and here-strings add it, and it changes the answer); the reply streams to stdout (or, with
 --json, JSON lines: {"type": "text", "text": ...} records, then one {"type": "done", ...} record
-with token counts, time to first token, prefill/decode tokens/s and the sampling values used).
+with token counts, time to first token, prefill/decode tokens/s and the sampling values used;
+with --spec also the speculative counters spec_rounds, spec_drafted, spec_accepted, spec_acceptance, spec_mean_len).
 Multi-turn (--multi-turn): JSON lines in, JSON lines out.  Each input line is
 {"role": "user", "content": "..."} (appended to the conversation and answered),
 {"role": "system", "content": "..."} (sets the system prompt), or {"command": "reset"}.
@@ -42,6 +43,7 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> t
             "backend": s.get("backend"),
             "sampling": sampling_summary(request.sampling),
         }
+        rec.update({k: round(v, 4) for k, v in s.items() if k.startswith("spec_")})  # speculative decoding's counters
         if as_json:
             out.write(json.dumps(rec) + "\n")
         else:

@@ -74,6 +74,8 @@ class EngineOptions:
     vram_budget_gb: float = 0.0  # 0: all free VRAM
     threads: int = 1  # BLAS threads of the NumPy backend (docs/performance.md)
     max_queue: int = 64
+    spec: str = "off"  # speculative decoding: off | ngram (speculative.py)
+    spec_k: int = 0  # drafts per step, 1..MAX_K; 0: adaptive
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # the MODEL_SAMPLING_KEYS the user chose; the others take the model's recommendation
     sampling_set: frozenset[str] = frozenset()
@@ -113,6 +115,29 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh random seed per reply)")
     s.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     s.add_argument("--stop", action="append", default=[], help="stop string (repeatable; default: none)")
+    add_spec_args(p)
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    from .speculative import MAX_K, SPEC_MODES
+
+    def mode(text: str) -> str:
+        if text == "mtp":
+            raise argparse.ArgumentTypeError("mtp needs a model with a multi-token-prediction head; none loads one yet")
+        return text
+
+    def k(text: str) -> int:
+        if text == "auto":
+            return 0
+        if not text.isdigit() or not 1 <= int(text) <= MAX_K:
+            raise argparse.ArgumentTypeError(f"{text!r}: 1..{MAX_K} or auto")
+        return int(text)
+
+    g = p.add_argument_group("speculative decoding (the same tokens as without, faster when drafts are accepted)")
+    g.add_argument("--spec", type=mode, choices=SPEC_MODES, default="off",
+                   help="ngram: draft the continuation of the longest recent n-gram match in the prompt and reply")
+    g.add_argument("--spec-k", type=k, default=0, metavar=f"{{1..{MAX_K},auto}}",
+                   help="drafts per step (default auto: fewer while drafts are rejected)")
 
 
 def options_from_args(a: argparse.Namespace) -> EngineOptions:
@@ -126,6 +151,8 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         quantize=a.quantize,
         vram_budget_gb=a.vram_budget_gb,
         threads=a.threads,
+        spec=a.spec,
+        spec_k=a.spec_k,
         sampling=SamplingParams(
             **chosen,
             repeat_last_n=a.repeat_last_n,

@@ -38,6 +38,7 @@ class Metrics:
         self.generated_tokens = 0
         self.generations = Counter()  # finish reason (or "error") -> generations
         self.last_stats: dict = {}
+        self.spec = Counter()  # speculative decoding: spec_rounds / spec_drafted / spec_accepted, summed
         self._duration_ema: float | None = None
 
     # -- recording
@@ -61,6 +62,7 @@ class Metrics:
                 self.prompt_tokens += event.usage.prompt_tokens
                 self.generated_tokens += event.usage.completion_tokens
                 self.generations[event.finish_reason] += 1
+                self.spec.update({k: event.stats[k] for k in ("spec_rounds", "spec_drafted", "spec_accepted") if k in event.stats})
                 if event.finish_reason != "cancelled":
                     ema = self._duration_ema
                     self._duration_ema = elapsed_s if ema is None else 0.8 * ema + 0.2 * elapsed_s
@@ -80,6 +82,7 @@ class Metrics:
             http = sorted(self.http.items())
             gens = sorted(self.generations.items())
             snapshot = (self.in_progress, self.prompt_tokens, self.generated_tokens)
+            spec = dict(self.spec)
         in_progress, prompt_tokens, generated_tokens = snapshot
         out: list[str] = []
 
@@ -101,11 +104,17 @@ class Metrics:
         for key, name, help_ in (
             ("decode_tps", "decode_tokens_per_second", "Decode speed of the last generation."),
             ("prefill_tps", "prefill_tokens_per_second", "Prefill speed of the last generation."),
+            ("spec_acceptance", "spec_acceptance_ratio", "Speculative drafts accepted / drafted, last speculative generation."),
+            ("spec_mean_len", "spec_tokens_per_step", "Tokens per speculative verify step, last speculative generation."),
             ("vram_used", "vram_used_bytes", "GPU memory in use."),
             ("vram_total", "vram_total_bytes", "GPU memory in all."),
         ):
             v = stats.get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 metric(name, "gauge", help_, [({}, float(v))])
+        for key, help_ in (("spec_rounds", "Speculative verify steps."), ("spec_drafted", "Speculative draft tokens proposed."),
+                           ("spec_accepted", "Speculative draft tokens accepted.")):
+            if key in spec:
+                metric(f"{key}_total", "counter", help_, [({}, spec[key])])
         metric("uptime_seconds", "gauge", "Seconds since the server started.", [({}, float(time.time() - self.started))])
         return "\n".join(out) + "\n"

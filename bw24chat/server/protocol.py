@@ -265,6 +265,10 @@ def usage_body(done: DoneEvent) -> dict:
     cached = done.stats.get("cached_tokens") if done.stats else None
     if cached is not None:
         out["prompt_tokens_details"] = {"cached_tokens": int(cached)}
+    if done.stats and "spec_drafted" in done.stats:  # speculative decoding: OpenAI's predicted-output fields
+        accepted = int(done.stats["spec_accepted"])
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": int(done.stats["spec_drafted"]) - accepted}
     return out
 
 

@@ -1,0 +1,153 @@
+"""Speculative decoding, host side: the drafters, the draft length K, the acceptance counters.
+
+A drafter proposes up to K tokens to follow the sequence; ``Generator.speculate``
+(generate.py) feeds the current token plus the drafts to ONE ``runner.step`` of K + 1 rows and
+keeps the longest prefix of drafts that equal the tokens the runner sampled (Leviathan et al.
+2023, "Fast Inference from Transformers via Speculative Decoding").  Each row's token is drawn
+exactly as plain decoding draws it (Philox keyed by seed and position, sampling.py), so a draft
+is accepted exactly when it IS the token plain decoding would have produced: the output is
+token-identical to plain decoding for every seed and every K; drafts only change the speed.
+
+Drafters here: ``NgramDrafter`` (prompt lookup), ``OracleDrafter`` (the gate's), and the
+``Drafter`` interface a multi-token-prediction head will implement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+MAX_K = 8  # K drafts + the current token: one verify step of K + 1 rows (two passes past MAX_ROWS)
+SPEC_MODES = ("off", "ngram")  # "mtp" joins once a model loads a multi-token-prediction head
+
+
+class Drafter:
+    """What generate.py asks of a drafter.
+
+    ``begin(prompt)``            a new generation starts after ``prompt``
+    ``propose(history, k)``      up to k tokens to follow ``history`` (prompt + output so far; its
+                                 last token is the one the next step feeds); [] means no guess
+    ``verified(accepted, n, hidden)``  after each verify step: ``accepted`` drafts were kept and
+                                 positions >= n are stale (rolled back).
+
+    The hook for a multi-token-prediction head (DeepSeek-V3 / GLM-4.5 NextN layer, Qwen3-Next
+    ``mtp.*``): such a drafter sets ``needs_hidden`` and then receives ``hidden``, the trunk's
+    final hidden states of the verified rows (a runner method ``last_hidden()``, to be added
+    with the head).  Row ``accepted`` is the input row of the bonus token: the head's next
+    chain starts from (embedding of the bonus token, hidden[accepted]), the pairing the engine
+    notes warn about; it rolls its own KV cache back to n.
+    """
+
+    needs_hidden = False
+
+    def begin(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, history: list[int], k: int) -> list[int]:
+        raise NotImplementedError
+
+    def verified(self, accepted: int, n: int, hidden=None) -> None:
+        pass
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup decoding (Saxena 2023, github.com/apoorvumang/prompt-lookup-decoding; as
+    llama.cpp's lookup decoding): find the most recent earlier occurrence of the longest suffix
+    n-gram (n = max_n down to 1) of prompt + output, and propose what followed it.
+
+    The index maps each n-gram to the position after its latest occurrence and is extended by
+    the new tokens on each call (O(max_n) per token, no rescan).  Only n-grams whose
+    continuation exists are indexed, so the suffix never matches itself.  A continuation that
+    runs into the end of the history continues from the draft itself (a repeating pattern is
+    proposed periodically)."""
+
+    def __init__(self, max_n: int = 4):
+        self.max_n = max_n
+        self.begin([])
+
+    def begin(self, prompt: list[int]) -> None:
+        self._index: list[dict[tuple, int]] = [{} for _ in range(self.max_n + 1)]
+        self._seen = 0
+
+    def propose(self, history: list[int], k: int) -> list[int]:
+        L = len(history)
+        for j in range(max(self._seen, 1), L):  # the n-grams that end at j - 1, followed by history[j]
+            for n in range(1, min(self.max_n, j) + 1):
+                self._index[n][tuple(history[j - n:j])] = j
+        self._seen = L
+        for n in range(min(self.max_n, L), 0, -1):
+            j = self._index[n].get(tuple(history[L - n:]))
+            if j is not None:
+                out: list[int] = []
+                for i in range(k):
+                    out.append(history[j + i] if j + i < L else out[j + i - L])
+                return out
+        return []
+
+
+class OracleDrafter(Drafter):
+    """The gate's drafter (check.py): proposes the true continuation (``truth``: the tokens a
+    plain run generated after the prompt), wrong at the output indices in ``errors`` (there it
+    proposes truth + 1 mod vocab).  So each round's accepted length is known in advance:
+    min(k, distance to the next error), and the error's position then gets the true token as
+    the bonus."""
+
+    def __init__(self, truth: list[int], errors=(), vocab: int = 1 << 31):
+        self.truth, self.errors, self.vocab = list(truth), set(errors), vocab
+        self.n_prompt = 0
+
+    def begin(self, prompt: list[int]) -> None:
+        self.n_prompt = len(prompt)
+
+    def propose(self, history: list[int], k: int) -> list[int]:
+        c = len(history) - self.n_prompt  # output tokens so far: the drafts are truth[c:]
+        return [(t + 1) % self.vocab if c + i in self.errors else t for i, t in enumerate(self.truth[c:c + k])]
+
+
+def make_drafter(mode: str) -> Drafter | None:
+    """The drafter of a ``--spec`` mode (None: off)."""
+    if mode == "off":
+        return None
+    if mode == "ngram":
+        return NgramDrafter()
+    if mode == "mtp":
+        raise ValueError("--spec mtp needs a model with a multi-token-prediction head, and no loaded model has one "
+                         "yet; use --spec ngram")
+    raise ValueError(f"unknown speculative mode {mode!r} (off, ngram)")
+
+
+class DraftLength:
+    """K, the drafts per round.  Fixed (1..MAX_K), or adaptive (k=0, ``--spec-k auto``): the
+    schedule of transformers' assisted generation (``num_assistant_tokens_schedule=
+    "heuristic"``): K + 2 after a round that accepted every draft, K - 1 after one that did
+    not, within 1..MAX_K.  Only the speed depends on K, never the tokens."""
+
+    def __init__(self, k: int = 0):
+        self.adaptive = k == 0
+        self.k = 4 if self.adaptive else k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if self.adaptive:
+            self.k = min(self.k + 2, MAX_K) if accepted == drafted else max(self.k - 1, 1)
+
+
+@dataclass
+class SpecCounters:
+    """Verify rounds (steps that carried >= 1 draft), drafts proposed, drafts accepted (counted at
+    verification: a stop condition may later trim accepted tokens from the output)."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+
+    def stats(self) -> dict:
+        """The stats keys (api.py).  spec_mean_len: tokens per verify round, the accepted drafts
+        plus the bonus token (EAGLE's average acceptance length tau, Li et al. 2024): the bound
+        on the speed-up when a K + 1-row step costs one decode step."""
+        return {"spec_rounds": self.rounds, "spec_drafted": self.drafted, "spec_accepted": self.accepted,
+                "spec_acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+                "spec_mean_len": 1 + self.accepted / self.rounds if self.rounds else 0.0}

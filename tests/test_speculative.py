@@ -1,0 +1,189 @@
+"""Speculative decoding (speculative.py, Generator.speculate) on the NumPy backend: the drafters,
+the adaptive K, and the gate of ``bw24chat check --spec`` (a reduced size here; the full table is
+marked slow).  tests/gpu/test_speculative.py runs the same gate on CudaRunner."""
+import argparse
+
+import pytest
+
+from bw24chat import check
+from bw24chat.api import SamplingParams
+from bw24chat.generate import Generator
+from bw24chat.options import add_engine_args, options_from_args
+from bw24chat.speculative import MAX_K, DraftLength, NgramDrafter, OracleDrafter, make_drafter
+
+
+@pytest.fixture(scope="module")
+def gate_model():
+    runner, tok, _ = check.spec_runner("cpu")
+    return runner, tok
+
+
+# ----------------------------------------------------------------------------- drafters
+def test_ngram_takes_the_longest_most_recent_match():
+    d = NgramDrafter(max_n=3)
+    d.begin([])
+    #       0  1  2  3  4  5  6  7  8  9
+    hist = [1, 2, 3, 9, 2, 3, 7, 5, 2, 3]
+    # the suffix 3-gram (5, 2, 3) never occurred; the 2-gram (2, 3) last occurred at 4..5 -> 7, 5, 2
+    assert d.propose(hist, 3) == [7, 5, 2]
+    hist += [4, 1, 2, 3]  # now (1, 2, 3) occurred at 0..2, followed by 9
+    assert d.propose(hist, 2) == [9, 2]
+    assert NgramDrafter().propose([8], 4) == [] and NgramDrafter().propose([1, 6, 7], 1) == []  # no match
+    assert NgramDrafter().propose([1, 6, 6], 2) == [6, 6]  # (6,) was followed by 6
+
+
+def test_ngram_continues_a_repeating_pattern_past_the_end():
+    d = NgramDrafter()
+    d.begin([])
+    assert d.propose([5, 6, 7, 5, 6, 7, 5], 7) == [6, 7, 5, 6, 7, 5, 6]
+
+
+def test_ngram_index_grows_incrementally_and_matches_a_rescan():
+    import random
+
+    rng = random.Random(3)
+    hist = [rng.randrange(6) for _ in range(300)]
+    inc = NgramDrafter()
+    inc.begin(hist[:20])
+    for n in range(20, len(hist)):
+        fresh = NgramDrafter()
+        fresh.begin([])
+        assert inc.propose(hist[:n], 5) == fresh.propose(hist[:n], 5)
+
+
+def test_oracle_proposes_the_truth_with_errors():
+    d = OracleDrafter([10, 11, 12, 13, 14], errors={2}, vocab=100)
+    d.begin([1, 2])
+    assert d.propose([1, 2, 10], 3) == [11, 13, 13]  # output index 2 is wrong: 12 + 1
+    assert d.propose([1, 2, 10, 11, 12, 13, 14], 3) == []
+
+
+def test_adaptive_k_lowers_on_rejection_and_raises_on_full_acceptance():
+    k = DraftLength(0)
+    assert k.k == 4
+    k.update(4, 4)
+    k.update(6, 6)
+    assert k.k == MAX_K
+    for _ in range(10):
+        k.update(k.k, 0)
+    assert k.k == 1
+    fixed = DraftLength(3)
+    fixed.update(3, 0)
+    assert fixed.k == 3
+
+
+# ----------------------------------------------------------------------------- the generator
+def test_logprobs_and_stats_with_speculation(gate_model):
+    """The logprob of each token of an accepted run comes from its own row of the verify step."""
+    runner, tok = gate_model
+    prompt = check.spec_cases(runner.vocab_size, runner.n_ctx, 40)[1].prompt  # repeating: drafts get accepted
+    sp = SamplingParams(temperature=0, max_tokens=40)
+    plain = Generator(runner, tok).generate(prompt, sp, logprobs=3)
+    lps_plain, lps_spec = [], []
+    spec = Generator(runner, tok).generate(prompt, sp, lambda t, ids, lp: lps_spec.extend(lp or []), logprobs=3,
+                                           drafter=NgramDrafter(), spec_k=4)
+    Generator(runner, tok).generate(prompt, sp, lambda t, ids, lp: lps_plain.extend(lp or []), logprobs=3)
+    assert spec.token_ids == plain.token_ids
+    assert [(x.token_id, x.logprob, x.top) for x in lps_spec] == [(x.token_id, x.logprob, x.top) for x in lps_plain]
+    st = spec.stats
+    assert st["spec_accepted"] > 0 and st["spec_rounds"] > 0 and st["spec_drafted"] <= 4 * st["spec_rounds"]
+    assert st["spec_mean_len"] == pytest.approx(1 + st["spec_accepted"] / st["spec_rounds"])
+    assert plain.stats == {}
+
+
+# ----------------------------------------------------------------------------- the gate
+def test_gate_reduced(gate_model):
+    runner, tok = gate_model
+    results = check.spec_gates(runner, tok, ks=(1, 3, MAX_K), n_gen=32)
+    assert len(results) == 3 * 2 * 2
+    bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
+    assert not bad, bad
+
+
+@pytest.mark.slow
+def test_gate_full(gate_model):
+    runner, tok = gate_model
+    results = check.spec_gates(runner, tok) + [check.spec_fixed_gate(runner, tok)]
+    assert len(results) == MAX_K * 2 * 2 + 1
+    bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
+    assert not bad, bad
+
+
+def test_fixed_configuration(gate_model):
+    """Oracle drafter, K = 4, greedy, the gate's first prompt, 128 tokens.
+
+    The counts follow from check.ORACLE_ERRORS alone (check.oracle_log works them out): the
+    prefill gives token 0; a round at c (tokens out) proposes truth[c:c + 4], accepts the drafts
+    before the first error and adds the true token as the bonus, so c grows by accepted + 1.
+    The rounds start at c = 1, 3, 8, 9, 14, 16, 21, ...: errors 2, 8, 15, 36..43 (eight rounds
+    that accept nothing), 60, 61 and 90 cut rounds short, while 7, 100 and 127 fall on bonus
+    positions (of the rounds at c = 3, 96 and 126) and so are never proposed.  The 127 tokens
+    after the prefill's are 36 rounds + 91 accepted drafts; drafted = 35 x 4 + 1 (the last
+    round, at c = 126, is capped to one draft by max_tokens).
+
+    The sha256 is that of plain greedy decoding's 128 tokens (int32 little-endian) on the NumPy
+    backend for check.SPEC_SHAPE's random weights (synthetic seed 0, Q8_0): the speculative run
+    must give the same; it changes only if the model, its weights or the NumPy numerics change."""
+    runner, tok = gate_model
+    counts, got, plain = check.spec_fixed(runner, tok)
+    assert counts == (36, 141, 91)
+    assert got == plain == "ccc52e3cf94ab65f51ba83e0571462c89c432be03a01c0919575bb95a1e7489e"
+
+
+def test_check_spec_cli(capsys):
+    assert check.main(["--spec", "--device", "cpu", "--spec-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "check --spec on NumPy" in out and "ngram  sampled K=2" in out and "0 failed" in out
+
+
+# ----------------------------------------------------------------------------- options
+def _parse(*argv):
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    return options_from_args(p.parse_args(list(argv)))
+
+
+def test_spec_flags(capsys):
+    o = _parse("--spec", "ngram", "--spec-k", "3")
+    assert (o.spec, o.spec_k) == ("ngram", 3)
+    o = _parse("--spec", "ngram")
+    assert (o.spec, o.spec_k) == ("ngram", 0)  # auto
+    assert _parse().spec == "off" and make_drafter("off") is None
+    for bad, why in ((["--spec", "mtp"], "multi-token-prediction head"), (["--spec-k", str(MAX_K + 1)], "or auto")):
+        with pytest.raises(SystemExit):
+            _parse(*bad)
+        assert why in capsys.readouterr().err
+    with pytest.raises(ValueError, match="multi-token-prediction"):
+        make_drafter("mtp")
+
+
+# ----------------------------------------------------------------------------- where users see it
+def test_counters_in_usage_and_metrics():
+    from bw24chat.api import DoneEvent, ModelInfo, Usage
+    from bw24chat.server.metrics import Metrics
+    from bw24chat.server.protocol import usage_body
+
+    stats = {"spec_rounds": 10, "spec_drafted": 30, "spec_accepted": 21, "spec_acceptance": 0.7, "spec_mean_len": 3.1}
+    done = DoneEvent("length", Usage(5, 41), stats)
+    assert usage_body(done)["completion_tokens_details"] == {"accepted_prediction_tokens": 21, "rejected_prediction_tokens": 9}
+    assert "completion_tokens_details" not in usage_body(DoneEvent("length", Usage(5, 41), {}))
+    m = Metrics()
+    m.observe(done, 1.0)
+    m.observe(done, 1.0)
+    text = m.render(ModelInfo("m", "", "llama", 1, 8, "numpy", "CPU"), "m", 0, {})
+    assert "bw24chat_spec_accepted_total 42" in text and "bw24chat_spec_drafted_total 60" in text
+    assert "bw24chat_spec_acceptance_ratio 0.7" in text and "bw24chat_spec_tokens_per_step 3.1" in text
+
+
+def test_engine_request_with_speculation_on_smollm2(smollm2_engine):
+    """The real model on the editing workload (bench --spec): the same text, the counters in the
+    stats, drafts accepted (the reply copies the paragraph)."""
+    from bw24chat.api import GenerationRequest
+    from bw24chat.bench import EDIT_PARAGRAPH, EDIT_REQUEST
+
+    msgs = [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
+    sp = SamplingParams(temperature=0, max_tokens=48)
+    text, plain = smollm2_engine.submit(GenerationRequest(messages=msgs, sampling=sp)).result()
+    text2, spec = smollm2_engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec="ngram", spec_k=0)).result()
+    assert text2 == text and spec.text == plain.text and "spec_rounds" not in plain.stats
+    assert spec.stats["spec_accepted"] > 0 and spec.stats["spec_mean_len"] > 1.5
