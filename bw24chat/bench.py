@@ -135,6 +135,35 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         roof = copy_bw / nbytes
         rows.append(dict(model=label, test=f"tg128@{ctx}{tag}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
                          bytes_per_token=nbytes, host_overhead=wall / max(g, 1e-9)))
+    rows += verify_costs(runner, runs, label)
+    return rows
+
+
+def verify_costs(runner, runs: int, label: str, ctx: int = 512, reps: int = 32) -> list[dict]:
+    """What a speculative verify of K drafts costs: one greedy step of K + 1 rows at ``ctx`` keys
+    against one step of one row (the weights are read once for all rows, so the ratio should
+    stay near 1 while the step is bound by weight bytes).  Wall time per step, medians of runs."""
+    from .api import SamplingParams
+
+    if ctx + 16 >= runner.n_ctx:
+        return []
+    greedy = SamplingParams(temperature=0)
+    rows, base = [], None
+    ids = np.random.default_rng(2).integers(0, runner.args.vocab_size, ctx + 16)
+    runner.prefill(ids[:ctx], 0)
+    for m in range(1, 10):
+        toks = [int(t) for t in ids[ctx:ctx + m]]
+        runner.step(toks, ctx, greedy, 0, [])  # captures this row count's graph
+        walls = []
+        for _ in range(runs):
+            runner.stream.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                runner.step(toks, ctx, greedy, 0, [])
+            walls.append((time.perf_counter() - t0) / reps)
+        ms = 1e3 * statistics.median(walls)
+        base = base or ms
+        rows.append(dict(model=label, test=f"step{m}@{ctx}", ms=ms, vs_one_row=ms / base))
     return rows
 
 
@@ -414,6 +443,9 @@ def main(argv: list[str]) -> int:
               + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))
         print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
         for r in rows:
+            if "vs_one_row" in r:  # verify_costs: a step of m rows against one row
+                print(f"{r['model']:24} {r['test']:18} {r['ms']:8.3f} ms  {r['vs_one_row']:5.2f} x one row")
+                continue
             print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
                   f"{r.get('bytes_per_token', ''):>12} " + (f"{r['host_overhead']:8.3f}" if "host_overhead" in r else f"{'-':>8}"))
 
