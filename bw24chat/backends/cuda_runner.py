@@ -326,10 +326,11 @@ class CudaRunner:
         """A persistent buffer (name -> fixed address, sized for the most rows a pass of its
         kind runs), its first ``rows`` rows.  Allocated on first use: eagerly, before any graph
         is captured (_capture runs the step once eagerly first)."""
-        b = self._bufs.get(name)
+        key = (name, cols, dtype)  # one name may serve two widths (a dense layer's act, a shared expert's)
+        b = self._bufs.get(key)
         if b is None:
             cap = MAX_ROWS if name.startswith("d:") else self.prefill_chunk
-            b = self._bufs[name] = self.cp.zeros((cap, *cols), np.dtype(dtype))
+            b = self._bufs[key] = self.cp.zeros((cap, *cols), np.dtype(dtype))
         return b[:rows]
 
     def rope_tables(self, table):

@@ -134,19 +134,9 @@ def test_moe_rows_equal_single_steps(cp, tiny_moe, fmt, graph):
 
 
 def test_moe_greedy_tokens_equal_the_numpy_runner(cp, tiny_moe):
-    from bw24chat.backends.cuda_runner import CudaRunner
-    from bw24chat.backends.numpy_backend import numpy_runner
+    from tests.gpu.test_runner_rows import greedy_tokens_cuda_and_numpy
 
-    ck = tiny_moe["BF16"]
-    prompt = list(range(100, 140))
-    greedy = SamplingParams(temperature=0)
-    out = {}
-    for name, r in (("cuda", CudaRunner(ck, 512, "f32")), ("numpy", numpy_runner(ck, 512))):
-        tok, toks = r.prefill(prompt, 0, greedy), []
-        for i in range(16):
-            toks.append(tok)
-            tok = r.step([tok], len(prompt) + i, greedy, 0, [])[0]
-        out[name] = toks
+    out = greedy_tokens_cuda_and_numpy(tiny_moe["BF16"])
     assert out["cuda"] == out["numpy"]
 
 
