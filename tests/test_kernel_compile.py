@@ -134,6 +134,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
        (64, 8, {"TC_HALVES": 2, "TCSTAGES": 4}), (32, 4, {"TC_HALVES": 2, "TCSTAGES": 4}))],
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
+    # MoE expert kernels (moe_experts.cu): every resident format, the integer-dot ones with ACT_Q8 (cuda_moe._defines)
+    *[("moe_experts", {"FMT": f, **({"ACT_Q8": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
 ]
 
 

@@ -30,6 +30,7 @@ from ..api import SamplingParams
 from ..models import get_family
 from ..ops import AttentionSpec, Loader, Ops
 from . import cuda_linear as lin
+from . import cuda_moe as moe
 from . import cuda_ops as ops
 from .cuda_weights import DeviceWeight, repack_host
 from .cuda_weights import upload as upload_planes
@@ -58,6 +59,7 @@ class CudaLoader(Loader):
 
         self.cp = cp
         self.linears: list[DeviceWeight] = []
+        self.experts: list = []  # cuda_moe.CudaExperts of each MoE layer
         self._planes: dict = {}
 
     def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight:
@@ -79,6 +81,11 @@ class CudaLoader(Loader):
         w = upload_planes([tensor], repack_host([tensor]))
         w.role = "embed"
         return w
+
+    def load_experts(self, gate, up, down, role: str = "experts") -> moe.CudaExperts:
+        ex = moe.load_experts(gate, up, down, memo=self._planes)  # resident slots + pointer table (cuda_moe)
+        self.experts.append(ex)
+        return ex
 
 
 class _Normed:  # rmsnorm(x) * w, not yet computed
@@ -193,6 +200,8 @@ class CudaOps(Ops):
     def rope_kv(self, qkv, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
         r, T = self.r, self.n
         H, K, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        if q_norm is not None and spec.qk_norm != "head":  # rope.cu normalizes per head only
+            raise NotImplementedError(f"QK-norm over the whole projections ({spec.qk_norm}: MiniMax-M2) on CUDA")
         qkv = self._input(qkv)["x"]
         q = qkv[:, : H * hd].reshape(T, H, hd)  # column slices of the fused output
         k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
@@ -206,6 +215,38 @@ class CudaOps(Ops):
 
     def attention(self, q, spec: AttentionSpec, layer: int):
         return _Attention(q, spec, layer)
+
+    def router(self, x, gate: DeviceWeight, spec, bias=None):
+        m, k = self.n, spec.top_k
+        logits = self.buf("moe_logits", spec.n_experts)
+        self._linear(x, gate, logits)  # the dense matvec / GEMM (decode: the rmsnorm as its prologue)
+        ids = self.r.buffer(("d:" if self.decode else "p:") + "moe_ids", m, k, dtype="i4")
+        w = self.buf("moe_w", k)
+        moe.router(logits, bias, ids, w, m, spec)
+        return ids, w
+
+    def experts(self, x, ids, weights, experts, residual, shared=None):
+        m, k = ids.shape
+        D = residual.shape[-1]
+        sh = None
+        if shared is not None:
+            gu_s, down_s, gate_s = shared
+            if gate_s is not None:
+                raise NotImplementedError("a gated shared expert (Qwen2-MoE) on CUDA")
+            sh = self.buf("moe_shared", D)  # the dense MLP on the dense matvec / GEMM path
+            self._linear(_Swiglu(_Linear(x, gu_s)), down_s, sh)
+        if not self.decode:
+            h = self._input(x, matvec=False)["x"]
+            Y = self.buf("moe_y", k, D)
+            moe.prefill_experts(experts, h, ids, weights, Y, m, k, precise=self.r.precise, act_bf16=self.xb16)
+            moe.combine(Y, weights, sh, residual, m, k)
+            return residual
+        a = self._input(x)
+        F = experts.gu.out // 2
+        act = self.buf("moe_act", k, F)
+        moe.experts_gu(experts, a["x"], ids, act, m, k, norm_w=a.get("norm_w"), eps=self.eps, xb16=self.xb16)
+        moe.experts_down(experts, act, ids, weights, sh, residual, m, k, xb16=self.xb16)
+        return residual
 
     def lm_head(self, x, W: DeviceWeight):
         r, V = self.r, W.out
@@ -285,10 +326,11 @@ class CudaRunner:
         """A persistent buffer (name -> fixed address, sized for the most rows a pass of its
         kind runs), its first ``rows`` rows.  Allocated on first use: eagerly, before any graph
         is captured (_capture runs the step once eagerly first)."""
-        b = self._bufs.get(name)
+        key = (name, cols, dtype)  # one name may serve two widths (a dense layer's act, a shared expert's)
+        b = self._bufs.get(key)
         if b is None:
             cap = MAX_ROWS if name.startswith("d:") else self.prefill_chunk
-            b = self._bufs[name] = self.cp.zeros((cap, *cols), np.dtype(dtype))
+            b = self._bufs[key] = self.cp.zeros((cap, *cols), np.dtype(dtype))
         return b[:rows]
 
     def rope_tables(self, table):

@@ -67,6 +67,55 @@ def top_k_by_index(s: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-s, axis=-1, kind="stable")[..., :k]
 
 
+def exp32(v: np.ndarray) -> np.ndarray:
+    """The float32 exponential of the routers: exp in float64, rounded once (correctly rounded
+    but for a ~2^-29 chance per value), so that kernels/moe_router.cu (the same in double) gives
+    the same bits; NumPy's and CUDA's float32 exp differ by an ulp now and then."""
+    return np.exp(np.asarray(v, np.float32).astype(np.float64)).astype(np.float32)
+
+
+def warp_sum_rows(v: np.ndarray) -> np.ndarray:
+    """Sum of each row of v (T, E) float32 in moe_router.cu's order: lane L adds columns L, L+32,
+    ... in order from 0.0, then common.cuh warp_sum's xor butterfly (lane i + lane i^16, ^8, ...)."""
+    T, E = v.shape
+    pad = np.zeros((T, -(-E // 32) * 32), np.float32)
+    pad[:, :E] = v
+    lanes = np.zeros((T, 32), np.float32)
+    for c in range(pad.shape[1] // 32):
+        lanes = lanes + pad[:, 32 * c:32 * c + 32]
+    for o in (16, 8, 4, 2, 1):
+        lanes = lanes[:, :o] + lanes[:, o:2 * o]
+    return lanes[:, 0]
+
+
+def route_logits(logits: np.ndarray, spec: RouterSpec, bias: np.ndarray | None = None):
+    """ops.RouterSpec's rule on router logits (T, E) float32: (ids (T, k) int32, weights (T, k)
+    float32) in ranking order.  The specification of kernels/moe_router.cu, op for op (exp32,
+    warp_sum_rows), so the kernel's ids and weights equal these bit for bit."""
+    logits = np.asarray(logits, np.float32)
+    if spec.scoring == "softmax":
+        e = exp32(logits - logits.max(axis=-1, keepdims=True))
+        p = e / warp_sum_rows(e)[:, None]
+    else:
+        p = np.float32(1.0) / (np.float32(1.0) + exp32(-logits))
+    s = p if bias is None else p + bias
+    if spec.n_group > 1:  # DeepSeek-V3: only the topk_group best groups (by their top-2 sum) compete
+        T, E = s.shape
+        sg = s.reshape(T, spec.n_group, E // spec.n_group)
+        top2 = np.take_along_axis(sg, top_k_by_index(sg, 2), axis=-1)
+        keep = np.zeros((T, spec.n_group), bool)
+        np.put_along_axis(keep, top_k_by_index(top2[..., 0] + top2[..., 1], spec.topk_group), True, axis=-1)
+        s = np.where(keep[:, :, None], sg, -np.inf).reshape(T, E)
+    ids = top_k_by_index(s, spec.top_k)
+    w = np.take_along_axis(p, ids, axis=-1)
+    if spec.norm_topk_prob:
+        total = w[:, 0].copy()
+        for j in range(1, spec.top_k):  # in ranking order, as the contract says
+            total += w[:, j]
+        w = w / total[:, None]
+    return ids.astype(np.int32), (w * np.float32(spec.scale)).astype(np.float32)
+
+
 class NumpyBackend(Loader):
     name = "numpy"
     device_name = "CPU"
@@ -174,28 +223,7 @@ class NumpyOps(Ops):
         return o.reshape(K, G, T, hd).transpose(2, 0, 1, 3).reshape(T, H * hd)
 
     def router(self, x: np.ndarray, gate: np.ndarray, spec: RouterSpec, bias: np.ndarray | None = None):
-        logits = self.linear(x, gate)  # (T, E) float32
-        if spec.scoring == "softmax":
-            e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-            p = e / e.sum(axis=-1, keepdims=True)
-        else:
-            p = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
-        s = p if bias is None else p + bias
-        if spec.n_group > 1:  # DeepSeek-V3: only the topk_group best groups (by their top-2 sum) compete
-            T, E = s.shape
-            sg = s.reshape(T, spec.n_group, E // spec.n_group)
-            top2 = np.take_along_axis(sg, top_k_by_index(sg, 2), axis=-1)
-            keep = np.zeros((T, spec.n_group), bool)
-            np.put_along_axis(keep, top_k_by_index(top2[..., 0] + top2[..., 1], spec.topk_group), True, axis=-1)
-            s = np.where(keep[:, :, None], sg, -np.inf).reshape(T, E)
-        ids = top_k_by_index(s, spec.top_k)
-        w = np.take_along_axis(p, ids, axis=-1)
-        if spec.norm_topk_prob:
-            total = w[:, 0].copy()
-            for j in range(1, spec.top_k):  # in ranking order, as the contract says
-                total += w[:, j]
-            w = w / total[:, None]
-        return ids.astype(np.int32), (w * np.float32(spec.scale)).astype(np.float32)
+        return route_logits(self.linear(x, gate), spec, bias)  # logits (T, E) float32
 
     def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, experts: NumpyExperts,
                 residual: np.ndarray, shared=None) -> np.ndarray:

@@ -36,18 +36,23 @@ def test_rows_equal_single_steps(cp, models, fmt, graph):
         assert np.array_equal(r.last_logits().view(np.uint32), np.stack(single_logits[:m]).view(np.uint32)), m
 
 
-def test_greedy_tokens_equal_the_numpy_runner(cp, models):
+def greedy_tokens_cuda_and_numpy(ck, n: int = 16) -> dict:
+    """16 greedy tokens after a 40-token prompt on the CudaRunner (f32 cache) and the NumPy runner."""
     from bw24chat.backends.cuda_runner import CudaRunner
     from bw24chat.backends.numpy_backend import numpy_runner
 
-    ck = models["BF16"]
     prompt = list(range(100, 140))
     greedy = SamplingParams(temperature=0)
     out = {}
     for name, r in (("cuda", CudaRunner(ck, 512, "f32")), ("numpy", numpy_runner(ck, 512))):
         tok, toks = r.prefill(prompt, 0, greedy), []
-        for i in range(16):
+        for i in range(n):
             toks.append(tok)
             tok = r.step([tok], len(prompt) + i, greedy, 0, [])[0]
         out[name] = toks
+    return out
+
+
+def test_greedy_tokens_equal_the_numpy_runner(cp, models):
+    out = greedy_tokens_cuda_and_numpy(models["BF16"])
     assert out["cuda"] == out["numpy"]

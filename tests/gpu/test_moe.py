@@ -1,0 +1,156 @@
+"""MoE on the GPU (kernels/moe_router.cu, moe_experts.cu, backends/cuda_moe.py) against the NumPy
+reference (numpy_backend.route_logits, NumpyOps.experts): router ids and weights bit for bit on
+fresh random logits (ties included), the decode experts to f32 rounding (BF16 with f32
+activations; Q8_0 / NVFP4 under the integer-dot contract on both sides), m-row invariance bit for
+bit, one Qwen3-30B-A3B-shaped layer, and whole tiny models (greedy tokens vs the NumPy runner;
+prefill argmax = decode argmax)."""
+import numpy as np
+import pytest
+
+from bw24chat.api import SamplingParams
+from bw24chat.ops import RouterSpec
+
+ROUTERS = [  # (E, spec) : the families' rules, E = 8 .. 256
+    (8, RouterSpec(8, 3, "softmax", True)),
+    (64, RouterSpec(64, 8, "softmax", False)),
+    (128, RouterSpec(128, 8, "softmax", True)),  # Qwen3-30B-A3B
+    (160, RouterSpec(160, 8, "sigmoid", True, 1, 1, 2.5)),  # GLM-4.5
+    (128, RouterSpec(128, 8, "sigmoid", True, 1, 1, 1.0)),  # GLM-4.5-Air
+    (256, RouterSpec(256, 8, "sigmoid", True, 1, 1, 1.0)),  # MiniMax-M2
+    (256, RouterSpec(256, 8, "sigmoid", True, 8, 4, 2.5)),  # DeepSeek-V3 groups
+    (8, RouterSpec(8, 3, "sigmoid", True, 4, 2, 2.5)),  # tiny glm4_moe
+]
+
+
+@pytest.mark.parametrize("E,spec", ROUTERS)
+def test_moe_router(cp, rng, E, spec):
+    from bw24chat.backends import cuda_moe
+    from bw24chat.backends.numpy_backend import route_logits
+
+    T = 40
+    logits = rng.standard_normal((T, E)).astype(np.float32) * 2
+    logits[:10] = np.round(logits[:10])  # many exact ties
+    logits[10:14] = 0.5  # all equal
+    bias = (rng.standard_normal(E).astype(np.float32) * 0.01) if spec.scoring == "sigmoid" else None
+    bias_d = None if bias is None else cp.asarray(bias)
+    ids, w = cp.zeros((T, spec.top_k), cp.int32), cp.zeros((T, spec.top_k), cp.float32)
+    cuda_moe.router(cp.asarray(logits), bias_d, ids, w, T, spec)
+    ref_ids, ref_w = route_logits(logits, spec, bias)
+    np.testing.assert_array_equal(ids.get(), ref_ids)
+    np.testing.assert_array_equal(w.get().view(np.uint32), ref_w.view(np.uint32))
+
+
+def _experts(fmt, E, F, D, rng):
+    from bw24chat.loaders.tensor import ExpertTensor
+    from bw24chat.synthetic import random_experts
+
+    return [ExpertTensor(n, random_experts(fmt, E, r, c, rng)) for n, r, c in (("g", F, D), ("u", F, D), ("d", D, F))]
+
+
+SHAPES = [("BF16", 8, 96, 256, 3), ("Q8_0", 8, 96, 256, 3), ("NVFP4", 8, 64, 256, 3),
+          ("BF16", 128, 768, 2048, 8), ("Q8_0", 128, 768, 2048, 8)]  # last two: one Qwen3-30B-A3B layer
+
+
+@pytest.mark.parametrize("fmt,E,F,D,k", SHAPES)
+def test_moe_experts_decode(cp, rng, fmt, E, F, D, k):
+    """moe_gu (rmsnorm staged) + moe_down vs NumpyOps.experts on the same ids / weights (the
+    integer-dot contract on both sides for Q8_0 / NVFP4); rows of an m-row call = 1-row calls."""
+    from bw24chat.backends import cuda_moe
+    from bw24chat.backends.kernel_refs import act_q8
+    from bw24chat.backends.numpy_backend import NumpyBackend
+
+    g, u, d = _experts(fmt, E, F, D, rng)
+    ex = cuda_moe.load_experts(g, u, d)
+    nb = NumpyBackend(act_quant=act_q8(fmt))
+    ref_ex = nb.load_experts(g, u, d)
+    ops = nb.ops(nb.new_kv_cache(1, 1, 16, 16), 0, 8, 1e-6)
+    m = 8
+    x = rng.standard_normal((m, D)).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(m)]).astype(np.int32)
+    ids[1] = ids[0]  # two rows on the same experts
+    w = rng.random((m, k)).astype(np.float32)
+    shared = rng.standard_normal((m, D)).astype(np.float32)
+    res = rng.standard_normal((m, D)).astype(np.float32)
+    h = ops.rmsnorm(x, nw)
+    routed = ops.experts(h, ids, w, ref_ex, np.zeros_like(res))  # 0 + acc = acc exactly
+    want = res + (routed + shared)  # the contract's order: routed sum, + shared, then the residual
+
+    def run(rows):
+        out = []
+        for r0, r1 in rows:
+            n = r1 - r0
+            act = cp.zeros((n, k, F), cp.float32)
+            ids_d, w_d = cp.asarray(ids[r0:r1]), cp.asarray(w[r0:r1])
+            o = cp.asarray(res[r0:r1])
+            cuda_moe.experts_gu(ex, cp.asarray(x[r0:r1]), ids_d, act, n, k, norm_w=cp.asarray(nw), eps=1e-6)
+            cuda_moe.experts_down(ex, act, ids_d, w_d, cp.asarray(shared[r0:r1]), o, n, k)
+            out.append(o.get())
+        return np.concatenate(out)
+
+    got = run([(0, m)])
+    err = np.linalg.norm(got - want) / np.linalg.norm(routed)
+    assert err <= 1e-5, err
+    single = run([(i, i + 1) for i in range(m)])
+    assert np.array_equal(got.view(np.uint32), single.view(np.uint32))
+    mid = run([(0, 3), (3, 8)])
+    assert np.array_equal(got.view(np.uint32), mid.view(np.uint32))
+
+
+def test_gated_or_unknown_formats_refused():
+    from bw24chat.backends.cuda_moe import check_format
+
+    with pytest.raises(NotImplementedError, match="FP8_E4M3"):
+        check_format("FP8_E4M3", 768, 2048)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe():
+    from bw24chat.synthetic import synthetic_checkpoint
+
+    return {fmt: synthetic_checkpoint("tiny-moe", fmt) for fmt in ("BF16", "Q8_0", "NVFP4")}
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
+@pytest.mark.parametrize("graph", [True, False])
+def test_moe_rows_equal_single_steps(cp, tiny_moe, fmt, graph):
+    """A decode step of m rows = m one-row steps, bit for bit (speculative verify = decode)."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+
+    rng = np.random.default_rng()
+    prompt = [int(t) for t in rng.integers(0, 4096, 21)]
+    rows = [int(t) for t in rng.integers(0, 4096, 8)]
+    sp = SamplingParams(temperature=0)
+    r = CudaRunner(tiny_moe[fmt], 512, "bf16", use_graph=graph)
+    r.prefill(prompt, 0)
+    single = []
+    for i, t in enumerate(rows):
+        r.step([t], len(prompt) + i, sp, 0, [])
+        single.append(r.last_logits()[0])
+    for m in (2, 5, 8):
+        r.prefill(prompt, 0)
+        r.step(rows[:m], len(prompt), sp, 0, [])
+        assert np.array_equal(r.last_logits().view(np.uint32), np.stack(single[:m]).view(np.uint32)), m
+
+
+def test_moe_greedy_tokens_equal_the_numpy_runner(cp, tiny_moe):
+    from tests.gpu.test_runner_rows import greedy_tokens_cuda_and_numpy
+
+    out = greedy_tokens_cuda_and_numpy(tiny_moe["BF16"])
+    assert out["cuda"] == out["numpy"]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe"])  # minimax_m2: its full-width QK-norm is not on CUDA yet
+def test_moe_prefill_argmax_equals_decode(cp, tmp_path, family):
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.loaders import load_checkpoint
+    from tests.model_factory import make_hf_dir
+
+    d, _ = make_hf_dir(tmp_path / family, family, "BF16")
+    ck = load_checkpoint(d)
+    r = CudaRunner(ck, 256, "f32")
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, ck.config["vocab_size"], 24)]
+    full = r.prefill_logits(np.array(ids), 0)
+    steps = np.stack([r.decode_logits(t, i) for i, t in enumerate(ids)])
+    np.testing.assert_array_equal(full.argmax(-1), steps.argmax(-1))
+    np.testing.assert_allclose(full, steps, rtol=1e-3, atol=1e-4)
