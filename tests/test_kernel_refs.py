@@ -72,12 +72,11 @@ def test_kv_cache_pack_roundtrip(rng, kv_type):
     assert np.all(np.abs(vals - x) <= rel * amax)
 
 
-@pytest.mark.parametrize("min_per", [1, 2, 4])
-def test_decode_splits_cover_and_bound(min_per):
+def test_decode_splits_cover_and_bound():
     for ms in (1, 5, 33, 64):
         for L in list(range(1, 200)) + [511, 512, 8192, 8193, 32768, 40000]:
-            n, per = kr.decode_splits(L, ms, min_per=min_per)
-            assert 1 <= n <= ms and per % kr.DECODE_TILE == 0 and per >= min_per * kr.DECODE_TILE
+            n, per = kr.decode_splits(L, ms)
+            assert 1 <= n <= ms and per % kr.DECODE_TILE == 0 and per >= kr.DECODE_TILE
             assert (n - 1) * per < L <= n * per
 
 
