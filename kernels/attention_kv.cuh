@@ -5,14 +5,7 @@
 // scale in float32 (f32: the values themselves).
 #pragma once
 #include "attention_common.cuh"
-
-#ifndef KV_TYPE
-#define KV_TYPE 0
-#endif
-#define KV_BF16 0
-#define KV_Q8_0 1
-#define KV_FP8 2
-#define KV_F32 3
+#include "kv_types.cuh"
 
 #if KV_TYPE == KV_BF16
 #define ES 2  // code bytes per value
