@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .backends.kernel_build import PDL_DEFAULT, pdl_supported
+from .backends.kernel_build import PDL_OFF, pdl_supported
 
 
 def _events_ms(cp, fn, runs: int, warmup: int = 2, stream=None) -> list[float]:
@@ -424,15 +424,15 @@ def main(argv: list[str]) -> int:
         return 0
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("BW24CHAT_") and k not in ("BW24CHAT_CACHE_DIR", "BW24CHAT_MODELS_DIR")}
-    pdl = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT) if pdl_supported() else "0 (needs sm_90+)"
-    from .backends.cuda_linear import gemm_impl, wra_summary
+    pdl = f"on (not {','.join(PDL_OFF)})" if pdl_supported() else "off (needs sm_90+)"
+    from .backends.cuda_linear import WRA_FORMATS, gemm_impl
     from .backends.cuda_weights import FORMATS
     from .backends.kernel_refs import act_q8
 
     result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache,
               "activations": a.activations,
               "pdl": pdl, "prefill_gemm": gemm_impl(), "int8_activations": [f for f in FORMATS if act_q8(f)],
-              "prefill_register_a": wra_summary() if gemm_impl() == "wg" else "off (needs sm_90a)",
+              "prefill_register_a": ",".join(WRA_FORMATS) + " wide" if gemm_impl() == "wg" else "off (needs sm_90a)",
               "switches": switches, "rows": rows}
 
     def table() -> None:
@@ -440,7 +440,7 @@ def main(argv: list[str]) -> int:
               f"activations {a.activations}, "
               f"PDL {pdl}, prefill GEMM {result['prefill_gemm']} (register-A weights: {result['prefill_register_a']}), "
               f"int8 activations {','.join(result['int8_activations']) or 'none'}"
-              + "".join(f", {k}={v}" for k, v in switches.items() if k != "BW24CHAT_PDL"))
+              + "".join(f", {k}={v}" for k, v in switches.items()))
         print(f"{'model':24} {'test':18} {'tok/s':>10} {'roofline':>10} {'%':>6}  {'bytes/tok':>12} {'wall/gpu':>8}")
         for r in rows:
             if "vs_one_row" in r:  # verify_costs: a step of m rows against one row

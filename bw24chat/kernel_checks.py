@@ -82,7 +82,7 @@ def check_linear(cp, rng) -> list[tuple]:
             out.append((f"gemm {fmt}{tag} T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
     # NVFP4 / Q4_K matrices of >= WGP_WIDE_ROWS rows take gemm_wra on sm_90a (the codes decoded
     # into wgmma's register operand): one such shape each, odd rows and T
-    for fmt in lin.WRA_DEFAULT_FORMATS:
+    for fmt in lin.WRA_FORMATS:
         rows, cols, T = lin.WGP_WIDE_ROWS + int(rng.integers(1, 100)), 512, int(rng.integers(100, 300))
         t = _weight(fmt, rows, cols, rng)
         W = upload([t])

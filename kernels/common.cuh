@@ -49,15 +49,15 @@ BW24_DEVICE float rms_inv(float sum_sq, int n, float eps) {
 // matvec (prologue and epilogue) share this one function, so both paths agree bit for bit.
 BW24_DEVICE float swiglu_act(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
 
-// Programmatic dependent launch (sm_90+; kernel_build launches with the attribute when
-// BW24CHAT_PDL is on).  pdl_trigger: this grid's dependents may be launched now (their blocks
+// Programmatic dependent launch (sm_90+; kernel_build launches every kernel but matvec_tc with the
+// attribute, the decode graphs only).  pdl_trigger: this grid's dependents may be launched now (their blocks
 // start as SMs free up and run until their pdl_wait); pdl_wait: block until every prerequisite
 // grid has completed and its memory is visible.  Every kernel calls pdl_wait before it reads
 // anything an earlier kernel wrote and before it writes anything; the decode matvecs first issue
 // their weight loads (read-only data), so those overlap the previous kernel's tail.  Without the
 // launch attribute both are no-ops.  The matvecs trigger when a block's last tile has streamed
 // (triggering at entry let several future kernels sit resident and prefetch against the running
-// one: measured slower, bench/NOTES.md); the short kernels trigger at entry (PDL_ENTRY).
+// one: measured slower, docs/performance.md); the short kernels trigger at entry (PDL_ENTRY).
 BW24_DEVICE void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -11,7 +11,7 @@
 // FMA), then one rounded multiply by gscale[row] (QTensor.dequantize: out * float32(gs)).
 //   dequant_bf16(wq, wh, ws, wd, row0, n_rows, n_in, hi, lo)
 //     hi[t, :] = bf16(W[row0 + t, :]), lo[t, :] = bf16(W - hi) when lo != nullptr (the prefill
-//     GEMM's weight planes, gemm.cu gemm_wgp; no global scale: the GEMM epilogue applies it).
+//     GEMM's weight planes, gemm_wgmma.cu gemm_wgp; no global scale: the GEMM epilogue applies it).
 // Launch: 1-D grid-stride, 256 threads, one 16-byte chunk (VPC values) per thread-iteration;
 // dequant_rows: each thread writes its VPC values as 16-byte stores; dequant_bf16: each warp
 // writes its 32 chunks' run through shared memory (below).
@@ -55,14 +55,14 @@ dequant_rows(const uint4* __restrict__ wq, const void* __restrict__ wh, const vo
     });
 }
 
-// dequant_bf16: rows [row0, row0 + n_rows) as bf16 planes for the prefill GEMM (gemm.cu
+// dequant_bf16: rows [row0, row0 + n_rows) as bf16 planes for the prefill GEMM (gemm_wgmma.cu
 // gemm_wgp): hi[t, k] = bf16(W[row0 + t, k]) and, when lo != null, lo[t, k] = bf16(W - hi) — the
-// values gemm.cu's TileStager stages (the NVFP4 global scale is left to the GEMM epilogue).
+// values gemm_mma.cu's TileStager stages (the NVFP4 global scale is left to the GEMM epilogue).
 // Chunk i's values land at plane offset i * VPC (the rows are dense), so a warp's 32 consecutive
 // chunks fill 32 * VPC contiguous values: each lane puts its chunk's bf16 words in a per-warp
 // shared buffer and the warp stores the run with consecutive 16-byte units per lane, every sector
-// written whole by one instruction (3.3-3.6 TB/s on the H200; 1.8 with each lane storing its own
-// chunk, a warp instruction half-writing 32 sectors: bench/NOTES.md, sixteenth session).
+// written whole by one instruction (measured 2x the bandwidth of each lane storing its own chunk,
+// a warp instruction half-writing 32 sectors; docs/performance.md).
 #ifndef DEQ_LO
 #define DEQ_LO 1  // 0: compiled for hi alone (lo must be null): 48 registers instead of 80 (NVFP4)
 #endif

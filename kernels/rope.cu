@@ -42,14 +42,7 @@
 #ifndef QK_NORM
 #define QK_NORM 0
 #endif
-#ifndef KV_TYPE
-#define KV_TYPE 0
-#endif
-
-#define KV_BF16 0
-#define KV_Q8_0 1
-#define KV_FP8 2
-#define KV_F32 3
+#include "kv_types.cuh"
 #define KV_NONE 255
 
 #define EPL (HD / 32)  // values per lane; lane l holds dims l + 32*i

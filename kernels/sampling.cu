@@ -41,10 +41,9 @@
 //   Dynamic smem = SampleShared + the slice's penalty bitmap (ceil(per/32) words).
 //   Workspace: keys uint32 [V], e float64 [V], fixed-point weights uint64 [V], SampleState
 //   (zeroed at allocation; each launch leaves it zeroed).
-//   Why grid-wide: the single-block version (ninth session) took 154 us at V = 49152 and 452 us at
-//   V = 151936 for temperature 0.7 (bench/sampler_probe.py, H200): one SM making up to 8 radix
-//   passes per select over the whole vocabulary, with every element of the first pass piling
-//   onto the few bins of the float's exponent byte.  Here the first pass starts below the bits
+//   Why grid-wide: a single block (one SM) makes up to 8 radix passes per select over the whole
+//   vocabulary, with every element of the first pass piling onto the few bins of the float's
+//   exponent byte (measured ~150 us at V = 49152, docs/performance.md).  Here the first pass starts below the bits
 //   that every key shares, and each pass is spread over the SMs.
 //   argmax: one block of ANT = 1024 threads (first index of the maximum, no penalty).
 #include "common.cuh"

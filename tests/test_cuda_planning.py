@@ -38,20 +38,15 @@ def test_pdl_launch_structures_match_cuda_h():
         kb._arg(3)  # a Python int has no fixed width: the launch wrappers pass NumPy scalars
 
 
-def test_pdl_modes(monkeypatch):
-    """BW24CHAT_PDL: 0 off, 1 every kernel, notc (the default) every kernel but matvec_tc; never
-    below sm_90 (compute capabilities compared as numbers: "120" >= "90")."""
+def test_pdl_on_every_kernel_but_matvec_tc(monkeypatch):
+    """PDL on every kernel but matvec_tc (kernel_build.PDL_OFF), never below sm_90 (compute
+    capabilities compared as numbers: "120" >= "90"), never inside eager_launches."""
     from bw24chat.backends import kernel_build as kb
 
     monkeypatch.setattr(kb, "pdl_supported", lambda: True)
-    monkeypatch.delenv("BW24CHAT_PDL", raising=False)
-    assert kb.PDL_DEFAULT == "notc"
     assert kb.pdl_enabled("matvec") and kb.pdl_enabled("attn_decode") and not kb.pdl_enabled("matvec_tc")
-    monkeypatch.setenv("BW24CHAT_PDL", "1")
-    assert kb.pdl_enabled("matvec_tc")
-    monkeypatch.setenv("BW24CHAT_PDL", "0")
-    assert not kb.pdl_enabled("matvec")
-    monkeypatch.setenv("BW24CHAT_PDL", "notc")
+    with kb.eager_launches():
+        assert not kb.pdl_enabled("matvec")
     monkeypatch.setattr(kb, "pdl_supported", lambda: False)
     assert not kb.pdl_enabled("matvec")
 
@@ -100,58 +95,33 @@ def test_persistent_grid_spreads_tiles_evenly(monkeypatch):
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("w_lo", [True, False])
 @pytest.mark.parametrize("n_out", [100, 4096, 6144, 24576])
-@pytest.mark.parametrize("force_bn", [None, "128", "256"])
-@pytest.mark.parametrize("force_stages", [None, "3", "4", "5", "8"])
-def test_wgp_geometry_fits_shared_memory(monkeypatch, precise, w_lo, n_out, force_bn, force_stages):
-    """gemm_wgp's ring always fits one block's shared memory (227 KB opt-in), has >= 3 stages
+def test_wgp_geometry_fits_shared_memory(precise, w_lo, n_out):
+    """gemm_wgp's ring always fits one block's shared memory (227 KB opt-in), has 3 or 4 stages
     (prefetch distance >= 1), and its bytes per stage match the tiles it holds."""
     from bw24chat.backends import cuda_linear as cl
 
-    for k, v in (("BW24CHAT_WG_BN", force_bn), ("BW24CHAT_WGP_STAGES", force_stages)):
-        if v is None:
-            monkeypatch.delenv(k, raising=False)
-        else:
-            monkeypatch.setenv(k, v)
     bn, stages, stage = cl.wgp_geometry(n_out, precise, w_lo)
-    assert bn in (128, 256) and stages >= 3
+    assert bn in (128, 256) and stages in (3, 4)
     assert stage == ((2 if precise else 1) * 128 + (2 if w_lo else 1) * bn) * 64 * 2  # x tiles 128 rows, W tiles bn
     assert stages * stage + 1024 <= 227 * 1024
-    if force_bn is None:
-        wide_fits = 3 * ((2 if precise else 1) * 128 + (2 if w_lo else 1) * 256) * 128 + 1024 <= 227 * 1024
-        assert bn == (256 if n_out >= cl.WGP_WIDE_ROWS and wide_fits else 128)
+    wide_fits = 3 * ((2 if precise else 1) * 128 + (2 if w_lo else 1) * 256) * 128 + 1024 <= 227 * 1024
+    assert bn == (256 if n_out >= cl.WGP_WIDE_ROWS and wide_fits else 128)
 
 
-WRA_WANTED = {  # BW24CHAT_WRA -> which (format, rows) prefill matrices take gemm_wra
-    None: lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0") and n >= 6144,
-    "0": lambda f, n: False,
-    "wide": lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0") and n >= 6144,
-    "1": lambda f, n: f in ("NVFP4", "Q4_K", "Q8_0"),
-}
-
-
-@pytest.mark.parametrize("mode", list(WRA_WANTED))
-def test_which_prefill_matrices_take_gemm_wra(mode, monkeypatch):
-    """uses_gemm_wra: by default the wide NVFP4 / Q4_K matrices only (measured faster there, s17d);
-    BW24CHAT_WRA=0 / wide / 1; never a format it does not decode, nor rows off whole k tiles; and
-    Q8_0 leaves gemm_i8 exactly when it takes gemm_wra."""
+def test_which_prefill_matrices_take_gemm_wra():
+    """uses_gemm_wra: the wide NVFP4 / Q4_K / Q8_0 matrices only (measured faster there); never a
+    format it does not decode, nor rows off whole k tiles; and Q8_0 leaves gemm_i8 exactly when
+    it takes gemm_wra."""
     from types import SimpleNamespace
 
     from bw24chat.backends import cuda_linear as cl
 
-    if mode is None:
-        monkeypatch.delenv("BW24CHAT_WRA", raising=False)
-    else:
-        monkeypatch.setenv("BW24CHAT_WRA", mode)
-    monkeypatch.delenv("BW24CHAT_WGP_DEQ", raising=False)
-    monkeypatch.delenv("BW24CHAT_GEMM_I8", raising=False)
     for fmt in ("NVFP4", "Q4_K", "Q8_0", "BF16", "Q6_K"):
         for n in (4096, 6144, 24576):
             W = SimpleNamespace(fmt=fmt, out=n, in_=4096)
-            assert cl.uses_gemm_wra(W) == WRA_WANTED[mode](fmt, n), (fmt, n)
+            assert cl.uses_gemm_wra(W) == (fmt in ("NVFP4", "Q4_K", "Q8_0") and n >= 6144), (fmt, n)
             assert cl.uses_gemm_i8(W) == (fmt == "Q8_0" and not cl.uses_gemm_wra(W))
             assert not cl.uses_gemm_wra(SimpleNamespace(fmt=fmt, out=n, in_=4096 + 32))
-    assert cl.wra_summary() == {None: "NVFP4,Q4_K,Q8_0 wide", "0": "off", "wide": "NVFP4,Q4_K,Q8_0 wide",
-                                "1": "NVFP4,Q4_K,Q8_0 all"}[mode]
 
 
 def test_device_attributes_are_read_once_per_device(monkeypatch):

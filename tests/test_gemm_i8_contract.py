@@ -1,4 +1,4 @@
-"""The arithmetic gemm.cu gemm_i8 implements, checked in NumPy without a GPU: from the QX rows
+"""The arithmetic gemm_i8.cu gemm_i8 implements, checked in NumPy without a GPU: from the QX rows
 (kernel_refs.qx_ref: the x codes h, l and exponent e per 32-block) and the resident Q8_0 planes
 (cuda_weights.repack_host: signed int8 codes, one f16 scale per block), the per-block fold
 sum_b float32(256 H + L) * (d * 2^(e-8)), with H, L the exact integer dots of the codes, equals

@@ -1,4 +1,4 @@
-"""CPU mirror of kernels/gemm.cu gemm_wra's fragment decoding: for every weight row, k tile,
+"""CPU mirror of kernels/gemm_wgmma.cu gemm_wra's fragment decoding: for every weight row, k tile,
 lane (t = lane % 4) and k16 step, the four A-fragment values the thread builds from the resident
 planes (the words it reads, the PRMT selectors, the E2M1 / E4M3 tables and bit tricks of the NVFP4
 decoder, the byte and scale choice of Q8_0, the nibble choice of Q4_K) must be the weights at k =
@@ -107,11 +107,11 @@ def test_wra_fragments_hold_the_weights_of_their_k_slots(fmt):
 
 
 def test_the_mirror_uses_the_kernels_constants():
-    """The tables and selectors replayed above are the ones in kernels/gemm.cu (a mirror that
+    """The tables and selectors replayed above are the ones in kernels/gemm_wgmma.cu (a mirror that
     drifted from the kernel would test nothing)."""
     from bw24chat.backends.kernel_build import load_source
 
-    src = load_source("gemm")
+    src = load_source("gemm_wgmma")
     body = lambda name: src[src.index(name):src.index("\n}\n", src.index(name))]  # noqa: E731
     e2m1 = body("BW24_DEVICE void e2m1x4_bf16(")
     for const in ("0xC0800000u, 0xC0804000u", "0x7B7B7B00u, 0x7C7C7C7Cu", "0xFBFBFB00u, 0xFCFCFCFCu", "0x7777u",

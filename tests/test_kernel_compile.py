@@ -46,15 +46,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 2, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1}),  # BF16 wide (adopted)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 4, "MV_STEADY": 1}),  # Q8_0 down (adopted)
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 3, "MV_STEADY": 1}),  # Q4_K down (adopted)
-    # decode attention's split merge in a thread-block cluster (ATTN_CLUSTER: barrier.cluster, mapa, ld.shared::cluster)
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_CLUSTER": 16}),
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_CLUSTER": 8, "TC_HALVES": 2}),  # two tile streams per block
-    ("attention", {"HD": 64, "GQ": 2, "KV_TYPE": 0, "TC_HALVES": 2, "TCSTAGES": 4}),
-    ("attention", {"HD": 64, "GQ": 1, "KV_TYPE": 0, "ATTN_CLUSTER": 8}),
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8}),  # the FMA kernel (q8_0, f32 caches)
-    ("attention", {"HD": 64, "GQ": 2, "KV_TYPE": 3, "ATTN_CLUSTER": 16}),
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 8}),  # cluster up to C * P tiles
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 2, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
     # qx_out's hand-off modes (QX_HANDOFF 1: two buffers, one barrier; 2: named producer / consumer barriers)
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 1}),
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 2}),
@@ -67,27 +58,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down
     ("matvec", {"FMT": 2, "MV_STEADY": 1}),  # the same on the float path (BF16)
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
-    ("gemm", {"FMT": 11, "WGP_DEQ": 1, "WG_BN": 256, "WGP_STAGES": 3}),  # gemm_wgp decoding NVFP4 in its pipeline
-    ("gemm", {"FMT": 8, "WGP_DEQ": 1, "WGP_WLO": 1}),  # the same, Q4_K with the W_lo plane (precise)
-    ("gemm", {"FMT": 11, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra: NVFP4 codes into wgmma's register operand
-    ("gemm", {"FMT": 11, "WRA_BT": 128, "WRA_STAGES": 4, "GEMM_SPLIT": 0}),
-    ("gemm", {"FMT": 8, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra on Q4_K (W_hi and W_lo registers)
-    ("gemm", {"FMT": 3, "WRA_BT": 256, "WRA_STAGES": 3}),  # gemm_wra on Q8_0 (the bf16 split: W_hi, W_lo)
-    ("gemm", {"FMT": 3, "I8_STAGES": 4}),
-    ("gemm", {"FMT": 3, "I8_STAGES": 4, "I8_SCF32": 1}),  # gemm_i8 with the f32 scales converted once per tile  # gemm_i8 (Q8_0 on the int8 wgmma; its body exists on sm_90a only)
-    ("gemm", {"FMT": 3, "GEMM_XPLANES": 1}),  # register-staged GEMMs on the integer-dot contract's x planes
-    ("gemm", {"FMT": 3, "GEMM_XPLANES": 1, "GM_BUFS": 1}),  # one tile buffer: the precise gemm in 99 KB (sm_120a)
-    ("gemm", {"FMT": 2, "GM_BUFS": 1}),
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "PREFILL_STAGES": 1}),  # one K/V stage: precise prefill in 99 KB
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "PREFILL_STAGES": 1}),
-    ("gemm", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),  # the same, fast mode (one plane)
-    ("gemm", {"FMT": 3, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1}),  # the bf16-activation contract: x one plane, W split
-    ("gemm", {"FMT": 8, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "GM_BUFS": 1}),
-    ("attention", {"HD": 64, "GQ": 8}),  # decode on tensor cores, head dim 64, 8 heads per block
-    # ATTN_QX (opt-in): the finishing block writes the o projection's QX codes, every merge
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
-    ("attention", {"HD": 64, "GQ": 8, "KV_TYPE": 1, "ATTN_QX": 1, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
     # the integer-dot rmsnorm prologue from the statistic's one batch (A8_STAT_CACHE, the default) on the
     # wide NVFP4 / Q4_K / Q8_0 geometry (16 warps, 8-warp statistic); its two-batch path (0) on the 8-warp kernel
     ("matvec", {"FMT": 11, "ACT_Q8": 1, "A8_STAT_CACHE": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1,
@@ -107,9 +77,6 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     *[("matvec", {"FMT": 11, "ACT_Q8": 1, "QX_ROTATE": 1, "QX_HANDOFF": h, "MV_R": 4, "MV_U": 1, "MV_MINB": 1,
                   "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}) for h in (0, 1, 2)],
     ("matvec", {"FMT": 3, "ACT_Q8": 1, "QX_ROTATE": 1, "QX_HANDOFF": 2, "MV_M": 8, "MV_R": 4, "MV_NW": 16, "MV_STAT8": 1}),
-    # the tensor-core decode's hybrid merge (long rows over one wave of blocks, the workspace merge)
-    ("attention", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "ATTN_HYBRID": 4, "TC_HALVES": 2,
-                   "TCSTAGES": 4}),
     # steady windows through per-row plane pointers (opt-in MV_ROWPTR): every plane layout
     *[("matvec", {"FMT": f, "MV_ROWPTR": 1, "MV_STEADY": 1, **extra}) for f, extra in
       ((11, {"ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1, "QX_HANDOFF": 2}),
@@ -128,10 +95,31 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
        (11, {"ACT_Q8": 1, "MV_U": 3, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}),
        (3, {"ACT_Q8": 1, "MV_U": 4, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}), (8, {"ACT_Q8": 1, "MV_U": 3, "MV_MINB": 2}),
        (3, {"ACT_Q8": 1, "MV_M": 8}), (10, {"ACT_Q8": 1}), (2, {"MV_NW": 16, "MV_MINB": 1, "MV_STEADY": 1}))],
-    # attn_decode_tc's cp.async issue unrolled with hoisted addresses (opt-in ATTN_ISSUE_HOIST)
-    *[("attention", {"HD": hd, "GQ": gq, "KV_TYPE": 0, "ATTN_ISSUE_HOIST": 1, **extra}) for hd, gq, extra in
-      ((128, 4, {"TC_HALVES": 2, "TCSTAGES": 4, "ATTN_CLUSTER": 8, "ATTN_QX": 1}), (128, 4, {"TC_HALVES": 1}),
-       (64, 8, {"TC_HALVES": 2, "TCSTAGES": 4}), (32, 4, {"TC_HALVES": 2, "TCSTAGES": 4}))],
+    # attention: the FMA decode (q8_0 / fp8 / f32 caches) with and without a cluster merge, hybrid long rows
+    ("attention_decode", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8}),
+    ("attention_decode", {"HD": 64, "GQ": 2, "KV_TYPE": 3, "ATTN_CLUSTER": 16}),
+    ("attention_decode", {"HD": 128, "GQ": 4, "KV_TYPE": 2, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
+    ("attention_decode", {"HD": 64, "GQ": 8, "KV_TYPE": 1, "ATTN_QX": 1, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4}),
+    # the tensor-core decode (bf16 caches): one or two halves, cluster merge, QX codes
+    ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "TCSTAGES": 4, "ATTN_QX": 1}),
+    ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 1, "TCSTAGES": 2}),  # sm_120's 99 KB
+    ("attention_decode_tc", {"HD": 64, "GQ": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
+    ("attention_decode_tc", {"HD": 32, "GQ": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
+    # the prefill: one K/V stage (the precise prefill in 99 KB), the fast mode
+    ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "PREFILL_STAGES": 1}),
+    ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "PREFILL_STAGES": 1}),
+    ("attention_prefill", {"HD": 64, "GQ": 3, "KV_TYPE": 2, "PREFILL_SPLIT": 0}),
+    # gemm_wra: NVFP4 / Q4_K / Q8_0 codes into wgmma's register operand
+    ("gemm_wgmma", {"FMT": 11, "WRA_BT": 128, "WRA_STAGES": 4, "GEMM_SPLIT": 0}),
+    ("gemm_wgmma", {"FMT": 8, "WRA_BT": 256, "WRA_STAGES": 3}),
+    ("gemm_wgmma", {"FMT": 3, "WRA_BT": 256, "WRA_STAGES": 4, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1}),
+    # the portable gemm: integer-dot x planes, one tile buffer (99 KB), the bf16-activation contract
+    ("gemm_mma", {"FMT": 3, "GEMM_XPLANES": 1}),
+    ("gemm_mma", {"FMT": 8, "GEMM_XPLANES": 1, "GM_BUFS": 1}),
+    ("gemm_mma", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),
+    ("gemm_mma", {"FMT": 8, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "GM_BUFS": 1}),
+    ("gemm_mma", {"FMT": 0}),  # F32 (4-value chunks): the rows gemm_wgp cannot take
+    ("gemm_i8", {"FMT": 3}),
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
     # MoE expert kernels (moe_experts.cu): every resident format, the integer-dot ones with ACT_Q8 (cuda_moe._defines)
@@ -148,8 +136,8 @@ def test_kernel_variant_compiles(family, defines, arch):
 
 
 def production_gemm_builds() -> list[dict]:
-    """The sm_90a GEMM builds the wrappers launch by default: gemm_wra per format, mode and tile
-    width, gemm_wgp per mode, W_lo and tile width, gemm_i8."""
+    """The sm_90a GEMM builds of gemm_wgmma.cu the wrappers launch: gemm_wra per format, mode and
+    tile width, gemm_wgp per mode, W_lo and tile width."""
     from bw24chat.backends import cuda_linear as cl
 
     out = []
@@ -164,8 +152,7 @@ def production_gemm_builds() -> list[dict]:
         for w_lo in (False, True):
             for n_out in (4096, 24576):
                 bn, stages, _ = cl.wgp_geometry(n_out, precise, w_lo)
-                out.append({"FMT": 2, "GEMM_SPLIT": int(precise), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)})
-    out.append({"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1})
+                out.append({"GEMM_SPLIT": int(precise), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)})
     return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
 
 
@@ -173,9 +160,8 @@ def production_gemm_builds() -> list[dict]:
 def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
     """ptxas's own report on the default sm_90a GEMM builds: no "Potential Performance Loss" (C7513 /
     C7515: wgmma serialized), and gemm_wgp / gemm_wra without spills.  Why: a register-operand
-    pipeline can compile and give the right bits while ptxas serializes every wgmma (it did for
-    gemm_wra's fast and Q4_K builds in a first pipeline order)."""
-    _, log = kb.compile_cubin("gemm", "sm_90a", defines, extra=("-Xptxas=-v",))
+    pipeline can compile and give the right bits while ptxas serializes every wgmma."""
+    _, log = kb.compile_cubin("gemm_wgmma", "sm_90a", defines, extra=("-Xptxas=-v",))
     assert "Potential Performance Loss" not in log, [line for line in log.splitlines() if "Potential" in line]
     for fn in ("gemm_wgp", "gemm_wra"):
         i = log.index(f"Function properties for {fn}")

@@ -4,6 +4,7 @@ import pytest
 
 from bw24chat.backends import kernel_refs as kr
 from bw24chat.backends.numpy_backend import NumpyBackend, NumpyKVCache
+from bw24chat.ops import AttentionSpec
 from bw24chat.sampling import philox_uniform
 
 
@@ -72,12 +73,11 @@ def test_kv_cache_pack_roundtrip(rng, kv_type):
     assert np.all(np.abs(vals - x) <= rel * amax)
 
 
-@pytest.mark.parametrize("min_per", [1, 2, 4])
-def test_decode_splits_cover_and_bound(min_per):
+def test_decode_splits_cover_and_bound():
     for ms in (1, 5, 33, 64):
         for L in list(range(1, 200)) + [511, 512, 8192, 8193, 32768, 40000]:
-            n, per = kr.decode_splits(L, ms, min_per=min_per)
-            assert 1 <= n <= ms and per % kr.DECODE_TILE == 0 and per >= min_per * kr.DECODE_TILE
+            n, per = kr.decode_splits(L, ms)
+            assert 1 <= n <= ms and per % kr.DECODE_TILE == 0 and per >= kr.DECODE_TILE
             assert (n - 1) * per < L <= n * per
 
 
@@ -94,9 +94,10 @@ def test_flash_reference_equals_plain_attention(rng):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     # and the float32 backend's attention is the same contract
     cache = NumpyKVCache(1, K, hd, S)
-    cache.ensure(start)
-    cache.k[0, :start], cache.v[0, :start] = keys[:start], vals[:start]
-    o = NumpyBackend().attention(q, keys[start:], vals[start:], cache, 0, start, 0.2)
+    cache.ensure(S)
+    cache.k[0, :S], cache.v[0, :S] = keys, vals
+    spec = AttentionSpec(H, K, hd, 1e-6, None, 0.2)
+    o = NumpyBackend().ops(cache, start, T, 1e-6).attention(q, spec, 0)
     np.testing.assert_allclose(o.reshape(T, H, hd), ref, rtol=1e-4, atol=1e-5)
 
 
@@ -164,6 +165,11 @@ def test_act_quant_ref_contract():
     assert np.array_equal(vb[big_enough], xb[big_enough])
 
 
+def _linear(backend, x, w):
+    """The backend's linear op over the rows of x (no cache involved)."""
+    return backend.ops(None, 0, len(x), 1e-6).linear(x, w)
+
+
 def test_numpy_backend_act_quant_matrices(monkeypatch):
     """NumpyBackend(act_quant=True) applies the contract to the integer-dot formats only (here
     opted in for Q8_0 and Q4_K, as BW24CHAT_A8 does for the CUDA engine)."""
@@ -177,10 +183,11 @@ def test_numpy_backend_act_quant_matrices(monkeypatch):
     for fmt, quantized in (("Q8_0", True), ("Q4_K", True), ("Q4_1", False), ("BF16", False)):
         t = random_matrix(fmt, 5, 256, rng)
         B = NumpyBackend(act_quant=True)
-        w = B.load_matrix(t)
+        w = B.load_linear([t])
         want = (act_quant_ref(x) if quantized else x) @ t.dequantize().T
-        assert np.array_equal(B.linear(x, w), want)
-        assert np.array_equal(NumpyBackend().linear(x, NumpyBackend().load_matrix(t)), x @ t.dequantize().T)
+        assert np.array_equal(_linear(B, x, w), want)
+        plain = NumpyBackend()
+        assert np.array_equal(_linear(plain, x, plain.load_linear([t])), x @ t.dequantize().T)
 
 
 def test_numpy_backend_bf16_activations():
@@ -203,4 +210,4 @@ def test_numpy_backend_bf16_activations():
         t = random_matrix(fmt, 5, 256, rng)
         B = NumpyBackend(act_quant=True, act_bf16=True)
         want = (act_quant_ref(xr) if quantized else xr) @ t.dequantize().T
-        assert np.array_equal(B.linear(x, B.load_matrix(t)), want)
+        assert np.array_equal(_linear(B, x, B.load_linear([t])), want)

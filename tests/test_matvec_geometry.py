@@ -198,20 +198,16 @@ def test_qx_ref_layout():
     assert np.array_equal(((rec[..., 3] & 0xFFFF) ^ 0x8000) - 0x8000, sl[..., 0])
 
 
-def test_gemm_i8_serves_q8_0_rows_of_a_multiple_of_128(monkeypatch):
-    """gemm_i8 (faster than the bf16 split on the H200) serves
-    Q8_0 rows of a multiple of 128 by default, gemm_i8_mma the portable path's of a multiple of
-    64; BW24CHAT_GEMM_I8=0 turns both off."""
+def test_gemm_i8_serves_q8_0_rows_of_a_multiple_of_128():
+    """gemm_i8 (faster than the bf16 split) serves Q8_0 rows of a multiple of 128, gemm_i8_mma the
+    portable path's of a multiple of 64."""
     W = lambda fmt, in_: types.SimpleNamespace(fmt=fmt, out=4096, in_=in_)  # noqa: E731
-    monkeypatch.delenv("BW24CHAT_GEMM_I8", raising=False)
     assert cl.uses_gemm_i8(W("Q8_0", 4096)) and cl.uses_gemm_i8(W("Q8_0", 12288))
     assert not cl.uses_gemm_i8(W("Q8_0", 4096 + 32)) and not cl.uses_gemm_i8(W("Q4_K", 4096))
     # the portable path (gemm_i8_mma): every Q8_0 matrix of whole 64-input k tiles, wide ones too
     assert cl.uses_gemm_i8(W("Q8_0", 4096 + 64), "mma") and not cl.uses_gemm_i8(W("Q8_0", 4096 + 32), "mma")
     assert cl.uses_gemm_i8(types.SimpleNamespace(fmt="Q8_0", out=24576, in_=4096), "mma")
     assert not cl.uses_gemm_i8(W("Q4_K", 4096), "mma")
-    monkeypatch.setenv("BW24CHAT_GEMM_I8", "0")
-    assert not cl.uses_gemm_i8(W("Q8_0", 4096)) and not cl.uses_gemm_i8(W("Q8_0", 4096), "mma")
 
 
 def test_wide_matrices_fill_the_multiprocessors_with_three_rows_per_warp(monkeypatch):

@@ -19,8 +19,6 @@ LIMIT = 99 * 1024  # 101,376 B: cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_86
 @pytest.fixture
 def small_gpu(monkeypatch):
     monkeypatch.setattr(kb, "smem_block_limit", lambda: LIMIT)
-    for v in ("BW24CHAT_GM_BUFS", "BW24CHAT_PREFILL_STAGES", "BW24CHAT_ATTN_TC_HALVES", "BW24CHAT_ATTN_TC_STAGES"):
-        monkeypatch.delenv(v, raising=False)
 
 
 @pytest.mark.parametrize("x_split,w_split", [(False, False), (True, False), (True, True)])
@@ -37,7 +35,6 @@ def test_portable_integer_dot_gemm_fits(small_gpu):
 
 def test_portable_gemm_keeps_two_buffers_on_hopper(monkeypatch):
     monkeypatch.setattr(kb, "smem_block_limit", lambda: kb.SMEM_BLOCK_SM90)
-    monkeypatch.delenv("BW24CHAT_GM_BUFS", raising=False)
     assert all(cl.gemm_bufs(x, w) == 2 for x, w in [(False, False), (True, False), (True, True)])
 
 

@@ -1,12 +1,12 @@
 """The wrappers' dynamic shared-memory sizes equal what the kernels lay out, checked without a GPU.
 
 Each kernel that takes dynamic shared memory names its total in a macro next to its layout
-(gemm.cu GM_SMEM_BYTES, WG_SMEM_BYTES, WGP_SMEM_BYTES, I8_SMEM_BYTES, IM_SMEM_BYTES; attention.cu
-DECODE_SMEM, DECODE_TC_SMEM, PREFILL_SMEM); the Python launch code computes the size it passes
-on its own.  Here each kernel is compiled (NVRTC, sm_90a, the wrapper's defines) with a
-static_assert that the two agree.  Why: a wrapper that summed gemm_i8's stage by hand (41 KB for
-a 49 KB stage) let the ring overrun its allocation from the fourth k tile on, and the GPU run died
-with illegal addresses.
+(gemm_mma.cu GM_SMEM_BYTES, gemm_wgmma.cu WGP_SMEM_BYTES / WRA_SMEM_BYTES, gemm_i8.cu
+I8_SMEM_BYTES / IM_SMEM_BYTES; attention_decode.cu DECODE_SMEM, attention_decode_tc.cu
+DECODE_TC_SMEM, attention_prefill.cu PREFILL_SMEM); the Python launch code computes the size it
+passes on its own.  Here each kernel is compiled (NVRTC, sm_90a, the wrapper's defines) with a
+static_assert that the two agree.  Why: a hand-summed stage size once overran a ring's
+allocation, which only a GPU run showed (illegal addresses).
 """
 import pytest
 
@@ -28,31 +28,25 @@ def gemm_cases():
     for x_split, fmt, wsplit in ((0, 3, 0), (1, 2, 1), (1, 3, 1), (0, 3, 1)):
         w_split = bool(wsplit) and fmt == 3
         defs = {"FMT": fmt, "GEMM_SPLIT": x_split, **({"GEMM_WSPLIT": 1} if wsplit and not x_split else {})}
-        out.append(("gemm", defs, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split)))
-        out.append(("gemm", {**defs, "GM_BUFS": 1}, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split, 1)))
-        for bn in (128, 256):
-            out.append(("gemm_wg", {**defs, "WG_BN": bn}, "WG_SMEM_BYTES", cl.wg_smem(bool(x_split), w_split, bn)))
+        out.append(("gemm_mma", defs, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split)))
+        out.append(("gemm_mma", {**defs, "GM_BUFS": 1}, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split, 1)))
     for precise in (False, True):
         for w_lo in (False, True):
             for n_out in (4096, 24576):
                 bn, stages, stage = cl.wgp_geometry(n_out, precise, w_lo)
-                defs = {"FMT": 3, "WGP_DEQ": 1} if w_lo or not precise else {"FMT": 2}
-                if defs["FMT"] == 3 and w_lo != precise:
-                    continue  # the in-pipeline decode splits W exactly when precise
-                defs.update(GEMM_SPLIT=int(precise), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
-                out.append(("gemm_wgp", defs, "WGP_SMEM_BYTES", cl.wgp_smem(stages, stage)))
+                defs = {"GEMM_SPLIT": int(precise), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)}
+                out.append(("gemm_wgmma", defs, "WGP_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
         for precise in (False, True):
             bt, stages, stage = cl.wra_geometry(24576, precise, fmt)
-            out.append(("gemm_wra", {"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages},
+            out.append(("gemm_wgmma", {"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages},
                         "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
         if fmt != "NVFP4":  # the bf16-activation contract: x one plane, W split (GEMM_WSPLIT), 256 tokens
             bt, stages, stage = cl.wra_geometry(24576, False, fmt, True)
-            out.append(("gemm_wra", {"FMT": code, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "WRA_BT": bt, "WRA_STAGES": stages},
+            out.append(("gemm_wgmma", {"FMT": code, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "WRA_BT": bt, "WRA_STAGES": stages},
                         "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
-    out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
-    out.append(("gemm_i8", {"FMT": 3, "I8_STAGES": cl.I8_STAGES, "I8_SCF32": 1}, "I8_SMEM_BYTES", cl.gemm_i8_smem(scf32=True)))
-    out.append(("gemm_i8_mma", {"FMT": 3}, "IM_SMEM_BYTES", cl.gemm_i8_mma_smem()))
+    out.append(("gemm_i8", {"FMT": 3}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
+    out.append(("gemm_i8", {"FMT": 3}, "IM_SMEM_BYTES", cl.gemm_i8_mma_smem()))
     return out
 
 
@@ -61,44 +55,43 @@ def attention_cases():
 
     out = []
     for hd, kv in [(128, k) for k in ("bf16", "q8_0", "fp8", "f32")] + [(64, "bf16"), (64, "q8_0")]:
-        out.append(("attn_decode", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv]}, "DECODE_SMEM", co._decode_smem(hd, 4, kv)))
+        out.append(("attention_decode", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv]}, "DECODE_SMEM",
+                    co._decode_smem(hd, 4, kv)))
         for precise in (0, 1):
-            out.append(("attn_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise},
+            out.append(("attention_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise},
                         "PREFILL_SMEM", co.prefill_smem_bytes(hd, kv, bool(precise))))
-            out.append(("attn_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise,
-                                         "PREFILL_STAGES": 1}, "PREFILL_SMEM", co.prefill_smem_bytes(hd, kv, bool(precise), 1)))
+            out.append(("attention_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise,
+                                              "PREFILL_STAGES": 1}, "PREFILL_SMEM",
+                        co.prefill_smem_bytes(hd, kv, bool(precise), 1)))
     for gq in (1, 8):  # the merge area (GQ rows per sub-warp) can exceed the pipeline stages
-        out.append(("attn_decode", {"HD": 128, "GQ": gq, "KV_TYPE": 0}, "DECODE_SMEM", co._decode_smem(128, gq, "bf16")))
+        out.append(("attention_decode", {"HD": 128, "GQ": gq, "KV_TYPE": 0}, "DECODE_SMEM", co._decode_smem(128, gq, "bf16")))
     for hd in (64, 128):
         halves, stages = co.decode_tc_config(hd)
-        out.append(("attn_decode_tc", {"HD": hd, "GQ": 4, "KV_TYPE": 0, "TC_HALVES": halves, "TCSTAGES": stages},
+        out.append(("attention_decode_tc", {"HD": hd, "GQ": 4, "TC_HALVES": halves, "TCSTAGES": stages},
                     "DECODE_TC_SMEM", co._decode_tc_smem(hd)))
-    for halves in (1, 2):  # attention.cu's own TCSTAGES default per TC_HALVES is the wrapper's
+    # the kernel's own TCSTAGES default per TC_HALVES is the wrapper's: two halves at 227 KB, one
+    # half over 3 tiles where 3 but not 4 fit
+    for limit in (kb.SMEM_BLOCK_SM90, 7 * co._decode_tc_stage_bytes(64) // 2):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("BW24CHAT_ATTN_TC_HALVES", str(halves))
-            out.append(("attn_decode_tc", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "TC_HALVES": halves}, "DECODE_TC_SMEM",
-                        co._decode_tc_smem(128)))
+            mp.setattr(kb, "smem_block_limit", lambda limit=limit: limit)
+            halves = co.decode_tc_config(64)[0]
+            out.append(("attention_decode_tc", {"HD": 64, "GQ": 4, "TC_HALVES": halves}, "DECODE_TC_SMEM",
+                        co._decode_tc_smem(64)))
     return out
 
 
-@pytest.mark.parametrize("kernel,defines,macro,host", gemm_cases(),
+@pytest.mark.parametrize("family,defines,macro,host", gemm_cases() + attention_cases(),
                          ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
-def test_gemm_shared_memory_matches_the_wrapper(kernel, defines, macro, host):
-    assert_equal("gemm", defines, macro, host)
-
-
-@pytest.mark.parametrize("kernel,defines,macro,host", attention_cases(),
-                         ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
-def test_attention_shared_memory_matches_the_wrapper(kernel, defines, macro, host):
-    assert_equal("attention", defines, macro, host)
+def test_shared_memory_matches_the_wrapper(family, defines, macro, host):
+    assert_equal(family, defines, macro, host)
 
 
 def test_a_wrong_size_fails_to_compile():
-    """The check bites: the eleventh session's hand-summed 41 KB gemm_i8 stage does not compile."""
+    """The check bites: a hand-summed 41 KB gemm_i8 stage (the ring is 49 KB a stage) does not compile."""
     from bw24chat.backends import cuda_linear as cl
 
     with pytest.raises(kb.KernelCompileError, match="I8_SMEM_BYTES differs"):
-        assert_equal("gemm", {"FMT": 3, "I8_STAGES": cl.I8_STAGES}, "I8_SMEM_BYTES", cl.I8_STAGES * 41 * 1024 + 1024)
+        assert_equal("gemm_i8", {"FMT": 3}, "I8_SMEM_BYTES", cl.I8_STAGES * 41 * 1024 + 1024)
 
 
 @pytest.mark.parametrize("limit_kb,hd,want", [(227, 128, (2, 4)), (227, 64, (2, 4)), (99, 128, (1, 2)), (99, 64, (2, 4)),
@@ -108,8 +101,6 @@ def test_decode_tc_config_fits_the_gpu_shared_memory(monkeypatch, limit_kb, hd, 
     two halves over 4 tiles; sm_120's 99 KB at head dim 128 (34,816 B per tile) one half over 2."""
     from bw24chat.backends import cuda_ops as co
 
-    monkeypatch.delenv("BW24CHAT_ATTN_TC_HALVES", raising=False)
-    monkeypatch.delenv("BW24CHAT_ATTN_TC_STAGES", raising=False)
     monkeypatch.setattr(kb, "smem_block_limit", lambda: limit_kb * 1024)
     assert co.decode_tc_config(hd) == want
     if limit_kb >= 99:

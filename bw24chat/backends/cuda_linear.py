@@ -4,7 +4,7 @@
 
 All take preallocated CuPy outputs, launch on the current stream and neither allocate nor
 synchronize, so the decode step can be captured in a CUDA graph.  Absent optional pointers are
-passed as a null 64-bit value.  Contracts: kernels/matvec.cu, gemm.cu, dequant.cu.
+passed as a null 64-bit value.  Contracts: kernels/matvec.cu, gemm_*.cu, dequant.cu.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
 # resident up to 16k inputs (down 12288 no longer re-stages a second k-tile behind a barrier)
 GM_TILE = 128
-GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm.cu shared bytes (GEMM_SPLIT=0)
+GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm_mma.cu shared bytes (GEMM_SPLIT=0)
 GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
 _W_EXACT_IN_BF16 = ("BF16", "NVFP4")
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2, "qx": 3}  # qx: x's codes ready-made (matvec.cu PRO_QX)
@@ -39,66 +39,52 @@ def _wargs(W: DeviceWeight) -> tuple:
 
 
 def _gemm_smem(x_split: bool, w_split: bool, bufs: int = 2) -> int:
-    """gemm.cu GM_SMEM_BYTES (tests/test_smem_contract.py holds the two equal)."""
+    """gemm_mma.cu GM_SMEM_BYTES (tests/test_smem_contract.py holds the two equal)."""
     return (GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))) * bufs // 2
 
 
 def gemm_bufs(x_split: bool, w_split: bool) -> int:
-    """The portable gemm's tile buffers (gemm.cu GM_BUFS): 2 (k tile i+1 stored while tile i is
-    used) where the block's shared memory holds them, else 1 (one more barrier per k tile; the
+    """The portable gemm's tile buffers (gemm_mma.cu GM_BUFS): 2 (k tile i+1 stored while tile i
+    is used) where the block's shared memory holds them, else 1 (one more barrier per k tile; the
     same order of MMAs per output, so the same bits).  The precise kernels need 108 KB (x split)
     and 144 KB (x and W split) with two buffers: above the 99 KB of sm_86 / sm_89 / sm_120, whose
-    prefill this kernel is.  BW24CHAT_GM_BUFS=1 forces one buffer (tests on a GPU with more)."""
-    if os.environ.get("BW24CHAT_GM_BUFS", "") == "1":
-        return 1
+    prefill this kernel is."""
     return 2 if _gemm_smem(x_split, w_split, 2) <= kernel_build.smem_block_limit() else 1
 
 
 def _wsplit_define(W: DeviceWeight, x_split: bool, w_split: bool) -> dict:
-    """gemm.cu GEMM_WSPLIT where it differs from its default (GEMM_SPLIT): W split with x as one
-    bf16 plane (the bf16-activation contract on weights not exact in bf16).  gemm.cu derives
-    W_SPLIT from it and the format, as w_split here (_W_EXACT_IN_BF16)."""
+    """gemm_common.cuh GEMM_WSPLIT where it differs from its default (GEMM_SPLIT): W split with x
+    as one bf16 plane (the bf16-activation contract on weights not exact in bf16).  The kernels
+    derive W_SPLIT from it and the format, as w_split here (_W_EXACT_IN_BF16)."""
     return {"GEMM_WSPLIT": 1} if w_split and not x_split else {}
 
 
 def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, **defines):
     """The portable gemm for these splits and its dynamic shared memory (set as its limit)."""
     bufs = gemm_bufs(x_split, w_split)
-    k = get_kernel("gemm", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
+    k = get_kernel("gemm_mma", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
                    **_wsplit_define(W, x_split, w_split), **defines)
     smem = _gemm_smem(x_split, w_split, bufs)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem
 
 
-WG_BM = 128  # gemm.cu gemm_wg: tokens per block
-WG_BN_DEFAULT = 128  # out rows per block (WG_BN; BW24CHAT_WG_BN overrides)
+WG_BM = 128  # gemm_wgmma.cu gemm_wgp: tokens per block
 
 
 def gemm_impl() -> str:
-    """"wg" (gemm_wg, Hopper warpgroup MMA) where the GPU is compiled for sm_90a, else "mma"
-    (the portable mma.sync kernel, also what sm_120a runs).  BW24CHAT_GEMM=mma forces the
-    portable kernel on Hopper (comparisons, and `check` of the path other GPUs take)."""
+    """"wg" (the Hopper warpgroup-MMA kernels) where the GPU is compiled for sm_90a, else "mma"
+    (the portable mma.sync kernels, also what sm_120a runs and what BW24CHAT_PORTABLE=1 forces;
+    tests pass gemm(impl="mma") to run them on Hopper)."""
     from .kernel_build import active_arch
 
-    if os.environ.get("BW24CHAT_GEMM", "") == "mma":
-        return "mma"
     return "wg" if active_arch() == "sm_90a" else "mma"
 
 
-def _wg_bn() -> int:
-    return int(os.environ.get("BW24CHAT_WG_BN", WG_BN_DEFAULT))
-
-
-def wg_smem(precise: bool, w_lo: bool, bn: int) -> int:
-    """gemm.cu WG_SMEM_BYTES: gemm_wg's double buffer plus 1 KB of alignment slack."""
-    return 2 * wg_stage_bytes(precise, w_lo, bn) + 1024
-
-
 def wg_stage_bytes(precise: bool, w_lo: bool, bn: int) -> int:
-    """Shared bytes of one stage of either wgmma kernel: [x hi (| x lo)] tiles of WG_BM rows and
-    [W (| W lo)] tiles of bn rows, 64 bf16 per row.  Each kernel adds 1 KB to align its stages
-    to 1024 bytes (the 128-byte swizzle)."""
+    """Shared bytes of one stage of gemm_wgp: [x hi (| x lo)] tiles of WG_BM rows and [W (| W
+    lo)] tiles of bn rows, 64 bf16 per row.  The kernel adds 1 KB to align its stages to 1024
+    bytes (the 128-byte swizzle)."""
     return ((2 if precise else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
 
 
@@ -529,8 +515,9 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         return
     a8 = a8 and not xb16  # the bf16 contract's GEMMs take the rounded x as their one plane
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
-    # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take gemm_wg)
-    if impl == "wg" and W.in_ % 8 == 0 and os.environ.get("BW24CHAT_WGP", "1") != "0":
+    # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take the
+    # portable kernel, which compiles for sm_90a too)
+    if impl == "wg" and W.in_ % 8 == 0:
         alloc = -(-T // 256) * 256 * W.in_ if uses_gemm_wra(W) else 0  # gemm_wra reads x in whole tiles of up to 256 tokens
         if a8:
             xh, xl = _act_quant(x, T * W.in_, x_split, alloc)
@@ -538,99 +525,74 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
             xh, xl = _bf16_planes(x, T * W.in_, x_split, alloc)
         _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
         return
-    # the register-staged kernels take x as f32 and split it themselves; under the integer-dot
-    # contract they take the two code-level planes instead (GEMM_XPLANES), gemm_wgp's x split
+    # the register-staged kernel takes x as f32 and splits it itself; under the integer-dot
+    # contract it takes the two code-level planes instead (GEMM_XPLANES), gemm_wgp's x split
     xl = None
     if a8:
         x, xl = _act_quant(x, T * W.in_, x_split)
-    planes = {"GEMM_XPLANES": 1} if a8 else {}
-    args = (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl))
-    if impl == "wg":
-        bn = _wg_bn()
-        k = get_kernel("gemm", "gemm_wg", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WG_BN=bn, **planes,
-                       **_wsplit_define(W, x_split, w_split))
-        smem = wg_smem(x_split, w_split, bn)
-        _ensure_smem(k, smem)
-        k((-(-T // WG_BM), -(-W.out // bn)), (256,), args, shared_mem=smem)
-        return
-    k, smem = _gemm_kernel(W, x_split, w_split, **planes)
-    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,), args, shared_mem=smem)
+    k, smem = _gemm_kernel(W, x_split, w_split, **({"GEMM_XPLANES": 1} if a8 else {}))
+    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,),
+      (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl)), shared_mem=smem)
 
 
-# gemm.cu I8_STAGE_BYTES, same formula: x h and l tiles (2 x 128 x 128 B), the W tile (64 x 128 B),
+# gemm_i8.cu I8_STAGE_BYTES, same formula: x h and l tiles (2 x 128 x 128 B), the W tile (64 x 128 B),
 # the records (128 tokens x 4 blocks x 16 B), the scales (64 rows x 4 f16), rounded up to 1 KB = 49 KB
-# (the eleventh session's hand-summed 41 KB overran the ring from the fourth stage on: illegal
-# addresses once a row had more than 3 k tiles, s12a)
 I8_STAGE_BYTES = -(-(2 * WG_BM * 128 + 64 * 128 + WG_BM * 4 * 16 + 64 * 4 * 2) // 1024) * 1024
 I8_STAGES = 4
 
 
-def gemm_i8_smem(stages: int = I8_STAGES, scf32: bool = False) -> int:
-    """gemm.cu I8_SMEM_BYTES: the ring plus 1 KB of alignment slack, plus the f32 scales (1 KB)
-    with I8_SCF32 (tests/test_smem_contract.py compiles the kernel with a static_assert that the
-    two agree)."""
-    return stages * I8_STAGE_BYTES + 1024 + (64 * 4 * 4 if scf32 else 0)
-
-
-def _i8_scf32() -> bool:
-    """gemm.cu I8_SCF32, the default since the thirteenth session (H200, `bench --weights q8_0
-    --prefill-only`, same call: pp512 10,728 vs 10,395 tok/s, pp2048 10,563 vs 10,265; the same
-    bits, tests/gpu/test_gemm.py).  BW24CHAT_I8_SCF32=0 turns it off (comparisons)."""
-    return os.environ.get("BW24CHAT_I8_SCF32", "1") != "0"
+def gemm_i8_smem() -> int:
+    """gemm_i8.cu I8_SMEM_BYTES: the ring plus 1 KB of alignment slack, plus the f32 scales (1 KB)
+    (tests/test_smem_contract.py compiles the kernel with a static_assert that the two agree)."""
+    return I8_STAGES * I8_STAGE_BYTES + 1024 + 64 * 4 * 4
 
 
 def uses_gemm_i8(W: DeviceWeight, impl: str = "wg") -> bool:
     """Whether the precise prefill of W runs on the integer-dot contract's own kernels: Q8_0's
-    code bytes against x's two code levels, exact int32 block dots (gemm.cu).  impl "wg": gemm_i8
-    on Hopper's int8 wgmma, rows whose width is a multiple of 128 that are not on gemm_wra (the
-    wide ones, uses_gemm_wra); measured on the H200 (bench/NOTES.md, twelfth session, Qwen3-8B
-    shapes): pp512 10.31k tok/s against the bf16 split's 9.61k, pp2048 10.18k vs 9.40k.  impl
-    "mma" (the portable path: sm_86 / sm_89 / sm_120): gemm_i8_mma, every Q8_0 matrix of a
-    multiple of 64 inputs — the same rows as gemm_i8, where the bf16 split left them 1.6e-5 to
-    4.2e-5 from the decode's (nineteenth session).  BW24CHAT_GEMM_I8=0 turns both off (the split,
-    bit-identical to the sm_120a mma.sync kernel)."""
-    if W.fmt != "Q8_0" or os.environ.get("BW24CHAT_GEMM_I8", "1") == "0":
+    code bytes against x's two code levels, exact int32 block dots (gemm_i8.cu).  impl "wg":
+    gemm_i8 on Hopper's int8 wgmma, rows whose width is a multiple of 128 that are not on
+    gemm_wra (the wide ones, uses_gemm_wra); measured faster than the bf16 split
+    (docs/performance.md).  impl "mma" (the portable path: sm_86 / sm_89 / sm_120): gemm_i8_mma,
+    every Q8_0 matrix of a multiple of 64 inputs — the same rows as gemm_i8, where the bf16 split
+    left them 1.6e-5 to 4.2e-5 from the decode's."""
+    if W.fmt != "Q8_0":
         return False
     if impl == "mma":
         return W.in_ % IM_BK == 0
     return W.in_ % 128 == 0 and not uses_gemm_wra(W)
 
 
-IM_BM = 128  # gemm.cu gemm_i8_mma: tokens per block, out rows per block, k tile (two 32-blocks)
+IM_BM = 128  # gemm_i8.cu gemm_i8_mma: tokens per block, out rows per block, k tile (two 32-blocks)
 IM_BN = 64
 IM_BK = 64
 IM_STAGES = 3
-# gemm.cu IM_STAGE_BYTES: x h and l code tiles (128 rows at an 80-byte pitch), the W code tile (64
+# gemm_i8.cu IM_STAGE_BYTES: x h and l code tiles (128 rows at an 80-byte pitch), the W code tile (64
 # rows), the records (128 tokens x 2 blocks x 16 B), the scales (64 rows x 2 f16), rounded up to 1 KB
 IM_STAGE_BYTES = -(-(2 * IM_BM * 80 + IM_BN * 80 + IM_BM * 2 * 16 + IM_BN * 4) // 1024) * 1024
 
 
-def gemm_i8_mma_smem(stages: int = IM_STAGES) -> int:
-    """gemm.cu IM_SMEM_BYTES (tests/test_smem_contract.py): 90 KB, inside the 99 KB GPUs' limit."""
-    return stages * IM_STAGE_BYTES
+def gemm_i8_mma_smem() -> int:
+    """gemm_i8.cu IM_SMEM_BYTES (tests/test_smem_contract.py): 90 KB, inside the 99 KB GPUs' limit."""
+    return IM_STAGES * IM_STAGE_BYTES
 
 
 def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg", xb16: bool = False) -> None:
-    """x (f32 [T, W.in]; rounded to bf16 first with xb16) quantized once into QX rows (gemm.cu
-    act_quant_qx), then gemm_i8 (impl "wg") or gemm_i8_mma (the portable path): the same rows."""
+    """x (f32 [T, W.in]; rounded to bf16 first with xb16) quantized once into QX rows
+    (gemm_act.cu act_quant_qx), then gemm_i8 (impl "wg") or gemm_i8_mma (the portable path):
+    the same rows."""
     n = W.in_
     words = qx_row_words(n)
     qx = _scratch_u16("x_qx", 2 * T * words)  # uint32 words as pairs of uint16
     n4 = T * n // 4
-    q = get_kernel("gemm", "act_quant_qx")
+    q = get_kernel("gemm_act", "act_quant_qx")
     q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4), np.int32(xb16)))
     args = (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi)
     if impl == "mma":
-        k = get_kernel("gemm", "gemm_i8_mma", FMT=W.fmt_id)
-        smem = gemm_i8_mma_smem()
-        _ensure_smem(k, smem)
-        k((-(-T // IM_BM), -(-W.out // IM_BN)), (256,), args, shared_mem=smem)
-        return
-    scf32 = _i8_scf32()
-    k = get_kernel("gemm", "gemm_i8", FMT=W.fmt_id, I8_STAGES=I8_STAGES, **({"I8_SCF32": 1} if scf32 else {}))
-    smem = gemm_i8_smem(scf32=scf32)
+        k, smem, grid = get_kernel("gemm_i8", "gemm_i8_mma", FMT=W.fmt_id), gemm_i8_mma_smem(), (-(-T // IM_BM), -(-W.out // IM_BN))
+    else:
+        k, smem, grid = get_kernel("gemm_i8", "gemm_i8", FMT=W.fmt_id), gemm_i8_smem(), (-(-T // WG_BM), -(-W.out // 64))
     _ensure_smem(k, smem)
-    k((-(-T // WG_BM), -(-W.out // 64)), (256,), args, shared_mem=smem)
+    k(grid, (256,), args, shared_mem=smem)
 
 
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)
@@ -658,115 +620,89 @@ def _scratch_u16(name: str, n: int):
     return buf
 
 
-def _act_quant(x, n: int, with_lo: bool = True, alloc: int = 0):
-    """x[:n] (f32, rows of a multiple of 32 inputs) quantized by the integer-dot contract
-    (gemm.cu act_quant) into scratch bf16 planes: (hi = 2^e h, lo = 2^(e-8) l), lo None without
-    with_lo (the fast mode's one-level x).  alloc: the planes stay readable up to this many
-    values (gemm_wra reads whole token tiles; what lies past n is never used)."""
-    if n % 32:
-        raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
+def _x_planes(kernel: str, x, n: int, with_lo: bool, alloc: int):
+    """x[:n] (f32) as scratch bf16 planes hi (and lo with with_lo) by gemm_act.cu `kernel`; the
+    planes stay readable up to alloc values (gemm_wra reads whole token tiles; what lies past n is
+    never used)."""
     hi = _scratch_u16("x_hi", max(n, alloc))
     lo = _scratch_u16("x_lo", max(n, alloc)) if with_lo else None
     n4 = n // 4
-    k = get_kernel("gemm", "act_quant")
+    k = get_kernel("gemm_act", kernel)
     k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
     return hi, lo
+
+
+def _act_quant(x, n: int, with_lo: bool = True, alloc: int = 0):
+    """x[:n] (f32, rows of a multiple of 32 inputs) quantized by the integer-dot contract
+    (gemm_act.cu act_quant) into bf16 planes: (hi = 2^e h, lo = 2^(e-8) l), lo None without
+    with_lo (the fast mode's one-level x)."""
+    if n % 32:
+        raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
+    return _x_planes("act_quant", x, n, with_lo, alloc)
 
 
 def _bf16_planes(x, n: int, with_lo: bool, alloc: int = 0):
-    """x[:n] (f32) as bf16 planes hi = bf16(x), lo = bf16(x - hi) (split_bf16); alloc as
-    _act_quant's."""
-    hi = _scratch_u16("x_hi", max(n, alloc))
-    lo = _scratch_u16("x_lo", max(n, alloc)) if with_lo else None
-    n4 = n // 4
-    k = get_kernel("gemm", "split_bf16")
-    k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
-    return hi, lo
+    """x[:n] (f32) as bf16 planes hi = bf16(x), lo = bf16(x - hi) (gemm_act.cu split_bf16)."""
+    return _x_planes("split_bf16", x, n, with_lo, alloc)
 
 
 WGP_WIDE_ROWS = 6144  # gemm_wgp: 256-row tiles from this many rows (qkv, gate|up), 128 below
 
 
 def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
-    """(rows per block, ring stages, bytes per stage) of gemm_wgp.  Measured on the H200
-    (bench/gemm_variants.py, Qwen3-8B shapes, T = 512, BF16; bench/NOTES.md): 256-row tiles
-    win on the wide matrices (fast: qkv 71 vs 78 us, gate|up 206 vs 236), 128 on the 4096-row
-    ones (o 45 vs 67, down 112 vs 171: 256-row tiles leave SMs idle); a 4-stage ring beats 3
-    wherever it fits.  The ring is as deep as fits in one block's shared memory (at most 4,
-    BW24CHAT_WGP_STAGES overrides the cap); a tile width whose 3-stage ring does not fit falls
-    back to 128 rows.  BW24CHAT_WG_BN forces the width."""
-    bn = int(os.environ.get("BW24CHAT_WG_BN", 256 if n_out >= WGP_WIDE_ROWS else 128))
-    want = int(os.environ.get("BW24CHAT_WGP_STAGES", 4))
+    """(rows per block, ring stages, bytes per stage) of gemm_wgp: 256-row tiles on the wide
+    matrices, 128 on the 4096-row ones (256-row tiles leave SMs idle there); a ring as deep as
+    fits in one block's shared memory, at most 4 (measured, docs/performance.md); a tile width
+    whose 3-stage ring does not fit falls back to 128 rows."""
+    bn = 256 if n_out >= WGP_WIDE_ROWS else 128
     while True:
         stage = wg_stage_bytes(precise, w_lo, bn)
         fit = (WGP_SMEM_MAX - 1024) // stage
         if fit >= 3 or bn == 128:
             break
         bn = 128
-    return bn, max(3, min(want, fit)), stage
+    return bn, max(3, min(4, fit)), stage
 
 
 def wgp_smem(stages: int, stage: int) -> int:
-    """gemm.cu WGP_SMEM_BYTES: the ring plus 1 KB of alignment slack."""
+    """gemm_wgmma.cu WGP_SMEM_BYTES / WRA_SMEM_BYTES: the ring plus 1 KB of alignment slack."""
     return stages * stage + 1024
 
 
-WRA_ROWS = 128  # gemm.cu gemm_wra: weight rows per block (2 warpgroups x 64)
-WRA_RECORD_BYTES = {"NVFP4": 4, "Q4_K": 16, "Q8_0": 4}  # gemm.cu WRA_REC: the formats gemm_wra decodes, their per-row record per k tile
-WRA_PITCH = {"NVFP4": 48, "Q4_K": 48, "Q8_0": 80}  # gemm.cu WRA_PITCH: a row's codes of a k tile in the stage, padded
-WRA_DEFAULT_FORMATS = ("NVFP4", "Q4_K", "Q8_0")  # measured faster than the pass (s17d) / than gemm_i8 (Q8_0, s18a)
+WRA_ROWS = 128  # gemm_wgmma.cu gemm_wra: weight rows per block (2 warpgroups x 64)
+WRA_RECORD_BYTES = {"NVFP4": 4, "Q4_K": 16, "Q8_0": 4}  # gemm_wra's formats, their per-row record per k tile (WRA_REC)
+WRA_PITCH = {"NVFP4": 48, "Q4_K": 48, "Q8_0": 80}  # WRA_PITCH: a row's codes of a k tile in the stage, padded
+WRA_FORMATS = tuple(WRA_RECORD_BYTES)
 
 
 def wra_stage_bytes(precise: bool, bt: int, fmt: str = "NVFP4") -> int:
-    """gemm.cu WRA_STAGE_BYTES: the x_hi (| x_lo) tiles of bt tokens x 64 bf16, then the k tile's
-    codes (WRA_ROWS rows at WRA_PITCH) and per-row records, rounded up to 1 KB."""
+    """gemm_wgmma.cu WRA_STAGE_BYTES: the x_hi (| x_lo) tiles of bt tokens x 64 bf16, then the k
+    tile's codes (WRA_ROWS rows at WRA_PITCH) and per-row records, rounded up to 1 KB."""
     return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * (WRA_PITCH[fmt] + WRA_RECORD_BYTES[fmt])) // 1024) * 1024
 
 
 def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4", w_split: bool = False) -> tuple[int, int, int]:
-    """(tokens per block, ring stages, bytes per stage) of gemm_wra.  Measured on the H200
-    (bench/NOTES.md, seventeenth session; Qwen3-8B shapes at T = 512): precise, 256 tokens on
-    the wide matrices (NVFP4 gate|up 340 us vs 426 at 128), 128 on the 4096-row ones (256 leaves
-    half the SMs idle); fast, 128 (gate|up 260 vs 279).  x one plane with W split (the
-    bf16-activation contract on Q8_0 / Q4_K: W_hi and W_lo decoded per tile): 256 as well
-    (twentieth session, H100, pp512 Q8_0 14,286 vs 13,074, Q4_K 15,388 vs 13,761).  A ring of up
-    to 4 stages as fits (BW24CHAT_WRA_BT / BW24CHAT_WRA_STAGES override)."""
-    bt = int(os.environ.get("BW24CHAT_WRA_BT", 256 if (precise or w_split) and n_out >= WGP_WIDE_ROWS else 128))
+    """(tokens per block, ring stages, bytes per stage) of gemm_wra: 256 tokens on the wide
+    matrices when x or W is split (128 when both are one plane, and on the 4096-row matrices,
+    where 256 leaves half the SMs idle), a ring of up to 4 stages as fits (measured,
+    docs/performance.md)."""
+    bt = 256 if (precise or w_split) and n_out >= WGP_WIDE_ROWS else 128
     stage = wra_stage_bytes(precise, bt, fmt)
-    stages = max(3, min(int(os.environ.get("BW24CHAT_WRA_STAGES", 4)), (WGP_SMEM_MAX - 1024) // stage))
-    return bt, stages, stage
+    return bt, max(3, min(4, (WGP_SMEM_MAX - 1024) // stage)), stage
 
 
 def uses_gemm_wra(W: DeviceWeight) -> bool:
     """Prefill on gemm_wra (the codes decoded into wgmma's register operand, no dequantization
-    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of NVFP4, Q4_K and Q8_0.
-    Measured on the H200 (s17d, us, pass + gemm_wgp / gemm_wra, precise): NVFP4 qkv 132 / 115,
-    gate|up 408 / 333; Q4_K qkv 194 / 162, gate|up 615 / 465.  The 4096-row ones stay on the
-    pass, which won there (NVFP4 o 74 / 77, down 197 / 218 at 128 tokens per block, s17b: too
-    little tensor work per k tile to hide the decoding).  Q8_0 (s18a, gemm_i8 / gemm_wra): qkv
-    161 / 158, gate|up 613 / 453; pp512 10.78k -> 11.92k tok/s; its wide matrices then leave the
-    int8 kernel for the bf16 split contract (W = q d as W_hi + W_lo).  BW24CHAT_WRA: 0 none; 1
-    every matrix of the formats it decodes; "wide" their wide matrices (the default's choice
-    now); the in-pipeline cross-check (BW24CHAT_WGP_DEQ=1) turns it off.  Rows of a multiple of
-    64 inputs (whole k tiles)."""
-    if W.fmt not in WRA_RECORD_BYTES or W.in_ % 64 or os.environ.get("BW24CHAT_WGP_DEQ", "") == "1":
-        return False
-    mode = os.environ.get("BW24CHAT_WRA", "auto")
-    wide = W.out >= WGP_WIDE_ROWS
-    return mode == "1" or (mode == "wide" and wide) or (mode == "auto" and wide and W.fmt in WRA_DEFAULT_FORMATS)
-
-
-def wra_summary() -> str:
-    """uses_gemm_wra's choice as BW24CHAT_WRA sets it, in words (bench prints it)."""
-    mode = os.environ.get("BW24CHAT_WRA", "auto")
-    if mode == "0":
-        return "off"
-    return ",".join(WRA_RECORD_BYTES if mode in ("1", "wide") else WRA_DEFAULT_FORMATS) + (" all" if mode == "1" else " wide")
+    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of NVFP4, Q4_K and Q8_0,
+    rows of a multiple of 64 inputs (whole k tiles).  The 4096-row ones stay on the pass, which
+    measured faster there (too little tensor work per k tile to hide the decoding;
+    docs/performance.md)."""
+    return W.fmt in WRA_FORMATS and W.in_ % 64 == 0 and W.out >= WGP_WIDE_ROWS
 
 
 def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_split: bool) -> None:
     bt, stages, stage = wra_geometry(W.out, x_split, W.fmt, w_split)
-    k = get_kernel("gemm", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages,
+    k = get_kernel("gemm_wgmma", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages,
                    **_wsplit_define(W, x_split, w_split))
     smem = wgp_smem(stages, stage)
     _ensure_smem(k, smem)
@@ -777,38 +713,26 @@ def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_split:
 
 def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
     """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
-    other formats are either decoded inside the GEMM's pipeline (WGP_DEQ) or dequantized to bf16
-    (and W_lo when w_lo) one row block at a time into scratch (llama.cpp's dequantize-then-GEMM
-    prefill), each block's GEMM writing its columns of out.  Both give the same bits: the same
-    decoded values, and row blocks do not change any output's k order.  The pass by default:
-    measured on the H200 (bench/NOTES.md; pp512 tok/s, in-pipeline vs pass) the in-pipeline
-    decoding won only where W is split, against the first pass (eighth session: Q4_K precise
-    9,075 vs 8,357), and lost everywhere once the pass stored through shared memory (sixteenth
-    session: Q4_K precise 9,069 vs 10,325; NVFP4 and the fast modes lost already).
-    BW24CHAT_WGP_DEQ=1 decodes in the pipeline (kept as the pass's bit-for-bit cross-check,
-    tests/gpu/test_gemm.py).  The wide NVFP4 / Q4_K matrices go to gemm_wra instead
-    (uses_gemm_wra: the same bits, no pass)."""
+    the wide NVFP4 / Q4_K / Q8_0 matrices go to gemm_wra (uses_gemm_wra); other weights are
+    dequantized to bf16 (and W_lo when w_lo) one row block at a time into scratch (llama.cpp's
+    dequantize-then-GEMM prefill), each block's GEMM writing its columns of out (row blocks do not
+    change any output's k order)."""
     if uses_gemm_wra(W):
         _gemm_wra(W, xh, xl, out, T, epi, x_split, w_lo)
         return
     bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
-    in_pipeline = W.fmt not in FLOAT_FORMATS and os.environ.get("BW24CHAT_WGP_DEQ", "") == "1"
-    defs = {"FMT": W.fmt_id, "WGP_DEQ": 1} if in_pipeline else {"FMT": 2}
-    k = get_kernel("gemm", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo), **defs)
+    k = get_kernel("gemm_wgmma", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
     smem = wgp_smem(stages, stage)
     _ensure_smem(k, smem)
 
-    def launch(wq, wl, r0: int, n: int, raw: tuple = (_NULL, _NULL, _NULL)) -> None:
+    def launch(wq, wl, r0: int, n: int) -> None:
         gs = _NULL if W.gscale is None else np.uint64(W.gscale.data.ptr + 4 * r0)
         k((-(-T // WG_BM), -(-n // bn)), (256,),
           (wq, _ptr(wl), gs, xh, _ptr(xl), np.uint64(out.data.ptr + 4 * r0), np.int32(T), np.int32(n),
-           np.int32(W.in_), np.int32(W.out), epi, *raw), shared_mem=smem)
+           np.int32(W.in_), np.int32(W.out), epi), shared_mem=smem)
 
     if W.fmt == "BF16":
         launch(W.q, None, 0, W.out)
-        return
-    if in_pipeline:
-        launch(W.q, None, 0, W.out, (_ptr(W.h), _ptr(W.s), _ptr(W.d)))
         return
     rows = dequant_block_rows(W)
     whi = _scratch_u16("w_hi", rows * W.in_)

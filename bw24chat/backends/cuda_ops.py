@@ -1,4 +1,4 @@
-"""Thin launch wrappers for kernels/norm.cu, rope.cu, attention.cu and sampling.cu.
+"""Thin launch wrappers for kernels/norm.cu, rope.cu, attention_*.cu, sampling.cu and elementwise.cu.
 
 Conventions (the CUDA-graph decode runner relies on them): arguments are CuPy arrays; every op
 launches on the current stream into preallocated outputs, never allocates device memory, never
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 
@@ -144,7 +143,7 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
              bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0)))
 
 
-# ============================================================================ attention.cu
+# ============================================================================ attention_*.cu
 
 
 def _decode_gq(G: int) -> int:
@@ -160,88 +159,50 @@ def _n_sm() -> int:
 
 def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None, blocks_per_sm: int = 2) -> int:
     """Splits per (row, kv head, head group): enough blocks for ~blocks_per_sm per SM at one row
-    (the FMA kernel 2; the tensor-core kernel 1, whose blocks stream 4x the bytes: measured on
-    the H200 at 2048 keys 10.6 us per layer with 16 splits against 13.2 with 33, equal at 512
-    and 8192, bench/NOTES.md).  The workspace is sized for 2 (the larger count)."""
+    (the FMA kernel 2; the tensor-core kernel 1, whose blocks stream 4x the bytes; measured,
+    docs/performance.md).  The workspace is sized for 2 (the larger count)."""
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
-    forced = int(os.environ.get("BW24CHAT_ATTN_SPLITS", "0"))  # experiments (bench/attn_probe.py)
-    if forced > 0:
-        return forced
     n_sm = n_sm or _n_sm()
     return max(1, min(64, -(-blocks_per_sm * n_sm // (n_kv_heads * nsg))))
 
 
-ATTN_CLUSTER_TC = 8  # the tensor-core decode's cluster size (attention.cu ATTN_CLUSTER, measured there)
+ATTN_CLUSTER_TC = 8  # the tensor-core decode's cluster size (attention_merge.cuh ATTN_CLUSTER)
 # The FMA decode's (q8_0 / fp8 / f32 caches): a cluster merge up to ATTN_HYBRID_TILES tiles, the
-# workspace merge beyond (attention.cu ATTN_HYBRID).  16 is Hopper's non-portable cluster size;
-# other GPUs take 8 (measured on the H200 too, attn_decode_hybrid).
+# workspace merge beyond (ATTN_HYBRID).  16 is Hopper's non-portable cluster size; other GPUs take 8.
 ATTN_CLUSTER_FMA = {90: 16}
 ATTN_HYBRID_TILES = 64  # C * P: 2048 keys of DECODE_TILE
-# The tensor-core decode's C * P in its 64-key tiles (attention.cu TCK), 0: the cluster at every
-# length.  Tried in the twenty-first session: rows past C * P tiles over one wave of blocks
-# (attn_decode_long_splits: 16 splits of 8 kv heads, 128 blocks, instead of a cluster's 64), on
-# the idea that 64 blocks with 16 tiles in series each bound the 8192-key row (1.5-1.8 TB/s).
-# Measured (H100, bench/attn_probe.py, us per layer, cluster / hybrid P = 4 / P = 1 / P = 1 with
-# 8 splits): 2048 keys 8.36 / 8.69 / 12.60 / 9.51, 4096 12.62 / 17.12 / 17.02 / 13.76, 8192 21.17 /
-# 24.98 / 24.94 / 22.57; NVFP4 tg128@8192 336 -> 317-320 tok/s.  Twice the blocks stream no faster
-# (the workspace merge alone costs ~1.4 us over the cluster's at 8 splits): the series of tiles is
-# not what bounds the long row.  Off; BW24CHAT_ATTN_HYBRID=P turns it on for experiments.
-ATTN_HYBRID_TC_TILES = 0
 
 
 def attn_decode_cluster(tc: bool) -> int:
-    """Cluster size C of the decode's split merge through distributed shared memory (attention.cu
-    ATTN_CLUSTER: max_splits = C; 8 portable, 16 on Hopper with the non-portable attribute), 0
-    for the merge through the global workspace.  sm_90+ only (thread-block clusters).  The
-    tensor-core kernel takes ATTN_CLUSTER_TC (fourteenth session, H200, Qwen3-8B NVFP4 decode
-    tg128@512 / @8192: workspace 439.2 / 335.7 tok/s, C = 8 476.7 / 372.9, C = 16 462.6 / 373.5);
-    the FMA kernel ATTN_CLUSTER_FMA, up to ATTN_HYBRID_TILES (attn_decode_hybrid).
-    BW24CHAT_ATTN_CLUSTER=0|2|4|8|16 overrides for both kernels (tests, comparisons).  The cluster
-    merge gives the same bits as the workspace merge with max_splits = C."""
-    env = os.environ.get("BW24CHAT_ATTN_CLUSTER")
-    c = int(env) if env else (ATTN_CLUSTER_TC if tc else ATTN_CLUSTER_FMA.get(_arch_number(), 8))
-    if c not in (0, 2, 4, 8, 16):
-        raise ValueError(f"BW24CHAT_ATTN_CLUSTER={c}: 0, 2, 4, 8 or 16")
-    return c if c and _arch_number() >= 90 else 0
+    """Cluster size C of the decode's split merge through distributed shared memory
+    (attention_merge.cuh ATTN_CLUSTER: max_splits = C; 8 portable, 16 on Hopper with the
+    non-portable attribute), 0 for the merge through the global workspace (before sm_90: no
+    thread-block clusters).  The tensor-core kernel takes ATTN_CLUSTER_TC, the FMA kernel
+    ATTN_CLUSTER_FMA (measured faster than the workspace merge, docs/performance.md).  The
+    cluster merge gives the same bits as the workspace merge with max_splits = C."""
+    if _arch_number() < 90:
+        return 0
+    return ATTN_CLUSTER_TC if tc else ATTN_CLUSTER_FMA.get(_arch_number(), 8)
 
 
 def _decode_cluster_smem(hd: int, gq: int, nparts: int, cluster: int) -> int:
-    """attention.cu decode_finish_cluster's shared memory: the block's parts, then this split's O,
-    (m, l), split weights and sums (floats)."""
+    """attention_merge.cuh decode_finish_cluster's shared memory: the block's parts, then this
+    split's O, (m, l), split weights and sums (floats)."""
     return (nparts * gq * (hd + 2) + gq * hd + 2 * gq + gq * cluster + gq) * 4 if cluster else 0
 
 
-def attn_decode_hybrid(cluster: int, tc: bool = False) -> int:
-    """attention.cu ATTN_HYBRID = P under a cluster of C: rows of up to C * P tiles merge in the
-    cluster, longer ones over attn_decode_long_splits blocks through the workspace.
-    The FMA decode (fourteenth session, H200: bench/attn_probe.py, q8_0 cache, us per layer at
-    512 / 2048 / 8192 keys): workspace 10.77 / 16.13 / 25.82, cluster 8 7.38 / 15.55 / 49.35,
-    cluster 16 8.57 / 13.99 / 35.75 (the FMA kernel needs more than 16 splits at long context);
-    Qwen3-8B NVFP4 decode with a q8_0 cache, tg128@512 / @8192 (s14f, one call): workspace
-    422.4 / 327.2, C = 8, P = 8 448.5 / 321.3, C = 16, P = 4 444.1 / 328.5 tok/s.
-    The tensor-core decode: 0 (ATTN_HYBRID_TC_TILES: measured slower, see there).
-    BW24CHAT_ATTN_HYBRID=P overrides both (0: the cluster at every length)."""
-    env = os.environ.get("BW24CHAT_ATTN_HYBRID")
-    if env:
-        return int(env)
-    tiles = ATTN_HYBRID_TC_TILES if tc else ATTN_HYBRID_TILES
-    return max(1, tiles // cluster) if tiles else 0
+def attn_decode_hybrid(cluster: int) -> int:
+    """ATTN_HYBRID = P of the FMA decode under a cluster of C: rows of up to C * P tiles merge in
+    the cluster, longer ones over attn_decode_long_splits blocks through the workspace (the FMA
+    kernel needs more than 16 splits at long context).  The tensor-core decode takes the cluster
+    at every length."""
+    return max(1, ATTN_HYBRID_TILES // cluster)
 
 
-def attn_decode_long_splits(n_heads: int, n_kv_heads: int, cluster: int, tc: bool, halves: int = 2,
-                            n_sm: int | None = None) -> int:
+def attn_decode_long_splits(n_heads: int, n_kv_heads: int, cluster: int, n_sm: int | None = None) -> int:
     """Splits per (row, kv head, head group) of a hybrid launch's long rows (its grid y): the FMA
-    kernel's max_splits rounded up to a whole number of clusters; the tensor-core kernel's blocks
-    (one per SM with two halves, 139 KB) as many as fill ONE wave at one row, rounded down to a
-    whole number of clusters (at least one): 17 splits of 8 kv heads would leave 4 blocks of 139 KB
-    to a second wave.  BW24CHAT_ATTN_SPLITS overrides (rounded up to clusters)."""
-    forced = int(os.environ.get("BW24CHAT_ATTN_SPLITS", "0"))
-    if not tc or forced > 0:
-        return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm, blocks_per_sm=2) // cluster) * cluster
-    nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
-    one_wave = (n_sm or _n_sm()) * (2 // halves) // (n_kv_heads * nsg)  # blocks per SM: launch bounds 2 / TC_HALVES
-    ws_cap = _decode_ws_splits(n_heads, n_kv_heads, n_sm)
-    return max(cluster, min(one_wave, ws_cap) // cluster * cluster)
+    kernel's max_splits rounded up to a whole number of clusters."""
+    return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm, blocks_per_sm=2) // cluster) * cluster
 
 
 def _decode_ws_splits(n_heads, n_kv_heads, n_sm=None) -> int:
@@ -266,15 +227,13 @@ def attn_decode_workspace_bytes(n_heads: int, n_kv_heads: int, head_dim: int, ma
     return cnt + part
 
 
-DECODE_TC_TILE = 64  # keys per block tile of attn_decode_tc (attention.cu TCK)
+DECODE_TC_TILE = 64  # keys per block tile of attn_decode_tc (attention_decode_tc.cu TCK)
 
 
 def decode_on_tensor_cores(kv_type: str, hd: int) -> bool:
-    """attn_decode_tc serves bf16 caches with head dims <= 128 (mma.sync bf16: sm_80+);
-    BW24CHAT_ATTN_TC=0 forces the FMA kernel (tests run both)."""
-    if os.environ.get("BW24CHAT_ATTN_TC", "1") == "0" or kv_type != "bf16" or hd > 128 or hd % 16:
-        return False
-    return _arch_number() >= 80
+    """attn_decode_tc serves bf16 caches with head dims 32..128 (mma.sync bf16: sm_80+); the FMA
+    kernel attn_decode the other caches (tests monkeypatch this to run it on bf16 too)."""
+    return kv_type == "bf16" and 32 <= hd <= 128 and hd % 16 == 0 and _arch_number() >= 80
 
 
 @functools.lru_cache(maxsize=1)
@@ -291,19 +250,12 @@ def _decode_tc_stage_bytes(hd: int) -> int:
 def decode_tc_config(hd: int) -> tuple[int, int]:
     """(TC_HALVES, TCSTAGES) of attn_decode_tc: two four-warp halves per block, each computing
     every other key tile, over a ring of 4 tiles (2 steps) where the shared memory holds it,
-    else one half over 3 tiles, or 2 (sm_120's 99 KB at hd = 128: 3 tiles need 102 KB).
-    Measured on the H200 (bench/NOTES.md, eighteenth session, Qwen3-8B shape, bf16 cache, us per
-    layer one half / two halves): 4.98 / 4.92 at 512 keys, 7.71 / 7.49 at 2048, 22.43 / 18.86 at
-    8192; NVFP4 tg128@8192 358.8-362.0 -> 372.4 tok/s.  Two halves over 6 tiles (209 KB) were
-    faster alone (18.38 us) but slower inside the decode step (339.3 tok/s).
-    BW24CHAT_ATTN_TC_HALVES=1|2 and BW24CHAT_ATTN_TC_STAGES override (experiments)."""
+    else one half over 3 tiles, or 2 (sm_120's 99 KB at hd = 128: 3 tiles need 102 KB).  Two
+    halves measured faster at long context (docs/performance.md)."""
     stage, limit = _decode_tc_stage_bytes(hd), kernel_build.smem_block_limit()
-    env_h = os.environ.get("BW24CHAT_ATTN_TC_HALVES", "")
-    if env_h not in ("", "1", "2"):
-        raise ValueError(f"BW24CHAT_ATTN_TC_HALVES={env_h}: 1 or 2")
-    halves = int(env_h) if env_h else (2 if 4 * stage <= limit else 1)
-    default = 4 if halves == 2 else (3 if 3 * stage <= limit else 2)
-    return halves, int(os.environ.get("BW24CHAT_ATTN_TC_STAGES", str(default)))
+    if 4 * stage <= limit:
+        return 2, 4
+    return 1, 3 if 3 * stage <= limit else 2
 
 
 def _decode_tc_smem(hd: int) -> int:
@@ -327,7 +279,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     lengths are L, L+1, ...); cache_k / cache_v: one layer (kv_cache_alloc); out (m', H, hd)
     float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
     (zeroed once at allocation); scale: softmax scale (1/sqrt(hd)).  qx_out (uint32 [m', qx_row_words(H
-    * hd)], attention.cu ATTN_QX): also the o projection's QX codes of the outputs (of their
+    * hd)], attention_merge.cuh ATTN_QX): also the o projection's QX codes of the outputs (of their
     bf16 roundings with act_bf16), for its matvec's prologue "qx"."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
@@ -341,33 +293,28 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     assert workspace.nbytes >= cnt_bytes + part_bytes, "decode workspace too small"
     ws_cnt = workspace[:cnt_bytes].view(np.int32)
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
-    min_per = int(os.environ.get("BW24CHAT_ATTN_MIN_PER", "1"))  # experiments: tiles per split at least
     tc = decode_on_tensor_cores(kv_type, hd)
     ms = attn_decode_max_splits(H, K, blocks_per_sm=1 if tc else 2)  # the workspace merge's (no cluster)
-    extra = {"DEC_MIN_PER": min_per} if min_per != 1 else {}
+    extra = {}
     halves = 1
-    if tc:  # both always given: the defaults in attention.cu serve the compile-only checks
+    if tc:  # both always given: the defaults in the kernel serve the compile-only checks
         halves, stages = decode_tc_config(hd)
         extra.update(TC_HALVES=halves, TCSTAGES=stages)
-        if os.environ.get("BW24CHAT_ATTN_ISSUE_HOIST") == "1":  # attention.cu ATTN_ISSUE_HOIST (experiment)
-            extra["ATTN_ISSUE_HOIST"] = 1
     if qx_out is not None:
         if (H * hd) % 32:
             raise ValueError("the QX codes cover whole 32-value blocks")
         extra["ATTN_QX"] = 1
-    if os.environ.get("BW24CHAT_ATTN_ABLATE"):  # timing diagnostics only (attention.cu ATTN_ABLATE): garbage out
-        extra["ATTN_ABLATE"] = int(os.environ["BW24CHAT_ATTN_ABLATE"])
     cluster = attn_decode_cluster(tc)
-    if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (attention.cu ATTN_CLUSTER)
+    if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (ATTN_CLUSTER)
         extra["ATTN_CLUSTER"] = cluster
-        hybrid = attn_decode_hybrid(cluster, tc)
-        if hybrid:  # long rows take the workspace merge over more blocks, a whole number of clusters
-            extra["ATTN_HYBRID"] = hybrid
-            ms = attn_decode_long_splits(H, K, cluster, tc, halves)
-        else:
-            ms = cluster
-    kern = get_kernel("attention", "attn_decode_tc" if tc else "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type],
-                      **extra)
+        ms = cluster
+        if not tc:  # long rows take the workspace merge over more blocks, a whole number of clusters
+            extra["ATTN_HYBRID"] = attn_decode_hybrid(cluster)
+            ms = attn_decode_long_splits(H, K, cluster)
+    if tc:
+        kern = get_kernel("attention_decode_tc", "attn_decode_tc", HD=hd, GQ=gq, **extra)
+    else:
+        kern = get_kernel("attention_decode", "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], **extra)
     if cluster > 8:
         from .kernel_build import allow_nonportable_clusters
 
@@ -380,9 +327,9 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
 
 
 def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True, stages: int = 2) -> int:
-    """attention.cu PREFILL_SMEM: stages x tiles x 64 keys x (hd+8) bf16, tiles = K, V, plus
-    K_lo, V_lo for q8_0 / fp8 / f32 caches when precise (two stages: 73728 B at hd=64, 139264 B
-    at hd=128: one block per SM there)."""
+    """attention_prefill.cu PREFILL_SMEM: stages x tiles x 64 keys x (hd+8) bf16, tiles = K, V,
+    plus K_lo, V_lo for q8_0 / fp8 / f32 caches when precise (two stages: 73728 B at hd=64,
+    139264 B at hd=128: one block per SM there)."""
     tiles = 4 if (precise and kv_type != "bf16") else 2
     return stages * tiles * 64 * (hd + 8) * 2
 
@@ -391,10 +338,7 @@ def prefill_stages(hd: int, kv_type: str, precise: bool = True) -> int:
     """attn_prefill's K/V stages (PREFILL_STAGES): 2 (the next key block fills while this one is
     used) where the block's shared memory holds them, else 1 (fill, barrier, use: the same
     arithmetic in the same order, so the same bits).  One stage is what a precise prefill over a
-    q8_0 / fp8 / f32 cache at head dim 128 fits in on the 99 KB GPUs (sm_86 / sm_89 / sm_120).
-    BW24CHAT_PREFILL_STAGES=1 forces it (tests on a GPU with more)."""
-    if os.environ.get("BW24CHAT_PREFILL_STAGES", "") == "1":
-        return 1
+    q8_0 / fp8 / f32 cache at head dim 128 fits in on the 99 KB GPUs (sm_86 / sm_89 / sm_120)."""
     return 2 if prefill_smem_bytes(hd, kv_type, precise, 2) <= kernel_build.smem_block_limit() else 1
 
 
@@ -415,7 +359,7 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
     G = H // K
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
     stages = prefill_stages(hd, kv_type, precise)
-    kern = get_kernel("attention", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type],
+    kern = get_kernel("attention_prefill", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type],
                       PREFILL_SPLIT=int(bool(precise)), **({"PREFILL_STAGES": 1} if stages == 1 else {}))
     smem = prefill_smem_bytes(hd, kv_type, precise, stages)
     limit = kernel_build.smem_block_limit()

@@ -172,10 +172,11 @@ class Kernel:
 # through the driver's cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
 # SERIALIZATION: it may start while the one before it drains (its blocks run up to their
 # pdl_wait, common.cuh), which CUDA graphs capture as programmatic edges.  Structures as in
-# cuda.h (CUDA 12/13).
-# BW24CHAT_PDL: "0" off, "1" every kernel, "notc" every kernel but matvec_tc (the tensor-core
-# decode matvec, whose early start measured slower: bench/NOTES.md).  Default: PDL_DEFAULT.
-PDL_DEFAULT = "notc"
+# cuda.h (CUDA 12/13).  Every kernel but matvec_tc (the tensor-core decode matvec, whose early
+# start measured slower: docs/performance.md).
+PDL_OFF = ("matvec_tc",)
+
+
 class _LaunchAttrValue(ctypes.Union):
     _fields_ = [("pad", ctypes.c_char * 64), ("as_int", ctypes.c_int)]
 
@@ -219,8 +220,7 @@ _pdl_suspended = 0
 def eager_launches():
     """Launch through CuPy (no PDL attribute) inside this block.  The prefill runs eagerly from
     Python, where a ctypes cuLaunchKernelEx costs ~30 us of host time per kernel against CuPy's
-    ~6 (H200 host, bench/prefill_probe.py: a 4.5 us GEMM-side pass took 35 us launched eagerly),
-    and PDL measured no gain on the long prefill kernels; the decode graphs keep PDL."""
+    ~6, and PDL measured no gain on the long prefill kernels; the decode graphs keep PDL."""
     global _pdl_suspended
     _pdl_suspended += 1
     try:
@@ -230,12 +230,7 @@ def eager_launches():
 
 
 def pdl_enabled(kernel_name: str = "") -> bool:
-    if _pdl_suspended:
-        return False
-    mode = os.environ.get("BW24CHAT_PDL", PDL_DEFAULT)
-    if mode == "0" or (mode == "notc" and kernel_name == "matvec_tc"):
-        return False
-    return mode in ("1", "notc") and pdl_supported()
+    return not _pdl_suspended and kernel_name not in PDL_OFF and pdl_supported()
 
 
 def _arg(a):

@@ -282,17 +282,17 @@ def kv_cache_values(buf: np.ndarray, kv_type: str, n_ctx: int, n_kv: int, hd: in
 
 # --------------------------------------------------------------------------- attention
 
-DECODE_TILE = 32  # keys per decode tile (attention.cu TK)
+DECODE_TILE = 32  # keys per decode tile (attention_decode.cu TK; attention_decode_tc.cu TCK = 64)
 
 
-def decode_splits(length: int, max_splits: int, tile: int = DECODE_TILE, min_per: int = 1) -> tuple[int, int]:
+def decode_splits(length: int, max_splits: int, tile: int = DECODE_TILE) -> tuple[int, int]:
     """(number of splits, keys per split) for a decode row attending ``length`` keys
-    (attention.cu attn_decode; min_per = its DEC_MIN_PER, tiles per split at least).
+    (attention_merge.cuh decode_split_plan).
 
     Depends only on the row's own length and the static max_splits, never on how many rows
     are in the launch: that is what keeps decode and speculative verify bit-identical."""
     tiles = -(-length // tile)
-    per = max(min_per, -(-tiles // max_splits))
+    per = max(1, -(-tiles // max_splits))
     return -(-tiles // per), per * tile
 
 

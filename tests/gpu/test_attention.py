@@ -1,7 +1,8 @@
-"""attention.cu (decode split-K and tensor-core prefill) against the float64 reference on the
-stored cache values (kernel_refs.attention_ref), plus the bit-identity contracts:
-decode row results independent of m and of the other rows; prefill rows independent of the
-chunking."""
+"""kernels/attention_*.cu (split-K decode on FMAs and on tensor cores, tensor-core prefill) against
+the float64 reference on the stored cache values (kernel_refs.attention_ref), plus the
+bit-identity contracts: decode row results independent of m and of the other rows and of the
+split merge; prefill rows independent of the chunking.  The paths production picks by GPU or
+cache type are forced here by monkeypatching cuda_ops' planning functions."""
 import math
 
 import numpy as np
@@ -45,21 +46,31 @@ def _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd):
 SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128), (8, 8, 64), (64, 4, 128)]
 
 
-# (cache type, BW24CHAT_ATTN_TC, BW24CHAT_ATTN_CLUSTER, BW24CHAT_ATTN_TC_HALVES): every cache type
-# on the FMA kernel, and bf16 (head dims <= 128, all of SHAPES) on the tensor-core kernel as well,
-# each with its default split merge ("": cuda_ops.attn_decode_cluster) and the other one
-# (workspace "0" / cluster "8"); the tensor-core kernel with one and two four-warp halves per block
-DECODE_KERNELS = ([(kv, "0", c, "") for kv in kr.KV_TYPES for c in ("", "8")]
-                  + [("bf16", "1", c, h) for c in ("", "0") for h in ("1", "2")])
+_PLAN = {name: getattr(ops, name) for name in ("decode_on_tensor_cores", "decode_tc_config")}
 
 
-def _set_decode_kernel(monkeypatch, tc: str, cluster: str = "", halves: str = "") -> None:
-    monkeypatch.setenv("BW24CHAT_ATTN_TC", tc)
-    for name, v in (("BW24CHAT_ATTN_CLUSTER", cluster), ("BW24CHAT_ATTN_TC_HALVES", halves)):
-        if v:
-            monkeypatch.setenv(name, v)
-        else:
-            monkeypatch.delenv(name, raising=False)
+def _set_decode_kernel(monkeypatch, tc: bool, cluster: int | None = None, halves: int | None = None,
+                       splits: int | None = None, hybrid: int | None = None) -> None:
+    """Force the decode path: tc False takes the FMA kernel for every cache; cluster (0: the
+    workspace merge), halves (attn_decode_tc's 1 or 2: the 99 KB GPUs take 1), splits
+    (max_splits) and hybrid (the FMA kernel's P) replace the planning functions' choices."""
+    monkeypatch.setattr(ops, "decode_on_tensor_cores", lambda kv, hd: tc and _PLAN["decode_on_tensor_cores"](kv, hd))
+    if cluster is not None:
+        monkeypatch.setattr(ops, "attn_decode_cluster", lambda on_tc: cluster)
+    if halves is not None:
+        monkeypatch.setattr(ops, "decode_tc_config", lambda hd: (1, 3) if halves == 1 else _PLAN["decode_tc_config"](hd))
+    if splits is not None:
+        monkeypatch.setattr(ops, "attn_decode_max_splits", lambda *a, **k: splits)
+    if hybrid is not None:
+        monkeypatch.setattr(ops, "attn_decode_hybrid", lambda c: hybrid)
+
+
+# (cache type, tensor cores, cluster, halves): every cache type on the FMA kernel, and bf16 (head
+# dims <= 128, all of SHAPES) on the tensor-core kernel as well, each with its default split merge
+# (None: cuda_ops.attn_decode_cluster) and the other one (workspace 0 / cluster 8); the
+# tensor-core kernel with one and two four-warp halves per block
+DECODE_KERNELS = ([(kv, False, c, None) for kv in kr.KV_TYPES for c in (None, 8)]
+                  + [("bf16", True, c, h) for c in (None, 0) for h in (1, 2)])
 
 
 @pytest.mark.parametrize("kv_type,tc,cluster,halves", DECODE_KERNELS)
@@ -80,70 +91,63 @@ def test_decode_matches_reference(cp, rng, monkeypatch, kv_type, H, K, hd, tc, c
         assert not cnt.any(), "arrival counters must be left at zero"
 
 
-@pytest.mark.parametrize("cluster", ["4", "8", "16"])
-@pytest.mark.parametrize("kv_type,tc,halves", [("bf16", "1", "1"), ("bf16", "1", "2"), ("bf16", "0", ""), ("q8_0", "0", ""),
-                                               ("f32", "0", "")])
+@pytest.mark.parametrize("cluster", [4, 8, 16])
+@pytest.mark.parametrize("kv_type,tc,halves", [("bf16", True, 1), ("bf16", True, 2), ("bf16", False, None),
+                                               ("q8_0", False, None), ("f32", False, None)])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (64, 4, 128)])
 def test_decode_cluster_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, kv_type, tc, halves, H, K, hd):
-    """attention.cu ATTN_CLUSTER (BW24CHAT_ATTN_CLUSTER=C, both decode kernels): the C splits of a
-    (row, kv head, head group) merge through distributed shared memory in a thread-block cluster,
-    with the workspace merge's operations in its order, so every row equals the workspace merge's
-    with max_splits = C (BW24CHAT_ATTN_SPLITS=C, BW24CHAT_ATTN_CLUSTER=0) bit for bit — one split
-    (no barrier), a few (idle blocks in the cluster) and all C; m = 1, 3, 8; within the float64
-    reference's tolerance."""
-    _set_decode_kernel(monkeypatch, tc, halves=halves)
+    """attention_merge.cuh ATTN_CLUSTER (both decode kernels): the C splits of a (row, kv head,
+    head group) merge through distributed shared memory in a thread-block cluster, with the
+    workspace merge's operations in its order, so every row equals the workspace merge's with
+    max_splits = C bit for bit — one split (no barrier), a few (idle blocks in the cluster) and
+    all C; m = 1, 3, 8; within the float64 reference's tolerance."""
     scale = 1.0 / math.sqrt(hd)
     for L, m in [(1, 1), (64, 3), (300, 3), (700, 8), (2047, 2), (9000, 1)]:
         ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, kv_type, L, m, H, K, hd)
-        monkeypatch.setenv("BW24CHAT_ATTN_SPLITS", cluster)
-        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", "0")
-        ws_merge, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
-        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", cluster)
-        got, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+        with monkeypatch.context() as mp:
+            _set_decode_kernel(mp, tc, cluster=0, halves=halves, splits=cluster)
+            ws_merge, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+        with monkeypatch.context() as mp:
+            _set_decode_kernel(mp, tc, cluster=cluster, halves=halves, hybrid=1 << 20)  # the cluster at every length
+            got, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
         assert np.array_equal(got.view(np.uint32), ws_merge.view(np.uint32)), (L, m)
-        tol = 1e-4 if tc == "1" else 2e-3
+        tol = 1e-4 if tc else 2e-3
         assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= tol, (L, m)
 
 
-@pytest.mark.parametrize("cluster,hybrid", [("8", "8"), ("16", "4"), ("8", "1"), ("8", "4")])
-@pytest.mark.parametrize("kv_type,tc,halves", [("q8_0", "0", ""), ("f32", "0", ""), ("bf16", "1", "1"), ("bf16", "1", "2")])
+@pytest.mark.parametrize("cluster,hybrid", [(8, 8), (16, 4), (8, 1), (8, 4)])
+@pytest.mark.parametrize("kv_type", ["q8_0", "f32"])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
-def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, hybrid, kv_type, tc, halves, H, K, hd):
-    """attention.cu ATTN_HYBRID = P under a cluster of C (both decode kernels): a row of up to
-    C * P tiles (DECODE_TILE keys, DECODE_TC_TILE on tensor cores) equals the workspace merge over
-    C splits bit for bit, a longer one the workspace merge over attn_decode_long_splits (the FMA
-    kernel: max_splits rounded up to clusters; the tensor-core kernel: one wave of blocks, rounded
-    down to clusters); rows on both sides of the threshold in one launch (m = 2, lengths L and
-    L + 1), and each row alone."""
-    _set_decode_kernel(monkeypatch, tc, halves=halves)
-    C, P = int(cluster), int(hybrid)
-    on_tc = tc == "1"
-    ms_long = ops.attn_decode_long_splits(H, K, C, on_tc, int(halves or 2))
-    tile = ops.DECODE_TC_TILE if on_tc else ops.DECODE_TILE
-    edge = C * P * tile
+def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, hybrid, kv_type, H, K, hd):
+    """ATTN_HYBRID = P under a cluster of C (the FMA decode): a row of up to C * P tiles equals the
+    workspace merge over C splits bit for bit, a longer one the workspace merge over
+    attn_decode_long_splits (max_splits rounded up to clusters); rows on both sides of the
+    threshold in one launch (m = 2, lengths L and L + 1), and each row alone."""
+    C, P = cluster, hybrid
+    ms_long = ops.attn_decode_long_splits(H, K, C)
+    edge = C * P * ops.DECODE_TILE
     scale = 1.0 / math.sqrt(hd)
     for L in (1, 100, edge - 1, edge, 3 * edge + 5):
         m = 2
         ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, kv_type, L, m, H, K, hd)
-        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", "0")
         want = {}
         for splits in {C, ms_long}:
-            monkeypatch.setenv("BW24CHAT_ATTN_SPLITS", str(splits))
-            want[splits], _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
-        monkeypatch.delenv("BW24CHAT_ATTN_SPLITS")
-        monkeypatch.setenv("BW24CHAT_ATTN_CLUSTER", cluster)
-        monkeypatch.setenv("BW24CHAT_ATTN_HYBRID", hybrid)
-        got, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
-        for r, n in enumerate(lengths):
-            ref = want[C if -(-n // tile) <= C * P else ms_long][r]
-            assert np.array_equal(got[r].view(np.uint32), ref.view(np.uint32)), (L, r)
-            alone, _ = _decode(cp, q[r:r + 1], ck, cv, kv_type, [n], scale, H, K, hd)
-            assert np.array_equal(alone[0].view(np.uint32), got[r].view(np.uint32)), (L, r)
-        assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= (1e-4 if on_tc else 2e-3), L
+            with monkeypatch.context() as mp:
+                _set_decode_kernel(mp, False, cluster=0, splits=splits)
+                want[splits], _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+        with monkeypatch.context() as mp:
+            _set_decode_kernel(mp, False, cluster=C, hybrid=P)
+            got, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
+            for r, n in enumerate(lengths):
+                ref = want[C if -(-n // ops.DECODE_TILE) <= C * P else ms_long][r]
+                assert np.array_equal(got[r].view(np.uint32), ref.view(np.uint32)), (L, r)
+                alone, _ = _decode(cp, q[r:r + 1], ck, cv, kv_type, [n], scale, H, K, hd)
+                assert np.array_equal(alone[0].view(np.uint32), got[r].view(np.uint32)), (L, r)
+        assert _rel_err(got, kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 2e-3, L
 
 
-@pytest.mark.parametrize("kv_type,tc,halves", [("bf16", "1", "1"), ("bf16", "1", "2"), ("bf16", "0", ""), ("q8_0", "0", ""),
-                                               ("f32", "0", "")])
+@pytest.mark.parametrize("kv_type,tc,halves", [("bf16", True, 1), ("bf16", True, 2), ("bf16", False, None),
+                                               ("q8_0", False, None), ("f32", False, None)])
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc, halves):
     _set_decode_kernel(monkeypatch, tc, halves=halves)
@@ -163,39 +167,6 @@ def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K
         q2[[0, 1, 2, 4, 5, 6, 7]] = rng.standard_normal((7, H, hd))
         other, _ = _decode(cp, q2, ck, cv, kv_type, lengths, scale, H, K, hd)
         assert np.array_equal(other[3], batch[3]), "a row must not depend on the other rows"
-
-
-def _tc_decode_same_bits_across(cp, rng, monkeypatch, H, K, hd, halves, variable, values):
-    """attn_decode_tc under each value of the environment variable: rows bit-identical (odd and
-    even tile counts per split, a partial tile, the fresh keys fetched after pdl_wait, m up to 8),
-    and the first within 1e-4 of the float64 reference."""
-    _set_decode_kernel(monkeypatch, "1", halves=halves)
-    scale = 1.0 / math.sqrt(hd)
-    for L, m in [(1, 1), (65, 3), (640, 2), (3000, 8), (9000, 1)]:
-        ck, cv, kv, vv, q, lengths = _decode_case(cp, rng, "bf16", L, m, H, K, hd)
-        outs = []
-        for v in values:
-            monkeypatch.setenv(variable, v)
-            outs.append(_decode(cp, q, ck, cv, "bf16", lengths, scale, H, K, hd)[0])
-        for o in outs[1:]:
-            assert np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)), (L, m)
-        assert _rel_err(outs[0], kr.attention_ref(q, kv, vv, np.array(lengths) - 1, scale)) <= 1e-4, (L, m)
-
-
-@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
-def test_decode_tc_pipeline_depth_does_not_change_bits(cp, rng, monkeypatch, H, K, hd):
-    """attn_decode_tc with two halves: the ring depth (TCSTAGES 4 / 6 tiles) moves only when
-    tiles arrive, never the arithmetic: rows (odd and even tile counts per split, the fresh keys
-    fetched after pdl_wait) are bit-identical."""
-    _tc_decode_same_bits_across(cp, rng, monkeypatch, H, K, hd, "2", "BW24CHAT_ATTN_TC_STAGES", ("4", "6"))
-
-
-@pytest.mark.parametrize("H,K,hd,halves", [(32, 8, 128, "2"), (32, 8, 128, "1"), (9, 3, 64, "2"), (8, 2, 32, "2")])
-def test_decode_tc_hoisted_issue_gives_the_same_bits(cp, rng, monkeypatch, H, K, hd, halves):
-    """attention.cu ATTN_ISSUE_HOIST (BW24CHAT_ATTN_ISSUE_HOIST=1): attn_decode_tc's cp.async issue
-    loop unrolled with its cache addresses hoisted — the same chunks into the same stages, so rows
-    are bit-identical: one and two halves, head dims 128 / 64 / 32."""
-    _tc_decode_same_bits_across(cp, rng, monkeypatch, H, K, hd, halves, "BW24CHAT_ATTN_ISSUE_HOIST", ("0", "1"))
 
 
 def _prefill(cp, q, ck, cv, kv_type, start, scale, chunk=None, precise=True):
@@ -263,16 +234,15 @@ def test_prefill_fast_matches_its_emulation(cp, rng, kv_type):
 @pytest.mark.parametrize("kv_type", kr.KV_TYPES)
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
 def test_prefill_one_stage_gives_the_same_bits(cp, rng, monkeypatch, kv_type, H, K, hd, precise):
-    """attn_prefill with one K/V stage (attention.cu PREFILL_STAGES = 1, what the 99 KB GPUs run for
+    """attn_prefill with one K/V stage (attention_prefill.cu PREFILL_STAGES = 1, what the 99 KB GPUs run for
     a precise prefill over a q8_0 / fp8 / f32 cache at head dim 128: cuda_ops.prefill_stages)
     equals the two-stage kernel bit for bit, for a chunk after earlier ones (start > 0)."""
     T, start = 150, 77
     ck, cv, _, _ = _make_cache(cp, rng, kv_type, start + T + 5, K, hd)
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     scale = 1.0 / math.sqrt(hd)
-    monkeypatch.delenv("BW24CHAT_PREFILL_STAGES", raising=False)
     base = _prefill(cp, q, ck, cv, kv_type, start, scale, precise=precise)
-    monkeypatch.setenv("BW24CHAT_PREFILL_STAGES", "1")
+    monkeypatch.setattr(ops, "prefill_stages", lambda *a: 1)
     got = _prefill(cp, q, ck, cv, kv_type, start, scale, precise=precise)
     assert not np.isnan(base).any()
     assert np.array_equal(base.view(np.uint32), got.view(np.uint32))
@@ -369,7 +339,7 @@ def test_prefill_matches_decode_large_cache(cp, rng, kv_type):
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (8, 8, 64)])
 @pytest.mark.parametrize("b16", [False, True])
 def test_decode_qx_codes_are_the_outputs_codes(cp, rng, monkeypatch, kv_type, tc, cluster, halves, H, K, hd, b16):
-    """attention.cu ATTN_QX (opt-in): the block finishing a (row, kv head, head group) also writes
+    """attention_merge.cuh ATTN_QX: the block finishing a (row, kv head, head group) also writes
     the o projection's QX codes of its outputs — word for word kernel_refs.qx_ref of the outputs
     (of their bf16 roundings with act_bf16) — every split merge (one split, a few, many; cluster
     and workspace), and the outputs are bit-identical to the launch without codes."""

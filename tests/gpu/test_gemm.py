@@ -29,12 +29,15 @@ def impls():
     return ["mma", "wg"] if active_arch() == "sm_90a" else ["mma"]
 
 
-def run_ab(cp, monkeypatch, W, x, T, precise, base_env: dict, got_env: dict):
-    """The GEMM's output with base_env set, then with got_env set on top (two paths' A/B)."""
+def run_ab(cp, monkeypatch, W, x, T, precise, base_plan: dict, got_plan: dict):
+    """The sm_90a GEMM's output with cuda_linear's planning functions replaced by base_plan (name
+    -> function), then by got_plan on top: two paths' A/B."""
+    from bw24chat.backends import cuda_linear as cl
+
     out = []
-    for env in (base_env, got_env):
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
+    for plan in (base_plan, got_plan):
+        for name, f in plan.items():
+            monkeypatch.setattr(cl, name, f)
         out.append(run(cp, W, x, T, impl="wg", precise=precise))
     return out
 
@@ -48,7 +51,7 @@ def assert_same_bits(base, got):
 @pytest.fixture(params=["mma", "wg"])
 def impl(request, cp):
     if request.param not in impls():
-        pytest.skip("gemm_wg needs sm_90a")
+        pytest.skip("the wgmma kernels need sm_90a")
     return request.param
 
 
@@ -102,83 +105,41 @@ def test_gemm_add_epilogue(cp, rng, impl):
     assert np.array_equal(run(cp, W, x, 9, epi="add", init=res, impl=impl), (res + y).astype(np.float32))
 
 
-@pytest.mark.parametrize("bn", ["128", "256"])
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
-def test_gemm_wg_tile_widths_agree(cp, rng, fmt, bn, monkeypatch):
-    """gemm_wg with 128 or 256 rows per block gives the same bits (the k order does not depend
-    on the tile), and the same values as the portable kernel within the precise bound."""
-    if "wg" not in impls():
-        pytest.skip("gemm_wg needs sm_90a")
-    ts, w = make_weight(rng, fmt, rows=(300,), nblocks=max(1, 640 // block_of(fmt)))
-    W = cw.upload(ts)
-    x = rng.standard_normal((200, W.in_)).astype(np.float32)
-    monkeypatch.setenv("BW24CHAT_GEMM_I8", "0")  # Q8_0 rows of 640 would take gemm_i8 (its own test)
-    monkeypatch.setenv("BW24CHAT_WG_BN", "128")
-    base = run(cp, W, x, 200, impl="wg")
-    monkeypatch.setenv("BW24CHAT_WG_BN", bn)
-    got = run(cp, W, x, 200, impl="wg")
-    assert np.array_equal(base.view(np.uint32), got.view(np.uint32))
-    check(got, act_quant_ref(x) if act_q8(fmt) else x, w, 2e-5)  # integer-dot formats: x as its two code levels
-
-
 @pytest.mark.parametrize("precise", [True, False])
-@pytest.mark.parametrize("stages,bn", [("3", "128"), ("4", "128"), ("5", "128"), ("4", "256")])
+@pytest.mark.parametrize("stages,bn", [(3, 128), (4, 128), (3, 256), (4, 256)])
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "F16"])
-def test_gemm_wgp_equals_register_staged(cp, rng, fmt, stages, bn, precise, monkeypatch):
+def test_gemm_wgp_geometries_agree(cp, rng, fmt, stages, bn, precise, monkeypatch):
     """gemm_wgp (x as bf16 planes, weights as bf16 planes read in place (BF16) or dequantized a
-    row block at a time (others), cp.async ring) gives the same bits as the register-staged
-    gemm_wg for every ring depth, tile width and row blocking, T and n_in off the tiles — under
-    the integer-dot contract too (Q8_0, NVFP4: both kernels take x as the two code-level planes,
-    GEMM_XPLANES; with bf16(x) and its residual instead, gemm_wg's sums rounded differently)."""
+    row block at a time (others), cp.async ring) gives the same bits for every ring depth, tile
+    width and row blocking it runs with (cuda_linear.wgp_geometry picks them by matrix shape), T
+    and n_in off the tiles; the add epilogue."""
     from bw24chat.backends import cuda_linear as cl
 
     if "wg" not in impls():
-        pytest.skip("gemm_wg needs sm_90a")
-    nb = max(1, 600 // block_of(fmt))  # n_in ~600: a partial last k tile
+        pytest.skip("gemm_wgp needs sm_90a")
+    nb = max(1, 600 // block_of(fmt))  # n_in ~600: a partial last k tile (Q8_0: off gemm_i8's multiples of 128)
     ts, w = make_weight(rng, fmt, rows=(333, 290), nblocks=nb)
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
-    monkeypatch.setenv("BW24CHAT_WGP", "0")
     base = run(cp, W, x, 259, impl="wg", precise=precise)
-    monkeypatch.setenv("BW24CHAT_WGP", "1")
-    monkeypatch.setenv("BW24CHAT_WGP_STAGES", stages)
-    monkeypatch.setenv("BW24CHAT_WG_BN", bn)
+    monkeypatch.setattr(cl, "wgp_geometry", lambda n_out, p, w_lo: (bn, stages, cl.wg_stage_bytes(p, w_lo, bn)))
     monkeypatch.setattr(cl, "WGP_DEQ_VALUES", 1)  # 256-row blocks: 623 rows take three
     got = run(cp, W, x, 259, impl="wg", precise=precise)
-    assert np.array_equal(base.view(np.uint32), got.view(np.uint32))
+    assert_same_bits(base, got)
     res = rng.standard_normal((259, W.out)).astype(np.float32)
     added = run(cp, W, x, 259, epi="add", init=res, impl="wg", precise=precise)
     assert np.array_equal(added, (res + got).astype(np.float32))
+    if precise:
+        check(got, act_quant_ref(x) if act_q8(fmt) else x, w, 2e-5)
 
 
 @pytest.mark.parametrize("precise", [True, False])
-@pytest.mark.parametrize("bn", ["128", "256"])
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4"])
-def test_gemm_wgp_in_pipeline_dequant_equals_the_dequant_pass(cp, rng, fmt, bn, precise, monkeypatch):
-    """gemm_wgp decoding the quantized weights inside its pipeline (WGP_DEQ, two k tiles of raw
-    chunks in registers) gives the same bits as the dequantize-then-GEMM path
-    (BW24CHAT_WGP_DEQ=0: dequant_bf16 row blocks through scratch), for both tile widths, both
-    modes, T and n_in off the tiles and an odd k-tile count (the two-set unrolled loop's tail)."""
-    if "wg" not in impls():
-        pytest.skip("gemm_wgp needs sm_90a")
-    nb = max(1, (64 * 8 + 40) // block_of(fmt))  # Q8_0 / NVFP4: 9 k tiles, the last partial; K-quants 8
-    ts, w = make_weight(rng, fmt, rows=(301, 200), nblocks=nb)
-    W = cw.upload(ts)
-    x = rng.standard_normal((259, W.in_)).astype(np.float32)
-    base, got = run_ab(cp, monkeypatch, W, x, 259, precise, {"BW24CHAT_WG_BN": bn, "BW24CHAT_WGP_DEQ": "0"},
-                       {"BW24CHAT_WGP_DEQ": "1"})
-    assert_same_bits(base, got)
-    if precise and not act_q8(fmt):
-        check(got, x, w, 2e-5)
-
-
-@pytest.mark.parametrize("precise", [True, False])
-@pytest.mark.parametrize("stages", ["3", "4"])
-@pytest.mark.parametrize("bt", ["128", "256"])
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("bt", [128, 256])
 @pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K", "Q8_0"])
 def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, monkeypatch):
     """gemm_wra (the codes decoded into wgmma's register operand A, weights as M and tokens as
-    N) gives the bits of the dequantize-then-gemm_wgp path (BW24CHAT_WRA=0): the same bf16
+    N) gives the bits of the dequantize-then-gemm_wgp path (the 4096-row matrices'): the same bf16
     products (Q4_K precise: W_hi and W_lo) and the same order per k16 step, with the operand
     roles swapped.  Rows, T and the k-tile count off every tile (501 rows, 259 tokens; NVFP4 9 k
     tiles: the two-set loop's tail), and the add epilogue."""
@@ -188,8 +149,12 @@ def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, mon
     W = cw.upload(ts)
     x = rng.standard_normal((259, W.in_)).astype(np.float32)
     # Q8_0: the pass + gemm_wgp (the bf16 split), not gemm_i8, is the base
-    base, got = run_ab(cp, monkeypatch, W, x, 259, precise, {"BW24CHAT_WRA": "0", "BW24CHAT_GEMM_I8": "0"},
-                       {"BW24CHAT_WRA": "1", "BW24CHAT_WRA_BT": bt, "BW24CHAT_WRA_STAGES": stages})
+    from bw24chat.backends import cuda_linear as cl
+
+    geometry = lambda n_out, p, fmt, w_split=False: (bt, stages, cl.wra_stage_bytes(p, bt, fmt))  # noqa: E731
+    no_i8 = lambda W, impl="wg": False  # noqa: E731
+    base, got = run_ab(cp, monkeypatch, W, x, 259, precise, {"uses_gemm_wra": lambda W: False, "uses_gemm_i8": no_i8},
+                       {"uses_gemm_wra": lambda W: True, "wra_geometry": geometry})
     assert_same_bits(base, got)
     res = rng.standard_normal((259, W.out)).astype(np.float32)
     added = run(cp, W, x, 259, epi="add", init=res, impl="wg", precise=precise)
@@ -199,26 +164,27 @@ def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, precise, mon
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
 def test_portable_gemm_one_buffer_gives_the_same_bits(cp, rng, fmt, precise, monkeypatch):
-    """The portable mma.sync gemm with one tile buffer (gemm.cu GM_BUFS = 1, what the 99 KB GPUs
+    """The portable mma.sync gemm with one tile buffer (gemm_mma.cu GM_BUFS = 1, what the 99 KB GPUs
     run in precise mode: cuda_linear.gemm_bufs) equals the double-buffered kernel bit for bit:
     the same MMAs per output in the same order.  Odd rows, tokens and k tiles."""
     ts, w = make_weight(rng, fmt, rows=(150, 83), nblocks=max(1, 1100 // block_of(fmt)))
     W = cw.upload(ts)
     x = rng.standard_normal((203, W.in_)).astype(np.float32)
-    monkeypatch.setenv("BW24CHAT_GEMM_I8", "0")  # Q8_0 precise on this kernel, not gemm_i8_mma
-    monkeypatch.delenv("BW24CHAT_GM_BUFS", raising=False)
+    from bw24chat.backends import cuda_linear as cl
+
+    monkeypatch.setattr(cl, "uses_gemm_i8", lambda W, impl="wg": False)  # Q8_0 precise on this kernel, not gemm_i8_mma
     base = run(cp, W, x, 203, impl="mma", precise=precise)
     assert not np.isnan(base).any()
-    monkeypatch.setenv("BW24CHAT_GM_BUFS", "1")
+    monkeypatch.setattr(cl, "gemm_bufs", lambda x_split, w_split: 1)
     assert_same_bits(base, run(cp, W, x, 203, impl="mma", precise=precise))
 
 
 @pytest.mark.parametrize("precise", [True, False])
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
 def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise):
-    """Under the integer-dot contract the portable mma.sync kernel (the sm_120a path), the
-    register-staged gemm_wg and gemm_wgp all take x as the same two code-level planes, so a
-    prefill gives the same bits whichever kernel the GPU runs."""
+    """Under the integer-dot contract the portable mma.sync kernel (the sm_120a path) and gemm_wgp /
+    gemm_wra take x as the same two code-level planes, so a prefill gives the same bits whichever
+    kernel the GPU runs."""
     if "wg" not in impls():
         pytest.skip("the comparison needs the sm_90a kernels")
     ts, w = make_weight(rng, fmt, rows=(150,), nblocks=max(1, 800 // block_of(fmt)))
@@ -232,7 +198,7 @@ def test_integer_dot_prefill_kernels_give_the_same_bits(cp, rng, fmt, precise):
 
 def test_gemm_f32_rows_not_a_multiple_of_8(cp, rng, impl):
     """F32 weights of 4k + 4 inputs (the one format whose rows need not hold whole 16-byte bf16
-    units): the wgmma path takes the register-staged kernel, every path matches the reference."""
+    units): sm_90a takes the portable kernel for them, every path matches the reference."""
     ts, w = make_weight(rng, "F32", rows=(70,), nblocks=81)  # n_in = 324
     W = cw.upload(ts)
     x = rng.standard_normal((37, W.in_)).astype(np.float32)
@@ -240,7 +206,7 @@ def test_gemm_f32_rows_not_a_multiple_of_8(cp, rng, impl):
 
 
 def test_act_quant_kernel_matches_reference(cp, rng):
-    """gemm.cu act_quant (the integer-dot contract's activation quantization, shared with the
+    """gemm_act.cu act_quant (the integer-dot contract's activation quantization, shared with the
     decode matvec's staging) equals kernel_refs.act_quant_codes bit for bit: the bf16 planes
     2^e h and 2^(e-8) l (their exact sum is kernel_refs.act_quant_ref), and the one-level hi
     plane alone; random rows, an all-zero block, tiny (subnormal) and huge blocks, exact .5 ties."""
@@ -292,7 +258,7 @@ def test_integer_dot_gemm_matches_reference(cp, rng, fmt, impl):
 
 @pytest.mark.parametrize("T", [1, 77, 300])
 def test_gemm_i8_mma_is_gemm_i8s_contract(cp, rng, T, monkeypatch):
-    """gemm_i8_mma (gemm.cu: the portable path's Q8_0 precise prefill on mma.sync s8): within
+    """gemm_i8_mma (gemm_i8.cu: the portable path's Q8_0 precise prefill on mma.sync s8): within
     2e-6 of act_quant_ref(x) @ W.T (integer block dots exact, one I2F and one FMA rounding per
     block), rows independent of T, the add epilogue, the decode matvec within 1e-6 — and on
     sm_90a bit-identical to gemm_i8 (the same fold in the same order).  Odd rows and tokens,
@@ -300,7 +266,6 @@ def test_gemm_i8_mma_is_gemm_i8s_contract(cp, rng, T, monkeypatch):
     from bw24chat.backends import cuda_linear as cl
     from bw24chat.backends.kernel_build import active_arch
 
-    monkeypatch.delenv("BW24CHAT_GEMM_I8", raising=False)
     ts, w = make_weight(rng, "Q8_0", rows=(int(rng.integers(60, 200)),), nblocks=4 * int(rng.integers(2, 25)))
     W = cw.upload(ts)
     assert cl.uses_gemm_i8(W, "mma")
@@ -324,7 +289,7 @@ def test_gemm_i8_mma_is_gemm_i8s_contract(cp, rng, T, monkeypatch):
 
 @pytest.mark.parametrize("T", [1, 77, 300])
 def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
-    """gemm_i8 (gemm.cu: Q8_0 precise prefill on the int8 wgmma, the default): act_quant_qx
+    """gemm_i8 (gemm_i8.cu: Q8_0 precise prefill on the int8 wgmma): act_quant_qx
     writes kernel_refs.qx_ref(x) word for word; the product equals act_quant_ref(x) @ W.T within
     2e-6 of sum |x||w| (integer dots exact, one I2F and one FMA rounding per block); rows do not
     depend on T (each row of the T-row call equals its 1-row call bit for bit); the add epilogue;
@@ -335,9 +300,8 @@ def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
 
     if active_arch() != "sm_90a":
         pytest.skip("gemm_i8 runs on sm_90a (int8 wgmma)")
-    monkeypatch.delenv("BW24CHAT_GEMM_I8", raising=False)
-    # more k tiles (128 inputs) than ring stages, so the cp.async ring wraps (s12a: an undersized
-    # stage overran shared memory only from the fourth tile on)
+    # more k tiles (128 inputs) than ring stages, so the cp.async ring wraps (an undersized stage
+    # would overrun shared memory only from the fourth tile on)
     ts, w = make_weight(rng, "Q8_0", rows=(int(rng.integers(60, 200)),), nblocks=4 * int(rng.integers(9, 25)))
     W = cw.upload(ts)
     assert cl.uses_gemm_i8(W)
@@ -351,9 +315,6 @@ def test_gemm_i8_matches_the_integer_dot_reference(cp, rng, T, monkeypatch):
         assert np.array_equal(one.view(np.uint32), got[r:r + 1].view(np.uint32)), f"row {r} depends on T"
     res = rng.standard_normal((T, W.out)).astype(np.float32)
     assert np.array_equal(run(cp, W, x, T, epi="add", init=res), (res + got).astype(np.float32))
-    monkeypatch.setenv("BW24CHAT_I8_SCF32", "0")  # f16 scales read per column, not converted once per tile: the same values
-    assert np.array_equal(run(cp, W, x, T).view(np.uint32), got.view(np.uint32)), "I8_SCF32 changed bits"
-    monkeypatch.delenv("BW24CHAT_I8_SCF32")
     mv = cp.full((1, W.out), cp.nan, dtype=cp.float32)
     cl.matvec(W, cp.asarray(x[:1]), mv, 1)
     ref = act_quant_ref(x[:1]).astype(np.float64) @ w.astype(np.float64).T
