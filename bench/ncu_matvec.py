@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from matvec_variants import SHAPES  # noqa: E402  (same shapes as the graph-timed variants)
+SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate|up": (24576, 4096, "rmsnorm"),
+          "down": (4096, 12288, "none"), "lm_head": (49152, 4096, "rmsnorm")}  # Qwen3-8B: rows, inputs, prologue
 
 
 def main() -> int:
