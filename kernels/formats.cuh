@@ -103,11 +103,9 @@ BW24_DEVICE uint4 ld_stream16(const uint4* p) {
 BW24_DEVICE uint32_t word_of(const uint4& v, int g) { return g == 0 ? v.x : g == 1 ? v.y : g == 2 ? v.z : v.w; }
 BW24_DEVICE uint32_t byte_of(uint32_t w, int j) { return (w >> (8 * j)) & 0xFFu; }
 
-// One row's planes as pointers (row_planes), then the loads of its chunk kc (fetch_chunk_at):
-// each load's address is then one IMAD.WIDE of the 32-bit kc.  Indexing the planes with the
-// 64-bit row * nck + kc inside a loop cost four instructions per load (sign extension, 64-bit
-// add, LEA / LEA.HI.X): ~15 % of the NVFP4 matvec's steady loop (nvdisasm, twenty-third
-// session).  Unused planes are dead code for the format and cost no registers.
+// One row's planes as pointers (row_planes), then the loads of its chunk kc (fetch_chunk_at);
+// fetch_chunk is the two in one.  Unused planes are dead code for the format and cost no
+// registers.
 struct RowPlanes {
     const uint4* q;
     const void* h;

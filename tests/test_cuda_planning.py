@@ -86,10 +86,7 @@ def test_persistent_grid_spreads_tiles_evenly(monkeypatch):
     monkeypatch.setattr(cl, "resident_blocks", lambda k, t, s: 5)  # capacity 660 blocks
     assert cl.persistent_grid(None, 128, 0, 768) == 384  # 2 tiles per block, none with a lone extra
     assert cl.persistent_grid(None, 128, 0, 128) == 128
-    monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", "3")
-    assert cl.persistent_grid(None, 128, 0, 100) == 3
-    monkeypatch.setenv("BW24CHAT_MV_PERSIST", "0")
-    assert cl.persistent_grid(None, 128, 0, 100) == 100
+    assert cl.persistent_grid(None, 128, 0, 1000) == 500  # 2 per block: 500 blocks, not 660 with some idle at the end
 
 
 @pytest.mark.parametrize("precise", [True, False])

@@ -1,5 +1,8 @@
 """Every kernel family compiles to a cubin (ptxas runs) for sm_90a and sm_120a, without a GPU,
 through NVRTC (pip nvidia-cuda-nvrtc + CUDA headers from nvidia-cuda-runtime)."""
+import types
+
+import numpy as np
 import pytest
 
 from bw24chat.backends import kernel_build as kb
@@ -11,10 +14,13 @@ def test_there_are_kernels():
     assert len(kb.families()) >= 1
 
 
+BARE_DEFINES = {"matvec_tc": {"FMT": 11, "TC_NW": 4, "TC_U": 2}}  # the defines a family cannot do without
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 @pytest.mark.parametrize("family", kb.families())
 def test_kernel_compiles(family, arch):
-    cubin, log = kb.compile_cubin(family, arch)
+    cubin, log = kb.compile_cubin(family, arch, BARE_DEFINES.get(family))
     assert cubin[:4] == b"\x7fELF", "NVRTC returned something that is not a cubin"
     assert "error" not in log.lower()
 
@@ -27,74 +33,53 @@ def test_compile_error_carries_the_log(tmp_path, monkeypatch):
     assert "broken.cu" in ei.value.log and "error" in ei.value.log
 
 
+class _Buffer:
+    """A stand-in for a device array: what cuda_linear.matvec reads of one (dtype, size, address)."""
+
+    def __init__(self, size: int, dtype: str = "float32"):
+        self.size, self.dtype, self.data = size, np.dtype(dtype), types.SimpleNamespace(ptr=0)
+
+    def reshape(self, *shape):
+        return self
+
+    def __getitem__(self, s: slice):
+        return _Buffer(len(range(*s.indices(self.size))), self.dtype)
+
+
+def production_matvec_builds() -> list[tuple[str, dict]]:
+    """A cross-section of the decode matvec builds cuda_linear launches (no GPU: H100 resources):
+    the Qwen3-8B qkv / gate|up (with QX) / down (prologue qx) / LM head of NVFP4, Q4_K, Q8_0 on
+    the integer-dot contract, Q6_K, BF16 at m = 1 and 3, F16's and NVFP4's (float contract)
+    tensor-core o projection; every define is the wrapper's own choice."""
+    from bw24chat.backends import cuda_linear as cl, kernel_build
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    calls = []
+    rec = lambda fam, name, **d: (lambda *a, **k: calls.append((fam, d)))  # noqa: E731
+    arr = _Buffer
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cl, "get_kernel", rec)
+        mp.setattr(cl, "_sm_resources", lambda: (132, 228 * 1024))
+        mp.setattr(cl, "resident_blocks", lambda k, t, s: 1)
+        mp.setattr(kernel_build, "smem_block_limit", lambda: 227 * 1024)
+        mp.delenv("BW24CHAT_A8", raising=False)
+        for fmt, ms in (("NVFP4", (1, 3)), ("Q4_K", (1,)), ("Q8_0", (1, 8)), ("Q6_K", (1,)), ("BF16", (1, 3)), ("F16", (1,))):
+            W = lambda o, i: cl.DeviceWeight(fmt, o, i, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1])  # noqa: E731
+            for m in ms:
+                qx = cl.writes_qx(W(24576, 4096), m) and cl.takes_qx(W(4096, 12288), m)
+                q = arr(m * 8192, "uint32") if qx else None
+                cl.matvec(W(6144, 4096), arr(m * 4096), arr(m * 6144), m, "rmsnorm", norm_w=0)
+                cl.matvec(W(24576, 4096), arr(m * 4096), arr(m * 12288), m, "rmsnorm", "swiglu", norm_w=0, qx_out=q)
+                cl.matvec(W(4096, 12288), arr(m * 12288), arr(m * 4096), m, "qx" if qx else "none", "add", qx_in=q)
+                cl.matvec(W(49152, 4096), arr(m * 4096), arr(m * 49152), m, "rmsnorm", norm_w=0)
+                cl.matvec(W(4096, 4096), arr(m * 4096), arr(m * 4096), m, epilogue="add")
+        cl.matvec(cl.DeviceWeight("NVFP4", 4096, 4096, None, fmt_id=11, vpc=32), arr(4096), arr(4096), 1, act_quant=False)
+    return [(f, d) for f, d in dict.fromkeys((f, tuple(sorted(d.items()))) for f, d in calls)
+            for f, d in [(f, dict(d))]]
+
+
 VARIANTS = [  # compile-time variants the default build of a family does not reach
-    ("matvec", {"FMT": 3, "ACT_Q8": 1}),  # Q8_0, integer dot
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_M": 8}),  # Q4_K (min), 8 tokens
-    ("matvec", {"FMT": 10, "ACT_Q8": 1}),  # Q6_K (two scales, offset)
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 3}),  # NVFP4 (table decoder)
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_STEADY": 1}),  # NVFP4 integer dot (one chain per half), steady windows
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_M": 8}),
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "A8_JOIN": 1, "MV_STEADY": 1}),  # Q4_K, both code levels in one integer dot
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1}),  # NVFP4 wide matrices
-    ("matvec", {"FMT": 2, "MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1}),  # BF16 wide matrices at 4 rows per warp
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_ABLATE": 3, "MV_STEADY": 1}),  # timing ablations (no prologue, no dot)
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 3, "MV_STEADY": 1}),  # 16 warps per block
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 4, "MV_M": 3}),
-    ("matvec", {"FMT": 2, "MV_NW": 16, "MV_MINB": 1, "MV_STEADY": 1}),
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1}),
-    ("matvec", {"FMT": 2, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_M": 3}),  # 8-warp rmsnorm statistic
-    ("matvec", {"FMT": 2, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1}),  # BF16 wide (adopted)
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 4, "MV_STEADY": 1}),  # Q8_0 down (adopted)
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_NW": 16, "MV_MINB": 1, "MV_U": 3, "MV_STEADY": 1}),  # Q4_K down (adopted)
-    # qx_out's hand-off modes (QX_HANDOFF 1: two buffers, one barrier; 2: named producer / consumer barriers)
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 1}),
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 2}),
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_M": 3, "QX_HANDOFF": 2}),
-    # Q8_0 / Q4_K wide matrices as adopted in the fourteenth session (gate|up writing QX)
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 2}),
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_NW": 16, "MV_STAT8": 1, "MV_MINB": 1, "MV_R": 4, "MV_U": 1, "MV_STEADY": 1, "QX_HANDOFF": 2}),
-    ("matvec", {"FMT": 7, "ACT_Q8": 1}),  # Q5_1 (5th bits, min)
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 2}),  # branch-free steady-state windows (Q8_0 wide)
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "MV_STEADY": 1, "MV_U": 3, "MV_MINB": 2}),  # the same, Q4_K down
-    ("matvec", {"FMT": 2, "MV_STEADY": 1}),  # the same on the float path (BF16)
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "MV_R": 4, "MV_U": 2, "MV_MINB": 2}),  # 4 rows per warp (experiment)
-    # the integer-dot rmsnorm prologue from the statistic's one batch (A8_STAT_CACHE, the default) on the
-    # wide NVFP4 / Q4_K / Q8_0 geometry (16 warps, 8-warp statistic); its two-batch path (0) on the 8-warp kernel
-    ("matvec", {"FMT": 11, "ACT_Q8": 1, "A8_STAT_CACHE": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1,
-                "MV_NW": 16, "MV_STAT8": 1}),
-    ("matvec", {"FMT": 8, "ACT_Q8": 1, "A8_STAT_CACHE": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1,
-                "MV_NW": 16, "MV_STAT8": 1}),
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_STAT_CACHE": 0}),
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "A8_STAT_CACHE": 0, "MV_M": 8}),
-    # three rows per warp where 64-row tiles would leave SMs idle (cuda_linear._fill_rows: the qkv shape)
-    *[("matvec", {"FMT": f, "ACT_Q8": 1, "MV_R": 3, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1})
-      for f in (11, 8, 3)],
-    # weights asked of L2 ahead of the loads (opt-in MV_L2AHEAD): every plane layout
-    *[("matvec", {"FMT": f, "MV_L2AHEAD": 2, **extra}) for f, extra in
-      ((11, {"ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}),
-       (3, {"ACT_Q8": 1}), (8, {"ACT_Q8": 1}), (9, {}), (10, {}), (2, {}), (5, {}), (6, {}))],
-    # the quantizing warp of the QX epilogue rotating with the tile (opt-in QX_ROTATE), every hand-off
-    *[("matvec", {"FMT": 11, "ACT_Q8": 1, "QX_ROTATE": 1, "QX_HANDOFF": h, "MV_R": 4, "MV_U": 1, "MV_MINB": 1,
-                  "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}) for h in (0, 1, 2)],
-    ("matvec", {"FMT": 3, "ACT_Q8": 1, "QX_ROTATE": 1, "QX_HANDOFF": 2, "MV_M": 8, "MV_R": 4, "MV_NW": 16, "MV_STAT8": 1}),
-    # steady windows through per-row plane pointers (opt-in MV_ROWPTR): every plane layout
-    *[("matvec", {"FMT": f, "MV_ROWPTR": 1, "MV_STEADY": 1, **extra}) for f, extra in
-      ((11, {"ACT_Q8": 1, "MV_R": 4, "MV_U": 1, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1, "QX_HANDOFF": 2}),
-       (11, {"ACT_Q8": 1, "MV_U": 2, "MV_NW": 16, "MV_MINB": 1}), (3, {"ACT_Q8": 1, "MV_M": 8}),
-       (8, {"ACT_Q8": 1, "MV_R": 3, "MV_U": 1, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}),
-       (9, {}), (10, {}), (10, {"ACT_Q8": 1}), (2, {"MV_M": 4}), (5, {}), (6, {}))],
-    # the one-slot window loop in pairs (opt-in MV_PINGPONG), with and without row pointers
-    *[("matvec", {"FMT": f, "MV_PINGPONG": 1, "MV_ROWPTR": rp, "MV_U": 1, "MV_STEADY": 1, **extra}) for f, rp, extra in
-      ((11, 1, {"ACT_Q8": 1, "MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1, "QX_HANDOFF": 2}),
-       (11, 0, {"ACT_Q8": 1, "MV_R": 3, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}),
-       (8, 1, {"ACT_Q8": 1, "MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (3, 1, {"ACT_Q8": 1, "MV_M": 8}),
-       (2, 1, {"MV_R": 4, "MV_MINB": 1, "MV_NW": 16, "MV_STAT8": 1}), (2, 0, {"MV_M": 3}))],
-    # one load slot more, consumed in place (opt-in MV_NOCOPY): the o / down geometries, m = 8, a guarded build
-    *[("matvec", {"FMT": f, "MV_NOCOPY": 1, "MV_ROWPTR": 1, **extra}) for f, extra in
-      ((11, {"ACT_Q8": 1, "MV_U": 2, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}),
-       (11, {"ACT_Q8": 1, "MV_U": 3, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}),
-       (3, {"ACT_Q8": 1, "MV_U": 4, "MV_STEADY": 1, "MV_NW": 16, "MV_MINB": 1}), (8, {"ACT_Q8": 1, "MV_U": 3, "MV_MINB": 2}),
-       (3, {"ACT_Q8": 1, "MV_M": 8}), (10, {"ACT_Q8": 1}), (2, {"MV_NW": 16, "MV_MINB": 1, "MV_STEADY": 1}))],
+    *production_matvec_builds(),
     # attention: the FMA decode (q8_0 / fp8 / f32 caches) with and without a cluster merge, hybrid long rows
     ("attention_decode", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 8}),
     ("attention_decode", {"HD": 64, "GQ": 2, "KV_TYPE": 3, "ATTN_CLUSTER": 16}),

@@ -1,7 +1,6 @@
 """The decode matvec geometry the wrapper picks (cuda_linear._simt_defines), checked without a GPU:
-the measured choices (docs/performance.md) stay wired to the shapes they were measured on, the
-experiment switches override them, and every picked build compiles (tests/test_kernel_compile.py
-covers the compile side).  Shapes: Qwen3-8B (qkv 6144x4096, o 4096x4096, gate|up 24576x4096,
+the measured choices (docs/performance.md) stay wired to the shapes they were measured on (the
+compile side of the picked builds: tests/test_kernel_compile.py).  Shapes: Qwen3-8B (qkv 6144x4096, o 4096x4096, gate|up 24576x4096,
 down 4096x12288, LM head 49152x4096)."""
 import types
 
@@ -10,18 +9,6 @@ import pytest
 from bw24chat.backends import cuda_linear as cl
 
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
-SWITCHES = ("BW24CHAT_MV_U", "BW24CHAT_MV_MINB", "BW24CHAT_MV_STEADY", "BW24CHAT_A8_NR", "BW24CHAT_A8_JOIN",
-            "BW24CHAT_A8_WIDE_R4", "BW24CHAT_MV_ABLATE", "BW24CHAT_MV_NW", "BW24CHAT_MV_STAT8",
-            "BW24CHAT_MV_L2AHEAD", "BW24CHAT_MV_L2AHEAD_O", "BW24CHAT_MV_FILL", "BW24CHAT_MV_R",
-            "BW24CHAT_MV_FILL_U")
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for k in SWITCHES:
-        monkeypatch.delenv(k, raising=False)
-
-
 def defs(fmt, shape, m=1, a8=True):
     return cl._simt_defines(types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1]), m, a8)
 
@@ -36,9 +23,9 @@ def test_nvfp4_wide_matrices_take_four_rows_per_warp():
 
 
 def test_nvfp4_o_and_down_at_sixteen_warps_per_block():
-    """Tenth session (s10f): blocks of 16 warps for NVFP4's 4096-row matrices (one prologue per SM
-    instead of two; down 12.9 vs 14.5 us); the wrapper keeps 8 where the prologue is an rmsnorm
-    (qkv / gate|up of small models), and m > 1 keeps the defaults."""
+    """Blocks of 16 warps for NVFP4's 4096-row matrices (one prologue per SM instead of two); the
+    wrapper keeps 8 where the prologue is an rmsnorm (qkv / gate|up of small models), and m > 1
+    keeps the defaults."""
     for shape in (O, DOWN):
         d = defs("NVFP4", shape)
         assert d["MV_NW"] == 16, shape
@@ -48,11 +35,10 @@ def test_nvfp4_o_and_down_at_sixteen_warps_per_block():
 
 
 def test_sixteen_warps_where_measured_faster():
-    """Eleventh session (s11a): NVFP4's rmsnorm matrices (qkv, gate|up, LM head) at 16 warps with
-    the 8-warp statistic (rows bit-identical); Q8_0 / Q4_K down at 16 warps but not their o;
-    fourteenth (s14a): Q8_0 / Q4_K's rmsnorm matrices as NVFP4's (4 rows x 16 warps: 64-row
-    gate|up tiles, so QX); BF16 all on SIMT: o / down at 16 warps, gate|up / LM head with the
-    8-warp statistic, qkv at 8."""
+    """NVFP4 / Q8_0 / Q4_K's rmsnorm matrices (qkv, gate|up, LM head) at 16 warps with the 8-warp
+    statistic (rows bit-identical) and 4 rows per warp (64-row gate|up tiles, so QX); Q8_0 /
+    Q4_K down at 16 warps but not their o; BF16 all on SIMT: o / down at 16 warps, gate|up / LM
+    head with the 8-warp statistic, qkv at 8."""
     rms, none = cl.PROLOGUES["rmsnorm"], cl.PROLOGUES["none"]
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
         for shape in (QKV, GATE_UP, LM_HEAD):
@@ -72,16 +58,9 @@ def test_sixteen_warps_where_measured_faster():
         assert cl.matvec_impl(types.SimpleNamespace(fmt="BF16", out=shape[0], in_=shape[1])) == "simt", shape
 
 
-def test_the_eight_warp_statistic_switch_turns_off(monkeypatch):
-    monkeypatch.setenv("BW24CHAT_MV_STAT8", "0")
-    assert cl._warps_per_block(defs("NVFP4", QKV), cl.PROLOGUES["rmsnorm"]) == 8
-    d = defs("NVFP4", QKV)
-    assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and "MV_STAT8" not in d
-
-
 def test_wide_integer_dot_matrices_as_two_blocks_of_eight_warps_per_sm():
     """4 rows per warp at 2 blocks of 8 warps per SM (one of 16 after _warps_per_block), the LM
-    head included since the fourteenth session (Q4_K's was at matvec.cu's default before)."""
+    head included."""
     for fmt in ("NVFP4", "Q4_K", "Q8_0"):
         for shape in (QKV, GATE_UP, LM_HEAD):
             d = defs(fmt, shape)
@@ -96,21 +75,9 @@ def test_speculative_rows_keep_the_default_geometry():
             assert "MV_R" not in defs(fmt, shape, m=3)
 
 
-def test_switches_override(monkeypatch):
-    monkeypatch.setenv("BW24CHAT_A8_WIDE_R4", "")  # no format at 4 rows
-    assert "MV_R" not in defs("NVFP4", GATE_UP)
-    monkeypatch.setenv("BW24CHAT_A8_WIDE_R4", "NVFP4,Q8_0")
-    assert defs("Q8_0", GATE_UP)["MV_R"] == 4
-    monkeypatch.setenv("BW24CHAT_MV_U", "3")
-    assert defs("NVFP4", GATE_UP)["MV_U"] == 3
-    monkeypatch.setenv("BW24CHAT_A8_JOIN", "0")
-    assert defs("Q4_K", GATE_UP)["A8_JOIN"] == 0
-    assert "A8_JOIN" not in defs("Q8_0", GATE_UP)  # only Q4_K has the switch
-
-
 def test_bf16_wide_matrices_take_four_rows_per_warp():
     """BF16 on the SIMT kernel at m = 1: gate|up and the LM head at 4 rows per warp, 1 slot, 2
-    blocks per SM (tenth session); qkv and the 4096-row matrices keep 2 rows."""
+    blocks per SM; qkv and the 4096-row matrices keep 2 rows."""
     for shape in (GATE_UP, LM_HEAD):
         d = defs("BF16", shape, a8=False)
         assert (d["MV_R"], d["MV_U"], d["MV_MINB"], d["MV_STEADY"]) == (4, 1, 2, 1), shape
@@ -121,8 +88,7 @@ def test_bf16_wide_matrices_take_four_rows_per_warp():
 
 
 def test_sixteen_warps_only_without_an_rmsnorm_statistic():
-    """BW24CHAT_MV_NW=16 (an experiment): blocks of 16 warps for the matvecs whose prologue has no
-    rmsnorm statistic (its summation order follows the block size); a 16-warp block stands for
+    """Blocks of 16 warps for the matvecs whose prologue has no rmsnorm statistic (its summation order follows the block size); a 16-warp block stands for
     two of 8, so the blocks per SM the registers must allow halve."""
     d = {"MV_NW": 16, "MV_MINB": 2, "MV_U": 3}
     assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and d["MV_MINB"] == 1
@@ -134,42 +100,23 @@ def test_sixteen_warps_only_without_an_rmsnorm_statistic():
     assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 8 and d == {"MV_U": 2}
 
 
-def test_the_warps_switch_reaches_the_defines(monkeypatch):
-    monkeypatch.setenv("BW24CHAT_MV_NW", "16")
-    assert defs("NVFP4", DOWN)["MV_NW"] == 16
-
-
-def test_the_eight_warp_statistic_switch(monkeypatch):
-    """BW24CHAT_MV_STAT8=1 (an experiment): 16 warps with the rmsnorm prologue too, its statistic
-    summed in the 8-warp order (matvec.cu MV_STAT8); never without 16 warps."""
-    monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
-    d = {"MV_NW": 16, "MV_MINB": 2}
-    assert cl._warps_per_block(d, cl.PROLOGUES["rmsnorm"]) == 16 and d == {"MV_NW": 16, "MV_MINB": 1, "MV_STAT8": 1}
-    d = {"MV_NW": 16, "MV_MINB": 2}
-    assert cl._warps_per_block(d, cl.PROLOGUES["none"]) == 16 and "MV_STAT8" not in d
-    d = {"MV_MINB": 3}
-    assert cl._warps_per_block(d, cl.PROLOGUES["rmsnorm"]) == 8 and d == {"MV_MINB": 3}
-
-
 def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     """The gate|up epilogue writes the down projection's x codes (matvec.cu qx_out) only where
     its tiles are 64 rows = 32 outputs = one 32-input block: the gate|up of NVFP4, Q8_0 and Q4_K
-    (16 warps x 4 rows; Q8_0 / Q4_K since the fourteenth session) at m = 1; m > 1, BF16 and the
-    old Q8_0 / Q4_K geometry (8 warps x 2 rows) keep the down prologue's quantization."""
+    (16 warps x 4 rows) at m = 1; m > 1, BF16 and a geometry of 8 warps x 2 rows keep the down
+    prologue's quantization."""
     W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
         assert cl.writes_qx(W(fmt, GATE_UP), 1), fmt
         assert not cl.writes_qx(W(fmt, GATE_UP), 2), fmt
     assert not cl.writes_qx(W("BF16", GATE_UP), 1)
-    monkeypatch.setenv("BW24CHAT_A8_WIDE_R4", "NVFP4")
-    for fmt in ("Q8_0", "Q4_K"):
-        assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
-    monkeypatch.delenv("BW24CHAT_A8_WIDE_R4")
+    with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp
+        mp.setattr(cl, "A8_WIDE_R4", ("NVFP4",))
+        for fmt in ("Q8_0", "Q4_K"):
+            assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
         assert cl.takes_qx(W(fmt, DOWN)), fmt
     assert not cl.takes_qx(W("BF16", DOWN))
-    monkeypatch.setenv("BW24CHAT_QX", "0")
-    assert not cl.writes_qx(W("NVFP4", GATE_UP), 1)
 
 
 def test_qx_ref_layout():
@@ -211,105 +158,27 @@ def test_gemm_i8_serves_q8_0_rows_of_a_multiple_of_128():
 
 
 def test_wide_matrices_fill_the_multiprocessors_with_three_rows_per_warp(monkeypatch):
-    """Twenty-second session: where 64-row tiles (4 rows x 16 warps) leave multiprocessors without
-    a tile (Qwen3-8B qkv: 96 tiles on 132 SMs) and 48-row tiles do not need a second round (128),
-    the wrapper takes 3 rows per warp — never under the swiglu epilogue (row pairs, QX's 64-row
-    tiles: gate|up keeps 4 and writes QX); BW24CHAT_MV_FILL=0 keeps 4; an odd row count
-    forced under swiglu is refused."""
+    """Where 64-row tiles (4 rows x 16 warps) leave multiprocessors without a tile (Qwen3-8B qkv:
+    96 tiles on 132 SMs) and 48-row tiles do not need a second round (128), the wrapper takes 3
+    rows per warp — Q8_0's with 2 load slots (the others keep 1) — never under the swiglu
+    epilogue (row pairs, QX's 64-row tiles: gate|up keeps 4 and writes QX); an odd row count
+    under swiglu is refused."""
     monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
-    monkeypatch.delenv("BW24CHAT_MV_R", raising=False)
-    monkeypatch.delenv("BW24CHAT_MV_FILL", raising=False)
     rms = cl.PROLOGUES["rmsnorm"]
 
     def geometry(shape, swiglu=False, fmt="NVFP4", m=1):
         W = types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])
-        _, rows, nw = cl._simt_geometry(W, m, True, rms, swiglu=swiglu)
-        return rows, nw
+        defs, rows, nw = cl._simt_geometry(W, m, True, rms, swiglu=swiglu)
+        return rows, nw, defs["MV_U"] if "MV_U" in defs else None
 
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
-        assert geometry(QKV, fmt=fmt) == (3, 16), fmt
-        assert geometry(GATE_UP, fmt=fmt) == (4, 16) and geometry(LM_HEAD, fmt=fmt) == (4, 16), fmt
-        assert geometry((5120, 2048), swiglu=True, fmt=fmt) == (4, 16), fmt  # a small gate|up keeps QX's tiles
-    assert geometry((5120, 2048)) == (3, 16)  # Qwen3-30B-A3B's qkv: 80 tiles of 64 rows, 107 of 48
-    assert geometry((8448, 4096)) == (4, 16)  # 132 tiles of 64 rows fill them already
-    assert geometry((9000, 4096)) == (4, 16)  # 188 tiles of 48 rows would need a second round
+        assert geometry(QKV, fmt=fmt) == (3, 16, 2 if fmt == "Q8_0" else 1), fmt
+        assert geometry(GATE_UP, fmt=fmt) == (4, 16, 1) and geometry(LM_HEAD, fmt=fmt) == (4, 16, 1), fmt
+        assert geometry((5120, 2048), swiglu=True, fmt=fmt)[:2] == (4, 16), fmt  # a small gate|up keeps QX's tiles
+    assert geometry((5120, 2048))[:2] == (3, 16)  # Qwen3-30B-A3B's qkv: 80 tiles of 64 rows, 107 of 48
+    assert geometry((8448, 4096))[:2] == (4, 16)  # 132 tiles of 64 rows fill them already
+    assert geometry((9000, 4096))[:2] == (4, 16)  # 188 tiles of 48 rows would need a second round
     assert geometry(QKV, m=2)[0] != 3
-    monkeypatch.setenv("BW24CHAT_MV_FILL_U", "2")  # the 3-row build's load slots (experiment)
-    W = types.SimpleNamespace(fmt="NVFP4", out=QKV[0], in_=QKV[1])
-    assert cl._simt_geometry(W, 1, True, rms)[0]["MV_U"] == 2
-    W = types.SimpleNamespace(fmt="NVFP4", out=GATE_UP[0], in_=GATE_UP[1])
-    assert cl._simt_geometry(W, 1, True, rms)[0]["MV_U"] == 1
-    monkeypatch.delenv("BW24CHAT_MV_FILL_U")
-    monkeypatch.setenv("BW24CHAT_MV_FILL", "0")
-    assert geometry(QKV) == (4, 16)
-    monkeypatch.setenv("BW24CHAT_MV_R", "3")
+    monkeypatch.setattr(cl, "_simt_defines", lambda W, m, a8: {"MV_R": 3})
     with pytest.raises(ValueError, match="pairs rows"):
         geometry(GATE_UP, swiglu=True)
-
-
-def test_l2_ahead_for_the_o_projection_only(monkeypatch):
-    """BW24CHAT_MV_L2AHEAD_O=1 (an experiment: matvec.cu MV_L2AHEAD lost on every shape but the o
-    projection, twenty-second session) asks L2 for the first tile on the square <= 4096-row
-    integer-dot matrices alone; off by default."""
-    assert "MV_L2AHEAD" not in defs("NVFP4", O)
-    monkeypatch.setenv("BW24CHAT_MV_L2AHEAD_O", "1")
-    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
-        assert defs(fmt, O)["MV_L2AHEAD"] == 1, fmt
-        for shape in (QKV, GATE_UP, DOWN, LM_HEAD):
-            assert "MV_L2AHEAD" not in defs(fmt, shape), (fmt, shape)
-    assert "MV_L2AHEAD" not in defs("BF16", O, a8=False)
-
-
-def test_window_pairs_only_where_one_slot_runs_steady(monkeypatch):
-    """BW24CHAT_MV_PINGPONG=1 (matvec.cu MV_PINGPONG, which refuses to compile otherwise) is given
-    only to builds of one load slot with steady windows: the wide integer-dot matrices and BF16's
-    at m = 1 — not the 3-row qkv given two slots (BW24CHAT_MV_FILL_U=2), not the o / down (2-4
-    slots), not m > 1; off without the variable."""
-    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
-    for k in ("BW24CHAT_MV_R", "BW24CHAT_MV_FILL", "BW24CHAT_MV_FILL_U", "BW24CHAT_MV_U", "BW24CHAT_MV_STEADY"):
-        monkeypatch.delenv(k, raising=False)
-    rms, qx = cl.PROLOGUES["rmsnorm"], cl.PROLOGUES["qx"]
-
-    def pairs(shape, fmt="NVFP4", m=1, pro=rms, a8=True):
-        W = types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])
-        defs = cl._simt_geometry(W, m, a8, pro)[0]
-        assert not defs.get("MV_PINGPONG") or (defs["MV_U"] == 1 and defs["MV_STEADY"])
-        return bool(defs.get("MV_PINGPONG"))
-
-    monkeypatch.delenv("BW24CHAT_MV_PINGPONG", raising=False)
-    assert not pairs(GATE_UP)
-    monkeypatch.setenv("BW24CHAT_MV_PINGPONG", "1")
-    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
-        assert pairs(GATE_UP, fmt) and pairs(LM_HEAD, fmt) and pairs(QKV, fmt), fmt
-        assert not pairs((4096, 4096), fmt, pro=qx) and not pairs((4096, 12288), fmt, pro=qx), fmt
-        assert not pairs(GATE_UP, fmt, m=2), fmt
-    assert pairs(GATE_UP, "BF16", a8=False)
-    monkeypatch.setenv("BW24CHAT_MV_FILL_U", "2")
-    assert not pairs(QKV) and pairs(GATE_UP)
-
-
-def test_slots_consumed_in_place_where_pairs_do_not_apply(monkeypatch):
-    """BW24CHAT_MV_NOCOPY=1 (matvec.cu MV_NOCOPY: one slot more, consumed in place) goes to the
-    builds that MV_PINGPONG does not take — the o / down (2-4 slots), m > 1 — and never with it
-    (matvec.cu refuses both); without BW24CHAT_MV_PINGPONG the one-slot builds take it too."""
-    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 233472))
-    for k in ("BW24CHAT_MV_R", "BW24CHAT_MV_FILL", "BW24CHAT_MV_FILL_U", "BW24CHAT_MV_U", "BW24CHAT_MV_STEADY"):
-        monkeypatch.delenv(k, raising=False)
-    rms, qx = cl.PROLOGUES["rmsnorm"], cl.PROLOGUES["qx"]
-
-    def picked(shape, fmt="NVFP4", m=1, pro=rms):
-        W = types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])
-        defs = cl._simt_geometry(W, m, True, pro)[0]
-        assert not (defs.get("MV_NOCOPY") and defs.get("MV_PINGPONG"))
-        return "pairs" if defs.get("MV_PINGPONG") else "nocopy" if defs.get("MV_NOCOPY") else ""
-
-    monkeypatch.setenv("BW24CHAT_MV_NOCOPY", "1")
-    monkeypatch.setenv("BW24CHAT_MV_PINGPONG", "1")
-    for fmt in ("NVFP4", "Q8_0", "Q4_K"):
-        assert picked(GATE_UP, fmt) == "pairs" and picked(QKV, fmt) == "pairs", fmt
-        assert picked((4096, 4096), fmt, pro=qx) == "nocopy" and picked((4096, 12288), fmt, pro=qx) == "nocopy", fmt
-        assert picked(GATE_UP, fmt, m=3) == "nocopy", fmt
-    monkeypatch.delenv("BW24CHAT_MV_PINGPONG")
-    assert picked(GATE_UP) == "nocopy"
-    monkeypatch.delenv("BW24CHAT_MV_NOCOPY")
-    assert picked((4096, 4096), pro=qx) == ""

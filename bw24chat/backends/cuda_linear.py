@@ -4,7 +4,7 @@
 
 All take preallocated CuPy outputs, launch on the current stream and neither allocate nor
 synchronize, so the decode step can be captured in a CUDA graph.  Absent optional pointers are
-passed as a null 64-bit value.  Contracts: kernels/matvec.cu, gemm_*.cu, dequant.cu.
+passed as a null 64-bit value.  Contracts: kernels/matvec.cu, matvec_tc.cu, gemm_*.cu, dequant.cu.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ _W_EXACT_IN_BF16 = ("BF16", "NVFP4")
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2, "qx": 3}  # qx: x's codes ready-made (matvec.cu PRO_QX)
 EPILOGUES = {"store": 0, "add": 1, "swiglu": 2}
 PRO_BF16 = 8  # matvec.cu: the prologue flag of the bf16-activation contract (x rounded to bf16 first)
+QX_HANDOFF = 2  # matvec.cu: qx_out's tile outputs reach the quantizing warp through named barriers
 _NULL = np.uint64(0)
 
 
@@ -96,7 +97,7 @@ def matvec_tile(W: DeviceWeight, m: int) -> int:
     return min(need, max(wt, (MV_SMEM_FLOATS // m) // wt * wt))
 
 
-TC_ROWS = 32  # matvec.cu matvec_tc: output rows per block
+TC_ROWS = 32  # matvec_tc.cu: output rows per block
 TC_SMEM_X = 64 * 1024  # x staging budget of matvec_tc (4 bytes per value and token)
 _smem_set: dict = {}
 
@@ -108,48 +109,29 @@ def _ensure_smem(k, smem: int) -> None:
         _smem_set[id(k)] = smem
 
 
-TC_LARGE_ROWS = 8192  # matvec_tc geometry switch (see matvec_impl)
-
-
-TC_FORMATS = ("NVFP4", "BF16", "F16")
-TC_FLOAT_MAX_ROWS = 4096  # BF16/F16: tensor cores up to this many rows, the SIMT kernel above
+TC_LARGE_ROWS = 8192  # matvec_tc geometry switch (tc_geometry)
+TC_FORMATS = ("NVFP4", "F16")  # the formats matvec_tc.cu decodes
+TC_FLOAT_MAX_ROWS = 4096  # F16: tensor cores up to this many rows, the SIMT kernel above
 
 
 def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
-    """"tc" (tensor cores, matvec_tc) or "simt", by measurement (H200, bench/matvec_variants.py,
-    Qwen3-8B shapes, us per launch; bench/NOTES.md): NVFP4 always tc (~2 instructions per weight
-    against ~6 in SIMT).  BF16/F16: tc for matrices of <= 4096 rows (o 14.1 vs 15.5, down 32.3 vs
-    41.6: their SIMT grids are a single partial wave of 16-row tiles), SIMT above (qkv 17.8 vs
-    20.6, gate|up 55.4 vs 57.0, LM head 104.9 vs 108.3) — except BF16 matrices of <= 4096 rows
-    and inputs (o), which take the SIMT kernel with steady windows (13.4 vs tc 13.9 us; seventh
-    session, its tests ran in the eighth; down stayed on tc: 33.0 vs 38.8, until the eleventh
-    session's 16-warp SIMT blocks: 29.4 vs 32.9, so BF16 is all SIMT).  Other formats, and NVFP4 under the
-    integer-dot contract (a8; None: act_q8's choice for the format): the SIMT kernel (an int8
-    tensor-core version of the integer-dot contract measured 10-50 % slower on every shape:
-    bench/NOTES.md, seventh session).  BW24CHAT_MATVEC=simt|tc forces one kernel (comparisons;
-    "tc" applies to TC_FORMATS only)."""
-    force = os.environ.get("BW24CHAT_MATVEC", "")
-    if force == "simt" or W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
+    """"tc" (matvec_tc.cu) or "simt" (matvec.cu), by measurement (bench/NOTES.md, Qwen3-8B
+    shapes): NVFP4 on the float contract always tc (~2 instructions per weight against ~6 in
+    SIMT); F16 tc up to 4096 rows (their SIMT grids are one partial wave), SIMT above; BF16 and
+    every integer-dot build SIMT (16-warp SIMT blocks beat tc on every BF16 shape; an int8
+    tensor-core matvec measured 10-50 % slower).  a8: the integer-dot contract (None: act_q8)."""
+    if W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
         return "simt"
-    if force == "tc" or W.fmt == "NVFP4":
-        return "tc"
-    if W.fmt == "BF16":  # eleventh session (s11a): down at 16 warps on SIMT 29.4 vs tc 32.9 us
-        return "simt"
-    return "tc" if W.out <= TC_FLOAT_MAX_ROWS else "simt"
+    return "tc" if W.fmt == "NVFP4" or W.out <= TC_FLOAT_MAX_ROWS else "simt"
 
 
 def tc_geometry(W: DeviceWeight) -> tuple[int, int]:
-    """(warps per block, super-steps in flight) of matvec_tc.  Measured on the H200 with
-    bench/matvec_variants.py (Qwen3-8B shapes, persistent tiles, rolling load window; us per
-    launch): NVFP4 16 x 2 up to 4096 rows (o 10.0, down 20.1), 8 x 2 below 8192 (qkv 14.5), 4 x 2
-    from 8192 (gate|up 34.9, LM head 62.8); BF16/F16 16 x 1 (o 14.1, down 32.3; 8 x 2: 18.0,
-    47.2).  BW24CHAT_TC_NW / BW24CHAT_TC_U override (experiments)."""
+    """(warps per block, super-steps in flight) of matvec_tc (bench/NOTES.md, us per launch on
+    the Qwen3-8B shapes): NVFP4 16 x 2 up to 4096 rows, 8 x 2 below 8192, 4 x 2 from 8192; F16
+    16 x 1."""
     if W.fmt == "NVFP4":
-        nw = 16 if W.out <= 4096 else 8 if W.out < TC_LARGE_ROWS else 4
-        u = 2
-    else:
-        nw, u = 16, 1
-    return int(os.environ.get("BW24CHAT_TC_NW", nw)), int(os.environ.get("BW24CHAT_TC_U", u))
+        return (16 if W.out <= 4096 else 8 if W.out < TC_LARGE_ROWS else 4), 2
+    return 16, 1
 
 
 def _sm_resources() -> tuple[int, int]:
@@ -184,16 +166,9 @@ def _resident_blocks(num_regs: int, threads: int, smem: int) -> int:
 
 def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
     """Grid of the persistent matvec kernels: at most the resident capacity, tiles spread evenly
-    (the same count per block, so no block runs a lone extra tile at the end).
-    BW24CHAT_MV_PERSIST=0: one tile per block (comparisons); BW24CHAT_MV_MAX_BLOCKS=N caps the
-    grid (tests: many tiles per block must give the same bits as one)."""
-    if os.environ.get("BW24CHAT_MV_PERSIST", "1") == "0":
-        return ntiles
+    (the same count per block, so no block runs a lone extra tile at the end)."""
     sms, _ = _sm_resources()
-    cap = sms * resident_blocks(k, threads, smem)
-    if os.environ.get("BW24CHAT_MV_MAX_BLOCKS"):
-        cap = min(cap, int(os.environ["BW24CHAT_MV_MAX_BLOCKS"]))
-    per_block = -(-ntiles // cap)
+    per_block = -(-ntiles // (sms * resident_blocks(k, threads, smem)))
     return -(-ntiles // per_block)
 
 
@@ -202,54 +177,18 @@ A8_WIDE_R4 = ("NVFP4", "Q4_K", "Q8_0")  # integer-dot formats whose wide matrice
 
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
-    """Compile-time geometry of the SIMT matvec beyond matvec.cu's defaults, for the integer-dot
-    path at m = 1 (H200, bench/matvec_variants.py, Qwen3-8B shapes, us per launch): matrices of
-    <= 4096 rows (one partial wave of tiles) want more loads in flight per warp at 2 blocks per
-    SM — 4-bit formats 3 slots (Q4_K o 6.9 vs 8.0, down 16.5 vs 19.3; NVFP4 o 8.3 vs 9.7, down
-    19.2 vs 24.3), Q8_0 4 (o 8.7 vs 9.0, down 22.4 vs 23.3); wider ones 2 slots at 3 blocks
-    (Q8_0 gate|up 30.8 vs 32.0 at 3 slots, LM head 55.7 vs 59.3; Q4_K / NVFP4: matvec.cu's
-    default).  Q5_K / Q6_K keep matvec.cu's (their decoders need the registers).  Branch-free
-    steady-state windows (MV_STEADY; seventh session, same geometry, us): Q8_0 everywhere (qkv
-    10.7 vs 11.3, o 8.0 vs 8.6, gate|up 28.3 vs 31.3, down 18.8 vs 21.7, LM head 52.9 vs 58.2),
-    Q4_K but on the square 4096 x 4096 o (qkv 9.9 vs 10.3, gate|up 22.9 vs 24.6, down 14.7 vs
-    15.9, LM head 40.8 vs 42.8; o 7.2 vs 6.8); NVFP4 with NV_PM but on the square o (seventh
-    session: qkv 11.5 vs 11.7, gate|up 30.2 vs 31.3, LM head 54.5 vs 56.7; eighth: qkv 13.0 vs
-    13.6, o 9.2 vs 9.2, gate|up 32.4 vs 33.8, down 20.2 vs 21.4, LM head 56.3 vs 59.0) and BF16
-    on the SIMT kernel at m = 1 (qkv 17.0 vs 17.2, o 13.4 vs 14.7, gate|up 54.9 vs 55.4, LM head
-    103.3 vs 105.2); their GPU tests ran in the eighth session.
-    Ninth session (one integer dot for both code levels: NVFP4 always, Q4_K matvec.cu A8_JOIN):
-    NVFP4's square o 2 slots with steady windows (6.6 vs 7.0 us at 3 slots without); Q4_K's wide
-    matrices but the LM head at 2 blocks per SM (qkv 9.2 vs 9.6, gate|up 20.9 vs 21.4; LM head
-    38.6 vs 37.0).  BW24CHAT_A8_JOIN=0 restores Q4_K's two-level dots (comparisons).  NVFP4's
-    wide matrices: 4 rows per warp (each shared-memory x read feeds 4 rows), 1 slot, 2 blocks
-    per SM, 127 registers without spills (qkv 9.2 vs 9.8 us, gate|up 20.1 vs 23.1, LM head 36.1
-    vs 41.1; o and down, 128 tiles of 32 rows for 264 blocks, lose: 7.8 vs 6.6, 18.8 vs 14.4).
-    Tenth session: NVFP4's 4096-row matrices (o, down) in blocks of 16 warps (matvec.cu MV_NW;
-    kept only where the prologue has no rmsnorm statistic, _warps_per_block): one copy of the
-    prologue's x quantization per SM instead of two (down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode
-    424.6 vs 412.3 tok/s).  Eleventh session (s11a, same call, us, 8 warps / 16): Q4_K down 14.1 /
-    12.6, Q8_0 down 18.5 / 17.1 (their o loses: 6.6 / 6.7, 7.9 / 8.4); BF16 on SIMT o 13.7 / 11.3,
-    down 32.9 (tc) / 29.4.  And 16 warps behind an rmsnorm with the 8-warp statistic (MV_STAT8,
-    rows bit-identical): NVFP4 qkv 9.1 / 8.8, gate|up 20.1 / 19.3, LM head 36.0 / 34.4; BF16
-    gate|up 53.7 / 53.0, LM head 101.2 / 100.4 (qkv loses: 17.0 / 17.8; Q8_0 / Q4_K lose
-    everywhere).  Decode tg128@512 (same call): NVFP4 429.7 vs 425.3, Q4_K 427.6 vs 414.0, Q8_0
-    333.0 vs 322.4 tok/s.  MV_STAT8 in the picked defines means "allowed behind an rmsnorm"
-    (_warps_per_block).
-    BW24CHAT_MV_U (load-window slots), BW24CHAT_MV_MINB (blocks per SM the register budget must
-    allow), BW24CHAT_MV_STEADY (branch-free steady-state windows), BW24CHAT_A8_NR (the
-    integer-dot prologue's float4 batch) and BW24CHAT_XF_NR (the float path's) override, for
-    experiments; BW24CHAT_A8_STAT_CACHE=0 stages the integer-dot rmsnorm prologue in two
-    batches of loads instead of from the statistic's one (matvec.cu A8_STAT_CACHE, on by default
-    since the twenty-second session: Q4_K decode +1.7-4 %, NVFP4 / Q8_0 +0.3-0.7 % on an H100);
-    BW24CHAT_MV_L2AHEAD=1|2 asks L2 for the first tile (2: and one tile ahead) before the loads
-    (matvec.cu MV_L2AHEAD: slower on every shape but the o projection, 7.2 -> 6.6 us NVFP4 on an
-    H100; decode -10 % with 2 everywhere); BW24CHAT_MV_L2AHEAD_O=1 sets 1 for the square
-    <= 4096-row integer-dot matrices only (the o projection: not yet measured in the step);
-    BW24CHAT_MV_ROWPTR=1 loads the steady windows through per-row plane pointers (matvec.cu
-    MV_ROWPTR: 3-34 % fewer instructions in the window loop, not yet run on a GPU);
-    BW24CHAT_MV_PINGPONG=1 (_simt_geometry: the one-slot steady builds) runs the window loop in
-    pairs without copying each window's chunks (matvec.cu MV_PINGPONG, not yet run on a GPU), and
-    BW24CHAT_MV_NOCOPY=1 the other builds with one slot more, consumed in place (MV_NOCOPY)."""
+    """Compile-time geometry of matvec.cu beyond its defaults, at m = 1 (m > 1 keeps them);
+    each choice measured on the Qwen3-8B shapes (bench/NOTES.md, us per launch and decode tok/s):
+    - integer dot, <= 4096 rows (o, down: one partial wave of tiles): more loads in flight at 2
+      blocks per SM (MV_U 3, Q8_0 4), 16 warps per block for down (and NVFP4's o: one prologue
+      per SM instead of two), NVFP4's square o 2 slots;
+    - integer dot, wider (qkv, gate|up, LM head) of NVFP4 / Q4_K / Q8_0: 4 rows per warp, 1 slot,
+      16 warps with the 8-warp rmsnorm statistic (MV_STAT8: rows bit-identical to 8 warps) — a
+      64-row gate|up tile, so its swiglu epilogue writes the down projection's x codes (QX);
+    - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
+    - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the
+      wide integer-dot ones.  Q5_K / Q6_K keep matvec.cu's defaults (their decoders need the
+      registers).  MV_STAT8 here means "allowed behind an rmsnorm" (_warps_per_block)."""
     d = {}
     if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
         square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
@@ -259,54 +198,33 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
             d = {"MV_U": 2}
         if W.fmt == "Q8_0" or (W.fmt in ("Q4_K", "NVFP4") and not square_small):
             d["MV_STEADY"] = 1
-        if W.fmt == "NVFP4" and square_small:  # ninth session, one integer-dot chain per half: 6.6 vs 7.0 us
+        if W.fmt == "NVFP4" and square_small:  # one integer-dot chain per half: 2 slots, steady
             d.update(MV_U=2, MV_STEADY=1)
-        if W.fmt == "NVFP4" and W.out <= A8_SMALL_ROWS:  # 16 warps per block where there is no rmsnorm (o, down):
-            d["MV_NW"] = 16  # tenth session, s10f: down 12.9 vs 14.5 us, o 6.4 vs 6.5; decode 424.6 vs 412.3 tok/s
-        if W.fmt in ("Q8_0", "Q4_K") and W.out <= A8_SMALL_ROWS < W.in_:  # down (s11a): Q4_K 12.6 vs 14.1 us,
-            d["MV_NW"] = 16  # Q8_0 17.1 vs 18.5; their o loses (6.7 vs 6.6, 8.4 vs 7.9)
-        if square_small and os.environ.get("BW24CHAT_MV_L2AHEAD_O") == "1":  # matvec.cu MV_L2AHEAD (experiment)
-            d["MV_L2AHEAD"] = 1
+        if W.fmt == "NVFP4" and W.out <= A8_SMALL_ROWS:  # o and down: no rmsnorm, one prologue per SM
+            d["MV_NW"] = 16
+        if W.fmt in ("Q8_0", "Q4_K") and W.out <= A8_SMALL_ROWS < W.in_:  # down (their o loses)
+            d["MV_NW"] = 16
         if W.fmt == "Q4_K" and W.out > A8_SMALL_ROWS and W.out * W.in_ <= 1 << 27:  # not the LM head
-            d["MV_MINB"] = 2  # joined levels (ninth session): qkv 9.2 vs 9.6 us, gate|up 20.9 vs 21.4; LM head 38.6 vs 37.0
-        wide_r4 = os.environ.get("BW24CHAT_A8_WIDE_R4")  # comparisons: a comma list replaces A8_WIDE_R4
-        if W.fmt in (wide_r4.split(",") if wide_r4 is not None else A8_WIDE_R4) and W.out > A8_SMALL_ROWS:
-            # 4 rows per warp, 16 warps behind the rmsnorm with the 8-warp statistic: a gate|up tile
-            # of 64 rows, so its swiglu epilogue quantizes the down projection's input (QX).  NVFP4
-            # (s11a): qkv 8.8 vs 9.1 us, gate|up 19.3 vs 20.1, LM head 34.4 vs 36.0.  Q4_K / Q8_0
-            # (fourteenth session, s14a, tg128@512 / @8192): 438.4 / 342.2 vs 415.3 / 330.4 tok/s,
-            # 346.7 / 286.6 vs 329.2 / 277.2
+            d["MV_MINB"] = 2
+        if W.fmt in A8_WIDE_R4 and W.out > A8_SMALL_ROWS:
             d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_STEADY=1, MV_NW=16, MV_STAT8=1)
     if not a8 and m == 1 and W is not None and W.fmt == "BF16":
         d["MV_STEADY"] = 1
-        if W.out > 2 * A8_SMALL_ROWS:  # tenth session (s10c, us): gate|up 53.8 vs 54.8, LM head 101.4 vs 103.8
-            d.update(MV_R=4, MV_U=1, MV_MINB=2)  # (qkv 17.9 vs 17.0, o 16.4 vs 13.7 lose)
-            d.update(MV_NW=16, MV_STAT8=1)  # s11a: gate|up 53.0 vs 53.7, LM head 100.4 vs 101.2
-        elif W.out <= A8_SMALL_ROWS:  # o and down at 16 warps (s11a): 11.3 vs 13.7 us, 29.4 vs 32.9 (tc)
+        if W.out > 2 * A8_SMALL_ROWS:  # gate|up, LM head (qkv and o lose at 4 rows)
+            d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_NW=16, MV_STAT8=1)
+        elif W.out <= A8_SMALL_ROWS:  # o and down
             d["MV_NW"] = 16
-    for env, name in (("BW24CHAT_MV_U", "MV_U"), ("BW24CHAT_MV_MINB", "MV_MINB"), ("BW24CHAT_MV_STEADY", "MV_STEADY"),
-                      ("BW24CHAT_A8_NR", "A8_NR"), ("BW24CHAT_MV_ABLATE", "MV_ABLATE"), ("BW24CHAT_MV_NW", "MV_NW"),
-                      ("BW24CHAT_XF_NR", "XF_NR"), ("BW24CHAT_A8_STAT_CACHE", "A8_STAT_CACHE"),
-                      ("BW24CHAT_MV_L2AHEAD", "MV_L2AHEAD"), ("BW24CHAT_MV_ROWPTR", "MV_ROWPTR")):
-        if os.environ.get(env):
-            d[name] = int(os.environ[env])
-    if a8 and W is not None and W.fmt == "Q4_K" and os.environ.get("BW24CHAT_A8_JOIN"):  # matvec.cu A8_JOIN
-        d["A8_JOIN"] = int(os.environ["BW24CHAT_A8_JOIN"])
     return d
 
 
 def _warps_per_block(defs: dict, pro: int) -> int:
-    """matvec.cu MV_NW from the picked defines (updated in place): 8, or 16 where picked
-    (_simt_defines, or BW24CHAT_MV_NW) and the prologue has no rmsnorm statistic (its summation
-    order follows the block size; without it the rows do not depend on the block size).  Where
-    the picked defines carry MV_STAT8 (or BW24CHAT_MV_STAT8=1; =0 turns it off) the rmsnorm
-    prologue keeps 16 warps as well and its statistic is summed by 8 of them in the 8-warp order
-    (matvec.cu MV_STAT8), so the rows stay the 8-warp kernel's bit for bit.  A block of 16
-    warps stands for two of 8: the blocks per SM the registers must allow halve."""
+    """matvec.cu MV_NW from the picked defines (updated in place): 8, or 16 where picked and the
+    prologue has no rmsnorm statistic (its summation order follows the block size) or MV_STAT8
+    was picked with it (the statistic summed by 8 of the warps in the 8-warp order: the rows are
+    the 8-warp kernel's bit for bit).  A block of 16 warps stands for two of 8: the blocks per
+    SM the registers must allow halve."""
     nw = int(defs.get("MV_NW", 8))
-    stat8_env = os.environ.get("BW24CHAT_MV_STAT8")
-    stat8_picked = bool(defs.pop("MV_STAT8", 0))
-    stat8 = pro == PROLOGUES["rmsnorm"] and (stat8_picked if not stat8_env else stat8_env != "0")
+    stat8 = bool(defs.pop("MV_STAT8", 0)) and pro == PROLOGUES["rmsnorm"]
     if nw == 8 or (pro == PROLOGUES["rmsnorm"] and not stat8):
         defs.pop("MV_NW", None)
         return 8
@@ -317,36 +235,26 @@ def _warps_per_block(defs: dict, pro: int) -> int:
 
 
 def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int, swiglu: bool = False) -> tuple[dict, int, int]:
-    """(defines, rows per warp, warps per block) of the SIMT matvec for this call; swiglu: the
-    call's epilogue pairs rows (2i, 2i+1) inside a warp, so the rows per warp stay even."""
+    """(defines, rows per warp, warps per block) of matvec.cu for this call; swiglu: the call's
+    epilogue pairs rows (2i, 2i+1) inside a warp, so the rows per warp stay even."""
     defs = _simt_defines(W, m, a8)
-    rows_picked = defs.pop("MV_R", MV_R)
+    rows = defs.pop("MV_R", MV_R)
     nw = _warps_per_block(defs, pro)
-    if rows_picked == 4 and not swiglu and m == 1:
-        rows_picked = _fill_rows(W.out, nw)
-        if rows_picked == 3 and os.environ.get("BW24CHAT_MV_FILL_U"):  # experiment: load slots of the 3-row build
-            defs["MV_U"] = int(os.environ["BW24CHAT_MV_FILL_U"])
-    if os.environ.get("BW24CHAT_MV_PINGPONG") == "1" and defs.get("MV_U") == 1 and defs.get("MV_STEADY"):
-        defs["MV_PINGPONG"] = 1  # matvec.cu MV_PINGPONG (experiment): one-slot steady builds only
-    elif os.environ.get("BW24CHAT_MV_NOCOPY") == "1":
-        defs["MV_NOCOPY"] = 1  # matvec.cu MV_NOCOPY (experiment): one slot more, consumed in place
-    rows = int(os.environ.get("BW24CHAT_MV_R") or rows_picked)  # rows per warp (env: experiments)
+    if rows == 4 and not swiglu and m == 1:
+        rows = _fill_rows(W.out, nw)
+        if rows == 3 and W.fmt == "Q8_0":  # two load slots: Q8_0 qkv +0.4 % decode; NVFP4 / Q4_K lose 1 %
+            defs["MV_U"] = 2
     if swiglu and rows % 2:
         raise ValueError(f"the swiglu epilogue pairs rows (2i, 2i+1) inside one warp: {rows} rows per warp")
     return defs, rows, nw
 
 
 def _fill_rows(n_out: int, nw: int) -> int:
-    """Rows per warp of a wide integer-dot matvec picked at 4 (_simt_defines): 3 where tiles of 4
-    rows would leave multiprocessors without a tile and tiles of 3 do not need a second one — the
-    Qwen3-8B qkv (6144 rows, one 16-warp block per SM): 96 tiles of 64 rows on 132 SMs, 128 of 48.
-    The rows' values do not depend on it (matvec.cu: each row is one warp's, its lanes' chunk
-    order fixed).  Not under the swiglu epilogue (row pairs; its QX tiles are 64 rows).
-    BW24CHAT_MV_FILL=0 keeps 4 (comparisons); BW24CHAT_MV_FILL_U=2 gives the 3-row build two
-    load slots (NVFP4 / Q8_0 128 registers without spills, Q4_K 16 bytes of spills; an experiment:
-    the qkv's lanes have 4 windows each, so the slots halve its chain of load latencies)."""
-    if os.environ.get("BW24CHAT_MV_FILL", "1") == "0":
-        return 4
+    """Rows per warp of a wide matvec picked at 4 (_simt_defines): 3 where tiles of 4 rows would
+    leave multiprocessors without a tile and tiles of 3 do not need a second one — the Qwen3-8B
+    qkv (6144 rows, one 16-warp block per SM): 96 tiles of 64 rows on 132 SMs, 128 of 48.  The
+    rows' values do not depend on it (matvec.cu: each row is one warp's, its lanes' chunk order
+    fixed).  Not under the swiglu epilogue (row pairs; its QX tiles are 64 rows)."""
     sms, _ = _sm_resources()
     if -(-n_out // (4 * nw)) < sms and -(-n_out // (3 * nw)) <= sms:
         return 3
@@ -356,25 +264,13 @@ def _fill_rows(n_out: int, nw: int) -> int:
 def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
     """Whether matvec(W, ..., epilogue="swiglu", qx_out=...) can write the next matvec's x codes
     (matvec.cu qx_out): the integer-dot contract, and tiles of 64 rows (32 outputs = one block of
-    32 inputs) over whole blocks.  BW24CHAT_QX=0 turns it off (comparisons)."""
-    if os.environ.get("BW24CHAT_QX", "1") == "0" or not 1 <= m <= 8 or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
+    32 inputs) over whole blocks."""
+    if not 1 <= m <= 8 or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
         return False
     if (W.out // 2) % 32 or W.out % 2 or matvec_impl(W, True) != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
     return nw * rows == 64 and m <= a8_rows_per_launch(W, nw, True)
-
-
-def qx_handoff() -> int:
-    """matvec.cu QX_HANDOFF: how qx_out's tile outputs reach the quantizing warp (0: two block
-    barriers per tile; 1: two buffers, one barrier; 2: named producer / consumer barriers).
-    Measured (H200, thirteenth session, s13c, NVFP4 tg128@512 / @8192 tok/s in one call): 0
-    425.7 / 330.1 and 430.9 / 332.8, 1 434.7 / 333.1, 2 438.6 / 335.9 and 445.9 / 341.5; the
-    gate|up matvec in the step 22.5 us (23.6 with mode 0, s11d).  So 2 is the default;
-    BW24CHAT_QX_HANDOFF picks another (comparisons; every mode gives the same words).
-    BW24CHAT_QX_ROTATE=1: the quantizing warp rotates with the tile ordinal (matvec.cu QX_ROTATE:
-    prepared in the twenty-second session, not yet measured; the same words)."""
-    return int(os.environ.get("BW24CHAT_QX_HANDOFF", "2"))
 
 
 def takes_qx(W: DeviceWeight, m: int = 1) -> bool:
@@ -414,7 +310,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     outputs' integer-dot codes (kernel_refs.qx_ref); prologue "qx" reads x's codes from qx_in
     instead of quantizing x (rows bit-identical to prologue "none" on the floats qx_in came from).
     act_bf16: the bf16-activation contract, x rounded to bf16 after the prologue (qx_out's codes
-    are of the rounded outputs; kernel_refs.bf16_round)."""
+    are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" (default
+    matvec_impl: tests run the kernel production picks for another shape)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
@@ -440,15 +337,14 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
         raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
     if impl == "tc":
-        if a8:
-            raise ValueError(f"{W.fmt} weights use the integer-dot contract: no tensor-core matvec")
+        if a8 or W.fmt not in TC_FORMATS:
+            raise ValueError(f"matvec_tc decodes {', '.join(TC_FORMATS)} on the float contract, not {W.fmt} (a8={a8})")
         nw, u = tc_geometry(W)
         unit = 4 * W.vpc * nw * u  # matvec_tc: whole rolling windows (super-steps of 4 chunks) per k-tile
         need = -(-W.in_ // unit) * unit
         tkx = min(need, max(unit, (TC_SMEM_X // (4 * m)) // unit * unit))
         smem = 4 * m * tkx + 4 * (nw * TC_ROWS * 8 + 2 * nw + 2 * m)
-        defs = {} if (nw, u) == (4, 2) else {"TC_NW": nw, "TC_U": u}
-        k = get_kernel("matvec", "matvec_tc", FMT=W.fmt_id, MV_M=m, MV_R=MV_R, **defs)
+        k = get_kernel("matvec_tc", "matvec_tc", FMT=W.fmt_id, MV_M=m, TC_NW=nw, TC_U=u)
         _ensure_smem(k, smem)
         k((persistent_grid(k, 32 * nw, smem, -(-W.out // TC_ROWS)),), (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                                             np.int32(tkx), pro_arg, np.int32(epi), np.float32(eps)), shared_mem=smem)
@@ -467,12 +363,9 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
                        act_bf16=act_bf16)
             return
         tk = W.in_
-        handoff = qx_handoff() if qx_out is not None else 0
-        if handoff:
-            defs["QX_HANDOFF"] = handoff
-        if qx_out is not None and os.environ.get("BW24CHAT_QX_ROTATE") == "1":  # matvec.cu QX_ROTATE (experiment)
-            defs["QX_ROTATE"] = 1
-        smem = m * per_row + (128 * m * (2 if handoff else 1) if qx_out is not None else 0)  # + qx_out's tile buffers
+        if qx_out is not None:
+            defs["QX_HANDOFF"] = QX_HANDOFF
+        smem = m * per_row + (2 * 128 * m if qx_out is not None else 0)  # + qx_out's two tile buffers
         k = get_kernel("matvec", "matvec", FMT=W.fmt_id, MV_M=m, MV_R=rows, ACT_Q8=1, **defs)
     else:
         tk = matvec_tile(W, m)

@@ -40,6 +40,9 @@ class KernelCompileError(RuntimeError):
 
 
 def kernel_dir() -> Path:
+    src = Path(__file__).resolve().parents[2] / "kernels"  # a source checkout: the kernels beside this package
+    if (src / "__init__.py").exists():  # (before the installed package: an editable install may map another tree)
+        return src
     try:
         from importlib.resources import files
 
@@ -48,7 +51,7 @@ def kernel_dir() -> Path:
             return p
     except (ModuleNotFoundError, TypeError):
         pass
-    return Path(__file__).resolve().parents[2] / "kernels"
+    return src
 
 
 def families() -> list[str]:

@@ -125,6 +125,40 @@ def qx_ref(x: np.ndarray) -> np.ndarray:
     return np.concatenate(words, axis=1)
 
 
+def matvec_prologue_f32(x: np.ndarray, prologue: str, in_: int, norm_w=None, eps: float = 1e-6) -> np.ndarray:
+    """The decode matvec's prologue in float32 with the kernels' formulas (numpy_backend):
+    "rmsnorm" of x [m, in_], "swiglu" of x [m, 2 in_] = gate | up, else x."""
+    from .numpy_backend import NumpyBackend
+
+    B, x32 = NumpyBackend(), np.asarray(x, dtype=np.float32)
+    if prologue == "rmsnorm":
+        return B.rmsnorm(x32, norm_w, eps)
+    if prologue == "swiglu":
+        return B.swiglu(x32[:, :in_], x32[:, in_:])
+    return x32
+
+
+def matvec_ref_input(x: np.ndarray, prologue: str, in_: int, norm_w=None, eps: float = 1e-6, a8: bool = False) -> np.ndarray:
+    """The float64 input of the decode matvec's product (kernels/matvec.cu, matvec_tc.cu): the
+    prologue in float64, or under the integer-dot contract (a8) the float32 prologue quantized
+    (act_quant_ref).  matvec_ref is its product with the exact weights."""
+    if a8:
+        return act_quant_ref(matvec_prologue_f32(x, prologue, in_, norm_w, eps)).astype(np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    if prologue == "rmsnorm":
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * np.asarray(norm_w, dtype=np.float64)
+    if prologue == "swiglu":
+        g, u = x[:, :in_], x[:, in_:]
+        return g / (1.0 + np.exp(-g)) * u
+    return x
+
+
+def matvec_ref(x: np.ndarray, w: np.ndarray, prologue: str = "none", norm_w=None, eps: float = 1e-6,
+               a8: bool = False) -> np.ndarray:
+    """y[m, o] = sum_k x'[m, k] w[o, k] in float64, x' = matvec_ref_input (w: the exact weights)."""
+    return matvec_ref_input(x, prologue, w.shape[1], norm_w, eps, a8) @ np.asarray(w, dtype=np.float64).T
+
+
 def _pow2(e: np.ndarray) -> np.ndarray:
     return ((127 + np.asarray(e)).astype(np.uint32) << np.uint32(23)).view(np.float32)
 

@@ -17,7 +17,7 @@ from bw24chat.backends import cuda_weights as cw
 from bw24chat.backends.kernel_refs import act_q8, act_quant_ref, bf16_round
 from tests.gpu.test_dequant_embed import FMTS, block_of, make_weight
 from tests.gpu.test_gemm import assert_same_bits, check, impls
-from tests.gpu.test_matvec import EPS, prologue_f32
+from tests.gpu.test_matvec import _PICKED, EPS, geometry, prologue_f32
 
 
 def contract_input(x, pro, in_, norm_w, fmt):
@@ -68,8 +68,7 @@ def test_qx_of_the_bf16_contract_gives_the_bits_of_prologue_none(cp, rng, fmt, m
     from bw24chat.backends import cuda_linear as cl
     from bw24chat.backends.kernel_refs import qx_ref, qx_row_words
 
-    for var, val in (("BW24CHAT_MV_NW", "16"), ("BW24CHAT_MV_R", "4"), ("BW24CHAT_MV_STAT8", "1")):
-        monkeypatch.setenv(var, val)
+    geometry(monkeypatch, MV_NW=16, MV_R=4, MV_STAT8=1)
     unit = max(32, block_of(fmt))
     F = unit * int(rng.integers(1, 4) if unit == 256 else rng.integers(3, 12))
     ts, _ = make_weight(rng, fmt, rows=(F, F), nblocks=4096 // block_of(fmt))
@@ -86,8 +85,7 @@ def test_qx_of_the_bf16_contract_gives_the_bits_of_prologue_none(cp, rng, fmt, m
               qx_out=qx, act_bf16=True)
     a = cp.asnumpy(act)
     assert np.array_equal(cp.asnumpy(qx), qx_ref(bf16_round(a))), "the QX words are not those of the rounded outputs"
-    for var in ("BW24CHAT_MV_NW", "BW24CHAT_MV_R", "BW24CHAT_MV_STAT8"):
-        monkeypatch.delenv(var)
+    monkeypatch.setattr(cl, "_simt_defines", _PICKED)
     via_qx = cp.full((m, D.out), cp.nan, dtype=cp.float32)
     cl.matvec(D, act, via_qx, m, prologue="qx", qx_in=qx, act_bf16=True)
     assert_same_bits(matvec(cp, D, a, m), cp.asnumpy(via_qx))

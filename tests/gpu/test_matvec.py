@@ -4,42 +4,33 @@ epilogue, and the rmsnorm / swiglu prologues, for every format; fresh random dat
 import numpy as np
 import pytest
 
+from bw24chat.backends import cuda_linear as cl
 from bw24chat.backends import cuda_weights as cw
-from bw24chat.backends.kernel_refs import act_q8, act_quant_ref
-from bw24chat.backends.numpy_backend import NumpyBackend
+from bw24chat.backends.kernel_refs import act_q8, act_quant_ref, matvec_prologue_f32, matvec_ref_input
 from tests.gpu.test_dequant_embed import FMTS, block_of, make_weight
 
 EPS = 1e-6
-
-
-def prologue_ref(x, pro, in_, norm_w):
-    x = x.astype(np.float64)
-    if pro == "rmsnorm":
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * norm_w.astype(np.float64)
-    if pro == "swiglu":
-        g, u = x[:, :in_], x[:, in_:]
-        return g / (1.0 + np.exp(-g)) * u
-    return x
+_PICKED = cl._simt_defines  # the wrapper's geometry table, before any test overrides it
 
 
 def prologue_f32(x, pro, in_, norm_w):
-    """The prologue in float32 with the kernels' formulas (NumpyBackend)."""
-    B = NumpyBackend()
-    x32 = x.astype(np.float32)
-    if pro == "rmsnorm":
-        return B.rmsnorm(x32, norm_w, EPS)
-    if pro == "swiglu":
-        return B.swiglu(x32[:, :in_], x32[:, in_:])
-    return x32
+    return matvec_prologue_f32(x, pro, in_, norm_w, EPS)
 
 
 def ref_input(x, pro, in_, norm_w, fmt):
-    """The reference's input of the product: the prologue (float64), or for the integer-dot
-    formats the prologue in float32 (prologue_f32) then the activation quantization of the
-    contract (kernel_refs.act_quant_ref)."""
-    if not act_q8(fmt):
-        return prologue_ref(x, pro, in_, norm_w)
-    return act_quant_ref(prologue_f32(x, pro, in_, norm_w)).astype(np.float64)
+    """The reference's input of the product under the format's default contract (kernel_refs)."""
+    return matvec_ref_input(x, pro, in_, norm_w, EPS, act_q8(fmt))
+
+
+def geometry(monkeypatch, **override):
+    """The following matvecs with the wrapper's picked geometry (cuda_linear._simt_defines)
+    overridden: a production build of another shape (e.g. MV_NW=16, MV_R=4, MV_STEADY=0)."""
+    monkeypatch.setattr(cl, "_simt_defines", lambda W=None, m=1, a8=False: {**_PICKED(W, m, a8), **override})
+
+
+def tiles_per_block(monkeypatch, cap):
+    """Persistent grids of at most ``cap`` blocks (None: one tile per block)."""
+    monkeypatch.setattr(cl, "persistent_grid", lambda k, threads, smem, ntiles: ntiles if cap is None else min(ntiles, cap))
 
 
 def check_close(got, xin, w):
@@ -49,12 +40,10 @@ def check_close(got, xin, w):
     assert np.all(err <= 1e-3 * bound + 1e-30), f"max rel err {np.max(err / (bound + 1e-30)):.3g}"
 
 
-def run(cp, W, x, m, pro="none", epi="store", norm_w=None, init=None, act_bf16=False):
-    from bw24chat.backends import cuda_linear as cl
-
+def run(cp, W, x, m, pro="none", epi="store", norm_w=None, init=None, act_bf16=False, impl=None):
     out = cp.full((m, W.out), cp.nan, dtype=cp.float32) if init is None else cp.asarray(init)
     cl.matvec(W, cp.asarray(np.ascontiguousarray(x[:m])), out, m, prologue=pro, epilogue=epi,
-              norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS, act_bf16=act_bf16)
+              norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS, act_bf16=act_bf16, impl=impl)
     return cp.asnumpy(out)
 
 
@@ -101,7 +90,6 @@ def test_matvec_swiglu_epilogue_interleaved(cp, rng, fmt):
     """Gate and up rows interleaved at upload; the swiglu epilogue equals silu(gate.x) * up.x
     (each from the store epilogue on the same interleaved matrix), m-invariant bit for bit; and
     the prefill's swiglu_rows gives the same bits from the same interleaved GEMM-layout input."""
-    from bw24chat.backends import cuda_linear as cl
     from bw24chat.backends import cuda_ops as ops
 
     n = int(rng.integers(3, 40))
@@ -133,8 +121,6 @@ def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch
     once per block).  A grid capped at 3 blocks — dozens of tiles per block, the next tile's loads
     issued before the current one's epilogue — gives the same bits as the default grid and as one
     tile per block, for the rmsnorm prologue and the store / add / swiglu epilogues."""
-    from bw24chat.backends import cuda_linear as cl
-
     n = int(rng.integers(300, 700))
     ts, w = make_weight(rng, fmt, rows=(n, n), nblocks=int(rng.integers(2, 5)))
     W = cw.upload(ts, cw.repack_host(ts, interleave=True))
@@ -152,13 +138,10 @@ def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch
     w_rows = np.empty_like(w)  # the uploaded row order: gate_0, up_0, gate_1, ...
     w_rows[0::2], w_rows[1::2] = w[:n], w[n:]
     check_close(base[0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w_rows)
-    for env in ({"BW24CHAT_MV_MAX_BLOCKS": "3"}, {"BW24CHAT_MV_PERSIST": "0"}):
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
+    for cap in (3, None):
+        tiles_per_block(monkeypatch, cap)
         for a, b in zip(all_epilogues(), base):
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{env} changed the bits"
-        for k in env:
-            monkeypatch.delenv(k)
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"a grid of {cap} blocks changed the bits"
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "NVFP4"])
@@ -195,22 +178,19 @@ def test_integer_dot_rows_split_past_shared_memory(cp, rng):
         assert np.array_equal(one.view(np.uint32), y8[r:r + 1].view(np.uint32))
 
 
-
-def _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, switch, values):
-    """The rows of one rmsnorm-prologue matvec (8192 inputs, 20..139 rows: odd and even) with the
-    environment switch set to each of `values` in turn; the last result is also checked against
-    the reference.  force: BW24CHAT_MATVEC ("simt" puts small BF16 matrices on the SIMT kernel)."""
+def _rmsnorm_rows_under(cp, rng, fmt, m, monkeypatch, overrides):
+    """The rows of one rmsnorm-prologue matvec on the SIMT kernel (8192 inputs, 20..139 rows: odd
+    and even) under each geometry override in turn (geometry); the last is also checked against
+    the reference."""
     n = int(rng.integers(20, 140))
     ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
     W = cw.upload(ts)
     x = rng.standard_normal((m, W.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    if force:
-        monkeypatch.setenv("BW24CHAT_MATVEC", force)
     outs = []
-    for v in values:
-        monkeypatch.setenv(switch, v)
-        outs.append(run(cp, W, x, m, "rmsnorm", norm_w=norm_w))
+    for override in overrides:
+        geometry(monkeypatch, **override)
+        outs.append(run(cp, W, x, m, "rmsnorm", norm_w=norm_w, impl="simt"))
     check_close(outs[-1], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
     return outs
 
@@ -238,85 +218,53 @@ def test_wide_matrices_default_geometry_is_m_invariant(cp, rng, fmt):
         assert np.array_equal(one.view(np.uint32), three_swiglu[r].view(np.uint32)), r
 
 
-@pytest.mark.parametrize("fmt,force", [("Q8_0", ""), ("Q4_K", ""), ("NVFP4", ""), ("BF16", "simt"), ("F32", "simt"),
-                                       ("Q6_K", "")])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4", "BF16", "F32", "Q6_K"])
 @pytest.mark.parametrize("m", [1, 3])
-def test_steady_windows_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
-    """MV_STEADY (branch-free steady-state load windows) runs the same operations in the same
-    order as the guarded loop, so every row is bit-identical with it on and off; inputs wide
-    enough (8192) that the steady branch covers most of each row, odd row counts, the rmsnorm
-    prologue.  BF16 / F32 are forced onto the SIMT kernel (small BF16 matrices otherwise take
-    the tensor-core one, which has no such windows)."""
-    off, on = _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, "BW24CHAT_MV_STEADY", ("0", "1"))
+def test_steady_windows_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
+    """MV_STEADY (branch-free steady-state load windows, picked per shape) runs the same operations
+    in the same order as the guarded loop, so every row is bit-identical with it on and off;
+    inputs wide enough (8192) that the steady branch covers most of each row, odd row counts, the
+    rmsnorm prologue."""
+    off, on = _rmsnorm_rows_under(cp, rng, fmt, m, monkeypatch, ({"MV_STEADY": 0}, {"MV_STEADY": 1}))
     assert np.array_equal(on.view(np.uint32), off.view(np.uint32))
 
 
-@pytest.mark.parametrize("fmt,force", [("NVFP4", ""), ("Q8_0", ""), ("Q4_K", ""), ("BF16", "simt"), ("F32", "simt")])
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "BF16", "F32"])
 @pytest.mark.parametrize("m", [1, 3])
-def test_sixteen_warps_per_block_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
-    """MV_NW = 16 (BW24CHAT_MV_NW: blocks of 16 warps, for the matvecs without an rmsnorm
-    prologue) changes which block and warp compute a row, not how: every row is bit-identical
-    to the 8-warp kernel's, for no prologue (store, add, swiglu epilogues: odd and even row
-    counts) and the swiglu prologue; with an rmsnorm prologue the wrapper keeps 8 warps (the
+def test_sixteen_warps_per_block_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
+    """MV_NW = 16 (blocks of 16 warps, picked for the matvecs without an rmsnorm prologue) changes
+    which block and warp compute a row, not how: every row is bit-identical to the 8-warp
+    kernel's, for no prologue (store, add, swiglu epilogues: odd and even row counts) and the
+    swiglu prologue; with an rmsnorm prologue the wrapper keeps 8 warps unless MV_STAT8 (the
     statistic's order follows the block size), so those rows are unchanged as well."""
     n = int(rng.integers(20, 140))
     ts, w = make_weight(rng, fmt, rows=(n,), nblocks=8192 // block_of(fmt))
     W = cw.upload(ts)
     x = rng.standard_normal((m, 2 * W.in_)).astype(np.float32)
+    xs = np.ascontiguousarray(x[:, :W.in_])
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
     res = rng.standard_normal((m, n)).astype(np.float32)
-    if force:
-        monkeypatch.setenv("BW24CHAT_MATVEC", force)
     got = {}
-    for nw in ("8", "16"):
-        monkeypatch.setenv("BW24CHAT_MV_NW", nw)
-        xs = np.ascontiguousarray(x[:, :W.in_])
-        got[nw] = (run(cp, W, xs, m), run(cp, W, xs, m, epi="add", init=res), run(cp, W, x, m, "swiglu"),
-                   run(cp, W, xs, m, "rmsnorm", norm_w=norm_w))
+    for nw in (8, 16):
+        geometry(monkeypatch, MV_NW=nw)
+        got[nw] = (run(cp, W, xs, m, impl="simt"), run(cp, W, xs, m, epi="add", init=res, impl="simt"),
+                   run(cp, W, x, m, "swiglu", impl="simt"), run(cp, W, xs, m, "rmsnorm", norm_w=norm_w, impl="simt"))
         if n % 2 == 0:
-            got[nw] += (run(cp, W, xs, m, epi="swiglu"),)
-    check_close(got["16"][0], ref_input(xs, "none", W.in_, None, fmt), w)
-    check_close(got["16"][2], ref_input(x, "swiglu", W.in_, None, fmt), w)
-    for a, b in zip(got["16"], got["8"]):
+            got[nw] += (run(cp, W, xs, m, epi="swiglu", impl="simt"),)
+    check_close(got[16][0], ref_input(xs, "none", W.in_, None, fmt), w)
+    check_close(got[16][2], ref_input(x, "swiglu", W.in_, None, fmt), w)
+    for a, b in zip(got[16], got[8]):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-@pytest.mark.parametrize("fmt,force", [("NVFP4", ""), ("Q8_0", ""), ("Q4_K", ""), ("BF16", "simt"), ("F32", "simt")])
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "BF16", "F32"])
 @pytest.mark.parametrize("m", [1, 3])
-def test_sixteen_warps_with_the_eight_warp_statistic_give_the_same_bits(cp, rng, fmt, force, m, monkeypatch):
-    """BW24CHAT_MV_STAT8=1 with BW24CHAT_MV_NW=16: the rmsnorm prologue in a 16-warp block sums its
-    statistic with 8 warps in the 8-warp kernel's order (matvec.cu MV_STAT8), so the rows equal
-    the 8-warp kernel's bit for bit; inputs wide enough (8192) for several statistic batches."""
-    monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
-    eight, sixteen = _rmsnorm_rows_under(cp, rng, fmt, force, m, monkeypatch, "BW24CHAT_MV_NW", ("8", "16"))
+def test_sixteen_warps_with_the_eight_warp_statistic_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
+    """MV_STAT8 with 16 warps (the wide matrices' geometry): the rmsnorm prologue in a 16-warp block
+    sums its statistic with 8 warps in the 8-warp kernel's order, so the rows equal the 8-warp
+    kernel's bit for bit; inputs wide enough (8192) for several statistic batches."""
+    eight, sixteen = _rmsnorm_rows_under(cp, rng, fmt, m, monkeypatch, ({"MV_NW": 8}, {"MV_NW": 16, "MV_STAT8": 1}))
     assert np.array_equal(sixteen.view(np.uint32), eight.view(np.uint32))
-
-
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K"])
-@pytest.mark.parametrize("rows,inputs,m", [(4154, 4096, 1), (4154, 2048, 1), (130, 4096, 1), (131, 4096, 3),
-                                           (77, 2048, 8), (4160, 8192, 1)])
-@pytest.mark.parametrize("act_bf16", [False, True])
-def test_stat_cache_prologue_gives_the_same_bits(cp, rng, fmt, rows, inputs, m, act_bf16, monkeypatch):
-    """matvec.cu A8_STAT_CACHE (BW24CHAT_A8_STAT_CACHE=1): the integer-dot rmsnorm prologue staged
-    from the statistic's one batch of loads (x and the norm weights), by the statistic's threads
-    only under MV_STAT8, gives every row bit for bit as the two-batch prologue — the wide default
-    geometry (16 warps, 8-warp statistic: > 4096 rows at m = 1), the 8-warp kernel (130 / 131
-    rows, m = 1, 3, 8), a row of half a batch (2048 inputs) and one past a batch (8192 inputs:
-    the old path), both activation contracts; the swiglu epilogue (gate|up) too."""
-    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
-    W = cw.upload(ts)
-    x = rng.standard_normal((m, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    got = {}
-    for v in ("0", "1"):
-        monkeypatch.setenv("BW24CHAT_A8_STAT_CACHE", v)
-        got[v] = (run(cp, W, x, m, "rmsnorm", norm_w=norm_w, act_bf16=act_bf16),)
-        if rows % 2 == 0:
-            got[v] += (run(cp, W, x, m, "rmsnorm", epi="swiglu", norm_w=norm_w, act_bf16=act_bf16),)
-    for a, b in zip(got["1"], got["0"]):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
-    if not act_bf16:
-        check_close(got["1"][0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K"])
@@ -325,86 +273,39 @@ def test_stat_cache_prologue_gives_the_same_bits(cp, rng, fmt, rows, inputs, m, 
 @pytest.mark.parametrize("act_bf16", [False, True])
 def test_three_rows_per_warp_give_the_same_bits(cp, rng, fmt, rows, inputs, m, pro, act_bf16, monkeypatch):
     """cuda_linear._fill_rows: a wide integer-dot matvec whose 64-row tiles would leave SMs idle
-    (the qkv shape) runs 3 rows per warp (48-row tiles); every row equals the 4-row build's bit for
-    bit (BW24CHAT_MV_FILL=0) and the 3-row build with 2 load slots (BW24CHAT_MV_FILL_U=2), a partial last
-    tile included (6150 rows), both activation contracts; within the reference's tolerance."""
+    (the qkv shape) runs 3 rows per warp (48-row tiles; Q8_0 with 2 load slots); every row equals
+    the 4-row build's bit for bit, a partial last tile included (6150 rows), both activation
+    contracts; within the reference's tolerance."""
     ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=inputs // block_of(fmt))
     W = cw.upload(ts)
     x = rng.standard_normal((m, W.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32) if pro == "rmsnorm" else None
-    got = {}
-    for label, env in (("fill", {}), ("four", {"BW24CHAT_MV_FILL": "0"}), ("fill u2", {"BW24CHAT_MV_FILL_U": "2"})):
-        for k in ("BW24CHAT_MV_FILL", "BW24CHAT_MV_FILL_U"):
-            monkeypatch.delenv(k, raising=False)
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        got[label] = run(cp, W, x, m, pro, norm_w=norm_w, act_bf16=act_bf16)
-    for label in ("four", "fill u2"):
-        assert np.array_equal(got["fill"].view(np.uint32), got[label].view(np.uint32)), label
+    fill = run(cp, W, x, m, pro, norm_w=norm_w, act_bf16=act_bf16)
+    monkeypatch.setattr(cl, "_fill_rows", lambda n_out, nw: 4)
+    four = run(cp, W, x, m, pro, norm_w=norm_w, act_bf16=act_bf16)
+    assert np.array_equal(fill.view(np.uint32), four.view(np.uint32))
     if not act_bf16:
-        check_close(got["fill"], ref_input(x, pro, W.in_, norm_w, fmt), w)
+        check_close(fill, ref_input(x, pro, W.in_, norm_w, fmt), w)
 
 
-def same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, nblocks, m, max_blocks, fixed, variants):
-    """Rows of one random matrix under each variant's environment (plus `fixed`), rmsnorm prologue:
-    every variant equals the first bit for bit, and the first is within the reference's tolerance.
-    max_blocks: BW24CHAT_MV_MAX_BLOCKS (several tiles per block) or ""."""
-    ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=nblocks)
-    W = cw.upload(ts)
-    x = rng.standard_normal((m, W.in_)).astype(np.float32)
-    norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    if max_blocks:
-        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", max_blocks)
-    for k, v in fixed.items():
-        monkeypatch.setenv(k, v)
-    got = []
-    for env in variants:
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        got.append(run(cp, W, x, m, "rmsnorm", norm_w=norm_w))
-    for env, g in zip(variants[1:], got[1:]):
-        assert np.array_equal(g.view(np.uint32), got[0].view(np.uint32)), env
-    check_close(got[0], ref_input(x, "rmsnorm", W.in_, norm_w, fmt), w)
+QX_CASES = [(p, c, m, b) for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
+            for m in (1, 3, 8) for b in (None, 2, 3)]
 
 
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "BF16", "Q4_1"])
-@pytest.mark.parametrize("rows,inputs,max_blocks", [(6150, 4096, ""), (24576, 4096, ""), (1000, 2048, "3")])
-def test_l2_ahead_gives_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks, monkeypatch):
-    """matvec.cu MV_L2AHEAD (BW24CHAT_MV_L2AHEAD=1|2): the block's first tile, and one tile ahead,
-    asked of L2 before the loads (every plane of the format) — a hint: every row equals the build
-    without it bit for bit, with several tiles per block (MV_MAX_BLOCKS=3) and a partial last tile."""
-    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, inputs // block_of(fmt), 1, max_blocks, {},
-                            [{"BW24CHAT_MV_L2AHEAD": v} for v in ("0", "1", "2")])
-
-
-QX_CASES = [(p, c, m, b, "0") for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
-            for m in (1, 3, 8) for b in ("", "2")]
-QX_CASES += [(p, p, m, b, h) for p in ("NVFP4", "Q8_0", "Q4_K") for m in (1, 3, 8) for b in ("", "2", "3")
-             for h in ("1", "2", "2r", "0r")]  # r: the quantizing warp rotates with the tile (QX_ROTATE)
-
-
-@pytest.mark.parametrize("producer,consumer,m,blocks,handoff", QX_CASES)
-def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer, consumer, m, blocks, handoff,
-                                                              monkeypatch):
+@pytest.mark.parametrize("producer,consumer,m,blocks", QX_CASES)
+def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer, consumer, m, blocks, monkeypatch):
     """matvec.cu QX: the gate|up matvec's swiglu epilogue, in tiles of 64 rows (16 warps x 4
     rows; the 8-warp rmsnorm statistic), writes its outputs' integer-dot codes; they equal
     kernel_refs.qx_ref of its float outputs word for word (codes and records), and the down
     matvec's prologue "qx" over them gives the same bits as prologue "none" over the floats —
-    for every pair of formats (the QX layout does not depend on either), odd block counts; one
-    tile per block and many (grids of 2 and 3 blocks: the tile buffers reused, odd and even tile
-    counts per block); every hand-off of the tile outputs to the quantizing warp (QX_HANDOFF 0:
-    block barriers, 1: two buffers and one barrier, 2: named producer / consumer barriers), with
-    warp 0 quantizing every tile or the warp of the tile ordinal (QX_ROTATE)."""
-    from bw24chat.backends import cuda_linear as cl
+    for every pair of formats (the QX layout does not depend on either), odd block counts; the
+    default grid and grids of 2 and 3 blocks (the two tile buffers reused, odd and even tile
+    counts per block: the named-barrier hand-off)."""
     from bw24chat.backends.kernel_refs import qx_ref, qx_row_words
 
-    monkeypatch.setenv("BW24CHAT_QX_HANDOFF", handoff.rstrip("r"))
-    monkeypatch.setenv("BW24CHAT_QX_ROTATE", "1" if handoff.endswith("r") else "0")
     if blocks:
-        monkeypatch.setenv("BW24CHAT_MV_MAX_BLOCKS", blocks)
-    monkeypatch.setenv("BW24CHAT_MV_NW", "16")
-    monkeypatch.setenv("BW24CHAT_MV_R", "4")
-    monkeypatch.setenv("BW24CHAT_MV_STAT8", "1")
+        tiles_per_block(monkeypatch, blocks)
+    geometry(monkeypatch, MV_NW=16, MV_R=4, MV_STAT8=1)
     unit = max(32, block_of(consumer))  # the down projection's inputs: whole blocks (Q4_K 256, NVFP4 64, Q8_0 32)
     F = unit * int(rng.integers(1, 4) if unit == 256 else rng.integers(3, 12))
     ts, _ = make_weight(rng, producer, rows=(F, F), nblocks=4096 // block_of(producer))
@@ -424,8 +325,7 @@ def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer
     plain = cp.full((m, F), cp.nan, dtype=cp.float32)  # the floats are the ones without qx_out
     cl.matvec(W_gu, cp.asarray(x), plain, m, prologue="rmsnorm", epilogue="swiglu", norm_w=cp.asarray(norm_w), eps=EPS)
     assert np.array_equal(cp.asnumpy(plain).view(np.uint32), act_h.view(np.uint32)), "qx_out changed the float outputs"
-    for var in ("BW24CHAT_MV_NW", "BW24CHAT_MV_R", "BW24CHAT_MV_STAT8"):
-        monkeypatch.delenv(var)
+    monkeypatch.setattr(cl, "_simt_defines", _PICKED)
     res = rng.standard_normal((m, n_down)).astype(np.float32)
     want = run(cp, W_d, act_h, m, epi="add", init=res)
     got = cp.asarray(res)
@@ -437,14 +337,11 @@ def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer
 @pytest.mark.parametrize("fmt", ["BF16", "F32", "F16", "Q4_1"])
 @pytest.mark.parametrize("pro", ["none", "rmsnorm", "swiglu"])
 @pytest.mark.parametrize("m", [1, 3])
-def test_float_path_reads_give_the_same_bits_aligned_or_not(cp, rng, fmt, pro, m, monkeypatch):
+def test_float_path_reads_give_the_same_bits_aligned_or_not(cp, rng, fmt, pro, m):
     """The float path's prologue reads x in float4 groups where x, its row stride and normw allow
     16-byte loads, else as four guarded scalar loads (matvec.cu load_group); the statistic's
-    order and the staged values are the same either way, and for any batch size (XF_NR).  x one
-    float past a 16-byte boundary takes the scalar reads; rows several statistic batches wide."""
-    from bw24chat.backends import cuda_linear as cl
-
-    monkeypatch.setenv("BW24CHAT_MATVEC", "simt")
+    order and the staged values are the same either way.  x one float past a 16-byte boundary
+    takes the scalar reads; rows several statistic batches wide; the SIMT kernel (impl)."""
     ts, w = make_weight(rng, fmt, rows=(int(rng.integers(20, 90)),), nblocks=8192 // block_of(fmt))
     W = cw.upload(ts)
     ldx = 2 * W.in_ if pro == "swiglu" else W.in_
@@ -456,52 +353,9 @@ def test_float_path_reads_give_the_same_bits_aligned_or_not(cp, rng, fmt, pro, m
         xd = buf[offset:offset + m * ldx]
         xd[...] = cp.asarray(x.reshape(-1))
         out = cp.full((m, W.out), cp.nan, dtype=cp.float32)
-        cl.matvec(W, xd, out, m, prologue=pro, norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS)
+        cl.matvec(W, xd, out, m, prologue=pro, norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS, impl="simt")
         return cp.asnumpy(out)
 
     aligned, scalar = rows(0), rows(1)
     assert np.array_equal(aligned.view(np.uint32), scalar.view(np.uint32))
-    for nr in ("1", "4"):
-        monkeypatch.setenv("BW24CHAT_XF_NR", nr)
-        assert np.array_equal(rows(0).view(np.uint32), aligned.view(np.uint32)), f"XF_NR={nr}"
     check_close(aligned, ref_input(x, pro, W.in_, norm_w, fmt), w)
-
-
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "BF16", "Q4_1"])
-@pytest.mark.parametrize("rows,inputs,max_blocks", [(6150, 4096, ""), (24576, 4096, ""), (1000, 2048, "3")])
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_row_pointers_give_the_same_bits(cp, rng, fmt, rows, inputs, max_blocks, m, monkeypatch):
-    """matvec.cu MV_ROWPTR (BW24CHAT_MV_ROWPTR=1): the steady windows load through per-row plane
-    pointers set per tile (formats.cuh row_planes) instead of the row * nck + kc index — the same
-    loads, so every row equals the index build's bit for bit, steady windows forced on
-    (BW24CHAT_MV_STEADY=1) for every format's planes (h: Q5_K, Q6_K; d: Q6_K), several tiles per
-    block (MV_MAX_BLOCKS=3: the pointers re-aimed per tile) and a partial last tile."""
-    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, inputs // block_of(fmt), m, max_blocks,
-                            {"BW24CHAT_MV_STEADY": "1"}, [{"BW24CHAT_MV_ROWPTR": v} for v in ("0", "1")])
-
-
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "BF16"])
-@pytest.mark.parametrize("rows,extra_blocks,max_blocks", [(6150, 0, ""), (24576, 0, ""), (24576, 1, ""), (1000, 1, "3"), (1000, 0, "3")])
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_pingpong_windows_give_the_same_bits(cp, rng, fmt, rows, extra_blocks, max_blocks, m, monkeypatch):
-    """matvec.cu MV_PINGPONG (BW24CHAT_MV_PINGPONG=1, one-slot steady builds): the window loop in
-    pairs with two chunk buffers swapping roles — the same loads and dot products in the same
-    order, so every row equals the slot loop's bit for bit: 4096 inputs (pairs to the end) and one
-    block more (a partial window after the pairs: the slot loop takes over), one slot forced
-    (BW24CHAT_MV_U=1, steady) where m > 1, row pointers on and off, several tiles per block."""
-    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, 4096 // block_of(fmt) + extra_blocks, m, max_blocks,
-                            {"BW24CHAT_MV_U": "1", "BW24CHAT_MV_STEADY": "1"},
-                            [{"BW24CHAT_MV_PINGPONG": pp, "BW24CHAT_MV_ROWPTR": rp} for pp, rp in (("0", "0"), ("1", "0"), ("1", "1"))])
-
-
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "BF16", "Q4_1"])
-@pytest.mark.parametrize("rows,extra_blocks,max_blocks", [(4096, 0, ""), (4100, 1, ""), (1000, 1, "3")])
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_slots_consumed_in_place_give_the_same_bits(cp, rng, fmt, rows, extra_blocks, max_blocks, m, monkeypatch):
-    """matvec.cu MV_NOCOPY (BW24CHAT_MV_NOCOPY=1): one load slot more, each consumed in place and
-    refilled after — the same loads and dot products in the same order, so every row equals the
-    copying window's bit for bit: the geometry's own slot counts (2-4 at m = 1 on these 4096-input
-    matrices, the o / down shapes), steady and guarded windows (Q4_K's square o has no steady
-    ones), a partial window, with and without row pointers, several tiles per block."""
-    same_bits_across_builds(cp, rng, monkeypatch, fmt, rows, 4096 // block_of(fmt) + extra_blocks, m, max_blocks, {},
-                            [{"BW24CHAT_MV_NOCOPY": nc, "BW24CHAT_MV_ROWPTR": rp} for nc, rp in (("0", "0"), ("1", "0"), ("1", "1"))])

@@ -1,8 +1,7 @@
 """The decode step with the hand-offs of integer-dot codes gives the same logits bit for bit as without
 them, graph and eager, on random-weight models whose projections are on the integer-dot contract:
 the attention's finishing blocks writing the o projection's QX codes (the default;
-BW24CHAT_ATTN_QX=0 turns it off), in both activation contracts, and the gate|up epilogue's
-quantizing warp rotating with the tile (BW24CHAT_QX_ROTATE=1, an experiment)."""
+BW24CHAT_ATTN_QX=0 turns it off), in both activation contracts."""
 import numpy as np
 import pytest
 
@@ -35,28 +34,6 @@ def test_attention_qx_hand_off_gives_the_same_logits(cp, monkeypatch, fmt, activ
         monkeypatch.setenv("BW24CHAT_ATTN_QX", env)
         r = CudaRunner(ck, 1024, "bf16", activations=activations)
         assert r._o_takes_qx(r.layers[0], 1) == (env == "1")
-        logits[env] = _decode_logits(r, prompt)
-        del r
-    _assert_same_bits(logits["0"], logits["1"])
-
-
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K"])
-def test_rotating_qx_warp_gives_the_same_logits(cp, monkeypatch, fmt):
-    """matvec.cu QX_ROTATE: the tiny model's matrices take the wide geometry by the switches (16
-    warps x 4 rows: 64-row gate|up tiles, so QX) and grids of 2 blocks, so each block quantizes
-    several tiles."""
-    from bw24chat.backends.cuda_runner import CudaRunner
-    from bw24chat.synthetic import synthetic_checkpoint
-
-    ck = synthetic_checkpoint("tiny", fmt)
-    prompt = np.random.default_rng(4).integers(0, 4096, 40)
-    for k, v in (("BW24CHAT_MV_MAX_BLOCKS", "2"), ("BW24CHAT_MV_NW", "16"), ("BW24CHAT_MV_R", "4"), ("BW24CHAT_MV_STAT8", "1")):
-        monkeypatch.setenv(k, v)
-    logits = {}
-    for env in ("0", "1"):
-        monkeypatch.setenv("BW24CHAT_QX_ROTATE", env)
-        r = CudaRunner(ck, 1024, "bf16")
-        assert r._down_takes_qx(r.layers[0], 1), "the QX hand-off expected"
         logits[env] = _decode_logits(r, prompt)
         del r
     _assert_same_bits(logits["0"], logits["1"])
