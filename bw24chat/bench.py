@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _legacy(argv: list[str]) -> list[str]:
-    """``--json PATH`` (bench/device_run.sh's spelling): ``--output PATH``."""
+    """``--json PATH`` (the spelling of earlier versions): ``--output PATH``."""
     out = list(argv)
     for i, arg in enumerate(out[:-1]):
         if arg == "--json" and not out[i + 1].startswith("-"):

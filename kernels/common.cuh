@@ -139,14 +139,14 @@ BW24_DEVICE void split_bf16x4(float4 v, uint2& hi, uint2& lo) {
 // 256), -128, 127) (r - h exact; rint half to even) needs no clamp at the half steps: a bf16 input
 // (the bf16-activation contract) of at least 2^(e-1) is represented exactly.  (Round-to-even h
 // with l clamped to +-127 lost 2^(e-8) on every half step: 18 % of a bf16 row's values, 2e-5 of
-// sum |x||w| between prefill and decode; bench/NOTES.md, twentieth session.)  The quantized
+// sum |x||w| between prefill and decode; docs/performance.md.)  The quantized
 // input is 2^e * (h + l / 256): 15 significant bits, error <= 2^(e-8) (one 256th of a step),
 // exact in f32, and its two parts 2^e h and 2^(e-8) l are each exact in bf16.  So the prefill
 // GEMM takes them as its two bf16 planes (the precise mode's hi / lo) and the decode matvec as
 // two int8 code planes for dp4a — the same numbers on both paths.  Two levels, not one: with
 // 8-bit codes a rounding-level difference between the two paths' inputs flips whole steps
 // (1/128 of the block maximum), which random models amplified into prefill-vs-decode argmax
-// mismatches; the second level makes a flip 256 times smaller (bench/NOTES.md).
+// mismatches; the second level makes a flip 256 times smaller (docs/performance.md).
 BW24_DEVICE int act_exp(float amax) { return max((int)((__float_as_uint(amax) >> 23) & 0xFFu) - 127, -100) - 6; }
 BW24_DEVICE float pow2f(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }  // -126 <= e <= 127
 

@@ -33,7 +33,7 @@
 //   the block writes the integer-dot codes of its tile's 32 outputs (one 32-input block of the
 //   next matvec's x) to qx_out, so the down projection's prologue copies them instead of every
 //   block re-quantizing all F inputs (the prologues took ~21 % of an NVFP4 decode step,
-//   bench/NOTES.md).  QX layout per token m (uint32 words, n = the inputs, row
+//   docs/performance.md).  QX layout per token m (uint32 words, n = the inputs, row
 //   stride qx_row_words(n) = 5n/8): [0, n/4) h codes, [n/4, n/2) l codes (natural order, 4 int8
 //   per word), then n/32 int4 records {e, sum h of inputs 0-15, of 16-31, sum l of 0-15 | (sum l of
 //   16-31) << 16} (kernel_refs.qx_ref is the NumPy mirror).
@@ -499,7 +499,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
                 // the window is one branch-free block, so one slot's shared-memory x reads overlap
                 // the previous slot's dot products (Nsight Compute: the int-dot matvec waited on
                 // shared memory 50-57 % of its stall cycles; -5..-14 % per Q8_0 / Q4_K matvec,
-                // bench/NOTES.md).  Same operations, same order.
+                // docs/performance.md).  Same operations, same order.
                 if (MV_STEADY && (i0 + 2 * MV_U) * 32 <= nkc) {
 #pragma unroll
                     for (int u = 0; u < MV_U; ++u) consume(u, i0, true);
@@ -563,7 +563,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
         // The tile's 32 outputs (MV_NW * MV_R = 64 rows: the wrapper checks) are block this_tile of
         // the next matvec's x: warp 0 quantizes them once every warp's are in (QX_HANDOFF above).
         // (A hand-off where the tile's last warp to arrive quantizes, found by a shared-memory
-        // arrival count and a spin, measured slower: bench/NOTES.md.)
+        // arrival count and a spin, measured slower: docs/performance.md.)
         if (qx_out && epi == EPI_SWIGLU) {
             const int nq = n_out >> 1;
             if (QX_HANDOFF == 2 && warp != 0)

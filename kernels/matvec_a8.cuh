@@ -7,7 +7,7 @@
 #pragma once
 
 // Q4_K and NVFP4 join both code levels in one integer per dot (256 dot_h + dot_l < 2^24 for their
-// 4-bit codes): one I2F and FMA per half chunk instead of two (Q4_K decode +7.5 %, bench/NOTES.md)
+// 4-bit codes): one I2F and FMA per half chunk instead of two (Q4_K decode +7.5 %, docs/performance.md)
 #define A8_JOIN (FMT == F_NVFP4 || FMT == F_Q4_K)
 // Shared x per token m and plane p (0: the high codes h, 1: the low
 // codes l; common.cuh act_quant_lane): the int8 codes as u32 words (wpm = n_in/4 per plane), and
@@ -37,7 +37,7 @@ BW24_DEVICE int a8_word(int p, int nck) {
 // statistic's loads holds the whole row (n_in / 4 <= STAT_NT * A8_NR: qkv, gate|up and the LM
 // head of 4096-input models) the norm weights come in that batch too and the statistic's threads
 // stage exactly the groups they hold (under MV_STAT8 the other 8 warps stage nothing), one L2
-// round trip in all (decode +0.3-4 %, bench/NOTES.md).  The rmsnorm statistic: each thread's
+// round trip in all (decode +0.3-4 %, docs/performance.md).  The rmsnorm statistic: each thread's
 // squares in the order (b0, i, x, y, z, w) by FMA, warp_sum, then the STAT_NW warps in order —
 // the same for every MV_M.  Every thread runs the same trip count (the group reductions are
 // shuffles).  red: MV_NW floats.  (Copying the row to shared memory by cp.async measured slower.)

@@ -10,7 +10,7 @@
 // F16 1 FLOP/byte; the tensor cores' ridge is ~300).  The floor is the weight bytes over the
 // bandwidth: NVFP4 o 4096 x 4096 = 9.4 MB -> 2.8 us, gate|up 24576 x 4096 = 57 MB -> 17 us;
 // F16 o 34 MB -> 10 us.  The SIMT kernel spends ~6 instructions per NVFP4 weight turning codes
-// into floats (instruction-bound at ~20 % of the bandwidth, bench/NOTES.md); here the tensor
+// into floats (instruction-bound at ~20 % of the bandwidth, docs/performance.md); here the tensor
 // cores multiply and a code costs ~2 instructions, so the loads in flight set the pace.
 //
 // Math.  Per row o and NVFP4 block b (16 values): A[o, k] = E2M1(code) * E4M3(scale_b), an exact

@@ -115,7 +115,7 @@ TC_FLOAT_MAX_ROWS = 4096  # F16: tensor cores up to this many rows, the SIMT ker
 
 
 def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
-    """"tc" (matvec_tc.cu) or "simt" (matvec.cu), by measurement (bench/NOTES.md, Qwen3-8B
+    """"tc" (matvec_tc.cu) or "simt" (matvec.cu), by measurement (docs/performance.md, Qwen3-8B
     shapes): NVFP4 on the float contract always tc (~2 instructions per weight against ~6 in
     SIMT); F16 tc up to 4096 rows (their SIMT grids are one partial wave), SIMT above; BF16 and
     every integer-dot build SIMT (16-warp SIMT blocks beat tc on every BF16 shape; an int8
@@ -126,7 +126,7 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
 
 
 def tc_geometry(W: DeviceWeight) -> tuple[int, int]:
-    """(warps per block, super-steps in flight) of matvec_tc (bench/NOTES.md, us per launch on
+    """(warps per block, super-steps in flight) of matvec_tc (docs/performance.md, us per launch on
     the Qwen3-8B shapes): NVFP4 16 x 2 up to 4096 rows, 8 x 2 below 8192, 4 x 2 from 8192; F16
     16 x 1."""
     if W.fmt == "NVFP4":
@@ -178,7 +178,7 @@ A8_WIDE_R4 = ("NVFP4", "Q4_K", "Q8_0")  # integer-dot formats whose wide matrice
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
     """Compile-time geometry of matvec.cu beyond its defaults, at m = 1 (m > 1 keeps them);
-    each choice measured on the Qwen3-8B shapes (bench/NOTES.md, us per launch and decode tok/s):
+    each choice measured on the Qwen3-8B shapes (docs/performance.md, us per launch and decode tok/s):
     - integer dot, <= 4096 rows (o, down: one partial wave of tiles): more loads in flight at 2
       blocks per SM (MV_U 3, Q8_0 4), 16 warps per block for down (and NVFP4's o: one prologue
       per SM instead of two), NVFP4's square o 2 slots;

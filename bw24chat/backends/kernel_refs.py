@@ -55,7 +55,7 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 # The integer-dot linear contract: the activations are quantized per 32 inputs into two int8
 # code levels with power-of-two scales (act_quant_ref: 2^e (h + l/256), 15 significant bits)
 # before the product, in decode (dp4a matvec) and prefill (the GEMM takes the two levels as its
-# exact bf16 hi / lo planes) alike.  Decided by measurement (H200, Qwen3-8B shape, bench/NOTES.md):
+# exact bf16 hi / lo planes) alike.  Decided by measurement (H200, Qwen3-8B shape, docs/performance.md):
 # the float decoders of these formats are instruction-bound at 25-45 % of the weight bandwidth.
 # One int8 level (llama.cpp's q8_1) was faster still but failed the prefill-vs-decode gate: its
 # whole-step flips turn the two paths' rounding-level differences into argmax mismatches on
