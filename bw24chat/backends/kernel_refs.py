@@ -128,13 +128,13 @@ def qx_ref(x: np.ndarray) -> np.ndarray:
 def matvec_prologue_f32(x: np.ndarray, prologue: str, in_: int, norm_w=None, eps: float = 1e-6) -> np.ndarray:
     """The decode matvec's prologue in float32 with the kernels' formulas (numpy_backend):
     "rmsnorm" of x [m, in_], "swiglu" of x [m, 2 in_] = gate | up, else x."""
-    from .numpy_backend import NumpyBackend
+    from .numpy_backend import rmsnorm_ref, swiglu_ref
 
-    B, x32 = NumpyBackend(), np.asarray(x, dtype=np.float32)
+    x32 = np.asarray(x, dtype=np.float32)
     if prologue == "rmsnorm":
-        return B.rmsnorm(x32, norm_w, eps)
+        return rmsnorm_ref(x32, norm_w, eps)
     if prologue == "swiglu":
-        return B.swiglu(x32[:, :in_], x32[:, in_:])
+        return swiglu_ref(x32[:, :in_], x32[:, in_:])
     return x32
 
 

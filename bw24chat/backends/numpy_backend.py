@@ -47,6 +47,19 @@ class NumpyKVCache:
         return self.k.nbytes + self.v.nbytes
 
 
+def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x * rsqrt(mean(x^2) + eps) * w over the last axis (Zhang & Sennrich 2019), in x's dtype
+    (float32 in the engine; float64 where a check wants an exact reference)."""
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=x.dtype if x.dtype == np.float64 else np.float32)
+    one, e = (1.0, eps) if x.dtype == np.float64 else (np.float32(1.0), np.float32(eps))
+    return (x * (one / np.sqrt(ms + e))) * w
+
+
+def swiglu_ref(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up (Shazeer 2020, GLU variants)."""
+    return gate / (np.float32(1.0) + np.exp(-gate)) * up
+
+
 class ActQuantMatrix(np.ndarray):
     """A dequantized weight matrix whose products follow the integer-dot contract:
     ``linear`` quantizes the activations first (kernel_refs.act_quant_ref), as the CUDA engine
@@ -171,8 +184,7 @@ class NumpyOps(Ops):
         return np.asarray(table)[np.asarray(ids, dtype=np.int64)]  # (T, D), a plain array
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float | None = None) -> np.ndarray:
-        ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-        return (x * (np.float32(1.0) / np.sqrt(ms + np.float32(self.eps if eps is None else eps)))) * w
+        return rmsnorm_ref(x, w, self.eps if eps is None else eps)
 
     def linear(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
         if self.b.act_bf16:
@@ -183,8 +195,7 @@ class NumpyOps(Ops):
         return y if residual is None else residual + y
 
     def swiglu(self, gu: np.ndarray) -> np.ndarray:
-        gate, up = gu[:, 0::2], gu[:, 1::2]
-        return gate / (np.float32(1.0) + np.exp(-gate)) * up
+        return swiglu_ref(gu[:, 0::2], gu[:, 1::2])
 
     def rope_kv(self, qkv: np.ndarray, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
         T, H, K, hd = len(qkv), spec.n_heads, spec.n_kv_heads, spec.head_dim

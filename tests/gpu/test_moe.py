@@ -146,7 +146,7 @@ def test_moe_prefill_argmax_equals_decode(cp, tmp_path, family):
     from bw24chat.loaders import load_checkpoint
     from tests.model_factory import make_hf_dir
 
-    d, _ = make_hf_dir(tmp_path / family, family, "BF16")
+    d, _ = make_hf_dir(tmp_path / family, family, "BF16", head_dim=32)  # rope.cu: head dims of 32k
     ck = load_checkpoint(d)
     r = CudaRunner(ck, 256, "f32")
     ids = [int(t) for t in np.random.default_rng(5).integers(0, ck.config["vocab_size"], 24)]
