@@ -22,7 +22,6 @@ class Checkpoint:
     tokenizer: TokenizerInfo
     generation_config: dict = field(default_factory=dict)
     config_fields: dict[str, str] = field(default_factory=dict)  # config key -> the file's field name
-    source_names: dict[str, str] = field(default_factory=dict)  # canonical tensor name -> the file's
     _keepalive: Any = None  # the reader / memory maps the tensors point into
 
     @property
@@ -89,6 +88,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                 magic = fh.read(4)
         except OSError as exc:
             raise ModelFileError(p, f"cannot be read: {exc.strerror or exc}") from None
+        if not magic:
+            raise ModelFileError(p, "the file is empty (an interrupted download?)")
         if magic == b"GGUF":
             from .gguf_loader import load_gguf
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from .errors import ModelFileError
+from .names import GGUF_MAP, HF_MAP
 
 # Bounds no real model of these families comes near; beyond them a number is a corrupt header.
 MAX_WIDTH = 1 << 20
@@ -105,9 +106,10 @@ def _optional(name: str) -> bool:
 def check_checkpoint(ckpt) -> None:
     """Config numbers, then tensors: none missing, none unexpected, each of the expected shape,
     and a tokenizer whose ids all index the embedding.  Messages use the file's own names
-    (``ckpt.config_fields``, ``ckpt.source_names``)."""
+    (``ckpt.config_fields``, the name maps)."""
     a = check_config(ckpt, ckpt.config_fields)
-    shown = lambda n: ckpt.source_names.get(n, n)  # noqa: E731
+    names_map = GGUF_MAP if ckpt.source == "gguf" else HF_MAP
+    shown = names_map.source
     want = expected_shapes(a)
     for name, t in ckpt.tensors.items():
         if name not in want:

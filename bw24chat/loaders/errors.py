@@ -6,6 +6,7 @@ naming the file, the field or tensor, and what is wrong, so the CLI prints one l
 the TUI shows it in a dialog and the server refuses to start with it."""
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 
@@ -15,9 +16,15 @@ class ModelFileError(ValueError):
 
     def __init__(self, path: str | Path, detail: str, where: str = ""):
         self.path = Path(path)
-        self.where = where
-        self.detail = detail
-        super().__init__(f"{self.path}: {where + ': ' if where else ''}{detail}")
+        self.where = printable(where)
+        self.detail = printable(detail)
+        super().__init__(f"{printable(str(self.path))}: {self.where + ': ' if self.where else ''}{self.detail}")
+
+
+def printable(text: str) -> str:
+    """``text`` with control and other invisible characters escaped: names read from a hostile
+    file must not move the terminal's cursor or recolour it when the message is printed."""
+    return "".join(c if c == " " or unicodedata.category(c)[0] not in "CZ" else ascii(c)[1:-1] for c in text)
 
 
 # Pickle runs code while it loads; these checkpoints are refused whatever their contents.

@@ -128,7 +128,6 @@ def load_gguf(path: Path):
     names = {t.name for t in gf.tensors}
     cfg, config_fields = config_from_metadata(path, md, names)
     tensors: dict[str, QTensor] = {}
-    source_names: dict[str, str] = {}
     unknown = []
     for t in gf.tensors:
         if t.ggml_type not in quants.SUPPORTED:
@@ -141,7 +140,6 @@ def load_gguf(path: Path):
             unknown.append(t.name)
             continue
         tensors[canon] = QTensor(canon, t.ggml_type.name, t.shape, t.data)
-        source_names[canon] = t.name
     if unknown:
         raise ModelFileError(path, f"tensors bw24chat has no use for: {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
     if "tok_embd" not in tensors:
@@ -177,6 +175,5 @@ def load_gguf(path: Path):
         tokenizer=tok,
         generation_config={},
         config_fields=config_fields,
-        source_names=source_names,
         _keepalive=gf,
     )

@@ -247,7 +247,6 @@ def load_hf_dir(model_dir: Path):
 
     where = _open_shards(model_dir)
     tensors: dict[str, QTensor] = {}
-    source_names: dict[str, str] = {}
     consumed = set()
     for name in sorted(where):
         if name in consumed:
@@ -282,7 +281,6 @@ def load_hf_dir(model_dir: Path):
             tensors[canon] = QTensor(canon, kind, tuple(arr.shape), arr)
         else:
             raise ModelFileError(where[name].path, f"{kind} without the scales that would say how to read it", f"tensor {name}")
-        source_names[canon] = name
     if "output" not in tensors:
         cfg["tie_word_embeddings"] = True
     elif "tie_word_embeddings" not in cfg:
@@ -297,6 +295,5 @@ def load_hf_dir(model_dir: Path):
         tokenizer=tok,
         generation_config=gen_cfg,
         config_fields={k: f"config.json: {k}" for k in cfg},
-        source_names=source_names,
         _keepalive=where,
     )
