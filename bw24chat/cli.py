@@ -35,6 +35,17 @@ def _open(options, quiet: bool):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .loaders.errors import ModelFileError
+    from .model_store import ModelNotFound
+
+    try:
+        return _dispatch(argv)
+    except (ModelFileError, ModelNotFound) as exc:  # a bad or missing model: one line, whatever the command
+        sys.stderr.write(f"bw24chat: {exc}\n")
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "serve":
         from .server.app import add_serve_args, serve_from_args
 

@@ -17,11 +17,14 @@ from textual.app import App
 from ..api import EngineAPI, LoadProgress
 from ..config import load_config, update_saved_config, with_cli_overrides
 from ..conversations import ConversationStore
+from ..loaders.errors import ModelFileError
+from ..model_store import ModelNotFound
 from ..options import EngineOptions
 from .commands import ChatCommands
 from .messages import EngineFailed, EngineLoading, EngineReady
 from .screens.chat import ChatScreen
 from .screens.conversations import ConversationsScreen
+from .screens.dialogs import ErrorDialog
 from .screens.help import HelpScreen
 from .screens.model_info import ModelInfoScreen
 from .screens.models import DEFAULT_MODEL_SPEC, ModelsScreen
@@ -105,6 +108,9 @@ class ChatApp(App):
 
         try:
             engine = self.engine_factory(self.config.engine_options(spec), report)
+        except (ModelFileError, ModelNotFound) as exc:  # their messages are written for the user
+            self.post_message(EngineFailed(load_id, spec, str(exc)))
+            return
         except Exception as exc:  # noqa: BLE001 - any failure is reported in the UI
             self.post_message(EngineFailed(load_id, spec, f"{type(exc).__name__}: {exc}"))
             return
@@ -126,8 +132,8 @@ class ChatApp(App):
         if message.load_id != self._load_id:
             return
         self.chat.engine_failed()
-        self.notify(message.error, title="Could not load the model", severity="error", timeout=10, markup=False)
         self.action_models()
+        self.push_screen(ErrorDialog("Could not load the model", message.error))
 
     # ------------------------------------------------------------------ screens
     def show_chat(self) -> None:

@@ -14,7 +14,7 @@ from bw24chat.options import EngineOptions
 from bw24chat.tui.app import ChatApp
 from bw24chat.tui.screens.chat import ChatScreen
 from bw24chat.tui.screens.conversations import ConversationsScreen
-from bw24chat.tui.screens.dialogs import Confirm, TextPrompt
+from bw24chat.tui.screens.dialogs import Confirm, ErrorDialog, TextPrompt
 from bw24chat.tui.screens.help import HelpScreen
 from bw24chat.tui.screens.models import ModelsScreen
 from bw24chat.tui.screens.settings import SettingsScreen
@@ -261,8 +261,10 @@ async def test_loading_shows_progress_and_a_failure_is_reported(make_app):
         app.load_model("broken")
         await wait_for(pilot, reached.is_set, what="the second load")
         release.set()
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog), what="the error dialog")
+        assert "unsupported architecture" in str(app.screen.query_one("#error-text").render())
+        await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager after a failure")
-        await wait_for_notification(pilot, "error", "unsupported architecture")
         await wait_for(pilot, lambda: app.screen.query("#local-models"), what="the model manager's table")
         assert app.engine is None
 
