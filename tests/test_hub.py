@@ -496,3 +496,23 @@ async def test_a_download_can_be_cancelled_in_the_model_manager(fake_hub, tiny_r
         await wait_for(pilot, lambda: "cancelled" in str(text.render()), what="the cancellation")
         part = hub.part_path(hub.repo_dir("acme/Tiny-GGUF") / "tiny-Q4_1.gguf")
         assert 0 < part.stat().st_size < len(TINY_Q4)
+
+
+@pytest.mark.parametrize("name", ["../evil.gguf", "/etc/passwd", "a/../../evil.gguf", "a\\..\\evil.gguf", "C:evil.gguf", "a//b.gguf", ""])
+def test_repo_file_names_cannot_leave_the_target_folder(fake_hub, tiny_repo, tmp_path, name):
+    with pytest.raises(hub.UnsafeFileName):
+        hub.download_files("acme/Tiny-GGUF", [name], tmp_path / "dest", revision=COMMIT)
+    assert not fake_hub.requests("GET", "/")  # refused before anything was fetched
+
+
+def test_a_symlink_in_the_target_folder_cannot_lead_outside(fake_hub, tiny_repo, tmp_path):
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    dest.mkdir()
+    outside.mkdir()
+    (dest / "sub").symlink_to(outside)
+    with pytest.raises(hub.UnsafeFileName):
+        hub.download_files("acme/Tiny-GGUF", ["sub/tiny-Q4_1.gguf"], dest, revision=COMMIT)
+    (dest / "tiny-Q4_1.gguf.part").symlink_to(outside / "stolen")
+    with pytest.raises(hub.UnsafeFileName):
+        hub.download_files("acme/Tiny-GGUF", ["tiny-Q4_1.gguf"], dest, revision=COMMIT)
+    assert list(outside.iterdir()) == []
