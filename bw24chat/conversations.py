@@ -10,6 +10,7 @@ One store is used from one thread (the UI's); the engine thread never touches it
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import time
@@ -76,14 +77,41 @@ class ConversationSummary:
 
 
 class ConversationStore:
+    """``problem`` (None when all is well) says why the database was started afresh: a damaged
+    file is set aside (config.set_aside) with its journal files, never deleted."""
+
     def __init__(self, path: Path | None = None):
         self.path = path or data_dir() / "conversations.sqlite3"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.execute("PRAGMA journal_mode = WAL")  # readers never block the streaming writes
-        self._db.executescript(_SCHEMA)
+        self.problem: str | None = None
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:
+            from .config import set_aside
+
+            backup = set_aside(self.path)
+            for suffix in ("-wal", "-shm"):
+                journal = self.path.with_name(self.path.name + suffix)
+                if journal.exists() and backup is not None:
+                    os.replace(journal, backup.with_name(backup.name + suffix))
+            kept = f"; it was kept as {backup.name}" if backup else ""
+            self.problem = f"the conversation database {self.path} is damaged ({exc}){kept}. A new one was started."
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path)
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA journal_mode = WAL")  # readers never block the streaming writes
+            db.executescript(_SCHEMA)
+            ok = db.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {ok}")
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         self._db.close()

@@ -18,13 +18,24 @@ from .api import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
 def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> tuple[str, DoneEvent | ErrorEvent]:
     text = []
     final = None
-    for ev in engine.submit(request).events():
-        if isinstance(ev, TokenEvent) and ev.text:
-            text.append(ev.text)
-            out.write(json.dumps({"type": "text", "text": ev.text}, ensure_ascii=False) + "\n" if as_json else ev.text)
-            out.flush()
-        elif isinstance(ev, (DoneEvent, ErrorEvent)):
-            final = ev
+    handle = engine.submit(request)
+    try:
+        for ev in handle.events():
+            if isinstance(ev, TokenEvent) and ev.text:
+                text.append(ev.text)
+                out.write(json.dumps({"type": "text", "text": ev.text}, ensure_ascii=False) + "\n" if as_json else ev.text)
+                out.flush()
+            elif isinstance(ev, (DoneEvent, ErrorEvent)):
+                final = ev
+    except KeyboardInterrupt:
+        # Ctrl-C: stop the engine at its next step; what was printed stays printed, and the
+        # output ends with a newline (text) or an "interrupted" record (JSON)
+        handle.cancel()
+        out.write(json.dumps({"type": "interrupted", "generated_text": "".join(text)}, ensure_ascii=False) + "\n"
+                  if as_json else "\n")
+        out.flush()
+        sys.stderr.write("bw24chat: interrupted\n")
+        raise
     if isinstance(final, DoneEvent):
         s = final.stats
         rec = {
@@ -55,6 +66,14 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> t
 
 
 def run_headless(engine, args, sampling) -> int:
+    """Exit status: 0 done, 1 the generation failed, 2 bad input, 130 interrupted (Ctrl-C)."""
+    try:
+        return _headless(engine, args, sampling)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _headless(engine, args, sampling) -> int:
     if args.multi_turn:
         return _multi_turn(engine, args, sampling)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()

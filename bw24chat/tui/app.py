@@ -71,6 +71,9 @@ class ChatApp(App):
             self.theme = self.config.theme
         self.theme_changed_signal.subscribe(self, self._save_theme)
         await self.push_screen(self.chat)
+        for problem in (self.config.problem, self.store.problem):
+            if problem:
+                self.notify(problem, title="Recovered", severity="warning", timeout=20, markup=False)
         if self.options.model:
             self.load_model(self.options.model)
         else:

@@ -323,3 +323,11 @@ async def test_info_shows_the_storage_format_of_each_layer(make_app):
             assert text in source, text
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.screen is app.chat, what="the chat")
+
+
+async def test_the_tui_reports_a_damaged_settings_file():
+    config_path().write_text("[[[ not toml")
+    app = ChatApp(EngineOptions(model="fake"), lambda options, progress: FakeEngine())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert any("settings file" in n.message and n.severity == "warning" for n in app._notifications)
