@@ -37,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .loaders.errors import ModelFileError
     from .model_store import ModelNotFound
+    from .options import OptionError
 
     try:
         return _dispatch(argv)
-    except (ModelFileError, ModelNotFound) as exc:  # a bad or missing model: one line, whatever the command
+    except (ModelFileError, ModelNotFound, OptionError) as exc:  # a bad model or flag: one line, whatever the command
         sys.stderr.write(f"bw24chat: {exc}\n")
         return 2
 

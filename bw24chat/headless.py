@@ -15,7 +15,8 @@ import sys
 from .api import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
 
 
-def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> tuple[str, DoneEvent | ErrorEvent]:
+def _run(engine, request: GenerationRequest, as_json: bool, out=None) -> tuple[str, DoneEvent | ErrorEvent]:
+    out = out or sys.stdout  # looked up per call: whoever redirected sys.stdout meant it
     text = []
     final = None
     handle = engine.submit(request)

@@ -49,7 +49,32 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+class OptionError(ValueError):
+    """A flag whose value is outside what it can mean (the CLI prints it and exits 2)."""
+
+
+def _check_ranges(a: argparse.Namespace) -> None:
+    """Refuse values that argparse's types let through but no sampler or engine can use
+    (NaN included: every comparison with it is false)."""
+    rules = [
+        ("--temperature", a.temperature, lambda v: 0 <= v <= 100, "0 (greedy) or more"),
+        ("--top-p", a.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("--min-p", a.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"),
+        ("--top-k", a.top_k, lambda v: v >= 0, "0 (off) or more"),
+        ("--repeat-penalty", a.repeat_penalty, lambda v: 0 < v <= 100, "above 0 (1 is off)"),
+        ("--repeat-last-n", a.repeat_last_n, lambda v: v >= 0, "0 or more"),
+        ("--max-tokens", a.max_tokens, lambda v: v >= 1, "1 or more"),
+        ("--ctx", a.n_ctx, lambda v: v >= 0, "0 (the model's) or more"),
+        ("--spec-k", a.spec_k, lambda v: v >= 1, "1 or more"),
+        ("--vram-budget", a.vram_budget_gb, lambda v: 0 <= v < float("inf"), "0 (all free) or more GiB"),
+    ]
+    for flag, value, ok, expected in rules:
+        if not ok(value):
+            raise OptionError(f"{flag} {value}: expected {expected}")
+
+
 def options_from_args(a: argparse.Namespace) -> EngineOptions:
+    _check_ranges(a)
     return EngineOptions(
         model=a.model,
         device=a.device,
