@@ -129,6 +129,21 @@ def test_a_full_database_keeps_what_was_saved(tmp_path):
     assert [m.content for m in again.load(conv.id).messages] == ["small"]
 
 
+def test_a_full_database_is_reported_to_the_caller_that_asked(tmp_path):
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    conv = store.create(title="kept")
+    reply = store.add_message(conv.id, ChatMessage("assistant", "saved part", complete=False))
+    errors = []
+    store.on_write_error = errors.append
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+    reply.content = "saved part" + "x" * 1_000_000
+    store.update_message(reply)  # no exception: the UI goes on
+    assert store.add_message(conv.id, ChatMessage("user", "y" * 1_000_000)).id is None
+    assert errors and all("full" in str(e) for e in errors)
+    assert [m.content for m in store.load(conv.id).messages] == ["saved part"]
+
+
 # ----------------------------------------------------------------------------- damaged files
 def test_a_damaged_settings_file_is_set_aside_and_reported(tmp_path):
     path = tmp_path / "config.toml"

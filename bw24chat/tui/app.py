@@ -8,6 +8,7 @@ model when none is found; the engine fetches it on first use).  Models load on a
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -58,6 +59,8 @@ class ChatApp(App):
         self.config = with_cli_overrides(load_config(), self.options)
         self.engine_factory = engine_factory or open_engine
         self.store = store or ConversationStore()
+        self.store.on_write_error = self._report_save_error
+        self._save_error_shown = 0.0
         self.hf_cache = hf_cache
         self.engine: EngineAPI | None = None
         self.model_spec: str | None = None
@@ -78,6 +81,14 @@ class ChatApp(App):
             self.load_model(self.options.model)
         else:
             self.push_screen(ModelsScreen())
+
+    def _report_save_error(self, exc: Exception) -> None:
+        """A conversation could not be saved (full disk ...): say so, at most every 30 s (a
+        streaming reply is saved every few hundred ms); what is on screen stays."""
+        if time.monotonic() - self._save_error_shown > 30:
+            self._save_error_shown = time.monotonic()
+            self.notify(f"{exc}. The conversation stays on screen; the saved copy keeps its last state.",
+                        title="Could not save the conversation", severity="error", timeout=15, markup=False)
 
     def _save_theme(self, theme) -> None:
         self.config.theme = theme.name

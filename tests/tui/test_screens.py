@@ -331,3 +331,17 @@ async def test_the_tui_reports_a_damaged_settings_file():
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
         assert any("settings file" in n.message and n.severity == "warning" for n in app._notifications)
+
+
+async def test_a_conversation_that_cannot_be_saved_is_reported_and_stays_on_screen(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await start_chat(pilot)
+        await send(pilot, "first")
+        pages = app.store._db.execute("PRAGMA page_count").fetchone()[0]
+        app.store._db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from here on
+        await send(pilot, "second " + "x" * 200_000)
+        assert any(n.title == "Could not save the conversation" for n in app._notifications)
+        assert [m.content[:6] for m in app.chat.conversation.messages if m.role == "user"] == ["first", "second"]
+        saved = app.store.load(app.chat.conversation.id)
+        assert [m.content for m in saved.messages if m.role == "user"] == ["first"]
