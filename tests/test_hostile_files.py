@@ -305,3 +305,23 @@ def test_fuzz_real_model_header(smollm2_path, tmp_path):
         path.write_bytes(mutate(data, rng, gf.data_offset))
         try_load(path, tally, f"real trial {i}", use_model=False)
     _no_failures(tally)
+
+
+def test_code_in_a_model_folder_never_runs(tmp_path):
+    """A repo's Python (auto_map, trust_remote_code) is never imported: the model loads as the
+    supported architecture it names, and the marker file the code would write never appears."""
+    d, _ = make_hf_dir(tmp_path / "m", "llama", "F32")
+    marker = tmp_path / "pwned"
+    for name in ("modeling_evil.py", "configuration_evil.py", "tokenization_evil.py", "__init__.py"):
+        (d / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM", "AutoConfig": "configuration_evil.EvilConfig"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    tok_cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "auto_map": {"AutoTokenizer": ["tokenization_evil.T", None]}}))
+    assert load_checkpoint(d).arch == "llama"
+    assert not marker.exists()
+    cfg["architectures"] = ["EvilForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    refused(d, "architectures", "EvilForCausalLM")
+    assert not marker.exists()
