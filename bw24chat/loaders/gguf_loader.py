@@ -49,14 +49,10 @@ _TOKENIZER_TYPES = {
 }
 
 
-def _typed(path: Path, md: dict, key: str, kind: type, default=None):
-    v = md.get(key, default)
-    if v is None or v is default:
-        return v
-    ok = isinstance(v, kind) and not (kind is int and isinstance(v, bool))
-    if kind is float:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if not ok:
+def _typed(path: Path, md: dict, key: str, kind: type):
+    """``md[key]`` (None when absent), refused unless it is a ``kind`` (a bool is no int)."""
+    v = md.get(key)
+    if v is not None and (not isinstance(v, kind) or (kind is int and isinstance(v, bool))):
         raise ModelFileError(path, f"expected {kind.__name__}, found {type(v).__name__}", key)
     return v
 
@@ -74,7 +70,7 @@ def config_from_metadata(path: Path, md: dict, tensor_names: set[str]) -> tuple[
            "tie_word_embeddings": "output.weight" not in tensor_names}
     for key, field in names.items():
         if key not in ("partial_rotary_factor", "rope_scaling") and (v := md.get(field, CONFIG_DEFAULTS.get(key))) is not None:
-            cfg[key] = v.item() if isinstance(v, np.generic) else v
+            cfg[key] = v
     rot = _typed(path, md, names["partial_rotary_factor"], int)
     hd = cfg.get("head_dim")
     if hd is None and isinstance(cfg.get("hidden_size"), int) and isinstance(cfg.get("num_attention_heads"), int) \
