@@ -11,6 +11,7 @@ lstrip_blocks, loopcontrols, ``raise_exception``, ``tojson`` without ASCII escap
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -58,18 +59,24 @@ class _LimitedEnvironment(ImmutableSandboxedEnvironment):
 
 
 def _bounded(filter_fn, grows):
-    """``filter_fn`` refusing calls whose result ``grows(value, *args)`` would exceed MAX_TEXT."""
+    """``filter_fn`` refusing calls whose result ``grows(value, *args)`` would exceed MAX_TEXT.
+    functools.wraps keeps jinja's pass_eval_context mark, so jinja still passes the context
+    first to the filters that take it."""
+    takes_context = hasattr(filter_fn, "jinja_pass_arg")
 
-    def run(value, *args, **kwargs):
-        if grows(value, *args, **kwargs) > MAX_TEXT:
+    @functools.wraps(filter_fn)
+    def run(*args, **kwargs):
+        if grows(*args[takes_context:], **kwargs) > MAX_TEXT:
             raise ChatTemplateError(f"the chat template builds a value of more than {MAX_TEXT} characters")
-        return filter_fn(value, *args, **kwargs)
+        return filter_fn(*args, **kwargs)
 
     return run
 
 
 def _width(value, width=80, *args, **kwargs) -> int:
-    return len(str(value)) + (width if isinstance(width, int) else 0) * (str(value).count("\n") + 1)
+    """center(width) and indent(width): the width is spaces or (indent) a string, per line."""
+    per_line = width if isinstance(width, int) else len(width) if isinstance(width, str) else 0
+    return len(str(value)) + per_line * (str(value).count("\n") + 1)
 
 
 def _replaced(value, old="", new="", *args, **kwargs) -> int:

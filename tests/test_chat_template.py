@@ -76,3 +76,8 @@ def test_hostile_templates_fail_cleanly_within_limits(case):
         ChatFormatter(source, None, None).render([{"role": "user", "content": "hi"}])
     assert fragment in str(info.value)
     assert time.monotonic() - t0 < RENDER_SECONDS + 1.5
+
+
+def test_the_limited_filters_still_work():
+    src = "{{ 'abc'|replace('b', 'x') }}|{{ 'a\nb'|indent(2, true) }}|{{ 'x'|center(5) }}|{{ '%s-%d'|format('a', 3) }}"
+    assert ChatFormatter(src, None, None).render([{"role": "user", "content": "hi"}]) == "axc|  a\n  b|  x  |a-3"
