@@ -215,7 +215,6 @@ def _tokenizer(model_dir: Path, gen_cfg: dict):
     tk_path, cfg_path = model_dir / "tokenizer.json", model_dir / "tokenizer_config.json"
     if not tk_path.is_file():
         raise ModelFileError(model_dir, "no tokenizer.json (bw24chat reads the fast-tokenizer format)")
-    read_json(tk_path)  # a JSON error named by line and column, before the tokenizers library's own
     cfg = read_json(cfg_path) if cfg_path.exists() else {}
     template = cfg.get("chat_template")
     if not (template is None or isinstance(template, str) or (
@@ -224,6 +223,7 @@ def _tokenizer(model_dir: Path, gen_cfg: dict):
     try:
         return load_hf_tokenizer(model_dir, gen_cfg, cfg)
     except Exception as exc:  # noqa: BLE001 - the tokenizers library reports bad files in many ways
+        read_json(tk_path)  # broken JSON: named by line and column rather than by the library's message
         raise ModelFileError(tk_path, f"the tokenizer cannot be built: {exc}") from None
 
 
