@@ -27,7 +27,7 @@ from bw24chat.loaders import ModelFileError, load_checkpoint
 # Values that break length and count fields: zero, one, sign bits, all ones, just past 2^32.
 INTERESTING_U64 = [0, 1, 0x7F, 0x80, 0xFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 1 << 32, (1 << 63) - 1,
                    1 << 63, (1 << 64) - 1, 10**15]
-HANG_SECONDS = 10
+HANG_SECONDS = 10.0
 ALLOC_FACTOR = 64  # peak Python/NumPy allocation while loading, per byte of the file
 ALLOC_SLACK = 32 << 20
 
@@ -77,20 +77,25 @@ def mutate_json(text: str, rng: random.Random) -> str:
     return json.dumps(data)
 
 
-_NUMBER = re.compile(r"(?<![\w-])-?\d+(\.\d+)?(e[-+]?\d+)?")
+_NUMBER = re.compile(r"(?<![\w.])(?<!UTF-)\d+(\.\d+)?(e[-+]?\d+)?")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|b'[^']*'")
+# where-names the reader and checks use themselves (not metadata keys of the file)
+_STRUCTURE = re.compile(r"^(|tensor T|metadata key #N|metadata_kv_count.*|tensor_count.*|version|tokenizer|tokenizer\.ggml|"
+                        r"general\.alignment)$")
 
 
-def message_class(exc: ModelFileError) -> str:
-    where = _NUMBER.sub("N", exc.where)
+def message_class(exc: ModelFileError, known_keys: set[str] | None = None) -> str:
+    """The message with the path, numbers, quoted text, tensor names and the bad values taken
+    out; a field name that mutation garbled (not one of ``known_keys``) becomes one class."""
+    where = re.sub(r"\[\d+\]", "[i]", exc.where)
     where = re.sub(r"^tensor .*", "tensor T", where)
-    if not re.fullmatch(r"[\w .:#()\[\]]*", where):
-        where = "(a mangled key)"
-    where = re.sub(r"\[N\]", "[i]", where)
+    where = _NUMBER.sub("N", where)
+    if known_keys is not None and not _STRUCTURE.match(where) and where.replace("[i]", "") not in known_keys:
+        where = "(a garbled key)"
     detail = re.sub(r"^not valid JSON \(.*\)$", "not valid JSON (…)", exc.detail)
     detail = re.sub(r"^.*? (is not a|does not give)", r"V \1", detail)  # the bad value itself
+    detail = re.sub(r"(overlaps tensor|tensors bw24chat has no use for:) .*?( \(|$)", r"\1 T\2", detail)
     detail = _QUOTED.sub("'…'", _NUMBER.sub("N", detail))
-    detail = re.sub(r"(tensor|overlaps tensor) [\w.]+", r"\1 T", detail)
     return f"{where}: {detail}" if where else detail
 
 
@@ -100,12 +105,13 @@ class Tally:
     ok: int = 0
     errors: Counter = field(default_factory=Counter)  # message class -> count
     failures: list[str] = field(default_factory=list)  # crashes, hangs, allocations
-    slowest_s: float = 0.0
+    known_keys: set[str] | None = None  # the metadata keys of the file being mutated
+    slowest: tuple[float, str] = (0.0, "")  # seconds, trial
     peak_alloc: tuple[int, int] = (0, 0)  # (bytes allocated while loading, file bytes) of the largest
 
     def as_dict(self) -> dict:
         return {"trials": self.trials, "loaded": self.ok, "model_file_errors": sum(self.errors.values()),
-                "distinct_errors": len(self.errors), "failures": self.failures, "slowest_s": round(self.slowest_s, 3),
+                "distinct_errors": len(self.errors), "failures": self.failures, "slowest_s": round(self.slowest[0], 3), "slowest_trial": self.slowest[1],
                 "peak_alloc_bytes_and_file_bytes": list(self.peak_alloc),
                 "errors": dict(self.errors.most_common())}
 
@@ -114,15 +120,16 @@ def _alarm(signum, frame):
     raise Hang()
 
 
-def try_load(path: Path, tally: Tally, label: str, use_model: bool = True) -> None:
-    """One trial on the files at ``path`` (a GGUF or a model folder)."""
+def try_load(path: Path, tally: Tally, label: str, use_model: bool = True, hang_s: float = HANG_SECONDS) -> None:
+    """One trial on the files at ``path`` (a GGUF or a model folder); ``hang_s``: how long a
+    load may take before it counts as a hang (tracemalloc makes loading several times slower)."""
     from bw24chat.backends.numpy_backend import NumpyBackend
     from bw24chat.models import build_model
 
     size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.iterdir()))
     tally.trials += 1
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(HANG_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, hang_s)
     tracemalloc.start()
     t0 = time.perf_counter()
     try:
@@ -137,37 +144,38 @@ def try_load(path: Path, tally: Tally, label: str, use_model: bool = True) -> No
         tally.ok += 1
     except ModelFileError as exc:
         _, peak = tracemalloc.get_traced_memory()
-        tally.errors[message_class(exc)] += 1
+        tally.errors[message_class(exc, tally.known_keys)] += 1
     except Hang:
         peak = 0
-        tally.failures.append(f"{label}: no answer within {HANG_SECONDS} s")
+        tally.failures.append(f"{label}: no answer within {hang_s} s")
     except Exception as exc:  # noqa: BLE001 - the very thing being counted
         peak = 0
         tally.failures.append(f"{label}: {type(exc).__name__}: {exc}"[:300])
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
         if tracemalloc.is_tracing():
             tracemalloc.stop()
-    tally.slowest_s = max(tally.slowest_s, time.perf_counter() - t0)
+    tally.slowest = max(tally.slowest, (time.perf_counter() - t0, label))
     tally.peak_alloc = max(tally.peak_alloc, (peak, size))
     if peak > ALLOC_FACTOR * size + ALLOC_SLACK:
         tally.failures.append(f"{label}: allocated {peak} bytes while loading a {size}-byte model")
 
 
 def fuzz_gguf(original: Path, work: Path, trials: int, seed: int, tally: Tally | None = None,
-              use_model: bool = True) -> Tally:
+              use_model: bool = True, hang_s: float = HANG_SECONDS) -> Tally:
     """Mutated copies of a GGUF file; the header (up to the tensor data) takes most mutations."""
     from bw24chat.loaders.gguf_reader import GGUFFile
 
     tally = tally or Tally()
     data = original.read_bytes()
-    hot = GGUFFile(original).data_offset
+    gf = GGUFFile(original)
+    hot, tally.known_keys = gf.data_offset, set(gf.fields)
     rng = random.Random(seed)
     target = work / "fuzz.gguf"
     for i in range(trials):
         target.write_bytes(mutate(data, rng, hot))
-        try_load(target, tally, f"{original.name} seed {seed} trial {i}", use_model)
+        try_load(target, tally, f"{original.name} seed {seed} trial {i}", use_model, hang_s)
     return tally
 
 

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         results["tiny GGUF"] = _run_for(share, lambda t, s: fuzz_gguf(gguf, work, 100, s, t))
         results["tiny safetensors folder"] = _run_for(share, lambda t, s: fuzz_hf_dir(hf, work, 50, s, t))
         if a.real:
-            results[a.real.name] = _run_for(share, lambda t, s: fuzz_gguf(a.real, work, 5, s, t, use_model=False))
+            results[a.real.name] = _run_for(share, lambda t, s: fuzz_gguf(a.real, work, 5, s, t, use_model=False, hang_s=60))
     report = {name: t.as_dict() for name, t in results.items()}
     for name, r in report.items():
         print(f"{name}: {r['trials']} trials, {r['loaded']} loaded, {r['model_file_errors']} refused with "

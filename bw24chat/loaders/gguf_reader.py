@@ -14,6 +14,7 @@ A gguf_string is a u64 byte length and UTF-8 bytes, no terminator.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -185,9 +186,9 @@ class GGUFFile:
                 raise ModelFileError(self.path, f"unknown ggml tensor type {gtype}", where) from None
             if ne[0] % block:
                 raise ModelFileError(self.path, f"{qtype.name} rows of {ne[0]} values, not a multiple of its block of {block}", where)
-            n_elems = 1
-            for d in ne:
-                n_elems *= d
+            n_elems = math.prod(ne)
+            if math.prod(max(d, 1) for d in ne) >= 1 << 63:  # ggml counts elements in an int64
+                raise ModelFileError(self.path, f"dimensions {list(ne)} overflow a 64-bit element count", where)
             nbytes = n_elems // block * type_size
             if rel % self.alignment:
                 raise ModelFileError(self.path, f"data offset {rel} is not a multiple of the alignment {self.alignment}", where)
