@@ -327,3 +327,27 @@ def test_code_in_a_model_folder_never_runs(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     refused(d, "architectures", "EvilForCausalLM")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("case", ["scale of the wrong shape", "no global scale", "FP8 block scales of the wrong shape"])
+def test_quantized_safetensors_with_bad_scales(tmp_path, case):
+    import numpy as np
+
+    from bw24chat.loaders.hf_loader import SafetensorsFile
+
+    d, _ = make_hf_dir(tmp_path / "m", "llama", "BF16", hidden_size=128, intermediate_size=128, head_dim=32)
+    f = SafetensorsFile(d / "model.safetensors")
+    tensors = {n: (f.header[n]["dtype"], f.get(n)[0]) for n in f.header}
+    del f
+    q, k = "model.layers.0.self_attn.q_proj.", "model.layers.0.self_attn.k_proj."
+    tensors[q + "weight"] = ("U8", np.zeros((128, 64), np.uint8))
+    tensors[q + "weight_scale"] = ("F8_E4M3", np.zeros((128, 8 if case != "scale of the wrong shape" else 7), np.uint8))
+    if case != "no global scale":
+        tensors[q + "weight_scale_2"] = ("F32", np.array([0.02], np.float32))
+    tensors[k + "weight"] = ("F8_E4M3", np.zeros((64, 128), np.uint8))
+    tensors[k + "weight_scale_inv"] = ("F32", np.ones((1, 1) if case != "FP8 block scales of the wrong shape" else (2, 1), np.float32))
+    write_safetensors(d / "model.safetensors", tensors)
+    expected = {"scale of the wrong shape": ["tensor model.layers.0.self_attn.q_proj.weight_scale", "[128, 7]", "[128, 8]"],
+                "no global scale": ["tensor model.layers.0.self_attn.q_proj.weight_scale_2", "missing"],
+                "FP8 block scales of the wrong shape": ["k_proj.weight_scale_inv", "[2, 1]", "[1, 1]"]}[case]
+    refused(d, *expected)

@@ -201,10 +201,11 @@ def _nvfp4_modelopt_to_ggml(packed: np.ndarray, scales: np.ndarray) -> np.ndarra
     return np.concatenate([sc, qs], axis=-1).reshape(rows, n // 64 * 36)
 
 
-def _scale_tensor(where: dict, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
-    """A companion scale tensor (FP8 block scales, NVFP4 group scales) of ``shape`` (None: any)."""
+def _scale_tensor(where: dict, weight: str, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
+    """The scale tensor ``name`` (FP8 block scales, NVFP4 group scales) of quantized tensor
+    ``weight``, of ``shape`` (None: any)."""
     if name not in where:
-        raise ModelFileError(next(iter(where.values())).path, "missing: the quantized weight beside it needs it", f"tensor {name}")
+        raise ModelFileError(where[weight].path, f"missing: the quantized {weight} needs it", f"tensor {name}")
     arr, _ = where[name].get(name)
     if shape is not None and tuple(arr.shape) != shape:
         raise ModelFileError(where[name].path, f"shape {list(arr.shape)}, but its weight implies {list(shape)}", f"tensor {name}")
@@ -264,8 +265,8 @@ def load_hf_dir(model_dir: Path):
             rows, n = arr.shape[0], arr.shape[1] * 2
             if n % 64:
                 raise ModelFileError(where[name].path, f"NVFP4 rows of {n} values, not a multiple of 64", f"tensor {name}")
-            sc = _scale_tensor(where, base + "weight_scale", (rows, n // 16))
-            g2 = _scale_tensor(where, base + "weight_scale_2", None)
+            sc = _scale_tensor(where, name, base + "weight_scale", (rows, n // 16))
+            g2 = _scale_tensor(where, name, base + "weight_scale_2", None)
             if g2.size != 1:
                 raise ModelFileError(where[base + "weight_scale_2"].path, f"shape {list(g2.shape)}, but a global scale "
                                      "is one number", f"tensor {base}weight_scale_2")
@@ -274,7 +275,7 @@ def load_hf_dir(model_dir: Path):
             consumed |= {base + "weight_scale", base + "weight_scale_2", base + "input_scale"}
         elif kind == "F8_E4M3" and base and (base + "weight_scale_inv") in where:
             blocks = tuple(-(-d // 128) for d in arr.shape)
-            s = _scale_tensor(where, base + "weight_scale_inv", blocks)
+            s = _scale_tensor(where, name, base + "weight_scale_inv", blocks)
             tensors[canon] = QTensor(canon, "FP8_E4M3", tuple(arr.shape), arr, scale=np.asarray(s, np.float32))
             consumed.add(base + "weight_scale_inv")
         elif kind in ("F32", "F16", "BF16"):
