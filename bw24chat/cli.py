@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelFileError, ModelNotFound, OptionError) as exc:  # a bad model or flag: one line, whatever the command
         sys.stderr.write(f"bw24chat: {exc}\n")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while a model loads (a reply in progress is handled by headless)
+        sys.stderr.write("bw24chat: interrupted\n")
+        return 130
 
 
 def _dispatch(argv: list[str]) -> int:

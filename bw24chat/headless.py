@@ -10,17 +10,45 @@ Multi-turn (--multi-turn): JSON lines in, JSON lines out.  Each input line is
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 
 from .api import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
 
 
+class _CtrlC:
+    """While a reply streams, the first Ctrl-C cancels it (the engine stops at its next step and
+    the stream ends as usual, with finish_reason "cancelled", so what is printed is whole); a
+    second one interrupts at once.  Only the main thread can take signals."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.pressed = False
+
+    def _on_sigint(self, signum, frame):
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        self.handle.cancel()
+
+    def __enter__(self):
+        main = threading.current_thread() is threading.main_thread()
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint) if main else None
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def _run(engine, request: GenerationRequest, as_json: bool, out=None) -> tuple[str, DoneEvent | ErrorEvent]:
+    """Stream one reply; raises KeyboardInterrupt after printing it whole if Ctrl-C cut it short."""
     out = out or sys.stdout  # looked up per call: whoever redirected sys.stdout meant it
     text = []
     final = None
     handle = engine.submit(request)
-    try:
+    with _CtrlC(handle) as ctrl_c:
         for ev in handle.events():
             if isinstance(ev, TokenEvent) and ev.text:
                 text.append(ev.text)
@@ -28,15 +56,15 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=None) -> tuple[s
                 out.flush()
             elif isinstance(ev, (DoneEvent, ErrorEvent)):
                 final = ev
-    except KeyboardInterrupt:
-        # Ctrl-C: stop the engine at its next step; what was printed stays printed, and the
-        # output ends with a newline (text) or an "interrupted" record (JSON)
-        handle.cancel()
-        out.write(json.dumps({"type": "interrupted", "generated_text": "".join(text)}, ensure_ascii=False) + "\n"
-                  if as_json else "\n")
-        out.flush()
+    _finish(final, as_json, out)
+    if ctrl_c.pressed:
         sys.stderr.write("bw24chat: interrupted\n")
-        raise
+        raise KeyboardInterrupt
+    return "".join(text), final
+
+
+def _finish(final: DoneEvent | ErrorEvent, as_json: bool, out) -> None:
+    """The closing record (JSON) or newline, or the error."""
     if isinstance(final, DoneEvent):
         s = final.stats
         rec = {
@@ -63,7 +91,6 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=None) -> tuple[s
         else:
             sys.stderr.write(f"bw24chat: {final.message}\n")
     out.flush()
-    return "".join(text), final
 
 
 def run_headless(engine, args, sampling) -> int:
