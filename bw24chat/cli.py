@@ -39,6 +39,21 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .loaders.errors import ModelFileError
+    from .model_store import ModelNotFound
+    from .options import OptionError
+
+    try:
+        return _dispatch(argv)
+    except (ModelFileError, ModelNotFound, OptionError) as exc:  # a bad model or flag: one line, whatever the command
+        sys.stderr.write(f"bw24chat: {exc}\n")
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while a model loads (a reply in progress is handled by headless)
+        sys.stderr.write("bw24chat: interrupted\n")
+        return 130
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
 

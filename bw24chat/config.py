@@ -14,6 +14,7 @@ import copy
 import math
 import os
 import tempfile
+import time
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -41,6 +42,7 @@ class Config:
     theme: str = "textual-dark"
     system_prompt: str = ""  # the default system prompt of new conversations
     recent_models: list[str] = field(default_factory=list)
+    problem: str | None = None  # why the saved file was not used (it was damaged), for the UI
 
     def remember_model(self, spec: str) -> None:
         """Put ``spec`` first in the recent-models list."""
@@ -140,14 +142,32 @@ def config_from_dict(data: dict) -> Config:
 
 
 def load_config(path: Path | None = None) -> Config:
-    """The saved config, or the defaults when there is none (or it cannot be parsed)."""
+    """The saved config, or the defaults when there is none.  A file that cannot be parsed is
+    moved aside (:func:`set_aside`) and the defaults used; ``Config.problem`` says so, for the UI."""
     path = path or config_path()
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
-    except (FileNotFoundError, tomllib.TOMLDecodeError, OSError):
+    except FileNotFoundError:
         return Config()
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        config = Config()
+        backup = set_aside(path)
+        kept = f"; it was kept as {backup.name}" if backup else ""
+        config.problem = f"the settings file {path} could not be read ({exc}){kept}. The defaults are in use."
+        return config
     return config_from_dict(data)
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename a damaged file to ``NAME.broken-YYYYmmdd-HHMMSS`` next to it, so that the app can
+    start afresh without losing it; None if it could not be moved."""
+    backup = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.replace(path, backup)
+    except OSError:
+        return None
+    return backup
 
 
 # ----------------------------------------------------------------------------- save
@@ -230,6 +250,7 @@ __all__ = [
     "dumps_toml",
     "load_config",
     "save_config",
+    "set_aside",
     "update_saved_config",
     "with_cli_overrides",
 ]

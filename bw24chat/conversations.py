@@ -10,12 +10,15 @@ One store is used from one thread (the UI's); the engine thread never touches it
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .paths import data_dir
 
@@ -76,23 +79,65 @@ class ConversationSummary:
 
 
 class ConversationStore:
+    """``problem`` (None when all is well) says why the database was started afresh: a damaged
+    file is set aside (config.set_aside) with its journal files, never deleted.
+
+    A write that fails (a full disk, a read-only folder) is rolled back, so the database keeps
+    its last committed state; it raises, unless ``on_write_error`` is set: then that gets the
+    error and the caller goes on (the UI keeps the conversation on screen and says so)."""
+
     def __init__(self, path: Path | None = None):
         self.path = path or data_dir() / "conversations.sqlite3"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.execute("PRAGMA journal_mode = WAL")  # readers never block the streaming writes
-        self._db.executescript(_SCHEMA)
+        self.problem: str | None = None
+        self.on_write_error: Callable[[Exception], None] | None = None
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:
+            from .config import set_aside
+
+            backup = set_aside(self.path)
+            for suffix in ("-wal", "-shm"):
+                journal = self.path.with_name(self.path.name + suffix)
+                if journal.exists() and backup is not None:
+                    os.replace(journal, backup.with_name(backup.name + suffix))
+            kept = f"; it was kept as {backup.name}" if backup else ""
+            self.problem = f"the conversation database {self.path} is damaged ({exc}){kept}. A new one was started."
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path)
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA journal_mode = WAL")  # readers never block the streaming writes
+            db.executescript(_SCHEMA)
+            ok = db.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {ok}")
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         self._db.close()
+
+    @contextmanager
+    def _transaction(self):
+        try:
+            with self._db:  # commits, or rolls back on any exception
+                yield self._db
+        except sqlite3.OperationalError as exc:  # SQLITE_FULL, SQLITE_READONLY, SQLITE_IOERR ...
+            if self.on_write_error is None:
+                raise
+            self.on_write_error(exc)
 
     # ------------------------------------------------------------------ conversations
     def create(self, title: str = DEFAULT_TITLE, model: str | None = None, system_prompt: str = "") -> Conversation:
         now = time.time()
         conv = Conversation(uuid.uuid4().hex, title, now, now, model, system_prompt)
-        with self._db:
+        with self._transaction():
             self._db.execute(
                 "INSERT INTO conversations (id, title, created, updated, model, system_prompt) VALUES (?, ?, ?, ?, ?, ?)",
                 (conv.id, conv.title, conv.created, conv.updated, conv.model, conv.system_prompt),
@@ -130,7 +175,7 @@ class ConversationStore:
     def _update_conversation(self, conversation_id: str, **columns) -> None:
         columns["updated"] = time.time()
         assignments = ", ".join(f"{name} = ?" for name in columns)
-        with self._db:
+        with self._transaction():
             self._db.execute(f"UPDATE conversations SET {assignments} WHERE id = ?", (*columns.values(), conversation_id))
 
     def rename(self, conversation_id: str, title: str) -> None:
@@ -143,12 +188,14 @@ class ConversationStore:
         self._update_conversation(conversation_id, model=model)
 
     def delete(self, conversation_id: str) -> None:
-        with self._db:
+        with self._transaction():
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # ------------------------------------------------------------------ messages
     def add_message(self, conversation_id: str, message: ChatMessage) -> ChatMessage:
-        with self._db:
+        """``message`` with its id set (None if it could not be stored)."""
+        cur = None
+        with self._transaction():
             cur = self._db.execute(
                 "INSERT INTO messages (conversation_id, role, content, complete, finish_reason, error, stats, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -163,13 +210,13 @@ class ConversationStore:
                     time.time(),
                 ),
             )
-        message.id = cur.lastrowid
+        message.id = cur.lastrowid if cur is not None else None
         self._update_conversation(conversation_id)
         return message
 
     def update_message(self, message: ChatMessage) -> None:
         """Store ``message``'s current content and state (it must have been added)."""
-        with self._db:
+        with self._transaction():
             self._db.execute(
                 "UPDATE messages SET content = ?, complete = ?, finish_reason = ?, error = ?, stats = ? WHERE id = ?",
                 (
@@ -184,7 +231,7 @@ class ConversationStore:
 
     def delete_messages_from(self, conversation_id: str, message_id: int) -> None:
         """Delete ``message_id`` and every later message of the conversation (edit, regenerate)."""
-        with self._db:
+        with self._transaction():
             self._db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
         self._update_conversation(conversation_id)
 

@@ -12,22 +12,62 @@ Multi-turn (--multi-turn): JSON lines in, JSON lines out.  Each input line is
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 
 from .api import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
 from .sampling_defaults import effective_sampling, sampling_summary
 
 
-def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> tuple[str, DoneEvent | ErrorEvent]:
+class _CtrlC:
+    """While a reply streams, the first Ctrl-C cancels it (the engine stops at its next step and
+    the stream ends as usual, with finish_reason "cancelled", so what is printed is whole); a
+    second one interrupts at once.  Only the main thread can take signals."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.pressed = False
+
+    def _on_sigint(self, signum, frame):
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        self.handle.cancel()
+
+    def __enter__(self):
+        main = threading.current_thread() is threading.main_thread()
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint) if main else None
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def _run(engine, request: GenerationRequest, as_json: bool, out=None) -> tuple[str, DoneEvent | ErrorEvent]:
+    """Stream one reply; raises KeyboardInterrupt after printing it whole if Ctrl-C cut it short."""
+    out = out or sys.stdout  # looked up per call: whoever redirected sys.stdout meant it
     text = []
     final = None
-    for ev in engine.submit(request).events():
-        if isinstance(ev, TokenEvent) and ev.text:
-            text.append(ev.text)
-            out.write(json.dumps({"type": "text", "text": ev.text}, ensure_ascii=False) + "\n" if as_json else ev.text)
-            out.flush()
-        elif isinstance(ev, (DoneEvent, ErrorEvent)):
-            final = ev
+    handle = engine.submit(request)
+    with _CtrlC(handle) as ctrl_c:
+        for ev in handle.events():
+            if isinstance(ev, TokenEvent) and ev.text:
+                text.append(ev.text)
+                out.write(json.dumps({"type": "text", "text": ev.text}, ensure_ascii=False) + "\n" if as_json else ev.text)
+                out.flush()
+            elif isinstance(ev, (DoneEvent, ErrorEvent)):
+                final = ev
+    _finish(final, as_json, out)
+    if ctrl_c.pressed:
+        sys.stderr.write("bw24chat: interrupted\n")
+        raise KeyboardInterrupt
+    return "".join(text), final
+
+
+def _finish(final: DoneEvent | ErrorEvent, as_json: bool, out) -> None:
+    """The closing record (JSON) or newline, or the error."""
     if isinstance(final, DoneEvent):
         s = final.stats
         rec = {
@@ -58,7 +98,6 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=sys.stdout) -> t
         else:
             sys.stderr.write(f"bw24chat: {final.message}\n")
     out.flush()
-    return "".join(text), final
 
 
 def read_prompt(text: str) -> str:
@@ -67,6 +106,14 @@ def read_prompt(text: str) -> str:
 
 
 def run_headless(engine, args, options) -> int:
+    """Exit status: 0 done, 1 the generation failed, 2 bad input, 130 interrupted (Ctrl-C)."""
+    try:
+        return _headless(engine, args, options)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _headless(engine, args, options) -> int:
     info = engine.info
     sampling = effective_sampling(options.sampling, options.sampling_set, info.sampling_defaults)
     if info.sampling_source and not args.json:

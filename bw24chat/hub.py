@@ -245,6 +245,7 @@ def download_files(
     """
     dest_dir = Path(dest_dir) if dest_dir is not None else repo_dir(repo_id)
     _online()
+    targets = [safe_target(dest_dir, name) for name in filenames]  # all checked before any byte is fetched
     cancel = cancel or threading.Event()
     headers = build_hf_headers(token=token)
     remotes = []
@@ -268,8 +269,7 @@ def download_files(
 
     paths = []
     with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, read=60.0)) as client:
-        for index, remote in enumerate(remotes):
-            target = dest_dir / remote.name
+        for index, (remote, target) in enumerate(zip(remotes, targets)):
             # large files are served by a CDN through a signed URL: the token stays on the Hub
             file_headers = headers if _same_origin(remote.url, hub_endpoint()) else _without_auth(headers)
             _fetch(client, remote, target, file_headers, cancel, retries, lambda n, i=index, r=remote: report(r.name, n, i))
@@ -277,6 +277,25 @@ def download_files(
             report(remote.name, 0, index + 1, force=True)
             paths.append(target)
     return paths
+
+
+class UnsafeFileName(DownloadError):
+    pass
+
+
+def safe_target(dest_dir: Path, name: str) -> Path:
+    """Where repo file ``name`` may be written: inside ``dest_dir`` and nowhere else.  Names come
+    from the server (a mirror set by HF_ENDPOINT is as trusted as its operator): absolute paths,
+    "..", backslashes and drive letters are refused, and so is a name that a symlink already in
+    the folder would lead outside it."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or ":" in name or any(p in ("", ".", "..") for p in parts):
+        raise UnsafeFileName(f"refusing the repo file name {name!r}: it would be written outside {dest_dir}")
+    target = dest_dir.joinpath(*parts)
+    root = dest_dir.resolve()
+    if not target.resolve().is_relative_to(root) or not part_path(target).resolve().is_relative_to(root):
+        raise UnsafeFileName(f"refusing {name!r}: a symlink in {dest_dir} leads outside it")
+    return target
 
 
 def _same_origin(a: str, b: str) -> bool:

@@ -1,7 +1,7 @@
 """Models on this machine: the Hugging Face cache, bw24chat's own models folder, recent paths.
 
 Each model is described from its metadata without loading weights: the GGUF header (read
-with ``gguf.GGUFReader``, which memory-maps the file and touches only the header pages) or a
+with ``loaders.gguf_reader.GGUFFile``, which memory-maps the file and touches only the header pages) or a
 Hugging Face folder's ``config.json``.  The VRAM figure is an estimate to tell at a glance
 whether a model fits, not a promise: weights as stored, plus the KV cache of
 ``ESTIMATE_CTX`` tokens in bf16, plus a fixed allowance for activations and workspace.
@@ -105,7 +105,7 @@ def estimate_vram(weights_bytes: int, shape: ModelShape | None, n_ctx_train: int
 # ----------------------------------------------------------------------------- describe
 class _DescriptionCache:
     """Descriptions by (path, size, mtime), kept in ``cache_dir()/model_catalog.json``:
-    GGUFReader parses every header field (a 100k-entry vocabulary included), seconds per
+    reading every header field (a 100k-entry vocabulary included) takes a noticeable time per
     file, so a model is read once, not at every visit of the model manager."""
 
     def __init__(self) -> None:
@@ -171,37 +171,35 @@ def describe_model(path: Path, source: str = "manual", location: str | None = No
     return model
 
 
-def _gguf_value(reader, key: str):
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
-
-
 def _describe_gguf(model: LocalModel) -> None:
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
+
+    from .loaders.gguf_reader import GGUFFile  # bounds-checked: a hostile file in a folder cannot hang the listing
 
     shards = _gguf_shards(model.path)
     model.size = sum(p.stat().st_size for p in shards)
-    reader = GGUFReader(model.path)
-    arch = _gguf_value(reader, "general.architecture")
+    gf = GGUFFile(model.path)
+    value = gf.fields.get
+    arch = value("general.architecture")
     model.arch = arch
-    model.name = _gguf_value(reader, "general.name") or model.path.name
-    file_type = _gguf_value(reader, "general.file_type")
+    model.name = value("general.name") or model.path.name
+    file_type = value("general.file_type")
     if file_type is not None:
         model.quant = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    elif reader.tensors:  # the tensor type holding the most bytes
+    elif gf.tensors:  # the tensor type holding the most bytes
         by_bytes = Counter()
-        for t in reader.tensors:
-            by_bytes[t.tensor_type.name] += int(t.n_bytes)
+        for t in gf.tensors:
+            by_bytes[t.ggml_type.name] += t.nbytes
         model.quant = by_bytes.most_common(1)[0][0]
     else:
         model.quant = quant_of(model.path.name)
-    model.n_ctx_train = _gguf_value(reader, f"{arch}.context_length")
-    n_layers = _gguf_value(reader, f"{arch}.block_count")
-    n_heads = _gguf_value(reader, f"{arch}.attention.head_count")
-    n_kv = _gguf_value(reader, f"{arch}.attention.head_count_kv") or n_heads
-    head_dim = _gguf_value(reader, f"{arch}.attention.key_length")
+    model.n_ctx_train = value(f"{arch}.context_length")
+    n_layers = value(f"{arch}.block_count")
+    n_heads = value(f"{arch}.attention.head_count")
+    n_kv = value(f"{arch}.attention.head_count_kv") or n_heads
+    head_dim = value(f"{arch}.attention.key_length")
     if head_dim is None and n_heads:
-        embd = _gguf_value(reader, f"{arch}.embedding_length")
+        embd = value(f"{arch}.embedding_length")
         head_dim = embd // n_heads if embd else None
     shape = ModelShape(int(n_layers), int(n_kv), int(head_dim)) if n_layers and n_kv and head_dim else None
     model.vram_needed = estimate_vram(model.size, shape, model.n_ctx_train)

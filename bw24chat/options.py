@@ -140,7 +140,33 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="drafts per step (default auto: fewer while drafts are rejected)")
 
 
+class OptionError(ValueError):
+    """A flag whose value is outside what it can mean (the CLI prints it and exits 2)."""
+
+
+def _check_ranges(a: argparse.Namespace) -> None:
+    """Refuse values that argparse's types let through but no sampler or engine can use
+    (NaN included: every comparison with it is false)."""
+    rules = [
+        ("--temperature", a.temperature, lambda v: 0 <= v <= 100, "0 (greedy) or more"),
+        ("--top-p", a.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("--min-p", a.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"),
+        ("--top-k", a.top_k, lambda v: v >= 0, "0 (off) or more"),
+        ("--repeat-penalty", a.repeat_penalty, lambda v: 0 < v <= 100, "above 0 (1 is off)"),
+        ("--repeat-last-n", a.repeat_last_n, lambda v: v >= 0, "0 or more"),
+        ("--max-tokens", a.max_tokens, lambda v: v >= 1, "1 or more"),
+        ("--ctx", a.n_ctx, lambda v: v >= 0, "0 (the model's) or more"),
+        ("--stop-on-loop", a.stop_on_loop, lambda v: v >= 0, "0 (off) or more"),
+        ("--threads", a.threads, lambda v: v >= 1, "1 or more"),
+        ("--vram-budget", a.vram_budget_gb, lambda v: 0 <= v < float("inf"), "0 (all free) or more GiB"),
+    ]
+    for flag, value, ok, expected in rules:
+        if value is not None and not ok(value):  # None: the model's recommendation (sampling_defaults)
+            raise OptionError(f"{flag} {value}: expected {expected}")
+
+
 def options_from_args(a: argparse.Namespace) -> EngineOptions:
+    _check_ranges(a)
     chosen = {k: getattr(a, k) for k in MODEL_SAMPLING_KEYS if getattr(a, k) is not None}
     return EngineOptions(
         model=a.model,

@@ -9,7 +9,6 @@ plain added tokens, so they are never split.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,12 +159,9 @@ def collect_stop_ids(tk: Tokenizer, eos_id: int | None, extra: list[int] = ()) -
     return ids
 
 
-def load_hf_tokenizer(model_dir: Path, generation_config: dict) -> TokenizerInfo:
+def load_hf_tokenizer(model_dir: Path, generation_config: dict, cfg: dict) -> TokenizerInfo:
+    """From tokenizer.json, with ``cfg`` the folder's tokenizer_config.json ({} when absent)."""
     tk = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    cfg = {}
-    p = model_dir / "tokenizer_config.json"
-    if p.exists():
-        cfg = json.loads(p.read_text(encoding="utf-8"))
 
     def tok_id(v):
         if isinstance(v, dict):

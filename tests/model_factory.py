@@ -235,3 +235,68 @@ def write_gguf(path: Path, hf_dir: Path, weights: dict[str, np.ndarray]) -> Path
     wr.write_tensors_to_file()
     wr.close()
     return path
+
+
+def make_gguf(path: Path, seed: int = 0, metadata: dict | None = None, **overrides) -> Path:
+    """A tiny llama GGUF as llama.cpp's converter writes one: F32 norms, Q8_0 embedding, Q4_1
+    projections, a byte-level BPE vocabulary with ChatML markers and a chat template.
+    ``metadata`` replaces header fields (key -> value, None drops the key), so that a header
+    can lie about the weights it describes."""
+    import gguf
+    from gguf.constants import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    cfg = dict(TINY, **overrides)
+    D, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + ["Ġt", "he", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+    rng = np.random.default_rng(seed)
+    weights = random_weights(cfg, "llama", len(tokens), rng, tied=True)
+    U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
+    meta = {
+        "general.name": ("Tiny Llama", STR),
+        "llama.context_length": (cfg["max_position_embeddings"], U32),
+        "llama.embedding_length": (D, U32),
+        "llama.feed_forward_length": (F, U32),
+        "llama.block_count": (L, U32),
+        "llama.attention.head_count": (cfg["num_attention_heads"], U32),
+        "llama.attention.head_count_kv": (cfg["num_key_value_heads"], U32),
+        "llama.rope.freq_base": (cfg["rope_theta"], F32),
+        "llama.attention.layer_norm_rms_epsilon": (cfg["rms_norm_eps"], F32),
+        "general.file_type": (3, U32),
+        "tokenizer.ggml.model": ("gpt2", STR),
+        "tokenizer.ggml.pre": ("smollm", STR),
+        "tokenizer.ggml.tokens": (tokens, gguf.GGUFValueType.ARRAY),
+        "tokenizer.ggml.token_type": ([1] * (len(alphabet) + 2) + [3, 3, 3], gguf.GGUFValueType.ARRAY),
+        "tokenizer.ggml.merges": (["Ġ t", "h e"], gguf.GGUFValueType.ARRAY),
+        "tokenizer.ggml.bos_token_id": (len(tokens) - 1, U32),
+        "tokenizer.ggml.eos_token_id": (len(tokens) - 2, U32),
+        "tokenizer.ggml.add_bos_token": (False, gguf.GGUFValueType.BOOL),
+        "tokenizer.chat_template": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                                    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", STR),
+    }
+    for key, value in (metadata or {}).items():
+        kind = meta[key][1] if key in meta else STR if isinstance(value, str) else F32 if isinstance(value, float) else U32
+        meta[key] = (value, kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, (value, kind) in meta.items():
+        if value is not None:
+            w.add_key_value(key, value, kind, gguf.GGUFValueType.get_type(value[0]) if kind == gguf.GGUFValueType.ARRAY else None)
+    hf_to_gguf = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    roles = {"input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "ffn_norm",
+             "self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k", "self_attn.v_proj.weight": "attn_v",
+             "self_attn.o_proj.weight": "attn_output", "mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up",
+             "mlp.down_proj.weight": "ffn_down"}
+    for i in range(L):
+        hf_to_gguf.update({f"model.layers.{i}.{k}": f"blk.{i}.{v}.weight" for k, v in roles.items()})
+    for hf_name, a in weights.items():
+        name = hf_to_gguf[hf_name]
+        qtype = Q.F32 if a.ndim == 1 else Q.Q8_0 if name == "token_embd.weight" else Q.Q4_1
+        data = a if qtype == Q.F32 else quantize(a, qtype)
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -555,3 +555,23 @@ async def test_a_failed_search_shows_why_in_place_of_the_table_with_retry(fake_h
         results = screen.query_one("#hub-results")
         await wait_for(pilot, lambda: results.display and results.row_count == 1, what="results after Retry")
         assert not error.display
+
+
+@pytest.mark.parametrize("name", ["../evil.gguf", "/etc/passwd", "a/../../evil.gguf", "a\\..\\evil.gguf", "C:evil.gguf", "a//b.gguf", ""])
+def test_repo_file_names_cannot_leave_the_target_folder(fake_hub, tiny_repo, tmp_path, name):
+    with pytest.raises(hub.UnsafeFileName):
+        hub.download_files("acme/Tiny-GGUF", [name], tmp_path / "dest", revision=COMMIT)
+    assert not fake_hub.requests("GET", "/")  # refused before anything was fetched
+
+
+def test_a_symlink_in_the_target_folder_cannot_lead_outside(fake_hub, tiny_repo, tmp_path):
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    dest.mkdir()
+    outside.mkdir()
+    (dest / "sub").symlink_to(outside)
+    with pytest.raises(hub.UnsafeFileName):
+        hub.download_files("acme/Tiny-GGUF", ["sub/tiny-Q4_1.gguf"], dest, revision=COMMIT)
+    (dest / "tiny-Q4_1.gguf.part").symlink_to(outside / "stolen")
+    with pytest.raises(hub.UnsafeFileName):
+        hub.download_files("acme/Tiny-GGUF", ["tiny-Q4_1.gguf"], dest, revision=COMMIT)
+    assert list(outside.iterdir()) == []

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tokenizer import TokenizerInfo
+from .errors import PICKLE_SUFFIXES, ModelFileError, refuse_pickle
 from .tensor import QTensor
 
 
@@ -20,6 +21,7 @@ class Checkpoint:
     tensors: dict[str, QTensor]
     tokenizer: TokenizerInfo
     generation_config: dict = field(default_factory=dict)
+    config_fields: dict[str, str] = field(default_factory=dict)  # config key -> the file's field name
     _keepalive: Any = None  # the reader / memory maps the tensors point into
 
     @property
@@ -71,20 +73,35 @@ def summarize_formats(formats: dict[str, str]) -> list[tuple[str, str, str]]:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Load a GGUF file or a Hugging Face folder.  Anything wrong with the files (but their
+    absence, FileNotFoundError) is a :class:`ModelFileError` naming the file and the problem."""
     p = Path(path)
     if p.is_dir():
         from .hf_loader import load_hf_dir
 
-        return load_hf_dir(p)
-    if not p.exists():
+        ckpt = load_hf_dir(p)
+    elif not p.exists():
         raise FileNotFoundError(f"no such model file or directory: {p}")
-    with open(p, "rb") as fh:
-        magic = fh.read(4)
-    if magic == b"GGUF":
-        from .gguf_loader import load_gguf
+    else:
+        try:
+            with open(p, "rb") as fh:
+                magic = fh.read(4)
+        except OSError as exc:
+            raise ModelFileError(p, f"cannot be read: {exc.strerror or exc}") from None
+        if not magic:
+            raise ModelFileError(p, "the file is empty (an interrupted download?)")
+        if magic == b"GGUF":
+            from .gguf_loader import load_gguf
 
-        return load_gguf(p)
-    raise ValueError(f"{p}: not a GGUF file (bad magic {magic!r}) and not a model directory")
+            ckpt = load_gguf(p)
+        elif p.suffix.lower() in PICKLE_SUFFIXES or magic[:1] == b"\x80":  # 0x80: pickle's PROTO opcode
+            raise refuse_pickle(p)
+        else:
+            raise ModelFileError(p, f"not a GGUF file (it starts with {magic!r}) and not a model folder")
+    from .checks import check_checkpoint
+
+    check_checkpoint(ckpt)
+    return ckpt
 
 
-__all__ = ["Checkpoint", "QTensor", "load_checkpoint", "summarize_formats"]
+__all__ = ["Checkpoint", "ModelFileError", "QTensor", "load_checkpoint", "summarize_formats"]

@@ -1,4 +1,4 @@
-"""GGUF files through the `gguf` package's memory-mapped reader (no copy of the file).
+"""GGUF files through our own bounds-checked, memory-mapped reader (gguf_reader.py; no copy).
 
 GGUF metadata -> an HF-style config dict (so one ``ModelArgs.from_dict`` serves both formats),
 tensors -> QTensor under canonical names (names.GGUF_NAMES), tokenizer -> tokenizers.Tokenizer.
@@ -13,11 +13,12 @@ import re
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
-from gguf.constants import GGMLQuantizationType as T
 
 from .. import quants
 from ..tokenizer import TokenizerInfo, collect_stop_ids, tokenizer_from_gguf_fields
+from .checks import _nextn_layer
+from .errors import ModelFileError
+from .gguf_reader import GGUFFile
 from .names import GGUF_ARCH_MAPS, GGUF_MAP
 from .tensor import ExpertTensor, QTensor
 
@@ -37,120 +38,152 @@ MOE_KEYS = {
 GATING_FUNC = {1: "softmax", 2: "sigmoid"}  # gguf-py ExpertGatingFuncType
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
+# config key -> GGUF key under "{arch}." (llama.cpp's LLM_KV names), for values and messages
+CONFIG_KEYS = {
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base",
+    "max_position_embeddings": "context_length",
+    "vocab_size": "vocab_size",
+    "partial_rotary_factor": "rope.dimension_count",
+    "rope_scaling": "rope.scaling.type",
+}
+CONFIG_DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096}
 
-def _field(reader: GGUFReader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+# tokenizer.ggml.* fields and the Python types they must have (gguf.md "Tokenizer")
+_TOKENIZER_TYPES = {
+    "model": str, "pre": str, "tokens": list, "merges": list, "token_type": np.ndarray, "scores": np.ndarray,
+    "bos_token_id": int, "eos_token_id": int, "eot_token_id": int, "eom_token_id": int, "unknown_token_id": int,
+    "padding_token_id": int, "add_bos_token": bool, "add_space_prefix": bool,
+}
 
 
-def read_metadata(reader: GGUFReader) -> dict:
-    """All scalar/string metadata (arrays of tokens/merges are read lazily elsewhere)."""
-    out = {}
-    for k, f in reader.fields.items():
-        if k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
-            continue
-        try:
-            out[k] = f.contents()
-        except Exception:  # noqa: BLE001 - exotic field types are not needed
-            pass
-    return out
+def _typed(path: Path, md: dict, key: str, kind: type):
+    """``md[key]`` (None when absent), refused unless it is a ``kind`` (a bool is no int)."""
+    v = md.get(key)
+    if v is not None and (not isinstance(v, kind) or (kind is int and isinstance(v, bool))):
+        raise ModelFileError(path, f"expected {kind.__name__}, found {type(v).__name__}", key)
+    return v
 
 
-def config_from_metadata(md: dict, tensor_names: set[str]) -> dict:
-    arch = md["general.architecture"]
+def config_from_metadata(path: Path, md: dict, tensor_names: set[str]) -> tuple[dict, dict[str, str]]:
+    """(HF-style config, config key -> GGUF field name).  Values are taken as the file has them;
+    loaders.checks judges them."""
+    arch = _typed(path, md, "general.architecture", str)
+    if arch is None:
+        raise ModelFileError(path, "missing: the file does not say which model it holds", "general.architecture")
     if arch not in ARCH_FAMILY:
-        raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: {sorted(ARCH_FAMILY)})")
-
-    def g(key, default=None):
-        return md.get(f"{arch}.{key}", default)
-
-    n_head = g("attention.head_count")
-    d_model = g("embedding_length")
-    cfg = {
-        "model_type": ARCH_FAMILY[arch],
-        "hidden_size": d_model,
-        "intermediate_size": g("feed_forward_length"),
-        "num_hidden_layers": g("block_count"),
-        "num_attention_heads": n_head,
-        "num_key_value_heads": g("attention.head_count_kv", n_head),
-        "head_dim": g("attention.key_length", d_model // n_head),
-        "rms_norm_eps": g("attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": g("rope.freq_base", 10000.0),
-        "max_position_embeddings": g("context_length", 4096),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "rope_style": ROPE_STYLE[arch],
-        "partial_rotary_factor": (g("rope.dimension_count") or g("attention.key_length", d_model // n_head))
-        / g("attention.key_length", d_model // n_head),
-    }
+        raise ModelFileError(path, f"{arch!r} is not supported (supported: {sorted(ARCH_FAMILY)})", "general.architecture")
+    names = {k: f"{arch}.{v}" for k, v in CONFIG_KEYS.items()}
+    cfg = {"model_type": ARCH_FAMILY[arch], "rope_style": ROPE_STYLE[arch],
+           "tie_word_embeddings": "output.weight" not in tensor_names}
+    for key, field in names.items():
+        if key not in ("partial_rotary_factor", "rope_scaling") and (v := md.get(field, CONFIG_DEFAULTS.get(key))) is not None:
+            cfg[key] = v
+    rot = _typed(path, md, names["partial_rotary_factor"], int)
+    hd = cfg.get("head_dim")
+    if hd is None and isinstance(cfg.get("hidden_size"), int) and isinstance(cfg.get("num_attention_heads"), int) \
+            and cfg["num_attention_heads"] > 0:
+        hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+    if rot is not None and isinstance(hd, int) and hd > 0:
+        cfg["partial_rotary_factor"] = rot / hd
     # NextN / MTP layers are counted in block_count but follow the trunk (llama.cpp glm4-moe.cpp)
-    cfg["num_hidden_layers"] -= g("nextn_predict_layers", 0) or 0
+    nextn = _typed(path, md, f"{arch}.nextn_predict_layers", int) or 0
+    if nextn and isinstance(cfg.get("num_hidden_layers"), int):
+        cfg["num_hidden_layers"] -= nextn
+        cfg["num_nextn_predict_layers"] = nextn
     for key, hf_key in MOE_KEYS.items():
-        v = g(key)
+        v = md.get(f"{arch}.{key}")
         if v is not None:  # a per-layer array (minimax-m2's expert_feed_forward_length) is uniform
-            cfg[hf_key] = max(v) if isinstance(v, list) else v
-    if g("expert_gating_func") is not None:
-        cfg["scoring_func"] = GATING_FUNC[g("expert_gating_func")]
+            cfg[hf_key] = max(v.tolist() if isinstance(v, np.ndarray) else v) if isinstance(v, (list, np.ndarray)) else v
+            names[hf_key] = f"{arch}.{key}"
+    gating = md.get(f"{arch}.expert_gating_func")
+    if gating is not None:
+        if gating not in GATING_FUNC:
+            raise ModelFileError(path, f"{gating!r} is not a gating function bw24chat knows ({GATING_FUNC})",
+                                 f"{arch}.expert_gating_func")
+        cfg["scoring_func"] = GATING_FUNC[gating]
     if cfg.get("routed_scaling_factor") == 0:  # llama.cpp: 0 = no scaling
         cfg["routed_scaling_factor"] = 1.0
-    vocab = g("vocab_size")
-    if vocab is not None:
-        cfg["vocab_size"] = vocab
-    st = g("rope.scaling.type")
+    st = _typed(path, md, f"{arch}.rope.scaling.type", str)
     if st and st != "none":
-        rs = {"rope_type": st, "factor": g("rope.scaling.factor", 1.0)}
+        rs = {"rope_type": st, "factor": md.get(f"{arch}.rope.scaling.factor", 1.0)}
         if st == "yarn":
-            rs["original_max_position_embeddings"] = g("rope.scaling.original_context_length")
-            rs["beta_fast"] = g("rope.scaling.yarn_beta_fast", 32.0)
-            rs["beta_slow"] = g("rope.scaling.yarn_beta_slow", 1.0)
+            rs["original_max_position_embeddings"] = md.get(f"{arch}.rope.scaling.original_context_length")
+            rs["beta_fast"] = md.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)
+            rs["beta_slow"] = md.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)
         cfg["rope_scaling"] = rs
     elif "rope_freqs.weight" in tensor_names:
         cfg["rope_scaling"] = {"rope_type": "freq_factors"}  # llama3 scaling baked into a tensor
-    return cfg
+    return cfg, names
+
+
+def _tokenizer_fields(path: Path, md: dict) -> dict:
+    """tokenizer.ggml.* (without the prefix), each of the type the spec gives it and with ids and
+    per-token arrays that agree with the token list."""
+    f = {}
+    for key, kind in _TOKENIZER_TYPES.items():
+        v = _typed(path, md, f"tokenizer.ggml.{key}", kind)
+        if v is not None:
+            f[key] = v
+    tokens = f.get("tokens")
+    if not tokens:
+        raise ModelFileError(path, "missing or empty: the file has no vocabulary", "tokenizer.ggml.tokens")
+    for key in ("token_type", "scores"):
+        if key in f:
+            if len(f[key]) != len(tokens):
+                raise ModelFileError(path, f"{len(f[key])} entries for {len(tokens)} tokens", f"tokenizer.ggml.{key}")
+            f[key] = f[key].tolist()
+    for i, m in enumerate(f.get("merges") or []):
+        if not isinstance(m, str) or " " not in m:
+            raise ModelFileError(path, f"{m!r} is not a merge ('left right')", f"tokenizer.ggml.merges[{i}]")
+    for key in ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id", "padding_token_id"):
+        if key in f and not 0 <= f[key] < len(tokens):
+            raise ModelFileError(path, f"{f[key]} is not a token id (the vocabulary has {len(tokens)})", f"tokenizer.ggml.{key}")
+    return f
 
 
 def load_gguf(path: Path):
     from . import Checkpoint  # late: avoids an import cycle
 
-    reader = GGUFReader(str(path), "r")
-    md = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
-    cfg = config_from_metadata(md, names)
+    gf = GGUFFile(path)
+    md = gf.fields
+    names = {t.name for t in gf.tensors}
+    cfg, config_fields = config_from_metadata(path, md, names)
     name_map = GGUF_ARCH_MAPS.get(md["general.architecture"], GGUF_MAP)
     tensors: dict[str, QTensor] = {}
     unknown = []
-    extra = {}
-    for t in reader.tensors:
-        qtype = T(t.tensor_type)
-        if qtype not in quants.SUPPORTED:
-            raise ValueError(f"{path.name}: tensor {t.name} has ggml type {qtype.name}, which bw24chat does not support")
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml ne[] is innermost first
+    for t in gf.tensors:
+        if t.ggml_type not in quants.SUPPORTED:
+            raise ModelFileError(path, f"ggml type {t.ggml_type.name}, which bw24chat does not support", f"tensor {t.name}")
         if t.name == "rope_freqs.weight":
-            extra["rope_freqs"] = np.array(t.data, dtype=np.float32)
+            cfg["rope_freqs"] = quants.dequantize(t.data, t.ggml_type).reshape(-1).tolist()
             continue
-        m = _LAYER.match(t.name)
-        if m and int(m.group(1)) >= cfg["num_hidden_layers"]:
-            continue  # NextN / MTP layers: not used yet
+        if _nextn_layer(t.name, _LAYER, cfg):
+            continue
         canon = name_map.canonical(t.name)
         if canon is None:
             unknown.append(t.name)
             continue
         if canon.endswith("_exps"):  # (E, out, in): one memory-mapped tensor, experts are its slices
-            tensors[canon] = ExpertTensor.from_array(canon, qtype.name, shape, t.data)
+            tensors[canon] = ExpertTensor.from_array(canon, t.ggml_type.name, t.shape, t.data)
         else:
-            tensors[canon] = QTensor(canon, qtype.name, shape, t.data)
+            tensors[canon] = QTensor(canon, t.ggml_type.name, t.shape, t.data)
     if unknown:
-        raise ValueError(f"{path.name}: tensors with no mapping: {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
-    if extra.get("rope_freqs") is not None:
-        cfg["rope_freqs"] = extra["rope_freqs"].tolist()
+        raise ModelFileError(path, f"tensors bw24chat has no use for: {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
+    if "tok_embd" not in tensors:
+        raise ModelFileError(path, "missing: a model needs its token embedding", "tensor token_embd.weight")
 
-    fields = {
-        k[len("tokenizer.ggml.") :]: _field(reader, k)
-        for k in reader.fields
-        if k.startswith("tokenizer.ggml.")
-    }
-    tk = tokenizer_from_gguf_fields(fields)
+    fields = _tokenizer_fields(path, md)
+    try:
+        tk = tokenizer_from_gguf_fields(fields)
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library reports bad vocabularies in many ways
+        raise ModelFileError(path, f"the vocabulary cannot be built: {exc}", "tokenizer.ggml") from None
     eos = fields.get("eos_token_id")
     eot = [fields[k] for k in ("eot_token_id", "eom_token_id") if fields.get(k) is not None]
     add_bos = fields.get("add_bos_token")
@@ -162,17 +195,19 @@ def load_gguf(path: Path):
         eos_id=eos,
         stop_ids=collect_stop_ids(tk, eos, eot),
         add_bos=bool(add_bos),
-        chat_template=md.get("tokenizer.chat_template"),
+        chat_template=_typed(path, md, "tokenizer.chat_template", str),
     )
     if "vocab_size" not in cfg:
         cfg["vocab_size"] = tensors["tok_embd"].shape[0]
+    name = _typed(path, md, "general.name", str)
     return Checkpoint(
         path=path,
         source="gguf",
-        name=md.get("general.name") or path.stem,
+        name=name or path.stem,
         config=cfg,
         tensors=tensors,
         tokenizer=tok,
         generation_config={},
-        _keepalive=reader,
+        config_fields=config_fields,
+        _keepalive=gf,
     )

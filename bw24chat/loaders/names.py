@@ -107,9 +107,11 @@ class NameMap:
 
     def __init__(self, table: dict[str, str]):
         self._rules = []
+        self._back = []
         for src, dst in table.items():
             pat = "^" + re.escape(src).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{j\}", r"(?P<j>\d+)") + "$"
             self._rules.append((re.compile(pat), dst))
+            self._back.append((re.compile("^" + re.escape(dst).replace(r"\{i\}", r"(?P<i>\d+)") + "$"), src))
 
     def canonical(self, source_name: str) -> str | None:
         for pat, dst in self._rules:
@@ -117,6 +119,14 @@ class NameMap:
             if m:
                 return dst.format(**m.groupdict())
         return None
+
+    def source(self, canonical_name: str) -> str:
+        """The source format's name of a canonical one (itself when the map has none)."""
+        for pat, src in self._back:
+            m = pat.match(canonical_name)
+            if m:
+                return src.format(**m.groupdict())
+        return canonical_name
 
 
 GGUF_MAP = NameMap(GGUF_NAMES)

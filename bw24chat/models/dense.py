@@ -115,6 +115,29 @@ class DenseTransformer:
         self.attn = AttentionSpec(a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps, rope,
                                   1.0 / math.sqrt(a.head_dim), self.qk_norm_width)
 
+    @classmethod
+    def tensor_shapes(cls, a: BaseArgs) -> dict[str, tuple[tuple[int, ...], bool]]:
+        """Every tensor the family may hold: canonical name -> (shape, required).  The loaders'
+        checks refuse a file whose tensors disagree (loaders/checks.py)."""
+        D, V, hd = a.hidden_size, a.vocab_size, a.head_dim
+        q, kv = a.num_attention_heads * hd, a.num_key_value_heads * hd
+        qn = (q, kv) if cls.qk_norm_width == "full" else (hd, hd)
+        out = {"tok_embd": ((V, D), True), "output": ((V, D), False), "output_norm": ((D,), True)}
+        for i in range(a.num_hidden_layers):
+            p = f"blk.{i}."
+            out.update({p + "attn_norm": ((D,), True), p + "attn_q": ((q, D), True), p + "attn_k": ((kv, D), True),
+                        p + "attn_v": ((kv, D), True), p + "attn_o": ((D, q), True), p + "ffn_norm": ((D,), True),
+                        p + "attn_q_bias": ((q,), False), p + "attn_k_bias": ((kv,), False),
+                        p + "attn_v_bias": ((kv,), False), p + "attn_q_norm": ((qn[0],), False),
+                        p + "attn_k_norm": ((qn[1],), False)})
+            out.update({p + k: v for k, v in cls.ffn_shapes(a, i).items()})
+        return out
+
+    @classmethod
+    def ffn_shapes(cls, a: BaseArgs, i: int) -> dict[str, tuple[tuple[int, ...], bool]]:
+        D, F = a.hidden_size, a.intermediate_size
+        return {"ffn_gate": ((F, D), True), "ffn_up": ((F, D), True), "ffn_down": ((D, F), True)}
+
     def load_ffn(self, L: Loader, i: int, t, has) -> dict:
         """Layer ``i``'s FFN weights as Layer fields (``t(name)`` / ``has(name)``: its tensors)."""
         return dict(gu=L.load_linear([t("ffn_gate"), t("ffn_up")], interleave=True, role="gu"),

@@ -49,6 +49,17 @@ class MoETransformer(DenseTransformer):
         super().__init__(args, loader, tensors, n_ctx, progress)
         self.router = args.router_spec()
 
+    @classmethod
+    def ffn_shapes(cls, a: MoEArgs, i: int) -> dict[str, tuple[tuple[int, ...], bool]]:
+        if not a.is_moe_layer(i):
+            return super().ffn_shapes(a, i)
+        D, E, Fe = a.hidden_size, a.num_experts, a.moe_intermediate_size or a.intermediate_size
+        Fs = Fe * max(a.n_shared_experts, 1)  # the shared experts, stored as one wider MLP
+        return {"ffn_gate_inp": ((E, D), True), "ffn_gate_exps": ((E, Fe, D), True), "ffn_up_exps": ((E, Fe, D), True),
+                "ffn_down_exps": ((E, D, Fe), True), "exp_probs_b": ((E,), False),
+                "ffn_gate_shexp": ((Fs, D), False), "ffn_up_shexp": ((Fs, D), False), "ffn_down_shexp": ((D, Fs), False),
+                "ffn_gate_inp_shexp": ((D,), False)}
+
     def load_ffn(self, L: Loader, i: int, t, has) -> dict:
         if not self.args.is_moe_layer(i):
             return super().load_ffn(L, i, t, has)

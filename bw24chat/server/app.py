@@ -52,6 +52,7 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .. import __version__
 from ..api import (
@@ -75,6 +76,10 @@ log = logging.getLogger("bw24chat.server")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_TOKENS_CAP = 4096
 DRAIN_MAX_BYTES = 64 << 20  # a too-large body up to this size is read (and dropped) before the 413
+HEAD_TIMEOUT_S = 10.0  # a request line and headers must arrive within this (slowloris clients)
+BODY_TIMEOUT_S = 30.0  # and the body within this once they have
+MAX_HEADER_BYTES = 32 << 10
+MAX_HEADERS = 100
 OPEN_PATHS = {"/health"}
 ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"}
 
@@ -105,6 +110,11 @@ class _FrontDoor:
                 return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
         return False
 
+    @staticmethod
+    def _oversized_headers(scope) -> bool:
+        headers = scope.get("headers", [])
+        return len(headers) > MAX_HEADERS or sum(len(n) + len(v) for n, v in headers) > MAX_HEADER_BYTES
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -119,7 +129,11 @@ class _FrontDoor:
 
         self.metrics.http_started()
         try:
-            if self.api_key and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            if self._oversized_headers(scope):
+                err = APIError(431, f"The request headers are larger than this server's limit ({MAX_HEADERS} headers, "
+                                    f"{MAX_HEADER_BYTES} bytes).", code="headers_too_large")
+                await _error_response(err)(scope, receive, send_recording)
+            elif self.api_key and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
                 err = APIError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY'.",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await _error_response(err)(scope, receive, send_recording)
@@ -137,14 +151,18 @@ async def _read_json(request: Request, limit: int) -> dict:
         raise too_big
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > DRAIN_MAX_BYTES:
-                break
-            if size <= limit:
-                chunks.append(chunk)
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > DRAIN_MAX_BYTES:
+                    break
+                if size <= limit:
+                    chunks.append(chunk)
     except ClientDisconnect:
         raise APIError(499, "The client closed the connection.", code="client_closed") from None
+    except TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {BODY_TIMEOUT_S:g} s.", code="request_timeout",
+                       headers={"Connection": "close"}) from None
     if size > limit:
         raise too_big  # the body was drained first, so that the client reads the answer
     try:
@@ -395,9 +413,38 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class _HeadDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose next request line and headers have not
+    arrived ``HEAD_TIMEOUT_S`` after it opened or after its last response (uvicorn has a keep-alive
+    timeout, but the first byte of a request cancels it, so a slowloris client holds its
+    connection for ever)."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_head_deadline()
+
+    def _arm_head_deadline(self) -> None:
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_overdue, self.cycle)
+
+    def _head_overdue(self, cycle_then) -> None:
+        idle = self.cycle is None or self.cycle.response_complete  # no request in progress
+        if self.cycle is cycle_then and idle and not self.transport.is_closing():
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        self._head_timer.cancel()
+        self._arm_head_deadline()
+        super().on_response_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._head_timer.cancel()
+        super().connection_lost(exc)
+
+
 def _uvicorn_server(app, log_level: str, quiet: bool) -> uvicorn.Server:
     extra = {"log_config": None, "access_log": False} if quiet else {}
-    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, **extra)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, http=_HeadDeadline,
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES, **extra)
     return uvicorn.Server(config)
 
 

@@ -37,8 +37,8 @@ class APIError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-             405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
-             499: "invalid_request_error", 503: "server_error"}
+             405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+             429: "rate_limit_exceeded", 431: "invalid_request_error", 499: "invalid_request_error", 503: "server_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str | None = None, headers: dict[str, str] | None = None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +19,8 @@ from textual.app import App
 from ..api import EngineAPI, LoadProgress
 from ..config import load_config, update_saved_config, with_cli_overrides
 from ..conversations import ConversationStore
+from ..loaders.errors import ModelFileError
+from ..model_store import ModelNotFound
 from ..options import EngineOptions
 from ..paths import log_file
 from .commands import ChatCommands
@@ -25,6 +28,7 @@ from .formatting import model_title
 from .messages import EngineFailed, EngineLoading, EngineReady
 from .screens.chat import ChatScreen
 from .screens.conversations import ConversationsScreen
+from .screens.dialogs import ErrorDialog
 from .screens.help import HelpScreen
 from .screens.model_info import ModelInfoScreen
 from .screens.models import DEFAULT_MODEL_SPEC, ModelsScreen
@@ -58,6 +62,8 @@ class ChatApp(App):
         self.config = with_cli_overrides(load_config(), self.options)
         self.engine_factory = engine_factory or open_engine
         self.store = store or ConversationStore()
+        self.store.on_write_error = self._report_save_error
+        self._save_error_shown = 0.0
         self.hf_cache = hf_cache
         self.engine: EngineAPI | None = None
         self.model_spec: str | None = None
@@ -71,10 +77,21 @@ class ChatApp(App):
             self.theme = self.config.theme
         self.theme_changed_signal.subscribe(self, self._save_theme)
         await self.push_screen(self.chat)
+        for problem in (self.config.problem, self.store.problem):
+            if problem:
+                self.notify(problem, title="Recovered", severity="warning", timeout=20, markup=False)
         if self.options.model:
             self.load_model(self.options.model)
         else:
             self.push_screen(ModelsScreen())
+
+    def _report_save_error(self, exc: Exception) -> None:
+        """A conversation could not be saved (full disk ...): say so, at most every 30 s (a
+        streaming reply is saved every few hundred ms); what is on screen stays."""
+        if time.monotonic() - self._save_error_shown > 30:
+            self._save_error_shown = time.monotonic()
+            self.notify(f"{exc}. The conversation stays on screen; the saved copy keeps its last state.",
+                        title="Could not save the conversation", severity="error", timeout=15, markup=False)
 
     def _save_theme(self, theme) -> None:
         self.config.theme = theme.name
@@ -108,6 +125,9 @@ class ChatApp(App):
 
         try:
             engine = self.engine_factory(self.config.engine_options(spec), report)
+        except (ModelFileError, ModelNotFound) as exc:  # their messages are written for the user
+            self.post_message(EngineFailed(load_id, spec, str(exc)))
+            return
         except Exception as exc:  # noqa: BLE001 - any failure is reported in the UI
             self.post_message(EngineFailed(load_id, spec, f"{type(exc).__name__}: {exc}"))
             return
@@ -129,8 +149,8 @@ class ChatApp(App):
         if message.load_id != self._load_id:
             return
         self.chat.engine_failed()
-        self.notify(message.error, title="Could not load the model", severity="error", timeout=10, markup=False)
         self.action_models()
+        self.push_screen(ErrorDialog("Could not load the model", message.error))
 
     # ------------------------------------------------------------------ screens
     def show_chat(self) -> None:

@@ -14,7 +14,7 @@ from bw24chat.options import EngineOptions
 from bw24chat.tui.app import ChatApp
 from bw24chat.tui.screens.chat import ChatScreen
 from bw24chat.tui.screens.conversations import ConversationsScreen
-from bw24chat.tui.screens.dialogs import Confirm, TextPrompt
+from bw24chat.tui.screens.dialogs import Confirm, ErrorDialog, TextPrompt
 from bw24chat.tui.screens.help import HelpScreen
 from bw24chat.tui.screens.models import ModelsScreen
 from bw24chat.tui.screens.settings import SettingsScreen
@@ -260,8 +260,10 @@ async def test_loading_shows_progress_and_a_failure_is_reported(make_app):
         app.load_model("broken")
         await wait_for(pilot, reached.is_set, what="the second load")
         release.set()
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog), what="the error dialog")
+        assert "unsupported architecture" in str(app.screen.query_one("#error-text").render())
+        await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager after a failure")
-        await wait_for_notification(pilot, "error", "unsupported architecture")
         await wait_for(pilot, lambda: app.screen.query("#local-models"), what="the model manager's table")
         assert app.engine is None
 
@@ -320,3 +322,25 @@ async def test_info_shows_the_storage_format_of_each_layer(make_app):
             assert text in source, text
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.screen is app.chat, what="the chat")
+
+
+async def test_the_tui_reports_a_damaged_settings_file():
+    config_path().write_text("[[[ not toml")
+    app = ChatApp(EngineOptions(model="fake"), lambda options, progress: FakeEngine())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert any("settings file" in n.message and n.severity == "warning" for n in app._notifications)
+
+
+async def test_a_conversation_that_cannot_be_saved_is_reported_and_stays_on_screen(make_app):
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await start_chat(pilot)
+        await send(pilot, "first")
+        pages = app.store._db.execute("PRAGMA page_count").fetchone()[0]
+        app.store._db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from here on
+        await send(pilot, "second " + "x" * 200_000)
+        assert any(n.title == "Could not save the conversation" for n in app._notifications)
+        assert [m.content[:6] for m in app.chat.conversation.messages if m.role == "user"] == ["first", "second"]
+        saved = app.store.load(app.chat.conversation.id)
+        assert [m.content for m in saved.messages if m.role == "user"] == ["first"]

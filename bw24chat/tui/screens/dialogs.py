@@ -79,3 +79,25 @@ class Confirm(_Dialog):
 
     def action_cancel(self) -> None:
         self.dismiss(False)
+
+
+class ErrorDialog(_Dialog):
+    """An error that needs reading (a model that cannot load): it stays until dismissed."""
+
+    def __init__(self, title: str, message: str) -> None:
+        super().__init__(classes="dialog")
+        self.title_text = title
+        self.message = message
+
+    def compose(self):
+        with Vertical(classes="dialog-box error-box"):
+            yield Label(Content(self.title_text), classes="dialog-title")
+            yield Label(Content(self.message), id="error-text")  # plain: it quotes the file's own names
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("OK", variant="primary", id="ok")
+
+    def on_mount(self) -> None:
+        self.query_one("#ok").focus()
+
+    def accept(self) -> None:
+        self.dismiss(None)
