@@ -51,7 +51,7 @@ def test_pdl_on_every_kernel_but_matvec_tc(monkeypatch):
     assert not kb.pdl_enabled("matvec")
 
 
-def testpdl_supported_compares_numbers(monkeypatch):
+def test_pdl_supported_compares_numbers(monkeypatch):
     import sys
     import types
 
@@ -61,9 +61,9 @@ def testpdl_supported_compares_numbers(monkeypatch):
         dev = types.SimpleNamespace(compute_capability=cc)
         fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda d=dev: d))
         monkeypatch.setitem(sys.modules, "cupy", fake)
-        kb.pdl_supported.cache_clear()
+        kb._device_pdl.cache_clear()
         assert kb.pdl_supported() is want, cc
-    kb.pdl_supported.cache_clear()
+    kb._device_pdl.cache_clear()
 
 
 def test_resident_blocks_match_the_occupancy_calculator(monkeypatch):

@@ -148,8 +148,8 @@ def resident_blocks(k, threads: int, smem: int) -> int:
     """Blocks of ``k`` one multiprocessor holds at once (registers, shared memory, warps), from
     the compiled kernel's register count: the occupancy calculator's rules (registers allocated
     per warp in units of 256, 1 KB of shared memory reserved per block, 64 warps per SM).
-    Memoized per (kernel, threads, shared bytes): the register count is a driver query."""
-    key = (id(k), threads, smem)
+    Memoized per (kernel, threads, shared bytes, device): the register count is a driver query."""
+    key = (id(k), threads, smem, _sm_resources())
     if key not in _resident:
         _resident[key] = _resident_blocks(k.num_regs, threads, smem)
     return _resident[key]
@@ -478,7 +478,7 @@ def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg", xb16: bool 
     qx = _scratch_u16("x_qx", 2 * T * words)  # uint32 words as pairs of uint16
     n4 = T * n // 4
     q = get_kernel("gemm_act", "act_quant_qx")
-    q((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4), np.int32(xb16)))
+    q((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4), np.int32(xb16)))
     args = (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi)
     if impl == "mma":
         k, smem, grid = get_kernel("gemm_i8", "gemm_i8_mma", FMT=W.fmt_id), gemm_i8_mma_smem(), (-(-T // IM_BM), -(-W.out // IM_BN))
@@ -521,7 +521,7 @@ def _x_planes(kernel: str, x, n: int, with_lo: bool, alloc: int):
     lo = _scratch_u16("x_lo", max(n, alloc)) if with_lo else None
     n4 = n // 4
     k = get_kernel("gemm_act", kernel)
-    k((max(1, min(-(-n4 // 256), 132 * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
+    k((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
     return hi, lo
 
 
@@ -646,7 +646,7 @@ def dequant_block(W: DeviceWeight, r0: int, n: int, whi, wlo) -> None:
     """W's rows [r0, r0 + n) as bf16 planes whi (and wlo, W - hi, when not None) [n, W.in]:
     dequant.cu dequant_bf16 on the current stream."""
     deq = get_kernel("dequant", "dequant_bf16", FMT=W.fmt_id, DEQ_LO=int(wlo is not None))
-    deq((max(1, min(-(-(n * W.nck) // 256), 132 * 16)),), (256,),
+    deq((max(1, min(-(-(n * W.nck) // 256), _sm_resources()[0] * 16)),), (256,),
         (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), np.int64(r0), np.int32(n), np.int32(W.in_), whi, _ptr(wlo)))
 
 
@@ -656,7 +656,7 @@ def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out) -> None:
     if n_rows <= 0:
         return
     total = n_rows * W.nck
-    grid = (max(1, min(-(-total // 256), 132 * 16)),)
+    grid = (max(1, min(-(-total // 256), _sm_resources()[0] * 16)),)
     k = get_kernel("dequant", "dequant_rows", FMT=W.fmt_id)
     k(grid, (256,), (*_wargs(W), _ptr(ids), np.int32(n_rows), np.int32(W.in_), out))
 

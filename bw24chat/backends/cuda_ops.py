@@ -12,7 +12,6 @@ N cache positions (n_ctx), m decode rows, V vocabulary.  KV cache layouts: kerne
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -151,10 +150,7 @@ def _decode_gq(G: int) -> int:
 
 
 def _n_sm() -> int:
-    try:
-        return kernel_build.current_device_attribute("MultiProcessorCount")
-    except Exception:  # noqa: BLE001
-        return 132
+    return kernel_build.current_device_attribute("MultiProcessorCount")
 
 
 def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None, blocks_per_sm: int = 2) -> int:
@@ -236,11 +232,8 @@ def decode_on_tensor_cores(kv_type: str, hd: int) -> bool:
     return kv_type == "bf16" and 32 <= hd <= 128 and hd % 16 == 0 and _arch_number() >= 80
 
 
-@functools.lru_cache(maxsize=1)
 def _arch_number() -> int:
-    from .kernel_build import active_arch
-
-    return int(active_arch()[3:].rstrip("a"))
+    return int(kernel_build.active_arch()[3:].rstrip("a"))
 
 
 def _decode_tc_stage_bytes(hd: int) -> int:

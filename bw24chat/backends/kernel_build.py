@@ -110,11 +110,19 @@ def _options(arch: str, defines: dict | None) -> tuple[str, ...]:
 
 # ----------------------------------------------------------------------------- CuPy path
 def _device_arch() -> str:
+    if _planning is not None:
+        return _planning.props.arch
     import cupy
 
-    dev = cupy.cuda.Device()
-    major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
-    return arch_for(int(major), int(minor), portable=os.environ.get("BW24CHAT_PORTABLE") == "1")
+    return _real_arch(cupy.cuda.Device().id, os.environ.get("BW24CHAT_PORTABLE") == "1")
+
+
+@functools.lru_cache(maxsize=None)
+def _real_arch(device_id: int, portable: bool) -> str:
+    import cupy
+
+    cc = cupy.cuda.Device(device_id).compute_capability
+    return arch_for(int(cc[:-1]), int(cc[-1]), portable=portable)
 
 
 @functools.lru_cache(maxsize=None)
@@ -208,9 +216,15 @@ def _libcuda():
     return lib
 
 
-@functools.lru_cache(maxsize=None)
 def pdl_supported() -> bool:
     """Programmatic dependent launch exists on this GPU (sm_90+)."""
+    if _planning is not None:
+        return _planning.props.cc >= 90
+    return _device_pdl()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_pdl() -> bool:
     import cupy
 
     return int(cupy.cuda.Device().compute_capability) >= 90  # "120" >= "90" is False as strings
@@ -269,6 +283,8 @@ _nonportable_set: set = set()
 def allow_nonportable_clusters(kernel: Kernel) -> None:
     """Let ``kernel`` run in thread-block clusters larger than the portable 8 (Hopper: up to 16),
     through the driver (CuPy's RawKernel has no such attribute).  Once per kernel."""
+    if _planning is not None:  # a planned kernel: the launch record says the cluster size
+        return
     ptr = int(kernel._raw.kernel.ptr)
     if ptr in _nonportable_set:
         return
@@ -287,8 +303,39 @@ def _kernel(family: str, name: str, defines: tuple) -> Kernel:
 
 
 def get_kernel(family: str, name: str, **defines) -> Kernel:
-    """A launchable kernel: ``k(grid, block, args, shared_mem=...)`` (memoized)."""
-    return _kernel(family, name, tuple(sorted(defines.items())))
+    """A launchable kernel: ``k(grid, block, args, shared_mem=...)`` (memoized); while planning
+    (backends/plan.py), its description, whose launches are recorded instead."""
+    key = tuple(sorted(defines.items()))
+    if _planning is not None:
+        return _planning.kernel(family, name, key)
+    return _kernel(family, name, key)
+
+
+# ----------------------------------------------------------------------------- planning
+_planning = None  # a plan.Planner while a plan is traced (plan.planning)
+
+
+def set_planning(planner) -> None:
+    """Route device queries, kernel handles and launches to ``planner`` (None: the GPU)."""
+    global _planning
+    _planning = planner
+
+
+def ptxas_registers(family: str, name: str, arch: str, defines: tuple) -> int:
+    """Registers per thread of kernel ``name`` built with ``defines`` for ``arch``, from ptxas'
+    own report (NVRTC, no GPU): what the occupancy of a persistent grid depends on."""
+    key = (family, name, arch, defines)
+    if key not in _registers:
+        _, log = compile_cubin(family, arch, dict(defines), extra=("-Xptxas=-v",))
+        found = re.findall(r"Function properties for (\w+)[\s\S]*?Used (\d+) registers", log)
+        regs = {fn: int(n) for fn, n in found}
+        if name not in regs:
+            raise KernelCompileError(family, (), f"ptxas reported no register count for {name}:\n{log[-2000:]}")
+        _registers[key] = regs[name]
+    return _registers[key]
+
+
+_registers: dict = {}
 
 
 def active_arch() -> str:
@@ -323,7 +370,9 @@ def device_attributes(device_id: int) -> dict:
 
 
 def current_device_attribute(name: str) -> int:
-    """One attribute of the current device (device_attributes)."""
+    """One attribute of the current device (device_attributes), or of the planned one."""
+    if _planning is not None:
+        return _planning.props.attribute(name)
     import cupy
 
     return int(device_attributes(cupy.cuda.Device().id)[name])

@@ -1,0 +1,49 @@
+"""The decode plan (backends/plan.py) without a GPU: the launches of one decode step of the
+Qwen3-8B shape on an H100, per weight format, against the checked-in golden files
+(tests/data/decode_plan_qwen3-8b_*.txt).  A change to a tuning rule, a kernel's defines, a grid
+or a hand-off shows here as a diff to review; regenerate with
+
+    python -m bw24chat.backends.plan qwen3-8b FORMAT > tests/data/decode_plan_qwen3-8b_FORMAT.txt
+"""
+from pathlib import Path
+
+import pytest
+
+from bw24chat.backends.plan import GPUS, decode_plan, format_plan
+from bw24chat.synthetic import SHAPES
+
+DATA = Path(__file__).parent / "data"
+
+
+pytestmark = pytest.mark.kernels  # the plan reads register counts from ptxas (NVRTC: the [kernels] extra)
+
+
+def _plan(fmt: str, gpu: str = "H100", m: int = 1):
+    cfg = SHAPES["qwen3-8b"]
+    return decode_plan(cfg, {"default": fmt.upper()}, GPUS[gpu], m), cfg["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_k", "nvfp4"])
+def test_qwen3_8b_plan_matches_the_golden_file(fmt):
+    plan, layers = _plan(fmt)
+    assert format_plan(plan, layers) == (DATA / f"decode_plan_qwen3-8b_{fmt}.txt").read_text()
+
+
+def test_the_plan_reads_the_gpu_it_is_made_for():
+    """Grids come from the device's SM count and shared memory, never a constant: the same model
+    planned for a 170-SM, 99 KB GPU (sm_120a) launches other grids and the sm_120a builds."""
+    h100, _ = _plan("nvfp4")
+    rtx, _ = _plan("nvfp4", "RTX5090")
+    assert len(h100) == len(rtx) == 2 + 6 * 36 + 1
+    assert {L.grid for L in h100} != {L.grid for L in rtx}
+    attn = [L for L in rtx if L.family.startswith("attention")]
+    assert attn and all(L.smem <= GPUS["RTX5090"].smem_block_optin for L in attn)
+
+
+def test_rows_change_only_what_depends_on_them():
+    """m = 4 rows: the same kernels in the same order (the row count is a define or grid axis),
+    and one sampler launch per row."""
+    one, _ = _plan("q8_0")
+    four, _ = _plan("q8_0", m=4)
+    assert [L.name for L in four[:-4]] == [L.name for L in one[:-1]]
+    assert [L.name for L in four[-4:]] == ["sample"] * 4
