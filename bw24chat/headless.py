@@ -59,14 +59,14 @@ def _run(engine, request: GenerationRequest, as_json: bool, out=None) -> tuple[s
                 out.flush()
             elif isinstance(ev, (DoneEvent, ErrorEvent)):
                 final = ev
-    _finish(final, as_json, out)
+    _finish(final, request, as_json, out)
     if ctrl_c.pressed:
         sys.stderr.write("bw24chat: interrupted\n")
         raise KeyboardInterrupt
     return "".join(text), final
 
 
-def _finish(final: DoneEvent | ErrorEvent, as_json: bool, out) -> None:
+def _finish(final: DoneEvent | ErrorEvent, request: GenerationRequest, as_json: bool, out) -> None:
     """The closing record (JSON) or newline, or the error."""
     if isinstance(final, DoneEvent):
         s = final.stats

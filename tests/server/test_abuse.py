@@ -69,7 +69,7 @@ def test_a_body_that_never_finishes_gets_408(quick_server):
 
 @pytest.mark.parametrize("headers", [{"X-Big": "a" * 40_000}, {f"X-H{i}": "v" for i in range(150)}])
 def test_oversized_headers_get_431(fake_server, headers):
-    r = httpx.post(fake_server.base_url + CHAT, json={"model": "m", "messages": msg("hi")}, headers=headers)
+    r = httpx.post(fake_server.base_url + CHAT, json={"model": "fake-model", "messages": msg("hi")}, headers=headers)
     assert r.status_code == 431 and error_of(r)["code"] == "headers_too_large"
 
 
@@ -92,15 +92,15 @@ def _rss_kib(pid: int) -> int:
 def test_a_thousand_invalid_requests_leave_the_server_up_with_flat_memory(fake_server):
     rng = random.Random(5)
     bad = [
-        lambda: fake_server.http.post(CHAT, content=b'{"model": "m", "messages": [', headers={"content-type": "application/json"}),
+        lambda: fake_server.http.post(CHAT, content=b'{"model": "fake-model", "messages": [', headers={"content-type": "application/json"}),
         lambda: fake_server.http.post(CHAT, content=bytes(rng.randrange(256) for _ in range(200))),
-        lambda: fake_server.http.post(CHAT, json={"model": "m", "messages": msg("x"), "temperature": rng.choice([-1, 9, "hot", []])}),
-        lambda: fake_server.http.post(CHAT, json={"model": "m", "messages": [{"role": "wizard", "content": "x"}]}),
-        lambda: fake_server.http.post(CHAT, json={"model": "m", "messages": msg("x"), "max_tokens": rng.choice([0, -5, 10**9, "8"])}),
-        lambda: fake_server.http.post(CHAT, json={"model": "m", "messages": msg("x"), "stop": [1, 2]}),
+        lambda: fake_server.http.post(CHAT, json={"model": "fake-model", "messages": msg("x"), "temperature": rng.choice([-1, 9, "hot", []])}),
+        lambda: fake_server.http.post(CHAT, json={"model": "fake-model", "messages": [{"role": "wizard", "content": "x"}]}),
+        lambda: fake_server.http.post(CHAT, json={"model": "fake-model", "messages": msg("x"), "max_tokens": rng.choice([0, -5, 10**9, "8"])}),
+        lambda: fake_server.http.post(CHAT, json={"model": "fake-model", "messages": msg("x"), "stop": [1, 2]}),
         lambda: fake_server.http.post(CHAT, json=[1, 2, 3]),
         lambda: fake_server.http.post(CHAT, content=b"x" * 70_000),  # over the test server's 64 KiB limit
-        lambda: fake_server.http.post("/v1/completions", json={"model": "m", "prompt": [1, 2]}),
+        lambda: fake_server.http.post("/v1/completions", json={"model": "fake-model", "prompt": [1, 2]}),
         lambda: fake_server.http.get("/v1/nowhere"),
         lambda: fake_server.http.delete(CHAT),
     ]
@@ -116,7 +116,7 @@ def test_a_thousand_invalid_requests_leave_the_server_up_with_flat_memory(fake_s
     grown = _rss_kib(fake_server.proc.pid) - before
     assert grown < 8 * 1024, f"the server grew by {grown} KiB over 1000 invalid requests"
     assert statuses >= {400, 404, 405, 413}
-    assert fake_server.client().chat.completions.create(model="m", messages=msg("still here")).choices[0].message.content \
+    assert fake_server.client().chat.completions.create(model="fake-model", messages=msg("still here")).choices[0].message.content \
         == "You said: still here"
 
 
@@ -124,13 +124,13 @@ def test_sse_clients_that_vanish_mid_stream(slow_server):
     before = slow_server.metric("generations_total", finish_reason="cancelled")
     for _ in range(5):
         with httpx.stream("POST", slow_server.base_url + CHAT, timeout=10,
-                          json={"model": "m", "messages": msg("a b c d e f g h i j k l"), "stream": True}) as r:
+                          json={"model": "fake-model", "messages": msg("a b c d e f g h i j k l"), "stream": True}) as r:
             next(r.iter_lines())  # the first chunk, then the client is gone
         wait_until(lambda: slow_server.http.get("/health").json()["queue_depth"] == 0, 10, "the queue to drain")
     wait_until(lambda: slow_server.metric("generations_total", finish_reason="cancelled") >= before + 5, 10,
                "every abandoned stream to be cancelled")
     t0 = time.monotonic()
-    assert slow_server.client().chat.completions.create(model="m", messages=msg("next")).choices[0].message.content \
+    assert slow_server.client().chat.completions.create(model="fake-model", messages=msg("next")).choices[0].message.content \
         == "You said: next"
     assert time.monotonic() - t0 < 5
 
