@@ -52,7 +52,7 @@ SETTINGS = (
     Setting("activations", "engine", "Activations", str, "matmul inputs: bf16 = faster prefill"),
     Setting("vram_budget_gb", "engine", "VRAM budget", float, "GiB, 0 = all free", 0),
     Setting("threads", "engine", "CPU threads", int, "BLAS threads of the NumPy backend", 1, 256),
-    Setting("spec", "speculative", "Speculative decoding", str, "n-gram: draft from the prompt and reply so far",
+    Setting("spec", "speculative", "Drafter", str, "off, or n-gram: draft from the prompt and reply so far",
             choices=tuple((SPEC_LABELS.get(m, m), m) for m in SPEC_MODES)),
     Setting("spec_k", "speculative", "Drafts per step", int, "auto: fewer while drafts are rejected",
             choices=(("auto", 0), *((str(k), k) for k in range(1, MAX_K + 1)))),
