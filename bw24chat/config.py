@@ -23,12 +23,14 @@ from typing import Callable
 
 from .api import SamplingParams
 from .options import MODEL_SAMPLING_KEYS, EngineOptions, add_engine_args
+from .speculative import MAX_K
 from .sampling_defaults import effective_sampling
 from .paths import config_dir
 
 # The EngineOptions / SamplingParams fields the settings screen edits and the file keeps.
-# Per-run choices (model, quantize, max_queue, stop strings, spec) stay command-line only.
-ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "vram_budget_gb", "threads")
+# Per-run choices (model, quantize, max_queue, stop strings) stay command-line only.  spec and
+# spec_k are kept too, but apply per request (GenerationRequest), not at the next model load.
+ENGINE_KEYS = ("device", "n_ctx", "kv_cache", "activations", "vram_budget_gb", "threads", "spec", "spec_k")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed", "stop_on_loop")
 # MODEL_SAMPLING_KEYS are kept only when the user chose them (options.sampling_set): the others
 # follow the loaded model's recommendation
@@ -83,7 +85,6 @@ def with_cli_overrides(config: Config, cli: EngineOptions) -> Config:
     merged.options.sampling_set = config.options.sampling_set | cli.sampling_set
     merged.options.sampling.stop = list(cli.sampling.stop)
     merged.options.quantize = cli.quantize
-    merged.options.spec, merged.options.spec_k = cli.spec, cli.spec_k
     merged.options.max_queue = cli.max_queue
     return merged
 
@@ -105,6 +106,10 @@ def _coerce(value, default):
     return None
 
 
+# what a key without argparse choices may hold (--spec-k's parser takes 1..MAX_K or auto = 0)
+RANGES = {"spec_k": range(0, MAX_K + 1)}
+
+
 @cache
 def cli_choices() -> dict[str, list[str]]:
     """The allowed values of the options that have a fixed set, as the command line has them."""
@@ -120,7 +125,7 @@ def _load_section(target, section: dict, keys: tuple[str, ...]) -> set[str]:
     for key in keys:
         if key in section:
             value = _coerce(section[key], getattr(defaults, key))
-            if value is not None and value in cli_choices().get(key, [value]):
+            if value is not None and value in cli_choices().get(key, RANGES.get(key, [value])):
                 setattr(target, key, value)
                 loaded.add(key)
     return loaded

@@ -2,7 +2,8 @@
 
 It "tokenizes" into words-with-leading-space, streams a scripted reply at a set pace (deterministic: the same request gives the same text), honours
 max_tokens, stop strings, cancel and seeds, and reports every stats field the real engine may
-report, so that UIs can be tested against all of them.  A user message containing ``[[error]]`` makes it fail mid-stream; ``[[slow]]`` makes it
+report, so that UIs can be tested against all of them; the speculative-decoding figures only
+for a request with speculation on (its ``spec``, else the engine's), as the real engine does.  A user message containing ``[[error]]`` makes it fail mid-stream; ``[[slow]]`` makes it
 stream 10x slower.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .api import (
     Usage,
 )
 from .engine_thread import EngineThread
+from .speculative import SpecCounters
 from .stopping import StopMatcher
 
 _WORDS = re.compile(r"\s*\S+|\s+")
@@ -41,6 +43,8 @@ class FakeEngine(EngineThread):
         token_delay: float = 0.005,
         n_ctx: int = 4096,
         max_queue: int = 64,
+        spec: str = "off",
+        spec_k: int = 0,
     ):
         self._replies = replies
         self._reply_index = 0
@@ -58,6 +62,7 @@ class FakeEngine(EngineThread):
                      "blk.4.ffn_down": "Q6_K", "output_norm": "F32"},
         )
         self._ctx_used = 0
+        self.spec, self.spec_k = spec, spec_k
         super().__init__(max_queue=max_queue, name="bw24chat-fake-engine")
 
     # ------------------------------------------------------------------ API
@@ -107,6 +112,9 @@ class FakeEngine(EngineThread):
         finish = "stop"
         stopper = StopMatcher(sp.stop)
         t_dec = time.perf_counter()
+        # scripted speculation: a round every second token, K drafts of which one is accepted
+        spec = SpecCounters() if (req.spec or self.spec) != "off" else None
+        k = (self.spec_k if req.spec_k is None else req.spec_k) or 4
         for i, piece in enumerate(pieces):
             if handle.cancelled:
                 finish = "cancelled"
@@ -121,6 +129,8 @@ class FakeEngine(EngineThread):
                 finish = "context_full"
                 break
             n_gen += 1
+            if spec is not None and n_gen % 2 == 0:
+                spec.add(k, 1)
             self._ctx_used = n_prompt + n_gen
             out = stopper.feed(piece)
             lp = None
@@ -132,17 +142,17 @@ class FakeEngine(EngineThread):
             if stopper.stopped:
                 break
             if n_gen % 4 == 0:
-                handle.emit(StatsEvent(self._live_stats(n_prompt, n_gen, ttft, t_dec)))
+                handle.emit(StatsEvent(self._live_stats(n_prompt, n_gen, ttft, t_dec, spec)))
             time.sleep(delay)
         tail = stopper.flush()
         if tail:
             handle.emit(TokenEvent(tail, []))
             text += tail
-        stats = self._live_stats(n_prompt, n_gen, ttft, t_dec)
+        stats = self._live_stats(n_prompt, n_gen, ttft, t_dec, spec)
         handle.emit(StatsEvent(stats))
         handle.emit(DoneEvent(finish, Usage(n_prompt, n_gen), stats, text))
 
-    def _live_stats(self, n_prompt: int, n_gen: int, ttft: float, t_dec: float) -> dict:
+    def _live_stats(self, n_prompt: int, n_gen: int, ttft: float, t_dec: float, spec: SpecCounters | None) -> dict:
         dt = max(time.perf_counter() - t_dec, 1e-6)
         s = self.stats()
         s.update(
@@ -152,6 +162,7 @@ class FakeEngine(EngineThread):
             prompt_tokens=n_prompt,
             generated_tokens=n_gen,
             cached_tokens=0,
+            **(spec.stats() if spec is not None else {}),
         )
         return s
 

@@ -124,3 +124,17 @@ def test_engine_options_for_a_model():
     assert options.model == "model.gguf" and options.kv_cache == "fp8"
     assert config.options.model is None
     assert config.sampling() == config.options.sampling and config.sampling() is not config.options.sampling
+
+
+def test_speculative_choices_are_kept_and_checked(tmp_path):
+    path = tmp_path / "config.toml"
+    config = Config()
+    config.options.spec, config.options.spec_k = "ngram", 5
+    loaded = load_config(save_config(config, path))
+    assert (loaded.options.spec, loaded.options.spec_k) == ("ngram", 5)
+    path.write_text('[engine]\nspec = "mtp"\nspec_k = 9\n')  # not a --spec choice; above MAX_K
+    loaded = load_config(path)
+    assert (loaded.options.spec, loaded.options.spec_k) == ("off", 0)
+    cli = EngineOptions(model="x", spec_k=2)  # --spec-k 2 given, --spec left at its default
+    merged = with_cli_overrides(config, cli)
+    assert (merged.options.spec, merged.options.spec_k) == ("ngram", 2)

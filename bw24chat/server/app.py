@@ -573,7 +573,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
         from ..fake_engine import FakeEngine
 
         engine = FakeEngine(replies=_echo_reply if args.fake_echo else None, token_delay=args.fake_token_delay,
-                            max_queue=args.max_queue)
+                            max_queue=args.max_queue, spec=options.spec, spec_k=options.spec_k)
     try:
         return serve(options, args.host, args.port, args.api_key, engine, max_body_bytes=args.max_body,
                      max_tokens_cap=args.max_tokens_cap, model_name=args.model_name, port_file=args.port_file,

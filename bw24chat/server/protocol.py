@@ -12,7 +12,9 @@ than text, ``suffix``, ``best_of`` > 1, batched or token-id prompts) are refused
 rather than silently ignored.  Omitted sampling parameters take the server's defaults (the
 engine flags ``--temperature``, ``--top-p``, ``--max-tokens`` ..., as with llama.cpp's server).
 Beyond OpenAI's set, ``top_k``, ``min_p`` and ``repetition_penalty`` (alias ``repeat_penalty``)
-reach the sampler.
+reach the sampler, and ``speculative`` (``"off"`` | ``"ngram"``) with ``speculative_k`` (1..8 or
+``"auto"``) choose speculative decoding for the request (omitted: the server's ``--spec`` /
+``--spec-k``); the usage then reports the drafts in ``completion_tokens_details``.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import DoneEvent, GenerationRequest, SamplingParams, TokenLogprob
+from ..speculative import MAX_K, SPEC_MODES
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
@@ -231,8 +234,23 @@ def parse_chat(data: dict, limits: Limits) -> ParsedRequest:
         raise APIError(400, "'top_logprobs' requires 'logprobs' to be true.", "top_logprobs", "invalid_value")
     sampling = _sampling(b, limits, ("max_tokens", "max_completion_tokens"))
     stream, include_usage = _stream_flags(b)
-    gen = GenerationRequest(messages=norm, sampling=sampling, logprobs=max(top, 1) if logprobs else 0)
+    gen = GenerationRequest(messages=norm, sampling=sampling, logprobs=max(top, 1) if logprobs else 0, **_speculative(b))
     return ParsedRequest("chat", gen, stream, include_usage, top if logprobs else None)
+
+
+def _speculative(b: _Body) -> dict:
+    """The GenerationRequest fields of the ``speculative`` / ``speculative_k`` extensions (None:
+    the server's --spec / --spec-k).  Checked here: the engine would only fail mid-request."""
+    mode = b.get("speculative", "string")
+    if mode is not None and mode not in SPEC_MODES:
+        raise APIError(400, f"Invalid 'speculative': expected one of {', '.join(map(repr, SPEC_MODES))}, "
+                            f"but got {mode!r} instead.", "speculative", "invalid_value")
+    k = b.data.get("speculative_k")
+    if k == "auto":
+        k = 0
+    elif k is not None:
+        k = b.get("speculative_k", "integer", lo=1, hi=MAX_K)
+    return {"spec": mode, "spec_k": k}
 
 
 def parse_completion(data: dict, limits: Limits) -> ParsedRequest:
@@ -254,7 +272,8 @@ def parse_completion(data: dict, limits: Limits) -> ParsedRequest:
     sampling = _sampling(b, limits, ("max_tokens",))
     stream, include_usage = _stream_flags(b)
     # echo is done here, not by the engine: the prompt text is prepended to the reply
-    gen = GenerationRequest(prompt=prompt, sampling=sampling, logprobs=0 if logprobs is None else max(logprobs, 1))
+    gen = GenerationRequest(prompt=prompt, sampling=sampling, logprobs=0 if logprobs is None else max(logprobs, 1),
+                            **_speculative(b))
     return ParsedRequest("text", gen, stream, include_usage, logprobs, echo)
 
 

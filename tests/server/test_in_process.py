@@ -72,3 +72,26 @@ def test_protocol_parsing():
     with pytest.raises(APIError) as e:
         parse_chat({"messages": [{"role": "user", "content": "x"}], "stream_options": []}, limits)
     assert e.value.status == 400 and e.value.param == "stream_options"
+
+
+def test_the_speculative_extension(served):
+    """``speculative`` / ``speculative_k`` choose speculative decoding per request; omitted, the
+    engine's own setting applies (None); bad values are refused before the engine sees them."""
+    engine, url = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    chat = dict(model="my-model", messages=[{"role": "user", "content": "hi"}])
+    client.chat.completions.create(**chat)
+    assert (engine.requests[-1].spec, engine.requests[-1].spec_k) == (None, None)
+    r = client.chat.completions.create(**chat, extra_body={"speculative": "ngram", "speculative_k": 3})
+    assert (engine.requests[-1].spec, engine.requests[-1].spec_k) == ("ngram", 3)
+    assert r.usage.completion_tokens_details.accepted_prediction_tokens > 0  # the fake engine's drafts
+    client.completions.create(model="my-model", prompt="hi", extra_body={"speculative": "off", "speculative_k": "auto"})
+    assert (engine.requests[-1].spec, engine.requests[-1].spec_k) == ("off", 0)
+    n = len(engine.requests)
+    for body, param in (({"speculative": "mtp"}, "speculative"), ({"speculative": True}, "speculative"),
+                        ({"speculative_k": 9}, "speculative_k"), ({"speculative_k": 0}, "speculative_k"),
+                        ({"speculative_k": "many"}, "speculative_k")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(**chat, extra_body=body)
+        assert err.value.body["param"] == param
+    assert len(engine.requests) == n

@@ -77,6 +77,32 @@ async def test_settings_are_saved_to_toml_and_used(make_app):
         assert app2.screen.query_one("#set-seed").value == "1234"
 
 
+async def test_speculative_settings_are_saved_and_apply_to_the_next_reply(make_app):
+    engine = FakeEngine(token_delay=0.002)
+    app = make_app(engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        await send(pilot, "before")
+        assert (engine.requests[-1].spec, engine.requests[-1].spec_k) == ("off", 0)
+        await open_screen(pilot, "f2", SettingsScreen)
+        spec, spec_k = app.screen.query_one("#set-spec"), app.screen.query_one("#set-spec_k")
+        assert ("n-gram", "ngram") in spec._options and ("auto", 0) in spec_k._options and ("8", 8) in spec_k._options
+        spec.value, spec_k.value = "ngram", 3
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen is app.chat, what="the chat after saving")
+        saved = tomllib.loads(config_path().read_text())["engine"]
+        assert (saved["spec"], saved["spec_k"]) == ("ngram", 3)
+        await send(pilot, "after")  # no reload: the next request carries the choice
+        assert (engine.requests[-1].spec, engine.requests[-1].spec_k) == ("ngram", 3)
+
+    app2 = make_app(FakeEngine())
+    async with app2.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        await open_screen(pilot, "f2", SettingsScreen)
+        assert app2.screen.query_one("#set-spec").value == "ngram"
+        assert app2.screen.query_one("#set-spec_k").value == 3
+
+
 async def test_invalid_settings_are_not_saved(make_app):
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

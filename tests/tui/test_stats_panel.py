@@ -7,7 +7,9 @@ from textual.app import App
 
 from bw24chat.fake_engine import FakeEngine
 from bw24chat.tui.widgets.stats_panel import STAT_ROWS, StatsPanel
-from tests.tui.tui_helpers import send, start_chat
+
+SPEC_ROWS = ("spec_acceptance", "spec_mean_len")
+from tests.tui.tui_helpers import send, start_chat, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -39,9 +41,11 @@ async def test_only_reported_figures_are_shown():
 
         panel.update_stats({"ctx_max": 4096, "vram_used": 3 * 2**30, "vram_total": 24 * 2**30, "ttft_s": 0.25})
         panel.update_stats({"gpu_name": "H200", "prefill_tps": 1000.0, "kv_bytes": 96 * 2**20, "rss": 1.5 * 2**30})
+        panel.update_stats({"spec_acceptance": 0.625, "spec_mean_len": 2.5})
         await pilot.pause()
         rows = shown(panel)
         assert set(rows) == {row.name for row in STAT_ROWS}
+        assert "62 % of drafts" in rows["spec_acceptance"] and "2.50" in rows["spec_mean_len"]
         assert "300 / 4,096" in rows["context"]
         assert "3.0 / 24.0 GiB" in rows["vram"]
         assert "250 ms" in rows["ttft"]
@@ -64,7 +68,8 @@ async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
         # before any reply: what engine.stats() reports (no decode speed yet)
         assert set(shown(panel)) == {"context", "vram", "kv", "rss", "gpu", "backend"}
         await send(pilot, "hello")
-        assert set(shown(panel)) == {row.name for row in STAT_ROWS}  # the FakeEngine reports everything
+        # the FakeEngine reports everything but the speculative figures (speculation is off)
+        assert set(shown(panel)) == {row.name for row in STAT_ROWS} - set(SPEC_ROWS)
         samples = len(panel.tps_history)
         assert samples >= 2 and panel.query_one("#tps-sparkline").data == panel.tps_history
         await send(pilot, "again")
@@ -73,3 +78,24 @@ async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
         assert reply.stats["decode_tps"] == panel.tps_history[-1]
         await pilot.press("ctrl+t")
         assert not panel.display
+
+
+async def test_speculation_rows_follow_the_request(make_app):
+    """The rows appear while a reply drafts (the live StatsEvents carry them) and go when the
+    next reply does not."""
+    engine = FakeEngine(replies=["one two three four five six seven eight nine ten"], token_delay=0.02)
+    app = make_app(engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await start_chat(pilot)
+        panel = app.chat.stats_panel
+        app.config.options.spec, app.config.options.spec_k = "ngram", 2
+        await pilot.press(*"hello", "enter")
+        await wait_for(pilot, lambda: app.chat.active is not None and "spec_mean_len" in panel.stats,
+                       what="a live speculative figure mid-reply")
+        await wait_for(pilot, lambda: app.chat.active is None, what="the reply's end")
+        rows = shown(panel)
+        # the scripted drafter: a round every second token, 2 drafts of which 1 is accepted
+        assert "50 % of drafts" in rows["spec_acceptance"] and "2.00" in rows["spec_mean_len"]
+        app.config.options.spec = "off"
+        await send(pilot, "again")
+        assert not set(SPEC_ROWS) & set(shown(panel))

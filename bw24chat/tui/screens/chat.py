@@ -34,7 +34,7 @@ from ..messages import (
 from ..widgets.chat_input import ChatInput
 from ..widgets.message_view import MessageView, code_blocks
 from ..widgets.progress_line import ProgressLine
-from ..widgets.stats_panel import StatsPanel
+from ..widgets.stats_panel import SPEC_STATS, StatsPanel
 from .dialogs import TextPrompt
 
 if TYPE_CHECKING:
@@ -216,7 +216,11 @@ class ChatScreen(Screen):
     async def _start_reply(self) -> None:
         conversation = self.conversation
         sampling = self.app.config.sampling(self.app.engine.info.sampling_defaults)
-        request = GenerationRequest(messages=self._request_messages(), sampling=sampling)
+        options = self.app.config.options
+        # per request, so that a change in the settings applies to the next reply without a reload
+        request = GenerationRequest(messages=self._request_messages(), sampling=sampling,
+                                    spec=options.spec, spec_k=options.spec_k)
+        self.stats_panel.forget(SPEC_STATS)  # a reply without speculation must not show the last one's
         reply = self.app.store.add_message(conversation.id, ChatMessage("assistant", "", complete=False))
         conversation.messages.append(reply)
         view = MessageView(reply, live=True)

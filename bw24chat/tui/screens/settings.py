@@ -17,21 +17,26 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, TextAr
 from ...config import cli_choices, save_config
 from ...options import MODEL_SAMPLING_KEYS
 from ...sampling_defaults import CONSERVATIVE
+from ...speculative import MAX_K, SPEC_MODES
 
 if TYPE_CHECKING:
     from ..app import ChatApp
 
 
+SPEC_LABELS = {"ngram": "n-gram"}
+
+
 @dataclass(frozen=True)
 class Setting:
     key: str  # the EngineOptions / SamplingParams attribute
-    section: str  # "sampling" | "engine"
+    section: str  # "sampling" | "engine" | "speculative"
     label: str
     kind: type  # int, float or str (str: a choice among the CLI's)
     help: str
     minimum: float | None = None
     maximum: float | None = None
     optional: bool = False  # blank means None
+    choices: tuple[tuple[str, object], ...] = ()  # (label, value) of a select; () with kind str: the CLI's
 
 
 SETTINGS = (
@@ -47,6 +52,10 @@ SETTINGS = (
     Setting("activations", "engine", "Activations", str, "matmul inputs: bf16 = faster prefill"),
     Setting("vram_budget_gb", "engine", "VRAM budget", float, "GiB, 0 = all free", 0),
     Setting("threads", "engine", "CPU threads", int, "BLAS threads of the NumPy backend", 1, 256),
+    Setting("spec", "speculative", "Drafter", str, "off, or n-gram: draft from the prompt and reply so far",
+            choices=tuple((SPEC_LABELS.get(m, m), m) for m in SPEC_MODES)),
+    Setting("spec_k", "speculative", "Drafts per step", int, "auto: fewer while drafts are rejected",
+            choices=(("auto", 0), *((str(k), k) for k in range(1, MAX_K + 1)))),
 )
 
 
@@ -69,7 +78,8 @@ class SettingsScreen(Screen):
     def compose(self):
         yield Header(show_clock=False)
         with VerticalScroll(id="settings-form"):
-            for section, title in (("sampling", "Sampling"), ("engine", "Engine (applies at the next model load)")):
+            for section, title in (("sampling", "Sampling"), ("engine", "Engine (applies at the next model load)"),
+                                   ("speculative", "Speculative decoding (applies at the next reply)")):
                 yield Label(title, classes="section-title")
                 if section == "sampling":
                     yield Label(f"Blank fields follow the model: {self._model_defaults()[1]}", classes="hint",
@@ -96,8 +106,9 @@ class SettingsScreen(Screen):
     def _field(self, setting: Setting):
         value = getattr(self._target(setting), setting.key)
         field_id = f"set-{setting.key}"
-        if setting.kind is str:
-            return Select([(c, c) for c in cli_choices()[setting.key]], value=value, allow_blank=False, id=field_id, compact=True)
+        if setting.choices or setting.kind is str:
+            choices = setting.choices or [(c, c) for c in cli_choices()[setting.key]]
+            return Select(choices, value=value, allow_blank=False, id=field_id, compact=True)
         validator = (Integer if setting.kind is int else Number)(minimum=setting.minimum, maximum=setting.maximum)
         if setting.key in MODEL_SAMPLING_KEYS:
             chosen = setting.key in self.app.config.options.sampling_set

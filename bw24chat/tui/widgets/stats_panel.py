@@ -13,6 +13,8 @@ from textual.widgets import Label, Sparkline, Static
 from ..formatting import human_bytes, human_duration
 
 LABEL_WIDTH = 11
+# the figures of one reply's speculative decoding, dropped when the next reply starts
+SPEC_STATS = ("spec_rounds", "spec_drafted", "spec_accepted", "spec_acceptance", "spec_mean_len")
 
 
 def _both(a: str, b: str, fmt: Callable[[float], str], unit: str = "") -> Callable[[dict], str | None]:
@@ -39,6 +41,9 @@ class StatRow:
 
 STAT_ROWS = (
     StatRow("decode", "Decode", _one("decode_tps", lambda v: f"{v:.1f} tok/s")),
+    # speculative decoding (only while a reply uses it): drafts accepted, tokens per verify step
+    StatRow("spec_acceptance", "Accepted", _one("spec_acceptance", lambda v: f"{100 * v:.0f} % of drafts")),
+    StatRow("spec_mean_len", "Tok/step", _one("spec_mean_len", lambda v: f"{v:.2f}")),
     StatRow("prefill", "Prefill", _one("prefill_tps", lambda v: f"{v:.1f} tok/s")),
     StatRow("ttft", "First tok", _one("ttft_s", human_duration)),
     StatRow("context", "Context", _both("ctx_used", "ctx_max", lambda v: f"{int(v):,}")),
@@ -72,6 +77,12 @@ class StatsPanel(Vertical):
         if "decode_tps" in stats:
             self.tps_history.append(float(stats["decode_tps"]))
             self.query_one("#tps-sparkline", Sparkline).data = list(self.tps_history)
+        self._render_rows()
+
+    def forget(self, keys: tuple[str, ...]) -> None:
+        """Drop figures that hold for one reply only, so that their rows hide until reported again."""
+        for key in keys:
+            self.stats.pop(key, None)
         self._render_rows()
 
     def reset(self, tps_history: list[float] = ()) -> None:
