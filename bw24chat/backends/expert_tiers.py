@@ -10,8 +10,12 @@ come from the checkpoint's tensor table and the budgets from the flags.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
+
+from ..options import OptionError
+from .expert_cache import DEFAULT_POLICY, ExpertCache
 
 GiB = 2**30
 # Assumed tier rates for the estimate (the real ones get measured on the GPU machine):
@@ -23,7 +27,7 @@ DISK_BYTES_PER_S = 3.0e9  # NVMe PCIe 4.0 x4: ~7 GB/s sequential by datasheets; 
 HEADROOM_BYTES = 2 * GiB
 
 
-class DoesNotFit(ValueError):
+class DoesNotFit(OptionError):
     """The model cannot run at these budgets even with experts spilled (the CLI prints it, exit 2)."""
 
 
@@ -56,22 +60,30 @@ def layout_of(ck) -> MoELayout | None:
     from ..loaders.tensor import ExpertTensor
     from ..models import get_family
 
-    per: dict[int, list] = {}
-    for name, t in ck.tensors.items():
-        if isinstance(t, ExpertTensor):
-            m = re.match(r"blk\.(\d+)\.", name)
-            per.setdefault(int(m.group(1)) if m else -1, []).append(t)
-    if not per:
+    experts = [(n, t.shape[0], t.nbytes) for n, t in ck.tensors.items() if isinstance(t, ExpertTensor)]
+    if not experts:
         return None
     a = get_family(ck.arch).ModelArgs.from_dict(ck.config)
-    expert_total = sum(t.nbytes for ts in per.values() for t in ts)
-    other = ck.nbytes - expert_total
     emb = ck.tensors.get("tok_embd")
-    tied = "output" not in ck.tensors
-    emb_skip = 0 if emb is None or tied else emb.nbytes - emb.nbytes // a.vocab_size
+    return layout_from_tensors(experts, ck.nbytes, a.num_experts_per_tok, emb.nbytes if emb else 0, a.vocab_size,
+                               tied="output" not in ck.tensors)
+
+
+def layout_from_tensors(experts: list, total_bytes: int, top_k: int, embd_bytes: int, vocab: int, tied: bool) -> MoELayout | None:
+    """From a tensor table: ``experts`` (name, experts, bytes) of the routed-expert tensors
+    (``blk.N.ffn_*_exps``), the file's weight bytes, the embedding's bytes (a decode step reads
+    one of its ``vocab`` rows unless it is also the LM head)."""
+    per: dict[int, list] = {}
+    for name, n, nbytes in experts:
+        m = re.match(r"blk\.(\d+)\.", name)
+        per.setdefault(int(m.group(1)) if m else -1, []).append((n, nbytes))
+    if not per:
+        return None
     layers = [per[i] for i in sorted(per)]
-    return MoELayout(tuple(ts[0].shape[0] for ts in layers), tuple(sum(t.nbytes for t in ts) // ts[0].shape[0] for ts in layers),
-                     a.num_experts_per_tok, other, other - emb_skip)
+    other = total_bytes - sum(b for ts in layers for _, b in ts)
+    skip = 0 if tied else embd_bytes - embd_bytes // max(vocab, 1)
+    return MoELayout(tuple(ts[0][0] for ts in layers), tuple(sum(b for _, b in ts) // ts[0][0] for ts in layers),
+                     top_k, other, other - skip)
 
 
 def layout_from_config(cfg: dict, fmt: str) -> MoELayout | None:
@@ -150,6 +162,45 @@ def plan_tiers(layout: MoELayout, kv_bytes: int, free_vram: int, vram_budget: in
     return TierPlan(tuple(slots for _ in E), tuple(host for _ in E), tuple(e - host for e in E), budget, host_budget, fixed)
 
 
+def available_host_memory() -> int:
+    """MemAvailable (Linux), else physical memory; what the auto host budget takes half of."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_budget_bytes(gb: float | None) -> int:
+    """--host-budget in bytes; None (auto): half the available memory, so the page cache that
+    serves the disk tier keeps the other half (pinning it all would slow the file reads)."""
+    return int(gb * GiB) if gb is not None else available_host_memory() // 2
+
+
+def plan_for(layout: MoELayout, free_vram: int, vram_budget_gb: float, host_budget_gb: float | None, kv_bytes: int) -> TierPlan:
+    """plan_tiers at the flags' budgets (--vram-budget GiB, 0 all free; --host-budget GiB, None auto)."""
+    return plan_tiers(layout, kv_bytes, free_vram, int(vram_budget_gb * GiB), host_budget_bytes(host_budget_gb))
+
+
+def tiers_for(ck, options, free_vram: int) -> ExpertTiers | None:
+    """The engine's tiers for a checkpoint at its options, decided before any weight is loaded
+    (DoesNotFit otherwise); None for a dense model, or when the experts all fit in VRAM."""
+    from ..model_catalog import ESTIMATE_CTX
+    from ..models import get_family
+
+    layout = layout_of(ck)
+    if layout is None:
+        return None
+    a = get_family(ck.arch).ModelArgs.from_dict(ck.config)
+    kv = kv_cache_bytes(min(options.n_ctx or ESTIMATE_CTX, a.max_position_embeddings), a.num_hidden_layers,
+                        a.num_key_value_heads, a.head_dim, options.kv_cache)
+    plan = plan_for(layout, free_vram, options.vram_budget_gb, options.host_budget_gb, kv)
+    return None if plan.all_resident else ExpertTiers(layout, plan)
+
+
 def kv_cache_bytes(n_ctx: int, n_layers: int, n_kv: int, head_dim: int, kv_type: str = "bf16") -> int:
     from .cuda_runner import KV_BYTES_PER_VALUE
 
@@ -226,12 +277,10 @@ class ExpertTiers:
     tier serves a miss (experts 0 .. host_experts - 1 of each layer), the stats count it all."""
     layout: MoELayout
     plan: TierPlan
-    policy: str = "lru"
+    policy: str = DEFAULT_POLICY
     stats: ExpertStats = field(default_factory=ExpertStats)
 
     def __post_init__(self):
-        from .expert_cache import ExpertCache
-
         self.cache = ExpertCache(self.layout.n_layers, max(self.layout.n_experts), list(self.plan.vram_slots), self.policy)
 
     def route(self, layer: int, expert_ids, n_tokens: int) -> list[tuple[int, int, int]]:
