@@ -76,6 +76,8 @@ class Engine(EngineThread):
         if "kv_bytes" not in memory and hasattr(self.runner, "cache_k"):  # the CUDA runner's per-layer caches
             memory["kv_bytes"] = sum(int(c.nbytes) for c in (*self.runner.cache_k, *self.runner.cache_v))
         s.update({k: v for k, v in memory.items() if k in ("vram_used", "vram_total", "kv_bytes")})
+        if hasattr(self.runner, "expert_stats"):  # MoE tiers: hit rates, bytes moved per token, occupancy
+            s.update(self.runner.expert_stats())
         return s
 
     # ------------------------------------------------------------------ worker
@@ -132,6 +134,15 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
 
         requantize_checkpoint(ckpt, options.quantize, lambda f: report(LoadProgress("quantizing", f, options.quantize)))
     device, note = pick_device(options.device)
+    from .backends.expert_tiers import GiB, tiers_for
+    from .model_catalog import gpu_memory
+
+    # where the experts live, decided (or refused, with the numbers) before any weight loads; on
+    # the CPU the budgets simulate a card of --vram-budget GiB, so the tiers' stats are real there too
+    # (the CUDA runner takes the tiers once its copy stream and slots land: issue 32)
+    gpu = gpu_memory() if device == "cuda" else None
+    free = gpu.free if gpu else int(options.vram_budget_gb * GiB) if device != "cuda" else 0
+    tiers = tiers_for(ckpt, options, free) if free else None
     if device == "cuda":
         from .backends.cuda_runner import make_cuda_runner
 
@@ -139,12 +150,12 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
     else:
         from threadpoolctl import threadpool_limits
 
-        from .backends.numpy_backend import numpy_runner
+        from .backends.numpy_backend import NumpyBackend, numpy_runner
 
         # the BLAS library's default (a thread per core) collapses when another process takes
         # a core; set process-wide, as the engine thread's products are this process's BLAS work
         threadpool_limits(limits=options.threads, user_api="blas")
-        runner = numpy_runner(ckpt, options.n_ctx, progress=lambda f: report(LoadProgress("uploading", f)))
+        runner = numpy_runner(ckpt, options.n_ctx, NumpyBackend(tiers=tiers), progress=lambda f: report(LoadProgress("uploading", f)))
         device_name = "CPU (NumPy)"
     report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
     return Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model),

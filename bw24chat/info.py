@@ -12,7 +12,7 @@ import sys
 from .console import print_downloads
 from .loaders import summarize_formats
 from .model_store import model_aliases, open_checkpoint
-from .options import add_model_arg, parser
+from .options import add_budget_args, add_model_arg, parser
 from .loaders.tensor import ExpertTensor
 
 
@@ -32,7 +32,30 @@ def moe_facts(ck) -> dict | None:
             "active_parameters": ck.n_params - routed_params + routed_params * k // E}
 
 
-def describe(ck) -> dict:
+def moe_tiers(ck, vram_budget_gb: float = 0.0, host_budget_gb: float | None = None, n_ctx: int = 0) -> dict | None:
+    """Where the experts land at these budgets (the GPU's free memory, or --vram-budget without
+    a GPU) and the decode speed to expect; None for a dense model or with no VRAM to plan for."""
+    from .backends import expert_tiers as et
+    from .model_catalog import ESTIMATE_CTX, gpu_memory
+    from .models import get_family
+
+    layout = et.layout_of(ck)
+    gpu = gpu_memory()
+    free = gpu.free if gpu else int(vram_budget_gb * et.GiB)
+    if layout is None or not free:
+        return None
+    a = get_family(ck.arch).ModelArgs.from_dict(ck.config)
+    ctx = min(n_ctx or ESTIMATE_CTX, a.max_position_embeddings)
+    kv = et.kv_cache_bytes(ctx, a.num_hidden_layers, a.num_key_value_heads, a.head_dim)
+    try:
+        plan = et.plan_for(layout, free, vram_budget_gb, host_budget_gb, kv)
+    except et.DoesNotFit as exc:
+        return {"fits": False, "lines": [str(exc)]}
+    return {"fits": True, "context": ctx, **plan.as_dict(layout), "decode": et.estimate_decode(layout, plan).as_dict(),
+            "lines": et.describe_plan(layout, plan)}
+
+
+def describe(ck, tiers: dict | None = None) -> dict:
     d = {
         "name": ck.name,
         "id": model_aliases(ck.path)[0],
@@ -45,6 +68,8 @@ def describe(ck) -> dict:
     moe = moe_facts(ck)
     if moe:
         d["moe"] = moe
+        if tiers:
+            d["moe"]["tiers"] = tiers
     return d
 
 
@@ -61,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None,
                    help="show the formats after quantize-at-load (default: as stored)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    add_budget_args(p)
+    p.add_argument("--ctx", dest="n_ctx", type=int, default=0,
+                   help="context the KV cache holds in the MoE plan (default: 0, 4096 or the model's if smaller)")
     return p
 
 
@@ -75,7 +103,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for the user
         sys.stderr.write(f"bw24chat info: {exc}\n")
         return 2
-    d = describe(ck)
+    d = describe(ck, moe_tiers(ck, a.vram_budget_gb, a.host_budget_gb, a.n_ctx))
     if a.json:
         print(json.dumps(d, indent=1))
         return 0
@@ -84,5 +112,7 @@ def main(argv: list[str]) -> int:
         m = d["moe"]
         print(f"experts: {m['experts']} routed, {m['experts_per_token']} per token, {m['shared_experts']} shared; "
               f"{m['active_parameters'] / 1e6:.1f} M parameters active per token; experts {m['expert_bytes'] / 2**20:.1f} MiB")
+        for line in m.get("tiers", {}).get("lines", ["tiers: no GPU found; --vram-budget GIB plans for a card of that size"]):
+            print(line)
     print(format_table([(r["role"], r["format"], r["layers"]) for r in d["formats"]]))
     return 0

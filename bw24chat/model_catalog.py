@@ -46,6 +46,7 @@ class LocalModel:
     size: int = 0  # bytes on disk
     n_ctx_train: int | None = None
     vram_needed: int | None = None  # bytes (estimate)
+    moe: dict | None = None  # expert_tiers.MoELayout's fields, for an MoE model's tier plan (moe_fit)
     error: str | None = None  # metadata that could not be read
 
     @property
@@ -98,8 +99,7 @@ def _cupy_memory() -> GpuMemory | None:
 # ----------------------------------------------------------------------------- estimate
 def estimate_vram(weights_bytes: int, shape: ModelShape | None, n_ctx_train: int | None) -> int:
     ctx = min(n_ctx_train or ESTIMATE_CTX, ESTIMATE_CTX)
-    kv = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * ctx * _KV_BYTES_PER_VALUE if shape else 0
-    return weights_bytes + kv + _WORKSPACE_BYTES
+    return weights_bytes + kv_per_token(shape) * ctx + _WORKSPACE_BYTES
 
 
 # ----------------------------------------------------------------------------- describe
@@ -203,6 +203,42 @@ def _describe_gguf(model: LocalModel) -> None:
         head_dim = embd // n_heads if embd else None
     shape = ModelShape(int(n_layers), int(n_kv), int(head_dim)) if n_layers and n_kv and head_dim else None
     model.vram_needed = estimate_vram(model.size, shape, model.n_ctx_train)
+    _describe_moe(model, gf, value(f"{arch}.expert_used_count"), value(f"{arch}.vocab_size"), shape)
+
+
+def _describe_moe(model: LocalModel, gf, top_k, vocab, shape: ModelShape | None) -> None:
+    """An MoE GGUF's expert layout from its tensor table (split files get none: only the first
+    shard's table is read here)."""
+    from .backends.expert_tiers import layout_from_tensors
+
+    experts = [(t.name, t.shape[0], t.nbytes) for t in gf.tensors if t.name.endswith("_exps")]
+    if not experts or not top_k or split_gguf_name(model.path.name):
+        return
+    emb = next((t for t in gf.tensors if t.name == "token_embd.weight"), None)
+    tied = not any(t.name == "output.weight" for t in gf.tensors)
+    layout = layout_from_tensors(experts, sum(t.nbytes for t in gf.tensors), int(top_k), emb.nbytes if emb else 0,
+                                 int(vocab or (emb.shape[0] if emb else 1)), tied)
+    model.moe = {**dataclasses.asdict(layout), "kv_per_token": kv_per_token(shape)}
+
+
+def kv_per_token(shape: ModelShape | None) -> int:
+    return 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * _KV_BYTES_PER_VALUE if shape else 0
+
+
+def moe_fit(model: LocalModel, free_vram: int, vram_budget_gb: float = 0.0, host_budget_gb: float | None = None) -> list[str]:
+    """For an MoE model: where its experts land at the budgets and the decode speed to expect
+    (expert_tiers.describe_plan), or why it does not fit; [] for a dense one."""
+    from .backends import expert_tiers as et
+
+    if not model.moe:
+        return []
+    m = dict(model.moe)
+    kv = m.pop("kv_per_token") * min(model.n_ctx_train or ESTIMATE_CTX, ESTIMATE_CTX)
+    layout = et.MoELayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()})
+    try:
+        return et.describe_plan(layout, et.plan_for(layout, free_vram, vram_budget_gb, host_budget_gb, kv))
+    except et.DoesNotFit as exc:
+        return [str(exc)]
 
 
 def _gguf_shards(first: Path) -> list[Path]:

@@ -72,6 +72,7 @@ class EngineOptions:
     activations: str = "f32"  # f32 | bf16: matmul inputs exact, or rounded to bf16 (CUDA backend)
     quantize: str | None = None  # re-encode weights at load: nvfp4 | q8_0
     vram_budget_gb: float = 0.0  # 0: all free VRAM
+    host_budget_gb: float | None = None  # pinned host RAM for spilled MoE experts; None: auto
     threads: int = 1  # BLAS threads of the NumPy backend (docs/performance.md)
     max_queue: int = 64
     spec: str = "off"  # speculative decoding: off | ngram (speculative.py)
@@ -93,7 +94,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "rounded to bf16 as bf16 engines do (prefill ~1.3-1.4x faster; the two paths then agree "
                         "to ~3e-3 and can pick different tokens at small margins)")
     g.add_argument("--quantize", choices=["nvfp4", "q8_0"], default=None, help="re-encode the weights at load (default: as stored)")
-    g.add_argument("--vram-budget", dest="vram_budget_gb", type=float, default=0.0, help="GiB of VRAM to use (default: 0, all free)")
+    add_budget_args(g)
     g.add_argument("--threads", type=int, default=1,
                    help="BLAS threads of the NumPy backend (1 was fastest on 2 cores, idle or busy: docs/performance.md)")
     s = p.add_argument_group("sampling (unset: the model's recommendation, else the conservative values shown)")
@@ -116,6 +117,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
     s.add_argument("--stop", action="append", default=[], help="stop string (repeatable; default: none)")
     add_spec_args(p)
+
+
+def add_budget_args(g) -> None:
+    """The memory budgets (the engine's and `bw24chat info`'s plan of where MoE experts live)."""
+    g.add_argument("--vram-budget", dest="vram_budget_gb", type=float, default=0.0, help="GiB of VRAM to use (default: 0, all free)")
+    g.add_argument("--host-budget", dest="host_budget_gb", type=float, default=None, metavar="GIB",
+                   help="GiB of pinned host RAM for MoE experts that do not fit the VRAM budget; the rest are read "
+                        "from the model file (default: auto, half the available memory; 0: none)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -159,6 +168,7 @@ def _check_ranges(a: argparse.Namespace) -> None:
         ("--stop-on-loop", a.stop_on_loop, lambda v: v >= 0, "0 (off) or more"),
         ("--threads", a.threads, lambda v: v >= 1, "1 or more"),
         ("--vram-budget", a.vram_budget_gb, lambda v: 0 <= v < float("inf"), "0 (all free) or more GiB"),
+        ("--host-budget", a.host_budget_gb, lambda v: 0 <= v < float("inf"), "0 (none) or more GiB"),
     ]
     for flag, value, ok, expected in rules:
         if value is not None and not ok(value):  # None: the model's recommendation (sampling_defaults)
@@ -176,6 +186,7 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         activations=a.activations,
         quantize=a.quantize,
         vram_budget_gb=a.vram_budget_gb,
+        host_budget_gb=a.host_budget_gb,
         threads=a.threads,
         spec=a.spec,
         spec_k=a.spec_k,

@@ -72,6 +72,8 @@ class NumpyExperts:
 
     gu: list  # E x (2F, D), rows gate_0, up_0, gate_1, up_1, ...
     down: list  # E x (D, F)
+    layer: int = 0  # among the MoE layers: the tiers' index
+    tiers: object = None  # expert_tiers.ExpertTiers simulating the CUDA tiers' accounting, or None
 
 
 def top_k_by_index(s: np.ndarray, k: int) -> np.ndarray:
@@ -133,7 +135,7 @@ class NumpyBackend(Loader):
     name = "numpy"
     device_name = "CPU"
 
-    def __init__(self, act_quant: bool = False, act_bf16: bool = False):
+    def __init__(self, act_quant: bool = False, act_bf16: bool = False, tiers=None):
         # act_quant=False: exact activations for every format (the specification, and the numbers
         # transformers gives on the dequantized weights); True: the CUDA engine's integer-dot
         # contract for the formats that use it (kernel_refs.act_q8), e.g. for quality figures of
@@ -141,6 +143,7 @@ class NumpyBackend(Loader):
         # product's input rounded to bf16 first (before act_quant's codes; common.cuh bf16_round)
         self.act_quant = act_quant
         self.act_bf16 = act_bf16
+        self.tiers, self.moe_layers = tiers, 0  # expert_tiers.ExpertTiers: simulated accounting only
 
     def _matrix(self, rows: np.ndarray, fmts) -> np.ndarray:
         w = np.ascontiguousarray(rows, dtype=np.float32)
@@ -162,8 +165,9 @@ class NumpyBackend(Loader):
 
     def load_experts(self, gate, up, down, role: str = "experts") -> NumpyExperts:
         E = gate.shape[0]
+        self.moe_layers += 1
         return NumpyExperts([self.load_linear([gate.expert(e), up.expert(e)], interleave=True) for e in range(E)],
-                            [self.load_linear([down.expert(e)]) for e in range(E)])
+                            [self.load_linear([down.expert(e)]) for e in range(E)], self.moe_layers - 1, self.tiers)
 
     def new_kv_cache(self, n_layers: int, n_kv: int, head_dim: int, n_ctx: int) -> NumpyKVCache:
         return NumpyKVCache(n_layers, n_kv, head_dim, n_ctx)
@@ -239,6 +243,8 @@ class NumpyOps(Ops):
     def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, experts: NumpyExperts,
                 residual: np.ndarray, shared=None) -> np.ndarray:
         T, k = ids.shape
+        if experts.tiers is not None:  # the same lookups the CUDA tiers make: one per distinct expert of the step
+            experts.tiers.route(experts.layer, ids, T)
         y = np.empty((T, k, x.shape[-1]), np.float32)  # y[t, j]: expert ids[t, j] on row t
         for e in np.unique(ids):  # the rows each selected expert serves, in one product
             rows, slots = np.nonzero(ids == e)
@@ -306,6 +312,11 @@ class NumpyRunner:
 
     def memory_info(self) -> dict:
         return {"kv_bytes": self.cache.nbytes}
+
+    def expert_stats(self) -> dict:
+        """The simulated tiers' ExpertStats (empty unless a budget spilled experts)."""
+        t = self.backend.tiers
+        return t.stats.as_dict() if t is not None else {}
 
 
 def numpy_runner(checkpoint, n_ctx: int = 0, backend: NumpyBackend | None = None, progress=None) -> NumpyRunner:
