@@ -83,7 +83,9 @@ async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
 async def test_speculation_rows_follow_the_request(make_app):
     """The rows appear while a reply drafts (the live StatsEvents carry them) and go when the
     next reply does not."""
-    engine = FakeEngine(replies=["one two three four five six seven eight nine ten"], token_delay=0.02)
+    # slow enough tokens that the reply is still running when the first live figures arrive,
+    # however long the app takes to settle (the model list is described in the background)
+    engine = FakeEngine(replies=["one two three four five six seven eight nine ten " * 3], token_delay=0.1)
     app = make_app(engine)
     async with app.run_test(size=(120, 40)) as pilot:
         await start_chat(pilot)
