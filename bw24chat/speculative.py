@@ -165,8 +165,10 @@ def make_drafter(mode: str, runner=None) -> Drafter | None:
         return NgramDrafter()
     if mode == "mtp":
         if getattr(runner, "mtp", None) is None:
+            why = ("this backend does not run MTP heads yet (--device cpu does)" if runner is not None
+                   and not hasattr(runner, "mtp_forward") else "this model has none")
             raise ValueError("--spec mtp needs a model with a multi-token-prediction head (a NextN / MTP layer in the "
-                             "checkpoint), and this model has none; use --spec ngram")
+                             f"checkpoint): {why}; use --spec ngram")
         return MTPDrafter(runner)
     raise ValueError(f"unknown speculative mode {mode!r} (off, ngram, mtp)")
 
