@@ -35,7 +35,7 @@ def process_rss() -> int:
 class Engine(EngineThread):
     def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64,
                  ids: tuple[str, ...] = (), spec: str = "off", spec_k: int = 0):
-        make_drafter(spec)  # an unknown mode fails at load, not at the first request
+        make_drafter(spec, runner)  # an unknown mode (or mtp without a head) fails at load, not at the first request
         self.spec, self.spec_k = spec, spec_k
         self.checkpoint = checkpoint
         self.runner = runner
@@ -100,7 +100,7 @@ class Engine(EngineThread):
             handle.emit(StatsEvent(s))
 
         try:
-            drafter = make_drafter(req.spec or self.spec)
+            drafter = make_drafter(req.spec or self.spec, self.runner)
             k = self.spec_k if req.spec_k is None else req.spec_k
             res = self.generator.generate(ids, req.sampling, on_text, lambda: handle.cancelled, req.logprobs, on_stats, drafter, k)
         except (ContextFull, ValueError) as exc:

@@ -47,17 +47,19 @@ class Generator:
         self.cached: list[int] = []  # ids whose K/V sit in the runner's cache, positions 0..
 
     # ------------------------------------------------------------------ prefill
-    def prefill(self, ids: list[int], sp: SamplingParams, seed: int) -> tuple[int, int]:
+    def prefill(self, ids: list[int], sp: SamplingParams, seed: int, hidden: list | None = None) -> tuple[int, int]:
         """Make the cache hold ``ids``; return (the token sampled after the last id, reused prefix
         length).  The common prefix with what the cache already holds is kept (multi-turn chats
-        prefill only the new turn); at least the last id is always recomputed for its logits."""
+        prefill only the new turn); at least the last id is always recomputed for its logits.
+        With ``hidden`` (a list), nothing is reused and the trunk's hidden states of every row are
+        appended to it (an MTP head needs them all: its cache is not kept across requests)."""
         n = len(ids)
         if n == 0:
             raise ValueError("empty prompt")
         if n >= self.runner.n_ctx:
             raise ContextFull(f"the prompt is {n} tokens; the context holds {self.runner.n_ctx}")
         reuse = 0
-        limit = min(len(self.cached), n - 1)
+        limit = min(len(self.cached), n - 1) if hidden is None else 0
         while reuse < limit and self.cached[reuse] == ids[reuse]:
             reuse += 1
         self.truncate(reuse)
@@ -66,6 +68,8 @@ class Generator:
             chunk = np.asarray(ids[s : s + self.prefill_chunk], dtype=np.int64)
             last = s + self.prefill_chunk >= n
             tok = self.runner.prefill(chunk, s, sp if last else None, seed, ids[:s])
+            if hidden is not None:
+                hidden.append(self.runner.last_hidden())
             self.cached.extend(int(t) for t in chunk)
         return tok, reuse
 
@@ -116,7 +120,9 @@ class Generator:
         speculative.DraftLength); the tokens are plain decoding's either way."""
         seed = sp.seed if sp.seed is not None else secrets.randbits(63)
         t0 = time.perf_counter()
-        tok, reused = self.prefill(prompt_ids, sp, seed)
+        needs_hidden = bool(drafter and drafter.needs_hidden)
+        hidden: list | None = [] if needs_hidden else None
+        tok, reused = self.prefill(prompt_ids, sp, seed, hidden)
         t_first = time.perf_counter()
         n_prefilled = len(prompt_ids) - reused
         history = list(prompt_ids)
@@ -134,6 +140,8 @@ class Generator:
         spec = SpecCounters()
         if drafter:
             drafter.begin(prompt_ids)
+        if needs_hidden:
+            drafter.prime(np.concatenate(hidden), sp, seed)
         ready = [(0, tok)]  # sampled, not yet emitted: (row of last_logits(), token)
         while True:
             if cancelled():
@@ -180,9 +188,11 @@ class Generator:
                 new = self.speculate(tok, drafts, sp, seed, before)
                 spec.add(len(drafts), len(new) - 1)
                 k.update(len(drafts), len(new) - 1)
-                drafter.verified(len(new) - 1, len(self.cached), self.runner.last_hidden() if drafter.needs_hidden else None)
+                drafter.verified(len(new) - 1, len(self.cached), self.runner.last_hidden() if needs_hidden else None)
             else:
                 new = [self.decode(tok, sp, seed, before)]
+                if needs_hidden:  # the head pairs every trunk row, drafted or not
+                    drafter.verified(0, len(self.cached), self.runner.last_hidden())
             ready = list(enumerate(new))
             now = time.perf_counter()
             if on_stats and now - last_stats > 0.25:

@@ -102,6 +102,13 @@ class Ops:
         model's, fixed when the Ops object is made."""
         raise NotImplementedError
 
+    def concat(self, a, b):
+        """(T, Da), (T, Db) -> (T, Da + Db), a's columns first (the MTP head's eh_proj input,
+        models/mtp.py).  Either may be a deferred rmsnorm: a CUDA backend may write both normed
+        halves into one buffer, so that the product after it is one matvec over Da + Db inputs
+        (one reduction, as vLLM's torch.cat + Linear), not two products summed."""
+        raise NotImplementedError
+
     def linear(self, x, w, residual=None):
         """x @ w^T, (T, in) -> (T, out); with ``residual``: residual + x @ w^T, and the result
         replaces ``residual`` (callers must not use the old value afterwards)."""

@@ -130,11 +130,6 @@ def add_budget_args(g) -> None:
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     from .speculative import MAX_K, SPEC_MODES
 
-    def mode(text: str) -> str:
-        if text == "mtp":
-            raise argparse.ArgumentTypeError("mtp needs a model with a multi-token-prediction head; none loads one yet")
-        return text
-
     def k(text: str) -> int:
         if text == "auto":
             return 0
@@ -143,8 +138,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
         return int(text)
 
     g = p.add_argument_group("speculative decoding (the same tokens as without, faster when drafts are accepted)")
-    g.add_argument("--spec", type=mode, choices=SPEC_MODES, default="off",
-                   help="ngram: draft the continuation of the longest recent n-gram match in the prompt and reply")
+    g.add_argument("--spec", choices=SPEC_MODES, default="off",
+                   help="ngram: draft the continuation of the longest recent n-gram match in the prompt and reply; "
+                        "mtp: the model's multi-token-prediction head (refused at load for a model without one)")
     g.add_argument("--spec-k", type=k, default=0, metavar=f"{{1..{MAX_K},auto}}",
                    help="drafts per step (default auto: fewer while drafts are rejected)")
 

@@ -8,16 +8,20 @@ exactly as plain decoding draws it (Philox keyed by seed and position, sampling.
 is accepted exactly when it IS the token plain decoding would have produced: the output is
 token-identical to plain decoding for every seed and every K; drafts only change the speed.
 
-Drafters here: ``NgramDrafter`` (prompt lookup), ``OracleDrafter`` (the gate's), and the
-``Drafter`` interface a multi-token-prediction head will implement.
+Drafters here: ``NgramDrafter`` (prompt lookup), ``OracleDrafter`` (the gate's) and
+``MTPDrafter`` (the model's multi-token-prediction head, models/mtp.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from .sampling import sample_token
+
 
 MAX_K = 8  # K drafts + the current token: one verify step of K + 1 rows (two passes past MAX_ROWS)
-SPEC_MODES = ("off", "ngram")  # "mtp" joins once a model loads a multi-token-prediction head
+SPEC_MODES = ("off", "ngram", "mtp")  # mtp: only for a model that loads a head (make_drafter)
 
 
 class Drafter:
@@ -29,12 +33,14 @@ class Drafter:
     ``verified(accepted, n, hidden)``  after each verify step: ``accepted`` drafts were kept and
                                  positions >= n are stale (rolled back).
 
-    The hook for a multi-token-prediction head (DeepSeek-V3 / GLM-4.5 NextN layer, Qwen3-Next
-    ``mtp.*``): such a drafter sets ``needs_hidden`` and then receives ``hidden``, the trunk's
-    final hidden states of the verified rows (a runner method ``last_hidden()``, to be added
-    with the head).  Row ``accepted`` is the input row of the bonus token: the head's next
-    chain starts from (embedding of the bonus token, hidden[accepted]), the pairing the engine
-    notes warn about; it rolls its own KV cache back to n.
+    A drafter that sets ``needs_hidden`` (MTPDrafter) also gets
+    ``prime(hidden, sp, seed)``       after ``begin``: the trunk's hidden states of every prompt row
+                                 (runner.last_hidden, the prompt prefilled from position 0) and
+                                 the request's sampling
+    and ``hidden`` in ``verified``: the trunk's hidden states of the step's rows (after a plain
+    decode step too, with accepted = 0).  Rows 0..accepted are the verified positions; row
+    ``accepted`` is the input row of the bonus token: the head's next chain starts from
+    (embedding of the bonus token, hidden[accepted]), the pairing the engine notes warn about.
     """
 
     needs_hidden = False
@@ -46,6 +52,9 @@ class Drafter:
         raise NotImplementedError
 
     def verified(self, accepted: int, n: int, hidden=None) -> None:
+        pass
+
+    def prime(self, hidden, sp, seed: int) -> None:
         pass
 
 
@@ -103,16 +112,65 @@ class OracleDrafter(Drafter):
         return [(t + 1) % self.vocab if c + i in self.errors else t for i, t in enumerate(self.truth[c:c + k])]
 
 
-def make_drafter(mode: str) -> Drafter | None:
-    """The drafter of a ``--spec`` mode (None: off)."""
+class MTPDrafter(Drafter):
+    """Drafts from the model's multi-token-prediction head (models/mtp.py, runner.mtp_forward).
+
+    The head's row at position t pairs (token t+1, trunk hidden h_t) and predicts token t+2.  The
+    drafter keeps the trunk rows it has not fed yet (``pending``: h_done .. h_{L-2} for a history
+    of L tokens) and on ``propose`` feeds them with history[done + 1 : L] (catch-up, filling the
+    head's cache with final pairs), which drafts token L; then chains k - 1 rows of (its own
+    draft, its own g) at positions L-1, L, ... .  Those chained cache entries are never final
+    (the trunk's h replaces g), so the next catch-up starts again at L - 1 and overwrites them.
+
+    A draft is drawn as the target draws its token at that position (sampling.sample_token keyed
+    by seed and position, the history up to it): greedy is the argmax, and seeded sampling
+    couples the draft's draw with the target's, so a head close to the trunk is accepted often."""
+
+    needs_hidden = True
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.begin([])
+
+    def begin(self, prompt: list[int]) -> None:
+        self.done, self.pending, self.sp, self.seed = 0, np.zeros((0, self.runner.args.hidden_size), np.float32), None, 0
+
+    def prime(self, hidden, sp, seed: int) -> None:
+        self.pending, self.sp, self.seed = np.array(hidden, np.float32), sp, seed
+
+    def verified(self, accepted: int, n: int, hidden=None) -> None:
+        self.pending = np.concatenate([self.pending, np.array(hidden[:accepted + 1], np.float32)])
+
+    def propose(self, history: list[int], k: int) -> list[int]:
+        L = len(history)
+        if self.done + len(self.pending) != L - 1:  # h_t must meet token t+1: see the engine notes
+            raise RuntimeError(f"MTP pairing lost: hidden states for positions {self.done}..{self.done + len(self.pending) - 1}"
+                               f", a history of {L} tokens")
+        logits, g = self.runner.mtp_forward(history[self.done + 1:L], self.pending, self.done, True)
+        self.done, self.pending = L - 1, self.pending[:0]
+        drafts: list[int] = []
+        for j in range(k):  # draft j is the token at position L + j
+            d = sample_token(logits, self.sp, self.seed, L + j, [*history, *drafts]) if self.sp else int(np.argmax(logits))
+            drafts.append(int(d))
+            if j + 1 < k:
+                logits, g = self.runner.mtp_forward([d], g[None], L - 1 + j, False)
+        return drafts
+
+
+def make_drafter(mode: str, runner=None) -> Drafter | None:
+    """The drafter of a ``--spec`` mode (None: off); ``mtp`` needs ``runner`` with a head."""
     if mode == "off":
         return None
     if mode == "ngram":
         return NgramDrafter()
     if mode == "mtp":
-        raise ValueError("--spec mtp needs a model with a multi-token-prediction head, and no loaded model has one "
-                         "yet; use --spec ngram")
-    raise ValueError(f"unknown speculative mode {mode!r} (off, ngram)")
+        if getattr(runner, "mtp", None) is None:
+            why = ("this backend does not run MTP heads yet (--device cpu does)" if runner is not None
+                   and not hasattr(runner, "mtp_forward") else "this model has none")
+            raise ValueError("--spec mtp needs a model with a multi-token-prediction head (a NextN / MTP layer in the "
+                             f"checkpoint): {why}; use --spec ngram")
+        return MTPDrafter(runner)
+    raise ValueError(f"unknown speculative mode {mode!r} (off, ngram, mtp)")
 
 
 class DraftLength:

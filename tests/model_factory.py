@@ -53,8 +53,12 @@ def random_weights(cfg: dict, family: str, vocab: int, rng: np.random.Generator,
     t = {"model.embed_tokens.weight": w(vocab, D), "model.norm.weight": norm(D)}
     if not tied:
         t["lm_head.weight"] = w(vocab, D)
-    for i in range(L):
+    n_mtp = cfg.get("num_nextn_predict_layers") or 0
+    for i in range(L + n_mtp):  # NextN / MTP layers (GLM-4.5 naming) follow the trunk's
         p = f"model.layers.{i}."
+        if i >= L:
+            t.update({p + "eh_proj.weight": w(D, 2 * D), p + "enorm.weight": norm(D), p + "hnorm.weight": norm(D),
+                      p + "shared_head.norm.weight": norm(D), p + "shared_head.head.weight": w(vocab, D)})
         t[p + "input_layernorm.weight"] = norm(D)
         t[p + "post_attention_layernorm.weight"] = norm(D)
         t[p + "self_attn.q_proj.weight"] = w(H * hd, D)
@@ -119,9 +123,11 @@ def fuse_experts(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def make_hf_dir(root: Path, family: str = "llama", dtype: str = "BF16", tied: bool = False, seed: int = 0,
-                fused_experts: bool = False, **overrides) -> tuple[Path, dict]:
+                fused_experts: bool = False, edit=None, **overrides) -> tuple[Path, dict]:
     """Write a tiny random model; return (dir, float32 weights as stored, i.e. after rounding).
-    MoE families get TINY_MOE's config; ``fused_experts`` stores their experts fused."""
+    MoE families get TINY_MOE's config; ``fused_experts`` stores their experts fused;
+    ``num_nextn_predict_layers`` adds NextN / MTP layers in GLM-4.5's naming; ``edit(weights)``
+    may change the float32 weights (by name) before they are written."""
     root.mkdir(parents=True, exist_ok=True)
     vocab = byte_level_tokenizer_json(root / "tokenizer.json")
     cfg = {**TINY, **TINY_MOE.get(family, {}), **overrides}
@@ -133,6 +139,8 @@ def make_hf_dir(root: Path, family: str = "llama", dtype: str = "BF16", tied: bo
     }))
     rng = np.random.default_rng(seed)
     weights = random_weights(cfg, family, vocab, rng, tied)
+    if edit:
+        edit(weights)
     if fused_experts:
         weights = fuse_experts(weights)
     stored, as_float = {}, {}
@@ -165,6 +173,9 @@ _GGUF_LAYER = {
     "mlp.gate.e_score_correction_bias": "exp_probs_b.bias", "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias",
     "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight", "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+    # NextN / MTP (gguf-py constants.py MODEL_TENSOR.NEXTN_*)
+    "eh_proj.weight": "nextn.eh_proj.weight", "enorm.weight": "nextn.enorm.weight", "hnorm.weight": "nextn.hnorm.weight",
+    "shared_head.norm.weight": "nextn.shared_head_norm.weight", "shared_head.head.weight": "nextn.shared_head_head.weight",
 }
 _GGUF_ARCH = {"qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe", "minimax_m2": "minimax-m2"}
 
@@ -182,7 +193,10 @@ def write_gguf(path: Path, hf_dir: Path, weights: dict[str, np.ndarray]) -> Path
     hd = cfg["head_dim"]
     wr = gguf.GGUFWriter(str(path), arch)
     wr.add_name("tiny-" + family)
-    wr.add_block_count(cfg["num_hidden_layers"])
+    n_mtp = cfg.get("num_nextn_predict_layers") or 0
+    wr.add_block_count(cfg["num_hidden_layers"] + n_mtp)  # llama.cpp counts NextN layers in block_count
+    if n_mtp:
+        wr.add_uint32(f"{arch}.nextn_predict_layers", n_mtp)
     wr.add_context_length(cfg["max_position_embeddings"])
     wr.add_embedding_length(cfg["hidden_size"])
     wr.add_feed_forward_length(cfg["intermediate_size"])

@@ -190,6 +190,9 @@ class NumpyOps(Ops):
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float | None = None) -> np.ndarray:
         return rmsnorm_ref(x, w, self.eps if eps is None else eps)
 
+    def concat(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.concatenate([a, b], axis=-1)
+
     def linear(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
         if self.b.act_bf16:
             x = bf16_round(x)
@@ -276,12 +279,17 @@ class NumpyRunner:
         self.n_ctx = model.n_ctx
         self.vocab_size = a.vocab_size
         self._logits = np.zeros((1, a.vocab_size), np.float32)
+        self._hidden = np.zeros((1, a.hidden_size), np.float32)
+        self.mtp = getattr(model, "mtp", None)  # models/mtp.py MTPHead, or None
+        # the head's own KV cache: one layer, positions as the trunk's
+        self.mtp_cache = self.backend.new_kv_cache(1, a.num_key_value_heads, a.head_dim, model.n_ctx) if self.mtp else None
 
     def forward(self, ids, start: int, all_rows: bool = False) -> np.ndarray:
         """Run ``ids`` at positions start..; logits (T, V) with all_rows, else (1, V) of the last."""
         ids = np.asarray(ids)
         ops = self.backend.ops(self.cache, start, len(ids), self.args.rms_norm_eps, all_rows)
-        self._logits = self.model.forward(ops, ids)
+        self._hidden = self.model.trunk(ops, ids)
+        self._logits = self.model.logits(ops, self._hidden)
         return self._logits
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
@@ -300,12 +308,29 @@ class NumpyRunner:
         # one row at a time: BLAS products over several rows may round differently from one row,
         # and each row must equal a one-row step bit for bit (runner.py)
         tokens = [int(t) for t in tokens]
-        logits = np.concatenate([self.forward([t], start + i) for i, t in enumerate(tokens)])
-        self._logits = logits
-        return [sample_token(logits[i], params, seed, start + i + 1, [*history, *tokens[:i + 1]]) for i in range(len(tokens))]
+        logits, hidden = [], []
+        for i, t in enumerate(tokens):
+            logits.append(self.forward([t], start + i))
+            hidden.append(self._hidden)
+        self._logits, self._hidden = np.concatenate(logits), np.concatenate(hidden)
+        return [sample_token(self._logits[i], params, seed, start + i + 1, [*history, *tokens[:i + 1]]) for i in range(len(tokens))]
 
     def last_logits(self) -> np.ndarray:
         return self._logits
+
+    def last_hidden(self) -> np.ndarray:
+        """(m, D): the trunk's last-layer output of each row of the last prefill / step, before
+        the final norm (what the MTP head pairs with the next token: models/mtp.py)."""
+        return self._hidden
+
+    def mtp_forward(self, ids, hidden, start: int, from_trunk: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The MTP head over rows pairing ``ids`` with ``hidden`` at positions start.. (its own KV
+        cache; positions >= start are overwritten): (logits (V,) of the last row, g (D,) of the
+        last row)."""
+        ids = np.asarray(ids)
+        ops = self.backend.ops(self.mtp_cache, start, len(ids), self.args.rms_norm_eps, all_rows=False)
+        logits, g = self.mtp.forward(ops, ids, np.asarray(hidden, np.float32), from_trunk)
+        return logits[-1], g[-1]
 
     def rollback(self, n: int) -> None:
         """Positions >= n are stale; they are overwritten before anything reads them again."""

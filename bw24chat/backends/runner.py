@@ -15,6 +15,14 @@ notion of text: ``generate.py`` drives it with token ids.
         numerics equal a one-row step at that position bit for bit (speculative verify relies
         on it).
   ``last_logits() -> np.ndarray``  host copy of the logits of the last prefill (1, V) or step (m, V)
+  ``last_hidden() -> (T, D)``  the trunk's last-layer output (before the final norm) of every row
+        of the last prefill (T rows) or step (m rows): what an MTP head pairs with the token
+        after each row (models/mtp.py; speculative.MTPDrafter)
+  ``mtp`` (the model's MTP head or None) and, where it is not None,
+  ``mtp_forward(ids, hidden, start, from_trunk) -> (logits (V,), g (D,))``  the head over rows
+        pairing ids[i] (token t+1) with hidden[i] (h_t) at positions t = start+i, in the head's
+        own KV cache (positions >= start overwritten); the last row's logits and output hidden
+        state g (which the next chained row takes with from_trunk=False)
   ``prefill_logits(ids, start, chunk=None) -> (T, V)``  logits at every position (checks)
   ``rollback(n)``  positions >= n are no longer valid (after a rejected speculative draft)
   ``memory_info() -> dict``

@@ -22,6 +22,9 @@ class Checkpoint:
     tokenizer: TokenizerInfo
     generation_config: dict = field(default_factory=dict)
     config_fields: dict[str, str] = field(default_factory=dict)  # config key -> the file's field name
+    # the NextN / MTP layers after the trunk (canonical names blk.{N}.*, N >= num_hidden_layers;
+    # loaders.checks.split_nextn), kept apart so the trunk loads as without them; models/mtp.py
+    mtp: dict[str, QTensor] = field(default_factory=dict)
     _keepalive: Any = None  # the reader / memory maps the tensors point into
 
     @property

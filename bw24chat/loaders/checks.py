@@ -8,6 +8,7 @@ problem becomes a :class:`ModelFileError` naming the field or tensor, before any
 from __future__ import annotations
 
 import math
+import re
 
 from .errors import ModelFileError
 from .names import GGUF_MAP, HF_MAP
@@ -84,12 +85,21 @@ def _check_rope(ckpt, a, where: str) -> None:
         raise ModelFileError(ckpt.path, f"the RoPE settings cannot be used: {exc}", where) from None
 
 
-def _nextn_layer(name: str, layer_re, cfg: dict) -> bool:
-    """A tensor of the NextN / MTP layers the file declares after the trunk (GLM-4.5's
-    ``num_nextn_predict_layers``; GGUF ``nextn_predict_layers``): loaded by no model yet.  Any
-    other layer past the trunk stays, for the checks to refuse."""
-    m, n, extra = layer_re.match(name), cfg.get("num_hidden_layers"), cfg.get("num_nextn_predict_layers") or 0
-    return bool(m and isinstance(n, int) and isinstance(extra, int) and n <= int(m.group(1)) < n + extra)
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+def split_nextn(tensors: dict, cfg: dict) -> tuple[dict, dict]:
+    """(trunk tensors, NextN / MTP tensors) of canonical-named ``tensors``: the MTP ones are those
+    of the layers the file declares after the trunk (GLM-4.5's ``num_nextn_predict_layers``; GGUF
+    ``nextn_predict_layers``), for ``Checkpoint.mtp`` (models/mtp.py).  Any other layer past the
+    trunk stays in the trunk, for the checks to refuse."""
+    n, extra = cfg.get("num_hidden_layers"), cfg.get("num_nextn_predict_layers") or 0
+    trunk, mtp = {}, {}
+    for name, t in tensors.items():
+        m = _LAYER.match(name)
+        nextn = bool(m and isinstance(n, int) and isinstance(extra, int) and n <= int(m.group(1)) < n + extra)
+        (mtp if nextn else trunk)[name] = t
+    return trunk, mtp
 
 
 def check_checkpoint(ckpt) -> None:
@@ -101,18 +111,11 @@ def check_checkpoint(ckpt) -> None:
     a = check_config(ckpt, ckpt.config_fields)
     names_map = GGUF_MAP if ckpt.source == "gguf" else HF_MAP
     shown = names_map.source
-    shapes = get_family(ckpt.arch).Model.tensor_shapes(a)
-    want = {name: shape for name, (shape, _) in shapes.items()}
-    for name, t in ckpt.tensors.items():
-        if name not in want:
-            raise ModelFileError(ckpt.path, f"unexpected for a {a.num_hidden_layers}-layer model (the header or config "
-                                            "says fewer layers than the file holds)", f"tensor {shown(name)}")
-        if tuple(t.shape) != want[name]:
-            raise ModelFileError(ckpt.path, f"shape {list(t.shape)}, but the model settings imply {list(want[name])}",
-                                 f"tensor {shown(name)}")
-    for name in want:
-        if name not in ckpt.tensors and shapes[name][1]:
-            raise ModelFileError(ckpt.path, f"missing (a {a.num_hidden_layers}-layer model needs it)", f"tensor {shown(name)}")
+    model = get_family(ckpt.arch).Model
+    _check_tensors(ckpt, a, model.tensor_shapes(a), ckpt.tensors, shown)
+    if ckpt.mtp:
+        _check_tensors(ckpt, a, model.mtp_tensor_shapes(a, ckpt.config.get("num_nextn_predict_layers") or 0),
+                       ckpt.mtp, shown)
     n_tok = ckpt.tokenizer.vocab_size
     if n_tok > a.vocab_size:
         raise ModelFileError(ckpt.path, f"the tokenizer has {n_tok} tokens, but the embedding has {a.vocab_size} rows",
@@ -121,3 +124,18 @@ def check_checkpoint(ckpt) -> None:
     for what, i in (("BOS", tok.bos_id), ("EOS", tok.eos_id), *(("stop", s) for s in sorted(tok.stop_ids))):
         if i is not None and not _int_in(i, 0, n_tok - 1):
             raise ModelFileError(ckpt.path, f"the {what} token id {i!r} is not in the vocabulary of {n_tok}", "tokenizer")
+
+
+def _check_tensors(ckpt, a, shapes: dict, tensors: dict, shown) -> None:
+    """None missing, none unexpected, each of the expected shape (``shapes``: Model.tensor_shapes)."""
+    want = {name: shape for name, (shape, _) in shapes.items()}
+    for name, t in tensors.items():
+        if name not in want:
+            raise ModelFileError(ckpt.path, f"unexpected for a {a.num_hidden_layers}-layer model (the header or config "
+                                            "says fewer layers than the file holds)", f"tensor {shown(name)}")
+        if tuple(t.shape) != want[name]:
+            raise ModelFileError(ckpt.path, f"shape {list(t.shape)}, but the model settings imply {list(want[name])}",
+                                 f"tensor {shown(name)}")
+    for name in want:
+        if name not in tensors and shapes[name][1]:
+            raise ModelFileError(ckpt.path, f"missing (a {a.num_hidden_layers}-layer model needs it)", f"tensor {shown(name)}")

@@ -9,14 +9,13 @@ layout.  The config records which, as ``rope_style``.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 
 from .. import quants
 from ..tokenizer import TokenizerInfo, collect_stop_ids, tokenizer_from_gguf_fields
-from .checks import _nextn_layer
+from .checks import split_nextn
 from .errors import ModelFileError
 from .gguf_reader import GGUFFile
 from .names import GGUF_ARCH_MAPS, GGUF_MAP
@@ -36,7 +35,6 @@ MOE_KEYS = {
     "expert_group_used_count": "topk_group",
 }
 GATING_FUNC = {1: "softmax", 2: "sigmoid"}  # gguf-py ExpertGatingFuncType
-_LAYER = re.compile(r"^blk\.(\d+)\.")
 
 # config key -> GGUF key under "{arch}." (llama.cpp's LLM_KV names), for values and messages
 CONFIG_KEYS = {
@@ -164,8 +162,6 @@ def load_gguf(path: Path):
         if t.name == "rope_freqs.weight":
             cfg["rope_freqs"] = quants.dequantize(t.data, t.ggml_type).reshape(-1).tolist()
             continue
-        if _nextn_layer(t.name, _LAYER, cfg):
-            continue
         canon = name_map.canonical(t.name)
         if canon is None:
             unknown.append(t.name)
@@ -174,6 +170,7 @@ def load_gguf(path: Path):
             tensors[canon] = ExpertTensor.from_array(canon, t.ggml_type.name, t.shape, t.data)
         else:
             tensors[canon] = QTensor(canon, t.ggml_type.name, t.shape, t.data)
+    tensors, mtp = split_nextn(tensors, cfg)
     if unknown:
         raise ModelFileError(path, f"tensors bw24chat has no use for: {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
     if "tok_embd" not in tensors:
@@ -208,6 +205,7 @@ def load_gguf(path: Path):
         tensors=tensors,
         tokenizer=tok,
         generation_config={},
+        mtp=mtp,
         config_fields=config_fields,
         _keepalive=gf,
     )

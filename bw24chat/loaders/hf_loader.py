@@ -24,7 +24,7 @@ import numpy as np
 from ..tokenizer import load_hf_tokenizer
 from .errors import PICKLE_SUFFIXES, ModelFileError, refuse_pickle
 from .names import HF_MAP
-from .checks import _nextn_layer
+from .checks import split_nextn
 from .tensor import ExpertTensor, QTensor
 
 ARCH_FAMILY = {
@@ -207,7 +207,6 @@ def _nvfp4_modelopt_to_ggml(packed: np.ndarray, scales: np.ndarray) -> np.ndarra
 
 
 _EXPERT_PART = re.compile(r"^(blk\.\d+\.ffn_(?:gate|up|down)_exps)\.(\d+)$")
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def stack_experts(tensors: dict[str, QTensor], model_dir: Path) -> dict[str, QTensor | ExpertTensor]:
@@ -289,8 +288,6 @@ def load_hf_dir(model_dir: Path):
     for name in sorted(where):
         if name in consumed:
             continue
-        if _nextn_layer(name, _LAYER, cfg):
-            continue
         canon = HF_MAP.canonical(name)
         if canon is None:
             if name.endswith(("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv")) or "rotary_emb" in name:
@@ -321,7 +318,7 @@ def load_hf_dir(model_dir: Path):
             tensors[canon] = QTensor(canon, kind, tuple(arr.shape), arr)
         else:
             raise ModelFileError(where[name].path, f"{kind} without the scales that would say how to read it", f"tensor {name}")
-    tensors = stack_experts(tensors, model_dir)
+    tensors, mtp = split_nextn(stack_experts(tensors, model_dir), cfg)
     if "output" not in tensors:
         cfg["tie_word_embeddings"] = True
     elif "tie_word_embeddings" not in cfg:
@@ -335,6 +332,7 @@ def load_hf_dir(model_dir: Path):
         tensors=tensors,
         tokenizer=tok,
         generation_config=gen_cfg,
+        mtp=mtp,
         config_fields={k: f"config.json: {k}" for k in cfg},
         _keepalive=where,
     )

@@ -13,6 +13,11 @@ MoE layers (llama.cpp's names):
       and are stacked by the loader, transformers' fused gate|up as blk.{i}.ffn_gate_up_exps),
   blk.{i}.ffn_gate_shexp, blk.{i}.ffn_up_shexp, blk.{i}.ffn_down_shexp (shared experts),
   blk.{i}.ffn_gate_inp_shexp (D,) the shared expert's sigmoid gate (Qwen2-MoE)
+NextN / MTP layers (DeepSeek-V3 / GLM-4.5; i = num_hidden_layers ..; loaded into Checkpoint.mtp,
+models/mtp.py), besides the decoder layer's usual names above (llama.cpp's names):
+  blk.{i}.nextn.eh_proj (D, 2D), blk.{i}.nextn.enorm, blk.{i}.nextn.hnorm (D,),
+  blk.{i}.nextn.shared_head_norm (D,), blk.{i}.nextn.shared_head_head (V, D) (optional: the
+  trunk's LM head), blk.{i}.nextn.embed_tokens (V, D) (optional: the trunk's embedding)
 """
 from __future__ import annotations
 
@@ -46,6 +51,13 @@ GGUF_NAMES: dict[str, str] = {
     "blk.{i}.ffn_up_shexp.weight": "blk.{i}.ffn_up_shexp",
     "blk.{i}.ffn_down_shexp.weight": "blk.{i}.ffn_down_shexp",
     "blk.{i}.ffn_gate_inp_shexp.weight": "blk.{i}.ffn_gate_inp_shexp",
+    # NextN / MTP (gguf-py constants.py MODEL_TENSOR.NEXTN_*)
+    "blk.{i}.nextn.eh_proj.weight": "blk.{i}.nextn.eh_proj",
+    "blk.{i}.nextn.enorm.weight": "blk.{i}.nextn.enorm",
+    "blk.{i}.nextn.hnorm.weight": "blk.{i}.nextn.hnorm",
+    "blk.{i}.nextn.shared_head_norm.weight": "blk.{i}.nextn.shared_head_norm",
+    "blk.{i}.nextn.shared_head_head.weight": "blk.{i}.nextn.shared_head_head",
+    "blk.{i}.nextn.embed_tokens.weight": "blk.{i}.nextn.embed_tokens",
 }
 
 # per-architecture exceptions: glm4moe names its pre-FFN norm ATTN_POST_NORM (llama.cpp
@@ -99,6 +111,14 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight": "blk.{i}.ffn_gate_exps.{j}",
     "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight": "blk.{i}.ffn_up_exps.{j}",
     "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight": "blk.{i}.ffn_down_exps.{j}",
+    # NextN / MTP layer i = num_hidden_layers (GLM-4.5 / DeepSeek-V3 checkpoints; vLLM
+    # deepseek_mtp.py / glm4_moe_mtp.py read these names)
+    "model.layers.{i}.eh_proj.weight": "blk.{i}.nextn.eh_proj",
+    "model.layers.{i}.enorm.weight": "blk.{i}.nextn.enorm",
+    "model.layers.{i}.hnorm.weight": "blk.{i}.nextn.hnorm",
+    "model.layers.{i}.shared_head.norm.weight": "blk.{i}.nextn.shared_head_norm",
+    "model.layers.{i}.shared_head.head.weight": "blk.{i}.nextn.shared_head_head",
+    "model.layers.{i}.embed_tokens.weight": "blk.{i}.nextn.embed_tokens",
 }
 
 

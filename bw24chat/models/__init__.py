@@ -25,4 +25,8 @@ def build_model(checkpoint, backend, n_ctx: int = 0, progress=None):
     fam = get_family(checkpoint.arch)
     args = fam.ModelArgs.from_dict(checkpoint.config)
     n_ctx = min(n_ctx or args.max_position_embeddings, args.max_position_embeddings) if n_ctx else args.max_position_embeddings
-    return fam.Model(args, backend, checkpoint.tensors, n_ctx, progress)
+    model = fam.Model(args, backend, checkpoint.tensors, n_ctx, progress)
+    from .mtp import load_mtp
+
+    model.mtp = load_mtp(model, backend, checkpoint.mtp)  # None without NextN layers
+    return model

@@ -96,18 +96,7 @@ class DenseTransformer:
         self.output = self.tok_embd if tied else L.load_linear([tensors["output"]], role="lm_head")
         self.layers: list[Layer] = []
         for i in range(a.num_hidden_layers):
-            t = lambda name: tensors[f"blk.{i}.{name}"]  # noqa: E731
-            has = lambda name: f"blk.{i}.{name}" in tensors  # noqa: E731
-            self.layers.append(Layer(
-                attn_norm=L.load_vector([t("attn_norm")]),
-                qkv=L.load_linear([t("attn_q"), t("attn_k"), t("attn_v")], role="qkv"),
-                o=L.load_linear([t("attn_o")], role="o"),
-                ffn_norm=L.load_vector([t("ffn_norm")]),
-                bias=L.load_vector([t("attn_q_bias"), t("attn_k_bias"), t("attn_v_bias")]) if has("attn_q_bias") else None,
-                q_norm=L.load_vector([t("attn_q_norm")]) if has("attn_q_norm") else None,
-                k_norm=L.load_vector([t("attn_k_norm")]) if has("attn_k_norm") else None,
-                **self.load_ffn(L, i, t, has),
-            ))
+            self.layers.append(self.load_layer(L, i, tensors))
             if progress:
                 progress((i + 1) / a.num_hidden_layers)
         rope = build_rope_table(a.head_dim, a.partial_rotary_factor, a.rope_theta, a.rope_scaling, n_ctx, a.rope_style,
@@ -115,23 +104,53 @@ class DenseTransformer:
         self.attn = AttentionSpec(a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps, rope,
                                   1.0 / math.sqrt(a.head_dim), self.qk_norm_width)
 
+    def load_layer(self, L: Loader, i: int, tensors: dict) -> Layer:
+        """Decoder layer ``i`` from its canonical tensors ``blk.{i}.*`` (the trunk's, or a NextN
+        layer's: models/mtp.py)."""
+        t = lambda name: tensors[f"blk.{i}.{name}"]  # noqa: E731
+        has = lambda name: f"blk.{i}.{name}" in tensors  # noqa: E731
+        return Layer(
+            attn_norm=L.load_vector([t("attn_norm")]),
+            qkv=L.load_linear([t("attn_q"), t("attn_k"), t("attn_v")], role="qkv"),
+            o=L.load_linear([t("attn_o")], role="o"),
+            ffn_norm=L.load_vector([t("ffn_norm")]),
+            bias=L.load_vector([t("attn_q_bias"), t("attn_k_bias"), t("attn_v_bias")]) if has("attn_q_bias") else None,
+            q_norm=L.load_vector([t("attn_q_norm")]) if has("attn_q_norm") else None,
+            k_norm=L.load_vector([t("attn_k_norm")]) if has("attn_k_norm") else None,
+            **self.load_ffn(L, i, t, has),
+        )
+
     @classmethod
     def tensor_shapes(cls, a: BaseArgs) -> dict[str, tuple[tuple[int, ...], bool]]:
         """Every tensor the family may hold: canonical name -> (shape, required).  The loaders'
         checks refuse a file whose tensors disagree (loaders/checks.py)."""
-        D, V, hd = a.hidden_size, a.vocab_size, a.head_dim
-        q, kv = a.num_attention_heads * hd, a.num_key_value_heads * hd
-        qn = (q, kv) if cls.qk_norm_width == "full" else (hd, hd)
+        D, V = a.hidden_size, a.vocab_size
         out = {"tok_embd": ((V, D), True), "output": ((V, D), False), "output_norm": ((D,), True)}
         for i in range(a.num_hidden_layers):
-            p = f"blk.{i}."
-            out.update({p + "attn_norm": ((D,), True), p + "attn_q": ((q, D), True), p + "attn_k": ((kv, D), True),
-                        p + "attn_v": ((kv, D), True), p + "attn_o": ((D, q), True), p + "ffn_norm": ((D,), True),
-                        p + "attn_q_bias": ((q,), False), p + "attn_k_bias": ((kv,), False),
-                        p + "attn_v_bias": ((kv,), False), p + "attn_q_norm": ((qn[0],), False),
-                        p + "attn_k_norm": ((qn[1],), False)})
-            out.update({p + k: v for k, v in cls.ffn_shapes(a, i).items()})
+            out.update(cls.layer_shapes(a, i))
         return out
+
+    @classmethod
+    def layer_shapes(cls, a: BaseArgs, i: int) -> dict[str, tuple[tuple[int, ...], bool]]:
+        """Decoder layer ``i``'s tensors (tensor_shapes' entries for blk.{i}.*)."""
+        D, hd = a.hidden_size, a.head_dim
+        q, kv = a.num_attention_heads * hd, a.num_key_value_heads * hd
+        qn = (q, kv) if cls.qk_norm_width == "full" else (hd, hd)
+        p = f"blk.{i}."
+        out = {p + "attn_norm": ((D,), True), p + "attn_q": ((q, D), True), p + "attn_k": ((kv, D), True),
+               p + "attn_v": ((kv, D), True), p + "attn_o": ((D, q), True), p + "ffn_norm": ((D,), True),
+               p + "attn_q_bias": ((q,), False), p + "attn_k_bias": ((kv,), False),
+               p + "attn_v_bias": ((kv,), False), p + "attn_q_norm": ((qn[0],), False),
+               p + "attn_k_norm": ((qn[1],), False)}
+        out.update({p + k: v for k, v in cls.ffn_shapes(a, i).items()})
+        return out
+
+    @classmethod
+    def mtp_tensor_shapes(cls, a: BaseArgs, n_layers: int) -> dict[str, tuple[tuple[int, ...], bool]]:
+        """The NextN / MTP layers' tensors (Checkpoint.mtp; models/mtp.py)."""
+        from .mtp import nextn_shapes
+
+        return nextn_shapes(cls, a, n_layers)
 
     @classmethod
     def ffn_shapes(cls, a: BaseArgs, i: int) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -157,7 +176,15 @@ class DenseTransformer:
 
     def forward(self, ops: Ops, ids):
         """Logits of the pass's rows (the Ops object decides which rows reach the LM head)."""
+        return self.logits(ops, self.trunk(ops, ids))
+
+    def trunk(self, ops: Ops, ids):
+        """The last layer's output of every row, before the final norm (what an MTP head takes:
+        models/mtp.py)."""
         x = ops.embed(self.tok_embd, ids)
         for li, L in enumerate(self.layers):
             x = self.block(ops, li, L, x)
+        return x
+
+    def logits(self, ops: Ops, x):
         return ops.lm_head(ops.rmsnorm(x, self.output_norm), self.output)

@@ -88,7 +88,7 @@ def test_the_speculative_extension(served):
     client.completions.create(model="my-model", prompt="hi", extra_body={"speculative": "off", "speculative_k": "auto"})
     assert (engine.requests[-1].spec, engine.requests[-1].spec_k) == ("off", 0)
     n = len(engine.requests)
-    for body, param in (({"speculative": "mtp"}, "speculative"), ({"speculative": True}, "speculative"),
+    for body, param in (({"speculative": "medusa"}, "speculative"), ({"speculative": True}, "speculative"),
                         ({"speculative_k": 9}, "speculative_k"), ({"speculative_k": 0}, "speculative_k"),
                         ({"speculative_k": "many"}, "speculative_k")):
         with pytest.raises(openai.BadRequestError) as err:

@@ -1,0 +1,163 @@
+"""The NextN / MTP head (models/mtp.py, speculative.MTPDrafter) on the NumPy backend: a tiny
+GLM-4.5-style model carrying a NextN layer in HF and in GGUF naming; the pairing (embedding of
+token t+1, trunk hidden at t) checked against a direct computation; --spec mtp token-identical
+to plain decoding; a head built to copy the trunk accepted most of the time (the wiring)."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bw24chat import check
+from bw24chat.api import SamplingParams
+from bw24chat.backends.numpy_backend import NumpyRunner, numpy_runner, rmsnorm_ref
+from bw24chat.generate import Generator
+from bw24chat.loaders import load_checkpoint
+from bw24chat.speculative import MAX_K, MTPDrafter, make_drafter
+from .model_factory import make_hf_dir, write_gguf
+
+N_CTX = 256
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glm_mtp")
+    d, w = make_hf_dir(root / "hf", "glm4_moe", dtype="F32", num_nextn_predict_layers=1)
+    gguf = write_gguf(root / "glm.gguf", d, w)
+    ckpt = load_checkpoint(d)
+    return ckpt, load_checkpoint(gguf), w, numpy_runner(ckpt, N_CTX)
+
+
+def test_nextn_layer_loads_apart_from_the_trunk(glm):
+    hf, gg, _, runner = glm
+    n = hf.config["num_hidden_layers"]
+    for ck in (hf, gg):
+        assert ck.config["num_hidden_layers"] == n and ck.config["num_nextn_predict_layers"] == 1
+        assert not any(k.startswith(f"blk.{n}.") for k in ck.tensors)
+        assert {f"blk.{n}.nextn.{k}" for k in ("eh_proj", "enorm", "hnorm", "shared_head_norm", "shared_head_head")} <= set(ck.mtp)
+        assert f"blk.{n}.ffn_gate_exps" in ck.mtp and f"blk.{n}.attn_q" in ck.mtp  # the layer's own (MoE) block
+    assert sorted(hf.mtp) == sorted(gg.mtp)
+    assert runner.mtp is not None and runner.mtp.layer.moe is not None
+
+
+def test_hf_and_gguf_heads_agree(glm):
+    hf, gg, _, r1 = glm
+    r2 = numpy_runner(gg, N_CTX)
+    ids = [5, 77, 120, 3, 9, 200]
+    out = []
+    for r in (r1, r2):
+        r.prefill(ids, 0)
+        out.append(r.mtp_forward(ids[1:], r.last_hidden()[:-1], 0, True))
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-5, atol=1e-5)
+
+
+def test_first_draft_pairs_token_t_plus_1_with_hidden_t(glm):
+    """The drafter's first draft after a prefill, against the head computed here from the weights:
+    row t = eh_proj @ [enorm(emb(t+1)), hnorm(final_norm(h_t))], h_t the trunk's pre-norm output
+    at t (a fresh trunk pass over the whole history), the head's block, shared_head norm and head."""
+    _, _, w, runner = glm
+    n = runner.args.num_hidden_layers
+    eps = runner.args.rms_norm_eps
+    prompt = [11, 42, 7, 99, 150, 3, 64]
+    first = runner.prefill(prompt, 0, SamplingParams(temperature=0), 0, [])
+    history = prompt + [first]
+    calls = []
+    real = runner.mtp_forward
+
+    def spy(ids, hidden, start, from_trunk):
+        res = real(ids, hidden, start, from_trunk)
+        calls.append((list(ids), np.array(hidden), start, from_trunk, res[0].copy()))
+        return res
+
+    d = MTPDrafter(runner)
+    d.begin(prompt)
+    d.prime(runner.last_hidden(), None, 0)
+    runner.mtp_forward = spy
+    try:
+        draft = d.propose(history, 1)
+    finally:
+        del runner.mtp_forward
+    ids, _, start, from_trunk, logits = calls[0]
+    assert (ids, start, from_trunk) == (history[1:], 0, True)
+
+    # direct: the trunk's pre-norm hidden states of the history, in a fresh cache
+    fresh = NumpyRunner(runner.model, runner.backend)
+    fresh.forward(history, 0)
+    H = fresh.last_hidden()[:-1]  # h_0 .. h_{L-2}
+    p = f"model.layers.{n}."
+    e = w["model.embed_tokens.weight"][history[1:]]  # emb(t+1) for t = 0 .. L-2
+    hn = rmsnorm_ref(rmsnorm_ref(H, w["model.norm.weight"], eps), w[p + "hnorm.weight"], eps)
+    x = np.concatenate([rmsnorm_ref(e, w[p + "enorm.weight"], eps), hn], axis=1) @ w[p + "eh_proj.weight"].T
+    ops = runner.backend.ops(runner.backend.new_kv_cache(1, runner.args.num_key_value_heads, runner.args.head_dim, N_CTX),
+                             0, len(x), eps)
+    g = runner.model.block(ops, 0, runner.mtp.layer, x)
+    want = rmsnorm_ref(g[-1:], w[p + "shared_head.norm.weight"], eps) @ w[p + "shared_head.head.weight"].T
+    np.testing.assert_allclose(logits, want[0], rtol=1e-4, atol=1e-4)
+    assert draft == [int(np.argmax(want[0]))]
+    # the off-by-one pairing (h_{t+1} with token t+1) gives other logits: the check can see it
+    fresh.forward(history + [1], 0)
+    x_off = np.concatenate([rmsnorm_ref(e, w[p + "enorm.weight"], eps),
+                            rmsnorm_ref(rmsnorm_ref(fresh.last_hidden()[1:-1], w["model.norm.weight"], eps),
+                                        w[p + "hnorm.weight"], eps)], axis=1) @ w[p + "eh_proj.weight"].T
+    ops = runner.backend.ops(runner.backend.new_kv_cache(1, runner.args.num_key_value_heads, runner.args.head_dim, N_CTX),
+                             0, len(x), eps)
+    off = rmsnorm_ref(runner.model.block(ops, 0, runner.mtp.layer, x_off)[-1:], w[p + "shared_head.norm.weight"], eps) \
+        @ w[p + "shared_head.head.weight"].T
+    assert np.abs(off[0] - logits).max() > 1e-2
+
+
+def _identical(runner, tok, ks, prompts, n_gen=24):
+    """--spec mtp = plain decoding (tokens, text, finish, and the cache left: probe logits)."""
+    stats = []
+    for prompt in prompts:
+        case = check.SpecCase("p", prompt, n_gen)
+        for mode, sp in check.SPEC_SAMPLING.items():
+            plain, _, probe = check._generate(runner, tok, case, sp, [], set(tok.stop_ids))
+            for k in ks:
+                res, _, probe2 = check._generate(runner, tok, case, sp, [], set(tok.stop_ids), make_drafter("mtp", runner), k)
+                assert res.token_ids == plain.token_ids, (mode, k)
+                assert (res.text, res.finish_reason) == (plain.text, plain.finish_reason)
+                assert np.array_equal(probe.view(np.uint32), probe2.view(np.uint32)), (mode, k)
+                stats.append((mode, k, res.stats))
+    return stats
+
+
+def test_spec_mtp_token_identical_for_every_k(glm):
+    hf, _, _, runner = glm
+    tok = replace(hf.tokenizer, stop_ids=set())
+    stats = _identical(runner, tok, range(1, MAX_K + 1), [[5, 77, 120, 3, 9, 200, 31], [1, 2, 3]])
+    assert all(s["spec_rounds"] > 0 for _, _, s in stats)
+
+
+def test_spec_mtp_refused_without_a_head(tmp_path):
+    d, _ = make_hf_dir(tmp_path / "m", "glm4_moe", dtype="F32")
+    with pytest.raises(ValueError, match="multi-token-prediction head"):
+        make_drafter("mtp", numpy_runner(load_checkpoint(d), 64))
+
+
+def _copy_trunk(w):
+    """A head that computes the trunk's own next-token prediction: its block is the trunk's only
+    layer, eh_proj passes the (unit-RMS) embedding through and drops h, shared_head = the trunk's
+    final norm and LM head; weak attention, so the context the head's cache lacks matters little."""
+    emb = w["model.embed_tokens.weight"]
+    emb /= np.sqrt(np.mean(emb * emb, axis=1, keepdims=True))  # enorm(emb) = emb (weight 1)
+    D = emb.shape[1]
+    w["model.layers.0.self_attn.o_proj.weight"] *= 0.1
+    for name in [k for k in w if k.startswith("model.layers.0.")]:
+        w[name.replace("model.layers.0.", "model.layers.1.")] = w[name].copy()
+    w["model.layers.1.eh_proj.weight"] = np.concatenate([np.eye(D), np.zeros((D, D))], axis=1).astype(np.float32)
+    w["model.layers.1.enorm.weight"] = np.ones(D, np.float32)
+    w["model.layers.1.hnorm.weight"] = np.zeros(D, np.float32)
+    w["model.layers.1.shared_head.norm.weight"] = w["model.norm.weight"].copy()
+    w["model.layers.1.shared_head.head.weight"] = w["lm_head.weight"].copy()
+
+
+def test_a_head_that_copies_the_trunk_is_accepted(tmp_path):
+    d, _ = make_hf_dir(tmp_path / "m", "glm4_moe", dtype="F32", num_hidden_layers=1, first_k_dense_replace=0,
+                       num_nextn_predict_layers=1, edit=_copy_trunk)
+    ckpt = load_checkpoint(d)
+    runner = numpy_runner(ckpt, N_CTX)
+    tok = replace(ckpt.tokenizer, stop_ids=set())
+    stats = _identical(runner, tok, (1, 4), [[5, 77, 120, 3, 9, 200, 31]], n_gen=32)
+    for mode, k, s in stats:
+        assert s["spec_acceptance"] > 0.8, (mode, k, s)
