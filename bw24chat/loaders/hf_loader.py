@@ -33,6 +33,7 @@ ARCH_FAMILY = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
     "Glm4MoeForCausalLM": "glm4_moe",
     "MiniMaxM2ForCausalLM": "minimax_m2",
 }
@@ -289,7 +290,7 @@ def load_hf_dir(model_dir: Path):
     for name in sorted(where):
         if name in consumed:
             continue
-        if _nextn_layer(name, _LAYER, cfg):
+        if _nextn_layer(name, _LAYER, cfg) or name.startswith("mtp."):  # MTP heads: loaded by no model yet
             continue
         canon = HF_MAP.canonical(name)
         if canon is None:
@@ -322,6 +323,11 @@ def load_hf_dir(model_dir: Path):
         else:
             raise ModelFileError(where[name].path, f"{kind} without the scales that would say how to read it", f"tensor {name}")
     tensors = stack_experts(tensors, model_dir)
+    from ..models import get_family
+
+    fix = getattr(get_family(fam), "hf_tensors", None)  # a family's checkpoint layout -> the canonical one
+    if fix is not None:
+        tensors = fix(tensors, cfg)
     if "output" not in tensors:
         cfg["tie_word_embeddings"] = True
     elif "tie_word_embeddings" not in cfg:
