@@ -364,6 +364,7 @@ class NumpyRunner:
         self.state = self.backend.new_recurrent_state(model.deltanet, model.n_state_layers) if model.deltanet else None
         self._snaps: dict[int, tuple] = {}
         self._ids: list[int] = []
+        self._passes: list[tuple[int, int]] = []  # (start, rows) of every pass the state consumed
         self.n_ctx = model.n_ctx
         self.vocab_size = a.vocab_size
         self._logits = np.zeros((1, a.vocab_size), np.float32)
@@ -372,10 +373,12 @@ class NumpyRunner:
         """Run ``ids`` at positions start..; logits (T, V) with all_rows, else (1, V) of the last."""
         ids = np.asarray(ids)
         if self.state is not None:
-            if start != self.state.pos:  # a pass that does not continue the state: rewind it first
-                self.rollback(start)
+            if start > self.state.pos:
+                raise ValueError(f"a pass at position {start}, but the recurrent state holds {self.state.pos} positions")
+            self.rollback(start)  # a pass that does not continue the state: rewind it first
             self._snaps = {p: v for p, v in self._snaps.items() if p <= start}
             self._ids[start:] = [int(t) for t in ids]
+            self._passes.append((start, len(ids)))
         ops = self.backend.ops(self.cache, start, len(ids), self.args.rms_norm_eps, all_rows, self.state)
         self._logits = self.model.forward(ops, ids)
         if self.state is not None:
@@ -414,22 +417,22 @@ class NumpyRunner:
     def rollback(self, n: int) -> None:
         """Positions >= n are stale; the KV cache's are overwritten before anything reads them
         again.  A recurrent state has no positions to drop: it is restored to the copy taken
-        after position n - 1 in the latest step (exact: the speculative verify's case), or else
-        recomputed from the ids at positions 0..n-1 (a multi-turn prompt that differs from what
-        the state consumed; equal to the original up to the rounding of multi-row products)."""
+        after position n - 1 in the latest step (the speculative verify's case), or else
+        recomputed from the ids at positions 0..n-1, replaying the passes that consumed them (so
+        bit for bit, unless n splits a multi-row pass: then up to the rounding of its products)."""
         st = self.state
-        if st is None or n == st.pos:
+        if st is None or n >= st.pos:  # nothing the state consumed is stale
             return
-        if n > st.pos:
-            raise ValueError(f"rollback to {n}, but the recurrent state holds only {st.pos} positions")
+        passes = [(s, min(s + m, n) - s) for s, m in self._passes if s < n]
         if n in self._snaps:
             st.restore(self._snaps[n])
+            self._passes = passes
             return
         logits = self._logits
         st.reset()
-        self._snaps = {}
-        if n:
-            self.prefill_logits(self._ids[:n], 0)
+        self._snaps, self._passes = {}, []
+        for s, m in passes:
+            self.forward(self._ids[s:s + m], s)
         self._logits = logits
 
     def memory_info(self) -> dict:
