@@ -37,6 +37,30 @@ class AttentionSpec:
     # the whole q projection (H * hd) and the whole k projection (K * hd) (MiniMax-M2,
     # transformers modeling_minimax_m2.py: q_norm = RMSNorm(num_attention_heads * head_dim))
     qk_norm: str = "head"
+    # output gate (Qwen3-Next full attention, transformers modeling_qwen3_next.py
+    # Qwen3NextAttention): the q projection is 2 * H * hd wide, per head [q (hd) | gate (hd)], and
+    # the attention output is multiplied by sigmoid(gate) (ops.output_gate)
+    output_gate: bool = False
+
+
+@dataclass(frozen=True)
+class DeltaNetSpec:
+    """A gated DeltaNet token mixer (Yang et al. 2024, "Gated Delta Networks", arXiv:2412.06464;
+    transformers modeling_qwen3_next.py Qwen3NextGatedDeltaNet), the same for every linear-attention
+    layer of a model.  Hk key heads of dk (q and k), Hv value heads of dv (Hv a multiple of Hk:
+    value head j reads key head j // (Hv / Hk)); the conv runs over the C = 2 Hk dk + Hv dv
+    channels of q | k | v with ``conv_kernel`` taps."""
+
+    n_k_heads: int
+    n_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+    eps: float  # of the gated output RMSNorm
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.n_k_heads * self.k_head_dim + self.n_v_heads * self.v_head_dim
 
 
 @dataclass(frozen=True)
@@ -89,6 +113,13 @@ class Loader:
         memory-mapped file) as long as ``experts`` reads only the selected ones."""
         raise NotImplementedError
 
+    def load_conv(self, tensor):
+        """A depthwise causal conv1d's taps, (C, kernel) (``ops.causal_conv1d``).  The base class
+        refuses: a backend without the gated DeltaNet ops (the CUDA one until issue 36's kernels
+        exist) stops here, at load, with a clear message."""
+        raise NotImplementedError(f"{type(self).__name__}: gated DeltaNet layers (Qwen3-Next / Qwen3.5) have no "
+                                  "kernels on this backend yet (issue 36); use --device cpu")
+
 
 class Ops:
     """One forward pass over T rows.  Values are backend objects; see the module docstring."""
@@ -129,6 +160,40 @@ class Ops:
     def attention(self, q, spec: AttentionSpec, layer: int):
         """Causal GQA attention of the pass's rows over the cache of ``layer`` (every position
         up to each row's own): (T, H, hd) -> (T, H * hd)."""
+        raise NotImplementedError
+
+    def output_gate(self, o, qkv, spec: AttentionSpec):
+        """o * sigmoid(gate), (T, H * hd): the attention output scaled by the gate half of the q
+        projection (``spec.output_gate`` layout, ``qkv`` as ``rope_kv`` received it; the gated
+        families have no q/k/v bias).  transformers Qwen3NextAttention: attn_output *
+        torch.sigmoid(gate)."""
+        raise NotImplementedError
+
+    def causal_conv1d(self, x, w, spec: DeltaNetSpec, layer: int):
+        """silu(causal depthwise conv1d) of the (T, C) rows: out[t, c] = silu(sum_j w[c, j] *
+        x'[t + j, c]) over x' = (the last kernel - 1 rows before this pass | x), the rows before
+        the sequence's start being zeros.  The kernel - 1 rows before the pass are the rolling
+        conv state of DeltaNet layer ``layer`` in the pass's recurrent state, which the op
+        advances to the pass's last kernel - 1 rows (transformers torch_causal_conv1d_update /
+        F.conv1d(padding=kernel - 1)[:T], then silu)."""
+        raise NotImplementedError
+
+    def gated_delta_rule(self, qkv, b, a, A, dt_bias, spec: DeltaNetSpec, layer: int):
+        """The gated delta rule over the pass's rows (transformers torch_recurrent_gated_delta_rule
+        with use_qk_l2norm_in_kernel=True, as Qwen3NextGatedDeltaNet calls it), in float32:
+          q | k | v = qkv (T, C) (the conv's output), per head; beta = sigmoid(b) (T, Hv);
+          g = A * softplus(a + dt_bias) (T, Hv), A = -exp(A_log) (the loaders store A);
+          q, k = l2norm(q), l2norm(k) (x * rsqrt(sum x^2 + 1e-6)); q *= 1/sqrt(dk);
+          q, k repeated to the Hv value heads (head j <- key head j // (Hv / Hk));
+          per row t and head:  S = S * exp(g_t);  delta = beta_t (v_t - S^T k_t);
+                               S = S + k_t delta^T;  o_t = S^T q_t
+        with S (dk, dv) the recurrent state of DeltaNet layer ``layer`` (zeros at the sequence's
+        start), which the op advances.  Returns o (T, Hv * dv)."""
+        raise NotImplementedError
+
+    def gated_rmsnorm(self, x, z, w, spec: DeltaNetSpec):
+        """rmsnorm(x) * w * silu(z) over each value head of dv (eps ``spec.eps``): (T, Hv * dv)
+        (transformers Qwen3NextRMSNormGated: norm before gate)."""
         raise NotImplementedError
 
     def router(self, x, gate, spec: RouterSpec, bias=None):

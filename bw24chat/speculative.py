@@ -161,6 +161,9 @@ def make_drafter(mode: str, runner=None) -> Drafter | None:
     """The drafter of a ``--spec`` mode (None: off); ``mtp`` needs ``runner`` with a head."""
     if mode == "off":
         return None
+    if getattr(runner, "state", None) is not None:  # a hybrid model's conv / recurrent state (qwen3_next)
+        raise ValueError("speculative decoding does not yet run models with gated DeltaNet layers (their state "
+                         "rollback under speculation is not verified yet); use --spec off")
     if mode == "ngram":
         return NgramDrafter()
     if mode == "mtp":

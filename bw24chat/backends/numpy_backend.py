@@ -16,7 +16,7 @@ import numpy as np
 
 from ..api import SamplingParams
 from ..loaders.tensor import QTensor
-from ..ops import AttentionSpec, Loader, Ops, RouterSpec
+from ..ops import AttentionSpec, DeltaNetSpec, Loader, Ops, RouterSpec
 from ..rope import apply_rope
 from ..sampling import sample_token
 from .kernel_refs import act_q8, act_quant_ref, bf16_round
@@ -47,6 +47,42 @@ class NumpyKVCache:
         return self.k.nbytes + self.v.nbytes
 
 
+class NumpyRecurrentState:
+    """One sequence's gated DeltaNet state, per DeltaNet layer: the conv's last kernel - 1 input
+    rows (n, kernel - 1, C) and the delta rule's S (n, Hv, dk, dv), float32, zeros at the start;
+    ``pos``: the positions they have consumed.  Unlike a KV cache it cannot be truncated, so the
+    runner keeps copies (``snapshot`` / ``restore``) for rollback."""
+
+    def __init__(self, spec: DeltaNetSpec, n_layers: int):
+        self.spec, self.n_layers = spec, n_layers
+        self.reset()
+
+    def reset(self) -> None:
+        s = self.spec
+        self.conv = np.zeros((self.n_layers, s.conv_kernel - 1, s.conv_dim), np.float32)
+        self.ssm = np.zeros((self.n_layers, s.n_v_heads, s.k_head_dim, s.v_head_dim), np.float32)
+        self.pos = 0
+
+    def snapshot(self) -> tuple:
+        return self.conv.copy(), self.ssm.copy(), self.pos
+
+    def restore(self, snap: tuple) -> None:
+        conv, ssm, self.pos = snap
+        self.conv, self.ssm = conv.copy(), ssm.copy()
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.ssm.nbytes
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+
+
 def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x * rsqrt(mean(x^2) + eps) * w over the last axis (Zhang & Sennrich 2019), in x's dtype
     (float32 in the engine; float64 where a check wants an exact reference)."""
@@ -57,7 +93,7 @@ def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def swiglu_ref(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up (Shazeer 2020, GLU variants)."""
-    return gate / (np.float32(1.0) + np.exp(-gate)) * up
+    return silu(gate) * up
 
 
 class ActQuantMatrix(np.ndarray):
@@ -169,19 +205,27 @@ class NumpyBackend(Loader):
         return NumpyExperts([self.load_linear([gate.expert(e), up.expert(e)], interleave=True) for e in range(E)],
                             [self.load_linear([down.expert(e)]) for e in range(E)], self.moe_layers - 1, self.tiers)
 
+    def load_conv(self, t: QTensor) -> np.ndarray:
+        return np.asarray(t.dequantize(), np.float32).reshape(t.shape[0], -1)  # (C, kernel)
+
     def new_kv_cache(self, n_layers: int, n_kv: int, head_dim: int, n_ctx: int) -> NumpyKVCache:
         return NumpyKVCache(n_layers, n_kv, head_dim, n_ctx)
 
-    def ops(self, cache: NumpyKVCache, start: int, n_rows: int, eps: float, all_rows: bool = True) -> "NumpyOps":
-        return NumpyOps(self, cache, start, n_rows, eps, all_rows)
+    def new_recurrent_state(self, spec: DeltaNetSpec, n_layers: int) -> NumpyRecurrentState:
+        return NumpyRecurrentState(spec, n_layers)
+
+    def ops(self, cache: NumpyKVCache, start: int, n_rows: int, eps: float, all_rows: bool = True,
+            state: NumpyRecurrentState | None = None) -> "NumpyOps":
+        return NumpyOps(self, cache, start, n_rows, eps, all_rows, state)
 
 
 class NumpyOps(Ops):
     """The op set over T rows at positions start..start+T-1 (bw24chat.ops)."""
 
     def __init__(self, backend: NumpyBackend, cache: NumpyKVCache, start: int, n_rows: int, eps: float,
-                 all_rows: bool = True):
+                 all_rows: bool = True, state: NumpyRecurrentState | None = None):
         self.b, self.cache, self.start, self.T, self.eps, self.all_rows = backend, cache, start, n_rows, eps, all_rows
+        self.state = state
         self.positions = np.arange(start, start + n_rows)
 
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -208,7 +252,10 @@ class NumpyOps(Ops):
         T, H, K, hd = len(qkv), spec.n_heads, spec.n_kv_heads, spec.head_dim
         if bias is not None:
             qkv = qkv + bias
-        q, k, v = qkv[:, : H * hd], qkv[:, H * hd:(H + K) * hd], qkv[:, (H + K) * hd:]
+        qw = 2 * H * hd if spec.output_gate else H * hd  # the q projection's width (with its gate half)
+        q, k, v = qkv[:, :qw], qkv[:, qw:qw + K * hd], qkv[:, qw + K * hd:]
+        if spec.output_gate:  # per head [q | gate] (ops.AttentionSpec)
+            q = q.reshape(T, H, 2, hd)[:, :, 0].reshape(T, H * hd)
         if q_norm is not None and spec.qk_norm == "full":  # MiniMax-M2: over the whole projections
             q, k = self.rmsnorm(q, q_norm, spec.eps), self.rmsnorm(k, k_norm, spec.eps)
         q, k, v = q.reshape(T, H, hd), k.reshape(T, K, hd), v.reshape(T, K, hd)
@@ -240,6 +287,50 @@ class NumpyOps(Ops):
         o = np.matmul(p.reshape(K, G * T, end), vals.transpose(1, 0, 2))  # (K, G*T, hd)
         return o.reshape(K, G, T, hd).transpose(2, 0, 1, 3).reshape(T, H * hd)
 
+    def output_gate(self, o: np.ndarray, qkv: np.ndarray, spec: AttentionSpec) -> np.ndarray:
+        H, hd = spec.n_heads, spec.head_dim
+        gate = qkv[:, :2 * H * hd].reshape(len(qkv), H, 2, hd)[:, :, 1].reshape(len(qkv), H * hd)
+        return o * sigmoid(gate)
+
+    def causal_conv1d(self, x: np.ndarray, w: np.ndarray, spec: DeltaNetSpec, layer: int) -> np.ndarray:
+        T, Kc = len(x), spec.conv_kernel
+        xs = np.concatenate([self.state.conv[layer], x])  # (kernel - 1 + T, C)
+        acc = w[:, 0] * xs[0:T]
+        for j in range(1, Kc):  # tap by tap, oldest first
+            acc = acc + w[:, j] * xs[j:j + T]
+        self.state.conv[layer] = xs[T:]  # the last kernel - 1 rows
+        return silu(acc)
+
+    def gated_delta_rule(self, qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.ndarray, dt_bias: np.ndarray,
+                         spec: DeltaNetSpec, layer: int) -> np.ndarray:
+        T, Hk, Hv, dk, dv = len(qkv), spec.n_k_heads, spec.n_v_heads, spec.k_head_dim, spec.v_head_dim
+        q = qkv[:, :Hk * dk].reshape(T, Hk, dk)
+        k = qkv[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
+        v = qkv[:, 2 * Hk * dk:].reshape(T, Hv, dv)
+        eps = np.float32(1e-6)  # transformers l2norm's (FLA's) eps
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+        q = q * np.float32(1.0 / np.sqrt(dk))
+        q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)  # repeat_interleave to Hv heads
+        beta = sigmoid(b)
+        x = a + dt_bias  # softplus as torch's (threshold 20)
+        g = A * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+        S = self.state.ssm[layer]  # (Hv, dk, dv)
+        o = np.empty((T, Hv, dv), np.float32)
+        for t in range(T):
+            S = S * np.exp(g[t])[:, None, None]
+            kv_mem = (S * k[t][:, :, None]).sum(axis=1)  # S^T k, (Hv, dv)
+            delta = (v[t] - kv_mem) * beta[t][:, None]
+            S = S + k[t][:, :, None] * delta[:, None, :]
+            o[t] = (S * q[t][:, :, None]).sum(axis=1)
+        self.state.ssm[layer] = S
+        return o.reshape(T, Hv * dv)
+
+    def gated_rmsnorm(self, x: np.ndarray, z: np.ndarray, w: np.ndarray, spec: DeltaNetSpec) -> np.ndarray:
+        T, H, dv = len(x), spec.n_v_heads, spec.v_head_dim
+        y = rmsnorm_ref(x.reshape(T, H, dv), w, spec.eps) * silu(z.reshape(T, H, dv))
+        return y.reshape(T, H * dv)
+
     def router(self, x: np.ndarray, gate: np.ndarray, spec: RouterSpec, bias: np.ndarray | None = None):
         return route_logits(self.linear(x, gate), spec, bias)  # logits (T, E) float32
 
@@ -259,7 +350,7 @@ class NumpyOps(Ops):
             gu, down, gate = shared
             out = self.linear(self.swiglu(self.linear(x, gu)), down)
             if gate is not None:  # Qwen2-MoE: sigmoid(x . gate) scales the shared expert
-                out = out * (np.float32(1.0) / (np.float32(1.0) + np.exp(-(x @ gate))))[:, None]
+                out = out * sigmoid(x @ gate)[:, None]
             acc = acc + out
         return residual + acc
 
@@ -275,7 +366,14 @@ class NumpyRunner:
         self.model = model
         self.backend = backend or NumpyBackend()
         a = self.args = model.args
-        self.cache = self.backend.new_kv_cache(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, model.n_ctx)
+        self.cache = self.backend.new_kv_cache(model.n_kv_layers, a.num_key_value_heads, a.head_dim, model.n_ctx)
+        # hybrid models (gated DeltaNet layers): the recurrent state, the copies of it after each
+        # row of the latest step (position -> snapshot, for an exact rollback of a speculative
+        # verify), and the ids at positions 0.. (to recompute the state for any other rollback)
+        self.state = self.backend.new_recurrent_state(model.deltanet, model.n_state_layers) if model.deltanet else None
+        self._snaps: dict[int, tuple] = {}
+        self._ids: list[int] = []
+        self._passes: list[tuple[int, int]] = []  # (start, rows) of every pass the state consumed
         self.n_ctx = model.n_ctx
         self.vocab_size = a.vocab_size
         self._logits = np.zeros((1, a.vocab_size), np.float32)
@@ -287,9 +385,18 @@ class NumpyRunner:
     def forward(self, ids, start: int, all_rows: bool = False) -> np.ndarray:
         """Run ``ids`` at positions start..; logits (T, V) with all_rows, else (1, V) of the last."""
         ids = np.asarray(ids)
-        ops = self.backend.ops(self.cache, start, len(ids), self.args.rms_norm_eps, all_rows)
+        if self.state is not None:
+            if start > self.state.pos:
+                raise ValueError(f"a pass at position {start}, but the recurrent state holds {self.state.pos} positions")
+            self.rollback(start)  # a pass that does not continue the state: rewind it first
+            self._snaps = {p: v for p, v in self._snaps.items() if p <= start}
+            self._ids[start:] = [int(t) for t in ids]
+            self._passes.append((start, len(ids)))
+        ops = self.backend.ops(self.cache, start, len(ids), self.args.rms_norm_eps, all_rows, self.state)
         self._hidden = self.model.trunk(ops, ids)
         self._logits = self.model.logits(ops, self._hidden)
+        if self.state is not None:
+            self.state.pos = start + len(ids)
         return self._logits
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
@@ -308,10 +415,13 @@ class NumpyRunner:
         # one row at a time: BLAS products over several rows may round differently from one row,
         # and each row must equal a one-row step bit for bit (runner.py)
         tokens = [int(t) for t in tokens]
+        self._snaps = {}
         logits, hidden = [], []
         for i, t in enumerate(tokens):
             logits.append(self.forward([t], start + i))
             hidden.append(self._hidden)
+            if self.state is not None:  # the state after row i: rollback(start + i + 1) restores it
+                self._snaps[start + i + 1] = self.state.snapshot()
         self._logits, self._hidden = np.concatenate(logits), np.concatenate(hidden)
         return [sample_token(self._logits[i], params, seed, start + i + 1, [*history, *tokens[:i + 1]]) for i in range(len(tokens))]
 
@@ -333,10 +443,28 @@ class NumpyRunner:
         return logits[-1], g[-1]
 
     def rollback(self, n: int) -> None:
-        """Positions >= n are stale; they are overwritten before anything reads them again."""
+        """Positions >= n are stale; the KV cache's are overwritten before anything reads them
+        again.  A recurrent state has no positions to drop: it is restored to the copy taken
+        after position n - 1 in the latest step (the speculative verify's case), or else
+        recomputed from the ids at positions 0..n-1, replaying the passes that consumed them (so
+        bit for bit, unless n splits a multi-row pass: then up to the rounding of its products)."""
+        st = self.state
+        if st is None or n >= st.pos:  # nothing the state consumed is stale
+            return
+        passes = [(s, min(s + m, n) - s) for s, m in self._passes if s < n]
+        if n in self._snaps:
+            st.restore(self._snaps[n])
+            self._passes = passes
+            return
+        logits = self._logits
+        st.reset()
+        self._snaps, self._passes = {}, []
+        for s, m in passes:
+            self.forward(self._ids[s:s + m], s)
+        self._logits = logits
 
     def memory_info(self) -> dict:
-        return {"kv_bytes": self.cache.nbytes}
+        return {"kv_bytes": self.cache.nbytes, **({"state_bytes": self.state.nbytes} if self.state is not None else {})}
 
     def expert_stats(self) -> dict:
         """The simulated tiers' ExpertStats (empty unless a budget spilled experts)."""

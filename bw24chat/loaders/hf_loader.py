@@ -33,6 +33,7 @@ ARCH_FAMILY = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
     "Glm4MoeForCausalLM": "glm4_moe",
     "MiniMaxM2ForCausalLM": "minimax_m2",
 }
@@ -288,6 +289,8 @@ def load_hf_dir(model_dir: Path):
     for name in sorted(where):
         if name in consumed:
             continue
+        if name.startswith("mtp."):  # Qwen3-Next's MTP head: loaded by no model yet
+            continue
         canon = HF_MAP.canonical(name)
         if canon is None:
             if name.endswith(("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv")) or "rotary_emb" in name:
@@ -318,7 +321,13 @@ def load_hf_dir(model_dir: Path):
             tensors[canon] = QTensor(canon, kind, tuple(arr.shape), arr)
         else:
             raise ModelFileError(where[name].path, f"{kind} without the scales that would say how to read it", f"tensor {name}")
-    tensors, mtp = split_nextn(stack_experts(tensors, model_dir), cfg)
+    tensors = stack_experts(tensors, model_dir)
+    from ..models import get_family
+
+    fix = getattr(get_family(fam), "hf_tensors", None)  # a family's checkpoint layout -> the canonical one
+    if fix is not None:
+        tensors = fix(tensors, cfg)
+    tensors, mtp = split_nextn(tensors, cfg)
     if "output" not in tensors:
         cfg["tie_word_embeddings"] = True
     elif "tie_word_embeddings" not in cfg:

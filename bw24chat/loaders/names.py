@@ -18,6 +18,10 @@ models/mtp.py), besides the decoder layer's usual names above (llama.cpp's names
   blk.{i}.nextn.eh_proj (D, 2D), blk.{i}.nextn.enorm, blk.{i}.nextn.hnorm (D,),
   blk.{i}.nextn.shared_head_norm (D,), blk.{i}.nextn.shared_head_head (V, D) (optional: the
   trunk's LM head), blk.{i}.nextn.embed_tokens (V, D) (optional: the trunk's embedding)
+Gated DeltaNet layers (llama.cpp's qwen35 names, models/qwen3_next.py):
+  blk.{i}.attn_qkv (C, D) q | k | v, blk.{i}.attn_gate (Hv dv, D) z, blk.{i}.ssm_beta,
+  blk.{i}.ssm_alpha (Hv, D), blk.{i}.ssm_conv1d (C, kernel), blk.{i}.ssm_a (Hv,) = -exp(A_log),
+  blk.{i}.ssm_dt (Hv,) dt_bias, blk.{i}.ssm_norm (dv,), blk.{i}.ssm_out (D, Hv dv)
 """
 from __future__ import annotations
 
@@ -105,6 +109,16 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.mlp.experts.gate_up_proj": "blk.{i}.ffn_gate_up_exps",
     "model.layers.{i}.mlp.experts.down_proj": "blk.{i}.ffn_down_exps",
     "model.layers.{i}.mlp.e_score_correction_bias": "blk.{i}.exp_probs_b",
+    # Qwen3-Next gated DeltaNet layers (modeling_qwen3_next.py Qwen3NextGatedDeltaNet); models/
+    # qwen3_next.py hf_tensors turns these into the canonical attn_qkv, attn_gate, ssm_beta,
+    # ssm_alpha, ssm_a (llama.cpp's qwen35 names) at load
+    "model.layers.{i}.linear_attn.in_proj_qkvz.weight": "blk.{i}.ssm_in",
+    "model.layers.{i}.linear_attn.in_proj_ba.weight": "blk.{i}.ssm_ba",
+    "model.layers.{i}.linear_attn.conv1d.weight": "blk.{i}.ssm_conv1d",
+    "model.layers.{i}.linear_attn.dt_bias": "blk.{i}.ssm_dt",
+    "model.layers.{i}.linear_attn.A_log": "blk.{i}.ssm_a_log",
+    "model.layers.{i}.linear_attn.norm.weight": "blk.{i}.ssm_norm",
+    "model.layers.{i}.linear_attn.out_proj.weight": "blk.{i}.ssm_out",
     # MiniMax-M2 checkpoints (Mixtral-style names: w1 gate, w3 up, w2 down)
     "model.layers.{i}.block_sparse_moe.gate.weight": "blk.{i}.ffn_gate_inp",
     "model.layers.{i}.block_sparse_moe.e_score_correction_bias": "blk.{i}.exp_probs_b",

@@ -60,6 +60,16 @@ class QTensor:
         return out
 
 
+    def take_rows(self, rows, name: str) -> "QTensor":
+        """The rows ``rows`` (in that order) as a tensor named ``name``: the same bytes where each
+        row is its own bytes (float and ggml block formats), float32 where block scales span
+        rows (FP8)."""
+        if self.scale is not None:
+            w = self.dequantize()[rows]
+            return QTensor(name, "F32", tuple(w.shape), w)
+        return QTensor(name, self.fmt, (len(rows), *self.shape[1:]), self.raw[rows], self.global_scale)
+
+
 @dataclass
 class ExpertTensor:
     """One projection of a layer's routed experts, (E, out, in): expert e is ``parts[e]``, an

@@ -9,6 +9,7 @@ REGISTRY = {
     "qwen2": "bw24chat.models.qwen2",
     "qwen3": "bw24chat.models.qwen3",
     "qwen3_moe": "bw24chat.models.qwen3_moe",
+    "qwen3_next": "bw24chat.models.qwen3_next",
     "glm4_moe": "bw24chat.models.glm4_moe",
     "minimax_m2": "bw24chat.models.minimax_m2",
 }

@@ -67,16 +67,17 @@ class BaseArgs:
 
 @dataclass
 class Layer:
-    attn_norm: object
-    qkv: object  # rows q | k | v
-    o: object
-    ffn_norm: object
+    attn_norm: object = None
+    qkv: object = None  # rows q | k | v
+    o: object = None
+    ffn_norm: object = None
     gu: object = None  # dense MLP: rows gate_0, up_0, gate_1, up_1, ...
     down: object = None
     bias: object = None  # q | k | v biases (qwen2)
     q_norm: object = None  # RMSNorm weights of q and k (qwen3: per head)
     k_norm: object = None
     moe: object = None  # a sparse layer's router and experts (models/moe.py), else None
+    deltanet: object = None  # a gated DeltaNet layer's weights (models/qwen3_next.py), else None
 
 
 class DenseTransformer:
@@ -102,7 +103,21 @@ class DenseTransformer:
         rope = build_rope_table(a.head_dim, a.partial_rotary_factor, a.rope_theta, a.rope_scaling, n_ctx, a.rope_style,
                                 a.max_position_embeddings)
         self.attn = AttentionSpec(a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps, rope,
-                                  1.0 / math.sqrt(a.head_dim), self.qk_norm_width)
+                                  1.0 / math.sqrt(a.head_dim), self.qk_norm_width, self.output_gate)
+
+    # the runner's per-sequence state: KV-cache layers, and (hybrid models) the gated DeltaNet's
+    n_kv_layers = property(lambda self: self.args.num_hidden_layers)
+    deltanet = None  # ops.DeltaNetSpec of a hybrid model
+    n_state_layers = 0
+    output_gate = False  # AttentionSpec.output_gate
+
+    def load_mixer(self, L: Loader, i: int, t, has) -> dict:
+        """Layer ``i``'s token-mixer (attention) weights as Layer fields."""
+        return dict(qkv=L.load_linear([t("attn_q"), t("attn_k"), t("attn_v")], role="qkv"),
+                    o=L.load_linear([t("attn_o")], role="o"),
+                    bias=L.load_vector([t("attn_q_bias"), t("attn_k_bias"), t("attn_v_bias")]) if has("attn_q_bias") else None,
+                    q_norm=L.load_vector([t("attn_q_norm")]) if has("attn_q_norm") else None,
+                    k_norm=L.load_vector([t("attn_k_norm")]) if has("attn_k_norm") else None)
 
     def load_layer(self, L: Loader, i: int, tensors: dict) -> Layer:
         """Decoder layer ``i`` from its canonical tensors ``blk.{i}.*`` (the trunk's, or a NextN
@@ -111,12 +126,8 @@ class DenseTransformer:
         has = lambda name: f"blk.{i}.{name}" in tensors  # noqa: E731
         return Layer(
             attn_norm=L.load_vector([t("attn_norm")]),
-            qkv=L.load_linear([t("attn_q"), t("attn_k"), t("attn_v")], role="qkv"),
-            o=L.load_linear([t("attn_o")], role="o"),
             ffn_norm=L.load_vector([t("ffn_norm")]),
-            bias=L.load_vector([t("attn_q_bias"), t("attn_k_bias"), t("attn_v_bias")]) if has("attn_q_bias") else None,
-            q_norm=L.load_vector([t("attn_q_norm")]) if has("attn_q_norm") else None,
-            k_norm=L.load_vector([t("attn_k_norm")]) if has("attn_k_norm") else None,
+            **self.load_mixer(L, i, t, has),
             **self.load_ffn(L, i, t, has),
         )
 
@@ -133,15 +144,9 @@ class DenseTransformer:
     @classmethod
     def layer_shapes(cls, a: BaseArgs, i: int) -> dict[str, tuple[tuple[int, ...], bool]]:
         """Decoder layer ``i``'s tensors (tensor_shapes' entries for blk.{i}.*)."""
-        D, hd = a.hidden_size, a.head_dim
-        q, kv = a.num_attention_heads * hd, a.num_key_value_heads * hd
-        qn = (q, kv) if cls.qk_norm_width == "full" else (hd, hd)
-        p = f"blk.{i}."
-        out = {p + "attn_norm": ((D,), True), p + "attn_q": ((q, D), True), p + "attn_k": ((kv, D), True),
-               p + "attn_v": ((kv, D), True), p + "attn_o": ((D, q), True), p + "ffn_norm": ((D,), True),
-               p + "attn_q_bias": ((q,), False), p + "attn_k_bias": ((kv,), False),
-               p + "attn_v_bias": ((kv,), False), p + "attn_q_norm": ((qn[0],), False),
-               p + "attn_k_norm": ((qn[1],), False)}
+        D, p = a.hidden_size, f"blk.{i}."
+        out = {p + "attn_norm": ((D,), True), p + "ffn_norm": ((D,), True)}
+        out.update({p + k: v for k, v in cls.mixer_shapes(a, i).items()})
         out.update({p + k: v for k, v in cls.ffn_shapes(a, i).items()})
         return out
 
@@ -151,6 +156,16 @@ class DenseTransformer:
         from .mtp import nextn_shapes
 
         return nextn_shapes(cls, a, n_layers)
+
+    @classmethod
+    def mixer_shapes(cls, a: BaseArgs, i: int) -> dict[str, tuple[tuple[int, ...], bool]]:
+        D, hd = a.hidden_size, a.head_dim
+        q, kv = a.num_attention_heads * hd, a.num_key_value_heads * hd
+        qn = (q, kv) if cls.qk_norm_width == "full" else (hd, hd)
+        return {"attn_q": ((q * (2 if cls.output_gate else 1), D), True), "attn_k": ((kv, D), True),
+                "attn_v": ((kv, D), True), "attn_o": ((D, q), True), "attn_q_bias": ((q,), False),
+                "attn_k_bias": ((kv,), False), "attn_v_bias": ((kv,), False), "attn_q_norm": ((qn[0],), False),
+                "attn_k_norm": ((qn[1],), False)}
 
     @classmethod
     def ffn_shapes(cls, a: BaseArgs, i: int) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -164,8 +179,16 @@ class DenseTransformer:
 
     def attention(self, ops: Ops, li: int, L: Layer, x):
         """The attention half of a block: x + o(attention(rope_kv(qkv(rmsnorm(x)))))."""
-        q = ops.rope_kv(ops.linear(ops.rmsnorm(x, L.attn_norm), L.qkv), self.attn, li, L.bias, L.q_norm, L.k_norm)
-        return ops.linear(ops.attention(q, self.attn, li), L.o, residual=x)
+        qkv = ops.linear(ops.rmsnorm(x, L.attn_norm), L.qkv)
+        kv = self.kv_layer(li)
+        o = ops.attention(ops.rope_kv(qkv, self.attn, kv, L.bias, L.q_norm, L.k_norm), self.attn, kv)
+        if self.attn.output_gate:
+            o = ops.output_gate(o, qkv, self.attn)
+        return ops.linear(o, L.o, residual=x)
+
+    def kv_layer(self, li: int) -> int:
+        """Layer ``li``'s layer in the KV cache (hybrid models cache only their attention layers)."""
+        return li
 
     def ffn(self, ops: Ops, li: int, L: Layer, x):
         """The FFN half: x + down(swiglu(gu(rmsnorm(x))))."""

@@ -25,6 +25,7 @@ class MoEArgs(BaseArgs):
     n_group: int | None = 1
     topk_group: int | None = 1
     n_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0  # the shared expert's width where the family gives it (Qwen2-MoE, Qwen3-Next)
 
     def is_moe_layer(self, i: int) -> bool:
         return True
@@ -54,7 +55,7 @@ class MoETransformer(DenseTransformer):
         if not a.is_moe_layer(i):
             return super().ffn_shapes(a, i)
         D, E, Fe = a.hidden_size, a.num_experts, a.moe_intermediate_size or a.intermediate_size
-        Fs = Fe * max(a.n_shared_experts, 1)  # the shared experts, stored as one wider MLP
+        Fs = a.shared_expert_intermediate_size or Fe * max(a.n_shared_experts, 1)  # the shared experts, as one MLP
         return {"ffn_gate_inp": ((E, D), True), "ffn_gate_exps": ((E, Fe, D), True), "ffn_up_exps": ((E, Fe, D), True),
                 "ffn_down_exps": ((E, D, Fe), True), "exp_probs_b": ((E,), False),
                 "ffn_gate_shexp": ((Fs, D), False), "ffn_up_shexp": ((Fs, D), False), "ffn_down_shexp": ((D, Fs), False),

@@ -1,0 +1,165 @@
+"""Qwen3-Next (Qwen3-Next-80B-A3B): a hybrid of gated DeltaNet layers and gated full attention
+(transformers modeling_qwen3_next.py; the DeltaNet: Yang et al. 2024, "Gated Delta Networks",
+arXiv:2412.06464).
+
+- Layer types from ``layer_types`` (default: every ``full_attention_interval``-th layer is full
+  attention, the others "linear_attention").
+- Gated DeltaNet layer (Qwen3NextGatedDeltaNet): q | k | v projection -> causal depthwise conv1d
+  (+ silu, rolling state) -> gated delta rule (recurrent state) -> RMSNorm gated by silu(z) ->
+  out projection.  Ops: causal_conv1d, gated_delta_rule, gated_rmsnorm (ops.py).
+- Full attention (Qwen3NextAttention): Qwen3's per-head QK-norm, partial rotary
+  (partial_rotary_factor 0.25), and an output gate: q_proj is twice as wide, per head
+  [q | gate], and the output is attn * sigmoid(gate) before o_proj (ops.output_gate).
+- FFN: Qwen3-MoE's sparse layers (softmax top-k, norm_topk_prob; mlp_only_layers /
+  decoder_sparse_step) plus a shared expert scaled by sigmoid(shared_expert_gate(x))
+  (Qwen3NextSparseMoeBlock), or a dense MLP.
+- Every RMSNorm but the DeltaNet's gated one is zero-centred: y = norm(x) * (1 + w)
+  (Qwen3NextRMSNorm); ``hf_tensors`` stores 1 + w at load, as llama.cpp's converter does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..loaders.tensor import QTensor
+from ..ops import DeltaNetSpec, Loader, Ops
+from .dense import Layer
+from .moe import MoETransformer
+from .qwen3_moe import ModelArgs as Qwen3MoeArgs
+
+
+@dataclass
+class ModelArgs(Qwen3MoeArgs):  # transformers configuration_qwen3_next.py defaults
+    model_type: str = "qwen3_next"
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.25
+    num_experts: int = 512
+    num_experts_per_tok: int = 10
+    moe_intermediate_size: int = 512
+    shared_expert_intermediate_size: int = 512
+    layer_types: list | None = None
+    full_attention_interval: int = 4
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+
+    def is_linear(self, i: int) -> bool:
+        if self.layer_types:
+            return self.layer_types[i] == "linear_attention"
+        return (i + 1) % self.full_attention_interval != 0
+
+    def deltanet_spec(self) -> DeltaNetSpec:
+        return DeltaNetSpec(self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim,
+                            self.linear_value_head_dim, self.linear_conv_kernel_dim, self.rms_norm_eps)
+
+
+@dataclass
+class DeltaNet:
+    qkv: object  # (C, D) rows q | k | v (all heads of each)
+    z: object  # (Hv dv, D) the output gate
+    b: object  # (Hv, D) -> beta
+    a: object  # (Hv, D) -> the decay's input
+    conv: object  # (C, kernel)
+    A: object  # (Hv,) -exp(A_log)
+    dt_bias: object  # (Hv,)
+    norm: object  # (dv,)
+    out: object  # (D, Hv dv)
+
+
+class Model(MoETransformer):
+    Args = ModelArgs
+    output_gate = True
+
+    def __init__(self, args: ModelArgs, loader: Loader, tensors: dict, n_ctx: int, progress=None):
+        n = args.num_hidden_layers
+        # each layer's index among the layers of its kind: the KV cache holds the attention
+        # layers, the recurrent state the DeltaNet layers
+        kinds = [args.is_linear(i) for i in range(n)]
+        self.slot = [sum(kinds[:i]) if kinds[i] else i - sum(kinds[:i]) for i in range(n)]
+        self.n_state_layers = sum(kinds)
+        self.deltanet = args.deltanet_spec()
+        super().__init__(args, loader, tensors, n_ctx, progress)
+
+    n_kv_layers = property(lambda self: self.args.num_hidden_layers - self.n_state_layers)
+
+    def kv_layer(self, li: int) -> int:
+        return self.slot[li]
+
+    @classmethod
+    def mixer_shapes(cls, a: ModelArgs, i: int) -> dict:
+        if not a.is_linear(i):
+            return super().mixer_shapes(a, i)
+        s, D = a.deltanet_spec(), a.hidden_size
+        Hv, vd = s.n_v_heads, s.n_v_heads * s.v_head_dim
+        return {"attn_qkv": ((s.conv_dim, D), True), "attn_gate": ((vd, D), True), "ssm_beta": ((Hv, D), True),
+                "ssm_alpha": ((Hv, D), True), "ssm_conv1d": ((s.conv_dim, s.conv_kernel), True),
+                "ssm_a": ((Hv,), True), "ssm_dt": ((Hv,), True), "ssm_norm": ((s.v_head_dim,), True),
+                "ssm_out": ((D, vd), True)}
+
+    def load_mixer(self, L: Loader, i: int, t, has) -> dict:
+        if not self.args.is_linear(i):
+            return super().load_mixer(L, i, t, has)
+        return dict(deltanet=DeltaNet(
+            qkv=L.load_linear([t("attn_qkv")], role="ssm_qkv"), z=L.load_linear([t("attn_gate")], role="ssm_z"),
+            b=L.load_linear([t("ssm_beta")], role="ssm_beta"), a=L.load_linear([t("ssm_alpha")], role="ssm_alpha"),
+            conv=L.load_conv(t("ssm_conv1d")), A=L.load_vector([t("ssm_a")]), dt_bias=L.load_vector([t("ssm_dt")]),
+            norm=L.load_vector([t("ssm_norm")]), out=L.load_linear([t("ssm_out")], role="ssm_out")))
+
+    def attention(self, ops: Ops, li: int, L: Layer, x):
+        """The token mixer: gated full attention (dense.py, output gate on), or the gated
+        DeltaNet: x + out(gated_rmsnorm(delta_rule(conv(qkv(h)), b(h), a(h)), z(h)))."""
+        if L.deltanet is None:
+            return super().attention(ops, li, L, x)
+        d, s, i = L.deltanet, self.deltanet, self.slot[li]
+        h = ops.rmsnorm(x, L.attn_norm)
+        qkv = ops.causal_conv1d(ops.linear(h, d.qkv), d.conv, s, i)
+        o = ops.gated_delta_rule(qkv, ops.linear(h, d.b), ops.linear(h, d.a), d.A, d.dt_bias, s, i)
+        return ops.linear(ops.gated_rmsnorm(o, ops.linear(h, d.z), d.norm, s), d.out, residual=x)
+
+
+_ZERO_CENTRED = ("attn_norm", "ffn_norm", "output_norm", "attn_q_norm", "attn_k_norm")
+
+
+def _f32(name: str, w: np.ndarray) -> QTensor:
+    w = np.ascontiguousarray(w, np.float32)
+    return QTensor(name, "F32", tuple(w.shape), w)
+
+
+def hf_tensors(tensors: dict, cfg: dict) -> dict:
+    """A transformers checkpoint's tensors -> the canonical layout (hf_loader calls this):
+    - in_proj_qkvz / in_proj_ba hold their rows grouped by key head, per group [q | k | v | z]
+      and [b | a] (Qwen3NextGatedDeltaNet.fix_query_key_value_ordering): reordered into the
+      flat attn_qkv (all q | all k | all v), attn_gate (z), ssm_beta, ssm_alpha;
+    - A_log -> ssm_a = -exp(A_log) (float32, as the forward computes it);
+    - zero-centred norms w -> 1 + w (float32: Qwen3NextRMSNorm's (1.0 + weight.float()));
+    - conv1d (C, 1, kernel) -> (C, kernel); shared_expert_gate (1, D) -> (D,)."""
+    s = ModelArgs.from_dict(cfg).deltanet_spec()
+    dk, dv, r = s.k_head_dim, s.v_head_dim, s.n_v_heads // s.n_k_heads
+    gw = 2 * dk + 2 * r * dv  # one key head's group of in_proj_qkvz rows
+    groups = np.arange(s.n_k_heads)[:, None]
+    part = lambda lo, n, w: (groups * w + lo + np.arange(n)[None, :]).reshape(-1)  # noqa: E731
+    out = {}
+    for name, t in tensors.items():
+        base, _, role = name.rpartition(".")
+        p = base + "."
+        if role == "ssm_in":
+            out[p + "attn_qkv"] = t.take_rows(np.concatenate([part(0, dk, gw), part(dk, dk, gw), part(2 * dk, r * dv, gw)]),
+                                              p + "attn_qkv")
+            out[p + "attn_gate"] = t.take_rows(part(2 * dk + r * dv, r * dv, gw), p + "attn_gate")
+        elif role == "ssm_ba":
+            out[p + "ssm_beta"] = t.take_rows(part(0, r, 2 * r), p + "ssm_beta")
+            out[p + "ssm_alpha"] = t.take_rows(part(r, r, 2 * r), p + "ssm_alpha")
+        elif role == "ssm_a_log":
+            out[p + "ssm_a"] = _f32(p + "ssm_a", -np.exp(t.dequantize().astype(np.float32)))
+        elif role in _ZERO_CENTRED or name == "output_norm":
+            out[name] = _f32(name, np.float32(1.0) + t.dequantize())
+        elif role == "ssm_conv1d":
+            out[name] = _f32(name, t.dequantize().reshape(t.shape[0], -1))
+        elif role == "ffn_gate_inp_shexp":
+            out[name] = _f32(name, t.dequantize().reshape(-1))
+        else:
+            out[name] = t
+    return out
