@@ -132,7 +132,7 @@ def test_speculative_choices_are_kept_and_checked(tmp_path):
     config.options.spec, config.options.spec_k = "ngram", 5
     loaded = load_config(save_config(config, path))
     assert (loaded.options.spec, loaded.options.spec_k) == ("ngram", 5)
-    path.write_text('[engine]\nspec = "mtp"\nspec_k = 9\n')  # not a --spec choice; above MAX_K
+    path.write_text('[engine]\nspec = "medusa"\nspec_k = 9\n')  # not a --spec choice; above MAX_K
     loaded = load_config(path)
     assert (loaded.options.spec, loaded.options.spec_k) == ("off", 0)
     cli = EngineOptions(model="x", spec_k=2)  # --spec-k 2 given, --spec left at its default
