@@ -245,7 +245,7 @@ def _first_difference(a: list, b: list) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def spec_gates(runner, tok, ks=range(1, 8), n_gen: int = 48, label: str = "spec") -> list[Result]:
+def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str = "spec") -> list[Result]:
     """For every case, sampling mode, drafter (n-gram, oracle) and K: the output (tokens, text,
     finish reason) equals plain decoding's, else the first divergent position is reported; the
     cache the run leaves gives the same probe logits; the oracle's runs step and roll back
