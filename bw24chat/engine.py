@@ -146,7 +146,7 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
     if device == "cuda":
         from .backends.cuda_runner import make_cuda_runner
 
-        runner, device_name = make_cuda_runner(ckpt, options, report)
+        runner, device_name = make_cuda_runner(ckpt, options, report, spilled_experts=tiers is not None)
     else:
         from threadpoolctl import threadpool_limits
 

@@ -156,3 +156,17 @@ def test_device_attributes_are_read_once_per_device(monkeypatch):
         assert reads == [0, 1]
     finally:
         kb.device_attributes.cache_clear()
+
+
+def test_a_model_the_vram_budget_cannot_hold_is_refused_before_loading():
+    """The CUDA runner keeps every weight resident: weights over the budget (or MoE experts that
+    would have to be spilled) are refused with the numbers and what would run instead."""
+    from bw24chat.backends.cuda_runner import RESERVE_BYTES, check_fits
+    from bw24chat.backends.expert_tiers import DoesNotFit
+
+    gib = 2**30
+    check_fits("m", 16 * gib, 16 * gib + RESERVE_BYTES, False)  # fits exactly
+    with pytest.raises(DoesNotFit, match=r"the weights take 16.0 GiB .* budget is 16.0 GiB.*--device cpu"):
+        check_fits("m", 16 * gib, 16 * gib, False)
+    with pytest.raises(DoesNotFit, match="host RAM"):
+        check_fits("m", 1 * gib, 80 * gib, True)

@@ -516,7 +516,24 @@ def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: i
     return max(256, min(want, fits) // 256 * 256) if fits < want else want
 
 
-def make_cuda_runner(checkpoint, options, report):
+def check_fits(name: str, weight_bytes: int, budget_bytes: int, spilled_experts: bool) -> None:
+    """Refuse, before anything is uploaded, a model whose weights the VRAM budget cannot hold
+    (the CUDA runner keeps every weight resident; MoE experts spilled to host RAM need the tiers'
+    copy stream, which the CUDA runner does not have yet), with the numbers and what would run."""
+    from .expert_tiers import DoesNotFit
+
+    gib = 2**30
+    if spilled_experts:
+        raise DoesNotFit(f"{name}: its experts do not all fit the VRAM budget of {budget_bytes / gib:.1f} GiB, and the "
+                         "CUDA engine cannot yet serve experts from host RAM: choose a smaller format (--quantize nvfp4 "
+                         "or q8_0), raise --vram-budget, or run it with --device cpu")
+    if weight_bytes + RESERVE_BYTES > budget_bytes:
+        raise DoesNotFit(f"{name}: the weights take {weight_bytes / gib:.1f} GiB and the engine {RESERVE_BYTES / gib:.1f} "
+                         f"GiB more, but the VRAM budget is {budget_bytes / gib:.1f} GiB: choose a smaller format "
+                         "(--quantize nvfp4 or q8_0), a smaller model, or --device cpu")
+
+
+def make_cuda_runner(checkpoint, options, report, spilled_experts: bool = False):
     import cupy as cp
 
     from ..api import LoadProgress
@@ -525,6 +542,7 @@ def make_cuda_runner(checkpoint, options, report):
     a = get_family(checkpoint.arch).ModelArgs.from_dict(checkpoint.config)
     free, _total = cp.cuda.runtime.memGetInfo()
     budget = int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else free
+    check_fits(checkpoint.name, checkpoint.nbytes, budget, spilled_experts)
     n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, checkpoint.nbytes, a.num_hidden_layers,
                         a.num_key_value_heads, a.head_dim, options.kv_cache)
     if n_ctx < min(options.n_ctx or a.max_position_embeddings, a.max_position_embeddings):
