@@ -111,7 +111,8 @@ def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
         assert not cl.writes_qx(W(fmt, GATE_UP), 2), fmt
     assert not cl.writes_qx(W("BF16", GATE_UP), 1)
     with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp
-        mp.setattr(cl, "A8_WIDE_R4", ("NVFP4",))
+        for fmt in ("Q8_0", "Q4_K"):
+            mp.setitem(cl.MATVEC_TUNING, (True, fmt, "wide"), {})
         for fmt in ("Q8_0", "Q4_K"):
             assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):

@@ -172,49 +172,55 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
     return -(-ntiles // per_block)
 
 
-A8_SMALL_ROWS = 4096  # integer-dot matvec geometry switch (see _simt_defines)
-A8_WIDE_R4 = ("NVFP4", "Q4_K", "Q8_0")  # integer-dot formats whose wide matrices take 4 rows per warp (_simt_defines)
+A8_SMALL_ROWS = 4096  # the matvec shape classes' row / input bound (shape_class)
+
+
+# matvec.cu geometry at m = 1 (m > 1 keeps the kernel's defaults), by (integer-dot contract,
+# weight format, shape class); "*" is any other format.  Each entry measured on the Qwen3-8B
+# shapes, us per launch and decode tok/s (docs/performance.md):
+# - integer dot, "o" / "down" (one partial wave of tiles): more loads in flight at 2 blocks per SM
+#   (MV_U 3, Q8_0 4), 16 warps for down and NVFP4's o (one prologue per SM), NVFP4's o 2 slots;
+# - integer dot, "mid" / "wide" (qkv, gate|up, LM head) of NVFP4 / Q4_K / Q8_0: 4 rows per warp,
+#   1 slot, 16 warps with the 8-warp rmsnorm statistic (MV_STAT8: rows bit-identical to 8 warps),
+#   a 64-row gate|up tile whose swiglu epilogue writes the down projection's x codes (QX);
+# - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
+# - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the wide
+#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K keep the kernel's defaults (their
+#   decoders need the registers).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
+_WIDE = {"MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}
+MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
+    (True, "Q8_0", "o"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1},
+    (True, "Q8_0", "down"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "Q8_0", "mid"): _WIDE, (True, "Q8_0", "wide"): _WIDE,
+    (True, "Q4_K", "o"): {"MV_U": 3, "MV_MINB": 2},
+    (True, "Q4_K", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "Q4_K", "mid"): _WIDE, (True, "Q4_K", "wide"): _WIDE,
+    (True, "NVFP4", "o"): {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "NVFP4", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "NVFP4", "mid"): _WIDE, (True, "NVFP4", "wide"): _WIDE,
+    **{(True, f, c): {} for f in ("Q5_K", "Q6_K") for c in ("o", "down", "mid", "wide")},
+    (True, "*", "o"): {"MV_U": 3, "MV_MINB": 2}, (True, "*", "down"): {"MV_U": 3, "MV_MINB": 2},
+    (False, "BF16", "o"): {"MV_STEADY": 1, "MV_NW": 16}, (False, "BF16", "down"): {"MV_STEADY": 1, "MV_NW": 16},
+    (False, "BF16", "mid"): {"MV_STEADY": 1}, (False, "BF16", "wide"): _WIDE,
+}
+
+
+def shape_class(out: int, in_: int) -> str:
+    """A decode matrix's class in MATVEC_TUNING: "o" (at most A8_SMALL_ROWS rows and inputs: the
+    attention output projection), "down" (few rows, wide inputs), "mid" (up to twice that many
+    rows: qkv), "wide" (gate|up, LM head)."""
+    if out <= A8_SMALL_ROWS:
+        return "o" if in_ <= A8_SMALL_ROWS else "down"
+    return "mid" if out <= 2 * A8_SMALL_ROWS else "wide"
 
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
-    """Compile-time geometry of matvec.cu beyond its defaults, at m = 1 (m > 1 keeps them);
-    each choice measured on the Qwen3-8B shapes (docs/performance.md, us per launch and decode tok/s):
-    - integer dot, <= 4096 rows (o, down: one partial wave of tiles): more loads in flight at 2
-      blocks per SM (MV_U 3, Q8_0 4), 16 warps per block for down (and NVFP4's o: one prologue
-      per SM instead of two), NVFP4's square o 2 slots;
-    - integer dot, wider (qkv, gate|up, LM head) of NVFP4 / Q4_K / Q8_0: 4 rows per warp, 1 slot,
-      16 warps with the 8-warp rmsnorm statistic (MV_STAT8: rows bit-identical to 8 warps) — a
-      64-row gate|up tile, so its swiglu epilogue writes the down projection's x codes (QX);
-    - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
-    - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the
-      wide integer-dot ones.  Q5_K / Q6_K keep matvec.cu's defaults (their decoders need the
-      registers).  MV_STAT8 here means "allowed behind an rmsnorm" (_warps_per_block)."""
-    d = {}
-    if a8 and m == 1 and W is not None and W.fmt not in ("Q5_K", "Q6_K"):
-        square_small = W.out <= A8_SMALL_ROWS and W.in_ <= A8_SMALL_ROWS  # the o projection
-        if W.out <= A8_SMALL_ROWS:
-            d = {"MV_U": 4 if W.fmt == "Q8_0" else 3, "MV_MINB": 2}
-        elif W.fmt == "Q8_0":
-            d = {"MV_U": 2}
-        if W.fmt == "Q8_0" or (W.fmt in ("Q4_K", "NVFP4") and not square_small):
-            d["MV_STEADY"] = 1
-        if W.fmt == "NVFP4" and square_small:  # one integer-dot chain per half: 2 slots, steady
-            d.update(MV_U=2, MV_STEADY=1)
-        if W.fmt == "NVFP4" and W.out <= A8_SMALL_ROWS:  # o and down: no rmsnorm, one prologue per SM
-            d["MV_NW"] = 16
-        if W.fmt in ("Q8_0", "Q4_K") and W.out <= A8_SMALL_ROWS < W.in_:  # down (their o loses)
-            d["MV_NW"] = 16
-        if W.fmt == "Q4_K" and W.out > A8_SMALL_ROWS and W.out * W.in_ <= 1 << 27:  # not the LM head
-            d["MV_MINB"] = 2
-        if W.fmt in A8_WIDE_R4 and W.out > A8_SMALL_ROWS:
-            d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_STEADY=1, MV_NW=16, MV_STAT8=1)
-    if not a8 and m == 1 and W is not None and W.fmt == "BF16":
-        d["MV_STEADY"] = 1
-        if W.out > 2 * A8_SMALL_ROWS:  # gate|up, LM head (qkv and o lose at 4 rows)
-            d.update(MV_R=4, MV_U=1, MV_MINB=2, MV_NW=16, MV_STAT8=1)
-        elif W.out <= A8_SMALL_ROWS:  # o and down
-            d["MV_NW"] = 16
-    return d
+    """matvec.cu's compile-time geometry for W at m rows: MATVEC_TUNING's entry (a copy)."""
+    if W is None or m != 1:
+        return {}
+    cls = shape_class(W.out, W.in_)
+    key = (a8, W.fmt, cls) if (a8, W.fmt, cls) in MATVEC_TUNING else (a8, "*", cls)
+    return dict(MATVEC_TUNING.get(key, {}))
 
 
 def _warps_per_block(defs: dict, pro: int) -> int:
