@@ -10,7 +10,7 @@ the exactness gates on a model for every weight format x KV-cache type:
   graph-launches      no kernel launched from Python during graph decode steps
 
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
-(``--device cpu`` for the NumPy one): for K = 1..7, the n-gram and the oracle drafter, greedy
+(``--device cpu`` for the NumPy one): for K = 1..8, the n-gram and the oracle drafter, greedy
 and seeded sampling and nine prompts, the output equals plain decoding's token for token.
 
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
