@@ -139,6 +139,22 @@ class KVPages:
     def table(self, seq_id: Hashable) -> np.ndarray:
         return np.asarray(self.seqs[seq_id].blocks, np.int32)
 
+    def first_miss(self, ids: Sequence[int], shareable: int) -> tuple[int, bytes] | None:
+        """(index, key) of the first full block of ids[:shareable] that is not published, or None
+        (all are, or sharing is off)."""
+        if not self.share:
+            return None
+        s = _Seq()
+        for j in range(min(shareable, len(ids)) // self.block_size):
+            key = self._key(s, ids, j)
+            if key not in self.by_key:
+                return j, key
+        return None
+
+    def key_at(self, seq_id: Hashable, ids: Sequence[int], j: int) -> bytes:
+        """The chain key of block j of open sequence ``seq_id`` (ids: its ids, covering the block)."""
+        return self._key(self.seqs[seq_id], ids, j)
+
     # ------------------------------------------------------------------ figures
     @property
     def n_free(self) -> int:
