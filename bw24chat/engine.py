@@ -11,12 +11,14 @@ from .api import DoneEvent, ErrorEvent, LoadProgress, ModelInfo, RequestHandle, 
 from .backends import pick_device
 from .console import download_reporter
 from .chat_template import ChatFormatter, ChatTemplateError
+from .backends.runner import max_batch
 from .engine_thread import EngineThread
-from .generate import ContextFull, Generator
+from .generate import ContextFull, Generator, Output
 from .loaders import load_checkpoint
 from .model_store import model_aliases, resolve_model
 from .sampling_defaults import model_sampling
 from .options import EngineOptions
+from .scheduler import Scheduler, Sequence
 from .speculative import make_drafter
 
 
@@ -32,9 +34,17 @@ def process_rss() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
+KV_POOL_BYTES = 1 << 30  # the paged pool's default size (at least one full context)
+
+
 class Engine(EngineThread):
+    """Serves requests on its thread: batched (scheduler.py) where the runner has a batched step,
+    else one at a time through generate.Generator.  An MTP head drafts from one sequence's hidden
+    states in its own cache, so ``--spec mtp`` serves one request at a time, and a batched request
+    that asks for it is decoded plainly (the same tokens); n-gram drafts run in the batch."""
+
     def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64,
-                 ids: tuple[str, ...] = (), spec: str = "off", spec_k: int = 0):
+                 ids: tuple[str, ...] = (), spec: str = "off", spec_k: int = 0, batch: int = 0, kv_pool: int = 0):
         make_drafter(spec, runner)  # an unknown mode (or mtp without a head) fails at load, not at the first request
         self.spec, self.spec_k = spec, spec_k
         self.checkpoint = checkpoint
@@ -60,7 +70,13 @@ class Engine(EngineThread):
             aliases=tuple(ids[1:]),
         )
         self.info.sampling_defaults, self.info.sampling_source = model_sampling(checkpoint)
-        super().__init__(max_queue=max_queue)
+        self.scheduler = None
+        if min(batch or max_batch(runner), max_batch(runner)) > 1 and spec != "mtp":
+            per_token = runner.kv_block_bytes() // runner.block_size
+            tokens = kv_pool or max(runner.n_ctx, KV_POOL_BYTES // per_token)
+            self.scheduler = Scheduler(runner, -(-tokens // runner.block_size), batch=batch)
+        self._handles: dict[int, object] = {}  # sequence id -> its RequestHandle
+        super().__init__(max_queue=max_queue, batched=self.scheduler is not None)
 
     # ------------------------------------------------------------------ API
     def render_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -71,26 +87,39 @@ class Engine(EngineThread):
 
     def stats(self) -> dict:
         s = {"backend": self.info.backend, "gpu_name": self.info.device_name, "ctx_max": self.runner.n_ctx,
-             "ctx_used": len(self.generator.cached), "rss": process_rss()}
+             "rss": process_rss()}
         memory = self.runner.memory_info()
         if "kv_bytes" not in memory and hasattr(self.runner, "cache_k"):  # the CUDA runner's per-layer caches
             memory["kv_bytes"] = sum(int(c.nbytes) for c in (*self.runner.cache_k, *self.runner.cache_v))
         s.update({k: v for k, v in memory.items() if k in ("vram_used", "vram_total", "kv_bytes")})
+        if self.scheduler is not None:  # the pool's blocks in use, the batch's figures
+            sched = self.scheduler.stats()
+            s.update(sched, kv_bytes=s.get("kv_bytes", 0) + sched["kv_blocks_used"] * self.runner.kv_block_bytes())
+        else:
+            s["ctx_used"] = len(self.generator.cached)
         if hasattr(self.runner, "expert_stats"):  # MoE tiers: hit rates, bytes moved per token, occupancy
             s.update(self.runner.expert_stats())
         return s
 
     # ------------------------------------------------------------------ worker
-    def run_request(self, handle: RequestHandle) -> None:
+    def _prompt_ids(self, handle: RequestHandle) -> list[int] | None:
+        """The request's prompt ids (None: it ended with an ErrorEvent)."""
         req = handle.request
         try:
             text = req.prompt if req.prompt is not None else self.render_prompt(req.messages, req.add_generation_prompt)
         except ChatTemplateError as exc:
             handle.emit(ErrorEvent(str(exc)))
-            return
+            return None
         ids = self.tokenizer.encode(text)  # adds BOS where the model wants it, never twice
         if req.echo and req.prompt is not None:
             handle.emit(TokenEvent(req.prompt, []))
+        return ids
+
+    def run_request(self, handle: RequestHandle) -> None:
+        req = handle.request
+        ids = self._prompt_ids(handle)
+        if ids is None:
+            return
 
         def on_text(piece, ids_, lps):
             handle.emit(TokenEvent(piece, list(ids_), lps))
@@ -119,6 +148,45 @@ class Engine(EngineThread):
         )
         handle.emit(StatsEvent(stats))
         handle.emit(DoneEvent(res.finish_reason, Usage(res.prompt_tokens, len(res.token_ids)), stats, res.text))
+
+    # ------------------------------------------------------------------ worker, batched
+    def start_request(self, handle: RequestHandle) -> None:
+        req = handle.request
+        ids = self._prompt_ids(handle)
+        if ids is None:
+            return
+        n_ctx = self.runner.n_ctx
+        if not ids or len(ids) >= n_ctx:
+            msg = "empty prompt" if not ids else f"context full: the prompt is {len(ids)} tokens; the context holds {n_ctx}. " \
+                                                 "Start a new chat or raise --ctx."
+            handle.emit(ErrorEvent(msg))
+            return
+        out = Output(self.tokenizer, req.sampling, len(ids), n_ctx,
+                     lambda piece, ids_, lps: handle.emit(TokenEvent(piece, list(ids_), lps)), req.logprobs)
+        drafter = make_drafter(req.spec or self.spec, self.runner)
+        seq = Sequence(ids, req.sampling, out, interactive=req.interactive, cancelled=lambda: handle.cancelled,
+                       on_done=self._finished, on_stats=lambda s: handle.emit(StatsEvent(dict(self.stats(), **s.stats()))),
+                       drafter=None if drafter is None or drafter.needs_hidden else drafter,
+                       spec_k=self.spec_k if req.spec_k is None else req.spec_k)
+        self.scheduler.add(seq)
+        self._handles[seq.id] = handle
+
+    def run_step(self) -> None:
+        self.scheduler.step()
+
+    def in_flight(self) -> tuple[int, int]:
+        return self.scheduler.waiting, self.scheduler.running
+
+    def abort_all(self, message: str) -> None:
+        for seq in self.scheduler.abort():
+            self._handles.pop(seq.id).emit(ErrorEvent(message))
+
+    def _finished(self, seq: Sequence) -> None:
+        handle = self._handles.pop(seq.id)
+        text = seq.out.close()
+        stats = dict(self.stats(), **seq.stats())
+        handle.emit(StatsEvent(stats))
+        handle.emit(DoneEvent(seq.finish, Usage(seq.n_prompt, len(seq.out.ids)), stats, text))
 
 
 def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None] | None = None) -> Engine:
@@ -159,5 +227,5 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         device_name = "CPU (NumPy)"
     report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
     return Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model),
-                  spec=options.spec, spec_k=options.spec_k)
+                  spec=options.spec, spec_k=options.spec_k, batch=options.max_batch, kv_pool=options.kv_pool)
 

@@ -9,7 +9,10 @@ budget of ``step_tokens`` rows and the runner's ``max_batch`` sequences, in this
   3. prefill chunks of the other sequences still in their prompt, oldest first (Agrawal et al.
      2024, "Sarathi-Serve": chunked prefills ride along with the decode rows).
 A prompt may thus be cut anywhere: prefill rows are chunk-invariant (backends/runner.py), so a
-sequence's tokens are the same whatever ran beside it.
+sequence's tokens are the same whatever ran beside it.  A sequence with a drafter (speculative
+decoding, speculative.py) sends its current token and up to K drafts as decode rows sampled
+after every row; the drafts that equal what was sampled are kept (generate.Generator.speculate's
+rule), so its tokens are plain decoding's too.
 
 KV blocks come from kv_pages.KVPages.  A new sequence first takes the published blocks of its
 prompt's longest cached prefix (prefix sharing); blocks are reserved just before the rows that
@@ -34,6 +37,7 @@ from .api import SamplingParams
 from .backends.runner import SeqWork, max_batch
 from .generate import Output
 from .kv_pages import KVPages
+from .speculative import Drafter, DraftLength, SpecCounters
 
 DEFAULT_STEP_TOKENS = 256
 
@@ -49,6 +53,8 @@ class Sequence:
     cancelled: Callable[[], bool] = lambda: False
     on_done: Callable[["Sequence"], None] | None = None
     on_stats: Callable[["Sequence"], None] | None = None  # now and then while it decodes
+    drafter: Drafter | None = None  # speculative decoding (a drafter that needs no hidden states)
+    spec_k: int = 0  # drafts per step, 0: adaptive (speculative.DraftLength)
     # set by the scheduler
     seed: int = 0  # sampling.seed, else a fresh random one
     id: int = 0
@@ -64,6 +70,9 @@ class Sequence:
     t_first: float | None = None
     t_end: float | None = None
     t_stats: float = 0.0
+    drafts: list[int] = field(default_factory=list)  # the drafts of the step in flight
+    draft_len: DraftLength | None = None
+    spec: SpecCounters = field(default_factory=SpecCounters)
 
     @property
     def rank(self) -> tuple[int, int]:
@@ -84,7 +93,8 @@ class Sequence:
                 "ttft_s": first - self.t_submit, "queue_s": admit - self.t_submit,
                 "prefill_tps": (self.n_prompt - self.cached_tokens) / max(first - admit, 1e-9),
                 "decode_tps": (n_out - 1) / max(end - first, 1e-9) if n_out > 1 else 0.0,
-                "ctx_used": len(self.ids), "seed": self.seed, "preemptions": self.preemptions}
+                "ctx_used": len(self.ids), "seed": self.seed, "preemptions": self.preemptions,
+                **(self.spec.stats() if self.drafter else {})}
 
 
 class Scheduler:
@@ -116,6 +126,9 @@ class Scheduler:
             raise ValueError(f"the prompt is {len(seq.ids)} tokens; the context holds {self.runner.n_ctx}")
         seq.id, seq.n_prompt = next(self._ids), len(seq.ids)
         seq.seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(63)
+        if seq.drafter is not None:
+            seq.drafter.begin(seq.ids)
+            seq.draft_len = DraftLength(seq.spec_k)
         self.seqs.append(seq)
 
     @property
@@ -145,26 +158,35 @@ class Scheduler:
         if not plan:
             return 0
         work = [w for _, w in plan]
-        tokens = self.runner.batch_step(work)
+        sampled = self.runner.batch_step(work)
         logits = self.runner.last_logits()
         now = time.perf_counter()
         self.steps += 1
         self.last_batch = len(work)
-        for j, ((seq, w), tok) in enumerate(zip(plan, tokens)):
+        row = 0  # the logits row of each sampled token
+        for (seq, w), tokens in zip(plan, sampled):
             self.rows += len(w.ids)
-            seq.computed += len(w.ids)
             seq.ran = True
+            first_row, row = row, row + len(tokens)
+            if w.sample_all:  # a verify step: the drafts up to the first that differs, then the bonus
+                a = next((i for i, d in enumerate(seq.drafts) if d != tokens[i]), len(seq.drafts))
+                seq.spec.add(len(seq.drafts), a)
+                seq.draft_len.update(len(seq.drafts), a)
+                seq.drafter.verified(a, w.start + 1 + a)
+                seq.computed += 1 + a  # the rejected drafts' positions are overwritten before anyone reads them
+                tokens = tokens[:a + 1]
+            else:
+                seq.computed += len(w.ids)
             if w.prefill:
                 self.pages.publish(seq.id, seq.ids, min(seq.computed, seq.n_prompt))
-            if tok is None:
-                continue
-            if seq.t_first is None:
+            if tokens and seq.t_first is None:
                 seq.t_first = now
-            if not seq.out.feed(tok, lambda j=j: logits[j]):
-                self._end(seq, seq.out.finish)
-                continue
-            seq.ids.append(tok)
-            if seq.on_stats and now - seq.t_stats > 0.25:
+            for i, tok in enumerate(tokens):
+                if not seq.out.feed(tok, lambda i=first_row + i: logits[i]):
+                    self._end(seq, seq.out.finish)
+                    break
+                seq.ids.append(tok)
+            if seq.finish is None and seq.on_stats and now - seq.t_stats > 0.25:
                 seq.t_stats = now
                 seq.on_stats(seq)
         return sum(len(w.ids) for w in work)
@@ -198,8 +220,15 @@ class Scheduler:
             if seq.t_admit is None:
                 seq.t_admit = time.perf_counter()
                 seq.cached_tokens = seq.computed
+        seq.drafts = []
         if seq.decoding:  # the next token, or the already generated ones replayed after a preemption
             n = min(len(seq.ids) - seq.computed, budget)
+            if n == 1 and seq.drafter is not None:
+                # drafts + the bonus token never exceed what max_tokens and the context still allow
+                k = min(seq.draft_len.k, seq.sampling.max_tokens - len(seq.out.ids) - 1,
+                        self.runner.n_ctx - len(seq.ids) - 1, budget - 1)
+                seq.drafts = [int(d) for d in seq.drafter.propose(seq.ids, k)] if k > 0 else []
+                n += len(seq.drafts)
         else:
             n = min(seq.n_prompt - seq.computed, budget)
         end = seq.computed + n
@@ -209,10 +238,12 @@ class Scheduler:
                 self._preempt(seq)  # it waits, and its blocks go to the sequences ranked above it
                 return None
             self._preempt(max(victims, key=lambda s: s.rank))
-        sample = end == len(seq.ids)
-        return SeqWork(np.asarray(seq.ids[seq.computed:end], np.int64), seq.computed, self.pages.table(seq.id),
+        rows = seq.ids[seq.computed:end] if not seq.drafts else [seq.ids[-1], *seq.drafts]
+        sample = seq.computed + len(rows) >= len(seq.ids)
+        return SeqWork(np.asarray(rows, np.int64), seq.computed, self.pages.table(seq.id),
                        prefill=not seq.decoding, params=seq.sampling if sample else None, seed=seq.seed,
-                       history=seq.ids[:seq.computed] if sample and seq.sampling.repeat_penalty != 1.0 else ())
+                       history=seq.ids[:seq.computed] if sample and seq.sampling.repeat_penalty != 1.0 else (),
+                       sample_all=bool(seq.drafts))
 
     def _fits(self, seq: Sequence) -> bool:
         """Blocks for all its ids and the next token are free or cached, beyond one block for each
@@ -258,4 +289,4 @@ class Scheduler:
                 "batch_max": self.max_batch, "batch_steps": self.steps, "batch_rows": self.rows,
                 "kv_blocks_total": p.n_blocks, "kv_blocks_used": p.n_used, "kv_blocks_cached": p.n_cached,
                 "kv_block_tokens": p.block_size, "prefix_hit_tokens": p.hit_tokens, "prefix_query_tokens": p.query_tokens,
-                "kv_evictions": p.evictions, "preemptions": self.preemptions}
+                "kv_evictions": p.evictions, "batch_preemptions": self.preemptions}

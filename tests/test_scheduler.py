@@ -157,3 +157,29 @@ def test_pool_covers_one_context_and_batch_is_capped(ck, tok):
     assert sched.max_batch == 3
     _, got = _run(ck, tok, _prompts(5, seed=8), GREEDY, sched=sched)
     assert max(1, sched.last_batch) <= 3 and all(g[1] in ("length", "stop") for g in got)
+
+
+@pytest.mark.parametrize("sp", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_speculative_sequences_in_a_batch_equal_plain_decoding(ck, tok, sp):
+    """n-gram and oracle drafts verified as decode rows sampled after every row, beside plain
+    sequences, some preempted: every output is plain decoding's, and drafts are accepted."""
+    from bw24chat.speculative import NgramDrafter, OracleDrafter
+
+    sp = SamplingParams(**{**sp.__dict__, "max_tokens": 40})
+    rng = np.random.default_rng(12)
+    prompts = [[int(t) for t in rng.integers(0, V, 5)] * 6 for _ in range(3)] + _prompts(3, seed=13)
+    solo = [_solo(ck, tok, p, sp) for p in prompts]
+    for n_blocks in (400, 1):
+        sched = Scheduler(numpy_runner(ck, N_CTX), n_blocks, True, step_tokens=40)
+        seqs = []
+        for i, p in enumerate(prompts):
+            drafter = [NgramDrafter(), OracleDrafter(solo[i][0], {3, 9}, V), None][i % 3]
+            s = Sequence(list(p), sp, Output(tok, sp, len(p), N_CTX), drafter=drafter, spec_k=[0, 4, 0][i % 3])
+            sched.add(s)
+            seqs.append(s)
+        while not sched.idle():
+            sched.step()
+        assert [(s.out.ids, s.finish) for s in seqs] == [s[:2] for s in solo]
+        oracle = [s for s in seqs if isinstance(s.drafter, OracleDrafter)]
+        assert all(s.spec.accepted > 0 for s in oracle)
+        assert sum(s.spec.accepted for s in seqs if s.drafter) > sum(s.spec.drafted for s in seqs if s.drafter) / 3

@@ -308,6 +308,7 @@ class RowSpan:
     start: int
     kv: object
     prefill: bool
+    all_logits: bool = False  # in a pass that only samples: every row reaches the LM head, not just the last
 
 
 def one_row_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -492,7 +493,8 @@ class NumpyOps(Ops):
     def lm_head(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         if self.all_rows:
             return self.linear(x, w)
-        return one_row_products(x[[sp.hi - 1 for sp in self.spans]], w)
+        rows = [i for sp in self.spans for i in (range(sp.lo, sp.hi) if sp.all_logits else [sp.hi - 1])]
+        return one_row_products(x[rows], w)
 
 
 class NumpyRunner:
@@ -615,22 +617,32 @@ class NumpyRunner:
         a = self.args
         self.pool = NumpyKVPool(self.model.n_kv_layers, a.num_key_value_heads, a.head_dim, n_blocks, self.block_size)
 
-    def batch_step(self, work: list[SeqWork]) -> list[int | None]:
+    def batch_step(self, work: list[SeqWork]) -> list[list[int]]:
         """One pass over every work item's rows (runner.py); each item's values equal its solo
         pass bit for bit, as every row of a NumpyOps pass is independent of the others."""
         if not 1 <= len(work) <= self.max_batch:
             raise ValueError(f"a batched step of {len(work)} sequences; this runner takes 1..{self.max_batch}")
         spans, lo = [], 0
         for w in work:
-            spans.append(RowSpan(lo, lo + len(w.ids), w.start, self.pool.view(w.table), w.prefill))
+            spans.append(RowSpan(lo, lo + len(w.ids), w.start, self.pool.view(w.table), w.prefill, w.sample_all))
             lo += len(w.ids)
         ids = np.concatenate([np.asarray(w.ids, np.int64) for w in work])
         ops = self.backend.pass_ops(spans, self.args.rms_norm_eps, all_rows=False)
         self._hidden = self.model.trunk(ops, ids)
-        self._logits = self.model.logits(ops, self._hidden)  # (len(work), V): each item's last row
-        return [None if w.params is None else
-                sample_token(self._logits[i], w.params, w.seed, w.start + len(w.ids), [*w.history, *map(int, w.ids)])
-                for i, w in enumerate(work)]
+        logits = self.model.logits(ops, self._hidden)  # the rows that reach the LM head, items in order
+        out, r, keep = [], 0, []
+        for w in work:
+            ids_w = [int(t) for t in w.ids]
+            rows = range(len(ids_w)) if w.sample_all else [len(ids_w) - 1]
+            if w.params is None:
+                out.append([])
+            else:
+                out.append([sample_token(logits[r + j], w.params, w.seed, w.start + i + 1, [*w.history, *ids_w[:i + 1]])
+                            for j, i in enumerate(rows)])
+                keep.extend(range(r, r + len(rows)))
+            r += len(rows)
+        self._logits = logits[keep]
+        return out
 
     def memory_info(self) -> dict:
         return {"kv_bytes": self.cache.nbytes, **({"state_bytes": self.state.nbytes} if self.state is not None else {})}

@@ -40,13 +40,14 @@ runner has them, else the engine serves one sequence at a time through prefill /
   ``init_kv_pool(n_blocks)``  allocate the paged pool: n_blocks blocks, ids 0..n_blocks-1.  The
         pool is separate from the single-sequence cache of prefill / step; which block holds what
         is the engine's bookkeeping (kv_pages.KVPages), never the runner's
-  ``batch_step(work: list[SeqWork]) -> list[int | None]``  one pass over several sequences'
+  ``batch_step(work: list[SeqWork]) -> list[list[int]]``  one pass over several sequences'
         rows: each SeqWork is T >= 1 rows of one sequence at positions start..start+T-1 whose
         K/V live in the pool blocks of its block table (position p in block table[p //
         block_size], slot p % block_size), writing their K/V there and attending over positions
-        0..p through the same table; returns per item the token sampled after its last row
-        (None for an item without params).  ``last_logits()`` then holds one row per item (the
-        logits of its last row).
+        0..p through the same table; returns per item the tokens it samples: none without
+        params, else the token after its last row, or with ``sample_all`` (a speculative verify:
+        the current token and its drafts as decode rows) the token after each row, drawn as
+        ``step`` draws it.  ``last_logits()`` then holds the logits of those rows, items in order.
 
 The batch-invariance contract (what ``bw24chat check --batch`` gates): every item's K/V, logits
 and token equal bit for bit what the same item computes alone (B = 1), whatever else is in the
@@ -89,6 +90,7 @@ class SeqWork:
     params: SamplingParams | None = None  # sample the token after the last row (position start + T)
     seed: int = 0
     history: Sequence[int] = field(default=())  # the ids at positions 0 .. start - 1
+    sample_all: bool = False  # sample after every row (speculative verify; decode rows)
 
 
 def max_batch(runner) -> int:
