@@ -170,16 +170,15 @@ def verify_costs(runner, runs: int, label: str, ctx: int = 512, reps: int = 32) 
 def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list[dict]:
     """Where one decode step's GPU time goes, measured inside CUDA graphs.
 
-    One eager decode step is recorded launch by launch (kernel_build.LaunchCounter.record); the
-    launches are grouped by kernel (with its compile-time defines), grid and shared memory, i.e.
-    by role: qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler.  Each
+    The launches of the runner's one-row plan (runner.plan) are grouped by kernel (with its
+    compile-time defines), grid and shared memory, i.e. by role: qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler.  Each
     group (e.g. the 36 attention launches of one step, over 36 different caches, so the L2 holds
     no more than it would in the real step) is captured as its own graph and replayed `inner`
     times between CUDA events; medians of `reps`.  The full step graph is timed the same way:
     its time minus the sum of the groups is what the joins between kernels cost (launch gaps,
     tails), since groups run their launches back to back just as the step does."""
     from .api import SamplingParams
-    from .backends.kernel_build import LaunchCounter
+    from .backends.kernel_build import KernelLaunch
 
     rng = np.random.default_rng(1)
     ids = rng.integers(0, runner.args.vocab_size, ctx)
@@ -206,29 +205,24 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
             ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / inner)
         return statistics.median(ts)
 
-    step_us = time_graph(runner.graphs[1])
-    LaunchCounter.record = []
-    try:
-        with stream:
-            runner._step_body()
-        stream.synchronize()
-        launches = LaunchCounter.record
-    finally:
-        LaunchCounter.record = None
+    if len(runner.graphs[1]) > 1:
+        raise ValueError("--profile times the one-graph decode step (all experts resident)")
+    step_us = time_graph(runner.graphs[1][0][0])
+    launches = [L for L in runner.plan(1) if isinstance(L, KernelLaunch)]
     groups: dict = {}
-    for k, grid, block, args, kw in launches:
-        groups.setdefault((id(k), grid, block, kw.get("shared_mem", 0)), []).append((k, grid, block, args, kw))
+    for L in launches:
+        groups.setdefault((id(L.kernel), L.grid, L.block, L.smem), []).append(L)
     rows = []
     for key, ls in groups.items():
         with stream:
             stream.begin_capture()
             try:
-                for k, grid, block, args, kw in ls:
-                    k._raw(grid, block, args, **kw)
+                for L in ls:
+                    L()
             finally:
                 g = stream.end_capture()
         us = time_graph(g)
-        rows.append(dict(kernel=ls[0][0].label, grid=list(ls[0][1]), launches=len(ls), us_per_step=us,
+        rows.append(dict(kernel=ls[0].kernel.label, grid=list(ls[0].grid), launches=len(ls), us_per_step=us,
                          us_per_launch=us / len(ls)))
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)

@@ -3,6 +3,13 @@ addresses, chunked tensor-core prefill, and a decode step of m = 1..8 rows (embe
 model's blocks -> LM head -> sampling) that replays as ONE CUDA graph per m; the host reads back
 only the sampled token ids, through pinned memory.
 
+The decode step is a plan (``CudaRunner.plan``): the forward pass traced once per m into its
+list of launches, each a kernel bound to its grid, buffers and shared memory; a step walks it,
+and the graph is the captured walk.  ``backends/plan.py`` derives the same list without a GPU.
+Where the host must act inside a step (MoE experts spilled from VRAM: the router's ids decide
+which experts to copy in), the plan holds a HostStep, and the step is one graph per stretch
+between host steps.
+
 The forward pass is the model file's (``models/*.py``), run on ``CudaOps``: the op set
 (``bw24chat.ops``) on the CUDA kernels.  Values are deferred until their consumer is known, so
 that the launches fuse as the kernels allow:
@@ -34,7 +41,7 @@ from . import cuda_moe as moe
 from . import cuda_ops as ops
 from .cuda_weights import DeviceWeight, repack_host
 from .cuda_weights import upload as upload_planes
-from .kernel_build import eager_launches
+from .kernel_build import HostStep, eager_launches, tracing
 from .runner import MAX_ROWS
 
 RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
@@ -317,7 +324,8 @@ class CudaRunner:
         i32 = lambda off: self.d_io[off:off + 4 * MAX_ROWS].view(cp.int32)  # noqa: E731
         self.d_tokens, self.d_pos, self.d_len, self.d_next = (i32(o) for o in (_HDR_TOKEN, _HDR_POS, _HDR_LEN, _HDR_OUT))
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: dict = {}  # rows -> the captured decode step
+        self.plans: dict = {}  # rows -> the decode step's launches (kernel_build.KernelLaunch / HostStep)
+        self.graphs: dict = {}  # rows -> the captured decode step: [(graph, the HostStep after it or None)]
         self._rows = 1  # rows of the last pass (last_logits)
         self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
 
@@ -397,22 +405,50 @@ class CudaRunner:
             ops.sample(self.d_logits[i], row[:_ROW_PARAMS].view(self.cp.uint64), self.d_next[i:i + 1],
                        row[_ROW_PARAMS:].view(self.cp.int32), self.d_len[i:i + 1], self.sample_ws)
 
+    def plan(self, m: int = 1) -> list:
+        """The launches of a decode step of m rows, in order: the model's forward on CudaOps and
+        the sampler, traced once (kernel_build.tracing: kernels bound to the runner's buffers,
+        nothing launched) and walked by every step; ``backends/plan.py`` derives the same list
+        from the dims and GPU properties alone."""
+        p = self.plans.get(m)
+        if p is None:
+            with self.stream, tracing() as p:
+                self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
+                self._sample_rows(m)
+            self.plans[m] = p
+        return p
+
     def _step_body(self, m: int = 1):
-        """One decode step of m rows: H2D step image -> the model's forward -> sample each row ->
-        D2H sampled tokens.  Captured into the graph, or run eagerly: the same launches."""
+        """One decode step of m rows, eagerly: H2D step image -> walk the plan -> D2H sampled tokens."""
         self._h2d_io(m)
-        self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
-        self._sample_rows(m)
+        for launch in self.plan(m):
+            launch()
         self._d2h_tokens(m)
 
     def _capture(self, m: int):
+        """The step as graphs: one for the whole plan, or one per stretch between host steps."""
+        plan, segments, cur = self.plan(m), [], []
+        for item in plan:
+            if isinstance(item, HostStep):
+                segments.append((cur, item))
+                cur = []
+            else:
+                cur.append(item)
+        segments.append((cur, None))
+        graphs = []
         with self.stream:
-            self._step_body(m)  # eagerly once: buffers are allocated before the capture
-            self.stream.begin_capture()
-            try:
-                self._step_body(m)
-            finally:
-                self.graphs[m] = self.stream.end_capture()
+            for i, (launches, host) in enumerate(segments):
+                self.stream.begin_capture()
+                try:
+                    if i == 0:
+                        self._h2d_io(m)
+                    for launch in launches:
+                        launch()
+                    if host is None:
+                        self._d2h_tokens(m)
+                finally:
+                    graphs.append((self.stream.end_capture(), host))
+        self.graphs[m] = graphs
 
     def _write_io(self, tokens, start: int, params: SamplingParams, seed: int, history):
         """Rows tokens[i] at positions start + i; each row's params and ring (its history:
@@ -456,7 +492,11 @@ class CudaRunner:
         if self.use_graph:
             if m not in self.graphs:
                 self._capture(m)
-            self.graphs[m].launch(self.stream)
+            with self.stream:
+                for graph, host in self.graphs[m]:
+                    graph.launch(self.stream)
+                    if host is not None:
+                        host()
         else:
             with self.stream:
                 self._step_body(m)
