@@ -41,7 +41,7 @@ from . import cuda_moe as moe
 from . import cuda_ops as ops
 from .cuda_weights import DeviceWeight, repack_host
 from .cuda_weights import upload as upload_planes
-from .kernel_build import HostStep, eager_launches, tracing
+from .kernel_build import HostStep, eager_launches, host_step, tracing
 from .runner import MAX_ROWS
 
 RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
@@ -61,12 +61,13 @@ _IO_BYTES = _HDR_BYTES + MAX_ROWS * _ROW_BYTES
 class CudaLoader(Loader):
     """Uploads weights in their resident layouts (cuda_weights); remembers what it uploaded."""
 
-    def __init__(self):
+    def __init__(self, tiers=None):
         import cupy as cp
 
         self.cp = cp
         self.linears: list[DeviceWeight] = []
         self.experts: list = []  # cuda_moe.CudaExperts of each MoE layer
+        self.tiers = tiers  # cuda_tiers.CudaTiers when the experts are spilled from VRAM
         self._planes: dict = {}
 
     def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight:
@@ -90,7 +91,12 @@ class CudaLoader(Loader):
         return w
 
     def load_experts(self, gate, up, down, role: str = "experts") -> moe.CudaExperts:
-        ex = moe.load_experts(gate, up, down, memo=self._planes)  # resident slots + pointer table (cuda_moe)
+        # VRAM slots of expert images + pointer tables (cuda_moe); spilled: the tier plan's slot count
+        slots = self.tiers.tiers.plan.vram_slots[len(self.experts)] if self.tiers is not None else None
+        ex = moe.load_experts(gate, up, down, memo=self._planes, slots=slots)
+        ex.layer = len(self.experts)
+        if self.tiers is not None:
+            self.tiers.load(ex)
         self.experts.append(ex)
         return ex
 
@@ -248,6 +254,8 @@ class CudaOps(Ops):
             moe.prefill_experts(experts, h, ids, weights, Y, m, k, precise=self.r.precise, act_bf16=self.xb16)
             moe.combine(Y, weights, sh, residual, m, k)
             return residual
+        if experts.tiers is not None:  # spilled: the routed experts are copied into VRAM slots first
+            host_step(lambda stream: experts.tiers.fetch(experts, ids, m, stream), f"experts of MoE layer {experts.layer}")
         a = self._input(x)
         F = experts.gu.out // 2
         act = self.buf("moe_act", k, F)
@@ -275,7 +283,8 @@ class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
-                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32"):
+                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32",
+                 tiers=None):
         import cupy as cp
 
         self.cp = cp
@@ -298,7 +307,17 @@ class CudaRunner:
             raise ValueError(f"activations: bf16 or f32, got {activations!r}")
         self.activations = activations
         self.act_bf16 = activations == "bf16"
-        self.loader = CudaLoader()
+        # MoE experts spilled from VRAM (expert_tiers.ExpertTiers): a pass holds at most slots // top_k
+        # rows, so that its experts fit the slots together (rows are row-invariant: the same bits)
+        self.max_rows = MAX_ROWS
+        cuda_tiers = None
+        if tiers is not None:
+            from .cuda_tiers import CudaTiers
+
+            self.max_rows = max(1, min(MAX_ROWS, min(tiers.plan.vram_slots) // a.num_experts_per_tok))
+            cuda_tiers = CudaTiers(tiers, a.num_experts_per_tok, MAX_ROWS)
+        self.tiers = cuda_tiers
+        self.loader = CudaLoader(cuda_tiers)
         report = progress or (lambda f: None)
         self.model = fam.Model(a, self.loader, checkpoint.tensors, self.n_ctx, report)
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
@@ -471,13 +490,14 @@ class CudaRunner:
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("a step runs at least one row")
-        # more rows than one pass holds (a verify of K = 8 drafts): passes of MAX_ROWS rows, each
-        # row still the same arithmetic as a one-row step
+        # more rows than one pass holds (a verify of K = 8 drafts; spilled experts): passes of
+        # max_rows rows, each row still the same arithmetic as a one-row step
         out, kept = [], []
         hist = list(history[-RING:])
-        for s in range(0, len(tokens), MAX_ROWS):
-            rows = tokens[s:s + MAX_ROWS]
-            if kept or s + MAX_ROWS < len(tokens):
+        P = self.max_rows
+        for s in range(0, len(tokens), P):
+            rows = tokens[s:s + P]
+            if kept or s + P < len(tokens):
                 kept.append(self._pass(rows, start + s, params, seed, hist, keep=True))
             else:
                 self._pass(rows, start + s, params, seed, hist)
@@ -529,11 +549,17 @@ class CudaRunner:
         self.step([0], 2, greedy, 0, [])
 
     def decode_weight_bytes(self) -> int:
-        """Bytes one decode step must read of the weights: every matrix once, one embedding row
-        (the whole table where it is also the LM head)."""
+        """Bytes one decode step must read of the weights: every matrix once, top_k experts of each
+        MoE layer, one embedding row (the whole table where it is also the LM head)."""
         total = sum(w.nbytes for w in self.loader.linears)
+        # MoE: top_k experts of each layer (gate|up and down)
+        total += sum(self.args.num_experts_per_tok * ex.nbytes // ex.n_experts for ex in self.loader.experts)
         emb = self.model.tok_embd
         return total + (emb.nbytes if self.model.output is emb else emb.nbytes // self.vocab_size)
+
+    def expert_stats(self) -> dict:
+        """The expert tiers' hits per tier, bytes moved per token, slot occupancy (spilled MoE)."""
+        return self.tiers.tiers.stats.as_dict() if self.tiers is not None else {}
 
     def memory_info(self) -> dict:
         free, total = self.cp.cuda.runtime.memGetInfo()
@@ -556,24 +582,29 @@ def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: i
     return max(256, min(want, fits) // 256 * 256) if fits < want else want
 
 
-def check_fits(name: str, weight_bytes: int, budget_bytes: int, spilled_experts: bool) -> None:
-    """Refuse, before anything is uploaded, a model whose weights the VRAM budget cannot hold
-    (the CUDA runner keeps every weight resident; MoE experts spilled to host RAM need the tiers'
-    copy stream, which the CUDA runner does not have yet), with the numbers and what would run."""
+def check_fits(name: str, weight_bytes: int, budget_bytes: int) -> None:
+    """Refuse, before anything is uploaded, a model whose resident weights the VRAM budget cannot
+    hold (MoE experts beyond it were already planned into slots by expert_tiers, or refused
+    there), with the numbers and what would run."""
     from .expert_tiers import DoesNotFit
 
     gib = 2**30
-    if spilled_experts:
-        raise DoesNotFit(f"{name}: its experts do not all fit the VRAM budget of {budget_bytes / gib:.1f} GiB, and the "
-                         "CUDA engine cannot yet serve experts from host RAM: choose a smaller format (--quantize nvfp4 "
-                         "or q8_0), raise --vram-budget, or run it with --device cpu")
     if weight_bytes + RESERVE_BYTES > budget_bytes:
         raise DoesNotFit(f"{name}: the weights take {weight_bytes / gib:.1f} GiB and the engine {RESERVE_BYTES / gib:.1f} "
                          f"GiB more, but the VRAM budget is {budget_bytes / gib:.1f} GiB: choose a smaller format "
                          "(--quantize nvfp4 or q8_0), a smaller model, or --device cpu")
 
 
-def make_cuda_runner(checkpoint, options, report, spilled_experts: bool = False):
+def resident_weight_bytes(checkpoint, tiers=None) -> int:
+    """The bytes of weights the runner keeps in VRAM: all of them, or with spilled experts the
+    other weights plus the expert slots."""
+    if tiers is None:
+        return checkpoint.nbytes
+    lay, plan = tiers.layout, tiers.plan
+    return lay.other_bytes + sum(s * b for s, b in zip(plan.vram_slots, lay.expert_bytes))
+
+
+def make_cuda_runner(checkpoint, options, report, tiers=None):
     import cupy as cp
 
     from ..api import LoadProgress
@@ -582,13 +613,14 @@ def make_cuda_runner(checkpoint, options, report, spilled_experts: bool = False)
     a = get_family(checkpoint.arch).ModelArgs.from_dict(checkpoint.config)
     free, _total = cp.cuda.runtime.memGetInfo()
     budget = int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else free
-    check_fits(checkpoint.name, checkpoint.nbytes, budget, spilled_experts)
-    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, checkpoint.nbytes, a.num_hidden_layers,
+    weights = resident_weight_bytes(checkpoint, tiers)
+    check_fits(checkpoint.name, weights, budget)
+    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, weights, a.num_hidden_layers,
                         a.num_key_value_heads, a.head_dim, options.kv_cache)
     if n_ctx < min(options.n_ctx or a.max_position_embeddings, a.max_position_embeddings):
         report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))
     runner = CudaRunner(checkpoint, n_ctx, options.kv_cache, progress=lambda f: report(LoadProgress("uploading", f)),
-                        activations=options.activations)
+                        activations=options.activations, tiers=tiers)
     report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
     runner.warmup()
     report(LoadProgress("compiling", 1.0))
