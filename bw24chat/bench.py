@@ -520,6 +520,11 @@ def main(argv: list[str]) -> int:
                 continue
             print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
                   f"{r.get('bytes_per_token', ''):>12} " + (f"{r['host_overhead']:8.3f}" if "host_overhead" in r else f"{'-':>8}"))
+            if "tier_bound_tok_s" in r:  # spilled experts: the tiers' figures and their bound
+                print(f"{'':24} {'  expert tiers':18} hits vram {r['expert_hit_vram']:.1%} host {r['expert_hit_host']:.1%} "
+                      f"disk {r['expert_hit_disk']:.1%}; moved per token {r['host_bytes_per_token'] / 1e6:.0f} MB from host, "
+                      f"{r['disk_bytes_per_token'] / 1e6:.0f} MB from disk ({r['disk_read_GBs']:.2f} GB/s); bound "
+                      f"{r['tier_bound_tok_s']:.1f} tok/s at {r['h2d_GBs']:.0f} GB/s host-to-device: {r['tier_pct']:.0f} %")
 
     _emit(result, a, table)
     return 0
