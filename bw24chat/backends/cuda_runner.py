@@ -347,6 +347,11 @@ class CudaRunner:
         self.graphs: dict = {}  # rows -> the captured decode step: [(graph, the HostStep after it or None)]
         self._rows = 1  # rows of the last pass (last_logits)
         self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
+        # Everything above was allocated, zeroed and uploaded on the legacy default stream, which
+        # the runner's non-blocking stream does not wait for: finish it before the first step
+        # reads the caches, the norm weights or the attention workspace's zeroed counters (on a
+        # busy GPU the runner's first kernels otherwise overtake them).
+        cp.cuda.runtime.deviceSynchronize()
 
     # ==================================================================== buffers
     def buffer(self, name: str, rows: int, *cols: int, dtype: str = "f4"):
