@@ -58,6 +58,15 @@ SHAPES = {
     "tiny": _TINY,
     "tiny-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
                  "moe_intermediate_size": 256, "norm_topk_prob": True},
+    # the sigmoid-router families at gate size (their real shapes exceed any one GPU): GLM-4.5's
+    # groups, scaling, shared expert, dense first layer, biases and partial RoPE; MiniMax-M2's
+    # full-width QK-norm and partial RoPE
+    "tiny-glm4-moe": {**_TINY, "model_type": "glm4_moe", "n_routed_experts": 16, "num_experts_per_tok": 4,
+                      "moe_intermediate_size": 256, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4,
+                      "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "attention_bias": True,
+                      "partial_rotary_factor": 0.5},
+    "tiny-minimax-m2": {**_TINY, "model_type": "minimax_m2", "num_local_experts": 16, "num_experts_per_tok": 4,
+                        "intermediate_size": 256, "rotary_dim": 32},
 }
 
 

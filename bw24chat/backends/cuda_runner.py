@@ -213,8 +213,6 @@ class CudaOps(Ops):
     def rope_kv(self, qkv, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
         r, T = self.r, self.n
         H, K, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        if q_norm is not None and spec.qk_norm != "head":  # rope.cu normalizes per head only
-            raise NotImplementedError(f"QK-norm over the whole projections ({spec.qk_norm}: MiniMax-M2) on CUDA")
         qkv = self._input(qkv)["x"]
         q = qkv[:, : H * hd].reshape(T, H, hd)  # column slices of the fused output
         k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
@@ -223,7 +221,7 @@ class CudaOps(Ops):
         cos, sin = r.rope_tables(spec.rope)
         ops.qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, spec.eps, cos, sin, self.positions, spec.rope.style,
                                   spec.rope.rot_dim, r.cache_k[layer], r.cache_v[layer], r.kv_type, bias=bias,
-                                  q_out=q_rot)
+                                  q_out=q_rot, qk_norm=spec.qk_norm)
         return q_rot
 
     def attention(self, q, spec: AttentionSpec, layer: int):
