@@ -554,11 +554,14 @@ class CudaRunner:
 
     def warmup(self) -> None:
         """Compile every kernel the runner uses (NVRTC, cached on disk after the first start) and
-        capture the one-row decode graph, so the first request pays neither.  Positions 0..2 of
+        capture the one-row decode graph (and the MTP head's first graphs), so the first request
+        pays neither.  Positions 0..2 of
         the cache are overwritten later like any other."""
         greedy = SamplingParams(temperature=0)
         self.prefill(np.array([0, 1], np.int64), 0, greedy)
         self.step([0], 2, greedy, 0, [])
+        if self.mtp is not None:  # the head's kernels, its one-row pass and a chain of one
+            self.mtp_draft([0], self.last_hidden(), 2, 2, greedy, 0, [])
 
     def decode_weight_bytes(self) -> int:
         """Bytes one decode step must read of the weights: every matrix once, one embedding row
@@ -586,6 +589,8 @@ class CudaRunner:
         """(T, D): the trunk's last-layer output (before the final norm) of every row of the last
         prefill or step (backends/runner.py), kept on the device; this is the host copy."""
         self.stream.synchronize()
+        if not self._hidden:
+            return np.zeros((0, self.args.hidden_size), np.float32)
         return np.concatenate([self.cp.asnumpy(h) for h in self._hidden])
 
     # ==================================================================== the MTP head

@@ -1,7 +1,7 @@
 """The MTP head on CudaRunner (models/mtp.py; mtp_forward, mtp_draft): its logits and g against the
 NumPy head's on the same trunk hidden states (a dense head on the synthetic "tiny" shape, and a
-GLM-4.5-style MoE head shipping its own LM head); the trunk's hidden rows (last_hidden) against
-NumPy's; a pass of m rows = m one-row passes, bit for bit; graph = eager; the device draft chain =
+GLM-4.5-style MoE head shipping its own LM head), on the decode passes and on the prefill path
+(ops.concat there too); the trunk's hidden rows (last_hidden) against NumPy's; a pass of m rows = m one-row passes, bit for bit; graph = eager; the device draft chain =
 the host's drafting loop over the CUDA head's own logits (greedy and seeded sampling with a
 repetition penalty); --spec mtp token-identical to plain decoding for K = 1..8 with a head built to
 copy the trunk (accepted most of the time: catch-ups of up to K + 1 rows, rolled-back chains).
@@ -62,6 +62,28 @@ def test_head_equals_the_numpy_head(cp, heads, name):
         g = want[1]
         want = ref.mtp_forward([t], g[None], len(prompt) - 1 + j, False)
         got = cu.mtp_forward([t], g[None], len(prompt) - 1 + j, False)
+
+
+def test_head_on_the_prefill_path(cp, heads):
+    """ops.concat on the prefill path: the head's forward on CudaOps(decode=False) over its own
+    cache (tensor-core GEMMs, FlashAttention) = the NumPy head, to the prefill's rounding."""
+    from bw24chat.backends.cuda_runner import CudaOps
+
+    ck, aq = heads["tiny/BF16"]
+    cu, ref = _runners(ck, aq)
+    prompt = [int(t) for t in np.random.default_rng().integers(0, 4096, 40)]
+    ref.prefill(prompt, 0)
+    H = ref.last_hidden()
+    want = ref.mtp_forward(prompt[1:], H[:-1], 0, True)
+    T = len(prompt) - 1
+    with cu.stream:
+        cu.p_ids[:T].set(np.asarray(prompt[1:], np.int32), stream=cu.stream)
+        cu.p_pos[:T].set(np.arange(T, dtype=np.int32), stream=cu.stream)
+        ops = CudaOps(cu, T, decode=False, start=0)
+        ops.cache_k, ops.cache_v = [cu.mtp_cache_k], [cu.mtp_cache_v]
+        logits, g = cu.mtp.forward(ops, prompt[1:], cp.asarray(H[:-1]), True)
+    cu.stream.synchronize()
+    assert _rel(logits.get()[0], want[0]) < 1e-3 and _rel(g.get()[-1], want[1]) < 1e-3
 
 
 @pytest.mark.parametrize("name", ["tiny/BF16", "glm4_moe/BF16"])
