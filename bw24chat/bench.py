@@ -8,10 +8,13 @@ bf16 and fp16 tensor-core rates are equal).
   prefill roofline (tok/s) = GEMM rate / FLOPs per token (2 x matrix parameters + attention)
 All timings: CUDA events after warm-up, medians of >= 5 runs.
 
-``--spec ngram`` instead measures speculative decoding on either backend (``--device``): an
+``--spec ngram|mtp`` instead measures speculative decoding on either backend (``--device``): an
 editing workload (a paragraph of ~250 tokens, then a request to repeat it with small changes),
 greedy, through the engine as a user runs it: tokens/s with and without speculation, acceptance,
-tokens per verify step, the speed-up, and whether the output was token-identical.
+tokens per verify step, the speed-up, and whether the output was token-identical.  ``mtp`` needs
+a model with an MTP head; with ``--synthetic`` the random-weight shape gets a random head (and
+the workload is token ids: a paragraph, then its start again), which measures what drafting
+costs per K (a random head's drafts are almost never accepted).
 """
 from __future__ import annotations
 
@@ -322,37 +325,98 @@ EDIT_REQUEST = ("Repeat the paragraph above exactly, word for word, except: writ
                 "'1874' as '1875' and 'Thomas Reid' as 'Tom Reid'. Output only the paragraph.")
 
 
-def bench_spec(engine, mode: str, ks: list[int], runs: int, max_tokens: int) -> list[dict]:
-    """Plain decoding, then ``mode`` at each K (0: adaptive) on the editing workload, greedy; each
-    configuration once to warm up (CUDA graphs per row count), then the median of ``runs``."""
+def bench_spec(run, mode: str, ks: list[int], runs: int) -> list[dict]:
+    """Plain decoding, then ``mode`` at each K (0: adaptive), greedy; each configuration once to
+    warm up (CUDA graphs per row count), then the median of ``runs``.  ``run(spec, k)`` generates
+    once: (decode tok/s, stats, text, tokens)."""
+    rows, plain = [], None
+    for spec, k in [("off", 0)] + [(mode, k) for k in ks]:
+        done = [run(spec, k) for _ in range(runs + 1)][1:]
+        tps = statistics.median(d[0] for d in done)
+        _, st, text, n = done[0]
+        plain = plain or (tps, text)
+        rows.append(dict(spec=spec, k="-" if spec == "off" else "auto" if k == 0 else k, tok_s=tps, speedup=tps / plain[0],
+                         acceptance=st.get("spec_acceptance"), mean_len=st.get("spec_mean_len"),
+                         tokens=n, identical=text == plain[1]))
+    return rows
+
+
+def _engine_run(engine, max_tokens: int):
+    """bench_spec's ``run`` through the engine: the editing request, as a user sends it."""
     from .api import GenerationRequest, SamplingParams
 
     msgs = [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, seed=0)
-    rows, plain = [], None
-    for spec, k in [("off", 0)] + [(mode, k) for k in ks]:
-        done = [engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec=spec, spec_k=k)).result()[1]
-                for _ in range(runs + 1)][1:]
-        tps = statistics.median(d.stats["decode_tps"] for d in done)
-        st, text = done[0].stats, done[0].text
-        plain = plain or (tps, text)
-        rows.append(dict(spec=spec, k="-" if spec == "off" else "auto" if k == 0 else k, tok_s=tps, speedup=tps / plain[0],
-                         acceptance=st.get("spec_acceptance"), mean_len=st.get("spec_mean_len"),
-                         tokens=done[0].usage.completion_tokens, identical=text == plain[1]))
-    return rows
+
+    def run(spec: str, k: int):
+        d = engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec=spec, spec_k=k)).result()[1]
+        return d.stats["decode_tps"], d.stats, d.text, d.usage.completion_tokens
+
+    return run
+
+
+def _synthetic_run(a):
+    """bench_spec's ``run`` on a random-weight shape (--synthetic, the first --weights format; a
+    random MTP head with --spec mtp): the gate's "edit" prompt of token ids (check.spec_cases).
+    Returns (run, model name, device name)."""
+    from .api import SamplingParams
+    from .backends import pick_device
+    from .check import spec_cases, word_tokenizer
+    from .generate import Generator
+    from .speculative import make_drafter
+    from .synthetic import synthetic_checkpoint
+
+    ck = synthetic_checkpoint(a.synthetic, a.weights[0].upper(), mtp=a.spec == "mtp")
+    n_ctx = min(a.ctx, 4096)
+    if pick_device(a.device)[0] == "cuda":
+        from .backends.cuda_runner import CudaRunner
+
+        runner = CudaRunner(ck, n_ctx, a.kv_cache, activations=a.activations)
+        runner.warmup()
+        device = runner.cp.cuda.runtime.getDeviceProperties(runner.cp.cuda.Device().id)["name"].decode()
+    else:
+        from .backends.numpy_backend import numpy_runner
+
+        runner, device = numpy_runner(ck, n_ctx), "CPU (NumPy)"
+    make_drafter(a.spec, runner)  # refuses here what it cannot run
+    gen = Generator(runner, word_tokenizer(runner.vocab_size))
+    prompt = next(c for c in spec_cases(runner.vocab_size, n_ctx, a.max_tokens) if c.name == "edit").prompt
+    sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, seed=0)
+
+    def run(spec: str, k: int):
+        r = gen.generate(prompt, sp, drafter=make_drafter(spec, runner), spec_k=k)
+        return r.decode_tps, r.stats, r.text, len(r.token_ids)
+
+    return run, ck.name, device
 
 
 def spec_main(a) -> int:
     from .engine import open_engine
     from .options import EngineOptions
+    from .speculative import make_drafter
 
-    engine = open_engine(EngineOptions(model=a.model or "default", device=a.device, n_ctx=min(a.ctx, 4096), kv_cache=a.kv_cache))
+    ks = [0 if k == "auto" else int(k) for k in a.spec_k.split(",")]
+    engine = None
     try:
-        ks = [0 if k == "auto" else int(k) for k in a.spec_k.split(",")]
-        rows = bench_spec(engine, a.spec, ks, a.runs, a.max_tokens)
-        result = {"device": engine.info.device_name, "model": engine.info.name, "workload": "edit (greedy)", "rows": rows}
+        if a.synthetic:
+            run, name, device = _synthetic_run(a)
+        else:
+            engine = open_engine(EngineOptions(model=a.model or "default", device=a.device, n_ctx=min(a.ctx, 4096),
+                                               kv_cache=a.kv_cache))
+            run, name, device = _engine_run(engine, a.max_tokens), engine.info.name, engine.info.device_name
+            make_drafter(a.spec, engine.runner)  # mtp on a model without a head: refused with the reason
+    except ValueError as exc:
+        if engine is not None:
+            engine.close()
+        sys.stderr.write(f"bw24chat bench --spec {a.spec}: {exc}\n")
+        return 2
+    try:
+        rows = bench_spec(run, a.spec, ks, a.runs)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
+    result = {"device": device, "model": name, "workload": "edit, token ids (greedy)" if a.synthetic else "edit (greedy)",
+              "rows": rows}
 
     def table():
         print(f"\n{result['model']} on {result['device']}: editing workload, greedy, {rows[0]['tokens']} tokens")
@@ -401,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-rate", type=float, default=0.0, metavar="GB/s",
                    help="the disk's sequential read rate (measured apart, e.g. dd of the model file after "
                         "--drop-page-cache), for the file tier's bound")
-    p.add_argument("--spec", choices=["ngram"], help="speculative decoding on an editing workload instead (either backend)")
+    p.add_argument("--spec", choices=["ngram", "mtp"],
+                   help="speculative decoding on an editing workload instead (either backend; mtp: the model's MTP head)")
     p.add_argument("--spec-k", default="auto,2,4,8", help="--spec: comma list of K (auto: adaptive)")
     p.add_argument("--max-tokens", type=int, default=320, help="--spec: tokens per generation")
     return p

@@ -14,8 +14,9 @@ the exactness gates on a model for every weight format x KV-cache type:
                       step logits bit for bit
 
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
-(``--device cpu`` for the NumPy one): for K = 1..8, the n-gram and the oracle drafter, greedy
-and seeded sampling and nine prompts, the output equals plain decoding's token for token.
+(``--device cpu`` for the NumPy one): for K = 1..8, the n-gram, the oracle and the MTP-head
+drafter (the gate's model carries a random NextN head), greedy and seeded sampling and nine
+prompts, the output equals plain decoding's token for token.
 
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
@@ -298,13 +299,16 @@ def _first_difference(a: list, b: list) -> int:
 
 
 def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str = "spec") -> list[Result]:
-    """For every case, sampling mode, drafter (n-gram, oracle) and K: the output (tokens, text,
+    """For every case, sampling mode, drafter (n-gram, oracle, and the MTP head where the runner
+    has one: a random head drafts almost nothing that is accepted, so its rows check the head's
+    pairing and that its drafts never change the output) and K: the output (tokens, text,
     finish reason) equals plain decoding's, else the first divergent position is reported; the
     cache the run leaves gives the same probe logits; the oracle's runs step and roll back
     exactly as oracle_log says (the accepted length of every round)."""
-    from .speculative import NgramDrafter, OracleDrafter
+    from .speculative import MTPDrafter, NgramDrafter, OracleDrafter
 
     V = runner.vocab_size
+    drafters = ("ngram", "oracle") + (("mtp",) if getattr(runner, "mtp", None) is not None else ())
     table: dict[tuple, list] = {}  # (drafter, sampling, K) -> [failures, [rounds, drafted, accepted], runs]
     for case in spec_cases(V, runner.n_ctx, n_gen):
         for mode, sp in SPEC_SAMPLING.items():
@@ -320,8 +324,9 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
             by_id = case.eos_at is not None and plain.finish_reason == "stop"
             truth = plain.token_ids + ([free[case.eos_at]] if by_id else [])
             for k in ks:
-                for name in ("ngram", "oracle"):
-                    drafter = NgramDrafter() if name == "ngram" else OracleDrafter(truth, ORACLE_ERRORS, V)
+                for name in drafters:
+                    drafter = {"ngram": NgramDrafter, "mtp": lambda: MTPDrafter(runner),
+                               "oracle": lambda: OracleDrafter(truth, ORACLE_ERRORS, V)}[name]()
                     res, log, probe2 = _generate(runner, tok, case, sp, stop, stop_ids, drafter, k)
                     row = table.setdefault((name, mode, k), [[], [0, 0, 0], 0])
                     row[2] += 1
@@ -352,17 +357,19 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
 
 def spec_runner(device: str = "cpu", n_ctx: int = 1280):
     """The gate's runner, tokenizer and a name for the backend: SPEC_SHAPE on the NumPy backend,
-    the synthetic "tiny" shape on CUDA (what the other CUDA gates run)."""
+    the synthetic "tiny" shape on CUDA (what the other CUDA gates run), each with a random MTP
+    head (its trunk's weights are the same as without)."""
     from .backends import pick_device
     from .synthetic import synthetic_checkpoint
 
     if pick_device(device)[0] == "cpu":
         from .backends.numpy_backend import numpy_runner
 
-        return numpy_runner(synthetic_checkpoint(SPEC_SHAPE, "Q8_0"), n_ctx), word_tokenizer(SPEC_SHAPE["vocab_size"]), "NumPy"
+        return (numpy_runner(synthetic_checkpoint(SPEC_SHAPE, "Q8_0", mtp=True), n_ctx), word_tokenizer(SPEC_SHAPE["vocab_size"]),
+                "NumPy")
     from .backends.cuda_runner import CudaRunner
 
-    runner = CudaRunner(synthetic_checkpoint("tiny", "BF16"), n_ctx, "bf16", prefill_chunk=512)
+    runner = CudaRunner(synthetic_checkpoint("tiny", "BF16", mtp=True), n_ctx, "bf16", prefill_chunk=512)
     dev = runner.cp.cuda.runtime.getDeviceProperties(runner.cp.cuda.Device().id)["name"].decode()
     return runner, word_tokenizer(runner.vocab_size), f"CUDA, {dev}"
 

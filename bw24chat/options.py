@@ -75,7 +75,7 @@ class EngineOptions:
     host_budget_gb: float | None = None  # pinned host RAM for spilled MoE experts; None: auto
     threads: int = 1  # BLAS threads of the NumPy backend (docs/performance.md)
     max_queue: int = 64
-    spec: str = "off"  # speculative decoding: off | ngram (speculative.py)
+    spec: str = "off"  # speculative decoding: off | ngram | mtp (speculative.py)
     spec_k: int = 0  # drafts per step, 1..MAX_K; 0: adaptive
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # the MODEL_SAMPLING_KEYS the user chose; the others take the model's recommendation

@@ -103,6 +103,27 @@ def add_rmsnorm(x, residual, w, eps: float, out) -> None:
         _launch(k, (rows,), (nt,), (x, residual, w, _f32(eps), _i32(D), out))
 
 
+def rmsnorm_concat(xa, wa, xb, wb, eps: float, out) -> None:
+    """out (T, Da + Db) = [rmsnorm(xa) * wa | rmsnorm(xb) * wb] in one launch; a half whose weight
+    is None is copied as is (ops.concat; kernel_refs.rmsnorm_concat_ref).  xa (T, Da), xb (T, Db):
+    float32, contiguous rows."""
+    T, Da = xa.shape
+    Db = xb.shape[1]
+    if out.shape != (T, Da + Db) or xb.shape[0] != T:
+        raise ValueError(f"rmsnorm_concat: {xa.shape} | {xb.shape} -> {out.shape}")
+    for a in (xa, xb, out):
+        if a.strides != (a.shape[1] * 4, 4):
+            raise ValueError("rmsnorm_concat: contiguous float32 rows")
+    nt, vpt = _norm_cfg(max(Da, Db))
+    if Da % 4 or Db % 4:
+        raise ValueError("rmsnorm_concat needs Da, Db % 4 == 0")
+    k = get_kernel("norm", "rmsnorm_concat", NT=nt, VPT=vpt)
+    null = np.uint64(0)
+    if T:
+        _launch(k, (T, 2), (nt,), (xa, null if wa is None else wa, _i32(Da), xb, null if wb is None else wb, _i32(Db),
+                                   _f32(eps), out))
+
+
 # ============================================================================ rope.cu
 
 

@@ -1,6 +1,7 @@
 """NumPy references for the CUDA op contracts that numpy_backend.py / rope.py / sampling.py do not
 already state: KV-cache storage (bf16, q8_0, fp8 E4M3 rounding and layout), the decode split
-rule, attention over the stored (rounded) cache, and Philox4x64-10 raw outputs.
+rule, attention over the stored (rounded) cache, the two-half rmsnorm of ops.concat, and
+Philox4x64-10 raw outputs.
 
 RMSNorm, RoPE, SwiGLU and the sampling contract are NOT restated here: the tests compare the
 kernels with ``NumpyBackend.rmsnorm``, ``rope.apply_rope`` and ``sampling.sample_token``.  The
@@ -125,6 +126,15 @@ def qx_ref(x: np.ndarray) -> np.ndarray:
     rec = np.stack([e, sh[..., 0], sh[..., 1], (sl[..., 0] & 0xFFFF) | (sl[..., 1] << 16)], -1).astype(np.int32)
     words = [h.view(np.uint8).view(np.uint32), l.view(np.uint8).view(np.uint32), rec.reshape(m, -1).view(np.uint32)]
     return np.concatenate(words, axis=1)
+
+
+def rmsnorm_concat_ref(xa: np.ndarray, wa, xb: np.ndarray, wb, eps: float) -> np.ndarray:
+    """norm.cu rmsnorm_concat: [rmsnorm(xa) * wa | rmsnorm(xb) * wb] (a half whose weight is None
+    as is), float32: NumpyOps.concat of two NumpyOps.rmsnorm values."""
+    from .numpy_backend import rmsnorm_ref
+
+    half = lambda x, w: np.asarray(x, np.float32) if w is None else rmsnorm_ref(np.asarray(x, np.float32), w, eps)  # noqa: E731
+    return np.concatenate([half(xa, wa), half(xb, wb)], axis=-1)
 
 
 def matvec_prologue_f32(x: np.ndarray, prologue: str, in_: int, norm_w=None, eps: float = 1e-6) -> np.ndarray:

@@ -446,6 +446,22 @@ class NumpyRunner:
         logits, g = self.mtp.forward(ops, ids, np.asarray(hidden, np.float32), from_trunk)
         return logits[-1], g[-1]
 
+    def mtp_draft(self, ids, hidden, start: int, k: int, params: SamplingParams | None, seed: int,
+                  history: list[int]) -> list[int]:
+        """k drafts from the MTP head (backends/runner.py): the catch-up rows, then k - 1 rows
+        chained on the head's own g; draft j is the token at position p = start + len(ids) + 1 + j,
+        drawn as the trunk draws its token there (sample_token keyed by seed and p, the history
+        and the drafts before it)."""
+        params = params or SamplingParams(temperature=0)
+        logits, g = self.mtp_forward(ids, hidden, start, True)
+        p = start + len(ids) + 1
+        drafts: list[int] = []
+        for j in range(k):
+            drafts.append(sample_token(logits, params, seed, p + j, [*history, *drafts]))
+            if j + 1 < k:
+                logits, g = self.mtp_forward([drafts[-1]], g[None], p - 1 + j, False)
+        return drafts
+
     def rollback(self, n: int) -> None:
         """Positions >= n are stale; the KV cache's are overwritten before anything reads them
         again.  A recurrent state has no positions to drop: it is restored to the copy taken

@@ -1,5 +1,6 @@
-"""norm.cu and rope.cu against the NumPy references (numpy_backend.rmsnorm_ref, rope.apply_rope,
-kernel_refs.kv_quantize).  Fresh random inputs every run; outputs poisoned with NaN first."""
+"""norm.cu and rope.cu against the NumPy references (numpy_backend.rmsnorm_ref,
+kernel_refs.rmsnorm_concat_ref, rope.apply_rope, kernel_refs.kv_quantize).  Fresh random inputs
+every run; outputs poisoned with NaN first."""
 import numpy as np
 import pytest
 
@@ -38,6 +39,29 @@ def test_rmsnorm_rows_independent_of_T(cp, rng):
     ops.rmsnorm(xd, cp.asarray(w), 1e-6, full)
     ops.rmsnorm(xd[5:6], cp.asarray(w), 1e-6, one)
     assert np.array_equal(full.get()[5], one.get()[0])
+
+
+@pytest.mark.parametrize("T,Da,Db", [(1, 64, 64), (3, 576, 576), (9, 4096, 4096), (2, 2052, 12), (5, 12, 8192)])
+@pytest.mark.parametrize("norms", ["both", "a", "b", "neither"])
+def test_rmsnorm_concat(cp, rng, T, Da, Db, norms):
+    """norm.cu rmsnorm_concat against kernel_refs.rmsnorm_concat_ref; each normed half equals the
+    rmsnorm kernel's output bit for bit (the same reduction order)."""
+    xa = (rng.standard_normal((T, Da)) * rng.uniform(0.1, 10)).astype(np.float32)
+    xb = (rng.standard_normal((T, Db)) * rng.uniform(0.1, 10)).astype(np.float32)
+    wa = rng.standard_normal(Da).astype(np.float32) if norms in ("both", "a") else None
+    wb = rng.standard_normal(Db).astype(np.float32) if norms in ("both", "b") else None
+    dev = lambda w: None if w is None else cp.asarray(w)  # noqa: E731
+    out = cp.full((T, Da + Db), np.nan, cp.float32)
+    ops.rmsnorm_concat(cp.asarray(xa), dev(wa), cp.asarray(xb), dev(wb), 1e-6, out)
+    got = out.get()
+    np.testing.assert_allclose(got, kr.rmsnorm_concat_ref(xa, wa, xb, wb, 1e-6), rtol=2e-6, atol=1e-6)
+    for x, w, part in ((xa, wa, got[:, :Da]), (xb, wb, got[:, Da:])):
+        if w is None:
+            assert np.array_equal(part.view(np.uint32), x.view(np.uint32))
+        else:
+            one = cp.empty(x.shape, cp.float32)
+            ops.rmsnorm(cp.asarray(x), cp.asarray(w), 1e-6, one)
+            assert np.array_equal(part.view(np.uint32), one.get().view(np.uint32))
 
 
 def _table(hd, partial, style, n_pos=4096):
