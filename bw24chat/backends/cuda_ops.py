@@ -156,8 +156,8 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     receives the rotated q instead of q itself."""
     T, H, hd = q.shape
     K = k.shape[1]
-    for a in (q, k, v):
-        if a.strides[1] != hd * 4 or a.strides[2] != 4:
+    for a in (q, k, v):  # a stride over one head (MQA's single kv head) is any value: not checked
+        if (a.shape[1] > 1 and a.strides[1] != hd * 4) or a.strides[2] != 4:
             raise ValueError("q, k, v: heads and head dims must be contiguous (only the token stride may differ)")
     if T == 0:
         return

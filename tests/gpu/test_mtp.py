@@ -53,7 +53,9 @@ def test_head_equals_the_numpy_head(cp, heads, name):
     for r in (cu, ref):
         r.prefill(prompt, 0)
     H = ref.last_hidden()
-    assert cu.last_hidden().shape == H.shape and _rel(cu.last_hidden(), H) < 1e-4
+    # the tensor-core prefill against NumPy: under the integer-dot contract (Q8_0) an activation at
+    # a rounding boundary takes the neighbouring int8 code on one side (check: ~1.5e-4 rel L2)
+    assert cu.last_hidden().shape == H.shape and _rel(cu.last_hidden(), H) < (5e-4 if aq else 1e-4)
     want = ref.mtp_forward(prompt[1:], H[:-1], 0, True)
     got = cu.mtp_forward(prompt[1:], H[:-1], 0, True)
     for j in range(4):  # the catch-up's last row, then three chained rows on the same token and g
