@@ -169,9 +169,10 @@ def make_drafter(mode: str, runner=None) -> Drafter | None:
     if mode == "mtp":
         if getattr(runner, "mtp", None) is None:
             why = ("this backend does not run MTP heads yet (--device cpu does)" if runner is not None
-                   and not hasattr(runner, "mtp_forward") else "this model has none")
+                   and not hasattr(runner, "mtp_forward") else "this model has none (bw24chat train-draft -m MODEL "
+                   "trains one)")
             raise ValueError("--spec mtp needs a model with a multi-token-prediction head (a NextN / MTP layer in the "
-                             f"checkpoint): {why}; use --spec ngram")
+                             f"checkpoint, or a trained draft head beside it): {why}; use --spec ngram")
         return MTPDrafter(runner)
     raise ValueError(f"unknown speculative mode {mode!r} (off, ngram, mtp)")
 

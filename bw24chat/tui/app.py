@@ -123,8 +123,11 @@ class ChatApp(App):
         def report(progress: LoadProgress) -> None:
             self.chat.post_message(EngineLoading(progress))
 
+        options = self.config.engine_options(spec)
+        if spec != self.options.model:  # --draft-head names the head of the command line's model only
+            options.draft_head = None
         try:
-            engine = self.engine_factory(self.config.engine_options(spec), report)
+            engine = self.engine_factory(options, report)
         except (ModelFileError, ModelNotFound) as exc:  # their messages are written for the user
             self.post_message(EngineFailed(load_id, spec, str(exc)))
             return
