@@ -395,7 +395,8 @@ class DraftTrainer:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             opt.step()
-            ema = float(loss) if ema is None else 0.9 * ema + 0.1 * float(loss)
+            value = loss.item()
+            ema = value if ema is None else 0.9 * ema + 0.1 * value
             if (i + 1) % cfg.eval_every == 0 or i + 1 == cfg.steps:
                 measured = self.measure(held, list(range(len(heldout))))
             if (i + 1) % cfg.save_every == 0 and i + 1 < cfg.steps:
