@@ -479,6 +479,7 @@ def train_model(spec: str, progress=None, cancel=None) -> Path:
     from .loaders import load_checkpoint
     from .model_store import resolve_model
 
+    import_torch()  # before reading the model: say at once what is missing
     ckpt = load_checkpoint(resolve_model(spec))
     return train_draft(ckpt, progress=progress, cancel=cancel, resume=True).path
 
