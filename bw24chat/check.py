@@ -11,7 +11,9 @@ the exactness gates on a model for every weight format x KV-cache type:
 
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
 (``--device cpu`` for the NumPy one): for K = 1..8, the n-gram and the oracle drafter, greedy
-and seeded sampling and nine prompts, the output equals plain decoding's token for token.
+and seeded sampling and nine prompts, the output equals plain decoding's token for token; with
+``-m`` on that model, and with its MTP head (shipped, or trained by ``bw24chat train-draft``) as a
+third drafter where the backend runs MTP heads.
 
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
@@ -246,11 +248,15 @@ def _first_difference(a: list, b: list) -> int:
 
 
 def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str = "spec") -> list[Result]:
-    """For every case, sampling mode, drafter (n-gram, oracle) and K: the output (tokens, text,
-    finish reason) equals plain decoding's, else the first divergent position is reported; the
-    cache the run leaves gives the same probe logits; the oracle's runs step and roll back
-    exactly as oracle_log says (the accepted length of every round)."""
-    from .speculative import NgramDrafter, OracleDrafter
+    """For every case, sampling mode, drafter (n-gram, oracle, and the model's MTP head where
+    the runner has one) and K: the output (tokens, text, finish reason) equals plain decoding's,
+    else the first divergent position is reported; the cache the run leaves gives the same probe
+    logits; the oracle's runs step and roll back exactly as oracle_log says (the accepted length
+    of every round)."""
+    from .speculative import NgramDrafter, OracleDrafter, make_drafter
+
+    drafters = ("ngram", "oracle") + (("mtp",) if getattr(runner, "mtp", None) is not None
+                                      and hasattr(runner, "mtp_forward") else ())
 
     V = runner.vocab_size
     table: dict[tuple, list] = {}  # (drafter, sampling, K) -> [failures, [rounds, drafted, accepted], runs]
@@ -268,8 +274,9 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
             by_id = case.eos_at is not None and plain.finish_reason == "stop"
             truth = plain.token_ids + ([free[case.eos_at]] if by_id else [])
             for k in ks:
-                for name in ("ngram", "oracle"):
-                    drafter = NgramDrafter() if name == "ngram" else OracleDrafter(truth, ORACLE_ERRORS, V)
+                for name in drafters:
+                    drafter = (NgramDrafter() if name == "ngram" else make_drafter("mtp", runner) if name == "mtp"
+                               else OracleDrafter(truth, ORACLE_ERRORS, V))
                     res, log, probe2 = _generate(runner, tok, case, sp, stop, stop_ids, drafter, k)
                     row = table.setdefault((name, mode, k), [[], [0, 0, 0], 0])
                     row[2] += 1
@@ -298,12 +305,30 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
     return out
 
 
-def spec_runner(device: str = "cpu", n_ctx: int = 1280):
-    """The gate's runner, tokenizer and a name for the backend: SPEC_SHAPE on the NumPy backend,
-    the synthetic "tiny" shape on CUDA (what the other CUDA gates run)."""
+def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None, draft_head: str | None = None):
+    """The gate's runner, tokenizer and a name for the backend: ``model`` (with its draft head),
+    else SPEC_SHAPE on the NumPy backend and the synthetic "tiny" shape on CUDA (what the other
+    CUDA gates run)."""
     from .backends import pick_device
     from .synthetic import synthetic_checkpoint
 
+    if model:
+        from .console import print_downloads
+        from .loaders import load_checkpoint
+        from .model_store import resolve_model
+
+        from dataclasses import replace
+
+        ck = load_checkpoint(resolve_model(model, print_downloads("bw24chat check")), draft_head)
+        head = f", MTP head {ck.draft_head.name}" if ck.draft_head else ", shipped MTP head" if ck.mtp else ""
+        tok = replace(ck.tokenizer, stop_ids=set())  # only the cases' own stops end a run (as word_tokenizer)
+        if pick_device(device)[0] == "cpu":
+            from .backends.numpy_backend import numpy_runner
+
+            return numpy_runner(ck, n_ctx), tok, f"NumPy, {ck.name}{head}"
+        from .backends.cuda_runner import CudaRunner
+
+        return CudaRunner(ck, n_ctx, "bf16", prefill_chunk=512), tok, f"CUDA, {ck.name}{head}"
     if pick_device(device)[0] == "cpu":
         from .backends.numpy_backend import numpy_runner
 
@@ -408,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", action="store_true",
                    help="only the speculative-decoding gate (every K x drafter x greedy/sampled = plain decoding)")
     p.add_argument("--spec-k", default=",".join(map(str, range(1, MAX_K + 1))), help="--spec: comma list of K")
+    p.add_argument("--draft-head", metavar="FILE", help="--spec -m: the model's trained MTP head, if not the one beside "
+                                                         "it (bw24chat train-draft)")
     return p
 
 
@@ -439,7 +466,7 @@ def main(argv: list[str]) -> int:
         os.environ["BW24CHAT_PORTABLE"] = "1"
     t0 = time.time()
     if a.spec:
-        runner, tok, where = spec_runner(a.device)
+        runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)
         results = spec_gates(runner, tok, [int(k) for k in a.spec_k.split(",")]) + [spec_fixed_gate(runner, tok)]
         return report(results, f"bw24chat check --spec on {where}, {time.time() - t0:.0f}s")
     usable, why = (False, "") if a.device == "cpu" else cuda_status()

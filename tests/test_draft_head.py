@@ -139,3 +139,16 @@ def test_without_torch_the_command_says_how_to_get_it(monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_torch)
     assert main(["-m", "default"]) == 2
     assert "pip install 'bw24chat[train]'" in capsys.readouterr().err
+
+
+def test_check_spec_gates_a_model_with_its_trained_head(tmp_path, capsys):
+    from bw24chat import check
+
+    gguf = make_gguf(tmp_path / "m.gguf", max_position_embeddings=2048)
+    write_test_head(load_checkpoint(gguf))
+    assert check.main(["--spec", "-m", str(gguf), "--device", "cpu", "--spec-k", "1,4"]) == 0
+    out = capsys.readouterr().out
+    assert "MTP head m.draft-head.safetensors" in out
+    mtp = [line for line in out.splitlines() if " mtp " in line]
+    assert len(mtp) == 4 and all(line.startswith("PASS") for line in mtp)  # greedy and sampled, K = 1 and 4
+    assert "FAIL" not in out
