@@ -13,9 +13,12 @@ with the embedding of token t+1 and predicts token t+2.
             learns the trunk's own prediction of token t+2, the token speculative decoding
             must guess.  The chained rows (a draft fed its own output g, as speculative.
             MTPDrafter runs it) are trained too, to ``depth`` (backends/torch_backend.py).
-  init      the decoder layer is the trunk's last; eh_proj = [0 | I] passes the trunk's state;
-            shared_head_norm = the trunk's final norm: the head starts from the trunk's own
-            reading of its last state.
+  init      the head starts as the trunk's own next-token prediction at t: eh_proj = [0 | I]
+            passes the trunk's (normed) state, the decoder layer is the trunk's last with its
+            output projections scaled by 1 / (the trunk's hidden RMS), so that on this unit-RMS
+            stream it makes the small relative update it makes in the trunk (pre-norm branches
+            scale with their output matrix only), and shared_head_norm restores the final
+            norm's scale.  The embedding's half of eh_proj starts at zero and is learned.
   measure   on held-out texts (the model's greedy continuations of the held-out prompts):
             the share of rows where the head's greedy draft at each depth is the trunk's greedy
             token, and from it the mean accepted length per round at K = depth (1 + expected
@@ -145,25 +148,34 @@ def resume_path(out: Path) -> Path:
     return out.with_name(out.name + ".resume")
 
 
-def initial_head_tensors(ckpt, args) -> dict:
-    """The head's starting point under its canonical names (layer N = the trunk's layer count): the
-    trunk's last layer, eh_proj = [0 | I] (the trunk's state through, the embedding's half to be
-    learned), enorm = hnorm = 1, shared_head_norm = the trunk's final norm."""
+def initial_head_tensors(ckpt, args, hidden_rms: float = 1.0) -> dict:
+    """The head's starting point under its canonical names (layer N = the trunk's layer count):
+    eh_proj = [0 | I] (the trunk's state through, the embedding's half to be learned), enorm =
+    hnorm = 1, the trunk's last layer with attn_o and ffn_down divided by ``hidden_rms`` (the RMS
+    of the trunk's last hidden states), shared_head_norm = the RMS of the final norm's weights:
+    with a small update, head(row t) ~ the trunk's logits at t."""
     from .loaders.tensor import QTensor
 
     n, D = args.num_hidden_layers, args.hidden_size
-    last = f"blk.{n - 1}."
-    out = {f"blk.{n}.{k[len(last):]}": dataclasses.replace(t, name=f"blk.{n}.{k[len(last):]}")
-           for k, t in ckpt.tensors.items() if k.startswith(last)}
     p = f"blk.{n}.nextn."
+    out = {}
 
     def f32(name, a):
-        out[p + name] = QTensor(p + name, "F32", a.shape, np.ascontiguousarray(a, np.float32))
+        out[name] = QTensor(name, "F32", a.shape, np.ascontiguousarray(a, np.float32))
 
-    f32("eh_proj", np.concatenate([np.zeros((D, D)), np.eye(D)], axis=1))
-    f32("enorm", np.ones(D))
-    f32("hnorm", np.ones(D))
-    f32("shared_head_norm", ckpt.tensors["output_norm"].dequantize())
+    last = f"blk.{n - 1}."
+    for k, t in ckpt.tensors.items():
+        if k.startswith(last):
+            name = f"blk.{n}.{k[len(last):]}"
+            if k.endswith(("attn_o", "ffn_down")):
+                f32(name, t.dequantize() / np.float32(hidden_rms))
+            else:
+                out[name] = dataclasses.replace(t, name=name)
+    f32(p + "eh_proj", np.concatenate([np.zeros((D, D)), np.eye(D)], axis=1))
+    f32(p + "enorm", np.ones(D))
+    f32(p + "hnorm", np.ones(D))
+    w = ckpt.tensors["output_norm"].dequantize()
+    f32(p + "shared_head_norm", np.full(D, np.sqrt(np.mean(w * w))))
     return out
 
 
@@ -205,11 +217,14 @@ class DraftTrainer:
         n_ctx = self.cfg.max_len + self.cfg.depth + 1
         self.tb = TorchBackend(self.device, dtype)
         self.trunk = fam.Model(self.args, self.tb, ckpt.tensors, n_ctx)
-        self.hb = TorchBackend(self.device, dtype, trainable=True)
-        self.head = MTPHead(self.trunk, self.hb, initial_head_tensors(ckpt, self.args))
-        self.params = [p for p, _ in self.hb.sources]
         self.tok = ckpt.tokenizer
         self.formatter = ChatFormatter.for_tokenizer(self.tok)
+        _, lengths, H = self.hidden(self.prompt_ids(builtin_prompts()["train"][:16]))
+        valid = torch.arange(H.shape[1], device=H.device)[None, :] < lengths[:, None]
+        rms = float(H.float()[valid].pow(2).mean(-1).sqrt().mean())  # the trunk's hidden RMS, for the init
+        self.hb = TorchBackend(self.device, dtype, trainable=True)
+        self.head = MTPHead(self.trunk, self.hb, initial_head_tensors(ckpt, self.args, rms))
+        self.params = [p for p, _ in self.hb.sources]
 
     # ------------------------------------------------------------------ data
     def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
