@@ -85,10 +85,10 @@ class TrainConfig:
     lr: float = 5e-4  # AdamW; linear warm-up over `warmup` steps, then cosine to lr / 10
     warmup: int = 30
     gen_tokens: int = 256  # continuation tokens per prompt (fewer where the model stops)
-    samples: int = 2  # continuations per training prompt: the greedy one, then sampled ones
+    samples: int = 4  # continuations per training prompt: the greedy one, then sampled ones
     temperature: float = 0.8  # of the sampled continuations
     max_len: int = 512  # prompt + continuation, tokens
-    gen_batch: int = 64  # texts generated side by side
+    gen_batch: int = 128  # texts generated side by side
     loss_chunk: int = 2048  # rows whose V-wide logits are formed at a time
     save_every: int = 100
     eval_every: int = 50

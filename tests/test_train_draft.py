@@ -17,7 +17,7 @@ from bw24chat.loaders import load_checkpoint  # noqa: E402
 from bw24chat.loaders.draft_head import head_path, read_head  # noqa: E402
 from bw24chat.loaders.tensor import QTensor  # noqa: E402
 from bw24chat.train_draft import DraftTrainer, TrainCancelled, TrainConfig, resume_path, train_draft  # noqa: E402
-from .model_factory import make_hf_dir  # noqa: E402
+from .model_factory import make_gguf, make_hf_dir  # noqa: E402
 from .test_mtp import _identical  # noqa: E402
 
 TINY = TrainConfig(steps=6, batch=4, depth=3, gen_tokens=12, samples=1, max_len=96, eval_every=3, save_every=2,
@@ -32,10 +32,13 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "llama-gguf"])
 def test_the_model_files_run_on_torch_as_on_numpy(tmp_path, family):
-    d, _ = make_hf_dir(tmp_path / family, family, dtype="F32")
-    ckpt = load_checkpoint(d)
+    """The HF folders rotate the "neox" pairs; a llama GGUF (Q4_1) the "normal" ones."""
+    if family == "llama-gguf":
+        ckpt = load_checkpoint(make_gguf(tmp_path / "m.gguf"))
+    else:
+        ckpt = load_checkpoint(make_hf_dir(tmp_path / family, family, dtype="F32")[0])
     tr = DraftTrainer(ckpt, TINY, "cpu")
     seqs = [[5, 77, 120, 3, 9, 200, 31, 8], [1, 2, 3], [40, 41, 42, 43, 44]]
     want = [numpy_runner(ckpt, 64).prefill_logits(np.array(s), 0) for s in seqs]
