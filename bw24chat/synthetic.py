@@ -58,6 +58,15 @@ SHAPES = {
     "tiny": _TINY,
     "tiny-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
                  "moe_intermediate_size": 256, "norm_topk_prob": True},
+    # the sigmoid-router families at gate size (their real shapes exceed any one GPU): GLM-4.5's
+    # groups, scaling, shared expert, dense first layer, biases and partial RoPE; MiniMax-M2's
+    # full-width QK-norm and partial RoPE
+    "tiny-glm4-moe": {**_TINY, "model_type": "glm4_moe", "n_routed_experts": 16, "num_experts_per_tok": 4,
+                      "moe_intermediate_size": 256, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4,
+                      "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "attention_bias": True,
+                      "partial_rotary_factor": 0.5},
+    "tiny-minimax-m2": {**_TINY, "model_type": "minimax_m2", "num_local_experts": 16, "num_experts_per_tok": 4,
+                        "intermediate_size": 256, "rotary_dim": 32},
 }
 
 
@@ -101,15 +110,22 @@ def random_experts(fmt: str, n: int, rows: int, cols: int, rng: np.random.Genera
     return [QTensor("", fmt, (rows, cols), m.raw[e:e + rows], m.global_scale) for e in range(n)]
 
 
-def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, embed_fmt: str | None = None) -> Checkpoint:
+def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, embed_fmt: str | None = None,
+                         mtp: bool = False) -> Checkpoint:
+    """``mtp``: also a NextN / MTP head (Checkpoint.mtp; models/mtp.py) in DeepSeek-V3's layout
+    (a decoder layer of the family's, eh_proj and its norms; embedding and LM head the trunk's),
+    drawn after the trunk, whose weights are the same with or without it."""
     cfg = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     cfg["rope_style"] = "neox"
+    if mtp:
+        cfg["num_nextn_predict_layers"] = 1
     rng = np.random.default_rng(seed)
     D, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     H, K, hd, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"]
     mt = cfg["model_type"]
     args = get_family(mt).ModelArgs.from_dict(cfg)
-    moe = [getattr(args, "is_moe_layer", lambda i: False)(i) for i in range(L)]
+    n_layers = L + int(mtp)  # the NextN layer follows the trunk's
+    moe = [getattr(args, "is_moe_layer", lambda i: False)(i) for i in range(n_layers)]
     shared = {
         "attn_q": random_matrix(fmt, H * hd, D, rng), "attn_k": random_matrix(fmt, K * hd, D, rng),
         "attn_v": random_matrix(fmt, K * hd, D, rng), "attn_o": random_matrix(fmt, D, H * hd, rng),
@@ -131,7 +147,7 @@ def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, em
     tensors = {"tok_embd": random_matrix(embed_fmt or fmt, V, D, rng), "output_norm": ones(D)}
     if not cfg.get("tie_word_embeddings"):
         tensors["output"] = random_matrix(embed_fmt or fmt, V, D, rng)
-    for i in range(L):
+    for i in range(n_layers):
         for k, v in shared.items():
             if not k.startswith("ffn_") or not moe[i]:
                 tensors[f"blk.{i}.{k}"] = QTensor(f"blk.{i}.{k}", v.fmt, v.shape, v.raw, v.global_scale)
@@ -155,8 +171,15 @@ def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, em
             if args.n_shared_experts:
                 for k, v in shexp.items():
                     tensors[f"blk.{i}.{k}"] = QTensor("", v.fmt, v.shape, v.raw, v.global_scale)
+    if mtp:
+        p = f"blk.{L}.nextn."
+        tensors.update({p + "eh_proj": random_matrix(fmt, D, 2 * D, rng), p + "enorm": ones(D), p + "hnorm": ones(D),
+                        p + "shared_head_norm": ones(D)})
     for n, t in tensors.items():
         t.name = n
+    head = {n: t for n, t in tensors.items() if n.startswith(f"blk.{L}.")}
     tk = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
-    return Checkpoint(path=f"<synthetic {shape} {fmt}>", source="synthetic", name=f"synthetic-{shape}-{fmt.lower()}",
-                      config=cfg, tensors=tensors, tokenizer=TokenizerInfo(tk))
+    return Checkpoint(path=f"<synthetic {shape} {fmt}>", source="synthetic",
+                      name=f"synthetic-{shape}-{fmt.lower()}" + ("-mtp" if mtp else ""),
+                      config=cfg, tensors={n: t for n, t in tensors.items() if n not in head}, tokenizer=TokenizerInfo(tk),
+                      mtp=head)

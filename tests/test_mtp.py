@@ -161,3 +161,47 @@ def test_a_head_that_copies_the_trunk_is_accepted(tmp_path):
     stats = _identical(runner, tok, (1, 4), [[5, 77, 120, 3, 9, 200, 31]], n_gen=32)
     for mode, k, s in stats:
         assert s["spec_acceptance"] > 0.8, (mode, k, s)
+
+
+@pytest.mark.kernels  # the plan reads register counts from ptxas (NVRTC)
+@pytest.mark.parametrize("m,from_trunk", [(1, True), (5, True), (1, False)])
+def test_cuda_head_pass_planned(m, from_trunk):
+    """The CUDA head's decode pass (cuda_runner._HeadOps) traced without a GPU, as the decode plan
+    traces the trunk's step (backends/plan.py): the embedding, the trunk's final norm of h (catch-up
+    rows only), ONE launch for the concat of both normed halves, eh_proj as one matvec over 2D
+    inputs, the block's six launches over the head's own cache, the LM head on the last row only;
+    nothing written to the trunk's buffers."""
+    from bw24chat.backends import cuda_ops
+    from bw24chat.backends import plan as P
+    from bw24chat.backends.cuda_runner import _HeadOps
+    from bw24chat.models import get_family
+    from bw24chat.models.mtp import load_mtp
+    from bw24chat.synthetic import SHAPES
+
+    cfg = dict(SHAPES["tiny"], num_nextn_predict_layers=1)
+    fam = get_family(cfg["model_type"])
+    a = fam.ModelArgs.from_dict(cfg)
+    D = a.hidden_size
+    with P.planning(P.GPUS["H100"]) as planner:
+        r = P.PlanRunner(a, fam.Model, P._tensors(cfg, {"default": "Q8_0"}, fam.Model, a), "bf16", 4096, "f32")
+        head = load_mtp(r.model, P.PlanLoader(), {n: P._Tensor(n, "F32" if len(shape) == 1 else "Q8_0", shape)
+                                                  for n, (shape, req) in fam.Model.mtp_tensor_shapes(a, 1).items()
+                                                  if req or n.endswith(("q_norm", "k_norm"))})
+        shape, dtype = cuda_ops.kv_cache_shape("bf16", 4096, a.num_key_value_heads, a.head_dim)
+        r.mtp_cache_k, r.mtp_cache_v = P.SymArray("mtp_k", shape, dtype), P.SymArray("mtp_v", shape, dtype)
+        r.mtp_logits = P.SymArray("mtp_logits", (1, a.vocab_size), np.float32)
+        io, hidden = P.SymArray("io", (24,), np.int32), P.SymArray("hidden", (8, D), np.float32)
+        ops = _HeadOps(r, m, io[0:m], io[8:8 + m], io[16:16 + m], logits=True)
+        logits, g = head.forward(ops, ops.tokens, hidden[:m], from_trunk)
+    L = planner.launches
+    names = [x.name for x in L]
+    lead = ["dequant_rows"] + (["rmsnorm"] if from_trunk else []) + ["rmsnorm_concat", "matvec"]
+    assert names == lead + ["matvec", "qk_norm_rope_kv_write", "attn_decode_tc", "matvec", "matvec", "matvec", "matvec"]
+    concat = L[len(lead) - 2]
+    assert concat.grid == (m, 2) and concat.args[3] == ("mtp.hn" if from_trunk else "hidden")
+    assert L[len(lead) - 1].args[5] == "mtp.concat" and "blk.3.nextn.eh_proj.q" in L[len(lead) - 1].args
+    assert {"mtp_k", "mtp_v"} <= set(L[len(lead) + 1].args) and {"mtp_k", "mtp_v"} <= set(L[len(lead) + 2].args)
+    assert L[-1].args[5] == "mtp.mtp_eh_proj" + (f"+{(m - 1) * D * 4}" if m > 1 else "")  # the LM head: the last row
+    assert logits is r.mtp_logits and g.shape == (m, D)
+    trunk = {"x", "h", "qkv", "q", "attn", "act", "logits"}  # the trunk's step buffers
+    assert not any(arg.split("+")[0] in trunk for x in L for arg in x.args), "the head wrote the trunk's buffers"

@@ -95,7 +95,7 @@ def test_logprobs_and_stats_with_speculation(gate_model):
 def test_gate_reduced(gate_model):
     runner, tok = gate_model
     results = check.spec_gates(runner, tok, ks=(1, 3, MAX_K), n_gen=32)
-    assert len(results) == 3 * 2 * 2
+    assert len(results) == 3 * 2 * 3  # K x sampling x drafter (n-gram, oracle, MTP head)
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 
@@ -104,7 +104,7 @@ def test_gate_reduced(gate_model):
 def test_gate_full(gate_model):
     runner, tok = gate_model
     results = check.spec_gates(runner, tok) + [check.spec_fixed_gate(runner, tok)]
-    assert len(results) == MAX_K * 2 * 2 + 1
+    assert len(results) == MAX_K * 2 * 3 + 1
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 

@@ -337,8 +337,12 @@ class NumpyOps(Ops):
     def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, experts: NumpyExperts,
                 residual: np.ndarray, shared=None) -> np.ndarray:
         T, k = ids.shape
-        if experts.tiers is not None:  # the same lookups the CUDA tiers make: one per distinct expert of the step
-            experts.tiers.route(experts.layer, ids, T)
+        if experts.tiers is not None:  # the CUDA tiers' accounting: a decode pass goes through the slot
+            tiers, layer = experts.tiers, experts.layer  # cache, a prefill chunk streams past it (cuda_tiers)
+            if T * k <= tiers.plan.vram_slots[layer]:
+                tiers.route(layer, ids, T)
+            else:
+                tiers.lookup(layer, np.unique(ids).tolist(), set(tiers.cache.resident(layer)))
         y = np.empty((T, k, x.shape[-1]), np.float32)  # y[t, j]: expert ids[t, j] on row t
         for e in np.unique(ids):  # the rows each selected expert serves, in one product
             rows, slots = np.nonzero(ids == e)
@@ -441,6 +445,22 @@ class NumpyRunner:
         ops = self.backend.ops(self.mtp_cache, start, len(ids), self.args.rms_norm_eps, all_rows=False)
         logits, g = self.mtp.forward(ops, ids, np.asarray(hidden, np.float32), from_trunk)
         return logits[-1], g[-1]
+
+    def mtp_draft(self, ids, hidden, start: int, k: int, params: SamplingParams | None, seed: int,
+                  history: list[int]) -> list[int]:
+        """k drafts from the MTP head (backends/runner.py): the catch-up rows, then k - 1 rows
+        chained on the head's own g; draft j is the token at position p = start + len(ids) + 1 + j,
+        drawn as the trunk draws its token there (sample_token keyed by seed and p, the history
+        and the drafts before it)."""
+        params = params or SamplingParams(temperature=0)
+        logits, g = self.mtp_forward(ids, hidden, start, True)
+        p = start + len(ids) + 1
+        drafts: list[int] = []
+        for j in range(k):
+            drafts.append(sample_token(logits, params, seed, p + j, [*history, *drafts]))
+            if j + 1 < k:
+                logits, g = self.mtp_forward([drafts[-1]], g[None], p - 1 + j, False)
+        return drafts
 
     def rollback(self, n: int) -> None:
         """Positions >= n are stale; the KV cache's are overwritten before anything reads them
