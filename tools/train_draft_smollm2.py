@@ -40,9 +40,10 @@ def _runner(ckpt, n_ctx: int):
     return numpy_runner(ckpt, n_ctx), "NumPy"
 
 
-def drafts_everywhere(runner, prompt: list[int], n: int, k: int = 8) -> tuple[list[int], list[list[int]]]:
-    """The plain greedy output (n tokens) and, after each of its tokens, the k drafts the head
-    proposes there (speculative.MTPDrafter, fed every trunk row as plain decoding makes it)."""
+def drafts_everywhere(runner, prompt: list[int], n: int, stop_ids, k: int = 8) -> tuple[list[int], list[list[int]]]:
+    """The plain greedy output (up to n tokens, to a stop token) and, after each of its tokens,
+    the k drafts the head proposes there (speculative.MTPDrafter, fed every trunk row as plain
+    decoding makes it)."""
     from bw24chat.api import SamplingParams
     from bw24chat.speculative import MTPDrafter
 
@@ -53,6 +54,8 @@ def drafts_everywhere(runner, prompt: list[int], n: int, k: int = 8) -> tuple[li
     d.prime(runner.last_hidden(), sp, 0)
     out, drafts = [tok], []
     for _ in range(n - 1):
+        if out[-1] in stop_ids:
+            break
         history = prompt + out
         drafts.append(d.propose(history, k))
         tok = runner.step([out[-1]], len(history) - 1, sp, 0, [])[0]
@@ -74,8 +77,8 @@ def rounds_at_k(out: list[int], drafts: list[list[int]], K: int) -> tuple[int, i
     return rounds, accepted
 
 
-def acceptance_table(runner, prompts: list[list[int]], n: int) -> dict[int, float]:
-    runs = [drafts_everywhere(runner, p, n) for p in prompts]
+def acceptance_table(runner, prompts: list[list[int]], n: int, stop_ids) -> dict[int, float]:
+    runs = [drafts_everywhere(runner, p, n, stop_ids) for p in prompts]
     table = {}
     for K in range(1, 9):
         r = [rounds_at_k(out, dr, K) for out, dr in runs]
@@ -92,7 +95,6 @@ def speculative(runner, tok, prompts: list[list[int]], n: int, ks, sp) -> list[d
     from bw24chat.speculative import make_drafter
 
     sp = replace(sp, max_tokens=n, seed=7)
-    tok = replace(tok, stop_ids=set())  # every run n tokens long
     rows, plain = [], None
     for k in [0, *ks]:
         def run(p):
@@ -153,10 +155,10 @@ def main() -> int:
     result["backend"] = backend
 
     t0 = time.perf_counter()
-    result["accepted_length"] = {"heldout": acceptance_table(runner, held, a.tokens),
-                                 "train": acceptance_table(runner, train, a.tokens)}
-    print(f"\naccepted length per round (greedy, {a.tokens} tokens x {len(held)} prompts, drafts proposed at every "
-          f"position of the plain run; {backend}, {time.perf_counter() - t0:.0f}s)")
+    result["accepted_length"] = {"heldout": acceptance_table(runner, held, a.tokens, tok.stop_ids),
+                                 "train": acceptance_table(runner, train, a.tokens, tok.stop_ids)}
+    print(f"\naccepted length per round (greedy, replies of up to {a.tokens} tokens to {len(held)} prompts, drafts "
+          f"proposed at every position of the plain run; {backend}, {time.perf_counter() - t0:.0f}s)")
     print("K          " + " ".join(f"{k:6d}" for k in range(1, 9)))
     for name in ("heldout", "train"):
         print(f"{name:10} " + " ".join(f"{result['accepted_length'][name][k]:6.2f}" for k in range(1, 9)))
@@ -166,7 +168,7 @@ def main() -> int:
     rows = speculative(runner, tok, sub, a.tokens, ks, SamplingParams(temperature=0))
     sampled = speculative(runner, tok, sub[:2], a.tokens // 2, (3,), SamplingParams(temperature=0.9, top_p=0.95))
     result["speculative"], result["speculative_sampled"] = rows, sampled
-    print(f"\n--spec mtp on {backend}, held-out prompts ({len(sub)}), greedy, {a.tokens} tokens each"
+    print(f"\n--spec mtp on {backend}, held-out prompts ({len(sub)}), greedy, replies of up to {a.tokens} tokens"
           + ("" if backend == "CUDA" else " (NumPy: a verify of K + 1 rows costs K + 1 steps; tokens/s are not the GPU's)"))
     print(f"{'K':>5} {'tok/s':>8} {'speed-up':>8} {'acc.len':>8}  = plain")
     for r in rows:
