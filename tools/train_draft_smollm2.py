@@ -23,8 +23,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def _runner(ckpt, n_ctx: int):
     """(runner, backend name): CUDA where it runs MTP heads, else NumPy."""
