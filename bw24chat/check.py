@@ -16,7 +16,8 @@ the exactness gates on a model for every weight format x KV-cache type:
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
 (``--device cpu`` for the NumPy one): for K = 1..8, the n-gram, the oracle and the MTP-head
 drafter (the gate's model carries a random NextN head), greedy and seeded sampling and nine
-prompts, the output equals plain decoding's token for token.
+prompts, the output equals plain decoding's token for token; with ``-m``
+on that model, its MTP head (shipped, or trained by ``bw24chat train-draft``) as the third.
 
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
@@ -357,13 +358,31 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
     return out
 
 
-def spec_runner(device: str = "cpu", n_ctx: int = 1280):
-    """The gate's runner, tokenizer and a name for the backend: SPEC_SHAPE on the NumPy backend,
-    the synthetic "tiny" shape on CUDA (what the other CUDA gates run), each with a random MTP
-    head (its trunk's weights are the same as without)."""
+def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None, draft_head: str | None = None):
+    """The gate's runner, tokenizer and a name for the backend: ``model`` with its MTP head (shipped
+    or trained: loaders/draft_head.py), else SPEC_SHAPE on the NumPy backend and the synthetic "tiny"
+    shape on CUDA (what the other CUDA gates run), each with a random MTP head (its trunk's weights
+    are the same as without)."""
     from .backends import pick_device
     from .synthetic import synthetic_checkpoint
 
+    if model:
+        from dataclasses import replace
+
+        from .console import print_downloads
+        from .loaders import load_checkpoint
+        from .model_store import resolve_model
+
+        ck = load_checkpoint(resolve_model(model, print_downloads("bw24chat check")), draft_head)
+        head = f", MTP head {ck.draft_head.name}" if ck.draft_head else ", shipped MTP head" if ck.mtp else ""
+        tok = replace(ck.tokenizer, stop_ids=set())  # only the cases' own stops end a run (as word_tokenizer)
+        if pick_device(device)[0] == "cpu":
+            from .backends.numpy_backend import numpy_runner
+
+            return numpy_runner(ck, n_ctx), tok, f"NumPy, {ck.name}{head}"
+        from .backends.cuda_runner import CudaRunner
+
+        return CudaRunner(ck, n_ctx, "bf16", prefill_chunk=512), tok, f"CUDA, {ck.name}{head}"
     if pick_device(device)[0] == "cpu":
         from .backends.numpy_backend import numpy_runner
 
@@ -469,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", action="store_true",
                    help="only the speculative-decoding gate (every K x drafter x greedy/sampled = plain decoding)")
     p.add_argument("--spec-k", default=",".join(map(str, range(1, MAX_K + 1))), help="--spec: comma list of K")
+    p.add_argument("--draft-head", metavar="FILE", help="--spec -m: the model's trained MTP head, if not the one beside "
+                                                         "it (bw24chat train-draft)")
     return p
 
 
@@ -500,7 +521,7 @@ def main(argv: list[str]) -> int:
         os.environ["BW24CHAT_PORTABLE"] = "1"
     t0 = time.time()
     if a.spec:
-        runner, tok, where = spec_runner(a.device)
+        runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)
         results = spec_gates(runner, tok, [int(k) for k in a.spec_k.split(",")]) + [spec_fixed_gate(runner, tok)]
         return report(results, f"bw24chat check --spec on {where}, {time.time() - t0:.0f}s")
     usable, why = (False, "") if a.device == "cpu" else cuda_status()

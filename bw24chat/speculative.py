@@ -162,7 +162,8 @@ def make_drafter(mode: str, runner=None) -> Drafter | None:
     if mode == "mtp":
         if getattr(runner, "mtp", None) is None:
             raise ValueError("--spec mtp needs a model with a multi-token-prediction head (a NextN / MTP layer in the "
-                             "checkpoint): this model has none; use --spec ngram")
+                             "checkpoint, or a trained draft head beside it): this model has none (bw24chat train-draft -m MODEL "
+                             "trains one); use --spec ngram")
         return MTPDrafter(runner)
     raise ValueError(f"unknown speculative mode {mode!r} (off, ngram, mtp)")
 

@@ -126,16 +126,18 @@ def check_checkpoint(ckpt) -> None:
             raise ModelFileError(ckpt.path, f"the {what} token id {i!r} is not in the vocabulary of {n_tok}", "tokenizer")
 
 
-def _check_tensors(ckpt, a, shapes: dict, tensors: dict, shown) -> None:
-    """None missing, none unexpected, each of the expected shape (``shapes``: Model.tensor_shapes)."""
+def _check_tensors(ckpt, a, shapes: dict, tensors: dict, shown, path=None) -> None:
+    """None missing, none unexpected, each of the expected shape (``shapes``: Model.tensor_shapes);
+    ``path``: the file the tensors come from, if not the checkpoint's (a draft head's)."""
+    path = path or ckpt.path
     want = {name: shape for name, (shape, _) in shapes.items()}
     for name, t in tensors.items():
         if name not in want:
-            raise ModelFileError(ckpt.path, f"unexpected for a {a.num_hidden_layers}-layer model (the header or config "
-                                            "says fewer layers than the file holds)", f"tensor {shown(name)}")
+            raise ModelFileError(path, f"unexpected for a {a.num_hidden_layers}-layer model (the header or config "
+                                       "says fewer layers than the file holds)", f"tensor {shown(name)}")
         if tuple(t.shape) != want[name]:
-            raise ModelFileError(ckpt.path, f"shape {list(t.shape)}, but the model settings imply {list(want[name])}",
+            raise ModelFileError(path, f"shape {list(t.shape)}, but the model settings imply {list(want[name])}",
                                  f"tensor {shown(name)}")
     for name in want:
         if name not in tensors and shapes[name][1]:
-            raise ModelFileError(ckpt.path, f"missing (a {a.num_hidden_layers}-layer model needs it)", f"tensor {shown(name)}")
+            raise ModelFileError(path, f"missing (a {a.num_hidden_layers}-layer model needs it)", f"tensor {shown(name)}")

@@ -172,7 +172,9 @@ def _open_shards(model_dir: Path) -> dict[str, SafetensorsFile]:
             if name not in files[f].header:
                 raise ModelFileError(model_dir / f, f"the index says it is here, but it is not", f"tensor {name}")
         return {name: files[f] for name, f in weight_map.items()}
-    shards = sorted(model_dir.glob("*.safetensors"))
+    from .draft_head import FOLDER_FILE  # a trained draft head kept in the folder, not a weight shard
+
+    shards = sorted(p for p in model_dir.glob("*.safetensors") if p.name != FOLDER_FILE)
     if not shards:
         pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
         if pickles:
