@@ -100,6 +100,10 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     near = margin < tie
     mism = (np.argmax(a, 1) != np.argmax(dec, 1)) & ~near
     rel = float(np.linalg.norm(a - dec) / np.linalg.norm(dec))
+    # a MoE router is discontinuous: a rounding-level difference at a near-tie of its top-k picks
+    # another expert for that row, moving its logits by far more than the band above; one such row
+    # per 256 positions is allowed (the "decode step over prefill cache" row stays exact)
+    allowed = len(prompt) // 256 if getattr(runner.args, "num_experts", 0) else 0
     # a gross error shows as rel L2 ~1; MoE routers turn tiny differences into another expert on a
     # few rows (GLM-4.5's sigmoid groups over a rounding cache: 1.3e-2), hence the loose bound
     rel_limit = 1e-2 if runner.kv_type == "f32" else 5e-2
@@ -107,7 +111,7 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     margins = "".join(f", margin {m:.1e} at {i}" for i, m in zip(np.flatnonzero(mism)[:3], margin[mism][:3]))
     res.append(Result(label, "prefill argmax = decode argmax",
                       f"{int(mism.sum())} mismatches, {int(near.sum())} near-ties (< {tie:.1e}), rel L2 {rel:.1e}{margins}",
-                      f"0, rel L2 <= {rel_limit:.0e}", int(mism.sum()) == 0 and rel <= rel_limit))
+                      f"{allowed}, rel L2 <= {rel_limit:.0e}", int(mism.sum()) <= allowed and rel <= rel_limit))
     # The same comparison for ONE decode step over the prefill's own cache (32 positions): what
     # the engine does after every prompt.  With a rounding KV cache (bf16 / q8_0 / fp8) the
     # from-scratch comparison above also measures how the cache's rounding of slightly
