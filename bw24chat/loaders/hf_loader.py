@@ -25,6 +25,7 @@ from ..tokenizer import load_hf_tokenizer
 from .errors import PICKLE_SUFFIXES, ModelFileError, refuse_pickle
 from .names import HF_MAP
 from .checks import split_nextn
+from .layouts import HF_LAYOUTS
 from .tensor import ExpertTensor, QTensor
 
 ARCH_FAMILY = {
@@ -322,11 +323,8 @@ def load_hf_dir(model_dir: Path):
         else:
             raise ModelFileError(where[name].path, f"{kind} without the scales that would say how to read it", f"tensor {name}")
     tensors = stack_experts(tensors, model_dir)
-    from ..models import get_family
-
-    fix = getattr(get_family(fam), "hf_tensors", None)  # a family's checkpoint layout -> the canonical one
-    if fix is not None:
-        tensors = fix(tensors, cfg)
+    if fam in HF_LAYOUTS:  # a family's checkpoint layout -> the canonical one
+        tensors = HF_LAYOUTS[fam](tensors, cfg, model_dir)
     tensors, mtp = split_nextn(tensors, cfg)
     if "output" not in tensors:
         cfg["tie_word_embeddings"] = True

@@ -109,9 +109,9 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.mlp.experts.gate_up_proj": "blk.{i}.ffn_gate_up_exps",
     "model.layers.{i}.mlp.experts.down_proj": "blk.{i}.ffn_down_exps",
     "model.layers.{i}.mlp.e_score_correction_bias": "blk.{i}.exp_probs_b",
-    # Qwen3-Next gated DeltaNet layers (modeling_qwen3_next.py Qwen3NextGatedDeltaNet); models/
-    # qwen3_next.py hf_tensors turns these into the canonical attn_qkv, attn_gate, ssm_beta,
-    # ssm_alpha, ssm_a (llama.cpp's qwen35 names) at load
+    # Qwen3-Next gated DeltaNet layers (modeling_qwen3_next.py Qwen3NextGatedDeltaNet);
+    # loaders/layouts.py turns ssm_in, ssm_ba, ssm_a_log into the canonical attn_qkv, attn_gate,
+    # ssm_beta, ssm_alpha, ssm_a (llama.cpp's qwen35 names) at load
     "model.layers.{i}.linear_attn.in_proj_qkvz.weight": "blk.{i}.ssm_in",
     "model.layers.{i}.linear_attn.in_proj_ba.weight": "blk.{i}.ssm_ba",
     "model.layers.{i}.linear_attn.conv1d.weight": "blk.{i}.ssm_conv1d",
