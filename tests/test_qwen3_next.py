@@ -10,7 +10,7 @@ import pytest
 from bw24chat.backends.numpy_backend import NumpyBackend, numpy_runner
 from bw24chat.loaders import load_checkpoint
 from bw24chat.ops import DeltaNetSpec
-from tests.model_factory import ARCHS, TINY, byte_level_tokenizer_json, write_safetensors
+from tests.hybrid_factory import make_hybrid_dir, write_hybrid_gguf
 
 SPEC = DeltaNetSpec(n_k_heads=2, n_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=4, eps=1e-6)
 
@@ -92,62 +92,9 @@ def test_gated_rmsnorm_matches_float64():
 
 # --- a tiny hybrid model: layers linear, full, linear, full; MoE with a shared expert, layer 2 dense
 
-TINY_NEXT = dict(TINY, max_position_embeddings=2048, num_hidden_layers=4, full_attention_interval=2, partial_rotary_factor=0.25,
-                 linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=6, linear_num_key_heads=2,
-                 linear_num_value_heads=4, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
-                 shared_expert_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[2])
-
-
-def _weights(cfg, vocab, rng):
-    """Random tensors under transformers' Qwen3NextForCausalLM names (in_proj_qkvz / in_proj_ba in
-    their grouped layout; zero-centred norm weights near 0)."""
-    D, L, H, K, hd = (cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"))
-    w = lambda *s: (rng.standard_normal(s) * 0.08).astype(np.float32)  # noqa: E731
-    zn = lambda n: (0.1 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
-    Hk, Hv, dk, dv, Kc = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                                           "linear_value_head_dim", "linear_conv_kernel_dim"))
-    E, Fe, Fs, F = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"], cfg["intermediate_size"]
-    t = {"model.embed_tokens.weight": w(vocab, D) * 10, "model.norm.weight": zn(D), "lm_head.weight": w(vocab, D)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"] = zn(D), zn(D)
-        if (i + 1) % cfg["full_attention_interval"]:
-            a = p + "linear_attn."
-            t[a + "in_proj_qkvz.weight"] = w(2 * Hk * dk + 2 * Hv * dv, D) * 4
-            t[a + "in_proj_ba.weight"] = w(2 * Hv, D) * 4
-            t[a + "conv1d.weight"] = w(2 * Hk * dk + Hv * dv, 1, Kc) * 6
-            t[a + "dt_bias"] = np.ones(Hv, np.float32)
-            t[a + "A_log"] = np.log(rng.uniform(0, 16, Hv)).astype(np.float32)
-            t[a + "norm.weight"] = (1 + zn(dv)).astype(np.float32)
-            t[a + "out_proj.weight"] = w(D, Hv * dv) * 3
-        else:
-            a = p + "self_attn."
-            t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"] = w(2 * H * hd, D), w(K * hd, D), w(K * hd, D)
-            t[a + "o_proj.weight"], t[a + "q_norm.weight"], t[a + "k_norm.weight"] = w(D, H * hd), zn(hd), zn(hd)
-        if i in cfg["mlp_only_layers"]:
-            for n, s in (("gate_proj", (F, D)), ("up_proj", (F, D)), ("down_proj", (D, F))):
-                t[p + f"mlp.{n}.weight"] = w(*s)
-            continue
-        t[p + "mlp.gate.weight"] = w(E, D) * 4
-        for j in range(E):
-            for n, s in (("gate_proj", (Fe, D)), ("up_proj", (Fe, D)), ("down_proj", (D, Fe))):
-                t[p + f"mlp.experts.{j}.{n}.weight"] = w(*s)
-        for n, s in (("gate_proj", (Fs, D)), ("up_proj", (Fs, D)), ("down_proj", (D, Fs))):
-            t[p + f"mlp.shared_expert.{n}.weight"] = w(*s)
-        t[p + "mlp.shared_expert_gate.weight"] = w(1, D) * 4
-    t["mtp.fc.weight"] = w(D, 2 * D)  # an MTP head: skipped by the loader
-    return t
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3_next")
-    vocab = byte_level_tokenizer_json(root / "tokenizer.json")
-    cfg = dict(TINY_NEXT, architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=vocab)
-    (root / "config.json").write_text(json.dumps(cfg))
-    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None}))
-    write_safetensors(root / "model.safetensors", {k: ("F32", v) for k, v in _weights(cfg, vocab, np.random.default_rng(0)).items()})
-    return load_checkpoint(root)
+    return load_checkpoint(make_hybrid_dir(tmp_path_factory.mktemp("qwen3_next"), "qwen3_next")[0])
 
 
 def test_layer_kinds_and_state(tiny):
@@ -185,6 +132,19 @@ def test_rollback_restores_the_states_exactly(tiny):
     np.testing.assert_array_equal(r.state.conv, conv)
     np.testing.assert_array_equal(r.state.ssm, ssm)
     np.testing.assert_array_equal(r.forward([7], 10), want)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_gguf_equals_hf(tmp_path, legacy):
+    """The same float32 weights through llama.cpp's qwen3next layout (attn_qkv / attn_gate, or the
+    grouped ssm_in of older converters; the grouped ssm_ba; ssm_a = -exp(A_log); 1 + w norms;
+    post_attention_norm) and transformers' give bit-identical logits."""
+    d, w = make_hybrid_dir(tmp_path / "hf", "qwen3_next", mlp_only_layers=[])  # llama.cpp's qwen3next: MoE everywhere
+    hf, gg = load_checkpoint(d), load_checkpoint(write_hybrid_gguf(tmp_path / "m.gguf", d, w, legacy))
+    assert gg.arch == "qwen3_next" and sorted(gg.tensors) == sorted(hf.tensors)
+    assert gg.config["linear_value_head_dim"] == 6 and gg.config["shared_expert_intermediate_size"] == 24
+    ids = np.arange(3, 20)
+    np.testing.assert_array_equal(numpy_runner(gg).prefill_logits(ids, 0), numpy_runner(hf).prefill_logits(ids, 0))
 
 
 def test_speculation_is_refused_for_hybrid_models(tiny):

@@ -89,5 +89,10 @@ def hf_deltanet(tensors: dict, cfg: dict, path) -> dict:
     return deltanet_layout(tensors, cfg, path, stored_w=True)
 
 
+def gguf_deltanet(tensors: dict, cfg: dict, path) -> dict:
+    return deltanet_layout(tensors, cfg, path, stored_w=False)
+
+
 # model family -> its layout function (tensors, config, path) -> tensors, per source format
 HF_LAYOUTS = {"qwen3_next": hf_deltanet}
+GGUF_LAYOUTS = {"qwen3_next": gguf_deltanet}

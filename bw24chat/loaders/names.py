@@ -62,13 +62,28 @@ GGUF_NAMES: dict[str, str] = {
     "blk.{i}.nextn.shared_head_norm.weight": "blk.{i}.nextn.shared_head_norm",
     "blk.{i}.nextn.shared_head_head.weight": "blk.{i}.nextn.shared_head_head",
     "blk.{i}.nextn.embed_tokens.weight": "blk.{i}.nextn.embed_tokens",
+    # gated DeltaNet layers (llama.cpp src/models/qwen3next.cpp, qwen35.cpp): qwen3next files hold
+    # ssm_ba (and, written by older converters, ssm_in) in the grouped layout loaders/layouts.py
+    # splits; qwen35 files ssm_beta and ssm_alpha
+    "blk.{i}.attn_qkv.weight": "blk.{i}.attn_qkv",
+    "blk.{i}.attn_gate.weight": "blk.{i}.attn_gate",
+    "blk.{i}.ssm_in.weight": "blk.{i}.ssm_in",
+    "blk.{i}.ssm_ba.weight": "blk.{i}.ssm_ba",
+    "blk.{i}.ssm_beta.weight": "blk.{i}.ssm_beta",
+    "blk.{i}.ssm_alpha.weight": "blk.{i}.ssm_alpha",
+    "blk.{i}.ssm_conv1d.weight": "blk.{i}.ssm_conv1d",
+    "blk.{i}.ssm_dt.bias": "blk.{i}.ssm_dt",
+    "blk.{i}.ssm_a": "blk.{i}.ssm_a",
+    "blk.{i}.ssm_norm.weight": "blk.{i}.ssm_norm",
+    "blk.{i}.ssm_out.weight": "blk.{i}.ssm_out",
 }
 
 # per-architecture exceptions: glm4moe names its pre-FFN norm ATTN_POST_NORM (llama.cpp
 # src/models/glm4-moe.cpp: attn_post_norm feeds the FFN), which other architectures use for a
 # norm of the attention output
 GGUF_ARCH_NAMES: dict[str, dict[str, str]] = {
-    "glm4moe": {"blk.{i}.post_attention_norm.weight": "blk.{i}.ffn_norm"},
+    arch: {"blk.{i}.post_attention_norm.weight": "blk.{i}.ffn_norm"}
+    for arch in ("glm4moe", "qwen3next", "qwen35", "qwen35moe")  # the Qwen hybrids likewise (qwen3next.cpp)
 }
 
 # Hugging Face transformers names (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
