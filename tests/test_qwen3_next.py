@@ -1,7 +1,8 @@
-"""Qwen3-Next (hybrid gated DeltaNet + gated attention) on the NumPy reference: the DeltaNet ops
-against float64 transcriptions of transformers' modeling_qwen3_next.py (torch_recurrent_gated_
-delta_rule, the conv1d, Qwen3NextRMSNormGated), and a tiny hybrid MoE model: prefill = token-by-
-token decode, exact state rollback, speculative decoding token-identical to plain decoding."""
+"""The hybrid families (gated DeltaNet + gated attention: Qwen3-Next, Qwen3.5, Qwen3.5-MoE) on the
+NumPy reference: the DeltaNet ops against float64 transcriptions of transformers'
+modeling_qwen3_next.py (torch_recurrent_gated_delta_rule, the conv1d, Qwen3NextRMSNormGated), and
+tiny models of each family: prefill = token-by-token decode = chunked prefill, exact state
+rollback; Qwen3-Next's GGUF layout.  tests/test_qwen3_5.py: what Qwen3.5 adds."""
 import json
 
 import numpy as np
@@ -90,16 +91,22 @@ def test_gated_rmsnorm_matches_float64():
     np.testing.assert_allclose(got, want.reshape(3, -1), rtol=1e-5, atol=1e-6)
 
 
-# --- a tiny hybrid model: layers linear, full, linear, full; MoE with a shared expert, layer 2 dense
+# --- tiny hybrid models: layers linear, full, linear, full (tests/hybrid_factory.py); Qwen3-Next: MoE with
+# a shared expert, layer 2 dense; Qwen3.5: dense MLPs; Qwen3.5-MoE: MoE everywhere
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return load_checkpoint(make_hybrid_dir(tmp_path_factory.mktemp("qwen3_next"), "qwen3_next")[0])
+FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request, tmp_path_factory):
+    return load_checkpoint(make_hybrid_dir(tmp_path_factory.mktemp(request.param), request.param)[0])
 
 
 def test_layer_kinds_and_state(tiny):
     r = numpy_runner(tiny)
     assert [L.deltanet is not None for L in r.model.layers] == [True, False, True, False]
+    moe = {"qwen3_next": [True, True, False, True], "qwen3_5": [False] * 4, "qwen3_5_moe": [True] * 4}[tiny.arch]
+    assert [L.moe is not None for L in r.model.layers] == moe
     assert r.model.n_kv_layers == 2 and r.state.ssm.shape == (2, 4, 8, 6) and r.state.conv.shape == (2, 3, 56)
     assert r.model.attn.rope.rot_dim == 4 and r.model.attn.output_gate
 
@@ -145,6 +152,21 @@ def test_gguf_equals_hf(tmp_path, legacy):
     assert gg.config["linear_value_head_dim"] == 6 and gg.config["shared_expert_intermediate_size"] == 24
     ids = np.arange(3, 20)
     np.testing.assert_array_equal(numpy_runner(gg).prefill_logits(ids, 0), numpy_runner(hf).prefill_logits(ids, 0))
+
+
+@pytest.mark.parametrize("family, edit, message", [
+    ("qwen3_next", {"linear_num_key_heads": 3}, "4 value heads cannot be shared by 3 key heads"),
+    ("qwen3_5", {"linear_num_key_heads": 0}, "linear_num_key_heads: 0 is not a positive integer"),
+    ("qwen3_5_moe", {"layer_types": ["linear_attention"]}, "layer_types: expected 'linear_attention' or 'full_attention'"),
+])
+def test_lying_linear_attention_settings_are_refused(tmp_path, family, edit, message):
+    from bw24chat.loaders import ModelFileError
+
+    d, _ = make_hybrid_dir(tmp_path, family)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ModelFileError, match=message):
+        load_checkpoint(d)
 
 
 def test_speculation_is_refused_for_hybrid_models(tiny):

@@ -311,7 +311,10 @@ class NumpyOps(Ops):
         q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
         k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
         q = q * np.float32(1.0 / np.sqrt(dk))
-        q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)  # repeat_interleave to Hv heads
+        if spec.v_head_order == "tiled":  # llama.cpp's ggml_repeat: head j <- key head j % Hk
+            q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
+        else:  # transformers' repeat_interleave: head j <- key head j // (Hv / Hk)
+            q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
         beta = sigmoid(b)
         x = a + dt_bias  # softplus as torch's (threshold 20)
         g = A * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))

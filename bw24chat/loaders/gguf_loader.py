@@ -24,9 +24,14 @@ from .tensor import ExpertTensor, QTensor
 
 # llama.cpp architectures -> our model families, and their rope layout in GGUF
 ARCH_FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-               "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2", "qwen3next": "qwen3_next"}
+               "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2", "qwen3next": "qwen3_next",
+               "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
 ROPE_STYLE = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
-              "qwen3moe": "neox", "glm4moe": "neox", "minimax-m2": "neox", "qwen3next": "neox"}
+              "qwen3moe": "neox", "glm4moe": "neox", "minimax-m2": "neox", "qwen3next": "neox", "qwen35": "neox",
+              "qwen35moe": "neox"}
+# llama.cpp's converter reorders Qwen3.5's value heads from grouped by key head to tiled, for
+# ggml's broadcasting repeat (conversion/qwen.py _LinearAttentionVReorderBase; ops.DeltaNetSpec)
+V_HEAD_ORDER = {"qwen35": "tiled", "qwen35moe": "tiled"}
 # MoE metadata (gguf-py constants.py Keys.LLM) -> the HF-style config keys models/moe.py reads
 MOE_KEYS = {
     "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
@@ -133,6 +138,8 @@ def config_from_metadata(path: Path, md: dict, tensor_names: set[str]) -> tuple[
 
 def _deltanet_config(path: Path, md: dict, arch: str, cfg: dict, names: dict) -> None:
     """The gated DeltaNet settings of a hybrid file into ``cfg`` (HF config keys)."""
+    if arch in V_HEAD_ORDER:
+        cfg["linear_v_head_order"] = V_HEAD_ORDER[arch]
     for key, hf_key in SSM_KEYS.items():
         if (v := md.get(f"{arch}.{key}")) is not None:
             cfg[hf_key], names[hf_key] = v, f"{arch}.{key}"

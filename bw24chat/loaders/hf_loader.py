@@ -35,6 +35,10 @@ ARCH_FAMILY = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # the text model of the multimodal checkpoints
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Glm4MoeForCausalLM": "glm4_moe",
     "MiniMaxM2ForCausalLM": "minimax_m2",
 }
@@ -266,6 +270,19 @@ def _tokenizer(model_dir: Path, gen_cfg: dict):
         raise ModelFileError(tk_path, f"the tokenizer cannot be built: {exc}") from None
 
 
+def _text_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor name as its text model's (transformers
+    Qwen3_5ForConditionalGeneration: the language model under model.language_model.*, its MTP
+    head under mtp.* or model.mtp.*), or None for the vision tower (model.visual.*), which
+    bw24chat does not run."""
+    if name.startswith("model.visual."):
+        return None
+    for old, new in (("model.language_model.", "model."), ("model.mtp.", "mtp.")):
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
 def load_hf_dir(model_dir: Path):
     from . import Checkpoint
 
@@ -279,6 +296,12 @@ def load_hf_dir(model_dir: Path):
     fam = next((ARCH_FAMILY[a] for a in archs if isinstance(a, str) and a in ARCH_FAMILY), None)
     if fam is None:
         raise ModelFileError(config_path, f"{archs} is not supported (supported: {sorted(ARCH_FAMILY)})", "architectures")
+    multimodal = any(isinstance(a, str) and a.endswith("ForConditionalGeneration") for a in archs)
+    if multimodal:
+        text_cfg = cfg.get("text_config")
+        if not isinstance(text_cfg, dict):
+            raise ModelFileError(config_path, "a multimodal model's config needs its text model's settings", "text_config")
+        cfg = {**cfg, **text_cfg}
     cfg = dict(cfg, model_type=fam, rope_style="neox")
     gen_cfg = {}
     if (model_dir / "generation_config.json").exists():
@@ -290,9 +313,10 @@ def load_hf_dir(model_dir: Path):
     for name in sorted(where):
         if name in consumed:
             continue
-        if name.startswith("mtp."):  # Qwen3-Next's MTP head: loaded by no model yet
+        text = _text_name(name) if multimodal else name
+        if text is None or text.startswith("mtp."):  # the vision tower; Qwen3-Next's MTP head: loaded by no model yet
             continue
-        canon = HF_MAP.canonical(name)
+        canon = HF_MAP.canonical(text)
         if canon is None:
             if name.endswith(("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv")) or "rotary_emb" in name:
                 continue

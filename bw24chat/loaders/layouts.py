@@ -1,7 +1,8 @@
 """Checkpoint layouts that differ from the canonical one by more than names (names.py): what a
 loader does to a family's canonical-named tensors before the model file loads them.
 
-Gated DeltaNet families (models/qwen3_next.py; canonical layout in names.py):
+Gated DeltaNet families (models/qwen3_next.py, qwen3_5.py, qwen3_5_moe.py; canonical layout in
+names.py; Qwen3.5's projections are stored flat, the canonical layout already):
 - transformers' Qwen3-Next ``in_proj_qkvz`` / ``in_proj_ba`` (and llama.cpp's legacy ``ssm_in`` /
   its ``ssm_ba``) hold their rows grouped by key head, per group [q | k | v | z] and [b | a]
   (Qwen3NextGatedDeltaNet.fix_query_key_value_ordering); they are split by row into the flat
@@ -30,16 +31,14 @@ def _f32(name: str, w: np.ndarray) -> QTensor:
 
 def _deltanet_spec(cfg: dict, path):
     from ..models import get_family
+    from .checks import check_deltanet
 
     try:
-        s = get_family(cfg["model_type"]).ModelArgs.from_dict(cfg).deltanet_spec()
-        ok = min(s.n_k_heads, s.n_v_heads, s.k_head_dim, s.v_head_dim) > 0 and s.n_v_heads % s.n_k_heads == 0
-    except (TypeError, ValueError, ZeroDivisionError) as exc:
-        raise ModelFileError(path, f"the linear-attention settings cannot be read: {exc}", "config") from None
-    if not ok:
-        raise ModelFileError(path, f"{s.n_v_heads} value heads cannot be shared by {s.n_k_heads} key heads "
-                                   f"(head widths {s.k_head_dim}, {s.v_head_dim})", "linear_num_value_heads")
-    return s
+        a = get_family(cfg["model_type"]).ModelArgs.from_dict(cfg)
+    except (TypeError, ValueError) as exc:
+        raise ModelFileError(path, f"the model settings cannot be read: {exc}", "config") from None
+    check_deltanet(path, a)
+    return a.deltanet_spec()
 
 
 def _split_grouped(t: QTensor, p: str, s, path) -> dict[str, QTensor]:
@@ -94,5 +93,5 @@ def gguf_deltanet(tensors: dict, cfg: dict, path) -> dict:
 
 
 # model family -> its layout function (tensors, config, path) -> tensors, per source format
-HF_LAYOUTS = {"qwen3_next": hf_deltanet}
-GGUF_LAYOUTS = {"qwen3_next": gguf_deltanet}
+HF_LAYOUTS = {"qwen3_next": hf_deltanet, "qwen3_5": hf_deltanet, "qwen3_5_moe": hf_deltanet}
+GGUF_LAYOUTS = {"qwen3_next": gguf_deltanet, "qwen3_5": gguf_deltanet, "qwen3_5_moe": gguf_deltanet}

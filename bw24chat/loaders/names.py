@@ -134,6 +134,11 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.linear_attn.A_log": "blk.{i}.ssm_a_log",
     "model.layers.{i}.linear_attn.norm.weight": "blk.{i}.ssm_norm",
     "model.layers.{i}.linear_attn.out_proj.weight": "blk.{i}.ssm_out",
+    # Qwen3.5 (modular_qwen3_5.py Qwen3_5GatedDeltaNet): the canonical layout already
+    "model.layers.{i}.linear_attn.in_proj_qkv.weight": "blk.{i}.attn_qkv",
+    "model.layers.{i}.linear_attn.in_proj_z.weight": "blk.{i}.attn_gate",
+    "model.layers.{i}.linear_attn.in_proj_b.weight": "blk.{i}.ssm_beta",
+    "model.layers.{i}.linear_attn.in_proj_a.weight": "blk.{i}.ssm_alpha",
     # MiniMax-M2 checkpoints (Mixtral-style names: w1 gate, w3 up, w2 down)
     "model.layers.{i}.block_sparse_moe.gate.weight": "blk.{i}.ffn_gate_inp",
     "model.layers.{i}.block_sparse_moe.e_score_correction_bias": "blk.{i}.exp_probs_b",

@@ -27,6 +27,11 @@ from .moe import MoETransformer
 from .qwen3_moe import ModelArgs as Qwen3MoeArgs
 
 
+# layer_types' names -> is the layer linear attention; with transformers' legacy names
+# (configuration_utils.py _LEGACY_LAYER_TYPE_REMAP)
+LAYER_KINDS = {"linear_attention": True, "full_attention": False, "mamba": True, "attention": False}
+
+
 @dataclass
 class ModelArgs(Qwen3MoeArgs):  # transformers configuration_qwen3_next.py defaults
     model_type: str = "qwen3_next"
@@ -43,15 +48,19 @@ class ModelArgs(Qwen3MoeArgs):  # transformers configuration_qwen3_next.py defau
     linear_value_head_dim: int = 128
     linear_num_key_heads: int = 16
     linear_num_value_heads: int = 32
+    linear_v_head_order: str = "grouped"  # set by the GGUF loader for llama.cpp's tiled qwen35 files (ops.DeltaNetSpec)
 
     def is_linear(self, i: int) -> bool:
+        if i >= self.num_hidden_layers:  # an MTP layer is a full-attention layer (vLLM qwen3_next_mtp.py)
+            return False
         if self.layer_types:
-            return self.layer_types[i] == "linear_attention"
+            return LAYER_KINDS[self.layer_types[i]]
         return (i + 1) % self.full_attention_interval != 0
 
     def deltanet_spec(self) -> DeltaNetSpec:
         return DeltaNetSpec(self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim,
-                            self.linear_value_head_dim, self.linear_conv_kernel_dim, self.rms_norm_eps)
+                            self.linear_value_head_dim, self.linear_conv_kernel_dim, self.rms_norm_eps,
+                            self.linear_v_head_order)
 
 
 @dataclass
