@@ -2,7 +2,7 @@
 the NumPy reference: a DeltaNet layer and a gated attention layer against float64 transcriptions
 of transformers' Qwen3_5GatedDeltaNet.forward and Qwen3NextAttention.forward (zero-centred norms,
 partial rotary), the interleaved MRoPE at text positions, llama.cpp's tiled value-head order
-(qwen35 GGUF), and the multimodal checkpoint layout."""
+(qwen35 GGUF, with its MTP layer), and the multimodal checkpoint layout."""
 import json
 
 import numpy as np
@@ -17,7 +17,7 @@ from tests.model_factory import write_safetensors
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
 def tiny(request, tmp_path_factory):
-    d, w = make_hybrid_dir(tmp_path_factory.mktemp(request.param), request.param)
+    d, w = make_hybrid_dir(tmp_path_factory.mktemp(request.param), request.param, n_mtp=1)
     return d, w, load_checkpoint(d)
 
 
@@ -164,11 +164,18 @@ def test_gguf_equals_hf(tmp_path, tiny):
     read in the grouped order the same file gives other logits."""
     d, w, hf = tiny
     gg = load_checkpoint(write_hybrid_gguf(tmp_path / "m.gguf", d, w))
-    assert gg.arch == hf.arch and sorted(gg.tensors) == sorted(hf.tensors)
-    assert gg.config["linear_v_head_order"] == "tiled"
+    assert gg.arch == hf.arch and sorted(gg.tensors) == sorted(hf.tensors) and sorted(gg.mtp) == sorted(hf.mtp)
+    assert gg.config["linear_v_head_order"] == "tiled" and gg.config["num_nextn_predict_layers"] == 1
     ids = np.arange(3, 20)
     want = numpy_runner(hf).prefill_logits(ids, 0)
     np.testing.assert_allclose(numpy_runner(gg).prefill_logits(ids, 0), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    heads = []  # the MTP head (nextn.* of layer N, 1 + w norms) over the same trunk rows
+    for ck in (hf, gg):
+        r = numpy_runner(ck)
+        r.prefill(ids, 0)
+        heads.append(r.mtp_forward(ids[1:], r.last_hidden()[:-1], 0, True))
+    for x, y in zip(*heads):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5 * np.abs(y).max())
     gg.config["linear_v_head_order"] = "grouped"
     assert np.abs(numpy_runner(gg).prefill_logits(ids, 0) - want).max() > 1e-2
 
@@ -189,6 +196,6 @@ def test_multimodal_checkpoint_loads_its_text_model(tmp_path, tiny):
     tensors["model.visual.blocks.0.attn.qkv.weight"] = ("F32", np.zeros((3, 3), np.float32))
     write_safetensors(root / "model.safetensors", tensors)
     vl = load_checkpoint(root)
-    assert vl.arch == hf.arch and sorted(vl.tensors) == sorted(hf.tensors)
+    assert vl.arch == hf.arch and sorted(vl.tensors) == sorted(hf.tensors) and sorted(vl.mtp) == sorted(hf.mtp)
     ids = np.arange(3, 20)
     np.testing.assert_array_equal(numpy_runner(vl).prefill_logits(ids, 0), numpy_runner(hf).prefill_logits(ids, 0))

@@ -139,6 +139,15 @@ def test_rollback_restores_the_states_exactly(tiny):
     np.testing.assert_array_equal(r.state.conv, conv)
     np.testing.assert_array_equal(r.state.ssm, ssm)
     np.testing.assert_array_equal(r.forward([7], 10), want)
+    r.step([7, 1], 10, sp, 0, ids)
+    r.step([2, 3, 4], 12, sp, 0, ids)
+    r.rollback(9)  # inside an older step: recomputed by replaying the passes (prefill, then rows 8)
+    fresh = numpy_runner(tiny)
+    fresh.prefill(ids, 0)
+    fresh.step([5], 8, sp, 0, ids)
+    np.testing.assert_array_equal(r.state.ssm, fresh.state.ssm)
+    np.testing.assert_array_equal(r.step([6], 9, sp, 0, ids), fresh.step([6], 9, sp, 0, ids))
+    np.testing.assert_array_equal(r.last_logits(), fresh.last_logits())
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -169,13 +178,21 @@ def test_lying_linear_attention_settings_are_refused(tmp_path, family, edit, mes
         load_checkpoint(d)
 
 
-def test_speculation_is_refused_for_hybrid_models(tiny):
-    """Until rollback of the recurrent state under speculation is verified, a drafter on a hybrid
-    model is refused with a reason instead of running unverified."""
-    from bw24chat.speculative import make_drafter
+def test_speculation_needs_state_checkpoints(tiny):
+    """The NumPy runner checkpoints the recurrent state at every verify row (exact rollback), so
+    drafters run on hybrid models (tests/test_speculative.py gates them); a runner that does not
+    is refused with the reason."""
+    from bw24chat.backends.numpy_backend import NumpyRunner
+    from bw24chat.speculative import NgramDrafter, make_drafter
 
-    with pytest.raises(ValueError, match="gated DeltaNet"):
-        make_drafter("ngram", numpy_runner(tiny))
+    runner = numpy_runner(tiny)
+    assert isinstance(make_drafter("ngram", runner), NgramDrafter)
+
+    class NoCheckpoints(NumpyRunner):
+        state_checkpoints = False
+
+    with pytest.raises(ValueError, match="gated DeltaNet layers .* checkpoints their recurrent state"):
+        make_drafter("ngram", NoCheckpoints(runner.model, runner.backend))
 
 
 def test_cuda_loader_refuses_deltanet_layers(tiny):

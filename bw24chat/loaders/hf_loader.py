@@ -23,7 +23,7 @@ import numpy as np
 
 from ..tokenizer import load_hf_tokenizer
 from .errors import PICKLE_SUFFIXES, ModelFileError, refuse_pickle
-from .names import HF_MAP
+from .names import HF_MAP, qwen_mtp_name
 from .checks import split_nextn
 from .layouts import HF_LAYOUTS
 from .tensor import ExpertTensor, QTensor
@@ -309,13 +309,16 @@ def load_hf_dir(model_dir: Path):
 
     where = _open_shards(model_dir)
     tensors: dict[str, QTensor] = {}
-    consumed = set()
+    consumed, mtp_layers = set(), set()
     for name in sorted(where):
         if name in consumed:
             continue
         text = _text_name(name) if multimodal else name
-        if text is None or text.startswith("mtp."):  # the vision tower; Qwen3-Next's MTP head: loaded by no model yet
+        if text is None:  # the vision tower
             continue
+        if text.startswith("mtp.") and isinstance(cfg.get("num_hidden_layers"), int):  # Qwen3-Next / Qwen3.5 MTP head
+            text = qwen_mtp_name(text, cfg["num_hidden_layers"]) or text
+            mtp_layers.add(int(text.split(".")[2]) if text.startswith("model.layers.") else -1)
         canon = HF_MAP.canonical(text)
         if canon is None:
             if name.endswith(("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv")) or "rotary_emb" in name:
@@ -347,6 +350,8 @@ def load_hf_dir(model_dir: Path):
         else:
             raise ModelFileError(where[name].path, f"{kind} without the scales that would say how to read it", f"tensor {name}")
     tensors = stack_experts(tensors, model_dir)
+    if mtp_layers:  # the MTP head's layers follow the trunk's, as NextN layers (loaders.checks.split_nextn)
+        cfg["num_nextn_predict_layers"] = max(mtp_layers) + 1 - cfg["num_hidden_layers"]
     if fam in HF_LAYOUTS:  # a family's checkpoint layout -> the canonical one
         tensors = HF_LAYOUTS[fam](tensors, cfg, model_dir)
     tensors, mtp = split_nextn(tensors, cfg)

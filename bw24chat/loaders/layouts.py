@@ -10,7 +10,7 @@ names.py; Qwen3.5's projections are stored flat, the canonical layout already):
 - A_log -> ssm_a = -exp(A_log) (float32, as the forward computes it; llama.cpp's converter
   stores ssm_a so);
 - zero-centred norms w -> 1 + w (float32: Qwen3NextRMSNorm's (1.0 + weight.float()); llama.cpp's
-  converter stores 1 + w), the gated DeltaNet norm excepted;
+  converter stores 1 + w), the gated DeltaNet norm excepted, the MTP head's included;
 - conv1d (C, 1, kernel) -> (C, kernel); shared_expert_gate (1, D) -> (D,).
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ import numpy as np
 from .errors import ModelFileError
 from .tensor import QTensor
 
-# norms stored as w where the forward multiplies by (1 + w) (transformers Qwen3NextRMSNorm)
-ZERO_CENTRED = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm")
+# norms stored as w where the forward multiplies by (1 + w) (transformers Qwen3NextRMSNorm; the MTP
+# head's too: vLLM qwen3_next_mtp.py builds them as Qwen3NextRMSNorm)
+ZERO_CENTRED = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm", "enorm", "hnorm", "shared_head_norm")
 
 
 def _f32(name: str, w: np.ndarray) -> QTensor:

@@ -156,6 +156,24 @@ HF_NAMES: dict[str, str] = {
 }
 
 
+# Qwen3-Next / Qwen3.5 MTP heads (vLLM qwen3_next_mtp.py, qwen3_5_mtp.py): mtp.fc, the two pre-fc
+# norms and the final norm around decoder layer(s) mtp.layers.{j}; loaded as NextN layer N + j under
+# the DeepSeek names above (N = num_hidden_layers), as llama.cpp's converter does (conversion/qwen.py
+# _Qwen35MtpMixin)
+QWEN_MTP_NAMES = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+                  "norm": "shared_head.norm"}
+
+
+def qwen_mtp_name(name: str, n_layers: int) -> str | None:
+    """transformers' name of an ``mtp.*`` tensor as a NextN layer's (model.layers.{N + j}.*), or None."""
+    parts = name.split(".")
+    if len(parts) >= 4 and parts[1] == "layers" and parts[2].isdigit():
+        return f"model.layers.{n_layers + int(parts[2])}." + ".".join(parts[3:])
+    if len(parts) == 3 and parts[1] in QWEN_MTP_NAMES:
+        return f"model.layers.{n_layers}.{QWEN_MTP_NAMES[parts[1]]}.{parts[2]}"
+    return None
+
+
 class NameMap:
     """Compiled form of one of the dicts above: source name <-> canonical name."""
 

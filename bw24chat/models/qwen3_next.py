@@ -13,6 +13,8 @@ arXiv:2412.06464).
 - FFN: Qwen3-MoE's sparse layers (softmax top-k, norm_topk_prob; mlp_only_layers /
   decoder_sparse_step) plus a shared expert scaled by sigmoid(shared_expert_gate(x))
   (Qwen3NextSparseMoeBlock), or a dense MLP.
+- MTP head (``mtp.*``): models/mtp.py's NextN head with a full-attention layer, chaining its
+  normed output.
 - Every RMSNorm but the DeltaNet's gated one is zero-centred: y = norm(x) * (1 + w)
   (Qwen3NextRMSNorm); the loaders hand 1 + w, as llama.cpp's converter stores it, and the other
   checkpoint layouts in canonical form (loaders/layouts.py).
@@ -79,6 +81,7 @@ class DeltaNet:
 class Model(MoETransformer):
     Args = ModelArgs
     output_gate = True
+    mtp_chains_normed = True  # the mtp.* head (vLLM qwen3_next_mtp.py): models/mtp.py
 
     def __init__(self, args: ModelArgs, loader: Loader, tensors: dict, n_ctx: int, progress=None):
         n = args.num_hidden_layers
