@@ -3,11 +3,15 @@ the exactness gates on a model for every weight format x KV-cache type:
 
   prefill-vs-decode   argmax of the tensor-core prefill logits = argmax of the decode path at
                       every position of a 512-token prompt, except near-ties (top-2 margin
-                      < 1e-3, counted and reported)
+                      under 1e-3 or under twice the paths' 99th-percentile row difference,
+                      counted and reported), and their rel L2 difference bounded
   chunk-invariance    prefill logits bit-identical for chunk sizes 256 and 512
   graph-vs-eager      graph decode = eager decode, token for token (greedy, 32 tokens)
   seed                the same seed twice = the same sampled tokens
   graph-launches      no kernel launched from Python during graph decode steps
+  spilled = resident  (MoE models) experts spilled to VRAM slots / pinned host / the model's
+                      tensors give the all-resident run's prefill logits, tokens and m-row
+                      step logits bit for bit
 
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
 (``--device cpu`` for the NumPy one): for K = 1..8, the n-gram and the oracle drafter (and the
@@ -85,14 +89,23 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
         dec[i] = runner.decode_logits(int(t), i)
     top2 = np.sort(a, axis=1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
-    near = margin < 1e-3
+    # A near-tie: a top-2 margin under 1e-3, or under twice the paths' typical difference (the
+    # 99th percentile over positions of a row's largest |prefill - decode|): the two paths differ
+    # by rounding (GEMM vs matvec order, activation codes at a rounding boundary, the cache's
+    # rounding of K / V compounding over 512 positions), so an order flip inside that band is a
+    # tie, not a bug.  A bug on a few positions stands out of the percentile; one on many, out
+    # of the rel L2 limit.
+    noise = 2 * float(np.quantile(np.abs(a - dec).max(axis=1), 0.99))
+    tie = max(1e-3, noise)
+    near = margin < tie
     mism = (np.argmax(a, 1) != np.argmax(dec, 1)) & ~near
     rel = float(np.linalg.norm(a - dec) / np.linalg.norm(dec))
+    rel_limit = 1e-3 if runner.kv_type == "f32" else 1e-2
     # how close the mismatches were: the prefill's top-2 margin at each (a few)
     margins = "".join(f", margin {m:.1e} at {i}" for i, m in zip(np.flatnonzero(mism)[:3], margin[mism][:3]))
     res.append(Result(label, "prefill argmax = decode argmax",
-                      f"{int(mism.sum())} mismatches, {int(near.sum())} near-ties, rel L2 {rel:.1e}{margins}",
-                      "0 (ties < 1e-3 excluded)", int(mism.sum()) == 0))
+                      f"{int(mism.sum())} mismatches, {int(near.sum())} near-ties (< {tie:.1e}), rel L2 {rel:.1e}{margins}",
+                      f"0, rel L2 <= {rel_limit:.0e}", int(mism.sum()) == 0 and rel <= rel_limit))
     # The same comparison for ONE decode step over the prefill's own cache (32 positions): what
     # the engine does after every prompt.  With a rounding KV cache (bf16 / q8_0 / fp8) the
     # from-scratch comparison above also measures how the cache's rounding of slightly
@@ -132,6 +145,45 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     launched = LaunchCounter.count - before
     res.append(Result(label, "launches outside graph (16 steps)", str(launched), "0", launched == 0))
     return res
+
+
+def spill_gate(ck, kv: str, label: str, n_prompt: int = 600, n_gen: int = 32) -> list[Result]:
+    """MoE experts spilled from VRAM give the resident run's bits: a runner whose layers keep
+    max(top_k, E/4) experts in VRAM slots, E/2 in pinned host RAM and the rest in the model's
+    tensors (the file tier) against the all-resident runner: prefill logits (two chunks, the
+    experts streamed through the staging slots), greedy and seeded decode (graph), and the
+    logits of an 8-row step (passes of slots // top_k rows)."""
+    import cupy as cp
+
+    from .backends.cuda_runner import CudaRunner
+    from .backends.expert_tiers import ExpertTiers, fixed_plan, layout_of
+
+    lay = layout_of(ck)
+    if lay is None:
+        return []
+    E, k = max(lay.n_experts), lay.top_k
+    tiers = ExpertTiers(lay, fixed_plan(lay, max(k, E // 4), E // 2))
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, ck.config["vocab_size"], n_prompt)
+    sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50)
+    out = {}
+    for name, t in (("resident", None), ("spilled", tiers)):
+        r = CudaRunner(ck, 2048, kv, prefill_chunk=512, tiers=t)
+        logits = r.prefill_logits(prompt, 0)
+        greedy = _greedy(r, prompt[:64], n_gen, True)
+        seeded = _greedy(r, prompt[:64], n_gen, True, sp, seed=77)
+        r.prefill(prompt[:100], 0)
+        r.step([int(x) for x in prompt[100:108]], 100, SamplingParams(temperature=0), 0, [])
+        out[name] = (logits, greedy, seeded, r.last_logits(), r.expert_stats())
+        del r
+        cp.get_default_memory_pool().free_all_blocks()
+    (a, g1, s1, v1, _), (b, g2, s2, v2, st) = out["resident"], out["spilled"]
+    bits = lambda x, y: int(np.count_nonzero(x.view(np.uint32) != y.view(np.uint32)))  # noqa: E731
+    hit = f"hits vram {st['expert_hit_vram']:.0%} host {st['expert_hit_host']:.0%} disk {st['expert_hit_disk']:.0%}"
+    return [Result(label, "spilled = resident: prefill logits", f"{bits(a, b)} bits differ", "0", bits(a, b) == 0),
+            Result(label, "spilled = resident: decode tokens", f"greedy {'equal' if g1 == g2 else 'differ'}, seeded "
+                   f"{'equal' if s1 == s2 else 'differ'}; {hit}", "equal", g1 == g2 and s1 == s2),
+            Result(label, "spilled = resident: 8-row step logits", f"{bits(v1, v2)} bits differ", "0", bits(v1, v2) == 0)]
 
 
 # ----------------------------------------------------------------------------- speculative decoding
@@ -489,6 +541,7 @@ def main(argv: list[str]) -> int:
                     results += model_gates(runner, f"{a.synthetic}/{fmt}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
                     del runner
                     cp.get_default_memory_pool().free_all_blocks()
+                results += spill_gate(ck, kv, f"{a.synthetic}/{fmt}/kv={kv}")
         if a.model:
             from .console import print_downloads
             from .model_store import open_checkpoint
@@ -499,6 +552,7 @@ def main(argv: list[str]) -> int:
                     runner = CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
                     results += model_gates(runner, f"{ck.name[:20]}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
                     del runner
+                results += spill_gate(ck, kv, f"{ck.name[:20]}/kv={kv}")
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     bad = _print(results, f"bw24chat check on {dev} ({kernel_build.active_arch()}), {time.time() - t0:.0f}s")
     return 1 if bad else 0

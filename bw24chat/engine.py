@@ -139,14 +139,13 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
 
     # where the experts live, decided (or refused, with the numbers) before any weight loads; on
     # the CPU the budgets simulate a card of --vram-budget GiB, so the tiers' stats are real there too
-    # (the CUDA runner takes the tiers once its copy stream and slots land: issue 32)
     gpu = gpu_memory() if device == "cuda" else None
     free = gpu.free if gpu else int(options.vram_budget_gb * GiB) if device != "cuda" else 0
     tiers = tiers_for(ckpt, options, free) if free else None
     if device == "cuda":
         from .backends.cuda_runner import make_cuda_runner
 
-        runner, device_name = make_cuda_runner(ckpt, options, report, spilled_experts=tiers is not None)
+        runner, device_name = make_cuda_runner(ckpt, options, report, tiers=tiers)
     else:
         from threadpoolctl import threadpool_limits
 

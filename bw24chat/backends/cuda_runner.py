@@ -3,6 +3,13 @@ addresses, chunked tensor-core prefill, and a decode step of m = 1..8 rows (embe
 model's blocks -> LM head -> sampling) that replays as ONE CUDA graph per m; the host reads back
 only the sampled token ids, through pinned memory.
 
+The decode step is a plan (``CudaRunner.plan``): the forward pass traced once per m into its
+list of launches, each a kernel bound to its grid, buffers and shared memory; a step walks it,
+and the graph is the captured walk.  ``backends/plan.py`` derives the same list without a GPU.
+Where the host must act inside a step (MoE experts spilled from VRAM: the router's ids decide
+which experts to copy in), the plan holds a HostStep, and the step is one graph per stretch
+between host steps.
+
 The forward pass is the model file's (``models/*.py``), run on ``CudaOps``: the op set
 (``bw24chat.ops``) on the CUDA kernels.  Values are deferred until their consumer is known, so
 that the launches fuse as the kernels allow:
@@ -34,7 +41,7 @@ from . import cuda_moe as moe
 from . import cuda_ops as ops
 from .cuda_weights import DeviceWeight, repack_host
 from .cuda_weights import upload as upload_planes
-from .kernel_build import eager_launches
+from .kernel_build import HostStep, eager_launches, host_step, tracing
 from .runner import MAX_ROWS
 
 RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
@@ -54,12 +61,13 @@ _IO_BYTES = _HDR_BYTES + MAX_ROWS * _ROW_BYTES
 class CudaLoader(Loader):
     """Uploads weights in their resident layouts (cuda_weights); remembers what it uploaded."""
 
-    def __init__(self):
+    def __init__(self, tiers=None):
         import cupy as cp
 
         self.cp = cp
         self.linears: list[DeviceWeight] = []
         self.experts: list = []  # cuda_moe.CudaExperts of each MoE layer
+        self.tiers = tiers  # cuda_tiers.CudaTiers when the experts are spilled from VRAM
         self._planes: dict = {}
 
     def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight:
@@ -83,7 +91,12 @@ class CudaLoader(Loader):
         return w
 
     def load_experts(self, gate, up, down, role: str = "experts") -> moe.CudaExperts:
-        ex = moe.load_experts(gate, up, down, memo=self._planes)  # resident slots + pointer table (cuda_moe)
+        # VRAM slots of expert images + pointer tables (cuda_moe); spilled: the tier plan's slot count
+        slots = self.tiers.tiers.plan.vram_slots[len(self.experts)] if self.tiers is not None else None
+        ex = moe.load_experts(gate, up, down, memo=self._planes, slots=slots)
+        ex.layer = len(self.experts)
+        if self.tiers is not None:
+            self.tiers.load(ex)
         self.experts.append(ex)
         return ex
 
@@ -241,6 +254,8 @@ class CudaOps(Ops):
             moe.prefill_experts(experts, h, ids, weights, Y, m, k, precise=self.r.precise, act_bf16=self.xb16)
             moe.combine(Y, weights, sh, residual, m, k)
             return residual
+        if experts.tiers is not None:  # spilled: the routed experts are copied into VRAM slots first
+            host_step(lambda stream: experts.tiers.fetch(experts, ids, m, stream), f"experts of MoE layer {experts.layer}")
         a = self._input(x)
         F = experts.gu.out // 2
         act = self.buf("moe_act", k, F)
@@ -268,7 +283,8 @@ class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
-                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32"):
+                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32",
+                 tiers=None):
         import cupy as cp
 
         self.cp = cp
@@ -291,7 +307,17 @@ class CudaRunner:
             raise ValueError(f"activations: bf16 or f32, got {activations!r}")
         self.activations = activations
         self.act_bf16 = activations == "bf16"
-        self.loader = CudaLoader()
+        # MoE experts spilled from VRAM (expert_tiers.ExpertTiers): a pass holds at most slots // top_k
+        # rows, so that its experts fit the slots together (rows are row-invariant: the same bits)
+        self.max_rows = MAX_ROWS
+        cuda_tiers = None
+        if tiers is not None:
+            from .cuda_tiers import CudaTiers
+
+            self.max_rows = max(1, min(MAX_ROWS, min(tiers.plan.vram_slots) // a.num_experts_per_tok))
+            cuda_tiers = CudaTiers(tiers, a.num_experts_per_tok, MAX_ROWS)
+        self.tiers = cuda_tiers
+        self.loader = CudaLoader(cuda_tiers)
         report = progress or (lambda f: None)
         self.model = fam.Model(a, self.loader, checkpoint.tensors, self.n_ctx, report)
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
@@ -317,9 +343,15 @@ class CudaRunner:
         i32 = lambda off: self.d_io[off:off + 4 * MAX_ROWS].view(cp.int32)  # noqa: E731
         self.d_tokens, self.d_pos, self.d_len, self.d_next = (i32(o) for o in (_HDR_TOKEN, _HDR_POS, _HDR_LEN, _HDR_OUT))
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: dict = {}  # rows -> the captured decode step
+        self.plans: dict = {}  # rows -> the decode step's launches (kernel_build.KernelLaunch / HostStep)
+        self.graphs: dict = {}  # rows -> the captured decode step: [(graph, the HostStep after it or None)]
         self._rows = 1  # rows of the last pass (last_logits)
         self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
+        # Everything above was allocated, zeroed and uploaded on the legacy default stream, which
+        # the runner's non-blocking stream does not wait for: finish it before the first step
+        # reads the caches, the norm weights or the attention workspace's zeroed counters (on a
+        # busy GPU the runner's first kernels otherwise overtake them).
+        cp.cuda.runtime.deviceSynchronize()
 
     # ==================================================================== buffers
     def buffer(self, name: str, rows: int, *cols: int, dtype: str = "f4"):
@@ -397,22 +429,50 @@ class CudaRunner:
             ops.sample(self.d_logits[i], row[:_ROW_PARAMS].view(self.cp.uint64), self.d_next[i:i + 1],
                        row[_ROW_PARAMS:].view(self.cp.int32), self.d_len[i:i + 1], self.sample_ws)
 
+    def plan(self, m: int = 1) -> list:
+        """The launches of a decode step of m rows, in order: the model's forward on CudaOps and
+        the sampler, traced once (kernel_build.tracing: kernels bound to the runner's buffers,
+        nothing launched) and walked by every step; ``backends/plan.py`` derives the same list
+        from the dims and GPU properties alone."""
+        p = self.plans.get(m)
+        if p is None:
+            with self.stream, tracing() as p:
+                self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
+                self._sample_rows(m)
+            self.plans[m] = p
+        return p
+
     def _step_body(self, m: int = 1):
-        """One decode step of m rows: H2D step image -> the model's forward -> sample each row ->
-        D2H sampled tokens.  Captured into the graph, or run eagerly: the same launches."""
+        """One decode step of m rows, eagerly: H2D step image -> walk the plan -> D2H sampled tokens."""
         self._h2d_io(m)
-        self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
-        self._sample_rows(m)
+        for launch in self.plan(m):
+            launch()
         self._d2h_tokens(m)
 
     def _capture(self, m: int):
+        """The step as graphs: one for the whole plan, or one per stretch between host steps."""
+        plan, segments, cur = self.plan(m), [], []
+        for item in plan:
+            if isinstance(item, HostStep):
+                segments.append((cur, item))
+                cur = []
+            else:
+                cur.append(item)
+        segments.append((cur, None))
+        graphs = []
         with self.stream:
-            self._step_body(m)  # eagerly once: buffers are allocated before the capture
-            self.stream.begin_capture()
-            try:
-                self._step_body(m)
-            finally:
-                self.graphs[m] = self.stream.end_capture()
+            for i, (launches, host) in enumerate(segments):
+                self.stream.begin_capture()
+                try:
+                    if i == 0:
+                        self._h2d_io(m)
+                    for launch in launches:
+                        launch()
+                    if host is None:
+                        self._d2h_tokens(m)
+                finally:
+                    graphs.append((self.stream.end_capture(), host))
+        self.graphs[m] = graphs
 
     def _write_io(self, tokens, start: int, params: SamplingParams, seed: int, history):
         """Rows tokens[i] at positions start + i; each row's params and ring (its history:
@@ -435,13 +495,14 @@ class CudaRunner:
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("a step runs at least one row")
-        # more rows than one pass holds (a verify of K = 8 drafts): passes of MAX_ROWS rows, each
-        # row still the same arithmetic as a one-row step
+        # more rows than one pass holds (a verify of K = 8 drafts; spilled experts): passes of
+        # max_rows rows, each row still the same arithmetic as a one-row step
         out, kept = [], []
         hist = list(history[-RING:])
-        for s in range(0, len(tokens), MAX_ROWS):
-            rows = tokens[s:s + MAX_ROWS]
-            if kept or s + MAX_ROWS < len(tokens):
+        P = self.max_rows
+        for s in range(0, len(tokens), P):
+            rows = tokens[s:s + P]
+            if kept or s + P < len(tokens):
                 kept.append(self._pass(rows, start + s, params, seed, hist, keep=True))
             else:
                 self._pass(rows, start + s, params, seed, hist)
@@ -456,7 +517,11 @@ class CudaRunner:
         if self.use_graph:
             if m not in self.graphs:
                 self._capture(m)
-            self.graphs[m].launch(self.stream)
+            with self.stream:
+                for graph, host in self.graphs[m]:
+                    graph.launch(self.stream)
+                    if host is not None:
+                        host()
         else:
             with self.stream:
                 self._step_body(m)
@@ -489,11 +554,17 @@ class CudaRunner:
         self.step([0], 2, greedy, 0, [])
 
     def decode_weight_bytes(self) -> int:
-        """Bytes one decode step must read of the weights: every matrix once, one embedding row
-        (the whole table where it is also the LM head)."""
+        """Bytes one decode step must read of the weights: every matrix once, top_k experts of each
+        MoE layer, one embedding row (the whole table where it is also the LM head)."""
         total = sum(w.nbytes for w in self.loader.linears)
+        # MoE: top_k experts of each layer (gate|up and down)
+        total += sum(self.args.num_experts_per_tok * ex.nbytes // ex.n_experts for ex in self.loader.experts)
         emb = self.model.tok_embd
         return total + (emb.nbytes if self.model.output is emb else emb.nbytes // self.vocab_size)
+
+    def expert_stats(self) -> dict:
+        """The expert tiers' hits per tier, bytes moved per token, slot occupancy (spilled MoE)."""
+        return self.tiers.tiers.stats.as_dict() if self.tiers is not None else {}
 
     def memory_info(self) -> dict:
         free, total = self.cp.cuda.runtime.memGetInfo()
@@ -516,24 +587,29 @@ def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: i
     return max(256, min(want, fits) // 256 * 256) if fits < want else want
 
 
-def check_fits(name: str, weight_bytes: int, budget_bytes: int, spilled_experts: bool) -> None:
-    """Refuse, before anything is uploaded, a model whose weights the VRAM budget cannot hold
-    (the CUDA runner keeps every weight resident; MoE experts spilled to host RAM need the tiers'
-    copy stream, which the CUDA runner does not have yet), with the numbers and what would run."""
+def check_fits(name: str, weight_bytes: int, budget_bytes: int) -> None:
+    """Refuse, before anything is uploaded, a model whose resident weights the VRAM budget cannot
+    hold (MoE experts beyond it were already planned into slots by expert_tiers, or refused
+    there), with the numbers and what would run."""
     from .expert_tiers import DoesNotFit
 
     gib = 2**30
-    if spilled_experts:
-        raise DoesNotFit(f"{name}: its experts do not all fit the VRAM budget of {budget_bytes / gib:.1f} GiB, and the "
-                         "CUDA engine cannot yet serve experts from host RAM: choose a smaller format (--quantize nvfp4 "
-                         "or q8_0), raise --vram-budget, or run it with --device cpu")
     if weight_bytes + RESERVE_BYTES > budget_bytes:
         raise DoesNotFit(f"{name}: the weights take {weight_bytes / gib:.1f} GiB and the engine {RESERVE_BYTES / gib:.1f} "
                          f"GiB more, but the VRAM budget is {budget_bytes / gib:.1f} GiB: choose a smaller format "
                          "(--quantize nvfp4 or q8_0), a smaller model, or --device cpu")
 
 
-def make_cuda_runner(checkpoint, options, report, spilled_experts: bool = False):
+def resident_weight_bytes(checkpoint, tiers=None) -> int:
+    """The bytes of weights the runner keeps in VRAM: all of them, or with spilled experts the
+    other weights plus the expert slots."""
+    if tiers is None:
+        return checkpoint.nbytes
+    lay, plan = tiers.layout, tiers.plan
+    return lay.other_bytes + sum(s * b for s, b in zip(plan.vram_slots, lay.expert_bytes))
+
+
+def make_cuda_runner(checkpoint, options, report, tiers=None):
     import cupy as cp
 
     from ..api import LoadProgress
@@ -542,13 +618,14 @@ def make_cuda_runner(checkpoint, options, report, spilled_experts: bool = False)
     a = get_family(checkpoint.arch).ModelArgs.from_dict(checkpoint.config)
     free, _total = cp.cuda.runtime.memGetInfo()
     budget = int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else free
-    check_fits(checkpoint.name, checkpoint.nbytes, budget, spilled_experts)
-    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, checkpoint.nbytes, a.num_hidden_layers,
+    weights = resident_weight_bytes(checkpoint, tiers)
+    check_fits(checkpoint.name, weights, budget)
+    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, weights, a.num_hidden_layers,
                         a.num_key_value_heads, a.head_dim, options.kv_cache)
     if n_ctx < min(options.n_ctx or a.max_position_embeddings, a.max_position_embeddings):
         report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))
     runner = CudaRunner(checkpoint, n_ctx, options.kv_cache, progress=lambda f: report(LoadProgress("uploading", f)),
-                        activations=options.activations)
+                        activations=options.activations, tiers=tiers)
     report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
     runner.warmup()
     report(LoadProgress("compiling", 1.0))

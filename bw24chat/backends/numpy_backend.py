@@ -340,8 +340,12 @@ class NumpyOps(Ops):
     def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, experts: NumpyExperts,
                 residual: np.ndarray, shared=None) -> np.ndarray:
         T, k = ids.shape
-        if experts.tiers is not None:  # the same lookups the CUDA tiers make: one per distinct expert of the step
-            experts.tiers.route(experts.layer, ids, T)
+        if experts.tiers is not None:  # the CUDA tiers' accounting: a decode pass goes through the slot
+            tiers, layer = experts.tiers, experts.layer  # cache, a prefill chunk streams past it (cuda_tiers)
+            if T * k <= tiers.plan.vram_slots[layer]:
+                tiers.route(layer, ids, T)
+            else:
+                tiers.lookup(layer, np.unique(ids).tolist(), set(tiers.cache.resident(layer)))
         y = np.empty((T, k, x.shape[-1]), np.float32)  # y[t, j]: expert ids[t, j] on row t
         for e in np.unique(ids):  # the rows each selected expert serves, in one product
             rows, slots = np.nonzero(ids == e)

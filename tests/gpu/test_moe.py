@@ -90,7 +90,7 @@ def test_moe_experts_decode(cp, rng, fmt, E, F, D, k):
 
     got = run([(0, m)])
     err = np.linalg.norm(got - want) / np.linalg.norm(routed)
-    assert err <= 1e-5, err
+    assert err <= 2e-5, err  # f32 sums in another order than NumPy over k x (F or D) terms: a few 1e-6, tails to 1e-5
     single = run([(i, i + 1) for i in range(m)])
     assert np.array_equal(got.view(np.uint32), single.view(np.uint32))
     mid = run([(0, 3), (3, 8)])
