@@ -68,7 +68,8 @@ def build(kind: str, out: Path, big: bool):
                                    num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
                                    rope_theta=1000000.0, tie_word_embeddings=False)
     elif kind in HYBRID:
-        cfg = AutoConfig.for_model(*HYBRID[kind])
+        model_type, settings = HYBRID[kind]
+        cfg = AutoConfig.for_model(model_type, **settings)
     else:
         raise ValueError(kind)
     torch.manual_seed(0)
