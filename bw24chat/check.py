@@ -16,8 +16,9 @@ the exactness gates on a model for every weight format x KV-cache type:
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
 (``--device cpu`` for the NumPy one): for K = 1..8, the n-gram, the oracle and the MTP-head
 drafter (the gate's model carries a random NextN head), greedy and seeded sampling and nine
-prompts, the output equals plain decoding's token for token; with ``-m``
-on that model, its MTP head (shipped, or trained by ``bw24chat train-draft``) as the third.
+prompts, the output equals plain decoding's token for token; on the NumPy backend also for a
+hybrid model (gated DeltaNet layers, whose recurrent state each verify checkpoints; an MTP head);
+with ``-m`` on that model, its MTP head (shipped, or trained by ``bw24chat train-draft``) as the third.
 
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
@@ -198,6 +199,12 @@ def spill_gate(ck, kv: str, label: str, n_prompt: int = 600, n_gen: int = 32) ->
 SPEC_SHAPE = dict(model_type="qwen3", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=4096,
                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+# The hybrid gate's model (NumPy backend): Qwen3.5's block, gated DeltaNet and gated attention layers
+# alternating, and an MTP layer: the recurrent state's exact rollback under speculation, and --spec mtp
+# (the full table takes a few minutes on a loaded CPU)
+SPEC_HYBRID = dict(SPEC_SHAPE, model_type="qwen3_5", num_hidden_layers=4, full_attention_interval=2,
+                   partial_rotary_factor=0.25, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                   linear_value_head_dim=32, linear_conv_kernel_dim=4, num_nextn_predict_layers=1)
 # the oracle's wrong drafts, by output index: singles, a pair, and a run longer than any K (each
 # of its rounds accepts nothing and gets the true token as the bonus)
 ORACLE_ERRORS = frozenset({2, 7, 8, 15, *range(36, 44), 60, 61, 90, 100, 127})
@@ -362,11 +369,12 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
     return out
 
 
-def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None, draft_head: str | None = None):
+def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None, draft_head: str | None = None,
+                hybrid: bool = False):
     """The gate's runner, tokenizer and a name for the backend: ``model`` with its MTP head (shipped
-    or trained: loaders/draft_head.py), else SPEC_SHAPE on the NumPy backend and the synthetic "tiny"
-    shape on CUDA (what the other CUDA gates run), each with a random MTP head (its trunk's weights
-    are the same as without)."""
+    or trained: loaders/draft_head.py), else SPEC_SHAPE (``hybrid``: SPEC_HYBRID, NumPy only: hybrid
+    models have no CUDA kernels yet) on the NumPy backend and the synthetic "tiny" shape on CUDA (what
+    the other CUDA gates run), each with a random MTP head (its trunk's weights are the same as without)."""
     from .backends import pick_device
     from .synthetic import synthetic_checkpoint
 
@@ -390,8 +398,8 @@ def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None
     if pick_device(device)[0] == "cpu":
         from .backends.numpy_backend import numpy_runner
 
-        return (numpy_runner(synthetic_checkpoint(SPEC_SHAPE, "Q8_0", mtp=True), n_ctx), word_tokenizer(SPEC_SHAPE["vocab_size"]),
-                "NumPy")
+        shape = SPEC_HYBRID if hybrid else SPEC_SHAPE
+        return numpy_runner(synthetic_checkpoint(shape, "Q8_0", mtp=True), n_ctx), word_tokenizer(shape["vocab_size"]), "NumPy"
     from .backends.cuda_runner import CudaRunner
 
     runner = CudaRunner(synthetic_checkpoint("tiny", "BF16", mtp=True), n_ctx, "bf16", prefill_chunk=512)
@@ -525,8 +533,13 @@ def main(argv: list[str]) -> int:
         os.environ["BW24CHAT_PORTABLE"] = "1"
     t0 = time.time()
     if a.spec:
+        ks = [int(k) for k in a.spec_k.split(",")]
         runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)
-        results = spec_gates(runner, tok, [int(k) for k in a.spec_k.split(",")]) + [spec_fixed_gate(runner, tok)]
+        results = spec_gates(runner, tok, ks) + [spec_fixed_gate(runner, tok)]
+        if where == "NumPy":  # and a hybrid model (its state's rollback; its MTP head): NumPy only so far
+            del runner
+            runner, tok, _ = spec_runner(a.device, hybrid=True)
+            results += spec_gates(runner, tok, ks, label="spec/hybrid") + [spec_fixed_gate(runner, tok, "spec/hybrid")]
         return report(results, f"bw24chat check --spec on {where}, {time.time() - t0:.0f}s")
     usable, why = (False, "") if a.device == "cpu" else cuda_status()
     if not usable:

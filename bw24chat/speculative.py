@@ -154,9 +154,10 @@ def make_drafter(mode: str, runner=None) -> Drafter | None:
     """The drafter of a ``--spec`` mode (None: off); ``mtp`` needs ``runner`` with a head."""
     if mode == "off":
         return None
-    if getattr(runner, "state", None) is not None:  # a hybrid model's conv / recurrent state (qwen3_next)
-        raise ValueError("speculative decoding does not yet run models with gated DeltaNet layers (their state "
-                         "rollback under speculation is not verified yet); use --spec off")
+    if getattr(getattr(runner, "model", None), "deltanet", None) is not None and not getattr(runner, "state_checkpoints", False):
+        raise ValueError("speculative decoding on a model with gated DeltaNet layers (Qwen3-Next / Qwen3.5) needs a "
+                         "runner that checkpoints their recurrent state at each verified row, which this backend "
+                         "does not do yet (--device cpu does); use --spec off")
     if mode == "ngram":
         return NgramDrafter()
     if mode == "mtp":

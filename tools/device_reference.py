@@ -6,6 +6,13 @@ loader into the CUDA runner.  transformers runs the same weights upcast to float
 Reported: relative L2 error of the final logits (our decode path, token by token; and our
 tensor-core prefill path), and whether greedy decoding agrees for 32 steps.
 
+The hybrid families (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: gated DeltaNet + gated attention) run on
+the NumPy backend instead (float32; the CUDA runner has no DeltaNet kernels yet): "decode" is the
+runner one token at a time, "prefill" one pass over the prompt.  Tiny ones by default; --big adds
+the real widths of Qwen3-Next-80B-A3B, Qwen3.5-9B and Qwen3.5-35B-A3B (transformers' config
+defaults) cut to 4 layers (3 DeltaNet + 1 attention), as NumPy would take too long over all of
+them (the MoE ones still hold 26 / 13 GB of float32 experts in host memory).
+
     python3 tools/device_reference.py OUTDIR [--big] [--long] [--moe] [--only=kind,kind]
 
 --moe adds the mixture-of-experts families: tiny Qwen3MoeForCausalLM (a dense layer among the
@@ -29,6 +36,26 @@ from pathlib import Path
 import numpy as np
 
 
+_TINY_LINEAR = dict(linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
+                    linear_conv_kernel_dim=4)
+_TINY_MOE = dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128, shared_expert_intermediate_size=128)
+_TINY_HYBRID = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                    vocab_size=4096, max_position_embeddings=2048, tie_word_embeddings=False,
+                    layer_types=["linear_attention", "full_attention"] * 2, **_TINY_LINEAR)
+# the real shapes (transformers' config defaults are the released models': Qwen3NextConfig
+# Qwen3-Next-80B-A3B, Qwen3_5TextConfig Qwen3.5-9B, Qwen3_5MoeTextConfig Qwen3.5-35B-A3B), 4 layers
+_REAL = dict(num_hidden_layers=4, max_position_embeddings=4096, rope_theta=10000000.0, partial_rotary_factor=0.25)
+# kind -> (model_type, config) for AutoConfig.for_model; these run on the NumPy backend (module docstring)
+HYBRID = {
+    "qwen3-next-tiny": ("qwen3_next", dict(_TINY_HYBRID, intermediate_size=512, mlp_only_layers=[2], **_TINY_MOE)),
+    "qwen3.5-tiny": ("qwen3_5_text", dict(_TINY_HYBRID, intermediate_size=768)),
+    "qwen3.5-moe-tiny": ("qwen3_5_moe_text", dict(_TINY_HYBRID, **_TINY_MOE)),
+    "qwen3-next-80b-a3b-4l": ("qwen3_next", _REAL),
+    "qwen3.5-9b-4l": ("qwen3_5_text", _REAL),
+    "qwen3.5-35b-a3b-4l": ("qwen3_5_moe_text", _REAL),
+}
+
+
 def build(kind: str, out: Path, big: bool):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -49,6 +76,9 @@ def build(kind: str, out: Path, big: bool):
                                    rope_theta=1000000.0, tie_word_embeddings=False)
     elif kind in MOE_KINDS:
         cfg = moe_config(kind)
+    elif kind in HYBRID:
+        model_type, settings = HYBRID[kind]
+        cfg = AutoConfig.for_model(model_type, **settings)
     else:
         raise ValueError(kind)
     torch.manual_seed(0)
@@ -137,6 +167,24 @@ def moe_args_mismatches(ck, hf_config) -> list[str]:
     return [f"{k}: ours {getattr(a, k)!r}, transformers {v!r}" for k, v in want.items() if getattr(a, k) != v]
 
 
+def numpy_reference(ck, prompt, ref_logits, ref_tokens, n_ctx: int) -> dict:
+    """The NumPy backend against transformers' logits and greedy tokens: decode one token at a
+    time, prefill in one pass (a fresh runner over the same weights), greedy 32 on the decode path."""
+    from bw24chat.backends.numpy_backend import NumpyRunner, numpy_runner
+
+    r = numpy_runner(ck, n_ctx)
+    dec = np.concatenate([r.forward([int(t)], i) for i, t in enumerate(prompt)]).astype(np.float64)
+    tok = int(np.argmax(dec[-1]))
+    ours = [tok]
+    for i in range(31):
+        tok = int(np.argmax(r.forward([tok], len(prompt) + i)[0]))
+        ours.append(tok)
+    pre = NumpyRunner(r.model, r.backend).prefill_logits(prompt, 0).astype(np.float64)
+    rel = lambda x: float(np.linalg.norm(x - ref_logits) / np.linalg.norm(ref_logits))  # noqa: E731
+    same = next((i for i, (x, y) in enumerate(zip(ours, ref_tokens)) if x != y), 32)
+    return dict(backend="numpy", rel_l2_decode=rel(dec), rel_l2_prefill=rel(pre), greedy_equal_steps=same)
+
+
 def main(outdir: str, big: bool = False, long: bool = False, only: tuple = (), moe: bool = False) -> int:
     import cupy as cp
     import torch
@@ -149,7 +197,9 @@ def main(outdir: str, big: bool = False, long: bool = False, only: tuple = (), m
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     rows = []
-    kinds = ["llama-tiny", "qwen3-tiny"] + (["qwen3-8b"] if big else []) + (["qwen3-tiny-long"] if long else [])
+    kinds = ["llama-tiny", "qwen3-tiny", "qwen3-next-tiny", "qwen3.5-tiny", "qwen3.5-moe-tiny"]
+    kinds += ["qwen3-8b", "qwen3-next-80b-a3b-4l", "qwen3.5-9b-4l", "qwen3.5-35b-a3b-4l"] if big else []
+    kinds += ["qwen3-tiny-long"] if long else []
     if moe:
         kinds += [k for k in MOE_KINDS if big or not k.endswith("-4l")]
     if only:
@@ -180,6 +230,12 @@ def main(outdir: str, big: bool = False, long: bool = False, only: tuple = (), m
                 rows.append(dict(model=kind, config_mismatches=bad))
                 print(json.dumps(rows[-1]), flush=True)
                 continue
+        if kind in HYBRID:
+            rows.append(dict(model=kind, kv="f32", activations="f32", **numpy_reference(ck, prompt, ref_logits, ref_tokens, n_ctx),
+                             seconds=time.time() - t0))
+            print(json.dumps(rows[-1]), flush=True)
+            del ck
+            continue
         # float32 activations and cache: the comparison with transformers in float32 (1e-3); the
         # default bf16 cache, and the opt-in bf16 activations, for the record
         for kv, act in (("f32", "f32"), ("bf16", "f32"), ("f32", "bf16")):
@@ -196,17 +252,18 @@ def main(outdir: str, big: bool = False, long: bool = False, only: tuple = (), m
                 tok = int(np.argmax(r.decode_logits(tok, len(prompt) + i)))
                 ours.append(tok)
             same = next((i for i, (x, y) in enumerate(zip(ours, ref_tokens)) if x != y), 32)
-            rows.append(dict(model=kind, kv=kv, activations=act, rel_l2_decode=rel_dec, rel_l2_prefill=rel_pre, greedy_equal_steps=same,
-                             seconds=time.time() - t0))
+            rows.append(dict(model=kind, kv=kv, activations=act, backend="cuda", rel_l2_decode=rel_dec, rel_l2_prefill=rel_pre,
+                             greedy_equal_steps=same, seconds=time.time() - t0))
             print(json.dumps(rows[-1]), flush=True)
             del r
             cp.get_default_memory_pool().free_all_blocks()
-    print(f"\n{'model':12} {'kv':5} {'x':5} {'rel L2 decode':>14} {'rel L2 prefill':>15} {'greedy equal':>13}")
+    print(f"\n{'model':22} {'backend':7} {'kv':5} {'x':5} {'rel L2 decode':>14} {'rel L2 prefill':>15} {'greedy equal':>13}")
     for x in rows:
         if "config_mismatches" in x:
-            print(f"{x['model']:12} config read differently: {'; '.join(x['config_mismatches'])}")
+            print(f"{x['model']:22} config read differently: {'; '.join(x['config_mismatches'])}")
             continue
-        print(f"{x['model']:12} {x['kv']:5} {x['activations']:5} {x['rel_l2_decode']:14.2e} {x['rel_l2_prefill']:15.2e} {x['greedy_equal_steps']:>10}/32")
+        print(f"{x['model']:22} {x['backend']:7} {x['kv']:5} {x['activations']:5} {x['rel_l2_decode']:14.2e} "
+              f"{x['rel_l2_prefill']:15.2e} {x['greedy_equal_steps']:>10}/32")
     return 0
 
 

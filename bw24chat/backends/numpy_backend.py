@@ -311,7 +311,10 @@ class NumpyOps(Ops):
         q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
         k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
         q = q * np.float32(1.0 / np.sqrt(dk))
-        q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)  # repeat_interleave to Hv heads
+        if spec.v_head_order == "tiled":  # llama.cpp's ggml_repeat: head j <- key head j % Hk
+            q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
+        else:  # transformers' repeat_interleave: head j <- key head j // (Hv / Hk)
+            q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
         beta = sigmoid(b)
         x = a + dt_bias  # softplus as torch's (threshold 20)
         g = A * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
@@ -366,14 +369,17 @@ class NumpyRunner:
     """The reference runner (the interface: backends/runner.py): a model on the NumPy backend,
     its KV cache, host sampling (bw24chat.sampling, the specification of the device sampler)."""
 
+    state_checkpoints = True  # a hybrid model's recurrent state is copied at every step row (speculative.make_drafter)
+
     def __init__(self, model, backend: NumpyBackend | None = None):
         self.model = model
         self.backend = backend or NumpyBackend()
         a = self.args = model.args
         self.cache = self.backend.new_kv_cache(model.n_kv_layers, a.num_key_value_heads, a.head_dim, model.n_ctx)
-        # hybrid models (gated DeltaNet layers): the recurrent state, the copies of it after each
-        # row of the latest step (position -> snapshot, for an exact rollback of a speculative
-        # verify), and the ids at positions 0.. (to recompute the state for any other rollback)
+        # hybrid models (gated DeltaNet layers): the recurrent state, the copies of it before and
+        # after each row of the latest step (position -> snapshot, for an exact rollback of a
+        # speculative verify), and the ids at positions 0.. (to recompute the state for any other
+        # rollback)
         self.state = self.backend.new_recurrent_state(model.deltanet, model.n_state_layers) if model.deltanet else None
         self._snaps: dict[int, tuple] = {}
         self._ids: list[int] = []
@@ -419,7 +425,9 @@ class NumpyRunner:
         # one row at a time: BLAS products over several rows may round differently from one row,
         # and each row must equal a one-row step bit for bit (runner.py)
         tokens = [int(t) for t in tokens]
-        self._snaps = {}
+        if self.state is not None and start <= self.state.pos:  # the state before row 0 as well: a rollback
+            self.rollback(start)  # to any position the step covers is a restore (forward would rewind too)
+            self._snaps = {start: self.state.snapshot()}
         logits, hidden = [], []
         for i, t in enumerate(tokens):
             logits.append(self.forward([t], start + i))
@@ -465,7 +473,7 @@ class NumpyRunner:
     def rollback(self, n: int) -> None:
         """Positions >= n are stale; the KV cache's are overwritten before anything reads them
         again.  A recurrent state has no positions to drop: it is restored to the copy taken
-        after position n - 1 in the latest step (the speculative verify's case), or else
+        at position n in the latest step (the speculative verify's case), or else
         recomputed from the ids at positions 0..n-1, replaying the passes that consumed them (so
         bit for bit, unless n splits a multi-row pass: then up to the rounding of its products)."""
         st = self.state
@@ -476,11 +484,11 @@ class NumpyRunner:
             st.restore(self._snaps[n])
             self._passes = passes
             return
-        logits = self._logits
+        logits, ids = self._logits, self._ids[:n]  # (each replayed pass truncates self._ids after it)
         st.reset()
         self._snaps, self._passes = {}, []
         for s, m in passes:
-            self.forward(self._ids[s:s + m], s)
+            self.forward(ids[s:s + m], s)
         self._logits = logits
 
     def memory_info(self) -> dict:
