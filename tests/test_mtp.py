@@ -166,7 +166,6 @@ def test_a_head_that_copies_the_trunk_is_accepted(tmp_path):
         assert s["spec_acceptance"] > 0.8, (mode, k, s)
 
 
-<<<<<<< HEAD
 @pytest.mark.kernels  # the plan reads register counts from ptxas (NVRTC)
 @pytest.mark.parametrize("m,from_trunk", [(1, True), (5, True), (1, False)])
 def test_cuda_head_pass_planned(m, from_trunk):
@@ -209,7 +208,8 @@ def test_cuda_head_pass_planned(m, from_trunk):
     assert logits is r.mtp_logits and g.shape == (m, D)
     trunk = {"x", "h", "qkv", "q", "attn", "act", "logits"}  # the trunk's step buffers
     assert not any(arg.split("+")[0] in trunk for x in L for arg in x.args), "the head wrote the trunk's buffers"
-=======
+
+
 # ----------------------------------------------------------------------------- Qwen3-Next / Qwen3.5 heads
 @pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
 def hybrid(request, tmp_path_factory):
@@ -289,4 +289,3 @@ def test_qwen_spec_mtp_token_identical_for_every_k(hybrid):
     tok = replace(ck.tokenizer, stop_ids=set())
     stats = _identical(runner, tok, range(1, MAX_K + 1), [[5, 77, 120, 3, 9, 200, 31]])
     assert all(s["spec_rounds"] > 0 for _, _, s in stats)
->>>>>>> hA
