@@ -62,7 +62,7 @@ class GenerationRequest:
     add_generation_prompt: bool = True
     logprobs: int = 0  # top-N log-probabilities per generated token (0: none)
     echo: bool = False
-    spec: str | None = None  # speculative decoding: off | ngram; None: the engine's --spec
+    spec: str | None = None  # speculative decoding: off | ngram | mtp; None: the engine's --spec
     spec_k: int | None = None  # drafts per step (0: adaptive); None: the engine's --spec-k
     # the user at the keyboard (the TUI): a batching engine runs it ahead of server load, and a
     # full queue never refuses it

@@ -8,10 +8,13 @@ bf16 and fp16 tensor-core rates are equal).
   prefill roofline (tok/s) = GEMM rate / FLOPs per token (2 x matrix parameters + attention)
 All timings: CUDA events after warm-up, medians of >= 5 runs.
 
-``--spec ngram`` instead measures speculative decoding on either backend (``--device``): an
+``--spec ngram|mtp`` instead measures speculative decoding on either backend (``--device``): an
 editing workload (a paragraph of ~250 tokens, then a request to repeat it with small changes),
 greedy, through the engine as a user runs it: tokens/s with and without speculation, acceptance,
-tokens per verify step, the speed-up, and whether the output was token-identical.
+tokens per verify step, the speed-up, and whether the output was token-identical.  ``mtp`` needs
+a model with an MTP head; with ``--synthetic`` the random-weight shape gets a random head (and
+the workload is token ids: a paragraph, then its start again), which measures what drafting
+costs per K (a random head's drafts are almost never accepted).
 """
 from __future__ import annotations
 
@@ -52,6 +55,29 @@ def measure_copy_bandwidth(cp, nbytes: int = 2 << 30, runs: int = 10) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
+def measure_h2d_bandwidth(cp, nbytes: int = 1 << 30, runs: int = 10) -> float:
+    """Pinned host -> device copy rate: what serves the experts spilled to host RAM."""
+    host = cp.cuda.alloc_pinned_memory(nbytes)
+    dst = cp.empty(nbytes, cp.uint8)
+    rt = cp.cuda.runtime
+    stream = cp.cuda.get_current_stream()
+    ms = statistics.median(_events_ms(cp, lambda: rt.memcpyAsync(dst.data.ptr, host.ptr, nbytes, rt.memcpyHostToDevice,
+                                                                 stream.ptr), runs))
+    return nbytes / (ms * 1e-3)
+
+
+def drop_page_cache(path: str) -> None:
+    """Evict a model's files from the page cache (posix_fadvise DONTNEED; a folder: each file in
+    it), so the expert disk tier reads the disk, not RAM."""
+    files = [os.path.join(path, f) for f in sorted(os.listdir(path))] if os.path.isdir(path) else [path]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def measure_gemm_rate(cp, n: int = 8192, runs: int = 10) -> float:
     a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
     b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
@@ -73,13 +99,32 @@ def kv_bytes_per_token(runner, ctx: int) -> int:
 def flops_per_token(runner, ctx: int) -> float:
     a = runner.args
     D, H, K, hd, F = runner.dims
-    mat = a.num_hidden_layers * (D * (H + 2 * K) * hd + H * hd * D + 3 * D * F) + D * a.vocab_size
+    ffn = [3 * D * F] * a.num_hidden_layers
+    if getattr(a, "num_experts", 0):  # MoE layers: top_k experts and the shared ones
+        Fe = a.moe_intermediate_size
+        ffn = [3 * D * Fe * (a.num_experts_per_tok + a.n_shared_experts) if a.is_moe_layer(i) else 3 * D * F
+               for i in range(a.num_hidden_layers)]
+    mat = a.num_hidden_layers * (D * (H + 2 * K) * hd + H * hd * D) + sum(ffn) + D * a.vocab_size
     attn = a.num_hidden_layers * 4 * H * hd * ctx / 2  # causal: half the keys on average
     return 2 * mat + attn
 
 
+def _tier_row(stats, before: dict, vram_bytes: int, copy_bw: float, h2d_bw: float, disk_bw: float, tps: float) -> dict:
+    """A spilled-expert decode row's figures over the timed window: hits per tier, bytes moved per
+    token, and the bound of reading ``vram_bytes`` in VRAM plus copying the moved bytes at the
+    measured host-to-device rate (and, for the file tier, the disk's measured rate when given)."""
+    d = {k: v - before[k] for k, v in vars(stats).items() if isinstance(v, int) and k in before}
+    n = max(d["vram_hits"] + d["host_hits"] + d["disk_hits"], 1)
+    tokens = max(d["tokens"], 1)
+    host_b, disk_b = d["bytes_host"] / tokens, d["bytes_disk"] / tokens
+    t = vram_bytes / copy_bw + host_b / h2d_bw + (disk_b / disk_bw if disk_bw else disk_b / h2d_bw)
+    return dict(expert_hit_vram=d["vram_hits"] / n, expert_hit_host=d["host_hits"] / n, expert_hit_disk=d["disk_hits"] / n,
+                host_bytes_per_token=host_b, disk_bytes_per_token=disk_b, h2d_GBs=h2d_bw / 1e9,
+                disk_GBs=disk_bw / 1e9, disk_read_GBs=disk_b * tps / 1e9, tier_bound_tok_s=1 / t, tier_pct=100 * tps * t)
+
+
 def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str, decode_only: bool = False,
-                 prefill_only: bool = False) -> list[dict]:
+                 prefill_only: bool = False, h2d_bw: float = 0.0, disk_bw: float = 0.0) -> list[dict]:
     rng = np.random.default_rng(0)
     V = runner.args.vocab_size
     rows = []
@@ -119,6 +164,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
             tok = runner.step([tok], ctx + i, sp, 0, [])[0]
         tok = int(ids[-1])
         walls, gpu = [], []
+        st0 = dict(vars(runner.tiers.tiers.stats)) if runner.tiers is not None else None
         for r in range(runs):
             t0 = time.perf_counter()
             a, b = cp.cuda.Event(), cp.cuda.Event()
@@ -133,8 +179,11 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         tps = 128 / wall
         nbytes = weight_bytes(runner) + kv_bytes_per_token(runner, ctx + 64)
         roof = copy_bw / nbytes
-        rows.append(dict(model=label, test=f"tg128@{ctx}{tag}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
-                         bytes_per_token=nbytes, host_overhead=wall / max(g, 1e-9)))
+        row = dict(model=label, test=f"tg128@{ctx}{tag}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
+                   bytes_per_token=nbytes, host_overhead=wall / max(g, 1e-9))
+        if st0 is not None:  # spilled experts: the bound adds the bytes the tiers moved per token
+            row.update(_tier_row(runner.tiers.tiers.stats, st0, nbytes, copy_bw, h2d_bw, disk_bw, tps))
+        rows.append(row)
     rows += verify_costs(runner, runs, label)
     return rows
 
@@ -170,16 +219,15 @@ def verify_costs(runner, runs: int, label: str, ctx: int = 512, reps: int = 32) 
 def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list[dict]:
     """Where one decode step's GPU time goes, measured inside CUDA graphs.
 
-    One eager decode step is recorded launch by launch (kernel_build.LaunchCounter.record); the
-    launches are grouped by kernel (with its compile-time defines), grid and shared memory, i.e.
-    by role: qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler.  Each
+    The launches of the runner's one-row plan (runner.plan) are grouped by kernel (with its
+    compile-time defines), grid and shared memory, i.e. by role: qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler.  Each
     group (e.g. the 36 attention launches of one step, over 36 different caches, so the L2 holds
     no more than it would in the real step) is captured as its own graph and replayed `inner`
     times between CUDA events; medians of `reps`.  The full step graph is timed the same way:
     its time minus the sum of the groups is what the joins between kernels cost (launch gaps,
     tails), since groups run their launches back to back just as the step does."""
     from .api import SamplingParams
-    from .backends.kernel_build import LaunchCounter
+    from .backends.kernel_build import KernelLaunch
 
     rng = np.random.default_rng(1)
     ids = rng.integers(0, runner.args.vocab_size, ctx)
@@ -206,29 +254,24 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
             ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / inner)
         return statistics.median(ts)
 
-    step_us = time_graph(runner.graphs[1])
-    LaunchCounter.record = []
-    try:
-        with stream:
-            runner._step_body()
-        stream.synchronize()
-        launches = LaunchCounter.record
-    finally:
-        LaunchCounter.record = None
+    if len(runner.graphs[1]) > 1:
+        raise ValueError("--profile times the one-graph decode step (all experts resident)")
+    step_us = time_graph(runner.graphs[1][0][0])
+    launches = [L for L in runner.plan(1) if isinstance(L, KernelLaunch)]
     groups: dict = {}
-    for k, grid, block, args, kw in launches:
-        groups.setdefault((id(k), grid, block, kw.get("shared_mem", 0)), []).append((k, grid, block, args, kw))
+    for L in launches:
+        groups.setdefault((id(L.kernel), L.grid, L.block, L.smem), []).append(L)
     rows = []
     for key, ls in groups.items():
         with stream:
             stream.begin_capture()
             try:
-                for k, grid, block, args, kw in ls:
-                    k._raw(grid, block, args, **kw)
+                for L in ls:
+                    L()
             finally:
                 g = stream.end_capture()
         us = time_graph(g)
-        rows.append(dict(kernel=ls[0][0].label, grid=list(ls[0][1]), launches=len(ls), us_per_step=us,
+        rows.append(dict(kernel=ls[0].kernel.label, grid=list(ls[0].grid), launches=len(ls), us_per_step=us,
                          us_per_launch=us / len(ls)))
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)
@@ -282,37 +325,98 @@ EDIT_REQUEST = ("Repeat the paragraph above exactly, word for word, except: writ
                 "'1874' as '1875' and 'Thomas Reid' as 'Tom Reid'. Output only the paragraph.")
 
 
-def bench_spec(engine, mode: str, ks: list[int], runs: int, max_tokens: int) -> list[dict]:
-    """Plain decoding, then ``mode`` at each K (0: adaptive) on the editing workload, greedy; each
-    configuration once to warm up (CUDA graphs per row count), then the median of ``runs``."""
+def bench_spec(run, mode: str, ks: list[int], runs: int) -> list[dict]:
+    """Plain decoding, then ``mode`` at each K (0: adaptive), greedy; each configuration once to
+    warm up (CUDA graphs per row count), then the median of ``runs``.  ``run(spec, k)`` generates
+    once: (decode tok/s, stats, text, tokens)."""
+    rows, plain = [], None
+    for spec, k in [("off", 0)] + [(mode, k) for k in ks]:
+        done = [run(spec, k) for _ in range(runs + 1)][1:]
+        tps = statistics.median(d[0] for d in done)
+        _, st, text, n = done[0]
+        plain = plain or (tps, text)
+        rows.append(dict(spec=spec, k="-" if spec == "off" else "auto" if k == 0 else k, tok_s=tps, speedup=tps / plain[0],
+                         acceptance=st.get("spec_acceptance"), mean_len=st.get("spec_mean_len"),
+                         tokens=n, identical=text == plain[1]))
+    return rows
+
+
+def _engine_run(engine, max_tokens: int):
+    """bench_spec's ``run`` through the engine: the editing request, as a user sends it."""
     from .api import GenerationRequest, SamplingParams
 
     msgs = [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, seed=0)
-    rows, plain = [], None
-    for spec, k in [("off", 0)] + [(mode, k) for k in ks]:
-        done = [engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec=spec, spec_k=k)).result()[1]
-                for _ in range(runs + 1)][1:]
-        tps = statistics.median(d.stats["decode_tps"] for d in done)
-        st, text = done[0].stats, done[0].text
-        plain = plain or (tps, text)
-        rows.append(dict(spec=spec, k="-" if spec == "off" else "auto" if k == 0 else k, tok_s=tps, speedup=tps / plain[0],
-                         acceptance=st.get("spec_acceptance"), mean_len=st.get("spec_mean_len"),
-                         tokens=done[0].usage.completion_tokens, identical=text == plain[1]))
-    return rows
+
+    def run(spec: str, k: int):
+        d = engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec=spec, spec_k=k)).result()[1]
+        return d.stats["decode_tps"], d.stats, d.text, d.usage.completion_tokens
+
+    return run
+
+
+def _synthetic_run(a):
+    """bench_spec's ``run`` on a random-weight shape (--synthetic, the first --weights format; a
+    random MTP head with --spec mtp): the gate's "edit" prompt of token ids (check.spec_cases).
+    Returns (run, model name, device name)."""
+    from .api import SamplingParams
+    from .backends import pick_device
+    from .check import spec_cases, word_tokenizer
+    from .generate import Generator
+    from .speculative import make_drafter
+    from .synthetic import synthetic_checkpoint
+
+    ck = synthetic_checkpoint(a.synthetic, a.weights[0].upper(), mtp=a.spec == "mtp")
+    n_ctx = min(a.ctx, 4096)
+    if pick_device(a.device)[0] == "cuda":
+        from .backends.cuda_runner import CudaRunner
+
+        runner = CudaRunner(ck, n_ctx, a.kv_cache, activations=a.activations)
+        runner.warmup()
+        device = runner.cp.cuda.runtime.getDeviceProperties(runner.cp.cuda.Device().id)["name"].decode()
+    else:
+        from .backends.numpy_backend import numpy_runner
+
+        runner, device = numpy_runner(ck, n_ctx), "CPU (NumPy)"
+    make_drafter(a.spec, runner)  # refuses here what it cannot run
+    gen = Generator(runner, word_tokenizer(runner.vocab_size))
+    prompt = next(c for c in spec_cases(runner.vocab_size, n_ctx, a.max_tokens) if c.name == "edit").prompt
+    sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, seed=0)
+
+    def run(spec: str, k: int):
+        r = gen.generate(prompt, sp, drafter=make_drafter(spec, runner), spec_k=k)
+        return r.decode_tps, r.stats, r.text, len(r.token_ids)
+
+    return run, ck.name, device
 
 
 def spec_main(a) -> int:
     from .engine import open_engine
     from .options import EngineOptions
+    from .speculative import make_drafter
 
-    engine = open_engine(EngineOptions(model=a.model or "default", device=a.device, n_ctx=min(a.ctx, 4096), kv_cache=a.kv_cache))
+    ks = [0 if k == "auto" else int(k) for k in a.spec_k.split(",")]
+    engine = None
     try:
-        ks = [0 if k == "auto" else int(k) for k in a.spec_k.split(",")]
-        rows = bench_spec(engine, a.spec, ks, a.runs, a.max_tokens)
-        result = {"device": engine.info.device_name, "model": engine.info.name, "workload": "edit (greedy)", "rows": rows}
+        if a.synthetic:
+            run, name, device = _synthetic_run(a)
+        else:
+            engine = open_engine(EngineOptions(model=a.model or "default", device=a.device, n_ctx=min(a.ctx, 4096),
+                                               kv_cache=a.kv_cache))
+            run, name, device = _engine_run(engine, a.max_tokens), engine.info.name, engine.info.device_name
+            make_drafter(a.spec, engine.runner)  # mtp on a model without a head: refused with the reason
+    except ValueError as exc:
+        if engine is not None:
+            engine.close()
+        sys.stderr.write(f"bw24chat bench --spec {a.spec}: {exc}\n")
+        return 2
+    try:
+        rows = bench_spec(run, a.spec, ks, a.runs)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
+    result = {"device": device, "model": name, "workload": "edit, token ids (greedy)" if a.synthetic else "edit (greedy)",
+              "rows": rows}
 
     def table():
         print(f"\n{result['model']} on {result['device']}: editing workload, greedy, {rows[0]['tokens']} tokens")
@@ -351,7 +455,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
     p.add_argument("--profile", action="store_true",
                    help="only the per-kernel decode profile (in-graph times of each role) at context 512 and 8192")
-    p.add_argument("--spec", choices=["ngram"], help="speculative decoding on an editing workload instead (either backend)")
+    p.add_argument("--vram-budget", type=float, default=0.0, metavar="GB",
+                   help="MoE: VRAM the weights may take; experts beyond it are spilled (decode rows then report "
+                        "hits per tier, bytes moved per token and the tier bound)")
+    p.add_argument("--host-budget", type=float, default=None, metavar="GB",
+                   help="MoE with --vram-budget: pinned host RAM for spilled experts (default: half the available)")
+    p.add_argument("--drop-page-cache", action="store_true",
+                   help="with -m MODEL: evict its files from the page cache first (the expert disk tier then reads the disk)")
+    p.add_argument("--disk-rate", type=float, default=0.0, metavar="GB/s",
+                   help="the disk's sequential read rate (measured apart, e.g. dd of the model file after "
+                        "--drop-page-cache), for the file tier's bound")
+    p.add_argument("--spec", choices=["ngram", "mtp"],
+                   help="speculative decoding on an editing workload instead (either backend; mtp: the model's MTP head)")
     p.add_argument("--spec-k", default="auto,2,4,8", help="--spec: comma list of K (auto: adaptive)")
     p.add_argument("--max-tokens", type=int, default=320, help="--spec: tokens per generation")
     return p
@@ -377,6 +492,23 @@ def _emit(result: dict, a, table) -> None:
         table()
 
 
+def _bench_tiers(ck, a, cp):
+    """The expert tiers at --vram-budget / --host-budget (None: dense, all resident, or no budget)."""
+    if not a.vram_budget:
+        return None
+    from .backends.expert_tiers import ExpertTiers, kv_cache_bytes, layout_of, plan_for
+    from .models import get_family
+
+    lay = layout_of(ck)
+    if lay is None:
+        return None
+    m = get_family(ck.arch).ModelArgs.from_dict(ck.config)
+    kv = kv_cache_bytes(min(a.ctx, m.max_position_embeddings), m.num_hidden_layers, m.num_key_value_heads, m.head_dim,
+                        a.kv_cache)
+    plan = plan_for(lay, cp.cuda.runtime.memGetInfo()[0], a.vram_budget, a.host_budget, kv)
+    return None if plan.all_resident else ExpertTiers(lay, plan)
+
+
 def main(argv: list[str]) -> int:
     from .backends import cuda_status
     from .check import no_gpu
@@ -397,29 +529,34 @@ def main(argv: list[str]) -> int:
     from .backends.cuda_runner import CudaRunner
 
     copy_bw, gemm_rate = (0.0, 0.0) if a.profile else (measure_copy_bandwidth(cp), measure_gemm_rate(cp))
+    h2d_bw = measure_h2d_bandwidth(cp) if a.vram_budget else 0.0
     rows = []
+
+    def run(ck, label: str):
+        tiers = _bench_tiers(ck, a, cp)
+        runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations, tiers=tiers)
+        if tiers is not None:
+            label += f"/{min(tiers.plan.vram_slots)}of{max(tiers.layout.n_experts)}vram"
+        if a.profile:
+            _print_profile(runner, cp, label, a.ctx)
+            return []
+        return bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, label, a.decode_only, a.prefill_only, h2d_bw,
+                            a.disk_rate * 1e9)
+
     if a.synthetic:
         from .synthetic import synthetic_checkpoint
 
         for fmt in a.weights:
-            ck = synthetic_checkpoint(a.synthetic, fmt.upper())
-            runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations)
-            if a.profile:
-                _print_profile(runner, cp, f"{a.synthetic}/{fmt}", a.ctx)
-            else:
-                rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, f"{a.synthetic}/{fmt}", a.decode_only, a.prefill_only)
-            del runner
+            rows += run(synthetic_checkpoint(a.synthetic, fmt.upper()), f"{a.synthetic}/{fmt}")
             cp.get_default_memory_pool().free_all_blocks()
     else:
         from .console import print_downloads
         from .model_store import open_checkpoint
 
         ck = open_checkpoint(a.model or "default", print_downloads("bw24chat bench"))
-        runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations)
-        if a.profile:
-            _print_profile(runner, cp, ck.name, a.ctx)
-        else:
-            rows += bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, ck.name, a.decode_only, a.prefill_only)
+        if a.drop_page_cache:
+            drop_page_cache(str(ck.path))
+        rows += run(ck, ck.name)
     if a.profile:
         return 0
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
@@ -429,7 +566,7 @@ def main(argv: list[str]) -> int:
     from .backends.cuda_weights import FORMATS
     from .backends.kernel_refs import act_q8
 
-    result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache,
+    result = {"device": dev, "copy_bandwidth_GBs": copy_bw / 1e9, "h2d_bandwidth_GBs": h2d_bw / 1e9, "gemm_TFLOPs": gemm_rate / 1e12, "kv_cache": a.kv_cache,
               "activations": a.activations,
               "pdl": pdl, "prefill_gemm": gemm_impl(), "int8_activations": [f for f in FORMATS if act_q8(f)],
               "prefill_register_a": ",".join(WRA_FORMATS) + " wide" if gemm_impl() == "wg" else "off (needs sm_90a)",
@@ -448,6 +585,11 @@ def main(argv: list[str]) -> int:
                 continue
             print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
                   f"{r.get('bytes_per_token', ''):>12} " + (f"{r['host_overhead']:8.3f}" if "host_overhead" in r else f"{'-':>8}"))
+            if "tier_bound_tok_s" in r:  # spilled experts: the tiers' figures and their bound
+                print(f"{'':24} {'  expert tiers':18} hits vram {r['expert_hit_vram']:.1%} host {r['expert_hit_host']:.1%} "
+                      f"disk {r['expert_hit_disk']:.1%}; moved per token {r['host_bytes_per_token'] / 1e6:.0f} MB from host, "
+                      f"{r['disk_bytes_per_token'] / 1e6:.0f} MB from disk ({r['disk_read_GBs']:.2f} GB/s); bound "
+                      f"{r['tier_bound_tok_s']:.1f} tok/s at {r['h2d_GBs']:.0f} GB/s host-to-device: {r['tier_pct']:.0f} %")
 
     _emit(result, a, table)
     return 0

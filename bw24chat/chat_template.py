@@ -125,6 +125,13 @@ class ChatFormatter:
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
 
+    @classmethod
+    def for_tokenizer(cls, tok) -> "ChatFormatter":
+        """The formatter of a model's tokenizer (loaders' TokenizerInfo): its template, else ChatML
+        where the vocabulary has the markers, else plain text."""
+        return cls(tok.chat_template, tok.token(tok.bos_id), tok.token(tok.eos_id),
+                   has_chatml=tok.tokenizer.token_to_id("<|im_start|>") is not None)
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         for m in messages:
             if "role" not in m or "content" not in m:

@@ -1,5 +1,5 @@
 """Command line: ``bw24chat`` (the app), ``bw24chat --headless``, ``bw24chat serve``,
-``bw24chat bench``, ``bw24chat check``, ``bw24chat quality``, ``bw24chat info``."""
+``bw24chat bench``, ``bw24chat check``, ``bw24chat quality``, ``bw24chat info``, ``bw24chat train-draft``."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "check": "bw24chat.check",
     "quality": "bw24chat.quality",
     "info": "bw24chat.info",
+    "train-draft": "bw24chat.train_draft",
 }
 
 

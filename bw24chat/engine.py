@@ -45,7 +45,12 @@ class Engine(EngineThread):
 
     def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64,
                  ids: tuple[str, ...] = (), spec: str = "off", spec_k: int = 0, batch: int = 0, kv_pool: int = 0):
-        make_drafter(spec, runner)  # an unknown mode (or mtp without a head) fails at load, not at the first request
+        try:  # an unknown mode (or mtp without a head) fails at load, not at the first request
+            make_drafter(spec, runner)
+        except ValueError as exc:
+            if spec == "mtp" and checkpoint.draft_head_problem:  # the head beside the model was left out: say why
+                raise ValueError(f"{exc}. {checkpoint.draft_head_problem}") from None
+            raise
         self.spec, self.spec_k = spec, spec_k
         self.checkpoint = checkpoint
         self.runner = runner
@@ -53,9 +58,7 @@ class Engine(EngineThread):
         tok = checkpoint.tokenizer
         self.tokenizer = tok
         self.generator = Generator(runner, tok)
-        self.formatter = ChatFormatter(
-            tok.chat_template, tok.token(tok.bos_id), tok.token(tok.eos_id), has_chatml=tok.tokenizer.token_to_id("<|im_start|>") is not None
-        )
+        self.formatter = ChatFormatter.for_tokenizer(tok)
         self.info = ModelInfo(
             name=checkpoint.name,
             path=str(checkpoint.path),
@@ -195,7 +198,7 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
     path = resolve_model(options.model, download_reporter(report))
     report(LoadProgress("reading", 0.0, str(path)))
     t0 = time.perf_counter()
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, options.draft_head)
     report(LoadProgress("reading", 1.0, f"{ckpt.name}: {ckpt.n_params / 1e6:.0f}M parameters"))
     if options.quantize:
         from .quantize import requantize_checkpoint
@@ -207,14 +210,13 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
 
     # where the experts live, decided (or refused, with the numbers) before any weight loads; on
     # the CPU the budgets simulate a card of --vram-budget GiB, so the tiers' stats are real there too
-    # (the CUDA runner takes the tiers once its copy stream and slots land: issue 32)
     gpu = gpu_memory() if device == "cuda" else None
     free = gpu.free if gpu else int(options.vram_budget_gb * GiB) if device != "cuda" else 0
     tiers = tiers_for(ckpt, options, free) if free else None
     if device == "cuda":
         from .backends.cuda_runner import make_cuda_runner
 
-        runner, device_name = make_cuda_runner(ckpt, options, report, spilled_experts=tiers is not None)
+        runner, device_name = make_cuda_runner(ckpt, options, report, tiers=tiers)
     else:
         from threadpoolctl import threadpool_limits
 

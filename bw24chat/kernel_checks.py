@@ -123,7 +123,43 @@ def check_norm_rope(cp, rng) -> list[tuple]:
         bad = int(np.count_nonzero(cp.asnumpy(qd).view(np.uint32) != apply_rope(q, pos, tab).view(np.uint32)))
         bad += int(np.count_nonzero(cp.asnumpy(kd).view(np.uint32) != apply_rope(k, pos, tab).view(np.uint32)))
         out.append((f"rope {style}", f"{bad} bit mismatches", "0", bad == 0))
+    out.append(check_full_qk_norm(cp, rng))
     return out
+
+
+def check_full_qk_norm(cp, rng) -> tuple:
+    """rope.cu's QK-norm over the whole q and k projections (MiniMax-M2: H 48, K 8, hd 128, 64
+    rotary dims) with RoPE: bit-equal to kernel_refs.qk_norm_ref + rope.apply_rope, and each row
+    the same computed alone (a decode step) as in a chunk of 13 (prefill)."""
+    from .backends import cuda_ops as ops
+    from .backends.kernel_refs import qk_norm_ref
+    from .rope import apply_rope, build_rope_table
+
+    T, H, K, hd = 13, 48, 8, 128
+    tab = build_rope_table(hd, 0.5, 5e6, None, 4096, "neox", 4096)
+    pos = rng.integers(0, 4096, T).astype(np.int32)
+    qkv = (rng.standard_normal((T, (H + 2 * K) * hd)) * rng.uniform(0.1, 10, (T, 1))).astype(np.float32)
+    qw, kw = (rng.uniform(0.5, 1.5, n * hd).astype(np.float32) for n in (H, K))
+    cos, sin, dqw, dkw = (cp.asarray(a) for a in (tab.cos, tab.sin, qw, kw))
+
+    def run(rows):
+        d = cp.asarray(qkv[rows])
+        n = len(d)
+        q, k, v = (d[:, a * hd:b * hd].reshape(n, b - a, hd) for a, b in ((0, H), (H, H + K), (H + K, H + 2 * K)))
+        ops.qk_norm_rope_kv_write(q, k, v, dqw, dkw, 1e-6, cos, sin, cp.asarray(pos[rows]), "neox", tab.rot_dim,
+                                  None, None, None, qk_norm="full")
+        return cp.asnumpy(q), cp.asnumpy(k)
+
+    q, k = run(slice(0, T))
+    want_q = apply_rope(qk_norm_ref(qkv[:, :H * hd].reshape(T, H, hd), qw, 1e-6, True), pos, tab)
+    want_k = apply_rope(qk_norm_ref(qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd), kw, 1e-6, True), pos, tab)
+    bad = int(np.count_nonzero(q.view(np.uint32) != want_q.view(np.uint32)))
+    bad += int(np.count_nonzero(k.view(np.uint32) != want_k.view(np.uint32)))
+    alone = [run(slice(t, t + 1)) for t in (0, 6, T - 1)]
+    same = all(np.array_equal(a[0][0].view(np.uint32), q[t].view(np.uint32)) and
+               np.array_equal(a[1][0].view(np.uint32), k[t].view(np.uint32)) for a, t in zip(alone, (0, 6, T - 1)))
+    return ("qk-norm full width + rope", f"{bad} bit mismatches, rows {'bit-equal' if same else 'DIFFER'} alone",
+            "0, equal", bad == 0 and same)
 
 
 def check_attention(cp, rng) -> list[tuple]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import atomic_write_text
+from .loaders import draft_head
 from .hub import quant_of, split_gguf_name
 from .paths import cache_dir, models_dir
 
@@ -48,6 +49,9 @@ class LocalModel:
     vram_needed: int | None = None  # bytes (estimate)
     moe: dict | None = None  # expert_tiers.MoELayout's fields, for an MoE model's tier plan (moe_fit)
     error: str | None = None  # metadata that could not be read
+    # a multi-token-prediction head for --spec mtp: "shipped" (NextN layers in the model's own
+    # files), "trained" (a bw24chat train-draft head beside it: loaders/draft_head.py), or None
+    draft_head: str | None = None
 
     @property
     def spec(self) -> str:
@@ -194,6 +198,8 @@ def _describe_gguf(model: LocalModel) -> None:
     else:
         model.quant = quant_of(model.path.name)
     model.n_ctx_train = value(f"{arch}.context_length")
+    if value(f"{arch}.nextn_predict_layers"):
+        model.draft_head = "shipped"
     n_layers = value(f"{arch}.block_count")
     n_heads = value(f"{arch}.attention.head_count")
     n_kv = value(f"{arch}.attention.head_count_kv") or n_heads
@@ -255,7 +261,9 @@ def _describe_hf_folder(model: LocalModel) -> None:
     config = json.loads((model.path / "config.json").read_text())
     text = config.get("text_config", config)  # multimodal configs nest the language model's
     model.arch = config.get("model_type") or (config.get("architectures") or [None])[0]
-    model.size = sum(p.stat().st_size for p in model.path.glob("*.safetensors"))
+    model.size = sum(p.stat().st_size for p in model.path.glob("*.safetensors") if p.name != draft_head.FOLDER_FILE)
+    if text.get("num_nextn_predict_layers"):
+        model.draft_head = "shipped"
     quant = (config.get("quantization_config") or {}).get("quant_method")
     dtype = config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype")
     model.quant = (quant or {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}.get(str(dtype), dtype)) or None
@@ -337,4 +345,6 @@ def list_local_models(recent: list[str] | tuple[str, ...] = (), hf_cache: Path |
         if key not in seen:
             seen.add(key)
             unique.append(model)
+            if model.draft_head is None and draft_head.head_path(model.path).is_file():  # looked up at each listing
+                model.draft_head = "trained"
     return unique

@@ -48,8 +48,10 @@ class DeltaNetSpec:
     """A gated DeltaNet token mixer (Yang et al. 2024, "Gated Delta Networks", arXiv:2412.06464;
     transformers modeling_qwen3_next.py Qwen3NextGatedDeltaNet), the same for every linear-attention
     layer of a model.  Hk key heads of dk (q and k), Hv value heads of dv (Hv a multiple of Hk:
-    value head j reads key head j // (Hv / Hk)); the conv runs over the C = 2 Hk dk + Hv dv
-    channels of q | k | v with ``conv_kernel`` taps."""
+    value head j reads key head j // (Hv / Hk), transformers' repeat_interleave, or with
+    ``v_head_order`` "tiled" key head j % Hk, the order llama.cpp's converter gives Qwen3.5's
+    value heads (conversion/qwen.py _LinearAttentionVReorderBase); the conv runs over the
+    C = 2 Hk dk + Hv dv channels of q | k | v with ``conv_kernel`` taps."""
 
     n_k_heads: int
     n_v_heads: int
@@ -57,6 +59,7 @@ class DeltaNetSpec:
     v_head_dim: int
     conv_kernel: int
     eps: float  # of the gated output RMSNorm
+    v_head_order: str = "grouped"  # "grouped" | "tiled"
 
     @property
     def conv_dim(self) -> int:
@@ -184,7 +187,8 @@ class Ops:
           q | k | v = qkv (T, C) (the conv's output), per head; beta = sigmoid(b) (T, Hv);
           g = A * softplus(a + dt_bias) (T, Hv), A = -exp(A_log) (the loaders store A);
           q, k = l2norm(q), l2norm(k) (x * rsqrt(sum x^2 + 1e-6)); q *= 1/sqrt(dk);
-          q, k repeated to the Hv value heads (head j <- key head j // (Hv / Hk));
+          q, k repeated to the Hv value heads (head j <- key head j // (Hv / Hk), or j % Hk
+          with spec.v_head_order "tiled");
           per row t and head:  S = S * exp(g_t);  delta = beta_t (v_t - S^T k_t);
                                S = S + k_t delta^T;  o_t = S^T q_t
         with S (dk, dv) the recurrent state of DeltaNet layer ``layer`` (zeros at the sequence's

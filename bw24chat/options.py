@@ -77,8 +77,9 @@ class EngineOptions:
     max_queue: int = 64
     max_batch: int = 0  # sequences decoded together; 0: the backend's most (1: one request at a time)
     kv_pool: int = 0  # positions in the paged KV pool of batched decoding; 0: 1 GiB of K/V, at least one context
-    spec: str = "off"  # speculative decoding: off | ngram (speculative.py)
+    spec: str = "off"  # speculative decoding: off | ngram | mtp (speculative.py)
     spec_k: int = 0  # drafts per step, 1..MAX_K; 0: adaptive
+    draft_head: str | None = None  # a trained MTP head file (train_draft.py); None: the one beside the model
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # the MODEL_SAMPLING_KEYS the user chose; the others take the model's recommendation
     sampling_set: frozenset[str] = frozenset()
@@ -146,9 +147,13 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
         return int(text)
 
     g = p.add_argument_group("speculative decoding (the same tokens as without, faster when drafts are accepted)")
-    g.add_argument("--spec", choices=SPEC_MODES, default="off",
+    g.add_argument("--spec", choices=SPEC_MODES, default=None,
                    help="ngram: draft the continuation of the longest recent n-gram match in the prompt and reply; "
-                        "mtp: the model's multi-token-prediction head (refused at load for a model without one)")
+                        "mtp: the model's multi-token-prediction head, shipped or trained by bw24chat train-draft "
+                        "(refused at load for a model without one) (default: off; mtp with --draft-head)")
+    g.add_argument("--draft-head", metavar="FILE",
+                   help="the MTP head file to use (bw24chat train-draft's; default: the one beside the model, if any); "
+                        "implies --spec mtp; a head trained for another model is refused")
     g.add_argument("--spec-k", type=k, default=0, metavar=f"{{1..{MAX_K},auto}}",
                    help="drafts per step (default auto: fewer while drafts are rejected)")
 
@@ -196,8 +201,9 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         threads=a.threads,
         max_batch=a.max_batch,
         kv_pool=a.kv_pool,
-        spec=a.spec,
+        spec=a.spec or ("mtp" if a.draft_head else "off"),
         spec_k=a.spec_k,
+        draft_head=a.draft_head,
         sampling=SamplingParams(
             **chosen,
             repeat_last_n=a.repeat_last_n,

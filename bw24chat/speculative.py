@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import sample_token
-
 
 MAX_K = 8  # K drafts + the current token: one verify step of K + 1 rows (two passes past MAX_ROWS)
 SPEC_MODES = ("off", "ngram", "mtp")  # mtp: only for a model that loads a head (make_drafter)
@@ -113,7 +111,7 @@ class OracleDrafter(Drafter):
 
 
 class MTPDrafter(Drafter):
-    """Drafts from the model's multi-token-prediction head (models/mtp.py, runner.mtp_forward).
+    """Drafts from the model's multi-token-prediction head (models/mtp.py, runner.mtp_draft).
 
     The head's row at position t pairs (token t+1, trunk hidden h_t) and predicts token t+2.  The
     drafter keeps the trunk rows it has not fed yet (``pending``: h_done .. h_{L-2} for a history
@@ -146,14 +144,9 @@ class MTPDrafter(Drafter):
         if self.done + len(self.pending) != L - 1:  # h_t must meet token t+1: see the engine notes
             raise RuntimeError(f"MTP pairing lost: hidden states for positions {self.done}..{self.done + len(self.pending) - 1}"
                                f", a history of {L} tokens")
-        logits, g = self.runner.mtp_forward(history[self.done + 1:L], self.pending, self.done, True)
+        # draft j is the token at position L + j; the chained rows sit at L - 1 + j
+        drafts = self.runner.mtp_draft(history[self.done + 1:L], self.pending, self.done, k, self.sp, self.seed, history)
         self.done, self.pending = L - 1, self.pending[:0]
-        drafts: list[int] = []
-        for j in range(k):  # draft j is the token at position L + j
-            d = sample_token(logits, self.sp, self.seed, L + j, [*history, *drafts]) if self.sp else int(np.argmax(logits))
-            drafts.append(int(d))
-            if j + 1 < k:
-                logits, g = self.runner.mtp_forward([d], g[None], L - 1 + j, False)
         return drafts
 
 
@@ -161,17 +154,17 @@ def make_drafter(mode: str, runner=None) -> Drafter | None:
     """The drafter of a ``--spec`` mode (None: off); ``mtp`` needs ``runner`` with a head."""
     if mode == "off":
         return None
-    if getattr(runner, "state", None) is not None:  # a hybrid model's conv / recurrent state (qwen3_next)
-        raise ValueError("speculative decoding does not yet run models with gated DeltaNet layers (their state "
-                         "rollback under speculation is not verified yet); use --spec off")
+    if getattr(getattr(runner, "model", None), "deltanet", None) is not None and not getattr(runner, "state_checkpoints", False):
+        raise ValueError("speculative decoding on a model with gated DeltaNet layers (Qwen3-Next / Qwen3.5) needs a "
+                         "runner that checkpoints their recurrent state at each verified row, which this backend "
+                         "does not do yet (--device cpu does); use --spec off")
     if mode == "ngram":
         return NgramDrafter()
     if mode == "mtp":
         if getattr(runner, "mtp", None) is None:
-            why = ("this backend does not run MTP heads yet (--device cpu does)" if runner is not None
-                   and not hasattr(runner, "mtp_forward") else "this model has none")
             raise ValueError("--spec mtp needs a model with a multi-token-prediction head (a NextN / MTP layer in the "
-                             f"checkpoint): {why}; use --spec ngram")
+                             "checkpoint, or a trained draft head beside it): this model has none (bw24chat train-draft -m MODEL "
+                             "trains one); use --spec ngram")
         return MTPDrafter(runner)
     raise ValueError(f"unknown speculative mode {mode!r} (off, ngram, mtp)")
 

@@ -58,6 +58,15 @@ SHAPES = {
     "tiny": _TINY,
     "tiny-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
                  "moe_intermediate_size": 256, "norm_topk_prob": True},
+    # the sigmoid-router families at gate size (their real shapes exceed any one GPU): GLM-4.5's
+    # groups, scaling, shared expert, dense first layer, biases and partial RoPE; MiniMax-M2's
+    # full-width QK-norm and partial RoPE
+    "tiny-glm4-moe": {**_TINY, "model_type": "glm4_moe", "n_routed_experts": 16, "num_experts_per_tok": 4,
+                      "moe_intermediate_size": 256, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4,
+                      "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "attention_bias": True,
+                      "partial_rotary_factor": 0.5},
+    "tiny-minimax-m2": {**_TINY, "model_type": "minimax_m2", "num_local_experts": 16, "num_experts_per_tok": 4,
+                        "intermediate_size": 256, "rotary_dim": 32},
 }
 
 
@@ -101,62 +110,93 @@ def random_experts(fmt: str, n: int, rows: int, cols: int, rng: np.random.Genera
     return [QTensor("", fmt, (rows, cols), m.raw[e:e + rows], m.global_scale) for e in range(n)]
 
 
-def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, embed_fmt: str | None = None) -> Checkpoint:
+def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, embed_fmt: str | None = None,
+                         mtp: bool = False) -> Checkpoint:
+    """A random-weight checkpoint of ``shape`` (a SHAPES name or a config dict).  Hybrid families
+    (gated DeltaNet + gated attention, models/qwen3_next.py) get their linear-attention layers
+    (F32 conv taps, decay and bias vectors); ``num_nextn_predict_layers`` (``mtp``: one) adds
+    NextN / MTP layers (Checkpoint.mtp; models/mtp.py) after the trunk, drawn after it, so the
+    trunk's weights are the same with or without them."""
     cfg = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     cfg["rope_style"] = "neox"
+    if mtp:
+        cfg["num_nextn_predict_layers"] = 1
     rng = np.random.default_rng(seed)
     D, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     H, K, hd, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"]
     mt = cfg["model_type"]
     args = get_family(mt).ModelArgs.from_dict(cfg)
-    moe = [getattr(args, "is_moe_layer", lambda i: False)(i) for i in range(L)]
-    shared = {
-        "attn_q": random_matrix(fmt, H * hd, D, rng), "attn_k": random_matrix(fmt, K * hd, D, rng),
-        "attn_v": random_matrix(fmt, K * hd, D, rng), "attn_o": random_matrix(fmt, D, H * hd, rng),
-    }
-    if not all(moe):
-        shared.update(ffn_gate=random_matrix(fmt, F, D, rng), ffn_up=random_matrix(fmt, F, D, rng),
-                      ffn_down=random_matrix(fmt, D, F, rng))
+    hybrid = hasattr(args, "deltanet_spec")
+    n_mtp = cfg.get("num_nextn_predict_layers") or 0
+    layers = range(L + n_mtp)
+    moe = [getattr(args, "is_moe_layer", lambda i: False)(i) for i in layers]
     ones = lambda n: QTensor("", "F32", (n,), (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))  # noqa: E731
     small = lambda *s: QTensor("", "F32", s, (0.02 * rng.standard_normal(s)).astype(np.float32))  # noqa: E731
+    attn = {  # a hybrid's q projection is twice as wide: per head [q | output gate]
+        "attn_q": random_matrix(fmt, (2 if hybrid else 1) * H * hd, D, rng), "attn_k": random_matrix(fmt, K * hd, D, rng),
+        "attn_v": random_matrix(fmt, K * hd, D, rng), "attn_o": random_matrix(fmt, D, H * hd, rng),
+    }
+    if hybrid:
+        s = args.deltanet_spec()
+        vd, Hv = s.n_v_heads * s.v_head_dim, s.n_v_heads
+        linear = {"attn_qkv": random_matrix(fmt, s.conv_dim, D, rng), "attn_gate": random_matrix(fmt, vd, D, rng),
+                  "ssm_beta": random_matrix(fmt, Hv, D, rng), "ssm_alpha": random_matrix(fmt, Hv, D, rng),
+                  "ssm_out": random_matrix(fmt, D, vd, rng),
+                  "ssm_conv1d": QTensor("", "F32", (s.conv_dim, s.conv_kernel),
+                                        (0.3 * rng.standard_normal((s.conv_dim, s.conv_kernel))).astype(np.float32)),
+                  "ssm_a": QTensor("", "F32", (Hv,), -rng.uniform(0.05, 2.0, Hv).astype(np.float32)),  # -exp(A_log)
+                  "ssm_dt": ones(Hv), "ssm_norm": ones(s.v_head_dim)}
+    dense = {}
+    if not all(moe):
+        dense = dict(ffn_gate=random_matrix(fmt, F, D, rng), ffn_up=random_matrix(fmt, F, D, rng),
+                     ffn_down=random_matrix(fmt, D, F, rng))
     if any(moe):
         E, Fe = args.num_experts, args.moe_intermediate_size
         experts = {"ffn_gate_exps": random_experts(fmt, E, Fe, D, rng), "ffn_up_exps": random_experts(fmt, E, Fe, D, rng),
                    "ffn_down_exps": random_experts(fmt, E, D, Fe, rng)}
         router = small(E, D)
-        if args.n_shared_experts:
-            Fs = Fe * args.n_shared_experts
+        Fs = args.shared_expert_intermediate_size or Fe * args.n_shared_experts  # Qwen-style gated, or GLM-style
+        shexp = {}
+        if Fs:
             shexp = {"ffn_gate_shexp": random_matrix(fmt, Fs, D, rng), "ffn_up_shexp": random_matrix(fmt, Fs, D, rng),
                      "ffn_down_shexp": random_matrix(fmt, D, Fs, rng)}
+        if args.shared_expert_intermediate_size:
+            shexp["ffn_gate_inp_shexp"] = small(D)
     tensors = {"tok_embd": random_matrix(embed_fmt or fmt, V, D, rng), "output_norm": ones(D)}
+    mtp: dict = {}
     if not cfg.get("tie_word_embeddings"):
         tensors["output"] = random_matrix(embed_fmt or fmt, V, D, rng)
-    for i in range(L):
-        for k, v in shared.items():
-            if not k.startswith("ffn_") or not moe[i]:
-                tensors[f"blk.{i}.{k}"] = QTensor(f"blk.{i}.{k}", v.fmt, v.shape, v.raw, v.global_scale)
-        tensors[f"blk.{i}.attn_norm"] = ones(D)
-        tensors[f"blk.{i}.ffn_norm"] = ones(D)
-        if mt in ("qwen3", "qwen3_moe"):
-            tensors[f"blk.{i}.attn_q_norm"] = ones(hd)
-            tensors[f"blk.{i}.attn_k_norm"] = ones(hd)
+    for i in layers:
+        out, p = tensors if i < L else mtp, f"blk.{i}."
+        lin = hybrid and args.is_linear(i)
+        for k, v in {**(linear if lin else attn), **({} if moe[i] else dense)}.items():
+            out[p + k] = QTensor(p + k, v.fmt, v.shape, v.raw, v.global_scale)
+        out[p + "attn_norm"] = ones(D)
+        out[p + "ffn_norm"] = ones(D)
+        if not lin and (mt in ("qwen3", "qwen3_moe") or hybrid):
+            out[p + "attn_q_norm"] = ones(hd)
+            out[p + "attn_k_norm"] = ones(hd)
         if mt == "minimax_m2":  # QK-norm over the whole projections
-            tensors[f"blk.{i}.attn_q_norm"] = ones(H * hd)
-            tensors[f"blk.{i}.attn_k_norm"] = ones(K * hd)
+            out[p + "attn_q_norm"] = ones(H * hd)
+            out[p + "attn_k_norm"] = ones(K * hd)
         if cfg.get("attention_bias"):
             for n, rows in (("q", H * hd), ("k", K * hd), ("v", K * hd)):
-                tensors[f"blk.{i}.attn_{n}_bias"] = small(rows)
+                out[p + f"attn_{n}_bias"] = small(rows)
         if moe[i]:
-            tensors[f"blk.{i}.ffn_gate_inp"] = QTensor("", "F32", router.shape, router.raw)
+            out[p + "ffn_gate_inp"] = QTensor("", "F32", router.shape, router.raw)
             for k, parts in experts.items():
-                tensors[f"blk.{i}.{k}"] = ExpertTensor(f"blk.{i}.{k}", parts)
+                out[p + k] = ExpertTensor(p + k, parts)
             if args.scoring_func == "sigmoid":
-                tensors[f"blk.{i}.exp_probs_b"] = small(E)
-            if args.n_shared_experts:
-                for k, v in shexp.items():
-                    tensors[f"blk.{i}.{k}"] = QTensor("", v.fmt, v.shape, v.raw, v.global_scale)
-    for n, t in tensors.items():
+                out[p + "exp_probs_b"] = small(E)
+            for k, v in shexp.items():
+                out[p + k] = QTensor("", v.fmt, v.shape, v.raw, v.global_scale)
+        if i >= L:  # the NextN / MTP layer's own tensors (models/mtp.py)
+            out[p + "nextn.eh_proj"] = random_matrix(fmt, D, 2 * D, rng)
+            for k in ("enorm", "hnorm", "shared_head_norm"):
+                out[p + "nextn." + k] = ones(D)
+    for n, t in (*tensors.items(), *mtp.items()):
         t.name = n
     tk = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
-    return Checkpoint(path=f"<synthetic {shape} {fmt}>", source="synthetic", name=f"synthetic-{shape}-{fmt.lower()}",
-                      config=cfg, tensors=tensors, tokenizer=TokenizerInfo(tk))
+    return Checkpoint(path=f"<synthetic {shape} {fmt}>", source="synthetic",
+                      name=f"synthetic-{shape}-{fmt.lower()}" + ("-mtp" if n_mtp else ""),
+                      config=cfg, tensors=tensors, tokenizer=TokenizerInfo(tk), mtp=mtp)

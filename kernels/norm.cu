@@ -6,6 +6,11 @@
 //   rmsnorm     : out[t] = (x[t] * (1 / sqrtf(sum(x[t]^2) / D + eps))) * w
 //   add_rmsnorm : residual[t] += x[t] (written back, in place); out[t] = rmsnorm(residual[t]) * w
 //                 (the pre-norm block's "x = x + f(x); h = norm(x)" in one pass, prefill path)
+//   rmsnorm_concat : out[t] = [a'[t] | b'[t]], a' = rmsnorm(xa[t]) * wa (or xa[t] itself when wa is
+//                 null), b' likewise (ops.concat of two deferred rmsnorms: the MTP head's
+//                 [enorm(emb) | hnorm(h)], models/mtp.py); each half's values are the rmsnorm
+//                 kernel's bit for bit where both halves take the same NT (the same reduction
+//                 order over its own Da or Db values; the MTP head's halves are both D wide)
 //   The products and the final scaling are single float32 roundings (__fmul_rn), as NumPy's;
 //   only the sum of squares differs in order from NumPy's pairwise sum, so results agree to a
 //   few ulp, not bit for bit.
@@ -14,8 +19,12 @@
 //     each float4 as ((a^2 + b^2) + c^2) + d^2; then a 32-lane xor butterfly; then thread 0's
 //     view: warp partials added in warp order 0..NT/32-1 (every thread does the same adds).
 // Layout: x, residual, out float32 [T, D] row-major (row stride D), w float32 [D]; D % 4 == 0.
+//   rmsnorm_concat: xa [T, Da], xb [T, Db], out [T, Da + Db] row-major; Da, Db % 4 == 0.
 // Launch geometry: grid = T blocks (one row each), NT = 256 threads (D <= 8192) or 1024
 //   (D <= 32768); the row stays in registers (VPT float4 per thread, fully unrolled).
+//   rmsnorm_concat: grid (T, 2), block y = the half (NT, VPT sized for the wider half).
+// Napkin math (the MTP head, D = 4096, m = 8 rows): 2 x 8 x 16 KB read, 256 KB written; a few
+//   microseconds, one launch in place of two norms and a copy.
 // Defines: NT (threads per block, default 256), VPT (float4 per thread, default 8).
 #include "common.cuh"
 
@@ -105,4 +114,36 @@ add_rmsnorm(const float* __restrict__ x, float* __restrict__ residual, const flo
     }
     ss = block_sum(ss, red);
     norm_store(v, ss, D, eps, (const float4*)w, (float4*)(out + row * D));
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+rmsnorm_concat(const float* __restrict__ xa, const float* __restrict__ wa, int Da, const float* __restrict__ xb,
+               const float* __restrict__ wb, int Db, float eps, float* __restrict__ out) {
+    PDL_ENTRY();
+    __shared__ float red[NT / 32];
+    const long long row = blockIdx.x;
+    const bool second = blockIdx.y == 1;
+    const int D = second ? Db : Da;
+    const float* w = second ? wb : wa;
+    const float4* xr = (const float4*)((second ? xb : xa) + row * D);
+    float4* o = (float4*)(out + row * (Da + Db) + (second ? Da : 0));
+    const int D4 = D >> 2;
+    float4 v[VPT];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int j = threadIdx.x + i * NT;
+        v[i] = j < D4 ? xr[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (j < D4) ss = __fadd_rn(ss, sq4(v[i]));
+    }
+    if (w == nullptr) {  // a plain half: copied
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int j = threadIdx.x + i * NT;
+            if (j < D4) o[j] = v[i];
+        }
+        return;
+    }
+    ss = block_sum(ss, red);
+    norm_store(v, ss, D, eps, (const float4*)w, o);
 }

@@ -39,3 +39,31 @@ def test_warp_sum_rows_is_the_butterfly_of_lane_sums():
         lanes = [np.float32(lanes[i] + lanes[i + o]) for i in range(o)]
     assert got[0] == lanes[0]
     np.testing.assert_allclose(got, v.sum(-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
+def test_expert_images_hold_each_plane_aligned_and_whole(fmt):
+    """An expert's image (one copy moves an expert between tiers) holds its gate|up and down
+    planes at ALIGN-aligned, non-overlapping offsets, byte for byte as repack_host makes them."""
+    from bw24chat.backends.cuda_weights import repack_host
+    from bw24chat.loaders.tensor import ExpertTensor
+    from bw24chat.synthetic import random_experts
+
+    rng = np.random.default_rng(0)
+    E, F, D = 3, 256, 512
+    g, u, d = (ExpertTensor(n, random_experts(fmt, E, r, c, rng)) for n, r, c in (("g", F, D), ("u", F, D), ("d", D, F)))
+    probe = cuda_moe.ExpertSource(g, u, d, None, None, 0)
+    gu_lay = cuda_moe._place(probe.planes(0)[0], 0)
+    dn_lay = cuda_moe._place(probe.planes(0)[1], gu_lay.end)
+    src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, dn_lay.end)
+    spans = sorted((off, off + int(np.prod(sh)) * np.dtype(dt).itemsize) for lay in (gu_lay, dn_lay)
+                   for _, off, sh, dt in lay.planes)
+    assert all(a % cuda_moe.ALIGN == 0 for a, _ in spans)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))
+    for e in range(E):
+        img = src.image(e)
+        for hp, lay in ((repack_host([g.parts[e], u.parts[e]], interleave=True), gu_lay), (repack_host([d.parts[e]]), dn_lay)):
+            for name, off, sh, dt in lay.planes:
+                want = getattr(hp, name)
+                got = img[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
+                assert np.array_equal(got, want), (fmt, e, name)

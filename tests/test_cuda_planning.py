@@ -159,14 +159,20 @@ def test_device_attributes_are_read_once_per_device(monkeypatch):
 
 
 def test_a_model_the_vram_budget_cannot_hold_is_refused_before_loading():
-    """The CUDA runner keeps every weight resident: weights over the budget (or MoE experts that
-    would have to be spilled) are refused with the numbers and what would run instead."""
-    from bw24chat.backends.cuda_runner import RESERVE_BYTES, check_fits
-    from bw24chat.backends.expert_tiers import DoesNotFit
+    """Weights the runner keeps resident over the budget are refused with the numbers and what
+    would run instead; spilled MoE experts count with their VRAM slots only."""
+    from types import SimpleNamespace
+
+    from bw24chat.backends.cuda_runner import RESERVE_BYTES, check_fits, resident_weight_bytes
+    from bw24chat.backends.expert_tiers import DoesNotFit, MoELayout, plan_tiers
 
     gib = 2**30
-    check_fits("m", 16 * gib, 16 * gib + RESERVE_BYTES, False)  # fits exactly
+    check_fits("m", 16 * gib, 16 * gib + RESERVE_BYTES)  # fits exactly
     with pytest.raises(DoesNotFit, match=r"the weights take 16.0 GiB .* budget is 16.0 GiB.*--device cpu"):
-        check_fits("m", 16 * gib, 16 * gib, False)
-    with pytest.raises(DoesNotFit, match="host RAM"):
-        check_fits("m", 1 * gib, 80 * gib, True)
+        check_fits("m", 16 * gib, 16 * gib)
+    lay = MoELayout((128,) * 48, (5 << 20,) * 48, 8, 2 * gib, 2 * gib)
+    plan = plan_tiers(lay, gib, 16 * gib)
+    ck = SimpleNamespace(nbytes=lay.other_bytes + lay.total_expert_bytes)
+    assert resident_weight_bytes(ck) == ck.nbytes
+    spilled = resident_weight_bytes(ck, SimpleNamespace(layout=lay, plan=plan))
+    assert spilled == 2 * gib + 48 * plan.vram_slots[0] * (5 << 20) < 16 * gib

@@ -107,6 +107,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm_i8", {"FMT": 3}),
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
+    # the QK-norm over whole projections (MiniMax-M2: 4 slots per warp), per head, with cache writes
+    ("rope", {"HD": 128, "QK_NORM": 2, "FN_SPW": 4, "KV_TYPE": 0}),
+    ("rope", {"HD": 256, "QK_NORM": 2, "FN_SPW": 1, "NEOX": 0, "KV_TYPE": 1}),
+    ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 2}),
     # MoE expert kernels (moe_experts.cu): every resident format, the integer-dot ones with ACT_Q8 (cuda_moe._defines)
     *[("moe_experts", {"FMT": f, **({"ACT_Q8": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
 ]

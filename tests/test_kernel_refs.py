@@ -26,6 +26,35 @@ def test_philox_first_raw_equals_numpy(rng):
     assert (kr.philox_first_raw(seed, pos) >> 11) * 2.0**-53 == philox_uniform(seed, pos)
 
 
+@pytest.mark.parametrize("full", [False, True])
+def test_qk_norm_ref_is_the_numpy_backends_rmsnorm(rng, full):
+    """rope.cu's QK-norm reference states NumpyBackend.rope_kv's RMSNorm (per head, or over the
+    whole projection for MiniMax-M2) up to the order of its sums."""
+    from bw24chat.backends.numpy_backend import rmsnorm_ref
+
+    T, n, hd = 5, 7, 96
+    x = (rng.standard_normal((T, n, hd)) * rng.uniform(0.1, 10, (T, 1, 1))).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, n * hd if full else hd).astype(np.float32)
+    got = kr.qk_norm_ref(x, w, 1e-6, full)
+    want = rmsnorm_ref(x.reshape(T, n * hd), w, 1e-6).reshape(T, n, hd) if full else rmsnorm_ref(x, w, 1e-6)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+def test_head_sum_sq_order(rng):
+    """S(x): 32 lane partials over the strided values, then the xor butterfly (the same on every lane)."""
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    for r in range(3):
+        part = np.zeros(32, np.float32)
+        for i in range(4):
+            part = part + x[r, 32 * i:32 * i + 32] * x[r, 32 * i:32 * i + 32]
+        for o in (16, 8, 4, 2, 1):
+            part = np.array([part[j] + part[j ^ o] for j in range(32)], np.float32)
+        assert len(set(part.view(np.uint32).tolist())) == 1
+        assert kr.head_sum_sq(x[r]).view(np.uint32) == part[0].view(np.uint32)
+    np.testing.assert_allclose(kr.head_sum_sq(x), (x.astype(np.float64) ** 2).sum(-1), rtol=1e-6)
+
+
 def test_bf16_rounding():
     x = np.array([1.0, -2.5, 0.0, np.inf], np.float32)
     assert np.array_equal(kr.bf16_round(x), x)

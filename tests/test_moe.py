@@ -7,7 +7,7 @@ import pytest
 from bw24chat.backends.numpy_backend import NumpyBackend, NumpyExperts, NumpyRunner, numpy_runner
 from bw24chat.loaders import load_checkpoint
 from bw24chat.loaders.tensor import ExpertTensor
-from bw24chat.models import REGISTRY, build_model
+from bw24chat.models import REGISTRY, build_model, get_family
 from bw24chat.ops import RouterSpec
 from bw24chat.rope import build_rope_table
 from tests.model_factory import make_hf_dir, write_gguf
@@ -255,6 +255,14 @@ def test_routing_switches_are_live(tmp_path):
         saved, t.raw = t.raw, new
         assert not np.allclose(base, numpy_runner(ck).prefill_logits(ids, 0))
         t.raw = saved
+
+
+def test_expert_count_under_either_config_name():
+    """Qwen3-MoE: the released config.json says num_experts, transformers >= 5's save_pretrained
+    num_local_experts (Qwen3MoeConfig.attribute_map); GLM-4.5 n_routed_experts."""
+    for family, key in (("qwen3_moe", "num_experts"), ("qwen3_moe", "num_local_experts"), ("glm4_moe", "n_routed_experts"),
+                        ("minimax_m2", "num_local_experts")):
+        assert get_family(family).ModelArgs.from_dict({"hidden_size": 64, "num_attention_heads": 4, key: 24}).num_experts == 24
 
 
 def test_info_moe_facts(tmp_path):

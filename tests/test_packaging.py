@@ -18,6 +18,7 @@ def test_wheel_contains_kernels(tmp_path):
     for s in sources:
         assert f"bw24chat/kernels/{s}" in names, f"{s} missing from the wheel"
     assert "bw24chat/kernels/common.cuh" in names
+    assert "bw24chat/draft_prompts.json" in names  # train-draft's built-in prompts
     assert any(n.endswith("entry_points.txt") for n in names)
     ep = next(n for n in names if n.endswith("entry_points.txt"))
     assert "bw24chat = bw24chat.cli:main" in zipfile.ZipFile(wheel).read(ep).decode()

@@ -1,7 +1,8 @@
-"""Qwen3-Next (hybrid gated DeltaNet + gated attention) on the NumPy reference: the DeltaNet ops
-against float64 transcriptions of transformers' modeling_qwen3_next.py (torch_recurrent_gated_
-delta_rule, the conv1d, Qwen3NextRMSNormGated), and a tiny hybrid MoE model: prefill = token-by-
-token decode, exact state rollback, speculative decoding token-identical to plain decoding."""
+"""The hybrid families (gated DeltaNet + gated attention: Qwen3-Next, Qwen3.5, Qwen3.5-MoE) on the
+NumPy reference: the DeltaNet ops against float64 transcriptions of transformers'
+modeling_qwen3_next.py (torch_recurrent_gated_delta_rule, the conv1d, Qwen3NextRMSNormGated), and
+tiny models of each family: prefill = token-by-token decode = chunked prefill, exact state
+rollback; Qwen3-Next's GGUF layout.  tests/test_qwen3_5.py: what Qwen3.5 adds."""
 import json
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from bw24chat.backends.numpy_backend import NumpyBackend, numpy_runner
 from bw24chat.loaders import load_checkpoint
 from bw24chat.ops import DeltaNetSpec
-from tests.model_factory import ARCHS, TINY, byte_level_tokenizer_json, write_safetensors
+from tests.hybrid_factory import make_hybrid_dir, write_hybrid_gguf
 
 SPEC = DeltaNetSpec(n_k_heads=2, n_v_heads=4, k_head_dim=8, v_head_dim=6, conv_kernel=4, eps=1e-6)
 
@@ -90,69 +91,22 @@ def test_gated_rmsnorm_matches_float64():
     np.testing.assert_allclose(got, want.reshape(3, -1), rtol=1e-5, atol=1e-6)
 
 
-# --- a tiny hybrid model: layers linear, full, linear, full; MoE with a shared expert, layer 2 dense
+# --- tiny hybrid models: layers linear, full, linear, full (tests/hybrid_factory.py); Qwen3-Next: MoE with
+# a shared expert, layer 2 dense; Qwen3.5: dense MLPs; Qwen3.5-MoE: MoE everywhere
 
-TINY_NEXT = dict(TINY, max_position_embeddings=2048, num_hidden_layers=4, full_attention_interval=2, partial_rotary_factor=0.25,
-                 linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=6, linear_num_key_heads=2,
-                 linear_num_value_heads=4, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
-                 shared_expert_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[2])
+FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
-def _weights(cfg, vocab, rng):
-    """Random tensors under transformers' Qwen3NextForCausalLM names (in_proj_qkvz / in_proj_ba in
-    their grouped layout; zero-centred norm weights near 0)."""
-    D, L, H, K, hd = (cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"))
-    w = lambda *s: (rng.standard_normal(s) * 0.08).astype(np.float32)  # noqa: E731
-    zn = lambda n: (0.1 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
-    Hk, Hv, dk, dv, Kc = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                                           "linear_value_head_dim", "linear_conv_kernel_dim"))
-    E, Fe, Fs, F = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"], cfg["intermediate_size"]
-    t = {"model.embed_tokens.weight": w(vocab, D) * 10, "model.norm.weight": zn(D), "lm_head.weight": w(vocab, D)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"] = zn(D), zn(D)
-        if (i + 1) % cfg["full_attention_interval"]:
-            a = p + "linear_attn."
-            t[a + "in_proj_qkvz.weight"] = w(2 * Hk * dk + 2 * Hv * dv, D) * 4
-            t[a + "in_proj_ba.weight"] = w(2 * Hv, D) * 4
-            t[a + "conv1d.weight"] = w(2 * Hk * dk + Hv * dv, 1, Kc) * 6
-            t[a + "dt_bias"] = np.ones(Hv, np.float32)
-            t[a + "A_log"] = np.log(rng.uniform(0, 16, Hv)).astype(np.float32)
-            t[a + "norm.weight"] = (1 + zn(dv)).astype(np.float32)
-            t[a + "out_proj.weight"] = w(D, Hv * dv) * 3
-        else:
-            a = p + "self_attn."
-            t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"] = w(2 * H * hd, D), w(K * hd, D), w(K * hd, D)
-            t[a + "o_proj.weight"], t[a + "q_norm.weight"], t[a + "k_norm.weight"] = w(D, H * hd), zn(hd), zn(hd)
-        if i in cfg["mlp_only_layers"]:
-            for n, s in (("gate_proj", (F, D)), ("up_proj", (F, D)), ("down_proj", (D, F))):
-                t[p + f"mlp.{n}.weight"] = w(*s)
-            continue
-        t[p + "mlp.gate.weight"] = w(E, D) * 4
-        for j in range(E):
-            for n, s in (("gate_proj", (Fe, D)), ("up_proj", (Fe, D)), ("down_proj", (D, Fe))):
-                t[p + f"mlp.experts.{j}.{n}.weight"] = w(*s)
-        for n, s in (("gate_proj", (Fs, D)), ("up_proj", (Fs, D)), ("down_proj", (D, Fs))):
-            t[p + f"mlp.shared_expert.{n}.weight"] = w(*s)
-        t[p + "mlp.shared_expert_gate.weight"] = w(1, D) * 4
-    t["mtp.fc.weight"] = w(D, 2 * D)  # an MTP head: skipped by the loader
-    return t
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3_next")
-    vocab = byte_level_tokenizer_json(root / "tokenizer.json")
-    cfg = dict(TINY_NEXT, architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=vocab)
-    (root / "config.json").write_text(json.dumps(cfg))
-    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None}))
-    write_safetensors(root / "model.safetensors", {k: ("F32", v) for k, v in _weights(cfg, vocab, np.random.default_rng(0)).items()})
-    return load_checkpoint(root)
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny(request, tmp_path_factory):
+    return load_checkpoint(make_hybrid_dir(tmp_path_factory.mktemp(request.param), request.param)[0])
 
 
 def test_layer_kinds_and_state(tiny):
     r = numpy_runner(tiny)
     assert [L.deltanet is not None for L in r.model.layers] == [True, False, True, False]
+    moe = {"qwen3_next": [True, True, False, True], "qwen3_5": [False] * 4, "qwen3_5_moe": [True] * 4}[tiny.arch]
+    assert [L.moe is not None for L in r.model.layers] == moe
     assert r.model.n_kv_layers == 2 and r.state.ssm.shape == (2, 4, 8, 6) and r.state.conv.shape == (2, 3, 56)
     assert r.model.attn.rope.rot_dim == 4 and r.model.attn.output_gate
 
@@ -185,15 +139,60 @@ def test_rollback_restores_the_states_exactly(tiny):
     np.testing.assert_array_equal(r.state.conv, conv)
     np.testing.assert_array_equal(r.state.ssm, ssm)
     np.testing.assert_array_equal(r.forward([7], 10), want)
+    r.step([7, 1], 10, sp, 0, ids)
+    r.step([2, 3, 4], 12, sp, 0, ids)
+    r.rollback(9)  # inside an older step: recomputed by replaying the passes (prefill, then rows 8)
+    fresh = numpy_runner(tiny)
+    fresh.prefill(ids, 0)
+    fresh.step([5], 8, sp, 0, ids)
+    np.testing.assert_array_equal(r.state.ssm, fresh.state.ssm)
+    np.testing.assert_array_equal(r.step([6], 9, sp, 0, ids), fresh.step([6], 9, sp, 0, ids))
+    np.testing.assert_array_equal(r.last_logits(), fresh.last_logits())
 
 
-def test_speculation_is_refused_for_hybrid_models(tiny):
-    """Until rollback of the recurrent state under speculation is verified, a drafter on a hybrid
-    model is refused with a reason instead of running unverified."""
-    from bw24chat.speculative import make_drafter
+@pytest.mark.parametrize("legacy", [False, True])
+def test_gguf_equals_hf(tmp_path, legacy):
+    """The same float32 weights through llama.cpp's qwen3next layout (attn_qkv / attn_gate, or the
+    grouped ssm_in of older converters; the grouped ssm_ba; ssm_a = -exp(A_log); 1 + w norms;
+    post_attention_norm) and transformers' give bit-identical logits."""
+    d, w = make_hybrid_dir(tmp_path / "hf", "qwen3_next", mlp_only_layers=[])  # llama.cpp's qwen3next: MoE everywhere
+    hf, gg = load_checkpoint(d), load_checkpoint(write_hybrid_gguf(tmp_path / "m.gguf", d, w, legacy))
+    assert gg.arch == "qwen3_next" and sorted(gg.tensors) == sorted(hf.tensors)
+    assert gg.config["linear_value_head_dim"] == 6 and gg.config["shared_expert_intermediate_size"] == 24
+    ids = np.arange(3, 20)
+    np.testing.assert_array_equal(numpy_runner(gg).prefill_logits(ids, 0), numpy_runner(hf).prefill_logits(ids, 0))
 
-    with pytest.raises(ValueError, match="gated DeltaNet"):
-        make_drafter("ngram", numpy_runner(tiny))
+
+@pytest.mark.parametrize("family, edit, message", [
+    ("qwen3_next", {"linear_num_key_heads": 3}, "4 value heads cannot be shared by 3 key heads"),
+    ("qwen3_5", {"linear_num_key_heads": 0}, "linear_num_key_heads: 0 is not a positive integer"),
+    ("qwen3_5_moe", {"layer_types": ["linear_attention"]}, "layer_types: expected 'linear_attention' or 'full_attention'"),
+])
+def test_lying_linear_attention_settings_are_refused(tmp_path, family, edit, message):
+    from bw24chat.loaders import ModelFileError
+
+    d, _ = make_hybrid_dir(tmp_path, family)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ModelFileError, match=message):
+        load_checkpoint(d)
+
+
+def test_speculation_needs_state_checkpoints(tiny):
+    """The NumPy runner checkpoints the recurrent state at every verify row (exact rollback), so
+    drafters run on hybrid models (tests/test_speculative.py gates them); a runner that does not
+    is refused with the reason."""
+    from bw24chat.backends.numpy_backend import NumpyRunner
+    from bw24chat.speculative import NgramDrafter, make_drafter
+
+    runner = numpy_runner(tiny)
+    assert isinstance(make_drafter("ngram", runner), NgramDrafter)
+
+    class NoCheckpoints(NumpyRunner):
+        state_checkpoints = False
+
+    with pytest.raises(ValueError, match="gated DeltaNet layers .* checkpoints their recurrent state"):
+        make_drafter("ngram", NoCheckpoints(runner.model, runner.backend))
 
 
 def test_cuda_loader_refuses_deltanet_layers(tiny):

@@ -14,7 +14,8 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding=
 SECTIONS = dict(re.findall(r"^### (.+?)\n(.*?)(?=^##|\Z)", README, re.M | re.S))
 ENGINE = "Engine and sampling flags (`bw24chat`, `--headless`, `serve`)"
 HEADING = {"": "`bw24chat`", "serve": "`bw24chat serve`", "check": "`bw24chat check`", "bench": "`bw24chat bench`",
-           "info": "`bw24chat info` and `bw24chat quality`", "quality": "`bw24chat info` and `bw24chat quality`"}
+           "info": "`bw24chat info` and `bw24chat quality`", "quality": "`bw24chat info` and `bw24chat quality`",
+           "train-draft": "`bw24chat train-draft`"}
 
 
 def _options(p: argparse.ArgumentParser):

@@ -1,6 +1,6 @@
 """Speculative decoding (speculative.py, Generator.speculate) on the NumPy backend: the drafters,
-the adaptive K, and the gate of ``bw24chat check --spec`` (a reduced size here; the full table is
-marked slow).  tests/gpu/test_speculative.py runs the same gate on CudaRunner."""
+the adaptive K, and the gate of ``bw24chat check --spec`` on the dense gate model and on a hybrid
+one (gated DeltaNet + MTP head) (a reduced size here; the full tables are marked slow).  tests/gpu/test_speculative.py runs the same gate on CudaRunner."""
 import argparse
 
 import pytest
@@ -15,6 +15,15 @@ from bw24chat.speculative import MAX_K, DraftLength, NgramDrafter, OracleDrafter
 @pytest.fixture(scope="module")
 def gate_model():
     runner, tok, _ = check.spec_runner("cpu")
+    return runner, tok
+
+
+@pytest.fixture(scope="module")
+def hybrid_gate_model():
+    """check.SPEC_HYBRID: gated DeltaNet layers (their recurrent state checkpointed per verify row)
+    and an MTP head, so the gate runs the mtp drafter too."""
+    runner, tok, _ = check.spec_runner("cpu", hybrid=True)
+    assert runner.state is not None and runner.mtp is not None
     return runner, tok
 
 
@@ -95,7 +104,7 @@ def test_logprobs_and_stats_with_speculation(gate_model):
 def test_gate_reduced(gate_model):
     runner, tok = gate_model
     results = check.spec_gates(runner, tok, ks=(1, 3, MAX_K), n_gen=32)
-    assert len(results) == 3 * 2 * 2
+    assert len(results) == 3 * 2 * 3  # K x sampling x drafter (n-gram, oracle, MTP head)
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 
@@ -104,7 +113,24 @@ def test_gate_reduced(gate_model):
 def test_gate_full(gate_model):
     runner, tok = gate_model
     results = check.spec_gates(runner, tok) + [check.spec_fixed_gate(runner, tok)]
-    assert len(results) == MAX_K * 2 * 2 + 1
+    assert len(results) == MAX_K * 2 * 3 + 1
+    bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
+    assert not bad, bad
+
+
+def test_gate_hybrid_reduced(hybrid_gate_model):
+    runner, tok = hybrid_gate_model
+    results = check.spec_gates(runner, tok, ks=(1, MAX_K), n_gen=32, label="spec/hybrid")
+    assert len(results) == 2 * 2 * 3  # K x sampling x (ngram, oracle, mtp)
+    bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
+    assert not bad, bad
+
+
+@pytest.mark.slow
+def test_gate_hybrid_full(hybrid_gate_model):
+    runner, tok = hybrid_gate_model
+    results = check.spec_gates(runner, tok, label="spec/hybrid") + [check.spec_fixed_gate(runner, tok, "spec/hybrid")]
+    assert len(results) == MAX_K * 2 * 3 + 1
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 
@@ -134,6 +160,7 @@ def test_check_spec_cli(capsys):
     assert check.main(["--spec", "--device", "cpu", "--spec-k", "2"]) == 0
     out = capsys.readouterr().out
     assert "check --spec on NumPy" in out and "ngram  sampled K=2" in out and "0 failed" in out
+    assert "spec/hybrid" in out and "mtp    greedy  K=2" in out
 
 
 # ----------------------------------------------------------------------------- options

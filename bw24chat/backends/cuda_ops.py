@@ -103,43 +103,91 @@ def add_rmsnorm(x, residual, w, eps: float, out) -> None:
         _launch(k, (rows,), (nt,), (x, residual, w, _f32(eps), _i32(D), out))
 
 
+def rmsnorm_concat(xa, wa, xb, wb, eps: float, out) -> None:
+    """out (T, Da + Db) = [rmsnorm(xa) * wa | rmsnorm(xb) * wb] in one launch; a half whose weight
+    is None is copied as is (ops.concat; kernel_refs.rmsnorm_concat_ref).  xa (T, Da), xb (T, Db):
+    float32, contiguous rows."""
+    T, Da = xa.shape
+    Db = xb.shape[1]
+    if out.shape != (T, Da + Db) or xb.shape[0] != T:
+        raise ValueError(f"rmsnorm_concat: {xa.shape} | {xb.shape} -> {out.shape}")
+    for a in (xa, xb, out):
+        if a.strides != (a.shape[1] * 4, 4):
+            raise ValueError("rmsnorm_concat: contiguous float32 rows")
+    nt, vpt = _norm_cfg(max(Da, Db))
+    if Da % 4 or Db % 4:
+        raise ValueError("rmsnorm_concat needs Da, Db % 4 == 0")
+    k = get_kernel("norm", "rmsnorm_concat", NT=nt, VPT=vpt)
+    null = np.uint64(0)
+    if T:
+        _launch(k, (T, 2), (nt,), (xa, null if wa is None else wa, _i32(Da), xb, null if wb is None else wb, _i32(Db),
+                                   _f32(eps), out))
+
+
 # ============================================================================ rope.cu
 
 
+FULLNORM_MAX_WARPS = 16  # rope.cu FN_MAX_WARPS
+
+
+def fullnorm_geometry(H: int, K: int) -> tuple[int, int]:
+    """(warps, slots per warp) of qk_fullnorm_rope_kv_write's one block per token: the H + 2K
+    head vectors spread over at most 16 warps, as few slots per warp as that allows."""
+    slots = H + 2 * K
+    spw = -(-slots // FULLNORM_MAX_WARPS)
+    return -(-slots // spw), spw
+
+
 def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
-                          rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None) -> None:
+                          rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None,
+                          qk_norm: str = "head") -> None:
     """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
 
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
-    k_norm_w, (hd,) float32, are given: both or neither) and rotated IN PLACE; k and v are stored
-    at cache row positions_dev[t] (int32 (T,), device) in cache_k / cache_v (kv_type "bf16" |
-    "q8_0" | "fp8" | "f32"; None: no cache write).  cos / sin: float32 (n_pos, R/2) device copies of
-    rope.build_rope_table's tables.  rope_style "neox" | "normal".  q, k, v may be column
-    slices of one fused (T, (H+2K)*hd) buffer (their row strides are passed); bias: optional
-    float32 ((H+2K)*hd,) q|k|v biases added first (v is then updated in place too); q_out:
-    optional contiguous float32 (T, H, hd) that receives the rotated q instead of q itself."""
+    k_norm_w are given: both or neither) and rotated IN PLACE; k and v are stored at cache row
+    positions_dev[t] (int32 (T,), device) in cache_k / cache_v (kv_type "bf16" | "q8_0" | "fp8" |
+    "f32"; None: no cache write).  qk_norm "head": RMSNorm over each head, weights (hd,) float32;
+    "full": over the whole q row (H * hd) and the whole k row (K * hd), weights (H * hd,) and
+    (K * hd,) (MiniMax-M2; rope.cu QK_NORM 2: one block per token, the sums' order fixed per
+    row).  cos / sin: float32 (n_pos, R/2) device copies of rope.build_rope_table's tables.
+    rope_style "neox" | "normal".  q, k, v may be column slices of one fused (T, (H+2K)*hd)
+    buffer (their row strides are passed); bias: optional float32 ((H+2K)*hd,) q|k|v biases added
+    first (v is then updated in place too); q_out: optional contiguous float32 (T, H, hd) that
+    receives the rotated q instead of q itself."""
     T, H, hd = q.shape
     K = k.shape[1]
-    for a in (q, k, v):
-        if a.strides[1] != hd * 4 or a.strides[2] != 4:
+    for a in (q, k, v):  # a stride over one head (MQA's single kv head) is any value: not checked
+        if (a.shape[1] > 1 and a.strides[1] != hd * 4) or a.strides[2] != 4:
             raise ValueError("q, k, v: heads and head dims must be contiguous (only the token stride may differ)")
     if T == 0:
         return
     if (q_norm_w is None) != (k_norm_w is None):
         raise ValueError("q_norm_w and k_norm_w: both or neither")
+    if qk_norm not in ("head", "full"):
+        raise ValueError(f"qk_norm: head or full, got {qk_norm!r}")
+    full = q_norm_w is not None and qk_norm == "full"
+    if q_norm_w is not None:
+        want = (H * hd, K * hd) if full else (hd, hd)
+        if (q_norm_w.size, k_norm_w.size) != want:
+            raise ValueError(f"{qk_norm} QK-norm weights of {q_norm_w.size} and {k_norm_w.size} values, {want} expected")
     kvt = KV_NONE if kv_type is None else KV_CODE[kv_type]
     n_ctx = 0 if kv_type is None else _cache_ctx(cache_k, kv_type, K, hd)
-    kern = get_kernel("rope", "qk_norm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"),
-                      QK_NORM=int(q_norm_w is not None), KV_TYPE=kvt)
-    items = T * (H + 2 * K)
     qn = q_norm_w if q_norm_w is not None else q  # unused pointer when QK_NORM == 0
     kn = k_norm_w if k_norm_w is not None else q
     ck = cache_k if kv_type is not None else q
     cv = cache_v if kv_type is not None else q
-    _launch(kern, ((items + 3) // 4,), (128,),
-            (q, k, v, qn, kn, _f32(eps), cos, sin, positions_dev, _i32(rot_dim), _i32(T), _i32(H), _i32(K), ck, cv,
-             _i32(n_ctx), _i32(q.strides[0] // 4), _i32(k.strides[0] // 4), _i32(v.strides[0] // 4),
-             bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0)))
+    args = (q, k, v, qn, kn, _f32(eps), cos, sin, positions_dev, _i32(rot_dim), _i32(T), _i32(H), _i32(K), ck, cv,
+            _i32(n_ctx), _i32(q.strides[0] // 4), _i32(k.strides[0] // 4), _i32(v.strides[0] // 4),
+            bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0))
+    if full:
+        nw, spw = fullnorm_geometry(H, K)
+        kern = get_kernel("rope", "qk_fullnorm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"), QK_NORM=2,
+                          KV_TYPE=kvt, FN_SPW=spw)
+        _launch(kern, (T,), (32 * nw,), args)
+        return
+    kern = get_kernel("rope", "qk_norm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"),
+                      QK_NORM=int(q_norm_w is not None), KV_TYPE=kvt)
+    _launch(kern, ((T * (H + 2 * K) + 3) // 4,), (128,), args)
 
 
 # ============================================================================ attention_*.cu

@@ -3,6 +3,13 @@ addresses, chunked tensor-core prefill, and a decode step of m = 1..8 rows (embe
 model's blocks -> LM head -> sampling) that replays as ONE CUDA graph per m; the host reads back
 only the sampled token ids, through pinned memory.
 
+The decode step is a plan (``CudaRunner.plan``): the forward pass traced once per m into its
+list of launches, each a kernel bound to its grid, buffers and shared memory; a step walks it,
+and the graph is the captured walk.  ``backends/plan.py`` derives the same list without a GPU.
+Where the host must act inside a step (MoE experts spilled from VRAM: the router's ids decide
+which experts to copy in), the plan holds a HostStep, and the step is one graph per stretch
+between host steps.
+
 The forward pass is the model file's (``models/*.py``), run on ``CudaOps``: the op set
 (``bw24chat.ops``) on the CUDA kernels.  Values are deferred until their consumer is known, so
 that the launches fuse as the kernels allow:
@@ -24,6 +31,8 @@ reports near-ties).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..api import SamplingParams
@@ -34,7 +43,7 @@ from . import cuda_moe as moe
 from . import cuda_ops as ops
 from .cuda_weights import DeviceWeight, repack_host
 from .cuda_weights import upload as upload_planes
-from .kernel_build import eager_launches
+from .kernel_build import HostStep, eager_launches, host_step, tracing
 from .runner import MAX_ROWS
 
 RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
@@ -50,16 +59,27 @@ _ROW_PARAMS = 8 * ops.SAMPLE_PARAM_WORDS
 _ROW_BYTES = _ROW_PARAMS + 4 * RING
 _IO_BYTES = _HDR_BYTES + MAX_ROWS * _ROW_BYTES
 
+# The MTP head's step image (pinned on the host, mirrored on the device; CudaRunner.mtp_draft): int32
+# arrays of MAX_ROWS each (the catch-up rows' tokens, positions, lengths; the chained rows'
+# positions, lengths; each draft's sampling position; the drafts, copied back), the drafts'
+# sampling params and ring (one block: each draft is pushed to the ring as it is drawn), then the
+# catch-up rows' trunk hidden states.  A pass of m rows copies the image up to its m rows.
+_MTP_TOK, _MTP_POS, _MTP_LEN, _MTP_CPOS, _MTP_CLEN, _MTP_SPOS, _MTP_OUT = (i * MAX_ROWS for i in range(7))
+_MTP_PARAMS = 256  # bytes
+_MTP_RING = _MTP_PARAMS + _ROW_PARAMS
+_MTP_HIDDEN = -(-(_MTP_RING + 4 * RING) // 256) * 256
+
 
 class CudaLoader(Loader):
     """Uploads weights in their resident layouts (cuda_weights); remembers what it uploaded."""
 
-    def __init__(self):
+    def __init__(self, tiers=None):
         import cupy as cp
 
         self.cp = cp
         self.linears: list[DeviceWeight] = []
         self.experts: list = []  # cuda_moe.CudaExperts of each MoE layer
+        self.tiers = tiers  # cuda_tiers.CudaTiers when the experts are spilled from VRAM
         self._planes: dict = {}
 
     def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight:
@@ -83,7 +103,12 @@ class CudaLoader(Loader):
         return w
 
     def load_experts(self, gate, up, down, role: str = "experts") -> moe.CudaExperts:
-        ex = moe.load_experts(gate, up, down, memo=self._planes)  # resident slots + pointer table (cuda_moe)
+        # VRAM slots of expert images + pointer tables (cuda_moe); spilled: the tier plan's slot count
+        slots = self.tiers.tiers.plan.vram_slots[len(self.experts)] if self.tiers is not None else None
+        ex = moe.load_experts(gate, up, down, memo=self._planes, slots=slots)
+        ex.layer = len(self.experts)
+        if self.tiers is not None:
+            self.tiers.load(ex)
         self.experts.append(ex)
         return ex
 
@@ -121,6 +146,10 @@ class CudaOps(Ops):
             self.tokens, self.positions = runner.d_tokens[:rows], runner.d_pos[:rows]
         else:
             self.tokens, self.positions = runner.p_ids[:rows], runner.p_pos[:rows]
+        # the KV cache the pass writes and reads, and each row's keys attended (decode); the MTP
+        # head's passes bind the head's own (_HeadOps)
+        self.cache_k, self.cache_v, self.lengths = runner.cache_k, runner.cache_v, runner.d_len[:rows]
+        self._values: dict = {}  # id -> (deferred value, its buffer) once launched (_value)
 
     def buf(self, name: str, *cols: int):
         return self.r.buffer(("d:" if self.decode else "p:") + name, self.n, *cols)
@@ -155,12 +184,12 @@ class CudaOps(Ops):
             H, hd = s.n_heads, s.head_dim
             out = self.buf("attn", H, hd)
             if not self.decode:
-                ops.attn_prefill(v.q, r.cache_k[v.layer], r.cache_v[v.layer], r.kv_type, self.start, m, s.scale, out,
+                ops.attn_prefill(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.start, m, s.scale, out,
                                  precise=r.precise)
                 return dict(x=out.reshape(m, H * hd))
             qa = self.r.buffer("d:qx_attn", m, lin.qx_row_words(H * hd), dtype="u4") \
                 if qx_ok and r.attn_qx and (H * hd) % 32 == 0 else None
-            ops.attn_decode(v.q, r.cache_k[v.layer], r.cache_v[v.layer], r.kv_type, r.d_len[:m], m, s.scale, out,
+            ops.attn_decode(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.lengths, m, s.scale, out,
                             r.attn_ws, qx_out=qa, act_bf16=self.xb16)
             x = out.reshape(m, H * hd)
             return dict(x=x, prologue="qx", qx_in=qa) if qa is not None else dict(x=x)
@@ -169,6 +198,21 @@ class CudaOps(Ops):
             self._linear(v.x, v.W, out)
             return dict(x=out)
         return dict(x=v)
+
+    def _value(self, v):
+        """v's values in a buffer: what a deferred value still owes is launched, once (a value may
+        feed two ops: the MTP head's eh_proj output is its block's first norm input and its
+        residual; a norm of a norm (the head's hnorm of the trunk's final norm) needs the first)."""
+        if not isinstance(v, (_Normed, _Linear, _Swiglu, _Attention)):
+            return v
+        if id(v) not in self._values:
+            if isinstance(v, _Normed):
+                h = self.buf("hn", v.x.shape[-1])
+                ops.rmsnorm(v.x, v.w, self.eps, h)
+            else:
+                h = self._input(v, matvec=False)["x"]
+            self._values[id(v)] = (v, h)  # the value is kept alive with its id
+        return self._values[id(v)][1]
 
     def _linear(self, x, W: DeviceWeight, out, epilogue: str = "store", qx_out=None) -> None:
         a = self._input(x, W)
@@ -184,11 +228,20 @@ class CudaOps(Ops):
         return x
 
     def rmsnorm(self, x, w):
-        return _Normed(x, w)
+        return _Normed(self._value(x), w)
+
+    def concat(self, a, b):
+        # one launch (norm.cu rmsnorm_concat) computes both halves' deferred rmsnorms into column
+        # slices of one buffer, so the product after it is one matvec / GEMM over Da + Db inputs
+        (xa, wa), (xb, wb) = ((v.x, v.w) if isinstance(v, _Normed) else (self._value(v), None) for v in (a, b))
+        out = self.buf("concat", xa.shape[-1] + xb.shape[-1])
+        ops.rmsnorm_concat(xa, wa, xb, wb, self.eps, out)
+        return out
 
     def linear(self, x, W: DeviceWeight, residual=None):
         if residual is None:
             return _Linear(x, W)
+        residual = self._value(residual)
         self._linear(x, W, residual, epilogue="add")
         return residual
 
@@ -200,8 +253,6 @@ class CudaOps(Ops):
     def rope_kv(self, qkv, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
         r, T = self.r, self.n
         H, K, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        if q_norm is not None and spec.qk_norm != "head":  # rope.cu normalizes per head only
-            raise NotImplementedError(f"QK-norm over the whole projections ({spec.qk_norm}: MiniMax-M2) on CUDA")
         qkv = self._input(qkv)["x"]
         q = qkv[:, : H * hd].reshape(T, H, hd)  # column slices of the fused output
         k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
@@ -209,8 +260,8 @@ class CudaOps(Ops):
         q_rot = self.buf("q", H, hd)
         cos, sin = r.rope_tables(spec.rope)
         ops.qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, spec.eps, cos, sin, self.positions, spec.rope.style,
-                                  spec.rope.rot_dim, r.cache_k[layer], r.cache_v[layer], r.kv_type, bias=bias,
-                                  q_out=q_rot)
+                                  spec.rope.rot_dim, self.cache_k[layer], self.cache_v[layer], r.kv_type, bias=bias,
+                                  q_out=q_rot, qk_norm=spec.qk_norm)
         return q_rot
 
     def attention(self, q, spec: AttentionSpec, layer: int):
@@ -241,6 +292,8 @@ class CudaOps(Ops):
             moe.prefill_experts(experts, h, ids, weights, Y, m, k, precise=self.r.precise, act_bf16=self.xb16)
             moe.combine(Y, weights, sh, residual, m, k)
             return residual
+        if experts.tiers is not None:  # spilled: the routed experts are copied into VRAM slots first
+            host_step(lambda stream: experts.tiers.fetch(experts, ids, m, stream), f"experts of MoE layer {experts.layer}")
         a = self._input(x)
         F = experts.gu.out // 2
         act = self.buf("moe_act", k, F)
@@ -264,11 +317,37 @@ class CudaOps(Ops):
         return out
 
 
+class _HeadOps(CudaOps):
+    """The op set for one decode pass of the MTP head (models/mtp.py): its rows' tokens,
+    positions and lengths from the head's step image (``tokens``: a catch-up pass's, or the
+    draft a chained row embeds), the head's one-layer KV cache, buffers of its own (the trunk's
+    rows stay readable: last_hidden), and the LM head on the last row only, into
+    ``runner.mtp_logits`` (none at all for a pass that only fills the head's cache)."""
+
+    def __init__(self, runner: "CudaRunner", rows: int, tokens, positions, lengths, logits: bool):
+        super().__init__(runner, rows, decode=True)
+        self.tokens, self.positions, self.lengths = tokens, positions, lengths
+        self.cache_k, self.cache_v = [runner.mtp_cache_k], [runner.mtp_cache_v]
+        self.logits = logits
+
+    def buf(self, name: str, *cols: int):
+        return self.r.buffer("d:mtp." + name, self.n, *cols)
+
+    def lm_head(self, x, W: DeviceWeight):
+        if not self.logits:
+            return None
+        x = _Normed(x.x[self.n - 1:], x.w) if isinstance(x, _Normed) else self._value(x)[self.n - 1:]
+        a = self._input(x, W, matvec=True)
+        lin.matvec(W, a.pop("x"), self.r.mtp_logits, 1, act_bf16=self.xb16, **a)
+        return self.r.mtp_logits
+
+
 class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
-                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32"):
+                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32",
+                 tiers=None):
         import cupy as cp
 
         self.cp = cp
@@ -291,7 +370,17 @@ class CudaRunner:
             raise ValueError(f"activations: bf16 or f32, got {activations!r}")
         self.activations = activations
         self.act_bf16 = activations == "bf16"
-        self.loader = CudaLoader()
+        # MoE experts spilled from VRAM (expert_tiers.ExpertTiers): a pass holds at most slots // top_k
+        # rows, so that its experts fit the slots together (rows are row-invariant: the same bits)
+        self.max_rows = MAX_ROWS
+        cuda_tiers = None
+        if tiers is not None:
+            from .cuda_tiers import CudaTiers
+
+            self.max_rows = max(1, min(MAX_ROWS, min(tiers.plan.vram_slots) // a.num_experts_per_tok))
+            cuda_tiers = CudaTiers(tiers, a.num_experts_per_tok, MAX_ROWS)
+        self.tiers = cuda_tiers
+        self.loader = CudaLoader(cuda_tiers)
         report = progress or (lambda f: None)
         self.model = fam.Model(a, self.loader, checkpoint.tensors, self.n_ctx, report)
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
@@ -317,9 +406,17 @@ class CudaRunner:
         i32 = lambda off: self.d_io[off:off + 4 * MAX_ROWS].view(cp.int32)  # noqa: E731
         self.d_tokens, self.d_pos, self.d_len, self.d_next = (i32(o) for o in (_HDR_TOKEN, _HDR_POS, _HDR_LEN, _HDR_OUT))
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: dict = {}  # rows -> the captured decode step
+        self.plans: dict = {}  # rows -> the decode step's launches (kernel_build.KernelLaunch / HostStep)
+        self.graphs: dict = {}  # rows -> the captured decode step: [(graph, the HostStep after it or None)]
         self._rows = 1  # rows of the last pass (last_logits)
         self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
+        self._hidden: list = []  # the trunk's last-layer rows of the last prefill / step, per pass (last_hidden)
+        self._init_mtp(checkpoint)
+        # Everything above was allocated, zeroed and uploaded on the legacy default stream, which
+        # the runner's non-blocking stream does not wait for: finish it before the first step
+        # reads the caches, the norm weights or the attention workspace's zeroed counters (on a
+        # busy GPU the runner's first kernels otherwise overtake them).
+        cp.cuda.runtime.deviceSynchronize()
 
     # ==================================================================== buffers
     def buffer(self, name: str, rows: int, *cols: int, dtype: str = "f4"):
@@ -350,10 +447,12 @@ class CudaRunner:
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
                 history: list[int] = ()) -> int | None:
         ids = np.asarray(ids)
+        hidden = []
         with self.stream:
             for s in range(0, len(ids), self.prefill_chunk):
                 self._prefill_chunk(ids[s: s + self.prefill_chunk], start + s, False)
-        self._rows, self._kept = 1, []
+                hidden.append(self._hidden_rows("p", len(ids[s: s + self.prefill_chunk]), s + self.prefill_chunk < len(ids)))
+        self._rows, self._kept, self._hidden = 1, [], hidden
         if params is None:
             return None
         # the first token after the prompt: its logits are already in d_logits[0]
@@ -397,22 +496,50 @@ class CudaRunner:
             ops.sample(self.d_logits[i], row[:_ROW_PARAMS].view(self.cp.uint64), self.d_next[i:i + 1],
                        row[_ROW_PARAMS:].view(self.cp.int32), self.d_len[i:i + 1], self.sample_ws)
 
+    def plan(self, m: int = 1) -> list:
+        """The launches of a decode step of m rows, in order: the model's forward on CudaOps and
+        the sampler, traced once (kernel_build.tracing: kernels bound to the runner's buffers,
+        nothing launched) and walked by every step; ``backends/plan.py`` derives the same list
+        from the dims and GPU properties alone."""
+        p = self.plans.get(m)
+        if p is None:
+            with self.stream, tracing() as p:
+                self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
+                self._sample_rows(m)
+            self.plans[m] = p
+        return p
+
     def _step_body(self, m: int = 1):
-        """One decode step of m rows: H2D step image -> the model's forward -> sample each row ->
-        D2H sampled tokens.  Captured into the graph, or run eagerly: the same launches."""
+        """One decode step of m rows, eagerly: H2D step image -> walk the plan -> D2H sampled tokens."""
         self._h2d_io(m)
-        self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
-        self._sample_rows(m)
+        for launch in self.plan(m):
+            launch()
         self._d2h_tokens(m)
 
     def _capture(self, m: int):
+        """The step as graphs: one for the whole plan, or one per stretch between host steps."""
+        plan, segments, cur = self.plan(m), [], []
+        for item in plan:
+            if isinstance(item, HostStep):
+                segments.append((cur, item))
+                cur = []
+            else:
+                cur.append(item)
+        segments.append((cur, None))
+        graphs = []
         with self.stream:
-            self._step_body(m)  # eagerly once: buffers are allocated before the capture
-            self.stream.begin_capture()
-            try:
-                self._step_body(m)
-            finally:
-                self.graphs[m] = self.stream.end_capture()
+            for i, (launches, host) in enumerate(segments):
+                self.stream.begin_capture()
+                try:
+                    if i == 0:
+                        self._h2d_io(m)
+                    for launch in launches:
+                        launch()
+                    if host is None:
+                        self._d2h_tokens(m)
+                finally:
+                    graphs.append((self.stream.end_capture(), host))
+        self.graphs[m] = graphs
 
     def _write_io(self, tokens, start: int, params: SamplingParams, seed: int, history):
         """Rows tokens[i] at positions start + i; each row's params and ring (its history:
@@ -435,19 +562,21 @@ class CudaRunner:
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("a step runs at least one row")
-        # more rows than one pass holds (a verify of K = 8 drafts): passes of MAX_ROWS rows, each
-        # row still the same arithmetic as a one-row step
-        out, kept = [], []
+        # more rows than one pass holds (a verify of K = 8 drafts; spilled experts): passes of
+        # max_rows rows, each row still the same arithmetic as a one-row step
+        out, kept, hidden = [], [], []
         hist = list(history[-RING:])
-        for s in range(0, len(tokens), MAX_ROWS):
-            rows = tokens[s:s + MAX_ROWS]
-            if kept or s + MAX_ROWS < len(tokens):
+        P = self.max_rows
+        for s in range(0, len(tokens), P):
+            rows = tokens[s:s + P]
+            if kept or s + P < len(tokens):
                 kept.append(self._pass(rows, start + s, params, seed, hist, keep=True))
             else:
                 self._pass(rows, start + s, params, seed, hist)
             out += [int(t) for t in self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + len(rows)]]
             hist += rows
-        self._kept = kept
+            hidden.append(self._hidden_rows("d", len(rows), s + P < len(tokens)))
+        self._kept, self._hidden = kept, hidden
         return out
 
     def _pass(self, rows: list[int], start: int, params: SamplingParams, seed: int, history, keep: bool = False):
@@ -456,7 +585,11 @@ class CudaRunner:
         if self.use_graph:
             if m not in self.graphs:
                 self._capture(m)
-            self.graphs[m].launch(self.stream)
+            with self.stream:
+                for graph, host in self.graphs[m]:
+                    graph.launch(self.stream)
+                    if host is not None:
+                        host()
         else:
             with self.stream:
                 self._step_body(m)
@@ -473,7 +606,9 @@ class CudaRunner:
         return self.cp.asnumpy(self.d_logits[:self._rows])
 
     def rollback(self, n: int) -> None:
-        """Positions >= n are stale; the position-indexed cache overwrites them before any read."""
+        """Positions >= n are stale; the position-indexed cache overwrites them before any read
+        (the MTP head's cache likewise: its next catch-up rewrites its positions from the first
+        stale one, speculative.MTPDrafter)."""
 
     def decode_logits(self, token: int, pos: int) -> np.ndarray:
         """One greedy decode step (graph or eager, as configured); host copy of its logits."""
@@ -482,22 +617,196 @@ class CudaRunner:
 
     def warmup(self) -> None:
         """Compile every kernel the runner uses (NVRTC, cached on disk after the first start) and
-        capture the one-row decode graph, so the first request pays neither.  Positions 0..2 of
-        the cache are overwritten later like any other."""
+        capture the one-row decode graph (and the MTP head's first graphs), so the first request
+        pays neither.  Positions 0..3 of the caches are overwritten later like any other."""
         greedy = SamplingParams(temperature=0)
         self.prefill(np.array([0, 1], np.int64), 0, greedy)
         self.step([0], 2, greedy, 0, [])
+        if self.mtp is not None:  # the head's kernels, its one-row pass and a chain of one
+            self.mtp_draft([0], self.last_hidden(), 2, 2, greedy, 0, [])
 
     def decode_weight_bytes(self) -> int:
-        """Bytes one decode step must read of the weights: every matrix once, one embedding row
-        (the whole table where it is also the LM head)."""
+        """Bytes one decode step must read of the weights: every matrix once, top_k experts of each
+        MoE layer, one embedding row (the whole table where it is also the LM head)."""
         total = sum(w.nbytes for w in self.loader.linears)
+        # MoE: top_k experts of each layer (gate|up and down)
+        total += sum(self.args.num_experts_per_tok * ex.nbytes // ex.n_experts for ex in self.loader.experts)
         emb = self.model.tok_embd
         return total + (emb.nbytes if self.model.output is emb else emb.nbytes // self.vocab_size)
+
+    def expert_stats(self) -> dict:
+        """The expert tiers' hits per tier, bytes moved per token, slot occupancy (spilled MoE)."""
+        return self.tiers.tiers.stats.as_dict() if self.tiers is not None else {}
 
     def memory_info(self) -> dict:
         free, total = self.cp.cuda.runtime.memGetInfo()
         return {"vram_used": total - free, "vram_total": total}
+
+    # ==================================================================== trunk hidden states
+    def _hidden_rows(self, kind: str, rows: int, copy: bool):
+        """The trunk's last-layer rows of the pass just run: its embedding buffer "x", the
+        residual stream every block adds into; a copy where a later pass of the same call
+        overwrites the buffer."""
+        x = self.buffer(kind + ":x", rows, self.args.hidden_size)
+        if not copy:
+            return x
+        with self.stream:
+            return x.copy()
+
+    def last_hidden(self) -> np.ndarray:
+        """(T, D): the trunk's last-layer output (before the final norm) of every row of the last
+        prefill or step (backends/runner.py), kept on the device; this is the host copy."""
+        self.stream.synchronize()
+        if not self._hidden:
+            return np.zeros((0, self.args.hidden_size), np.float32)
+        return np.concatenate([self.cp.asnumpy(h) for h in self._hidden])
+
+    # ==================================================================== the MTP head
+    def _init_mtp(self, checkpoint) -> None:
+        """The checkpoint's MTP head (models/mtp.py) with its own one-layer KV cache, step image and
+        graphs, or ``mtp = None``.  Its weights load through a loader of their own, so that
+        decode_weight_bytes stays the trunk's."""
+        from ..models.mtp import load_mtp
+
+        self.mtp = load_mtp(self.model, CudaLoader(), checkpoint.mtp)
+        if self.mtp is None:
+            return
+        cp, a = self.cp, self.args
+        self.mtp_cache_k = ops.kv_cache_alloc(self.kv_type, self.n_ctx, a.num_key_value_heads, a.head_dim)
+        self.mtp_cache_v = ops.kv_cache_alloc(self.kv_type, self.n_ctx, a.num_key_value_heads, a.head_dim)
+        self.mtp_logits = cp.zeros((1, a.vocab_size), cp.float32)
+        self.mtp_g = cp.zeros((1, a.hidden_size), cp.float32)  # the last row's g: what a chained row takes
+        n = _MTP_HIDDEN + MAX_ROWS * 4 * a.hidden_size
+        self.h_mtp = cp.cuda.alloc_pinned_memory(n)
+        self.d_mtp = cp.zeros(n, cp.uint8)
+        self.h_mtp_i32 = np.frombuffer(self.h_mtp, np.int32, _MTP_PARAMS // 4)
+        i32 = self.d_mtp[:_MTP_PARAMS].view(cp.int32)
+        self.mtp_io = {name: i32[o:o + MAX_ROWS] for name, o in (("tok", _MTP_TOK), ("pos", _MTP_POS), ("len", _MTP_LEN),
+                       ("cpos", _MTP_CPOS), ("clen", _MTP_CLEN), ("spos", _MTP_SPOS), ("out", _MTP_OUT))}
+        self.mtp_io.update(params=self.d_mtp[_MTP_PARAMS:_MTP_RING].view(cp.uint64),
+                           ring=self.d_mtp[_MTP_RING:_MTP_RING + 4 * RING].view(cp.int32),
+                           hidden=self.d_mtp[_MTP_HIDDEN:].view(cp.float32).reshape(MAX_ROWS, a.hidden_size))
+        self.mtp_plans: dict = {}  # ("pass", rows, from_trunk, logits) / ("chain", rows) -> the traced plan
+        self.mtp_graphs: dict = {}  # the same keys -> the captured plan
+
+    def _mtp_write(self, ids, hidden, start: int, k: int, params: SamplingParams, seed: int, history) -> None:
+        """The head's step image for one pass: rows ids[i] with hidden[i] at positions start + i;
+        the k - 1 chained rows after the last (positions last + 1 + j); the drafts' sampling (draft
+        j is the token at position last + 2 + j, drawn after ``history`` + the drafts before it)."""
+        h, m = self.h_mtp_i32, len(ids)
+        last = start + m - 1
+        h[_MTP_TOK:_MTP_TOK + m] = ids
+        h[_MTP_POS:_MTP_POS + m] = np.arange(start, start + m)
+        h[_MTP_LEN:_MTP_LEN + m] = np.arange(start + 1, start + m + 1)
+        h[_MTP_CPOS:_MTP_CPOS + k - 1] = np.arange(last + 1, last + k)
+        h[_MTP_CLEN:_MTP_CLEN + k - 1] = np.arange(last + 2, last + k + 1)
+        h[_MTP_SPOS:_MTP_SPOS + k] = np.arange(last + 2, last + k + 2)
+        n_hist = min(params.repeat_last_n, RING) if params.repeat_penalty != 1.0 else 0
+        recent = [int(t) for t in history[-n_hist:]] if n_hist else []
+        np.frombuffer(self.h_mtp, np.uint64, ops.SAMPLE_PARAM_WORDS, _MTP_PARAMS)[:] = \
+            ops.pack_sampling_params(params, seed, len(recent), push=True)
+        if recent:
+            np.frombuffer(self.h_mtp, np.int32, len(recent), _MTP_RING)[:] = recent
+        D = self.args.hidden_size
+        np.frombuffer(self.h_mtp, np.float32, m * D, _MTP_HIDDEN)[:] = np.asarray(hidden, np.float32).reshape(-1)
+
+    def _copy(self, dst: int, src: int, nbytes: int, kind: int):
+        """A copy on the runner's stream as an entry of a head plan (a memcpy node when captured)."""
+        return partial(self.cp.cuda.runtime.memcpyAsync, dst, src, nbytes, kind, self.stream.ptr)
+
+    def _mtp_pass(self, plan: list, m: int, from_trunk: bool, logits: bool) -> None:
+        """Trace one head pass over the image's m catch-up rows into ``plan``: H2D image -> the
+        head -> the last row's g kept -> (its logits -> draft 0 -> D2H)."""
+        rt, io, D = self.cp.cuda.runtime, self.mtp_io, self.args.hidden_size
+        plan.append(self._copy(self.d_mtp.data.ptr, self.h_mtp.ptr, _MTP_HIDDEN + m * 4 * D, rt.memcpyHostToDevice))
+        hops = _HeadOps(self, m, io["tok"][:m], io["pos"][:m], io["len"][:m], logits)
+        out, g = self.mtp.forward(hops, hops.tokens, io["hidden"][:m], from_trunk)
+        plan.append(self._copy(self.mtp_g.data.ptr, g[m - 1].data.ptr, 4 * D, rt.memcpyDeviceToDevice))
+        if logits:
+            self._mtp_sample(out, 0)
+            plan.append(self._copy(self.h_mtp.ptr + 4 * _MTP_OUT, io["out"].data.ptr, 4, rt.memcpyDeviceToHost))
+
+    def _mtp_chain(self, plan: list, n: int) -> None:
+        """Trace n chained head rows after a pass into ``plan``: row j embeds draft j (the
+        sampler's output, on the device), takes the previous row's g and draws draft j + 1; then
+        D2H of the n + 1 drafts."""
+        rt, io, D = self.cp.cuda.runtime, self.mtp_io, self.args.hidden_size
+        for j in range(n):
+            hops = _HeadOps(self, 1, io["out"][j:j + 1], io["cpos"][j:j + 1], io["clen"][j:j + 1], True)
+            out, g = self.mtp.forward(hops, hops.tokens, self.mtp_g, False)
+            plan.append(self._copy(self.mtp_g.data.ptr, g[0].data.ptr, 4 * D, rt.memcpyDeviceToDevice))
+            self._mtp_sample(out, j + 1)
+        plan.append(self._copy(self.h_mtp.ptr + 4 * _MTP_OUT, io["out"].data.ptr, 4 * (n + 1), rt.memcpyDeviceToHost))
+
+    def _mtp_sample(self, logits, j: int) -> None:
+        io = self.mtp_io
+        ops.sample(logits[0], io["params"], io["out"][j:j + 1], io["ring"], io["spos"][j:j + 1], self.sample_ws)
+
+    def mtp_plan(self, key: tuple) -> list:
+        """The launches and copies of a head pass (key ("pass", rows, from_trunk, logits)) or of a
+        chain (("chain", rows)), traced once (kernel_build.tracing) like the decode step's plan."""
+        p = self.mtp_plans.get(key)
+        if p is None:
+            with self.stream, tracing() as p:
+                if key[0] == "pass":
+                    self._mtp_pass(p, *key[1:])
+                else:
+                    self._mtp_chain(p, *key[1:])
+            self.mtp_plans[key] = p
+        return p
+
+    def _mtp_run(self, key: tuple) -> None:
+        """Walk a head plan on the runner's stream: its graph (captured at the first use), or eagerly."""
+        plan = self.mtp_plan(key)
+        with self.stream:
+            if not self.use_graph:
+                for item in plan:
+                    item()
+                return
+            graph = self.mtp_graphs.get(key)
+            if graph is None:
+                self.stream.begin_capture()
+                try:
+                    for item in plan:
+                        item()
+                finally:
+                    graph = self.mtp_graphs[key] = self.stream.end_capture()
+            graph.launch(self.stream)
+
+    def _mtp_rows(self, ids, hidden, start: int, from_trunk: bool, k: int, params: SamplingParams, seed: int,
+                  history) -> None:
+        """The head over rows ids[i] / hidden[i] at positions start + i, in passes of at most
+        MAX_ROWS rows (each row the same arithmetic as a one-row pass); the last pass draws draft
+        0 and, for k > 1, the chain of k - 1 rows draws the others."""
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("an MTP pass runs at least one row")
+        if not 1 <= k <= MAX_ROWS:
+            raise ValueError(f"{k} drafts: the head's image holds 1..{MAX_ROWS}")
+        for s in range(0, len(ids), MAX_ROWS):
+            rows, last = ids[s:s + MAX_ROWS], s + MAX_ROWS >= len(ids)
+            m = len(rows)
+            self._mtp_write(rows, hidden[s:s + m], start + s, k, params, seed, history)
+            self._mtp_run(("pass", m, from_trunk, last))
+            if not last:
+                self.stream.synchronize()  # the next pass rewrites the image
+        if k > 1:
+            self._mtp_run(("chain", k - 1))
+        self.stream.synchronize()
+
+    def mtp_forward(self, ids, hidden, start: int, from_trunk: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The MTP head over rows pairing ``ids`` with ``hidden`` (host, (T, D)) at positions
+        start.. in its own KV cache: host copies of (logits (V,), g (D,)) of the last row
+        (backends/runner.py)."""
+        self._mtp_rows(ids, hidden, start, from_trunk, 1, SamplingParams(temperature=0), 0, [])
+        return self.cp.asnumpy(self.mtp_logits[0]), self.cp.asnumpy(self.mtp_g[0])
+
+    def mtp_draft(self, ids, hidden, start: int, k: int, params: SamplingParams | None, seed: int, history) -> list[int]:
+        """k drafts from the MTP head (backends/runner.py): the catch-up rows (ids[i] with the trunk's
+        hidden[i] at start + i), then k - 1 chained rows, each draft drawn on the device as the
+        trunk draws its token at that position; one synchronization, the drafts read back."""
+        self._mtp_rows(ids, hidden, start, True, k, params or SamplingParams(temperature=0), seed, history)
+        return [int(t) for t in self.h_mtp_i32[_MTP_OUT:_MTP_OUT + k]]
 
 
 KV_BYTES_PER_VALUE = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0, "f32": 4.0}
@@ -516,24 +825,29 @@ def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: i
     return max(256, min(want, fits) // 256 * 256) if fits < want else want
 
 
-def check_fits(name: str, weight_bytes: int, budget_bytes: int, spilled_experts: bool) -> None:
-    """Refuse, before anything is uploaded, a model whose weights the VRAM budget cannot hold
-    (the CUDA runner keeps every weight resident; MoE experts spilled to host RAM need the tiers'
-    copy stream, which the CUDA runner does not have yet), with the numbers and what would run."""
+def check_fits(name: str, weight_bytes: int, budget_bytes: int) -> None:
+    """Refuse, before anything is uploaded, a model whose resident weights the VRAM budget cannot
+    hold (MoE experts beyond it were already planned into slots by expert_tiers, or refused
+    there), with the numbers and what would run."""
     from .expert_tiers import DoesNotFit
 
     gib = 2**30
-    if spilled_experts:
-        raise DoesNotFit(f"{name}: its experts do not all fit the VRAM budget of {budget_bytes / gib:.1f} GiB, and the "
-                         "CUDA engine cannot yet serve experts from host RAM: choose a smaller format (--quantize nvfp4 "
-                         "or q8_0), raise --vram-budget, or run it with --device cpu")
     if weight_bytes + RESERVE_BYTES > budget_bytes:
         raise DoesNotFit(f"{name}: the weights take {weight_bytes / gib:.1f} GiB and the engine {RESERVE_BYTES / gib:.1f} "
                          f"GiB more, but the VRAM budget is {budget_bytes / gib:.1f} GiB: choose a smaller format "
                          "(--quantize nvfp4 or q8_0), a smaller model, or --device cpu")
 
 
-def make_cuda_runner(checkpoint, options, report, spilled_experts: bool = False):
+def resident_weight_bytes(checkpoint, tiers=None) -> int:
+    """The bytes of weights the runner keeps in VRAM: all of them, or with spilled experts the
+    other weights plus the expert slots."""
+    if tiers is None:
+        return checkpoint.nbytes
+    lay, plan = tiers.layout, tiers.plan
+    return lay.other_bytes + sum(s * b for s, b in zip(plan.vram_slots, lay.expert_bytes))
+
+
+def make_cuda_runner(checkpoint, options, report, tiers=None):
     import cupy as cp
 
     from ..api import LoadProgress
@@ -542,13 +856,14 @@ def make_cuda_runner(checkpoint, options, report, spilled_experts: bool = False)
     a = get_family(checkpoint.arch).ModelArgs.from_dict(checkpoint.config)
     free, _total = cp.cuda.runtime.memGetInfo()
     budget = int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else free
-    check_fits(checkpoint.name, checkpoint.nbytes, budget, spilled_experts)
-    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, checkpoint.nbytes, a.num_hidden_layers,
+    weights = resident_weight_bytes(checkpoint, tiers)
+    check_fits(checkpoint.name, weights, budget)
+    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, weights, a.num_hidden_layers,
                         a.num_key_value_heads, a.head_dim, options.kv_cache)
     if n_ctx < min(options.n_ctx or a.max_position_embeddings, a.max_position_embeddings):
         report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))
     runner = CudaRunner(checkpoint, n_ctx, options.kv_cache, progress=lambda f: report(LoadProgress("uploading", f)),
-                        activations=options.activations)
+                        activations=options.activations, tiers=tiers)
     report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
     runner.warmup()
     report(LoadProgress("compiling", 1.0))

@@ -162,6 +162,14 @@ def plan_tiers(layout: MoELayout, kv_bytes: int, free_vram: int, vram_budget: in
     return TierPlan(tuple(slots for _ in E), tuple(host for _ in E), tuple(e - host for e in E), budget, host_budget, fixed)
 
 
+def fixed_plan(layout: MoELayout, slots: int, host: int) -> TierPlan:
+    """A plan of ``slots`` VRAM slots and ``host`` pinned host experts per layer, the rest on
+    disk, whatever the budgets (the spilled = resident gate and tests force every tier)."""
+    E = layout.n_experts
+    return TierPlan(tuple(min(slots, e) for e in E), tuple(min(host, e) for e in E), tuple(max(e - host, 0) for e in E),
+                    0, 0, 0)
+
+
 def available_host_memory() -> int:
     """MemAvailable (Linux), else physical memory; what the auto host budget takes half of."""
     try:
@@ -262,13 +270,15 @@ class ExpertStats:
     tokens: int = 0
     slots_used: int = 0
     slots: int = 0
+    prefill_bytes: int = 0  # streamed through the prefill's staging slots (not counted above)
 
     def as_dict(self) -> dict:
         n = max(self.vram_hits + self.host_hits + self.disk_hits, 1)
         return {"expert_hit_vram": round(self.vram_hits / n, 4), "expert_hit_host": round(self.host_hits / n, 4),
                 "expert_hit_disk": round(self.disk_hits / n, 4),
                 "expert_bytes_per_token": (self.bytes_host + self.bytes_disk) // max(self.tokens, 1),
-                "expert_cache_occupancy": round(self.slots_used / max(self.slots, 1), 4)}
+                "expert_cache_occupancy": round(self.slots_used / max(self.slots, 1), 4),
+                "expert_prefill_bytes": self.prefill_bytes}
 
 
 @dataclass
@@ -299,3 +309,8 @@ class ExpertTiers:
             s.bytes_disk += 0 if from_host else b
         s.slots_used, s.slots = self.cache.occupancy()
         return self.cache.loads
+
+    def lookup(self, layer: int, experts, resident: set) -> None:
+        """Account a prefill chunk's experts of a layer, streamed past the slot cache (which
+        stays as decode left it): the bytes of those not ``resident``."""
+        self.stats.prefill_bytes += self.layout.expert_bytes[layer] * sum(e not in resident for e in experts)

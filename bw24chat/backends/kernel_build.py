@@ -146,27 +146,27 @@ class LaunchCounter:
     ``bw24chat check`` uses it to prove that graph decode launches nothing outside the graph."""
 
     count = 0
-    # when a list, every launch is also appended as (kernel, grid, block, args, kwargs):
-    # ``bw24chat bench --profile`` replays the recorded launches of one decode step grouped by
-    # kernel and shape, each group as its own CUDA graph, to time every role in-graph
-    record: list | None = None
 
 
 class Kernel:
     """A cupy.RawKernel that counts its launches; attribute access (e.g.
-    ``max_dynamic_shared_size_bytes``) passes through to the RawKernel."""
+    ``max_dynamic_shared_size_bytes``) passes through to the RawKernel.  Inside ``tracing()`` a
+    call is recorded as a KernelLaunch instead of made."""
 
-    __slots__ = ("_raw", "name", "label")
+    __slots__ = ("_raw", "family", "name", "defines", "label")
 
-    def __init__(self, raw, name: str, label: str = ""):
+    def __init__(self, raw, family: str, name: str, defines: tuple = ()):
         object.__setattr__(self, "_raw", raw)
+        object.__setattr__(self, "family", family)
         object.__setattr__(self, "name", name)
-        object.__setattr__(self, "label", label or name)
+        object.__setattr__(self, "defines", defines)
+        object.__setattr__(self, "label", name + "".join(f" {k}={v}" for k, v in defines))
 
     def __call__(self, grid, block, args, **kw):
+        if _traced is not None:
+            _traced.append(KernelLaunch(self, tuple(grid), tuple(block), tuple(args), int(kw.get("shared_mem", 0))))
+            return None
         LaunchCounter.count += 1
-        if LaunchCounter.record is not None:
-            LaunchCounter.record.append((self, tuple(grid), tuple(block), tuple(args), dict(kw)))
         if pdl_enabled(self.name):
             return launch_pdl(self._raw, grid, block, args, kw.get("shared_mem", 0))
         return self._raw(grid, block, args, **kw)
@@ -176,6 +176,63 @@ class Kernel:
 
     def __setattr__(self, key, value):
         setattr(self._raw, key, value)
+
+
+# ----------------------------------------------------------------- launch plans
+class KernelLaunch:
+    """One entry of a runner's decode plan: a kernel bound to its grid, block, arguments (device
+    buffers at fixed addresses, scalars) and shared memory.  Calling it launches it."""
+
+    __slots__ = ("kernel", "grid", "block", "args", "smem")
+
+    def __init__(self, kernel: Kernel, grid: tuple, block: tuple, args: tuple, smem: int):
+        self.kernel, self.grid, self.block, self.args, self.smem = kernel, grid, block, args, smem
+
+    def __call__(self) -> None:
+        self.kernel(self.grid, self.block, self.args, shared_mem=self.smem)
+
+    def key(self) -> tuple:
+        """What the plan decides: kernel, defines, grid, block, shared memory (plan.Launch.key)."""
+        return self.kernel.family, self.kernel.name, self.kernel.defines, self.grid, self.block, self.smem
+
+
+class HostStep:
+    """A point of a plan where the host acts between launches (the MoE expert tiers: wait for the
+    router's ids, copy the missed experts in): a graph of the plan ends before it and the next
+    begins after it.  ``fn(stream)`` synchronizes with what it reads."""
+
+    __slots__ = ("fn", "label")
+
+    def __init__(self, fn, label: str):
+        self.fn, self.label = fn, label
+
+    def __call__(self) -> None:
+        import cupy
+
+        self.fn(cupy.cuda.get_current_stream())
+
+
+_traced: list | None = None  # the plan being recorded (tracing)
+
+
+@contextlib.contextmanager
+def tracing():
+    """Inside: kernel launches and host steps are recorded in order (the yielded list), not made;
+    buffers the traced code allocates are real.  What a runner walks for each decode step."""
+    global _traced
+    prev, _traced = _traced, []
+    try:
+        yield _traced
+    finally:
+        _traced = prev
+
+
+def host_step(fn, label: str) -> None:
+    """Run ``fn(stream)`` now, or record it as a HostStep of the plan being traced."""
+    if _traced is not None:
+        _traced.append(HostStep(fn, label))
+    else:
+        HostStep(fn, label)()
 
 
 # ----------------------------------------------------------------- programmatic dependent launch
@@ -298,8 +355,7 @@ def allow_nonportable_clusters(kernel: Kernel) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(family: str, name: str, defines: tuple) -> Kernel:
-    label = name + "".join(f" {k}={v}" for k, v in defines)
-    return Kernel(get_module(family, defines).get_function(name), name, label)
+    return Kernel(get_module(family, defines).get_function(name), family, name, defines)
 
 
 def get_kernel(family: str, name: str, **defines) -> Kernel:

@@ -1,9 +1,12 @@
 """NumPy references for the CUDA op contracts that numpy_backend.py / rope.py / sampling.py do not
 already state: KV-cache storage (bf16, q8_0, fp8 E4M3 rounding and layout), the decode split
-rule, attention over the stored (rounded) cache, and Philox4x64-10 raw outputs.
+rule, attention over the stored (rounded) cache, the two-half rmsnorm of ops.concat, and
+Philox4x64-10 raw outputs.
 
 RMSNorm, RoPE, SwiGLU and the sampling contract are NOT restated here: the tests compare the
-kernels with ``NumpyBackend.rmsnorm``, ``rope.apply_rope`` and ``sampling.sample_token``.
+kernels with ``NumpyBackend.rmsnorm``, ``rope.apply_rope`` and ``sampling.sample_token``.  The
+QK-norm of rope.cu is (``qk_norm_ref``): its sums run in an order of their own, which is part of
+its contract.
 
 KV cache layouts (one per layer, for K and for V alike; N = n_ctx, K = kv heads, hd = head dim):
   bf16  uint16 (N, K, hd): bf16 bits, round-to-nearest-even from float32.
@@ -125,6 +128,15 @@ def qx_ref(x: np.ndarray) -> np.ndarray:
     return np.concatenate(words, axis=1)
 
 
+def rmsnorm_concat_ref(xa: np.ndarray, wa, xb: np.ndarray, wb, eps: float) -> np.ndarray:
+    """norm.cu rmsnorm_concat: [rmsnorm(xa) * wa | rmsnorm(xb) * wb] (a half whose weight is None
+    as is), float32: NumpyOps.concat of two NumpyOps.rmsnorm values."""
+    from .numpy_backend import rmsnorm_ref
+
+    half = lambda x, w: np.asarray(x, np.float32) if w is None else rmsnorm_ref(np.asarray(x, np.float32), w, eps)  # noqa: E731
+    return np.concatenate([half(xa, wa), half(xb, wb)], axis=-1)
+
+
 def matvec_prologue_f32(x: np.ndarray, prologue: str, in_: int, norm_w=None, eps: float = 1e-6) -> np.ndarray:
     """The decode matvec's prologue in float32 with the kernels' formulas (numpy_backend):
     "rmsnorm" of x [m, in_], "swiglu" of x [m, 2 in_] = gate | up, else x."""
@@ -214,6 +226,45 @@ def roundf(x: np.ndarray) -> np.ndarray:
     a = np.abs(x)
     f = np.floor(a)
     return np.copysign(f + (a - f >= np.float32(0.5)), x).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- QK-norm (rope.cu)
+
+
+def head_sum_sq(x: np.ndarray) -> np.ndarray:
+    """rope.cu's S(x) of head vectors x (..., hd) float32, hd a multiple of 32, bit for bit: lane l
+    sums x[l]^2, x[l+32]^2, ... in order (each square rounded), then the 32-lane xor butterfly
+    (offsets 16, 8, 4, 2, 1; every lane ends with the same value).  Returns (...,) float32."""
+    x = np.asarray(x, dtype=np.float32)
+    sq = x.reshape(*x.shape[:-1], -1, 32)
+    sq = sq * sq
+    acc = np.zeros(sq.shape[:-2] + (32,), np.float32)
+    for i in range(sq.shape[-2]):
+        acc = acc + sq[..., i, :]
+    lanes = np.arange(32)
+    for o in (16, 8, 4, 2, 1):
+        acc = acc + acc[..., lanes ^ o]
+    return acc[..., 0]
+
+
+def qk_norm_ref(x: np.ndarray, w: np.ndarray, eps: float, full: bool) -> np.ndarray:
+    """rope.cu's QK-norm of q (or k) rows x (T, n, hd) float32, bit for bit: per head (QK_NORM 1,
+    w (hd,)) each head by rms_inv(S(head), hd); full (QK_NORM 2, MiniMax-M2, w (n * hd,)) every
+    head of row t by rms_inv(S(head 0) + ... + S(head n-1), n * hd), the heads added left to right
+    from 0; then (x * inv) * w.  rms_inv(s, m) = 1 / sqrt(s / m + eps), each step rounded to
+    float32 (common.cuh).  The same RMSNorm as NumpyBackend.rope_kv's up to the sums' order."""
+    x = np.asarray(x, dtype=np.float32)
+    T, n, hd = x.shape
+    ss = head_sum_sq(x)  # (T, n)
+    if full:
+        tot = np.zeros(T, np.float32)
+        for h in range(n):
+            tot = tot + ss[:, h]
+        ss, m = np.repeat(tot[:, None], n, axis=1), n * hd
+    else:
+        m = hd
+    inv = np.float32(1.0) / np.sqrt(ss / np.float32(m) + np.float32(eps))
+    return (x * inv[..., None]) * np.asarray(w, dtype=np.float32).reshape(n if full else 1, hd)
 
 
 # --------------------------------------------------------------------------- KV cache

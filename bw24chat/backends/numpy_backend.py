@@ -446,7 +446,10 @@ class NumpyOps(Ops):
         q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
         k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
         q = q * np.float32(1.0 / np.sqrt(dk))
-        q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)  # repeat_interleave to Hv heads
+        if spec.v_head_order == "tiled":  # llama.cpp's ggml_repeat: head j <- key head j % Hk
+            q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
+        else:  # transformers' repeat_interleave: head j <- key head j // (Hv / Hk)
+            q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
         beta = sigmoid(b)
         x = a + dt_bias  # softplus as torch's (threshold 20)
         g = A * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
@@ -472,8 +475,12 @@ class NumpyOps(Ops):
     def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, experts: NumpyExperts,
                 residual: np.ndarray, shared=None) -> np.ndarray:
         T, k = ids.shape
-        if experts.tiers is not None:  # the same lookups the CUDA tiers make: one per distinct expert of the step
-            experts.tiers.route(experts.layer, ids, T)
+        if experts.tiers is not None:  # the CUDA tiers' accounting: a decode pass goes through the slot
+            tiers, layer = experts.tiers, experts.layer  # cache, a prefill chunk streams past it (cuda_tiers)
+            if T * k <= tiers.plan.vram_slots[layer]:
+                tiers.route(layer, ids, T)
+            else:
+                tiers.lookup(layer, np.unique(ids).tolist(), set(tiers.cache.resident(layer)))
         y = np.empty((T, k, x.shape[-1]), np.float32)  # y[t, j]: expert ids[t, j] on row t
         for e in np.unique(ids):  # the rows each selected expert serves, in one product
             rows, slots = np.nonzero(ids == e)
@@ -501,14 +508,17 @@ class NumpyRunner:
     """The reference runner (the interface: backends/runner.py): a model on the NumPy backend,
     its KV cache, host sampling (bw24chat.sampling, the specification of the device sampler)."""
 
+    state_checkpoints = True  # a hybrid model's recurrent state is copied at every step row (speculative.make_drafter)
+
     def __init__(self, model, backend: NumpyBackend | None = None):
         self.model = model
         self.backend = backend or NumpyBackend()
         a = self.args = model.args
         self.cache = self.backend.new_kv_cache(model.n_kv_layers, a.num_key_value_heads, a.head_dim, model.n_ctx)
-        # hybrid models (gated DeltaNet layers): the recurrent state, the copies of it after each
-        # row of the latest step (position -> snapshot, for an exact rollback of a speculative
-        # verify), and the ids at positions 0.. (to recompute the state for any other rollback)
+        # hybrid models (gated DeltaNet layers): the recurrent state, the copies of it before and
+        # after each row of the latest step (position -> snapshot, for an exact rollback of a
+        # speculative verify), and the ids at positions 0.. (to recompute the state for any other
+        # rollback)
         self.state = self.backend.new_recurrent_state(model.deltanet, model.n_state_layers) if model.deltanet else None
         self._snaps: dict[int, tuple] = {}
         self._ids: list[int] = []
@@ -558,7 +568,9 @@ class NumpyRunner:
     def step(self, tokens, start: int, params: SamplingParams, seed: int, history: list[int]) -> list[int]:
         # one pass per row: a hybrid model's recurrent state is copied after each (rollback)
         tokens = [int(t) for t in tokens]
-        self._snaps = {}
+        if self.state is not None and start <= self.state.pos:  # the state before row 0 as well: a rollback
+            self.rollback(start)  # to any position the step covers is a restore (forward would rewind too)
+            self._snaps = {start: self.state.snapshot()}
         logits, hidden = [], []
         for i, t in enumerate(tokens):
             logits.append(self.forward([t], start + i, prefill=False))
@@ -585,10 +597,26 @@ class NumpyRunner:
         logits, g = self.mtp.forward(ops, ids, np.asarray(hidden, np.float32), from_trunk)
         return logits[-1], g[-1]
 
+    def mtp_draft(self, ids, hidden, start: int, k: int, params: SamplingParams | None, seed: int,
+                  history: list[int]) -> list[int]:
+        """k drafts from the MTP head (backends/runner.py): the catch-up rows, then k - 1 rows
+        chained on the head's own g; draft j is the token at position p = start + len(ids) + 1 + j,
+        drawn as the trunk draws its token there (sample_token keyed by seed and p, the history
+        and the drafts before it)."""
+        params = params or SamplingParams(temperature=0)
+        logits, g = self.mtp_forward(ids, hidden, start, True)
+        p = start + len(ids) + 1
+        drafts: list[int] = []
+        for j in range(k):
+            drafts.append(sample_token(logits, params, seed, p + j, [*history, *drafts]))
+            if j + 1 < k:
+                logits, g = self.mtp_forward([drafts[-1]], g[None], p - 1 + j, False)
+        return drafts
+
     def rollback(self, n: int) -> None:
         """Positions >= n are stale; the KV cache's are overwritten before anything reads them
         again.  A recurrent state has no positions to drop: it is restored to the copy taken
-        after position n - 1 in the latest step (the speculative verify's case), or else
+        at position n in the latest step (the speculative verify's case), or else
         recomputed from the ids at positions 0..n-1, replaying the passes that consumed them, cut
         at n (bit for bit: a prefill row's value does not depend on its pass, PREFILL_TILE)."""
         st = self.state
@@ -599,11 +627,11 @@ class NumpyRunner:
             st.restore(self._snaps[n])
             self._passes = passes
             return
-        logits = self._logits
+        logits, ids = self._logits, self._ids[:n]  # (each replayed pass truncates self._ids after it)
         st.reset()
         self._snaps, self._passes = {}, []
         for s, m, pre in passes:
-            self.forward(self._ids[s:s + m], s, prefill=pre)
+            self.forward(ids[s:s + m], s, prefill=pre)
         self._logits = logits
 
     # ------------------------------------------------------------------ batched steps (runner.py)

@@ -150,6 +150,10 @@ class Launch:
     smem: int
     args: tuple
 
+    def key(self) -> tuple:
+        """What the plan decides (kernel_build.KernelLaunch.key: the runner's launches)."""
+        return self.family, self.name, self.defines, self.grid, self.block, self.smem
+
     def line(self) -> str:
         d = " ".join(f"{k}={v}" for k, v in self.defines)
         return (f"{self.family}:{self.name} [{d}] grid={self.grid} block={self.block} smem={self.smem} "

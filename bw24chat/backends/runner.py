@@ -23,6 +23,12 @@ notion of text: ``generate.py`` drives it with token ids.
         pairing ids[i] (token t+1) with hidden[i] (h_t) at positions t = start+i, in the head's
         own KV cache (positions >= start overwritten); the last row's logits and output hidden
         state g (which the next chained row takes with from_trunk=False)
+  ``mtp_draft(ids, hidden, start, k, params, seed, history) -> list[int]``  k drafts: mtp_forward
+        over the catch-up rows (from_trunk), then k - 1 rows chained on the head's own g (row j
+        embeds draft j); draft j is the token at position p = start + len(ids) + 1 + j, drawn as
+        ``step`` draws its token there (Philox keyed by seed and p, repetition history
+        ``history`` + the drafts before it; params None: greedy).  The CUDA runner keeps the
+        chain on the device (graphs) and reads back only the drafts
   ``prefill_logits(ids, start, chunk=None) -> (T, V)``  logits at every position (checks)
   ``rollback(n)``  positions >= n are no longer valid (after a rejected speculative draft)
   ``memory_info() -> dict``

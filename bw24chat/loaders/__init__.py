@@ -25,6 +25,10 @@ class Checkpoint:
     # the NextN / MTP layers after the trunk (canonical names blk.{N}.*, N >= num_hidden_layers;
     # loaders.checks.split_nextn), kept apart so the trunk loads as without them; models/mtp.py
     mtp: dict[str, QTensor] = field(default_factory=dict)
+    # a trained draft head attached as ``mtp`` (loaders/draft_head.py): its file; else why the
+    # one beside the model was left out (trained for another trunk, unreadable), or None
+    draft_head: Path | None = None
+    draft_head_problem: str | None = None
     _keepalive: Any = None  # the reader / memory maps the tensors point into
 
     @property
@@ -75,8 +79,9 @@ def summarize_formats(formats: dict[str, str]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Load a GGUF file or a Hugging Face folder.  Anything wrong with the files (but their
+def load_checkpoint(path: str | Path, draft_head: str | Path | None = None) -> Checkpoint:
+    """Load a GGUF file or a Hugging Face folder, with the trained draft head beside it (or the
+    file ``draft_head``: loaders/draft_head.py).  Anything wrong with the files (but their
     absence, FileNotFoundError) is a :class:`ModelFileError` naming the file and the problem."""
     p = Path(path)
     if p.is_dir():
@@ -104,6 +109,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     from .checks import check_checkpoint
 
     check_checkpoint(ckpt)
+    from .draft_head import attach_head
+
+    attach_head(ckpt, Path(draft_head) if draft_head is not None else None)
     return ckpt
 
 

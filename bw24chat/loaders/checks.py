@@ -71,7 +71,31 @@ def check_config(ckpt, names: dict[str, str] | None = None):
     if a.rope_scaling is not None and not isinstance(a.rope_scaling, dict):
         raise ModelFileError(ckpt.path, f"{a.rope_scaling!r} is not a table of settings", where("rope_scaling"))
     _check_rope(ckpt, a, where("rope_scaling"))
+    if hasattr(a, "deltanet_spec"):
+        check_deltanet(ckpt.path, a, where)
     return a
+
+
+def check_deltanet(path, a, where=lambda key: key) -> None:
+    """A hybrid model's linear-attention settings (models/qwen3_next.py ModelArgs): positive
+    widths, value heads a multiple of key heads, a known head order, one kind per layer."""
+    for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                "linear_conv_kernel_dim", "full_attention_interval"):
+        v = getattr(a, key)
+        if not _int_in(v, 1, MAX_WIDTH):
+            raise ModelFileError(path, f"{v!r} is not a positive integer up to {MAX_WIDTH}", where(key))
+    if a.linear_num_value_heads % a.linear_num_key_heads:
+        raise ModelFileError(path, f"{a.linear_num_value_heads} value heads cannot be shared by "
+                                   f"{a.linear_num_key_heads} key heads", where("linear_num_value_heads"))
+    if a.linear_v_head_order not in ("grouped", "tiled"):
+        raise ModelFileError(path, f"{a.linear_v_head_order!r} is not a value-head order", where("linear_v_head_order"))
+    from ..models.qwen3_next import LAYER_KINDS
+
+    kinds = a.layer_types
+    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != a.num_hidden_layers
+                              or not all(isinstance(k, str) and k in LAYER_KINDS for k in kinds)):
+        raise ModelFileError(path, f"expected 'linear_attention' or 'full_attention' for each of the "
+                                   f"{a.num_hidden_layers} layers", where("layer_types"))
 
 
 def _check_rope(ckpt, a, where: str) -> None:
@@ -126,16 +150,18 @@ def check_checkpoint(ckpt) -> None:
             raise ModelFileError(ckpt.path, f"the {what} token id {i!r} is not in the vocabulary of {n_tok}", "tokenizer")
 
 
-def _check_tensors(ckpt, a, shapes: dict, tensors: dict, shown) -> None:
-    """None missing, none unexpected, each of the expected shape (``shapes``: Model.tensor_shapes)."""
+def _check_tensors(ckpt, a, shapes: dict, tensors: dict, shown, path=None) -> None:
+    """None missing, none unexpected, each of the expected shape (``shapes``: Model.tensor_shapes);
+    ``path``: the file the tensors come from, if not the checkpoint's (a draft head's)."""
+    path = path or ckpt.path
     want = {name: shape for name, (shape, _) in shapes.items()}
     for name, t in tensors.items():
         if name not in want:
-            raise ModelFileError(ckpt.path, f"unexpected for a {a.num_hidden_layers}-layer model (the header or config "
-                                            "says fewer layers than the file holds)", f"tensor {shown(name)}")
+            raise ModelFileError(path, f"unexpected for a {a.num_hidden_layers}-layer model (the header or config "
+                                       "says fewer layers than the file holds)", f"tensor {shown(name)}")
         if tuple(t.shape) != want[name]:
-            raise ModelFileError(ckpt.path, f"shape {list(t.shape)}, but the model settings imply {list(want[name])}",
+            raise ModelFileError(path, f"shape {list(t.shape)}, but the model settings imply {list(want[name])}",
                                  f"tensor {shown(name)}")
     for name in want:
         if name not in tensors and shapes[name][1]:
-            raise ModelFileError(ckpt.path, f"missing (a {a.num_hidden_layers}-layer model needs it)", f"tensor {shown(name)}")
+            raise ModelFileError(path, f"missing (a {a.num_hidden_layers}-layer model needs it)", f"tensor {shown(name)}")

@@ -18,21 +18,35 @@ from ..tokenizer import TokenizerInfo, collect_stop_ids, tokenizer_from_gguf_fie
 from .checks import split_nextn
 from .errors import ModelFileError
 from .gguf_reader import GGUFFile
+from .layouts import GGUF_LAYOUTS
 from .names import GGUF_ARCH_MAPS, GGUF_MAP
 from .tensor import ExpertTensor, QTensor
 
 # llama.cpp architectures -> our model families, and their rope layout in GGUF
 ARCH_FAMILY = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-               "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2"}
+               "qwen3moe": "qwen3_moe", "glm4moe": "glm4_moe", "minimax-m2": "minimax_m2", "qwen3next": "qwen3_next",
+               "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
 ROPE_STYLE = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
-              "qwen3moe": "neox", "glm4moe": "neox", "minimax-m2": "neox"}
+              "qwen3moe": "neox", "glm4moe": "neox", "minimax-m2": "neox", "qwen3next": "neox", "qwen35": "neox",
+              "qwen35moe": "neox"}
+# llama.cpp's converter reorders Qwen3.5's value heads from grouped by key head to tiled, for
+# ggml's broadcasting repeat (conversion/qwen.py _LinearAttentionVReorderBase; ops.DeltaNetSpec)
+V_HEAD_ORDER = {"qwen35": "tiled", "qwen35moe": "tiled"}
 # MoE metadata (gguf-py constants.py Keys.LLM) -> the HF-style config keys models/moe.py reads
 MOE_KEYS = {
     "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
     "expert_feed_forward_length": "moe_intermediate_size", "expert_shared_count": "n_shared_experts",
     "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob",
     "leading_dense_block_count": "first_k_dense_replace", "expert_group_count": "n_group",
-    "expert_group_used_count": "topk_group",
+    "expert_group_used_count": "topk_group", "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+}
+# gated DeltaNet metadata (llama.cpp qwen3next.cpp load_arch_hparams; conversion/qwen.py writes
+# state_size = linear_key_head_dim, group_count = key heads, time_step_rank = value heads,
+# inner_size = value heads x linear_value_head_dim)
+SSM_KEYS = {
+    "ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
+    "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads",
+    "full_attention_interval": "full_attention_interval",
 }
 GATING_FUNC = {1: "softmax", 2: "sigmoid"}  # gguf-py ExpertGatingFuncType
 
@@ -100,6 +114,7 @@ def config_from_metadata(path: Path, md: dict, tensor_names: set[str]) -> tuple[
         if v is not None:  # a per-layer array (minimax-m2's expert_feed_forward_length) is uniform
             cfg[hf_key] = max(v.tolist() if isinstance(v, np.ndarray) else v) if isinstance(v, (list, np.ndarray)) else v
             names[hf_key] = f"{arch}.{key}"
+    _deltanet_config(path, md, arch, cfg, names)
     gating = md.get(f"{arch}.expert_gating_func")
     if gating is not None:
         if gating not in GATING_FUNC:
@@ -119,6 +134,27 @@ def config_from_metadata(path: Path, md: dict, tensor_names: set[str]) -> tuple[
     elif "rope_freqs.weight" in tensor_names:
         cfg["rope_scaling"] = {"rope_type": "freq_factors"}  # llama3 scaling baked into a tensor
     return cfg, names
+
+
+def _deltanet_config(path: Path, md: dict, arch: str, cfg: dict, names: dict) -> None:
+    """The gated DeltaNet settings of a hybrid file into ``cfg`` (HF config keys)."""
+    if arch in V_HEAD_ORDER:
+        cfg["linear_v_head_order"] = V_HEAD_ORDER[arch]
+    for key, hf_key in SSM_KEYS.items():
+        if (v := md.get(f"{arch}.{key}")) is not None:
+            cfg[hf_key], names[hf_key] = v, f"{arch}.{key}"
+    inner, hv = md.get(f"{arch}.ssm.inner_size"), cfg.get("linear_num_value_heads")
+    if isinstance(inner, int) and isinstance(hv, int) and hv > 0:
+        cfg["linear_value_head_dim"] = inner // hv
+        names["linear_value_head_dim"] = f"{arch}.ssm.inner_size"
+    # which layers are recurrent, where the file lists them (trunk first, then any MTP layers)
+    flags = md.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None and isinstance(cfg.get("num_hidden_layers"), int):
+        flags = flags.tolist() if isinstance(flags, np.ndarray) else flags
+        if not isinstance(flags, list) or len(flags) < cfg["num_hidden_layers"]:
+            raise ModelFileError(path, f"expected a flag for each of the {cfg['num_hidden_layers']} layers",
+                                 f"{arch}.attention.recurrent_layers")
+        cfg["layer_types"] = ["linear_attention" if f else "full_attention" for f in flags[:cfg["num_hidden_layers"]]]
 
 
 def _tokenizer_fields(path: Path, md: dict) -> dict:
@@ -170,6 +206,8 @@ def load_gguf(path: Path):
             tensors[canon] = ExpertTensor.from_array(canon, t.ggml_type.name, t.shape, t.data)
         else:
             tensors[canon] = QTensor(canon, t.ggml_type.name, t.shape, t.data)
+    if cfg["model_type"] in GGUF_LAYOUTS:  # a family's file layout -> the canonical one
+        tensors = GGUF_LAYOUTS[cfg["model_type"]](tensors, cfg, path)
     tensors, mtp = split_nextn(tensors, cfg)
     if unknown:
         raise ModelFileError(path, f"tensors bw24chat has no use for: {unknown[:5]}{'...' if len(unknown) > 5 else ''}")

@@ -23,8 +23,9 @@ import numpy as np
 
 from ..tokenizer import load_hf_tokenizer
 from .errors import PICKLE_SUFFIXES, ModelFileError, refuse_pickle
-from .names import HF_MAP
+from .names import HF_MAP, qwen_mtp_name
 from .checks import split_nextn
+from .layouts import HF_LAYOUTS
 from .tensor import ExpertTensor, QTensor
 
 ARCH_FAMILY = {
@@ -34,6 +35,10 @@ ARCH_FAMILY = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # the text model of the multimodal checkpoints
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Glm4MoeForCausalLM": "glm4_moe",
     "MiniMaxM2ForCausalLM": "minimax_m2",
 }
@@ -172,7 +177,9 @@ def _open_shards(model_dir: Path) -> dict[str, SafetensorsFile]:
             if name not in files[f].header:
                 raise ModelFileError(model_dir / f, f"the index says it is here, but it is not", f"tensor {name}")
         return {name: files[f] for name, f in weight_map.items()}
-    shards = sorted(model_dir.glob("*.safetensors"))
+    from .draft_head import FOLDER_FILE  # a trained draft head kept in the folder, not a weight shard
+
+    shards = sorted(p for p in model_dir.glob("*.safetensors") if p.name != FOLDER_FILE)
     if not shards:
         pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
         if pickles:
@@ -265,6 +272,19 @@ def _tokenizer(model_dir: Path, gen_cfg: dict):
         raise ModelFileError(tk_path, f"the tokenizer cannot be built: {exc}") from None
 
 
+def _text_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor name as its text model's (transformers
+    Qwen3_5ForConditionalGeneration: the language model under model.language_model.*, its MTP
+    head under mtp.* or model.mtp.*), or None for the vision tower (model.visual.*), which
+    bw24chat does not run."""
+    if name.startswith("model.visual."):
+        return None
+    for old, new in (("model.language_model.", "model."), ("model.mtp.", "mtp.")):
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
 def load_hf_dir(model_dir: Path):
     from . import Checkpoint
 
@@ -278,6 +298,12 @@ def load_hf_dir(model_dir: Path):
     fam = next((ARCH_FAMILY[a] for a in archs if isinstance(a, str) and a in ARCH_FAMILY), None)
     if fam is None:
         raise ModelFileError(config_path, f"{archs} is not supported (supported: {sorted(ARCH_FAMILY)})", "architectures")
+    multimodal = any(isinstance(a, str) and a.endswith("ForConditionalGeneration") for a in archs)
+    if multimodal:
+        text_cfg = cfg.get("text_config")
+        if not isinstance(text_cfg, dict):
+            raise ModelFileError(config_path, "a multimodal model's config needs its text model's settings", "text_config")
+        cfg = {**cfg, **text_cfg}
     cfg = dict(cfg, model_type=fam, rope_style="neox")
     gen_cfg = {}
     if (model_dir / "generation_config.json").exists():
@@ -285,13 +311,17 @@ def load_hf_dir(model_dir: Path):
 
     where = _open_shards(model_dir)
     tensors: dict[str, QTensor] = {}
-    consumed = set()
+    consumed, mtp_layers = set(), set()
     for name in sorted(where):
         if name in consumed:
             continue
-        if name.startswith("mtp."):  # Qwen3-Next's MTP head: loaded by no model yet
+        text = _text_name(name) if multimodal else name
+        if text is None:  # the vision tower
             continue
-        canon = HF_MAP.canonical(name)
+        if text.startswith("mtp.") and isinstance(cfg.get("num_hidden_layers"), int):  # Qwen3-Next / Qwen3.5 MTP head
+            text = qwen_mtp_name(text, cfg["num_hidden_layers"]) or text
+            mtp_layers.add(int(text.split(".")[2]) if text.startswith("model.layers.") else -1)
+        canon = HF_MAP.canonical(text)
         if canon is None:
             if name.endswith(("weight_scale", "weight_scale_2", "input_scale", "weight_scale_inv")) or "rotary_emb" in name:
                 continue
@@ -322,11 +352,10 @@ def load_hf_dir(model_dir: Path):
         else:
             raise ModelFileError(where[name].path, f"{kind} without the scales that would say how to read it", f"tensor {name}")
     tensors = stack_experts(tensors, model_dir)
-    from ..models import get_family
-
-    fix = getattr(get_family(fam), "hf_tensors", None)  # a family's checkpoint layout -> the canonical one
-    if fix is not None:
-        tensors = fix(tensors, cfg)
+    if mtp_layers:  # the MTP head's layers follow the trunk's, as NextN layers (loaders.checks.split_nextn)
+        cfg["num_nextn_predict_layers"] = max(mtp_layers) + 1 - cfg["num_hidden_layers"]
+    if fam in HF_LAYOUTS:  # a family's checkpoint layout -> the canonical one
+        tensors = HF_LAYOUTS[fam](tensors, cfg, model_dir)
     tensors, mtp = split_nextn(tensors, cfg)
     if "output" not in tensors:
         cfg["tie_word_embeddings"] = True

@@ -62,13 +62,28 @@ GGUF_NAMES: dict[str, str] = {
     "blk.{i}.nextn.shared_head_norm.weight": "blk.{i}.nextn.shared_head_norm",
     "blk.{i}.nextn.shared_head_head.weight": "blk.{i}.nextn.shared_head_head",
     "blk.{i}.nextn.embed_tokens.weight": "blk.{i}.nextn.embed_tokens",
+    # gated DeltaNet layers (llama.cpp src/models/qwen3next.cpp, qwen35.cpp): qwen3next files hold
+    # ssm_ba (and, written by older converters, ssm_in) in the grouped layout loaders/layouts.py
+    # splits; qwen35 files ssm_beta and ssm_alpha
+    "blk.{i}.attn_qkv.weight": "blk.{i}.attn_qkv",
+    "blk.{i}.attn_gate.weight": "blk.{i}.attn_gate",
+    "blk.{i}.ssm_in.weight": "blk.{i}.ssm_in",
+    "blk.{i}.ssm_ba.weight": "blk.{i}.ssm_ba",
+    "blk.{i}.ssm_beta.weight": "blk.{i}.ssm_beta",
+    "blk.{i}.ssm_alpha.weight": "blk.{i}.ssm_alpha",
+    "blk.{i}.ssm_conv1d.weight": "blk.{i}.ssm_conv1d",
+    "blk.{i}.ssm_dt.bias": "blk.{i}.ssm_dt",
+    "blk.{i}.ssm_a": "blk.{i}.ssm_a",
+    "blk.{i}.ssm_norm.weight": "blk.{i}.ssm_norm",
+    "blk.{i}.ssm_out.weight": "blk.{i}.ssm_out",
 }
 
 # per-architecture exceptions: glm4moe names its pre-FFN norm ATTN_POST_NORM (llama.cpp
 # src/models/glm4-moe.cpp: attn_post_norm feeds the FFN), which other architectures use for a
 # norm of the attention output
 GGUF_ARCH_NAMES: dict[str, dict[str, str]] = {
-    "glm4moe": {"blk.{i}.post_attention_norm.weight": "blk.{i}.ffn_norm"},
+    arch: {"blk.{i}.post_attention_norm.weight": "blk.{i}.ffn_norm"}
+    for arch in ("glm4moe", "qwen3next", "qwen35", "qwen35moe")  # the Qwen hybrids likewise (qwen3next.cpp)
 }
 
 # Hugging Face transformers names (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
@@ -109,9 +124,9 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.mlp.experts.gate_up_proj": "blk.{i}.ffn_gate_up_exps",
     "model.layers.{i}.mlp.experts.down_proj": "blk.{i}.ffn_down_exps",
     "model.layers.{i}.mlp.e_score_correction_bias": "blk.{i}.exp_probs_b",
-    # Qwen3-Next gated DeltaNet layers (modeling_qwen3_next.py Qwen3NextGatedDeltaNet); models/
-    # qwen3_next.py hf_tensors turns these into the canonical attn_qkv, attn_gate, ssm_beta,
-    # ssm_alpha, ssm_a (llama.cpp's qwen35 names) at load
+    # Qwen3-Next gated DeltaNet layers (modeling_qwen3_next.py Qwen3NextGatedDeltaNet);
+    # loaders/layouts.py turns ssm_in, ssm_ba, ssm_a_log into the canonical attn_qkv, attn_gate,
+    # ssm_beta, ssm_alpha, ssm_a (llama.cpp's qwen35 names) at load
     "model.layers.{i}.linear_attn.in_proj_qkvz.weight": "blk.{i}.ssm_in",
     "model.layers.{i}.linear_attn.in_proj_ba.weight": "blk.{i}.ssm_ba",
     "model.layers.{i}.linear_attn.conv1d.weight": "blk.{i}.ssm_conv1d",
@@ -119,6 +134,11 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.linear_attn.A_log": "blk.{i}.ssm_a_log",
     "model.layers.{i}.linear_attn.norm.weight": "blk.{i}.ssm_norm",
     "model.layers.{i}.linear_attn.out_proj.weight": "blk.{i}.ssm_out",
+    # Qwen3.5 (modular_qwen3_5.py Qwen3_5GatedDeltaNet): the canonical layout already
+    "model.layers.{i}.linear_attn.in_proj_qkv.weight": "blk.{i}.attn_qkv",
+    "model.layers.{i}.linear_attn.in_proj_z.weight": "blk.{i}.attn_gate",
+    "model.layers.{i}.linear_attn.in_proj_b.weight": "blk.{i}.ssm_beta",
+    "model.layers.{i}.linear_attn.in_proj_a.weight": "blk.{i}.ssm_alpha",
     # MiniMax-M2 checkpoints (Mixtral-style names: w1 gate, w3 up, w2 down)
     "model.layers.{i}.block_sparse_moe.gate.weight": "blk.{i}.ffn_gate_inp",
     "model.layers.{i}.block_sparse_moe.e_score_correction_bias": "blk.{i}.exp_probs_b",
@@ -134,6 +154,24 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.shared_head.head.weight": "blk.{i}.nextn.shared_head_head",
     "model.layers.{i}.embed_tokens.weight": "blk.{i}.nextn.embed_tokens",
 }
+
+
+# Qwen3-Next / Qwen3.5 MTP heads (vLLM qwen3_next_mtp.py, qwen3_5_mtp.py): mtp.fc, the two pre-fc
+# norms and the final norm around decoder layer(s) mtp.layers.{j}; loaded as NextN layer N + j under
+# the DeepSeek names above (N = num_hidden_layers), as llama.cpp's converter does (conversion/qwen.py
+# _Qwen35MtpMixin)
+QWEN_MTP_NAMES = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+                  "norm": "shared_head.norm"}
+
+
+def qwen_mtp_name(name: str, n_layers: int) -> str | None:
+    """transformers' name of an ``mtp.*`` tensor as a NextN layer's (model.layers.{N + j}.*), or None."""
+    parts = name.split(".")
+    if len(parts) >= 4 and parts[1] == "layers" and parts[2].isdigit():
+        return f"model.layers.{n_layers + int(parts[2])}." + ".".join(parts[3:])
+    if len(parts) == 3 and parts[1] in QWEN_MTP_NAMES:
+        return f"model.layers.{n_layers}.{QWEN_MTP_NAMES[parts[1]]}.{parts[2]}"
+    return None
 
 
 class NameMap:

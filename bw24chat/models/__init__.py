@@ -10,6 +10,8 @@ REGISTRY = {
     "qwen3": "bw24chat.models.qwen3",
     "qwen3_moe": "bw24chat.models.qwen3_moe",
     "qwen3_next": "bw24chat.models.qwen3_next",
+    "qwen3_5": "bw24chat.models.qwen3_5",
+    "qwen3_5_moe": "bw24chat.models.qwen3_5_moe",
     "glm4_moe": "bw24chat.models.glm4_moe",
     "minimax_m2": "bw24chat.models.minimax_m2",
 }

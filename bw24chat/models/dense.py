@@ -110,6 +110,7 @@ class DenseTransformer:
     deltanet = None  # ops.DeltaNetSpec of a hybrid model
     n_state_layers = 0
     output_gate = False  # AttentionSpec.output_gate
+    mtp_chains_normed = False  # models/mtp.py: an MTP head chains its normed output (Qwen3-Next) or g (DeepSeek-V3)
 
     def load_mixer(self, L: Loader, i: int, t, has) -> dict:
         """Layer ``i``'s token-mixer (attention) weights as Layer fields."""

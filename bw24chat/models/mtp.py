@@ -19,6 +19,13 @@ that row is computed like any other (it only enters later rows through the head'
 
 The DeepSeek-V3 paper writes the concat as [h; emb]; the checkpoints' eh_proj is laid out for
 [emb, h] (vLLM, SGLang deepseek_nextn.py), which is what the weights were trained with.
+
+Qwen3-Next / Qwen3.5 carry the same head under other names (mtp.fc = eh_proj, pre_fc_norm_embedding
+= enorm, pre_fc_norm_hidden = hnorm, mtp.norm = shared_head_norm; loaders/names.py), with the
+trunk's embedding and LM head, a full-attention layer as the block, and one difference: the
+chained hidden state is the *normed* output shared_head_norm(g) (vLLM qwen3_next_mtp.py returns
+self.norm(hidden_states, residual) from the predictor, and the proposer feeds that back), which a
+model file says with ``mtp_chains_normed``.
 """
 from __future__ import annotations
 
@@ -62,14 +69,16 @@ class MTPHead:
     def forward(self, ops: Ops, ids, hidden, from_trunk: bool):
         """(logits of the rows the Ops object keeps, g (T, D)) of rows pairing ``ids`` (token t+1)
         with ``hidden`` (h_t, the same row), at positions t = ops' rows; ``from_trunk``: hidden
-        is the trunk's pre-norm output (runner.last_hidden), else this head's own g.  Writes the
-        head's KV cache (layer 0 of the cache ``ops`` is bound to)."""
+        is the trunk's pre-norm output (runner.last_hidden), else this head's own g (normed where
+        the model says ``mtp_chains_normed``).  Writes the head's KV cache (layer 0 of the cache
+        ``ops`` is bound to)."""
         m = self.model
         h = ops.rmsnorm(hidden, m.output_norm) if from_trunk else hidden
         x = ops.linear(ops.concat(ops.rmsnorm(ops.embed(self.embd, ids), self.enorm), ops.rmsnorm(h, self.hnorm)),
                        self.eh_proj)
         g = m.block(ops, 0, self.layer, x)
-        return ops.lm_head(ops.rmsnorm(g, self.norm), self.head), g
+        normed = ops.rmsnorm(g, self.norm)
+        return ops.lm_head(normed, self.head), (normed if m.mtp_chains_normed else g)
 
 
 def load_mtp(model, loader: Loader, mtp_tensors: dict) -> MTPHead | None:

@@ -11,6 +11,8 @@ from .moe import MoEArgs, MoETransformer
 
 @dataclass
 class ModelArgs(MoEArgs):
+    # transformers >= 5 writes the expert count as num_local_experts (Qwen3MoeConfig.attribute_map)
+    aliases = {"num_local_experts": "num_experts"}
     model_type: str = "qwen3_moe"
     qk_norm: bool = True
     rope_theta: float = 1000000.0

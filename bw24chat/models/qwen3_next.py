@@ -13,20 +13,25 @@ arXiv:2412.06464).
 - FFN: Qwen3-MoE's sparse layers (softmax top-k, norm_topk_prob; mlp_only_layers /
   decoder_sparse_step) plus a shared expert scaled by sigmoid(shared_expert_gate(x))
   (Qwen3NextSparseMoeBlock), or a dense MLP.
+- MTP head (``mtp.*``): models/mtp.py's NextN head with a full-attention layer, chaining its
+  normed output.
 - Every RMSNorm but the DeltaNet's gated one is zero-centred: y = norm(x) * (1 + w)
-  (Qwen3NextRMSNorm); ``hf_tensors`` stores 1 + w at load, as llama.cpp's converter does.
+  (Qwen3NextRMSNorm); the loaders hand 1 + w, as llama.cpp's converter stores it, and the other
+  checkpoint layouts in canonical form (loaders/layouts.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..loaders.tensor import QTensor
 from ..ops import DeltaNetSpec, Loader, Ops
 from .dense import Layer
 from .moe import MoETransformer
 from .qwen3_moe import ModelArgs as Qwen3MoeArgs
+
+
+# layer_types' names -> is the layer linear attention; with transformers' legacy names
+# (configuration_utils.py _LEGACY_LAYER_TYPE_REMAP)
+LAYER_KINDS = {"linear_attention": True, "full_attention": False, "mamba": True, "attention": False}
 
 
 @dataclass
@@ -45,15 +50,19 @@ class ModelArgs(Qwen3MoeArgs):  # transformers configuration_qwen3_next.py defau
     linear_value_head_dim: int = 128
     linear_num_key_heads: int = 16
     linear_num_value_heads: int = 32
+    linear_v_head_order: str = "grouped"  # set by the GGUF loader for llama.cpp's tiled qwen35 files (ops.DeltaNetSpec)
 
     def is_linear(self, i: int) -> bool:
+        if i >= self.num_hidden_layers:  # an MTP layer is a full-attention layer (vLLM qwen3_next_mtp.py)
+            return False
         if self.layer_types:
-            return self.layer_types[i] == "linear_attention"
+            return LAYER_KINDS[self.layer_types[i]]
         return (i + 1) % self.full_attention_interval != 0
 
     def deltanet_spec(self) -> DeltaNetSpec:
         return DeltaNetSpec(self.linear_num_key_heads, self.linear_num_value_heads, self.linear_key_head_dim,
-                            self.linear_value_head_dim, self.linear_conv_kernel_dim, self.rms_norm_eps)
+                            self.linear_value_head_dim, self.linear_conv_kernel_dim, self.rms_norm_eps,
+                            self.linear_v_head_order)
 
 
 @dataclass
@@ -72,6 +81,7 @@ class DeltaNet:
 class Model(MoETransformer):
     Args = ModelArgs
     output_gate = True
+    mtp_chains_normed = True  # the mtp.* head (vLLM qwen3_next_mtp.py): models/mtp.py
 
     def __init__(self, args: ModelArgs, loader: Loader, tensors: dict, n_ctx: int, progress=None):
         n = args.num_hidden_layers
@@ -119,47 +129,3 @@ class Model(MoETransformer):
         o = ops.gated_delta_rule(qkv, ops.linear(h, d.b), ops.linear(h, d.a), d.A, d.dt_bias, s, i)
         return ops.linear(ops.gated_rmsnorm(o, ops.linear(h, d.z), d.norm, s), d.out, residual=x)
 
-
-_ZERO_CENTRED = ("attn_norm", "ffn_norm", "output_norm", "attn_q_norm", "attn_k_norm")
-
-
-def _f32(name: str, w: np.ndarray) -> QTensor:
-    w = np.ascontiguousarray(w, np.float32)
-    return QTensor(name, "F32", tuple(w.shape), w)
-
-
-def hf_tensors(tensors: dict, cfg: dict) -> dict:
-    """A transformers checkpoint's tensors -> the canonical layout (hf_loader calls this):
-    - in_proj_qkvz / in_proj_ba hold their rows grouped by key head, per group [q | k | v | z]
-      and [b | a] (Qwen3NextGatedDeltaNet.fix_query_key_value_ordering): reordered into the
-      flat attn_qkv (all q | all k | all v), attn_gate (z), ssm_beta, ssm_alpha;
-    - A_log -> ssm_a = -exp(A_log) (float32, as the forward computes it);
-    - zero-centred norms w -> 1 + w (float32: Qwen3NextRMSNorm's (1.0 + weight.float()));
-    - conv1d (C, 1, kernel) -> (C, kernel); shared_expert_gate (1, D) -> (D,)."""
-    s = ModelArgs.from_dict(cfg).deltanet_spec()
-    dk, dv, r = s.k_head_dim, s.v_head_dim, s.n_v_heads // s.n_k_heads
-    gw = 2 * dk + 2 * r * dv  # one key head's group of in_proj_qkvz rows
-    groups = np.arange(s.n_k_heads)[:, None]
-    part = lambda lo, n, w: (groups * w + lo + np.arange(n)[None, :]).reshape(-1)  # noqa: E731
-    out = {}
-    for name, t in tensors.items():
-        base, _, role = name.rpartition(".")
-        p = base + "."
-        if role == "ssm_in":
-            out[p + "attn_qkv"] = t.take_rows(np.concatenate([part(0, dk, gw), part(dk, dk, gw), part(2 * dk, r * dv, gw)]),
-                                              p + "attn_qkv")
-            out[p + "attn_gate"] = t.take_rows(part(2 * dk + r * dv, r * dv, gw), p + "attn_gate")
-        elif role == "ssm_ba":
-            out[p + "ssm_beta"] = t.take_rows(part(0, r, 2 * r), p + "ssm_beta")
-            out[p + "ssm_alpha"] = t.take_rows(part(r, r, 2 * r), p + "ssm_alpha")
-        elif role == "ssm_a_log":
-            out[p + "ssm_a"] = _f32(p + "ssm_a", -np.exp(t.dequantize().astype(np.float32)))
-        elif role in _ZERO_CENTRED or name == "output_norm":
-            out[name] = _f32(name, np.float32(1.0) + t.dequantize())
-        elif role == "ssm_conv1d":
-            out[name] = _f32(name, t.dequantize().reshape(t.shape[0], -1))
-        elif role == "ffn_gate_inp_shexp":
-            out[name] = _f32(name, t.dequantize().reshape(-1))
-        else:
-            out[name] = t
-    return out

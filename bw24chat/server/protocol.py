@@ -12,7 +12,7 @@ than text, ``suffix``, ``best_of`` > 1, batched or token-id prompts) are refused
 rather than silently ignored.  Omitted sampling parameters take the server's defaults (the
 engine flags ``--temperature``, ``--top-p``, ``--max-tokens`` ..., as with llama.cpp's server).
 Beyond OpenAI's set, ``top_k``, ``min_p`` and ``repetition_penalty`` (alias ``repeat_penalty``)
-reach the sampler, and ``speculative`` (``"off"`` | ``"ngram"``) with ``speculative_k`` (1..8 or
+reach the sampler, and ``speculative`` (``"off"`` | ``"ngram"`` | ``"mtp"``) with ``speculative_k`` (1..8 or
 ``"auto"``) choose speculative decoding for the request (omitted: the server's ``--spec`` /
 ``--spec-k``); the usage then reports the drafts in ``completion_tokens_details``.
 ``n`` (1..MAX_CHOICES) asks for that many choices: the engine generates them as separate requests

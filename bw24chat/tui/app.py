@@ -3,12 +3,14 @@
 ``run_app(options)`` is the entry point.  With ``options.model`` it opens straight into the
 chat and loads that model; without, it opens the model manager (which offers the default
 model when none is found; the engine fetches it on first use).  Models load on a worker thread through ``engine_factory``
-(default: ``bw24chat.engine.open_engine``), reporting ``LoadProgress`` to the chat screen.
+(default: ``bw24chat.engine.open_engine``), reporting ``LoadProgress`` to the chat screen; the model
+manager trains draft heads through ``draft_trainer`` (default: ``bw24chat.train_draft.train_model``).
 """
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -23,6 +25,7 @@ from ..loaders.errors import ModelFileError
 from ..model_store import ModelNotFound
 from ..options import EngineOptions
 from ..paths import log_file
+from ..train_draft import train_model
 from .commands import ChatCommands
 from .formatting import model_title
 from .messages import EngineFailed, EngineLoading, EngineReady
@@ -36,6 +39,8 @@ from .screens.settings import SettingsScreen
 
 ProgressCallback = Callable[[LoadProgress], None]
 EngineFactory = Callable[[EngineOptions, ProgressCallback | None], EngineAPI]
+# (model spec, progress(train_draft.TrainProgress), cancel event) -> the trained head's path
+DraftTrainer = Callable[[str, Callable, threading.Event], Path]
 
 
 def open_engine(options: EngineOptions, progress: ProgressCallback | None = None) -> EngineAPI:
@@ -56,6 +61,7 @@ class ChatApp(App):
         *,
         store: ConversationStore | None = None,
         hf_cache: Path | None = None,  # the Hugging Face cache to list (default: the user's)
+        draft_trainer: DraftTrainer | None = None,  # the model manager's ctrl+t (default: train_draft.train_model)
     ) -> None:
         super().__init__()
         self.options = options or EngineOptions()
@@ -65,6 +71,7 @@ class ChatApp(App):
         self.store.on_write_error = self._report_save_error
         self._save_error_shown = 0.0
         self.hf_cache = hf_cache
+        self.draft_trainer = draft_trainer or train_model
         self.engine: EngineAPI | None = None
         self.model_spec: str | None = None
         self.loading_name = ""
@@ -123,8 +130,11 @@ class ChatApp(App):
         def report(progress: LoadProgress) -> None:
             self.chat.post_message(EngineLoading(progress))
 
+        options = self.config.engine_options(spec)
+        if spec != self.options.model:  # --draft-head names the head of the command line's model only
+            options.draft_head = None
         try:
-            engine = self.engine_factory(self.config.engine_options(spec), report)
+            engine = self.engine_factory(options, report)
         except (ModelFileError, ModelNotFound) as exc:  # their messages are written for the user
             self.post_message(EngineFailed(load_id, spec, str(exc)))
             return

@@ -129,3 +129,22 @@ class DownloadEnded(Message):
         self.path = path
         self.error = error
         self.cancelled = cancelled
+
+
+class TrainProgressed(Message):
+    """A draft-head training run's progress (train_draft.TrainProgress, as text and fraction)."""
+
+    def __init__(self, text: str, fraction: float) -> None:
+        super().__init__()
+        self.text = text
+        self.fraction = fraction
+
+
+class TrainEnded(Message):
+    """``path``: the trained head; else ``error`` says why (or cancelled)."""
+
+    def __init__(self, path: str | None, error: str | None = None, cancelled: bool = False) -> None:
+        super().__init__()
+        self.path = path
+        self.error = error
+        self.cancelled = cancelled

@@ -90,7 +90,7 @@ def test_moe_experts_decode(cp, rng, fmt, E, F, D, k):
 
     got = run([(0, m)])
     err = np.linalg.norm(got - want) / np.linalg.norm(routed)
-    assert err <= 1e-5, err
+    assert err <= 2e-5, err  # f32 sums in another order than NumPy over k x (F or D) terms: a few 1e-6, tails to 1e-5
     single = run([(i, i + 1) for i in range(m)])
     assert np.array_equal(got.view(np.uint32), single.view(np.uint32))
     mid = run([(0, 3), (3, 8)])
@@ -140,7 +140,18 @@ def test_moe_greedy_tokens_equal_the_numpy_runner(cp, tiny_moe):
     assert out["cuda"] == out["numpy"]
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe"])  # minimax_m2: its full-width QK-norm is not on CUDA yet
+@pytest.mark.parametrize("shape", ["tiny-glm4-moe", "tiny-minimax-m2"])
+def test_sigmoid_router_families_greedy_tokens_equal_the_numpy_runner(cp, shape):
+    """GLM-4.5 (groups, scaling, shared expert, biases, partial RoPE) and MiniMax-M2 (full-width
+    QK-norm) on the CUDA runner: the NumPy runner's greedy tokens."""
+    from bw24chat.synthetic import synthetic_checkpoint
+    from tests.gpu.test_runner_rows import greedy_tokens_cuda_and_numpy
+
+    out = greedy_tokens_cuda_and_numpy(synthetic_checkpoint(shape, "BF16"))
+    assert out["cuda"] == out["numpy"]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe", "minimax_m2"])
 def test_moe_prefill_argmax_equals_decode(cp, tmp_path, family):
     from bw24chat.backends.cuda_runner import CudaRunner
     from bw24chat.loaders import load_checkpoint

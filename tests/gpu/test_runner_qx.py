@@ -12,6 +12,7 @@ def _decode_logits(r, prompt) -> dict:
     for graph in (True, False):
         r.use_graph = graph
         r.graphs.clear()
+        r.plans.clear()  # attn_qx changes the plan
         r.prefill(prompt[:32], 0)
         out[graph] = np.stack([r.decode_logits(int(t), 32 + i) for i, t in enumerate(prompt[32:])])
     return out

@@ -1,9 +1,10 @@
 """The speculative-decoding gate (``bw24chat check --spec``, check.spec_gates) on CudaRunner: for
-K = 1..7 (K + 1 <= the runner's 8 rows), the n-gram and the oracle drafter, greedy and seeded
-sampling and nine prompts (one over 1k tokens, one reaching the context end), the output equals
-plain decoding's on the same runner, token for token; the oracle's rounds and rollbacks are
-exact; and the fixed configuration's counts are the NumPy backend's (they follow from the
-oracle's error positions alone, tests/test_speculative.py)."""
+K = 1..8 (K = 8 verifies in two passes), the n-gram, the oracle and the MTP-head drafter (a random
+head: tests/gpu/test_mtp.py has one that is accepted), greedy and seeded sampling and nine prompts
+(one over 1k tokens, one reaching the context end), the output equals plain decoding's on the same
+runner, token for token; the oracle's rounds and rollbacks are exact; and the fixed configuration's
+counts are the NumPy backend's (they follow from the oracle's error positions alone,
+tests/test_speculative.py)."""
 import pytest
 
 from bw24chat import check
@@ -39,11 +40,12 @@ def test_fixed_configuration_on_cuda(gate_model):
 
 @pytest.mark.parametrize("fmt,kv", [("Q8_0", "q8_0"), ("NVFP4", "fp8")])
 def test_gate_quantized_weights_and_cache(cp, fmt, kv):
-    """Rolled-back positions in a rounding KV cache, quantized matvecs over 1..8 rows."""
+    """Rolled-back positions in a rounding KV cache (the MTP head's too), quantized matvecs over
+    1..8 rows."""
     from bw24chat.backends.cuda_runner import CudaRunner
     from bw24chat.synthetic import synthetic_checkpoint
 
-    runner = CudaRunner(synthetic_checkpoint("tiny", fmt), 1280, kv, prefill_chunk=512)
+    runner = CudaRunner(synthetic_checkpoint("tiny", fmt, mtp=True), 1280, kv, prefill_chunk=512)
     results = check.spec_gates(runner, check.word_tokenizer(runner.vocab_size), ks=(1, 4, MAX_K), n_gen=32)
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad

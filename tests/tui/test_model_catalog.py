@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from bw24chat import model_catalog
 from bw24chat.model_catalog import GpuMemory, ModelShape, describe_model, estimate_vram, list_local_models
 from bw24chat.tui.screens.models import vram_text
@@ -106,3 +108,31 @@ def test_descriptions_are_cached_on_disk_until_the_file_changes(private_dirs, mo
     assert list_local_models()[0].name == "Cached"
     write_gguf(path, name="Changed")  # a new file: read again (here: the error shows)
     assert list_local_models()[0].error
+
+
+def test_a_draft_head_is_shown_shipped_or_trained(private_dirs):
+    import gguf
+
+    from bw24chat.loaders.draft_head import head_path
+
+    plain = write_gguf(private_dirs["models"] / "plain.gguf", name="Plain")
+    trained = write_gguf(private_dirs["models"] / "trained.gguf", name="Trained")
+    head_path(trained).write_bytes(b"a head")
+    shipped = private_dirs["models"] / "shipped.gguf"
+    w = gguf.GGUFWriter(str(shipped), "glm4moe")
+    w.add_name("Shipped")
+    w.add_uint32("glm4moe.nextn_predict_layers", 1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    folder = private_dirs["models"] / "folder"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 2}))
+    (folder / "model.safetensors").write_bytes(b"\0" * 100)
+    head_path(folder).write_bytes(b"\0" * 7)  # inside the folder: not counted as weights
+    heads = {m.name: m.draft_head for m in list_local_models()}
+    assert heads == {"Plain": None, "Trained": "trained", "Shipped": "shipped", "folder": "trained"}
+    assert next(m for m in list_local_models() if m.name == "folder").size == 100
+    assert plain.exists()

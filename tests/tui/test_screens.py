@@ -234,8 +234,8 @@ async def test_local_models_are_listed_and_open_on_enter(make_app, private_dirs)
         await wait_for(pilot, lambda: table.row_count == 2, what="two local models")
         rows = [row_text(table, i) for i in range(2)]
         assert rows[0][0] == "Tiny" and rows[0][1] == "llama" and rows[0][2] == "gguf Q8_0"
-        assert rows[0][5] == "models/acme--tiny/tiny-Q8_0.gguf"
-        assert rows[1][0] == "Cached" and rows[1][5] == "acme/cached/cached-Q4_1.gguf"
+        assert rows[0][5] == "-" and rows[0][6] == "models/acme--tiny/tiny-Q8_0.gguf"
+        assert rows[1][0] == "Cached" and rows[1][6] == "acme/cached/cached-Q4_1.gguf"
         assert not app.screen.query_one("#first-run").display
         table.focus()
         await pilot.press("enter")
@@ -370,3 +370,46 @@ async def test_a_conversation_that_cannot_be_saved_is_reported_and_stays_on_scre
         assert [m.content[:6] for m in app.chat.conversation.messages if m.role == "user"] == ["first", "second"]
         saved = app.store.load(app.chat.conversation.id)
         assert [m.content for m in saved.messages if m.role == "user"] == ["first"]
+
+
+# ----------------------------------------------------------------------------- draft heads
+async def test_the_model_manager_trains_a_draft_head(make_app, private_dirs):
+    from pathlib import Path
+
+    from bw24chat.loaders.draft_head import head_path
+    from bw24chat.train_draft import TrainError, TrainProgress
+
+    path = write_gguf(private_dirs["models"] / "tiny.gguf", name="Tiny")
+    calls, release = [], threading.Event()
+
+    def trainer(spec, progress, cancel):
+        calls.append(spec)
+        if len(calls) == 2:
+            raise TrainError("training a draft head needs PyTorch, an optional extra: pip install 'bw24chat[train]'")
+        progress(TrainProgress("generating", 2, 2))
+        progress(TrainProgress("training", 30, 60, loss=0.5, heldout={"accept": [0.7, 0.6, 0.5], "mean_len": 2.12},
+                               elapsed_s=3.0))
+        release.wait(10)
+        head_path(Path(spec)).write_bytes(b"a head")
+        return head_path(Path(spec))
+
+    app = make_app(model=None, draft_trainer=trainer)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        table = app.screen.query_one("#local-models")
+        await wait_for(pilot, lambda: table.row_count == 1, what="the local model")
+        assert row_text(table, 0)[5] == "-"
+        table.focus()
+        await pilot.press("ctrl+t")
+        line = app.screen.query_one("#train-progress", ProgressLine)
+        await wait_for(pilot, lambda: "accepted length 2.12" in str(line.query_one(".progress-text").render()),
+                       what="the training progress")
+        assert "step 30/60" in str(line.query_one(".progress-text").render())
+        await pilot.press("ctrl+t")
+        await wait_for_notification(pilot, "warning", "already training")
+        release.set()
+        await wait_for_notification(pilot, "information", "Speculative decoding uses it")
+        await wait_for(pilot, lambda: row_text(table, 0)[5] == "trained", what="the row marked trained")
+        assert calls == [str(path)] and not line.display
+        await pilot.press("ctrl+t")  # the trainer fails: its message is shown
+        await wait_for_notification(pilot, "error", "pip install 'bw24chat[train]'")

@@ -1,10 +1,13 @@
 """The model manager: models on this machine (with the VRAM they would need against the VRAM
-free), a path typed by hand, and Hugging Face search with downloads (progress, cancel,
-resume).  Scanning, searching and downloading run on worker threads that report back with
-messages, so the screen stays responsive on a slow disk or network."""
+free, and whether they have a draft head for --spec mtp), a path typed by hand, and Hugging Face
+search with downloads (progress, cancel, resume).  ctrl+t trains a draft head for the selected
+model (``bw24chat train-draft``, through the app's ``draft_trainer``).  Scanning, searching,
+downloading and training run on worker threads that report back with messages, so the screen
+stays responsive on a slow disk or network."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,9 +18,18 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static, TabbedContent, TabPane
 
-from ... import hub, model_catalog
+from ... import hub, model_catalog, train_draft
 from ..formatting import human_bytes, human_duration, human_rate
-from ..messages import CatalogScanned, DownloadEnded, DownloadProgressed, HubFailed, HubFilesListed, HubSearchDone
+from ..messages import (
+    CatalogScanned,
+    DownloadEnded,
+    DownloadProgressed,
+    HubFailed,
+    HubFilesListed,
+    HubSearchDone,
+    TrainEnded,
+    TrainProgressed,
+)
 from ..widgets.progress_line import ProgressLine
 from ..widgets.table import fill_table
 
@@ -38,13 +50,13 @@ def vram_text(needed: int | None, gpu: model_catalog.GpuMemory | None) -> str:
     return f"{text} ✓" if needed <= gpu.free else f"{text} ✗"
 
 
-LOCAL_COLUMNS = ("Name", "Arch", "Format", "Size", "VRAM est.", "Location")
+LOCAL_COLUMNS = ("Name", "Arch", "Format", "Size", "VRAM est.", "Draft head", "Location")
 
 
 def local_row(m: model_catalog.LocalModel, gpu: model_catalog.GpuMemory | None) -> tuple[str, ...]:
     fmt = f"{m.fmt} {m.quant}" if m.quant else m.fmt
     name = f"{m.name} (unreadable: {m.error})" if m.error else m.name
-    return (name, m.arch or "?", fmt, human_bytes(m.size), vram_text(m.vram_needed, gpu), m.location)
+    return (name, m.arch or "?", fmt, human_bytes(m.size), vram_text(m.vram_needed, gpu), m.draft_head or "-", m.location)
 
 
 def choice_row(c: hub.DownloadChoice, gpu: model_catalog.GpuMemory | None) -> tuple[str, ...]:
@@ -60,6 +72,7 @@ class ModelsScreen(Screen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("ctrl+r", "rescan", "Rescan"),
         Binding("ctrl+f", "find", "Search the Hub"),
+        Binding("ctrl+t", "train_draft", "Train a draft head"),
     ]
 
     def __init__(self) -> None:
@@ -71,6 +84,7 @@ class ModelsScreen(Screen):
         self._cancel_download: threading.Event | None = None
         self._select_after_scan: str | None = None  # a just-downloaded model to put the cursor on
         self._retry = None  # what the Retry button of a failed Hub request runs
+        self._cancel_training: threading.Event | None = None
 
     def compose(self):
         yield Header(show_clock=False)
@@ -87,6 +101,9 @@ class ModelsScreen(Screen):
                 with Horizontal(classes="form-row"):
                     yield Input(placeholder="Path to a GGUF file or a Hugging Face model folder", id="model-path")
                     yield Button("Open", id="open-path")
+                with Horizontal(id="train-row"):
+                    yield ProgressLine(id="train-progress")
+                    yield Button("Cancel", id="train-cancel", variant="error")
             with TabPane("Hugging Face", id="hub-tab"):
                 with Horizontal(classes="form-row"):
                     yield Input(placeholder="Search models by name", id="hub-query")
@@ -112,6 +129,7 @@ class ModelsScreen(Screen):
         self.query_one("#hub-error").display = False
         self.query_one("#hub-files").display = False
         self.query_one("#download-cancel").display = False
+        self.query_one("#train-cancel").display = False
         self.query_one("#gpu-line", Static).update("Looking for models…")
         self.action_rescan()
         self.query_one("#local-models").focus()
@@ -168,6 +186,70 @@ class ModelsScreen(Screen):
             self.notify(f"Not a GGUF file or a model folder: {text}", severity="error", markup=False)
             return
         self.app.load_model(str(path))
+
+    # ------------------------------------------------------------------ draft heads
+    def action_train_draft(self) -> None:
+        """Train a draft head (train_draft.py) for the model under the cursor, on a worker."""
+        table = self.query_one("#local-models", DataTable)
+        if not self.models or table.cursor_row is None:
+            self.notify("Select a model to train a draft head for", severity="warning")
+            return
+        m = self.models[table.cursor_row]
+        if self._cancel_training is not None:
+            self.notify("A draft head is already training", severity="warning")
+            return
+        if m.draft_head == "shipped":
+            self.notify(f"{m.name} ships its own multi-token-prediction head: --spec mtp uses it", markup=False)
+            return
+        self._cancel_training = threading.Event()
+        self.query_one("#train-progress", ProgressLine).report(f"Training a draft head for {m.name}…", None)
+        self.query_one("#train-cancel").display = True
+        self._train(m.spec, self._cancel_training)
+
+    @work(thread=True, group="train")
+    def _train(self, spec: str, cancel: threading.Event) -> None:
+        last = {"t": 0.0, "stage": None}
+
+        def report(p: train_draft.TrainProgress) -> None:
+            now = time.monotonic()
+            if now - last["t"] > 0.25 or p.stage != last["stage"] or p.done == p.total:  # a few redraws a second
+                last.update(t=now, stage=p.stage)
+                self.post_message(TrainProgressed(p.text(), p.fraction))
+
+        try:
+            path = self.app.draft_trainer(spec, report, cancel)
+        except train_draft.TrainCancelled:
+            self.post_message(TrainEnded(None, cancelled=True))
+        except train_draft.TrainError as exc:
+            self.post_message(TrainEnded(None, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - any failure is reported in the UI
+            self.post_message(TrainEnded(None, f"{type(exc).__name__}: {exc}"))
+        else:
+            self.post_message(TrainEnded(str(path)))
+
+    def on_train_progressed(self, message: TrainProgressed) -> None:
+        self.query_one("#train-progress", ProgressLine).report(message.text, message.fraction)
+
+    @on(Button.Pressed, "#train-cancel")
+    def cancel_training(self) -> None:
+        if self._cancel_training is not None:
+            self._cancel_training.set()
+
+    def on_train_ended(self, message: TrainEnded) -> None:
+        self._cancel_training = None
+        self.query_one("#train-cancel").display = False
+        progress = self.query_one("#train-progress", ProgressLine)
+        if message.cancelled:
+            progress.report("Training cancelled: ctrl+t on the same model resumes it", None)
+            return
+        if message.error:
+            progress.report(f"Training failed: {message.error}", None)
+            self.notify(message.error, title="Draft head not trained", severity="error", markup=False)
+            return
+        progress.hide()
+        self.notify(f"Saved {message.path}. Speculative decoding uses it with the mtp mode (Settings)",
+                    title="Draft head trained", markup=False)
+        self.action_rescan()
 
     # ------------------------------------------------------------------ Hugging Face
     def action_find(self) -> None:

@@ -1,0 +1,143 @@
+"""MoE experts spilled from VRAM on the CUDA backend: the tiers of expert_tiers.py at work.
+
+Each MoE layer keeps ``slots`` expert images in VRAM (cuda_moe.CudaExperts), chosen by the slot
+cache (expert_cache.py, frequency with aging); the experts ``0 .. host_experts - 1`` of each
+layer wait in pinned host RAM as ready images, the rest are built from the model file on demand
+(the memory-mapped GGUF / safetensors views: a read through the page cache, then the repack).
+
+Decode: the step's plan (CudaRunner.plan) holds one host step per MoE layer, after its router:
+the host copies the router's ids back (one small copy, one synchronization), the cache decides the
+misses, and each miss is one copy of its image into the slot the cache gave it, on the copy
+stream, followed by the tables' rows; the compute stream waits for that copy before the layer's
+expert kernels.  The kernels, their inputs and their order are those of the resident step, so a
+spilled run gives the resident run's tokens bit for bit.  A pass holds at most slots // top_k
+rows, so one pass's experts never evict each other (the runner splits longer steps; rows are
+row-invariant).
+
+Prefill: a chunk routes to most experts of a layer.  The resident ones run from their slots; the
+others stream through two staging slots, the copy of the next overlapping the GEMMs of this one;
+the slot cache is left as decode left it.
+
+Bound (decode): bytes missed per token / the host-to-device copy rate (pinned: ~50 GB/s on PCIe
+5.0 x16), or the disk's read rate for experts served from the file; plus one synchronization
+per MoE layer (~10-20 us).  ``expert_stats`` reports hits per tier and bytes moved per token.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cuda_moe import CudaExperts, _pinned
+from .expert_tiers import ExpertTiers
+
+HOST_STAGING = 4  # pinned buffers the file-served images are built in (each reused once its copy is done)
+
+
+class CudaTiers:
+    """The tiers of one CUDA runner: the copy stream, the pinned host tier and staging, and the
+    host steps of the decode plan and the prefill's expert stream."""
+
+    def __init__(self, tiers: ExpertTiers, top_k: int, max_rows: int):
+        import cupy as cp
+
+        self.cp, self.tiers, self.top_k = cp, tiers, top_k
+        self.copy = cp.cuda.Stream(non_blocking=True)
+        self.h_ids = _pinned((max_rows * top_k,), np.int32)
+        self.layers: list[CudaExperts] = []
+        self.host: list = []  # per layer: pinned (host_experts, image_bytes) images
+        self._staging: list = []  # (pinned image buffer, event of its last copy or None)
+        self._next_stage = 0
+        self._dev_stage = None  # two device slots for the prefill's stream
+        self._dev_free: list = [None, None]  # events: the prefill GEMMs done with each slot
+
+    # ------------------------------------------------------------------ loading
+    def load(self, ex: CudaExperts) -> None:
+        """Register a layer's experts (loaded into its VRAM slots, experts 0 .. slots-1) and fill
+        its pinned host tier."""
+        ex.layer, ex.tiers = len(self.layers), self
+        self.layers.append(ex)
+        n_host = self.tiers.plan.host_experts[ex.layer]
+        imgs = _pinned((n_host, ex.image_bytes), np.uint8) if n_host else None
+        for e in range(n_host):
+            ex.source.image(e, imgs[e])
+        self.host.append(imgs)
+        if len(self._staging) < HOST_STAGING or self._staging[0][0].nbytes < ex.image_bytes:
+            self._staging = [(_pinned((ex.image_bytes,), np.uint8), None) for _ in range(HOST_STAGING)]
+        if self._dev_stage is None or self._dev_stage.shape[1] < ex.image_bytes:
+            self._dev_stage = self.cp.empty((2, ex.image_bytes), self.cp.uint8)
+
+    def _image_ptr(self, ex: CudaExperts, e: int) -> tuple[int, int]:
+        """(host address of expert e's image, staging index or -1): the pinned host tier's copy,
+        or one built from the file into the next free staging buffer."""
+        imgs = self.host[ex.layer]
+        if imgs is not None and e < len(imgs):
+            return imgs[e].ctypes.data, -1
+        i = self._next_stage
+        self._next_stage = (i + 1) % len(self._staging)
+        buf, done = self._staging[i]
+        if done is not None:
+            done.synchronize()  # its previous copy has left the buffer
+        ex.source.image(e, buf[:ex.image_bytes])
+        return buf.ctypes.data, i
+
+    def _copy_in(self, ex: CudaExperts, e: int, dst: int) -> None:
+        rt = self.cp.cuda.runtime
+        src, stage = self._image_ptr(ex, e)
+        rt.memcpyAsync(dst, src, ex.image_bytes, rt.memcpyHostToDevice, self.copy.ptr)
+        if stage >= 0:
+            ev = self.cp.cuda.Event(disable_timing=True)
+            ev.record(self.copy)
+            self._staging[stage] = (self._staging[stage][0], ev)
+
+    # ------------------------------------------------------------------ decode
+    def fetch(self, ex: CudaExperts, ids, m: int, stream) -> None:
+        """The decode plan's host step after layer ``ex``'s router wrote ``ids`` (m, k) on
+        ``stream``: bring the routed experts into VRAM slots before the expert kernels run."""
+        rt = self.cp.cuda.runtime
+        n = m * self.top_k
+        rt.memcpyAsync(self.h_ids.ctypes.data, ids.data.ptr, 4 * n, rt.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        loads = self.tiers.route(ex.layer, self.h_ids[:n], m)
+        if not loads:
+            return
+        for e, slot, evicted in loads:
+            if evicted >= 0:
+                ex.evict(evicted)
+            self._copy_in(ex, e, ex.slot_ptr(slot))
+            ex.place(e, slot)
+        ex.sync_tables(self.copy)
+        done = self.cp.cuda.Event(disable_timing=True)
+        done.record(self.copy)
+        stream.wait_event(done)
+
+    # ------------------------------------------------------------------ prefill
+    def stream(self, ex: CudaExperts, order: list[int]):
+        """(expert, gate|up weight, down weight) for each expert of ``order``: resident ones from
+        their slots, the others through the two device staging slots (the next one's copy issued
+        before this one is handed out, so it overlaps the caller's GEMMs)."""
+        cp = self.cp
+        stream = cp.cuda.get_current_stream()
+        self.tiers.lookup(ex.layer, order, set(ex.slot_of))
+        for e in order:
+            if e in ex.slot_of:
+                yield (e, *ex.weights(e))
+        rest = [e for e in order if e not in ex.slot_of]
+
+        def issue(j: int):
+            s = j % 2
+            if self._dev_free[s] is not None:
+                self.copy.wait_event(self._dev_free[s])
+            self._copy_in(ex, rest[j], int(self._dev_stage[s].data.ptr))
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(self.copy)
+            return ev
+
+        ready = issue(0) if rest else None
+        for j, e in enumerate(rest):
+            cur = ready
+            if j + 1 < len(rest):
+                ready = issue(j + 1)
+            stream.wait_event(cur)
+            yield (e, *ex.weights(e, self._dev_stage[j % 2][:ex.image_bytes]))
+            free = cp.cuda.Event(disable_timing=True)
+            free.record(stream)  # after the caller's GEMMs on this slot were enqueued
+            self._dev_free[j % 2] = free
