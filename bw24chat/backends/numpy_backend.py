@@ -275,9 +275,11 @@ class NumpyBackend(Loader):
         return NumpyRecurrentState(spec, n_layers)
 
     def ops(self, cache: NumpyKVCache, start: int, n_rows: int, eps: float, all_rows: bool = True,
-            state: NumpyRecurrentState | None = None, prefill: bool = True) -> "NumpyOps":
+            state: NumpyRecurrentState | None = None, prefill: bool | None = None) -> "NumpyOps":
         """A pass over one sequence's rows start..start+n_rows-1 in ``cache``: prefill rows
-        (tiled products) or, with ``prefill=False``, decode rows (one-row products)."""
+        (tiled products) or decode rows (one-row products); by default decode rows for a single
+        row, as a decode step, else prefill rows."""
+        prefill = n_rows > 1 if prefill is None else prefill
         return self.pass_ops([RowSpan(0, n_rows, start, cache, prefill)], eps, all_rows, state)
 
     def pass_ops(self, spans: list["RowSpan"], eps: float, all_rows: bool = True,
@@ -535,10 +537,12 @@ class NumpyRunner:
         self.max_batch = 1 if self.state is not None else NUMPY_MAX_BATCH
         self.pool: NumpyKVPool | None = None
 
-    def forward(self, ids, start: int, all_rows: bool = False, prefill: bool = True) -> np.ndarray:
-        """Run ``ids`` at positions start.. as prefill rows (or, ``prefill=False``, decode rows);
-        logits (T, V) with all_rows, else (1, V) of the last."""
+    def forward(self, ids, start: int, all_rows: bool = False, prefill: bool | None = None) -> np.ndarray:
+        """Run ``ids`` at positions start.. as prefill rows or decode rows (``prefill``; by default
+        decode rows for one id, as a decode step, else prefill rows); logits (T, V) with
+        all_rows, else (1, V) of the last."""
         ids = np.asarray(ids)
+        prefill = len(ids) > 1 if prefill is None else prefill
         if self.state is not None:
             if start > self.state.pos:
                 raise ValueError(f"a pass at position {start}, but the recurrent state holds {self.state.pos} positions")
@@ -555,7 +559,7 @@ class NumpyRunner:
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
                 history: list[int] = ()) -> int | None:
-        self.forward(ids, start)
+        self.forward(ids, start, prefill=True)
         if params is None:
             return None
         return sample_token(self._logits[-1], params, seed, start + len(ids), [*history, *map(int, ids)])
@@ -563,7 +567,8 @@ class NumpyRunner:
     def prefill_logits(self, ids, start: int, chunk: int | None = None) -> np.ndarray:
         """Logits at every position (T, V) (checks, perplexity); ``chunk`` rows per pass."""
         chunk = chunk or max(len(ids), 1)
-        return np.concatenate([self.forward(ids[s:s + chunk], start + s, all_rows=True) for s in range(0, len(ids), chunk)])
+        return np.concatenate([self.forward(ids[s:s + chunk], start + s, all_rows=True, prefill=True)
+                               for s in range(0, len(ids), chunk)])
 
     def step(self, tokens, start: int, params: SamplingParams, seed: int, history: list[int]) -> list[int]:
         # one pass per row: a hybrid model's recurrent state is copied after each (rollback)
