@@ -95,9 +95,10 @@ class Engine(EngineThread):
         if "kv_bytes" not in memory and hasattr(self.runner, "cache_k"):  # the CUDA runner's per-layer caches
             memory["kv_bytes"] = sum(int(c.nbytes) for c in (*self.runner.cache_k, *self.runner.cache_v))
         s.update({k: v for k, v in memory.items() if k in ("vram_used", "vram_total", "kv_bytes")})
-        if self.scheduler is not None:  # the pool's blocks in use, the batch's figures
+        if self.scheduler is not None:  # the pool's blocks held (by requests, or cached for reuse), the batch's figures
             sched = self.scheduler.stats()
-            s.update(sched, kv_bytes=s.get("kv_bytes", 0) + sched["kv_blocks_used"] * self.runner.kv_block_bytes())
+            held = sched["kv_blocks_used"] + sched["kv_blocks_cached"]
+            s.update(sched, kv_bytes=s.get("kv_bytes", 0) + held * self.runner.kv_block_bytes())
         else:
             s["ctx_used"] = len(self.generator.cached)
         if hasattr(self.runner, "expert_stats"):  # MoE tiers: hit rates, bytes moved per token, occupancy
@@ -174,8 +175,8 @@ class Engine(EngineThread):
         self.scheduler.add(seq)
         self._handles[seq.id] = handle
 
-    def run_step(self) -> None:
-        self.scheduler.step()
+    def run_step(self) -> bool:
+        return self.scheduler.step() > 0
 
     def in_flight(self) -> tuple[int, int]:
         return self.scheduler.waiting, self.scheduler.running

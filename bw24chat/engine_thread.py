@@ -40,8 +40,9 @@ class EngineThread:
         """Take the request into the batch (or end it with an ErrorEvent)."""
         raise NotImplementedError
 
-    def run_step(self) -> None:  # pragma: no cover - abstract
-        """One step of every request in flight; each ends with exactly one final event."""
+    def run_step(self) -> bool:  # pragma: no cover - abstract
+        """One step of the requests in flight (each ends with exactly one final event); False if
+        none could run (the loop then waits a moment instead of spinning)."""
         raise NotImplementedError
 
     def in_flight(self) -> tuple[int, int]:  # pragma: no cover - abstract
@@ -110,10 +111,11 @@ class EngineThread:
                 self._busy.clear()
 
     def _batch_loop(self) -> None:
+        ran = True
         while True:
-            waiting, running = self.in_flight()
-            try:  # block only when nothing is in flight
-                handle = self._requests.get(block=not (waiting or running))
+            busy = any(self.in_flight())
+            try:  # block only when nothing is in flight; wait a moment when nothing could run
+                handle = self._requests.get(block=not busy or not ran, timeout=0.01 if busy and not ran else None)
             except queue.Empty:
                 handle = False
             while handle is not False:
@@ -126,7 +128,7 @@ class EngineThread:
                 except queue.Empty:
                     handle = False
             try:
-                self.run_step()
+                ran = self.run_step()
             except Exception as exc:  # noqa: BLE001 - every failure must reach the clients
                 traceback.print_exc()
                 self.abort_all(f"{type(exc).__name__}: {exc}")

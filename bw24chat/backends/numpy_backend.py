@@ -71,7 +71,7 @@ class NumpyKVPool:
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, n_blocks: int, block_size: int):
         self.n_blocks, self.block_size = n_blocks, block_size
         self.k = np.zeros((n_layers, n_blocks * block_size, n_kv, head_dim), np.float32)
-        self.v = np.zeros_like(self.k)
+        self.v = np.zeros(self.k.shape, np.float32)  # (np.zeros_like writes its zeros: every page resident)
 
     def view(self, table: np.ndarray) -> "PagedKV":
         return PagedKV(self, np.asarray(table, np.int32))
@@ -296,8 +296,8 @@ value could depend on how many rows share its product.  A prefill pass therefore
 product over tiles of exactly PREFILL_TILE rows (the last one zero-padded): a row's value then
 does not depend on the chunk it was computed in or on the rows beside it, which is what makes a
 prompt's K/V the same whether it was prefilled whole, in chunks of any size, beside other
-sequences, or taken from another sequence's cached prefix (kv_pages.py).  Measured on SmolLM2
-(2-core x86-64, 1 thread): prefill ~25-30 % slower than one product over the whole chunk."""
+sequences, or taken from another sequence's cached prefix (kv_pages.py).  Its price, with row-by-
+row attention: prefill of 128 tokens 17 % slower on SmolLM2 (docs/performance.md)."""
 
 
 @dataclass
@@ -352,7 +352,8 @@ class NumpyOps(Ops):
     Every row's value is independent of the other rows of the pass: elementwise and per-row ops
     are so by construction, a prefill row's products are tiled (PREFILL_TILE), a decode row's
     are one-row products, and attention runs row by row (attend_row).  The LM head of a pass that
-    only samples (``all_rows=False``: the last row of each span) is a one-row product."""
+    only samples (``all_rows=False``: the last row of each span, every row of a span with
+    ``all_logits``) runs one-row products."""
 
     def __init__(self, backend: NumpyBackend, spans: list[RowSpan], eps: float, all_rows: bool = True,
                  state: NumpyRecurrentState | None = None):
