@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from .api import SamplingParams
+from .sampling import REPEAT_WINDOW_MAX
 
 DEVICES = ("auto", "cpu", "cuda")
 KV_CACHE_TYPES = ("bf16", "q8_0", "fp8", "f32")
@@ -119,7 +120,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help=f"drop tokens below min-p times the top probability, 0: off ({model_default('min_p')})")
     s.add_argument("--repeat-penalty", type=float, default=None,
                    help=f"penalize tokens of the last --repeat-last-n, 1: off ({model_default('repeat_penalty')})")
-    s.add_argument("--repeat-last-n", type=int, default=64, help="tokens the repeat penalty looks back over")
+    s.add_argument("--repeat-last-n", type=int, default=64, help="tokens the repeat penalty looks back over (0: none, at most 256)")
     s.add_argument("--stop-on-loop", type=int, default=0, metavar="N",
                    help="stop a reply once it has repeated the same phrase (up to 32 tokens) for N tokens (default: 0, off)")
     s.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh random seed per reply)")
@@ -171,7 +172,7 @@ def _check_ranges(a: argparse.Namespace) -> None:
         ("--min-p", a.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"),
         ("--top-k", a.top_k, lambda v: v >= 0, "0 (off) or more"),
         ("--repeat-penalty", a.repeat_penalty, lambda v: 0 < v <= 100, "above 0 (1 is off)"),
-        ("--repeat-last-n", a.repeat_last_n, lambda v: v >= 0, "0 or more"),
+        ("--repeat-last-n", a.repeat_last_n, lambda v: 0 <= v <= REPEAT_WINDOW_MAX, f"0 (none) to {REPEAT_WINDOW_MAX}"),
         ("--max-tokens", a.max_tokens, lambda v: v >= 1, "1 or more"),
         ("--ctx", a.n_ctx, lambda v: v >= 0, "0 (the model's) or more"),
         ("--stop-on-loop", a.stop_on_loop, lambda v: v >= 0, "0 (off) or more"),
