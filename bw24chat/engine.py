@@ -88,6 +88,20 @@ class Engine(EngineThread):
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_bos=False))
 
+    def _recover(self) -> None:
+        """After a failure inside the runner: what its cache holds is unknown (a prefill chunk or
+        a step may have stopped half-way; a hybrid model's recurrent state with it), so the next
+        request prefills from scratch; the GPU memory pools give their free blocks back."""
+        self.generator.cached.clear()
+        try:
+            self.runner.rollback(0)
+        except Exception:  # noqa: BLE001 - best effort: the cleared prefix is what matters
+            pass
+        cp = getattr(self.runner, "cp", None)
+        if cp is not None:
+            cp.get_default_memory_pool().free_all_blocks()
+            cp.get_default_pinned_memory_pool().free_all_blocks()
+
     def stats(self) -> dict:
         s = {"backend": self.info.backend, "gpu_name": self.info.device_name, "ctx_max": self.runner.n_ctx,
              "rss": process_rss()}
@@ -138,6 +152,15 @@ class Engine(EngineThread):
             res = self.generator.generate(ids, req.sampling, on_text, lambda: handle.cancelled, req.logprobs, on_stats, drafter, k)
         except (ContextFull, ValueError) as exc:
             handle.emit(ErrorEvent(f"context full: {exc}. Start a new chat or raise --ctx." if isinstance(exc, ContextFull) else str(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - the request fails, the engine keeps serving
+            self._recover()
+            if not out_of_memory(exc):
+                raise
+            where = "GPU" if self.info.backend == "cuda" else "host"
+            handle.emit(ErrorEvent(f"the {where} ran out of memory during this reply ({type(exc).__name__}); the engine "
+                                   "freed what it could and keeps serving: try a shorter prompt or reply, a smaller "
+                                   "--ctx, or a smaller model or format"))
             return
         stats = self.stats()
         stats.update(
@@ -191,6 +214,14 @@ class Engine(EngineThread):
         stats = dict(self.stats(), **seq.stats())
         handle.emit(StatsEvent(stats))
         handle.emit(DoneEvent(seq.finish, Usage(seq.n_prompt, len(seq.out.ids)), stats, text))
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A host MemoryError or the GPU's allocation failure (CuPy's OutOfMemoryError, or a CUDA
+    error naming it)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, MemoryError) or "OutOfMemoryError" in text or "out of memory" in text.lower() \
+        or "cudaErrorMemoryAllocation" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text
 
 
 def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None] | None = None) -> Engine:

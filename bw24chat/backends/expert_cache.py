@@ -141,7 +141,7 @@ class ExpertCache:
         """(hits, misses, evictions) of the distinct experts in ``expert_ids`` (any shape)."""
         L = self.layers[layer]
         L.clock += 1
-        ids = sorted({int(e) for e in _flat(expert_ids)})
+        ids = sorted(set(_flat(expert_ids)))
         protect = {e for e in ids if e in L.slot_of}  # this call's resident experts stay
         hits = misses = evictions = 0
         self.loads = []

@@ -307,7 +307,8 @@ class ExpertTiers:
             b = self.layout.expert_bytes[layer]
             s.bytes_host += b if from_host else 0
             s.bytes_disk += 0 if from_host else b
-        s.slots_used, s.slots = self.cache.occupancy()
+        if self.cache.loads or not s.slots:  # occupancy changes only with loads (a sum over every layer)
+            s.slots_used, s.slots = self.cache.occupancy()
         return self.cache.loads
 
     def lookup(self, layer: int, experts, resident: set) -> None:
