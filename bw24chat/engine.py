@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from typing import Callable
 
 from .api import DoneEvent, ErrorEvent, LoadProgress, ModelInfo, RequestHandle, StatsEvent, TokenEvent, Usage
@@ -102,6 +103,11 @@ class Engine(EngineThread):
             cp.get_default_memory_pool().free_all_blocks()
             cp.get_default_pinned_memory_pool().free_all_blocks()
 
+    def _oom_message(self, exc: BaseException) -> str:
+        where = "GPU" if self.info.backend == "cuda" else "host"
+        return (f"the {where} ran out of memory during this reply ({type(exc).__name__}); the engine freed what it "
+                "could and keeps serving: try a shorter prompt or reply, a smaller --ctx, or a smaller model or format")
+
     def stats(self) -> dict:
         s = {"backend": self.info.backend, "gpu_name": self.info.device_name, "ctx_max": self.runner.n_ctx,
              "rss": process_rss()}
@@ -157,10 +163,7 @@ class Engine(EngineThread):
             self._recover()
             if not out_of_memory(exc):
                 raise
-            where = "GPU" if self.info.backend == "cuda" else "host"
-            handle.emit(ErrorEvent(f"the {where} ran out of memory during this reply ({type(exc).__name__}); the engine "
-                                   "freed what it could and keeps serving: try a shorter prompt or reply, a smaller "
-                                   "--ctx, or a smaller model or format"))
+            handle.emit(ErrorEvent(self._oom_message(exc)))
             return
         stats = self.stats()
         stats.update(
@@ -199,7 +202,16 @@ class Engine(EngineThread):
         self._handles[seq.id] = handle
 
     def run_step(self) -> bool:
-        return self.scheduler.step() > 0
+        try:
+            return self.scheduler.step() > 0
+        except Exception as exc:  # noqa: BLE001 - the step's requests fail, the engine keeps serving the others
+            self._recover()
+            if not out_of_memory(exc):
+                traceback.print_exc()
+            message = self._oom_message(exc) if out_of_memory(exc) else f"{type(exc).__name__}: {exc}"
+            for seq in self.scheduler.failed:
+                self._handles.pop(seq.id).emit(ErrorEvent(message))
+            return True
 
     def in_flight(self) -> tuple[int, int]:
         return self.scheduler.waiting, self.scheduler.running

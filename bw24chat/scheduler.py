@@ -117,6 +117,7 @@ class Scheduler:
         self.rows = 0  # rows run, all steps
         self.last_batch = 0  # sequences in the last step
         self.preemptions = 0
+        self.failed: list[Sequence] = []  # the sequences of a step whose batch_step raised
 
     # ------------------------------------------------------------------ sequences
     def add(self, seq: Sequence) -> None:
@@ -158,7 +159,15 @@ class Scheduler:
         if not plan:
             return 0
         work = [w for _, w in plan]
-        sampled = self.runner.batch_step(work)
+        try:
+            sampled = self.runner.batch_step(work)
+        except Exception:
+            # what the step's sequences hold is unknown: they end (``failed``; the caller tells
+            # their clients), their blocks go back; the others are untouched
+            self.failed = [seq for seq, _ in plan]
+            for seq in self.failed:
+                self._end(seq, "error", notify=False)
+            raise
         logits = self.runner.last_logits()
         now = time.perf_counter()
         self.steps += 1
