@@ -1,5 +1,5 @@
-"""The VRAM expert-slot cache's eviction policies (issue 32 item 3), pure Python and deterministic,
-so the same object drives the CUDA tiers (which slot to overwrite, then ``ExpertStore.set_slot``)
+"""The VRAM expert-slot cache's eviction policies, pure Python and deterministic,
+so the same object drives the CUDA tiers (which slot an expert's image goes to: cuda_tiers.py)
 and the NumPy engine's simulated accounting.
 
 One cache per MoE layer, ``slots`` slots each.  ``on_route(layer, expert_ids)`` is one lookup per
