@@ -66,7 +66,7 @@ def _gemm_kernel(fmt_id: int, x_split: bool, w_split: bool, family: str = "gemm_
                  bm: int = GM_TILE, **defines):
     """A kernel on gemm_mma.cuh's block (the portable gemm, or moe_group.cu's grouped one with
     tiles of bm tokens) for these splits, and its dynamic shared memory (set as its limit)."""
-    bufs = gemm_bufs(x_split, w_split) if bm == GM_TILE else gemm_bufs(x_split, w_split, bm)
+    bufs = gemm_bufs(x_split, w_split, bm)
     k = get_kernel(family, name, FMT=fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
                    **_wsplit_define(None, x_split, w_split), **defines)
     smem = _gemm_smem(x_split, w_split, bufs, bm)
@@ -519,8 +519,8 @@ def _qx_rows(x, T: int, n: int, xb16: bool, tag: str = "x", r0: int = 0):
     n4 = (T - r0) * n // 4
     if n4 > 0:
         q = get_kernel("gemm_act", "act_quant_qx")
-        q((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,),
-          (x.reshape(-1)[r0 * n:], qx[2 * r0 * words:], np.int32(n), np.int64(n4), np.int32(xb16)))
+        xs, qs = (x, qx) if r0 == 0 else (x.reshape(-1)[r0 * n:], qx[2 * r0 * words:])
+        q((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (xs, qs, np.int32(n), np.int64(n4), np.int32(xb16)))
     return qx
 
 
@@ -573,8 +573,8 @@ def _x_planes(kernel: str, x, n: int, with_lo: bool, alloc: int, tag: str = "x",
     n4 = (n - start) // 4
     if n4 > 0:
         k = get_kernel("gemm_act", kernel)
-        k((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,),
-          (x.reshape(-1)[start:], hi[start:], _ptr(None if lo is None else lo[start:]), np.int64(n4)))
+        xs, hs, ls = (x, hi, lo) if start == 0 else (x.reshape(-1)[start:], hi[start:], None if lo is None else lo[start:])
+        k((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (xs, hs, _ptr(ls), np.int64(n4)))
     return hi, lo
 
 

@@ -227,9 +227,9 @@ def _same_bits(a, b):
 # every format the expert kernels take, at an odd chunk over 7 experts (expert 0 gets no row); F 96
 # is not a whole 64-input k tile (the down projection's tail; Q8_0's down then runs gemm_mma's
 # integer-dot planes, its gate|up gemm_i8_mma), F 128 puts Q8_0's down on gemm_i8_mma too; the
-# K-quants need rows of whole 256-blocks
+# K-quants need rows of whole 256-blocks, NVFP4 of 64 (the repacked layout)
 GROUPED_FORMATS = [("BF16", 96), ("F16", 96), ("Q8_0", 96), ("Q8_0", 128), ("Q4_0", 96), ("Q4_1", 96), ("Q5_0", 96),
-                   ("Q5_1", 96), ("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256), ("NVFP4", 96)]
+                   ("Q5_1", 96), ("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256), ("NVFP4", 192)]
 MODES = [(True, False), (False, False), (True, True)]  # (precise, act_bf16): default, fast, bf16 activations
 
 
@@ -269,7 +269,9 @@ def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, precise, act_b
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "Q4_K"])
 def test_grouped_prefill_one_expert_on_every_row(cp, rng, fmt, monkeypatch):
     """Expert 3 on all 300 rows (5 tiles of 64 or 3 of 128, the last partial), the rest spread:
-    = the per-expert path bit for bit, with either token tile."""
+    = the per-expert path bit for bit, with either token tile and with one tile buffer (the
+    99 KB GPUs' gemm_grouped)."""
+    from bw24chat.backends import cuda_linear as lin
     from bw24chat.backends import cuda_moe
 
     ex, args = _layer(rng, fmt, 16, 256, 256, 300, 4, one=3)
@@ -277,6 +279,8 @@ def test_grouped_prefill_one_expert_on_every_row(cp, rng, fmt, monkeypatch):
     for bm in (64, 128):
         monkeypatch.setattr(cuda_moe, "group_tile", lambda n, E, bm=bm: bm)
         assert _same_bits(_grouped_prefill(cp, ex, *args, True, False), want), bm
+    monkeypatch.setattr(lin, "gemm_bufs", lambda x_split, w_split, bm=lin.GM_TILE: 1)
+    assert _same_bits(_grouped_prefill(cp, ex, *args, True, False), want)
 
 
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
