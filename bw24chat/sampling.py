@@ -2,7 +2,8 @@
 
 The contract (both implementations, in this order):
  1. repetition penalty (CTRL, arXiv:1909.05858, as llama.cpp applies it): for each distinct id
-    in the last ``repeat_last_n`` tokens, logit / p if logit > 0 else logit * p;
+    in the last ``repeat_last_n`` tokens (0: none, as in llama.cpp; at most REPEAT_WINDOW_MAX,
+    the device sampler's ring of recent ids), logit / p if logit > 0 else logit * p;
  2. temperature 0 -> greedy: the first index of the maximum;
  3. logits / temperature (float32);
  4. candidates sorted by logit descending, ties by lower id; keep the first top_k (if > 0);
@@ -22,6 +23,7 @@ import numpy as np
 from .api import SamplingParams
 
 _MASK64 = (1 << 64) - 1
+REPEAT_WINDOW_MAX = 256  # repeat_last_n's ceiling: the CUDA runner's per-row ring of recent ids
 
 
 def philox_uniform(seed: int, position: int) -> float:
@@ -31,9 +33,10 @@ def philox_uniform(seed: int, position: int) -> float:
 
 
 def apply_repeat_penalty(logits: np.ndarray, history: list[int], penalty: float, last_n: int) -> np.ndarray:
-    if penalty == 1.0 or not history:
+    last_n = min(last_n, REPEAT_WINDOW_MAX)
+    if penalty == 1.0 or not history or last_n <= 0:
         return logits
-    recent = history[-last_n:] if last_n > 0 else history
+    recent = history[-last_n:]
     ids = np.unique(np.asarray(recent, dtype=np.int64))
     ids = ids[(ids >= 0) & (ids < logits.shape[-1])]
     out = logits.copy()

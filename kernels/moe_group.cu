@@ -48,15 +48,17 @@
 //   604 M values per layer = Q8_0 (34/32 B) 642 MB, BF16 1208 MB, NVFP4 (9/16 B) 340 MB; per
 //   chunk 30.8 / 58.0 / 16.3 GB.  At 3.0 TB/s (H100): 10.3 / 19.3 / 5.4 ms per chunk, i.e. the
 //   experts alone bound prefill to 49.8k / 26.5k / 94k tok/s (H200, 4.2 TB/s: 70k / 37k / 131k).
-//   Compute: Q8_0 runs two int8 MMAs per k32 (h and l levels) = 3.7 T int8 ops per chunk plus
-//   the fold (~5 issue slots per output and 32-block: 4096 x (1536 x 64 + 2048 x 24) x 5 = 3.0 G
-//   thread instructions = 94 M warp instructions per layer, ~0.1 ms at 132 SMs x 4 x 1.75 GHz,
-//   4.9 ms per chunk): the fold and the weight stream are each ~5-10 ms per chunk, so Q8_0 is
-//   bound near 10 ms by its bytes; BF16 (x split: two bf16 MMAs per k16, 7.4 TFLOP-equivalent at
-//   mma.sync's ~0.5 PFLOP/s = ~15 ms) and NVFP4 (the same two MMAs plus decoding) are
-//   compute-bound near 15 ms.  Target (issue 32): pp512 >= 2 x llama.cpp's 11,290 tok/s = 22.7
-//   ms per chunk for the whole model; launches: moe_group, x's planes, gate|up, act's planes,
-//   down, combine: 6 per layer instead of ~7 per active expert.
+//   Compute (mma.sync assumed at ~2/3 of the H100's ~790 TFLOP/s measured bf16 matmul rate,
+//   ~0.5 PFLOP/s bf16, ~1 POPS int8; rows rounded up to 16-row slices: ~1.25x at 32 rows per
+//   expert): Q8_0 two int8 MMAs per k32 (the h and l levels) = 3.7 T int8 ops per chunk, ~4.6 ms,
+//   plus the fold (~5 issue slots per output and 32-block: 4096 x (1536 x 64 + 2048 x 24) x 5 =
+//   3.0 G thread instructions = 94 M warp instructions per layer, ~0.1 ms at 132 SMs x 4 x 1.75
+//   GHz, ~6 ms per chunk with the rounding); BF16 and NVFP4 two bf16 MMAs per k16 (x hi, lo) =
+//   3.7 TFLOP, ~9 ms, NVFP4 plus its decoding in the tile producer.
+//   Bound: Q8_0 and BF16 by their bytes (10.3 / 19.3 ms per chunk on the H100), NVFP4 by compute
+//   (~9 ms).  Target: pp512 >= 2 x llama.cpp's 11,290 tok/s (H200) = 22.7 ms per chunk for the
+//   whole model.  Launches per layer: moe_group, x's planes, gate|up, act's planes, down,
+//   combine (4 to 6, against ~7 per active expert before).
 #include "gemm_mma.cuh"
 #include "gemm_i8_mma.cuh"
 

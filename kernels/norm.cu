@@ -70,6 +70,19 @@ BW24_DEVICE void norm_store(const float4 (&v)[VPT], float ss, int D, float eps, 
     }
 }
 
+// This thread's values of a row (VPT float4s, zeros past D4) and the sum of their squares, in
+// the order block_sum then completes (rmsnorm and rmsnorm_concat: the same bits per row).
+BW24_DEVICE float load_row(float4 (&v)[VPT], const float4* __restrict__ xr, int D4) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int j = threadIdx.x + i * NT;
+        v[i] = j < D4 ? xr[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (j < D4) ss = __fadd_rn(ss, sq4(v[i]));
+    }
+    return ss;
+}
+
 extern "C" __global__ void __launch_bounds__(NT)
 rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float eps, int D, float* __restrict__ out) {
     PDL_ENTRY();
@@ -78,13 +91,7 @@ rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float eps, int
     const float4* xr = (const float4*)(x + row * D);
     const int D4 = D >> 2;
     float4 v[VPT];
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const int j = threadIdx.x + i * NT;
-        v[i] = j < D4 ? xr[j] : make_float4(0.f, 0.f, 0.f, 0.f);
-        if (j < D4) ss = __fadd_rn(ss, sq4(v[i]));
-    }
+    float ss = load_row(v, xr, D4);
     ss = block_sum(ss, red);
     norm_store(v, ss, D, eps, (const float4*)w, (float4*)(out + row * D));
 }
@@ -129,13 +136,7 @@ rmsnorm_concat(const float* __restrict__ xa, const float* __restrict__ wa, int D
     float4* o = (float4*)(out + row * (Da + Db) + (second ? Da : 0));
     const int D4 = D >> 2;
     float4 v[VPT];
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const int j = threadIdx.x + i * NT;
-        v[i] = j < D4 ? xr[j] : make_float4(0.f, 0.f, 0.f, 0.f);
-        if (j < D4) ss = __fadd_rn(ss, sq4(v[i]));
-    }
+    float ss = load_row(v, xr, D4);
     if (w == nullptr) {  // a plain half: copied
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {

@@ -1,6 +1,7 @@
 """The decode plan (backends/plan.py) without a GPU: the launches of one decode step of the
 Qwen3-8B shape on an H100, per weight format, against the checked-in golden files
-(tests/data/decode_plan_qwen3-8b_*.txt).  A change to a tuning rule, a kernel's defines, a grid
+(tests/data/decode_plan_qwen3-8b_*.txt), and of the Qwen3-30B-A3B MoE shape in Q8_0
+(decode_plan_qwen3-30b-a3b_q8_0.txt: the router matvec and top-k, moe_gu, moe_down).  A change to a tuning rule, a kernel's defines, a grid
 or a hand-off shows here as a diff to review; regenerate with
 
     python -m bw24chat.backends.plan qwen3-8b FORMAT > tests/data/decode_plan_qwen3-8b_FORMAT.txt
@@ -18,8 +19,8 @@ DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.kernels  # the plan reads register counts from ptxas (NVRTC: the [kernels] extra)
 
 
-def _plan(fmt: str, gpu: str = "H100", m: int = 1):
-    cfg = SHAPES["qwen3-8b"]
+def _plan(fmt: str, gpu: str = "H100", m: int = 1, shape: str = "qwen3-8b"):
+    cfg = SHAPES[shape]
     return decode_plan(cfg, {"default": fmt.upper()}, GPUS[gpu], m), cfg["num_hidden_layers"]
 
 
@@ -27,6 +28,13 @@ def _plan(fmt: str, gpu: str = "H100", m: int = 1):
 def test_qwen3_8b_plan_matches_the_golden_file(fmt):
     plan, layers = _plan(fmt)
     assert format_plan(plan, layers) == (DATA / f"decode_plan_qwen3-8b_{fmt}.txt").read_text()
+
+
+def test_moe_plan_matches_the_golden_file():
+    plan, layers = _plan("q8_0", shape="qwen3-30b-a3b")
+    assert format_plan(plan, layers) == (DATA / "decode_plan_qwen3-30b-a3b_q8_0.txt").read_text()
+    moe = [L.name for L in plan if L.family.startswith("moe")]
+    assert moe == ["moe_router", "moe_gu", "moe_down"] * layers  # one launch per layer and projection
 
 
 def test_the_plan_reads_the_gpu_it_is_made_for():

@@ -30,6 +30,26 @@ def glm(tmp_path_factory):
     return ckpt, load_checkpoint(gguf), w, numpy_runner(ckpt, N_CTX)
 
 
+
+def _propose_spied(runner, prompt, history, k):
+    """MTPDrafter.propose(history, k) after ``prompt``'s prefill, with every runner.mtp_forward
+    call recorded as (ids, hidden, start, from_trunk, logits)."""
+    calls, real = [], runner.mtp_forward
+
+    def spy(ids, hidden, start, from_trunk):
+        res = real(ids, hidden, start, from_trunk)
+        calls.append((list(ids), np.array(hidden), start, from_trunk, res[0].copy()))
+        return res
+
+    d = MTPDrafter(runner)
+    d.begin(prompt)
+    d.prime(runner.last_hidden(), None, 0)
+    runner.mtp_forward = spy
+    try:
+        return d.propose(history, k), calls
+    finally:
+        del runner.mtp_forward
+
 def test_nextn_layer_loads_apart_from_the_trunk(glm):
     hf, gg, _, runner = glm
     n = hf.config["num_hidden_layers"]
@@ -64,22 +84,7 @@ def test_first_draft_pairs_token_t_plus_1_with_hidden_t(glm):
     prompt = [11, 42, 7, 99, 150, 3, 64]
     first = runner.prefill(prompt, 0, SamplingParams(temperature=0), 0, [])
     history = prompt + [first]
-    calls = []
-    real = runner.mtp_forward
-
-    def spy(ids, hidden, start, from_trunk):
-        res = real(ids, hidden, start, from_trunk)
-        calls.append((list(ids), np.array(hidden), start, from_trunk, res[0].copy()))
-        return res
-
-    d = MTPDrafter(runner)
-    d.begin(prompt)
-    d.prime(runner.last_hidden(), None, 0)
-    runner.mtp_forward = spy
-    try:
-        draft = d.propose(history, 1)
-    finally:
-        del runner.mtp_forward
+    draft, calls = _propose_spied(runner, prompt, history, 1)
     ids, _, start, from_trunk, logits = calls[0]
     assert (ids, start, from_trunk) == (history[1:], 0, True)
 
@@ -242,21 +247,8 @@ def test_qwen_mtp_drafts_pair_and_chain_the_normed_output(hybrid):
     prompt = [11, 42, 7, 99, 150, 3, 64, 200, 17]
     first = runner.prefill(prompt, 0, SamplingParams(temperature=0), 0, [])
     history = prompt + [first]
-    calls, real = [], runner.mtp_forward
-
-    def spy(ids, hidden, start, from_trunk):
-        res = real(ids, hidden, start, from_trunk)
-        calls.append(res[0].copy())
-        return res
-
-    d = MTPDrafter(runner)
-    d.begin(prompt)
-    d.prime(runner.last_hidden(), None, 0)
-    runner.mtp_forward = spy
-    try:
-        drafts = d.propose(history, 2)
-    finally:
-        del runner.mtp_forward
+    drafts, spied = _propose_spied(runner, prompt, history, 2)
+    calls = [c[-1] for c in spied]
 
     fresh = NumpyRunner(runner.model, runner.backend)
     fresh.forward(history, 0)

@@ -49,3 +49,26 @@ def test_repeat_penalty():
     out = apply_repeat_penalty(l, [0, 1, 1], 2.0, 64)
     np.testing.assert_array_equal(out, np.array([1.0, -4.0, 1.0], np.float32))
     assert sample_token(np.array([2.0, 1.9], np.float32), SamplingParams(temperature=0, repeat_penalty=1.5), 0, 0, [0]) == 1
+
+
+def test_repeat_window_is_the_device_samplers():
+    """repeat_last_n 0 penalizes nothing (llama.cpp's meaning, and what the device sampler's ring
+    of 0 ids does), and a window is at most REPEAT_WINDOW_MAX ids (the ring's size), so the host
+    and device samplers agree for every value the options accept."""
+    import argparse
+
+    import pytest
+
+    from bw24chat.options import OptionError, add_engine_args, options_from_args
+    from bw24chat.sampling import REPEAT_WINDOW_MAX
+
+    logits = np.arange(1.0, 401.0, dtype=np.float32)
+    hist = list(range(300))
+    assert np.array_equal(apply_repeat_penalty(logits, hist, 2.0, 0), logits)
+    capped = apply_repeat_penalty(logits, hist, 2.0, 10_000)
+    assert np.array_equal(capped, apply_repeat_penalty(logits, hist, 2.0, REPEAT_WINDOW_MAX))
+    assert np.count_nonzero(capped != logits) == REPEAT_WINDOW_MAX
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    with pytest.raises(OptionError, match="repeat-last-n"):
+        options_from_args(p.parse_args(["--repeat-last-n", str(REPEAT_WINDOW_MAX + 1)]))

@@ -36,6 +36,7 @@ from functools import partial
 import numpy as np
 
 from ..api import SamplingParams
+from ..sampling import REPEAT_WINDOW_MAX
 from ..models import get_family
 from ..ops import AttentionSpec, Loader, Ops
 from . import cuda_linear as lin
@@ -46,7 +47,7 @@ from .cuda_weights import upload as upload_planes
 from .kernel_build import HostStep, eager_launches, host_step, tracing
 from .runner import MAX_ROWS
 
-RING = 256  # recent-token ring of the repetition penalty (repeat_last_n is capped to it)
+RING = REPEAT_WINDOW_MAX  # recent-token ring of the repetition penalty (repeat_last_n's ceiling)
 
 # Host <-> device step image (pinned on the host, mirrored on the device): one H2D copy at the
 # start of the graph, one D2H copy of the sampled tokens at its end.  A header of per-row

@@ -224,7 +224,11 @@ def _plane_shapes(fmt: str, cols: int) -> dict:
         from ..synthetic import random_matrix
         from .cuda_weights import repack_host
 
-        hp = repack_host([random_matrix(fmt, 2, cols, np.random.default_rng(0))])
+        from ..loaders.tensor import QTensor
+
+        t = QTensor("", "F32", (2, cols), np.zeros((2, cols), np.float32)) if fmt == "F32" else \
+            random_matrix(fmt, 2, cols, np.random.default_rng(0))
+        hp = repack_host([t])
         _PLANES[key] = {n: (None if a is None else (a.shape[1:], a.dtype, a.shape[0] // 2))
                         for n, a in (("q", hp.q), ("h", hp.h), ("s", hp.s), ("d", hp.d), ("gscale", hp.gscale))}
     return _PLANES[key]
@@ -262,6 +266,21 @@ class PlanLoader:
 
     def load_embedding(self, tensor):
         return self._weight([tensor], "embed")
+
+    def load_experts(self, gate, up, down, role: str = "experts"):
+        """A layer's routed experts as the kernels see them: each projection's pointer table
+        (cuda_moe.ExpertStore: the images themselves are read through it), all resident."""
+        from types import SimpleNamespace
+
+        from .cuda_moe import PLANES, check_format
+
+        E, F, D = gate.shape
+        for t in (gate, up, down):
+            check_format(t.fmt, F, D)
+        name = gate.name.rsplit(".", 1)[0]
+        store = lambda proj, out, in_: SimpleNamespace(  # noqa: E731
+            fmt=gate.fmt, n_experts=E, out=out, in_=in_, table=SymArray(f"{name}.{proj}_table", (E, len(PLANES)), np.uint64))
+        return SimpleNamespace(gu=store("gu", 2 * F, D), down=store("down", D, F), tiers=None, layer=0, n_experts=E)
 
 
 @dataclass
@@ -314,7 +333,8 @@ def _tensors(config: dict, formats: dict, model_cls, args) -> dict:
             continue
         if role in ("attn_q_norm", "attn_k_norm") and not args.qk_norm:
             continue
-        fmt = "F32" if len(shape) == 1 else formats.get(role, formats["default"])
+        # vectors and the MoE router's matrix stay F32, as in the files (GGUF ffn_gate_inp is F32)
+        fmt = "F32" if len(shape) == 1 or role == "ffn_gate_inp" else formats.get(role, formats["default"])
         out[name] = _Tensor(name, fmt, shape)
     return out
 

@@ -9,6 +9,7 @@ from bw24chat.fake_engine import FakeEngine
 from bw24chat.tui.widgets.stats_panel import STAT_ROWS, StatsPanel
 
 SPEC_ROWS = ("spec_acceptance", "spec_mean_len")
+EXPERT_ROWS = ("experts", "expert_io", "expert_slots")  # MoE tiers: reported by runners that spill experts
 from tests.tui.tui_helpers import send, start_chat, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -42,9 +43,14 @@ async def test_only_reported_figures_are_shown():
         panel.update_stats({"ctx_max": 4096, "vram_used": 3 * 2**30, "vram_total": 24 * 2**30, "ttft_s": 0.25})
         panel.update_stats({"gpu_name": "H200", "prefill_tps": 1000.0, "kv_bytes": 96 * 2**20, "rss": 1.5 * 2**30})
         panel.update_stats({"spec_acceptance": 0.625, "spec_mean_len": 2.5})
+        # what CudaRunner.expert_stats reports (ExpertStats.as_dict)
+        panel.update_stats({"expert_hit_vram": 0.968, "expert_hit_host": 0.032, "expert_hit_disk": 0.0,
+                            "expert_bytes_per_token": 61898496, "expert_cache_occupancy": 1.0, "expert_prefill_bytes": 0})
         await pilot.pause()
         rows = shown(panel)
         assert set(rows) == {row.name for row in STAT_ROWS}
+        assert "97 % VRAM, 3 % host, 0 % disk" in rows["experts"] and "59.0 MiB / token" in rows["expert_io"]
+        assert "100 % full" in rows["expert_slots"]
         assert "62 % of drafts" in rows["spec_acceptance"] and "2.50" in rows["spec_mean_len"]
         assert "300 / 4,096" in rows["context"]
         assert "3.0 / 24.0 GiB" in rows["vram"]
@@ -68,8 +74,9 @@ async def test_a_reply_fills_the_panel_and_the_sparkline(make_app):
         # before any reply: what engine.stats() reports (no decode speed yet)
         assert set(shown(panel)) == {"context", "vram", "kv", "rss", "gpu", "backend"}
         await send(pilot, "hello")
-        # the FakeEngine reports everything but the speculative figures (speculation is off)
-        assert set(shown(panel)) == {row.name for row in STAT_ROWS} - set(SPEC_ROWS)
+        # the FakeEngine reports everything but the speculative figures (speculation is off) and
+        # the expert tiers' (a dense model)
+        assert set(shown(panel)) == {row.name for row in STAT_ROWS} - set(SPEC_ROWS) - set(EXPERT_ROWS)
         samples = len(panel.tps_history)
         assert samples >= 2 and panel.query_one("#tps-sparkline").data == panel.tps_history
         await send(pilot, "again")

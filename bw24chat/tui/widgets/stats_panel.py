@@ -50,6 +50,13 @@ STAT_ROWS = (
     StatRow("vram", "VRAM", _both("vram_used", "vram_total", lambda v: human_bytes(v).removesuffix(" GiB"), " GiB")),
     StatRow("kv", "KV cache", _one("kv_bytes", human_bytes)),
     StatRow("rss", "Memory", _one("rss", human_bytes)),
+    # MoE experts spilled from VRAM (backends/expert_tiers.ExpertStats): who served the lookups,
+    # what crossed the PCIe bus per token, how full the VRAM slots are
+    StatRow("experts", "Experts", lambda s: None if "expert_hit_vram" not in s else (
+        f"{100 * s['expert_hit_vram']:.0f} % VRAM, {100 * s['expert_hit_host']:.0f} % host, "
+        f"{100 * s['expert_hit_disk']:.0f} % disk")),
+    StatRow("expert_io", "Moved", _one("expert_bytes_per_token", lambda v: f"{human_bytes(v)} / token")),
+    StatRow("expert_slots", "Slots", _one("expert_cache_occupancy", lambda v: f"{100 * v:.0f} % full")),
     StatRow("gpu", "GPU", _one("gpu_name", str)),
     StatRow("backend", "Backend", _one("backend", str)),
 )
