@@ -57,7 +57,7 @@
 //   3.7 TFLOP, ~9 ms, NVFP4 plus its decoding in the tile producer.
 //   Bound: Q8_0 and BF16 by their bytes (10.3 / 19.3 ms per chunk on the H100), NVFP4 by compute
 //   (~9 ms).  Target: pp512 >= 2 x llama.cpp's 11,290 tok/s (H200) = 22.7 ms per chunk for the
-//   whole model.  Launches per layer: moe_group, x's planes, gate|up, act's planes, down,
+//   whole model.  Launches per layer: moe_group, [x's planes], gate|up, [act's planes], down,
 //   combine (4 to 6, against ~7 per active expert before).
 #include "gemm_mma.cuh"
 #include "gemm_i8_mma.cuh"
