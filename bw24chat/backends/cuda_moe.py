@@ -1,6 +1,7 @@
 """Mixture-of-experts on the CUDA backend: resident expert storage, the router kernel, the decode
-expert kernels and the prefill's per-expert GEMMs.  Contracts: kernels/moe_router.cu,
-kernels/moe_experts.cu; references: numpy_backend.route_logits and NumpyOps.experts.
+expert kernels and the prefill's grouped GEMMs.  Contracts: kernels/moe_router.cu,
+kernels/moe_experts.cu, kernels/moe_group.cu; references: numpy_backend.route_logits,
+NumpyOps.experts, kernel_refs.moe_group_ref.
 
 Expert storage (``CudaExperts``, one per layer): VRAM *slots*, each one expert's image (its
 gate|up and down planes in the dense resident layout, cuda_weights.repack_host, at fixed
