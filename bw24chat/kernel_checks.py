@@ -195,6 +195,71 @@ def check_attention(cp, rng) -> list[tuple]:
     return out
 
 
+def per_expert_prefill(cp, ex, h, ids, w, shared, res, precise: bool = True, act_bf16: bool = False, impl: str | None = "mma"):
+    """res + the routed experts (T rows of h through ids / w) + shared, as per-expert dense GEMMs:
+    each expert's rows gathered, lin.gemm on ``impl``'s kernels (gate|up, swiglu, down), scattered
+    into Y (T, k, D), moe_combine.  On the portable kernels ("mma") this is what the grouped
+    prefill (moe_group.cu) equals bit for bit."""
+    from .backends import cuda_linear as lin
+    from .backends import cuda_moe, cuda_ops
+
+    T, k = ids.shape
+    F, D = ex.gu.out // 2, ex.gu.in_
+    hd = cp.asarray(h)
+    Y = cp.zeros((T, k, D), cp.float32)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        n = len(rows)
+        W_gu, W_down = ex.weights(int(e))
+        gu = cp.empty((n, 2 * F), cp.float32)
+        lin.gemm(W_gu, cp.ascontiguousarray(hd[cp.asarray(rows)]), gu, n, precise=precise, act_bf16=act_bf16, impl=impl)
+        act = cp.empty((n, F), cp.float32)
+        cuda_ops.swiglu(gu, act)
+        y = cp.empty((n, D), cp.float32)
+        lin.gemm(W_down, act, y, n, precise=precise, act_bf16=act_bf16, impl=impl)
+        Y[cp.asarray(rows), cp.asarray(slots)] = y
+    out = cp.asarray(res)
+    cuda_moe.combine(Y, cp.asarray(w), None if shared is None else cp.asarray(shared), out, T, k)
+    return cp.asnumpy(out)
+
+
+def check_moe_prefill(cp, rng) -> list[tuple]:
+    """The grouped MoE prefill: moe_group = kernel_refs.moe_group_ref exactly; the grouped GEMMs +
+    moe_combine against NumpyOps.experts (the integer-dot contract on both sides where the format
+    has it) and bit for bit against the per-expert GEMMs on the same (portable) kernels."""
+    from .backends import cuda_moe
+    from .backends.kernel_refs import act_q8, moe_group_ref
+    from .backends.numpy_backend import NumpyBackend
+    from .loaders.tensor import ExpertTensor
+    from .synthetic import random_experts
+
+    out = []
+    E, k, D, F = 9, 3, 512, 256
+    for fmt in ("BF16", "Q8_0", "Q4_K", "NVFP4"):
+        T = int(rng.integers(100, 300))
+        g, u, d = (ExpertTensor(nm, random_experts(fmt, E, r, c, rng)) for nm, r, c in (("g", F, D), ("u", F, D), ("d", D, F)))
+        ex = cuda_moe.load_experts(g, u, d)
+        ids = np.stack([rng.permutation(E - 1)[:k] + 1 for _ in range(T)]).astype(np.int32)  # expert 0: no rows
+        grp = cuda_moe.group(cp.asarray(ids), T, k, E, cuda_moe.group_tile(T * k, E))
+        bad = sum(int(np.count_nonzero(cp.asnumpy(a) != b))
+                  for a, b in zip((grp.offs, grp.toff, grp.tok, grp.pos), moe_group_ref(ids, E, grp.bm)))
+        out.append((f"moe_group {fmt} T={T}", f"{bad} mismatches", "0", bad == 0))
+        h = rng.standard_normal((T, D)).astype(np.float32)
+        w = rng.random((T, k)).astype(np.float32)
+        zero = np.zeros((T, D), np.float32)
+        got = cp.asarray(zero)
+        cuda_moe.prefill_experts(ex, cp.asarray(h), cp.asarray(ids), cp.asarray(w), None, got, T, k)
+        got = cp.asnumpy(got)
+        nb = NumpyBackend(act_quant=act_q8(fmt))
+        ops = nb.ops(nb.new_kv_cache(1, 1, 16, 16), 0, T, 1e-6)
+        ref = ops.experts(h, ids, w, nb.load_experts(g, u, d), zero)
+        err = _rel(got, ref)
+        same = np.array_equal(got.view(np.uint32), per_expert_prefill(cp, ex, h, ids, w, None, zero).view(np.uint32))
+        out.append((f"grouped expert prefill {fmt} T={T}", f"rel {err:.1e}, per-expert GEMMs {'bit-equal' if same else 'DIFFER'}",
+                    "1e-4, equal", err <= 1e-4 and same))
+    return out
+
+
 def check_sampling(cp, rng) -> list[tuple]:
     from .backends import cuda_ops as ops
     from .sampling import sample_token
@@ -224,7 +289,7 @@ def run_all() -> list[tuple]:
 
     rng = np.random.default_rng()
     res = []
-    for fn in (check_linear, check_norm_rope, check_attention, check_sampling):
+    for fn in (check_linear, check_norm_rope, check_attention, check_moe_prefill, check_sampling):
         try:
             res += fn(cp, rng)
         except Exception as exc:  # noqa: BLE001 - a crashing family is a failed check, reported

@@ -43,6 +43,23 @@ BW24_DEVICE void cp_async4(uint32_t dst, const void* src, bool full) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(full ? 4 : 0) : "memory");
 }
 
+// Which x row feeds tile row r of a GEMM block (piece j of the thread's loads): row(j, r), read
+// only where ok(j, r) (else zeros).  DenseRows: rows m0 + r below T (the dense GEMMs); RowTable:
+// one gathered row per piece, looked up once per block (-1: none; moe_group.cu: the rows of one
+// expert in the grouped order).
+struct DenseRows {
+    long m0;
+    int T;
+    BW24_DEVICE bool ok(int, int r) const { return m0 + r < T; }
+    BW24_DEVICE long row(int, int r) const { return m0 + r; }
+};
+template <int N>
+struct RowTable {
+    long v[N];
+    BW24_DEVICE bool ok(int j, int) const { return v[j] >= 0; }
+    BW24_DEVICE long row(int j, int) const { return v[j]; }
+};
+
 // the epilogue of one output: gs[col] scale, then store or add (ldo: out's row stride)
 BW24_DEVICE void gemm_put(float* __restrict__ out, const float* __restrict__ gscale, long row, int col, int ldo, int epi, float v) {
     if (gscale) v = __fmul_rn(v, gscale[col]);

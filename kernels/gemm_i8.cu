@@ -194,42 +194,18 @@ gemm_i8(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const 
 
 // ---------------------------------------------------------------------------------------------
 // gemm_i8_mma — gemm_i8's contract on the portable integer MMA (mma.sync.m16n8k32 s8 x s8 ->
-// s32, sm_80 and later: sm_86 / sm_89 / sm_120 and the forced portable path on Hopper).  The same
-// formula in the same order per output,
-//   y[t, o] = sum over 32-blocks b, in k order, of  float(256 H + L) * (d[o, b] * 2^(e[t, b] - 8)),
-// with H, L exact int32 block dots (one m16n8k32 each: a Q8_0 block is one MMA's k) and the same
-// fold instructions, so its rows equal gemm_i8's bit for bit (tests/gpu/test_gemm.py) and follow
-// the decode matvec to ~1e-7.  Why: the bf16 split this path took before drops x_lo . W_lo; for
-// Q8_0 that left the prefill rows 1.6e-5 to 4.2e-5 (relative) from the decode's, enough for the
-// tiny check model's prefill-vs-decode gate to fail on the portable path.
-// Geometry: block tile IM_BM = 128 tokens x IM_BN = 64 out rows x a k tile of IM_BK = 64 (two
-// blocks), 256 threads = 8 warps as 4 (tokens) x 2 (rows), warp tile 32 x 32 = 2 x 4 m16n8
-// tiles; grid (ceil(T / 128), ceil(n_out / 64)); n_in a multiple of 64.  A stage: the x h and l
-// code tiles (128 rows x 64 bytes) and the W code tile (64 x 64 bytes) at a row pitch of 80
-// bytes (the fragment loads, word 20 r + t of 8 rows x 4 lanes, hit 32 distinct banks), the x
-// records (128 tokens x 2 blocks x 16 B) and the W scales (64 rows x 2 f16); a cp.async ring of
-// IM_STAGES stages (3: 90 KB, inside the 99 KB of the small-shared-memory GPUs).
-// Fragments (PTX ISA, mma.m16n8k32 .s8): A a0 = (row g, k bytes 4t..4t+3), a1 = row g + 8,
-// a2 / a3 the same at k + 16; B b0 = (k 4t..4t+3, col g), b1 at k + 16; D d0, d1 = (row g, cols
-// 2t, 2t + 1), d2, d3 = row g + 8 (g = lane / 4, t = lane % 4).
+// s32, sm_80 and later: sm_86 / sm_89 / sm_120 and the forced portable path on Hopper): the block
+// of gemm_i8_mma.cuh, the same formula in the same order per output and the same fold
+// instructions, so its rows equal gemm_i8's bit for bit (tests/gpu/test_gemm.py) and follow the
+// decode matvec to ~1e-7.  Why: the bf16 split this path took before drops x_lo . W_lo; for Q8_0
+// that left the prefill rows 1.6e-5 to 4.2e-5 (relative) from the decode's, enough for the tiny
+// check model's prefill-vs-decode gate to fail on the portable path.
+// Geometry: block tile 128 tokens x 64 out rows (I8Tile<4>: 8 warps as 4 x 2), grid (ceil(T /
+// 128), ceil(n_out / 64)); n_in a multiple of 64.
+#include "gemm_i8_mma.cuh"
 #define IM_BM 128
 #define IM_BN 64
-#define IM_BK 64
-#define IM_PITCH 80
-#define IM_A_BYTES (IM_BM * IM_PITCH)
-#define IM_W_BYTES (IM_BN * IM_PITCH)
-#define IM_REC_BYTES (IM_BM * 2 * 16)
-#define IM_SC_BYTES (IM_BN * 4)
-#define IM_STAGE_BYTES ((2 * IM_A_BYTES + IM_W_BYTES + IM_REC_BYTES + IM_SC_BYTES + 1023) / 1024 * 1024)
-#define IM_STAGES 3
-#define IM_SMEM_BYTES (IM_STAGES * IM_STAGE_BYTES)  // cuda_linear.gemm_i8_mma_smem (tests/test_smem_contract.py)
-
-
-BW24_DEVICE void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {  // D = A.B (C = 0)
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
+#define IM_SMEM_BYTES (IM_STAGES * IM_STAGE_BYTES_FOR(IM_BM, IM_BN))  // cuda_linear.gemm_i8_mma_smem (tests/test_smem_contract.py)
 
 extern "C" __global__ void __launch_bounds__(GM_NT, 1)
 gemm_i8_mma(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, const uint32_t* __restrict__ qx,
@@ -237,105 +213,16 @@ gemm_i8_mma(const uint8_t* __restrict__ wq, const uint16_t* __restrict__ wsc, co
 #if FMT == F_Q8_0
     PDL_ENTRY();
     extern __shared__ float4 smem4[];
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem4);
-    const char* gbase = reinterpret_cast<const char*>(smem4);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp >> 1, wn = warp & 1;  // tokens [32 wm, +32), rows [32 wn, +32) of the block tile
+    using G = I8Tile<4>;
+    static_assert(G::BM == IM_BM && G::BN == IM_BN, "the wrapper's tile");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp / G::WN, wn = warp % G::WN;
     const long m0 = (long)blockIdx.x * IM_BM;
     const int n0 = blockIdx.y * IM_BN;
-    const int nkt = n_in / IM_BK, nb = n_in / 32;
-    const long qx_row = qx_row_words(n_in);
-    // tile kt -> stage s: x h codes at byte 0 of the QX row, l codes at byte n_in, records at word
-    // n_in / 2 (common.cuh); W codes row-major [n_out][n_in] bytes, scales [n_out][nb] f16
-    auto load = [&](int kt, int s) {
-        const uint32_t st = sbase + s * IM_STAGE_BYTES;
-#pragma unroll
-        for (int j = 0; j < IM_BM * 4 / GM_NT; ++j) {
-            const int i = tid + GM_NT * j, r = i >> 2, u = i & 3;
-            const bool ok = m0 + r < T;
-            const char* src = reinterpret_cast<const char*>(qx + (ok ? (m0 + r) * qx_row : 0)) + kt * IM_BK + u * 16;
-            cp_async16(st + r * IM_PITCH + u * 16, src, ok);
-            cp_async16(st + IM_A_BYTES + r * IM_PITCH + u * 16, src + n_in, ok);
-        }
-        {
-            const int r = tid >> 2, u = tid & 3;  // IM_BN * 4 == GM_NT copies
-            const bool ok = n0 + r < n_out;
-            cp_async16(st + 2 * IM_A_BYTES + r * IM_PITCH + u * 16, wq + (ok ? (long)(n0 + r) * n_in : 0) + kt * IM_BK + u * 16, ok);
-        }
-        {
-            const int r = tid >> 1, kb = tid & 1;  // records: token r, block kb at (2 r + kb) * 16
-            const bool ok = m0 + r < T;
-            cp_async16(st + 2 * IM_A_BYTES + IM_W_BYTES + tid * 16, qx + (ok ? (m0 + r) * qx_row : 0) + n_in / 2 + 4 * (2 * kt + kb), ok);
-        }
-        if (tid < IM_BN) {  // row tid's two f16 scales of the k tile
-            const bool ok = n0 + tid < n_out;
-            cp_async4(st + 2 * IM_A_BYTES + IM_W_BYTES + IM_REC_BYTES + tid * 4, wsc + (ok ? (long)(n0 + tid) * nb : 0) + 2 * kt, ok);
-        }
-    };
-    static_assert(IM_BN * 4 == GM_NT && IM_BM * 2 == GM_NT, "one W copy and one record copy per thread");
-
+    const DenseRows rows{m0, T};
     float acc[2][4][4];
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < IM_STAGES - 1; ++s) {
-        if (s < nkt) load(s, s);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    gemm_i8_mma_tile<4, false>(acc, wq, wsc, qx, rows, rows, n_out, n_in, n0, smem4, IM_BM);
     const int g = lane >> 2, t4 = lane & 3;
-    for (int kt = 0; kt < nkt; ++kt) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(IM_STAGES - 2) : "memory");  // tile kt landed (own copies)
-        __syncthreads();  // everyone's copies landed; every read of the stage refilled below is done
-        if (kt + IM_STAGES - 1 < nkt) load(kt + IM_STAGES - 1, (kt + IM_STAGES - 1) % IM_STAGES);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-        const char* st = gbase + (kt % IM_STAGES) * IM_STAGE_BYTES;
-        const char* xh = st + (wm * 32) * IM_PITCH;
-        const char* wt = st + 2 * IM_A_BYTES + (wn * 32) * IM_PITCH;
-        const int4* rec = reinterpret_cast<const int4*>(st + 2 * IM_A_BYTES + IM_W_BYTES);
-        const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + 2 * IM_A_BYTES + IM_W_BYTES + IM_REC_BYTES);
-#pragma unroll
-        for (int kb = 0; kb < 2; ++kb) {
-            uint32_t b[4][2];
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                const char* p = wt + (ni * 8 + g) * IM_PITCH + kb * 32 + 4 * t4;
-                b[ni][0] = *reinterpret_cast<const uint32_t*>(p);
-                b[ni][1] = *reinterpret_cast<const uint32_t*>(p + 16);
-            }
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-                int ih[4][4], il[4][4];
-#pragma unroll
-                for (int lv = 0; lv < 2; ++lv) {
-                    const char* p = xh + lv * IM_A_BYTES + (mi * 16 + g) * IM_PITCH + kb * 32 + 4 * t4;
-                    const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(p), *reinterpret_cast<const uint32_t*>(p + 8 * IM_PITCH),
-                                           *reinterpret_cast<const uint32_t*>(p + 16), *reinterpret_cast<const uint32_t*>(p + 8 * IM_PITCH + 16)};
-#pragma unroll
-                    for (int ni = 0; ni < 4; ++ni) mma_s8(lv ? il[ni] : ih[ni], a, b[ni][0], b[ni][1]);
-                }
-                // the fold, as gemm_i8: the token's 2^(e - 8), the row's f16 scale, one I2F and one FMA
-                float p[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) p[h] = pow2f(rec[(wm * 32 + mi * 16 + g + 8 * h) * 2 + kb].x - 8);
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float dw = f16_bits_to_f32(sc[(wn * 32 + ni * 8 + 2 * t4 + e) * 2 + kb]);
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int v = 256 * ih[ni][2 * h + e] + il[ni][2 * h + e];
-                            acc[mi][ni][2 * h + e] = __fmaf_rn((float)v, __fmul_rn(dw, p[h]), acc[mi][ni][2 * h + e]);
-                        }
-                    }
-            }
-        }
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll

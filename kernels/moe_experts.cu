@@ -15,8 +15,9 @@
 //     y_j = down_{ids[t,j]}[o] . act[t, j];  acc = w_0 * y_0;  acc = acc + w_j * y_j, j = 1..k-1
 //     (each product rounded: __fmul_rn, no FMA);  acc = acc + shared[t, o] (if shared);
 //     res[t, o] = res[t, o] + acc  (in place: the residual stream).
-//   moe_combine(Y, w, shared, res, T, D, k): the prefill's combine of Y [T, k, D] (each y_j from
-//     the per-expert GEMMs), the same order as moe_down.
+//   moe_combine(Y, w, shared, res, T, D, k, pos): the prefill's combine, the same order as
+//     moe_down, of y_j = Y[pos[t k + j]] (Y [T k, D]: the grouped GEMMs' rows, moe_group.cu; pos
+//     null: row t k + j).
 //   The activations of every product: xin rounded to bf16 first with xb16 (the bf16-activation
 //   contract), then, for the integer-dot formats (ACT_Q8 = kernel_refs.act_q8), quantized per 32
 //   inputs by common.cuh act_quant_lane into their exact f32 values 2^e (h + l/256) —
@@ -256,13 +257,13 @@ extern "C" __global__ void __launch_bounds__(MOE_NT) moe_down(const unsigned lon
 }
 
 extern "C" __global__ void moe_combine(const float* __restrict__ Y, const float* __restrict__ w, const float* __restrict__ shared,
-                                       float* __restrict__ res, int T, int D, int k) {
+                                       float* __restrict__ res, int T, int D, int k, const int* __restrict__ pos) {
     PDL_ENTRY();
     const int t = blockIdx.y, o = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T || o >= D) return;
-    const float* yt = Y + (long)t * k * D + o;
-    float acc = __fmul_rn(w[(long)t * k], yt[0]);
-    for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(w[(long)t * k + j], yt[(long)j * D]));
+    auto y = [&](int j) { const long a = (long)t * k + j; return Y[(pos ? (long)pos[a] : a) * D + o]; };
+    float acc = __fmul_rn(w[(long)t * k], y(0));
+    for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(w[(long)t * k + j], y(j)));
     if (shared) acc = __fadd_rn(acc, shared[(long)t * D + o]);
     res[(long)t * D + o] = __fadd_rn(res[(long)t * D + o], acc);
 }

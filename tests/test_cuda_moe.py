@@ -67,3 +67,52 @@ def test_expert_images_hold_each_plane_aligned_and_whole(fmt):
                 want = getattr(hp, name)
                 got = img[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
                 assert np.array_equal(got, want), (fmt, e, name)
+
+
+def _assignments(rng, T: int, k: int, E: int, skip=(), one: int | None = None) -> np.ndarray:
+    """Router-like ids (T, k): k distinct experts per row, none of ``skip``; with ``one``, every
+    row's first slot is that expert."""
+    pool = np.array([e for e in range(E) if e not in skip and e != one])
+    ids = np.stack([rng.permutation(pool)[:k] for _ in range(T)]).astype(np.int32)
+    if one is not None:
+        ids[:, 0] = one
+    return ids
+
+
+@pytest.mark.parametrize("T,k,E,bm,one", [(37, 3, 8, 64, None), (512, 8, 128, 64, None), (300, 4, 16, 64, 5),
+                                          (5, 8, 256, 128, None), (1, 1, 1, 64, None)])
+def test_moe_group_reference(T, k, E, bm, one):
+    """kernel_refs.moe_group_ref (what moe_group.cu computes): each expert's grouped rows are its
+    assignments in ascending order, offs / toff the exclusive scans of the counts / tiles, pos the
+    inverse of the permutation; and cuda_moe.Groups.max_tiles bounds the tile count."""
+    from bw24chat.backends.kernel_refs import moe_group_ref
+
+    rng = np.random.default_rng(T * 1000 + E)
+    ids = _assignments(rng, T, k, E, skip=(E - 1,) if E > k + 1 else (), one=one)
+    offs, toff, tok, pos = moe_group_ref(ids, E, bm)
+    flat = ids.reshape(-1)
+    assert offs[0] == 0 and offs[E] == T * k and toff[0] == 0
+    a_of_row = np.empty(T * k, np.int64)
+    a_of_row[pos] = np.arange(T * k)  # pos is a permutation
+    assert np.array_equal(np.sort(pos), np.arange(T * k))
+    for e in range(E):
+        want = np.nonzero(flat == e)[0]  # ascending a = t k + j
+        rows = np.arange(offs[e], offs[e + 1])
+        assert np.array_equal(a_of_row[rows], want)
+        assert np.array_equal(tok[rows], want // k)
+        assert toff[e + 1] - toff[e] == -(-len(want) // bm)
+    if E > k + 1:
+        assert offs[E] == offs[E - 1]  # the expert no row routes to: no rows, no tiles
+    g = cuda_moe.Groups(None, None, None, None, T * k, E, bm)
+    assert toff[E] <= g.max_tiles
+
+
+def test_max_tiles_bound_is_tight_at_its_extremes():
+    assert cuda_moe.Groups(None, None, None, None, 4096, 128, 64).max_tiles == (4096 + 128 * 63) // 64
+    assert cuda_moe.Groups(None, None, None, None, 3, 128, 64).max_tiles == 3  # one row per expert: one tile each
+    assert cuda_moe.Groups(None, None, None, None, 640, 1, 64).max_tiles == 10
+
+
+@pytest.mark.parametrize("n,E,want", [(4096, 128, 64), (8192, 128, 128), (16, 8, 64), (4096 * 4, 128, 128), (96, 1, 128)])
+def test_group_tile(n, E, want):
+    assert cuda_moe.group_tile(n, E) == want

@@ -113,6 +113,13 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 2}),
     # MoE expert kernels (moe_experts.cu): every resident format, the integer-dot ones with ACT_Q8 (cuda_moe._defines)
     *[("moe_experts", {"FMT": f, **({"ACT_Q8": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
+    # the grouped MoE prefill (moe_group.cu): every format on its contract's planes, both tiles,
+    # one buffer (99 KB GPUs), the fast and bf16-activation modes, Q8_0 on gemm_i8_grouped
+    *[("moe_group", {"FMT": f, "GG_BM": 64, **({"GEMM_XPLANES": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
+    ("moe_group", {"FMT": 10, "GG_BM": 128, "GEMM_XPLANES": 1, "GM_BUFS": 1}),
+    ("moe_group", {"FMT": 11, "GG_BM": 128, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),
+    ("moe_group", {"FMT": 8, "GG_BM": 64, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1}),
+    ("moe_group", {"FMT": 3, "GG_BM": 128}),
 ]
 
 

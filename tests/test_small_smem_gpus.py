@@ -33,6 +33,19 @@ def test_portable_integer_dot_gemm_fits(small_gpu):
     assert cl.gemm_i8_mma_smem() <= LIMIT
 
 
+@pytest.mark.parametrize("bm", [64, 128])
+def test_grouped_expert_gemms_fit(small_gpu, bm):
+    """moe_group.cu's grouped GEMMs (the MoE prefill on every GPU) fit too: gemm_grouped with the
+    buffers gemm_bufs picks for its tile, gemm_i8_grouped's ring; at 64 tokens the precise x-split
+    kernel keeps its two buffers."""
+    for x_split, w_split in [(False, False), (True, False), (True, True), (False, True)]:
+        bufs = cl.gemm_bufs(x_split, w_split, bm)
+        assert cl._gemm_smem(x_split, w_split, bufs, bm) <= LIMIT
+        if bm == 64:
+            assert bufs == (1 if x_split and w_split else 2)
+    assert cl.gemm_i8_mma_smem(bm) <= LIMIT
+
+
 def test_portable_gemm_keeps_two_buffers_on_hopper(monkeypatch):
     monkeypatch.setattr(kb, "smem_block_limit", lambda: kb.SMEM_BLOCK_SM90)
     assert all(cl.gemm_bufs(x, w) == 2 for x, w in [(False, False), (True, False), (True, True)])

@@ -2,7 +2,7 @@
 
 Each kernel that takes dynamic shared memory names its total in a macro next to its layout
 (gemm_mma.cu GM_SMEM_BYTES, gemm_wgmma.cu WGP_SMEM_BYTES / WRA_SMEM_BYTES, gemm_i8.cu
-I8_SMEM_BYTES / IM_SMEM_BYTES; attention_decode.cu DECODE_SMEM, attention_decode_tc.cu
+I8_SMEM_BYTES / IM_SMEM_BYTES, moe_group.cu GG_SMEM_BYTES / GI_SMEM_BYTES; attention_decode.cu DECODE_SMEM, attention_decode_tc.cu
 DECODE_TC_SMEM, attention_prefill.cu PREFILL_SMEM); the Python launch code computes the size it
 passes on its own.  Here each kernel is compiled (NVRTC, sm_90a, the wrapper's defines) with a
 static_assert that the two agree.  Why: a hand-summed stage size once overran a ring's
@@ -47,6 +47,15 @@ def gemm_cases():
                         "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     out.append(("gemm_i8", {"FMT": 3}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
     out.append(("gemm_i8", {"FMT": 3}, "IM_SMEM_BYTES", cl.gemm_i8_mma_smem()))
+    # moe_group.cu's grouped expert GEMMs, 64- and 128-token tiles (cuda_moe.grouped_gemm's defines)
+    for bm in (64, 128):
+        for x_split, fmt, wsplit in ((1, 2, 0), (1, 8, 1), (0, 11, 0), (0, 8, 1)):
+            w_split = bool(wsplit) and fmt != 11
+            defs = {"FMT": fmt, "GG_BM": bm, "GEMM_SPLIT": x_split, **({"GEMM_WSPLIT": 1} if wsplit and not x_split else {})}
+            for bufs in (2, 1):
+                out.append(("moe_group", {**defs, **({"GM_BUFS": 1} if bufs == 1 else {})}, "GG_SMEM_BYTES",
+                            cl._gemm_smem(bool(x_split), w_split, bufs, bm)))
+        out.append(("moe_group", {"FMT": 3, "GG_BM": bm}, "GI_SMEM_BYTES", cl.gemm_i8_mma_smem(bm)))
     return out
 
 

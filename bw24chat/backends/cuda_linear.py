@@ -9,6 +9,7 @@ passed as a null 64-bit value.  Contracts: kernels/matvec.cu, matvec_tc.cu, gemm
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,9 +21,8 @@ from .kernel_refs import FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_r
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
 # resident up to 16k inputs (down 12288 no longer re-stages a second k-tile behind a barrier)
-GM_TILE = 128
-GM_SMEM = 2 * (128 + 128) * 72 * 2  # gemm_mma.cu shared bytes (GEMM_SPLIT=0)
-GM_SMEM_SPLIT = GM_SMEM + 2 * 128 * 72 * 2  # + the x_lo tiles
+GM_TILE = 128  # gemm_mma.cu: tokens and out rows per block (gemm_mma.cuh GM_BN: the grouped GEMM's out rows too)
+GM_LD = 72  # gemm_common.cuh GM_LD: bf16 per tile row (64 + 8 padding)
 _W_EXACT_IN_BF16 = ("BF16", "NVFP4")
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2, "qx": 3}  # qx: x's codes ready-made (matvec.cu PRO_QX)
 EPILOGUES = {"store": 0, "add": 1, "swiglu": 2}
@@ -39,33 +39,37 @@ def _wargs(W: DeviceWeight) -> tuple:
     return (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), _ptr(W.gscale))
 
 
-def _gemm_smem(x_split: bool, w_split: bool, bufs: int = 2) -> int:
-    """gemm_mma.cu GM_SMEM_BYTES (tests/test_smem_contract.py holds the two equal)."""
-    return (GM_SMEM + (GM_SMEM_SPLIT - GM_SMEM) * (int(x_split) + int(w_split))) * bufs // 2
+def _gemm_smem(x_split: bool, w_split: bool, bufs: int = 2, bm: int = GM_TILE) -> int:
+    """gemm_mma.cuh GM_SMEM_BYTES_FOR(bm): bufs x (the x tile of bm tokens, the W tile of 128
+    rows, and their lo tiles when split), bf16 rows of GM_LD (tests/test_smem_contract.py holds
+    the two equal)."""
+    return bufs * 2 * GM_LD * ((1 + int(x_split)) * bm + (1 + int(w_split)) * GM_TILE)
 
 
-def gemm_bufs(x_split: bool, w_split: bool) -> int:
-    """The portable gemm's tile buffers (gemm_mma.cu GM_BUFS): 2 (k tile i+1 stored while tile i
+def gemm_bufs(x_split: bool, w_split: bool, bm: int = GM_TILE) -> int:
+    """The portable gemm's tile buffers (gemm_mma.cuh GM_BUFS): 2 (k tile i+1 stored while tile i
     is used) where the block's shared memory holds them, else 1 (one more barrier per k tile; the
     same order of MMAs per output, so the same bits).  The precise kernels need 108 KB (x split)
-    and 144 KB (x and W split) with two buffers: above the 99 KB of sm_86 / sm_89 / sm_120, whose
-    prefill this kernel is."""
-    return 2 if _gemm_smem(x_split, w_split, 2) <= kernel_build.smem_block_limit() else 1
+    and 144 KB (x and W split) with two buffers at 128 tokens: above the 99 KB of sm_86 / sm_89 /
+    sm_120, whose prefill this kernel is."""
+    return 2 if _gemm_smem(x_split, w_split, 2, bm) <= kernel_build.smem_block_limit() else 1
 
 
-def _wsplit_define(W: DeviceWeight, x_split: bool, w_split: bool) -> dict:
+def _wsplit_define(W: DeviceWeight | None, x_split: bool, w_split: bool) -> dict:
     """gemm_common.cuh GEMM_WSPLIT where it differs from its default (GEMM_SPLIT): W split with x
     as one bf16 plane (the bf16-activation contract on weights not exact in bf16).  The kernels
     derive W_SPLIT from it and the format, as w_split here (_W_EXACT_IN_BF16)."""
     return {"GEMM_WSPLIT": 1} if w_split and not x_split else {}
 
 
-def _gemm_kernel(W: DeviceWeight, x_split: bool, w_split: bool, **defines):
-    """The portable gemm for these splits and its dynamic shared memory (set as its limit)."""
-    bufs = gemm_bufs(x_split, w_split)
-    k = get_kernel("gemm_mma", "gemm", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
-                   **_wsplit_define(W, x_split, w_split), **defines)
-    smem = _gemm_smem(x_split, w_split, bufs)
+def _gemm_kernel(fmt_id: int, x_split: bool, w_split: bool, family: str = "gemm_mma", name: str = "gemm",
+                 bm: int = GM_TILE, **defines):
+    """A kernel on gemm_mma.cuh's block (the portable gemm, or moe_group.cu's grouped one with
+    tiles of bm tokens) for these splits, and its dynamic shared memory (set as its limit)."""
+    bufs = gemm_bufs(x_split, w_split, bm)
+    k = get_kernel(family, name, FMT=fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
+                   **_wsplit_define(None, x_split, w_split), **defines)
+    smem = _gemm_smem(x_split, w_split, bufs, bm)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem
 
@@ -401,37 +405,63 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
     if T <= 0:
         return
     impl = impl or gemm_impl()
-    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
-    # precise: x as two bf16 planes (hi + lo split, or the integer-dot contract's two exact code
-    # levels), W split where its values are not bf16 numbers; fast: one plane (bf16(x), or the
-    # high code level only), W rounded to bf16
-    xb16 = precise and act_bf16
-    x_split = precise and not xb16
-    w_split = precise and W.fmt not in _W_EXACT_IN_BF16
+    c = gemm_contract(W, precise, act_bf16, act_quant, impl)
     epi = np.int32(EPILOGUES[epilogue])
-    if a8 and precise and uses_gemm_i8(W, impl):
-        _gemm_i8(W, x, out, T, epi, impl, xb16)
+    if c.i8:
+        _gemm_i8(W, x, out, T, epi, impl, c.xb16)
         return
-    a8 = a8 and not xb16  # the bf16 contract's GEMMs take the rounded x as their one plane
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take the
     # portable kernel, which compiles for sm_90a too)
     if impl == "wg" and W.in_ % 8 == 0:
         alloc = -(-T // 256) * 256 * W.in_ if uses_gemm_wra(W) else 0  # gemm_wra reads x in whole tiles of up to 256 tokens
-        if a8:
-            xh, xl = _act_quant(x, T * W.in_, x_split, alloc)
+        if c.a8:
+            xh, xl = _act_quant(x, T * W.in_, c.x_split, alloc)
         else:
-            xh, xl = _bf16_planes(x, T * W.in_, x_split, alloc)
-        _gemm_wgp(W, xh, xl, out, T, epi, x_split, w_split)
+            xh, xl = _bf16_planes(x, T * W.in_, c.x_split, alloc)
+        _gemm_wgp(W, xh, xl, out, T, epi, c.x_split, c.w_split)
         return
-    # the register-staged kernel takes x as f32 and splits it itself; under the integer-dot
-    # contract it takes the two code-level planes instead (GEMM_XPLANES), gemm_wgp's x split
-    xl = None
-    if a8:
-        x, xl = _act_quant(x, T * W.in_, x_split)
-    k, smem = _gemm_kernel(W, x_split, w_split, **({"GEMM_XPLANES": 1} if a8 else {}))
+    x, xl = mma_operands(c, x, T, W.in_)
+    k, smem = _gemm_kernel(W.fmt_id, c.x_split, c.w_split, **({"GEMM_XPLANES": 1} if c.a8 else {}))
     k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,),
       (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl)), shared_mem=smem)
+
+
+class GemmContract(NamedTuple):
+    """What a prefill GEMM of one matrix computes (gemm's precision switches resolved): i8, the
+    integer-dot contract on gemm_i8 / gemm_i8_mma (QX rows); a8, x as the integer-dot planes
+    (GEMM_XPLANES); xb16, x rounded to bf16 first; x_split / w_split, x / W as bf16 hi + lo."""
+    i8: bool
+    a8: bool
+    xb16: bool
+    x_split: bool
+    w_split: bool
+
+
+def gemm_contract(W, precise: bool = True, act_bf16: bool = False, act_quant: bool | None = None,
+                  impl: str = "wg") -> GemmContract:
+    """gemm's contract for W (anything with fmt / in_ / out: a DeviceWeight, cuda_moe.ExpertStore)
+    on the kernels of impl.  precise: x as two bf16 planes (hi + lo split, or the integer-dot
+    contract's two exact code levels), W split where its values are not bf16 numbers; fast: one
+    plane (bf16(x), or the high code level only), W rounded to bf16.  The bf16-activation
+    contract's GEMMs take the rounded x as their one plane (a8 off), but gemm_i8's."""
+    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
+    xb16 = precise and act_bf16
+    i8 = a8 and precise and uses_gemm_i8(W, impl)
+    return GemmContract(i8, a8 and not xb16 and not i8, xb16, precise and not xb16, precise and W.fmt not in _W_EXACT_IN_BF16)
+
+
+def mma_operands(c: GemmContract, x, T: int, n_in: int, tag: str = "x", r0: int = 0):
+    """x (f32 [T, n_in]) as the portable kernels read it under contract c: QX rows and None
+    (gemm_i8_mma: act_quant_qx), the integer-dot planes hi, lo (GEMM_XPLANES: act_quant), or x
+    itself and None (split or rounded in the tile load).  Rows [r0, T) only are prepared, into
+    the scratch buffers ``tag``_* (rows before r0 keep what they held: the spilled MoE prefill
+    prepares one expert's grouped rows at a time)."""
+    if c.i8:
+        return _qx_rows(x, T, n_in, c.xb16, tag, r0), None
+    if c.a8:
+        return _act_quant(x, T * n_in, c.x_split, tag=tag, start=r0 * n_in)
+    return x, None
 
 
 # gemm_i8.cu I8_STAGE_BYTES, same formula: x h and l tiles (2 x 128 x 128 B), the W tile (64 x 128 B),
@@ -465,14 +495,33 @@ IM_BM = 128  # gemm_i8.cu gemm_i8_mma: tokens per block, out rows per block, k t
 IM_BN = 64
 IM_BK = 64
 IM_STAGES = 3
-# gemm_i8.cu IM_STAGE_BYTES: x h and l code tiles (128 rows at an 80-byte pitch), the W code tile (64
-# rows), the records (128 tokens x 2 blocks x 16 B), the scales (64 rows x 2 f16), rounded up to 1 KB
-IM_STAGE_BYTES = -(-(2 * IM_BM * 80 + IM_BN * 80 + IM_BM * 2 * 16 + IM_BN * 4) // 1024) * 1024
 
 
-def gemm_i8_mma_smem() -> int:
-    """gemm_i8.cu IM_SMEM_BYTES (tests/test_smem_contract.py): 90 KB, inside the 99 KB GPUs' limit."""
-    return IM_STAGES * IM_STAGE_BYTES
+def im_stage_bytes(bm: int = IM_BM) -> int:
+    """gemm_i8_mma.cuh IM_STAGE_BYTES_FOR(bm, 8192 / bm): the x h and l code tiles (bm rows at an
+    80-byte pitch), the W code tile (8192 / bm rows: 8 warps as bm / 32 x 256 / bm), the records
+    (bm tokens x 2 blocks x 16 B), the scales (2 f16 per W row), rounded up to 1 KB."""
+    bn = 8192 // bm
+    return -(-(2 * bm * 80 + bn * 80 + bm * 2 * 16 + bn * 4) // 1024) * 1024
+
+
+def gemm_i8_mma_smem(bm: int = IM_BM) -> int:
+    """gemm_i8.cu IM_SMEM_BYTES / moe_group.cu GI_SMEM_BYTES (tests/test_smem_contract.py): 90 KB
+    at 128 tokens, 69 KB at 64, inside the 99 KB GPUs' limit."""
+    return IM_STAGES * im_stage_bytes(bm)
+
+
+def _qx_rows(x, T: int, n: int, xb16: bool, tag: str = "x", r0: int = 0):
+    """x (f32 [T, n]; rounded to bf16 first with xb16) quantized into QX rows (gemm_act.cu
+    act_quant_qx) in the scratch ``tag``_qx: rows [r0, T) (mma_operands)."""
+    words = qx_row_words(n)
+    qx = _scratch_u16(f"{tag}_qx", 2 * T * words)  # uint32 words as pairs of uint16
+    n4 = (T - r0) * n // 4
+    if n4 > 0:
+        q = get_kernel("gemm_act", "act_quant_qx")
+        xs, qs = (x, qx) if r0 == 0 else (x.reshape(-1)[r0 * n:], qx[2 * r0 * words:])
+        q((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (xs, qs, np.int32(n), np.int64(n4), np.int32(xb16)))
+    return qx
 
 
 def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg", xb16: bool = False) -> None:
@@ -480,11 +529,7 @@ def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg", xb16: bool 
     (gemm_act.cu act_quant_qx), then gemm_i8 (impl "wg") or gemm_i8_mma (the portable path):
     the same rows."""
     n = W.in_
-    words = qx_row_words(n)
-    qx = _scratch_u16("x_qx", 2 * T * words)  # uint32 words as pairs of uint16
-    n4 = T * n // 4
-    q = get_kernel("gemm_act", "act_quant_qx")
-    q((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (x, qx, np.int32(n), np.int64(n4), np.int32(xb16)))
+    qx = _qx_rows(x, T, n, xb16)
     args = (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi)
     if impl == "mma":
         k, smem, grid = get_kernel("gemm_i8", "gemm_i8_mma", FMT=W.fmt_id), gemm_i8_mma_smem(), (-(-T // IM_BM), -(-W.out // IM_BN))
@@ -519,25 +564,27 @@ def _scratch_u16(name: str, n: int):
     return buf
 
 
-def _x_planes(kernel: str, x, n: int, with_lo: bool, alloc: int):
-    """x[:n] (f32) as scratch bf16 planes hi (and lo with with_lo) by gemm_act.cu `kernel`; the
-    planes stay readable up to alloc values (gemm_wra reads whole token tiles; what lies past n is
-    never used)."""
-    hi = _scratch_u16("x_hi", max(n, alloc))
-    lo = _scratch_u16("x_lo", max(n, alloc)) if with_lo else None
-    n4 = n // 4
-    k = get_kernel("gemm_act", kernel)
-    k((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (x, hi, _ptr(lo), np.int64(n4)))
+def _x_planes(kernel: str, x, n: int, with_lo: bool, alloc: int, tag: str = "x", start: int = 0):
+    """x[start:n] (f32) as bf16 planes hi (and lo with with_lo) by gemm_act.cu `kernel`, into the
+    scratch ``tag``_hi / _lo at the same places; the planes stay readable up to alloc values
+    (gemm_wra reads whole token tiles; what lies past n is never used)."""
+    hi = _scratch_u16(f"{tag}_hi", max(n, alloc))
+    lo = _scratch_u16(f"{tag}_lo", max(n, alloc)) if with_lo else None
+    n4 = (n - start) // 4
+    if n4 > 0:
+        k = get_kernel("gemm_act", kernel)
+        xs, hs, ls = (x, hi, lo) if start == 0 else (x.reshape(-1)[start:], hi[start:], None if lo is None else lo[start:])
+        k((max(1, min(-(-n4 // 256), _sm_resources()[0] * 8)),), (256,), (xs, hs, _ptr(ls), np.int64(n4)))
     return hi, lo
 
 
-def _act_quant(x, n: int, with_lo: bool = True, alloc: int = 0):
-    """x[:n] (f32, rows of a multiple of 32 inputs) quantized by the integer-dot contract
-    (gemm_act.cu act_quant) into bf16 planes: (hi = 2^e h, lo = 2^(e-8) l), lo None without
-    with_lo (the fast mode's one-level x)."""
-    if n % 32:
+def _act_quant(x, n: int, with_lo: bool = True, alloc: int = 0, tag: str = "x", start: int = 0):
+    """x[start:n] (f32, rows of a multiple of 32 inputs; start on a row) quantized by the
+    integer-dot contract (gemm_act.cu act_quant) into bf16 planes: (hi = 2^e h, lo = 2^(e-8) l),
+    lo None without with_lo (the fast mode's one-level x)."""
+    if n % 32 or start % 32:
         raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
-    return _x_planes("act_quant", x, n, with_lo, alloc)
+    return _x_planes("act_quant", x, n, with_lo, alloc, tag, start)
 
 
 def _bf16_planes(x, n: int, with_lo: bool, alloc: int = 0):

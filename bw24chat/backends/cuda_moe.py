@@ -1,6 +1,7 @@
 """Mixture-of-experts on the CUDA backend: resident expert storage, the router kernel, the decode
-expert kernels and the prefill's per-expert GEMMs.  Contracts: kernels/moe_router.cu,
-kernels/moe_experts.cu; references: numpy_backend.route_logits and NumpyOps.experts.
+expert kernels and the prefill's grouped GEMMs.  Contracts: kernels/moe_router.cu,
+kernels/moe_experts.cu, kernels/moe_group.cu; references: numpy_backend.route_logits,
+NumpyOps.experts, kernel_refs.moe_group_ref.
 
 Expert storage (``CudaExperts``, one per layer): VRAM *slots*, each one expert's image (its
 gate|up and down planes in the dense resident layout, cuda_weights.repack_host, at fixed
@@ -13,10 +14,13 @@ capture time), the same bits wherever the expert came from.
 Decode (graph-captured, no host access): router matvec (rmsnorm prologue) -> moe_router ->
 moe_gu (rmsnorm staged in the block, SwiGLU epilogue) -> [shared expert: two dense matvecs] ->
 moe_down (k dot products per output, combined in ranking order, + shared, + residual).
-Prefill (eager): the router's ids come to the host; the tokens of each active expert are gathered
-and run through the dense ``lin.gemm`` (gate|up, swiglu, down), scattered into Y (T, k, D), and
-moe_combine adds them in ranking order.  It is launch-bound (docs/performance.md, "What bounds
-MoE decode"): a grouped GEMM over all of a chunk's experts is what it lacks.
+Prefill (eager; kernels/moe_group.cu): moe_group sorts the chunk's (token, slot) assignments by
+expert on the device (counts, offsets, the permutation and its inverse), then one grouped GEMM per
+projection runs every expert's gathered rows (gate|up with the SwiGLU epilogue, then down into the
+grouped Y), and moe_combine adds each row's k outputs through the inverse permutation in ranking
+order.  Resident layers: no host access.  Spilled layers (cuda_tiers): the ids come to the host,
+the resident experts run in one pass, each other expert is streamed into a staging slot and runs
+by itself through the same kernels; every output row is the same bits either way.
 """
 from __future__ import annotations
 
@@ -82,11 +86,17 @@ class ExpertStore:
     def expert_nbytes(self) -> int:
         return self.nbytes // self.n_experts
 
+    def row(self, base: int) -> np.ndarray:
+        """The table row (u64 [5]) of an expert whose image sits at device address ``base``."""
+        out = np.zeros(len(PLANES), np.uint64)
+        for name, off, _shape, _dt in self.layout.planes:
+            out[PLANES.index(name)] = base + off
+        return out
+
     def point(self, e: int, base: int) -> None:
         """Expert e's table row at the image at device address ``base`` (0: not resident; the
         host mirror only: CudaExperts.sync_tables sends it)."""
-        for name, off, _shape, _dt in self.layout.planes:
-            self.host_table[e, PLANES.index(name)] = np.uint64(base + off if base else 0)
+        self.host_table[e] = self.row(base) if base else 0
 
     def weight(self, e: int, image) -> DeviceWeight:
         """Expert e as a dense DeviceWeight over ``image`` (the u8 device bytes of its slot): the
@@ -146,7 +156,8 @@ class CudaExperts:
                            rt.memcpyHostToDevice, stream.ptr)
 
     def weights(self, e: int, image=None) -> tuple[DeviceWeight, DeviceWeight]:
-        """(gate|up, down) of expert e over ``image`` (default: its resident slot)."""
+        """(gate|up, down) of expert e over ``image`` (default: its resident slot) as dense
+        weights (tests: the grouped prefill against the per-expert GEMMs)."""
         if image is None:
             image = self.slab[self.slot_of[e]]
         return self.gu.weight(e, image), self.down.weight(e, image)
@@ -312,36 +323,119 @@ def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16
 
 
 # ----------------------------------------------------------------------------- prefill
-def prefill_experts(ex: CudaExperts, h, ids, w, Y, T: int, k: int, precise: bool = True, act_bf16: bool = False) -> None:
-    """Y (T, k, D) = each row's k expert outputs, through the dense GEMMs over the rows gathered
-    per active expert (host-side grouping: prefill only, never in the captured decode step)."""
+MG_NT = 256  # moe_group.cu: threads of moe_group
+
+
+def group_tile(n: int, E: int) -> int:
+    """Tokens per tile of the grouped GEMMs (moe_group.cu GG_BM) for n assignments over E
+    experts: 64 while the mean rows per expert is at most two thirds of that (Qwen3-30B-A3B at
+    pp512: 32; the spread of the counts then leaves nearly every expert in one tile, whose weight
+    tiles are read once, and the tile's empty 16-row slices skip their MMAs), else 128.  The
+    rows' values do not depend on it."""
+    return 64 if 3 * n <= 2 * 64 * E else 128
+
+
+@dataclass
+class Groups:
+    """A chunk's assignments grouped by expert (moe_group.cu moe_group; reference
+    kernel_refs.moe_group_ref), on the device: offs, toff int32 [E + 1], tok, pos int32 [n]."""
+    offs: object
+    toff: object
+    tok: object
+    pos: object
+    n: int
+    E: int
+    bm: int
+
+    @property
+    def max_tiles(self) -> int:
+        """The grouped GEMMs' grid rows without reading toff back: a bound on its last entry."""
+        return min(self.n, (self.n + min(self.E, self.n) * (self.bm - 1)) // self.bm)
+
+
+def group(ids, T: int, k: int, E: int, bm: int) -> Groups:
+    """moe_group over the T rows of ids (T, k) int32 (the router's): no host access."""
     import cupy as cp
 
-    from . import cuda_ops as ops
-
-    ids_h = cp.asnumpy(ids[:T])  # synchronizes: prefill is eager
-    F, D = ex.gu.out // 2, ex.gu.in_
-    order = [int(e) for e in np.unique(ids_h)]
-    # spilled experts stream through staging slots, the next copy overlapping this GEMM (cuda_tiers)
-    experts = ex.tiers.stream(ex, order) if ex.tiers is not None else ((e, *ex.weights(e)) for e in order)
-    for e, W_gu, W_down in experts:
-        rows, slots = np.nonzero(ids_h == e)
-        n = len(rows)
-        rows_d = cp.asarray(rows.astype(np.int64))
-        xg = cp.ascontiguousarray(h[rows_d])
-        gu = cp.empty((n, 2 * F), cp.float32)
-        lin.gemm(W_gu, xg, gu, n, precise=precise, act_bf16=act_bf16)
-        act = cp.empty((n, F), cp.float32)
-        ops.swiglu(gu, act)
-        y = cp.empty((n, D), cp.float32)
-        lin.gemm(W_down, act, y, n, precise=precise, act_bf16=act_bf16)
-        Y[rows_d, cp.asarray(slots.astype(np.int64))] = y
+    n = T * k
+    if E > 1024:
+        raise NotImplementedError(f"moe_group: E {E} <= 1024")
+    g = Groups(cp.empty(E + 1, cp.int32), cp.empty(E + 1, cp.int32), cp.empty(n, cp.int32), cp.empty(n, cp.int32), n, E, bm)
+    get_kernel("moe_group", "moe_group")((E,), (MG_NT,), (ids, np.int32(n), np.int32(k), np.int32(E), np.int32(bm), g.offs,
+                                                         g.toff, g.tok, g.pos))
+    return g
 
 
-def combine(Y, w, shared, res, T: int, k: int) -> None:
-    """res (T, D) += sum_j w[t, j] * Y[t, j] (ranking order) + shared: moe_combine."""
+def grouped_gemm(st: ExpertStore, tab, g: Groups, x, out, epilogue: str = "store", gather: bool = False, rows=None,
+                 precise: bool = True, act_bf16: bool = False, tag: str = "x", e0: int = 0, tiles: int | None = None) -> None:
+    """out[r] = W_e x[src(r)] for the grouped rows r of every expert e the table ``tab`` of the
+    projection ``st`` has (moe_group.cu gemm_grouped / gemm_i8_grouped): src(r) = g.tok[r] with
+    gather (x: the chunk's rows), else r (x: grouped rows).  epilogue "swiglu": gate|up rows
+    interleaved, out[r, i] = silu(y[2i]) y[2i + 1].  The GEMM contract is lin.gemm's on the
+    portable kernels (impl "mma": gemm_i8_mma for Q8_0's precise prefill, else gemm_mma), so each
+    row equals lin.gemm(W_e, ..., impl="mma") bit for bit.  x is prepared (planes / QX rows,
+    scratch ``tag``) for x rows [rows[0], rows[1]) (default all: g.n grouped rows, or the chunk's
+    x.shape[0]).  e0, tiles: only the tiles of experts e0.. (default all: the bound g.max_tiles;
+    a spilled layer's streamed expert: its own ceil(count / bm))."""
+    c = lin.gemm_contract(st, precise, act_bf16, impl="mma")
+    r0, r1 = rows if rows is not None else (0, x.shape[0] if gather else g.n)
+    xop, xl = lin.mma_operands(c, x, r1, st.in_, tag, r0)
+    fid = fmt_id(st.fmt)
+    if c.i8:
+        kern, smem, bn = get_kernel("moe_group", "gemm_i8_grouped", FMT=fid, GG_BM=g.bm), lin.gemm_i8_mma_smem(g.bm), 8192 // g.bm
+        lin._ensure_smem(kern, smem)
+        xargs = (xop,)
+    else:
+        kern, smem = lin._gemm_kernel(fid, c.x_split, c.w_split, "moe_group", "gemm_grouped", g.bm, GG_BM=g.bm,
+                                      **({"GEMM_XPLANES": 1} if c.a8 else {}))
+        bn, xargs = lin.GM_TILE, (xop, lin._ptr(xl))
+    grid = (-(-st.out // bn), g.max_tiles if tiles is None else tiles)
+    if grid[1] <= 0:
+        return
+    kern(grid, (256,), (tab, g.offs, g.toff, np.int32(g.E), np.int32(e0), g.tok if gather else lin._NULL, *xargs, out,
+                        np.int32(st.out), np.int32(st.in_), np.int32(lin.EPILOGUES[epilogue])), shared_mem=smem)
+
+
+def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, precise: bool = True,
+                    act_bf16: bool = False) -> None:
+    """res (T, D) += sum_j w[t, j] * expert_{ids[t, j]}(h[t]) (ranking order) + shared: the
+    chunk's assignments grouped by expert (moe_group), the grouped gate|up (SwiGLU epilogue) and
+    down GEMMs, moe_combine through the inverse permutation.  Spilled layers (ex.tiers): the
+    resident experts in one pass, then each other one streamed into a staging slot
+    (cuda_tiers.CudaTiers.stream, the next copy overlapping this one's GEMMs) and run by itself
+    through the same kernels: the resident run's bits."""
+    import cupy as cp
+
+    from .kernel_refs import moe_group_ref
+
+    if T <= 0:
+        return
+    E, F, D = ex.gu.n_experts, ex.gu.out // 2, ex.gu.in_
+    n = T * k
+    g = group(ids, T, k, E, group_tile(n, E))
+    act = cp.empty((n, F), cp.float32)
+    Y = cp.empty((n, D), cp.float32)
+    streamed = ()
+    if ex.tiers is not None:
+        ids_h = cp.asnumpy(ids[:T])  # synchronizes (the router's ids): before the resident pass is queued
+        offs = moe_group_ref(ids_h, E, g.bm)[0]
+        streamed = ex.tiers.stream(ex, [int(e) for e in np.unique(ids_h)])
+    opts = dict(precise=precise, act_bf16=act_bf16)
+    grouped_gemm(ex.gu, ex.gu.table, g, h, act, "swiglu", gather=True, rows=(0, T), tag="moe_x", **opts)
+    grouped_gemm(ex.down, ex.down.table, g, act, Y, **opts)
+    for e, tab_gu, tab_down in streamed:  # x's planes (tag moe_x) stay as the resident pass made them
+        r0, r1 = int(offs[e]), int(offs[e + 1])
+        tiles = -(-(r1 - r0) // g.bm)
+        grouped_gemm(ex.gu, tab_gu, g, h, act, "swiglu", gather=True, rows=(T, T), tag="moe_x", e0=e, tiles=tiles, **opts)
+        grouped_gemm(ex.down, tab_down, g, act, Y, rows=(r0, r1), e0=e, tiles=tiles, **opts)
+    combine(Y, w, shared, res, T, k, g.pos)
+
+
+def combine(Y, w, shared, res, T: int, k: int, pos=None) -> None:
+    """res (T, D) += sum_j w[t, j] * Y[pos[t k + j]] (ranking order; pos None: row t k + j) +
+    shared: moe_combine."""
     D = res.shape[-1]
     if T <= 0:
         return
     get_kernel("moe_experts", "moe_combine")((-(-D // 256), T), (256,),
-                                             (Y, w, lin._ptr(shared), res, np.int32(T), np.int32(D), np.int32(k)))
+                                             (Y, w, lin._ptr(shared), res, np.int32(T), np.int32(D), np.int32(k), lin._ptr(pos)))

@@ -289,9 +289,7 @@ class CudaOps(Ops):
             self._linear(_Swiglu(_Linear(x, gu_s)), down_s, sh)
         if not self.decode:
             h = self._input(x, matvec=False)["x"]
-            Y = self.buf("moe_y", k, D)
-            moe.prefill_experts(experts, h, ids, weights, Y, m, k, precise=self.r.precise, act_bf16=self.xb16)
-            moe.combine(Y, weights, sh, residual, m, k)
+            moe.prefill_experts(experts, h, ids, weights, sh, residual, m, k, precise=self.r.precise, act_bf16=self.xb16)
             return residual
         if experts.tiers is not None:  # spilled: the routed experts are copied into VRAM slots first
             host_step(lambda stream: experts.tiers.fetch(experts, ids, m, stream), f"experts of MoE layer {experts.layer}")

@@ -14,9 +14,10 @@ spilled run gives the resident run's tokens bit for bit.  A pass holds at most s
 rows, so one pass's experts never evict each other (the runner splits longer steps; rows are
 row-invariant).
 
-Prefill: a chunk routes to most experts of a layer.  The resident ones run from their slots; the
-others stream through two staging slots, the copy of the next overlapping the GEMMs of this one;
-the slot cache is left as decode left it.
+Prefill: a chunk routes to most experts of a layer.  The resident ones run from their slots in
+one pass of the grouped GEMMs; the others stream through two staging slots, each run by itself
+through the same kernels (per layer and slot, tables whose every row points at the slot), the
+copy of the next overlapping the GEMMs of this one; the slot cache is left as decode left it.
 
 Bound (decode): bytes missed per token / the host-to-device copy rate (pinned: ~50 GB/s on PCIe
 5.0 x16), or the disk's read rate for experts served from the file; plus one synchronization
@@ -48,6 +49,7 @@ class CudaTiers:
         self._next_stage = 0
         self._dev_stage = None  # two device slots for the prefill's stream
         self._dev_free: list = [None, None]  # events: the prefill GEMMs done with each slot
+        self._stage_tabs: dict = {}  # layer -> (staging address, [per slot: (gate|up table, down table)])
 
     # ------------------------------------------------------------------ loading
     def load(self, ex: CudaExperts) -> None:
@@ -110,17 +112,29 @@ class CudaTiers:
         stream.wait_event(done)
 
     # ------------------------------------------------------------------ prefill
+    def _stage_tables(self, ex: CudaExperts) -> list:
+        """Per staging slot, layer ``ex``'s (gate|up, down) device tables [E, 5] whose every row
+        points at that slot (its planes' places are the layer's: one copy serves any expert);
+        built once per layer and staging allocation."""
+        key = (int(self._dev_stage.data.ptr), self._dev_stage.shape[1])
+        have = self._stage_tabs.get(ex.layer)
+        if have is None or have[0] != key:
+            tabs = [tuple(self.cp.asarray(np.tile(st.row(key[0] + s * key[1]), (st.n_experts, 1)))
+                          for st in (ex.gu, ex.down)) for s in range(2)]
+            have = self._stage_tabs[ex.layer] = (key, tabs)
+        return have[1]
+
     def stream(self, ex: CudaExperts, order: list[int]):
-        """(expert, gate|up weight, down weight) for each expert of ``order``: resident ones from
-        their slots, the others through the two device staging slots (the next one's copy issued
-        before this one is handed out, so it overlaps the caller's GEMMs)."""
+        """(expert, gate|up table, down table) for each expert of ``order`` not resident, its
+        image copied into one of the two device staging slots and the tables those of the slot
+        (the next copy is issued before this one is handed out, so it overlaps the caller's
+        GEMMs; the caller's work on the slot is queued before the generator resumes).  Counts
+        the lookups of the whole order (the resident experts are the caller's first pass)."""
         cp = self.cp
         stream = cp.cuda.get_current_stream()
         self.tiers.lookup(ex.layer, order, set(ex.slot_of))
-        for e in order:
-            if e in ex.slot_of:
-                yield (e, *ex.weights(e))
         rest = [e for e in order if e not in ex.slot_of]
+        tabs = self._stage_tables(ex) if rest else None
 
         def issue(j: int):
             s = j % 2
@@ -137,7 +151,7 @@ class CudaTiers:
             if j + 1 < len(rest):
                 ready = issue(j + 1)
             stream.wait_event(cur)
-            yield (e, *ex.weights(e, self._dev_stage[j % 2][:ex.image_bytes]))
+            yield (e, *tabs[j % 2])
             free = cp.cuda.Event(disable_timing=True)
             free.record(stream)  # after the caller's GEMMs on this slot were enqueued
             self._dev_free[j % 2] = free

@@ -128,6 +128,28 @@ def qx_ref(x: np.ndarray) -> np.ndarray:
     return np.concatenate(words, axis=1)
 
 
+# --------------------------------------------------------------------------- MoE prefill grouping
+
+
+def moe_group_ref(ids: np.ndarray, E: int, bm: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """moe_group.cu moe_group: a chunk's assignments ids [T, k] (a = t k + j) grouped by expert.
+    Returns offs [E + 1] (exclusive scan of the counts: expert e's grouped rows are [offs[e],
+    offs[e + 1])), toff [E + 1] (the same of the tiles ceil(count / bm)), tok [T k] (grouped row
+    r's token: each expert's assignments in ascending a) and pos [T k] (pos[a] = its row r), all
+    int32."""
+    T, k = ids.shape
+    flat = np.asarray(ids, np.int64).reshape(-1)
+    counts = np.bincount(flat, minlength=E)
+    offs = np.zeros(E + 1, np.int32)
+    offs[1:] = np.cumsum(counts)
+    toff = np.zeros(E + 1, np.int32)
+    toff[1:] = np.cumsum(-(-counts // bm))
+    order = np.argsort(flat, kind="stable")  # by expert, ascending a within one
+    pos = np.empty(T * k, np.int32)
+    pos[order] = np.arange(T * k, dtype=np.int32)
+    return offs, toff, (order // k).astype(np.int32), pos
+
+
 def rmsnorm_concat_ref(xa: np.ndarray, wa, xb: np.ndarray, wb, eps: float) -> np.ndarray:
     """norm.cu rmsnorm_concat: [rmsnorm(xa) * wa | rmsnorm(xb) * wb] (a half whose weight is None
     as is), float32: NumpyOps.concat of two NumpyOps.rmsnorm values."""

@@ -184,7 +184,7 @@ def test_portable_gemm_one_buffer_gives_the_same_bits(cp, rng, fmt, precise, mon
     monkeypatch.setattr(cl, "uses_gemm_i8", lambda W, impl="wg": False)  # Q8_0 precise on this kernel, not gemm_i8_mma
     base = run(cp, W, x, 203, impl="mma", precise=precise)
     assert not np.isnan(base).any()
-    monkeypatch.setattr(cl, "gemm_bufs", lambda x_split, w_split: 1)
+    monkeypatch.setattr(cl, "gemm_bufs", lambda x_split, w_split, bm=cl.GM_TILE: 1)
     assert_same_bits(base, run(cp, W, x, 203, impl="mma", precise=precise))
 
 

@@ -3,7 +3,8 @@ reference (numpy_backend.route_logits, NumpyOps.experts): router ids and weights
 fresh random logits (ties included), the decode experts to f32 rounding (BF16 with f32
 activations; Q8_0 / NVFP4 under the integer-dot contract on both sides), m-row invariance bit for
 bit, one Qwen3-30B-A3B-shaped layer, and whole tiny models (greedy tokens vs the NumPy runner;
-prefill argmax = decode argmax)."""
+prefill argmax = decode argmax), and the grouped prefill (moe_group.cu) against the per-expert GEMMs
+bit for bit."""
 import numpy as np
 import pytest
 
@@ -165,3 +166,140 @@ def test_moe_prefill_argmax_equals_decode(cp, tmp_path, family):
     steps = np.stack([r.decode_logits(t, i) for i, t in enumerate(ids)])
     np.testing.assert_array_equal(full.argmax(-1), steps.argmax(-1))
     np.testing.assert_allclose(full, steps, rtol=1e-3, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- grouped prefill
+def _routes(rng, T: int, k: int, E: int, skip=(), one: int | None = None) -> np.ndarray:
+    from tests.test_cuda_moe import _assignments
+
+    return _assignments(rng, T, k, E, skip, one)
+
+
+@pytest.mark.parametrize("T,k,E,bm,one", [(37, 3, 7, 64, None), (512, 8, 128, 64, None), (300, 4, 16, 64, 5),
+                                          (64, 8, 1024, 128, None), (513, 8, 160, 128, None), (1, 1, 1, 64, None)])
+def test_moe_group_matches_reference(cp, rng, T, k, E, bm, one):
+    """moe_group (counts, offsets, tile offsets, the permutation and its inverse) = kernel_refs.
+    moe_group_ref exactly, on fresh routes: an expert nobody routes to, one expert on every row."""
+    from bw24chat.backends import cuda_moe
+    from bw24chat.backends.kernel_refs import moe_group_ref
+
+    ids = _routes(rng, T, k, E, skip=(0,) if E > k + 1 else (), one=one)
+    cap = np.full((T + 3, k), -7, np.int32)  # the router's buffer is longer than the chunk
+    cap[:T] = ids
+    g = cuda_moe.group(cp.asarray(cap), T, k, E, bm)
+    for got, want in zip((g.offs, g.toff, g.tok, g.pos), moe_group_ref(ids, E, bm)):
+        np.testing.assert_array_equal(got.get(), want)
+    assert int(g.toff[E].get()) <= g.max_tiles
+
+
+def _per_expert_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16, impl="mma"):
+    from bw24chat.kernel_checks import per_expert_prefill
+
+    return per_expert_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16, impl)
+
+
+def _grouped_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16):
+    from bw24chat.backends import cuda_moe
+
+    T, k = ids.shape
+    out = cp.asarray(res)
+    cuda_moe.prefill_experts(ex, cp.asarray(h), cp.asarray(ids), cp.asarray(w), cp.asarray(shared), out, T, k,
+                             precise=precise, act_bf16=act_bf16)
+    return out.get()
+
+
+def _layer(rng, fmt, E, F, D, T, k, **routes):
+    from bw24chat.backends import cuda_moe
+
+    ex = cuda_moe.load_experts(*_experts(fmt, E, F, D, rng))
+    ids = _routes(rng, T, k, E, **routes)
+    h = rng.standard_normal((T, D)).astype(np.float32)
+    w = rng.random((T, k)).astype(np.float32)
+    shared = rng.standard_normal((T, D)).astype(np.float32)
+    res = rng.standard_normal((T, D)).astype(np.float32)
+    return ex, (h, ids, w, shared, res)
+
+
+def _same_bits(a, b):
+    return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
+
+
+# every format the expert kernels take, at an odd chunk over 7 experts (expert 0 gets no row); F 96
+# is not a whole 64-input k tile (the down projection's tail; Q8_0's down then runs gemm_mma's
+# integer-dot planes, its gate|up gemm_i8_mma), F 128 puts Q8_0's down on gemm_i8_mma too; the
+# K-quants need rows of whole 256-blocks, NVFP4 of 64 (the repacked layout)
+GROUPED_FORMATS = [("BF16", 96), ("F16", 96), ("Q8_0", 96), ("Q8_0", 128), ("Q4_0", 96), ("Q4_1", 96), ("Q5_0", 96),
+                   ("Q5_1", 96), ("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256), ("NVFP4", 192)]
+MODES = [(True, False), (False, False), (True, True)]  # (precise, act_bf16): default, fast, bf16 activations
+
+
+@pytest.mark.parametrize("precise,act_bf16", MODES, ids=["precise", "fast", "bf16-x"])
+@pytest.mark.parametrize("fmt,F", GROUPED_FORMATS)
+def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, precise, act_bf16):
+    """The grouped prefill (moe_group + gemm_grouped / gemm_i8_grouped + moe_combine) = the
+    per-expert lin.gemm path on the portable kernels (impl "mma") bit for bit; and one launch per
+    expert (the spilled path's e0 / tiles launches) = one launch for all."""
+    from bw24chat.backends import cuda_moe
+    from bw24chat.backends.kernel_refs import moe_group_ref
+
+    E, D, T, k = 7, 256, 37, 3
+    ex, (h, ids, w, shared, res) = _layer(rng, fmt, E, F, D, T, k, skip=(0,))
+    want = _per_expert_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16)
+    got = _grouped_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16)
+    assert _same_bits(got, want)
+
+    # the streamed launches of a spilled layer: expert by expert, its own tiles only
+    g = cuda_moe.group(cp.asarray(ids), T, k, E, cuda_moe.group_tile(T * k, E))
+    offs = moe_group_ref(ids, E, g.bm)[0]
+    act = cp.full((T * k, F), np.nan, cp.float32)
+    Y = cp.full((T * k, D), np.nan, cp.float32)
+    hd, opts = cp.asarray(h), dict(precise=precise, act_bf16=act_bf16)
+    for e in range(E):
+        r0, r1 = int(offs[e]), int(offs[e + 1])
+        if r1 > r0:
+            tiles = -(-(r1 - r0) // g.bm)
+            cuda_moe.grouped_gemm(ex.gu, ex.gu.table, g, hd, act, "swiglu", gather=True, rows=(0, T), tag="moe_x", e0=e,
+                                  tiles=tiles, **opts)
+            cuda_moe.grouped_gemm(ex.down, ex.down.table, g, act, Y, rows=(r0, r1), e0=e, tiles=tiles, **opts)
+    out = cp.asarray(res)
+    cuda_moe.combine(Y, cp.asarray(w), cp.asarray(shared), out, T, k, g.pos)
+    assert _same_bits(out.get(), want)
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "Q4_K"])
+def test_grouped_prefill_one_expert_on_every_row(cp, rng, fmt, monkeypatch):
+    """Expert 3 on all 300 rows (5 tiles of 64 or 3 of 128, the last partial), the rest spread:
+    = the per-expert path bit for bit, with either token tile and with one tile buffer (the
+    99 KB GPUs' gemm_grouped)."""
+    from bw24chat.backends import cuda_linear as lin
+    from bw24chat.backends import cuda_moe
+
+    ex, args = _layer(rng, fmt, 16, 256, 256, 300, 4, one=3)
+    want = _per_expert_prefill(cp, ex, *args, True, False)
+    for bm in (64, 128):
+        monkeypatch.setattr(cuda_moe, "group_tile", lambda n, E, bm=bm: bm)
+        assert _same_bits(_grouped_prefill(cp, ex, *args, True, False), want), bm
+    monkeypatch.setattr(lin, "gemm_bufs", lambda x_split, w_split, bm=lin.GM_TILE: 1)
+    assert _same_bits(_grouped_prefill(cp, ex, *args, True, False), want)
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
+def test_grouped_prefill_qwen3_30b_layer(cp, rng, fmt):
+    """One Qwen3-30B-A3B layer at pp512 (T 512, 128 experts, top-8, F 768, D 2048): grouped =
+    per-expert on the portable kernels bit for bit.  Q8_0 also equals the per-expert path on the
+    production kernels of this GPU (sm_90a: gemm_i8, whose rows are gemm_i8_mma's); the other
+    formats' production per-expert path on sm_90a is gemm_wgp / gemm_wra, bits of their own (the
+    rounding-level difference is reported, not gated)."""
+    from bw24chat.backends import cuda_linear as lin
+
+    ex, args = _layer(rng, fmt, 128, 768, 2048, 512, 8)
+    got = _grouped_prefill(cp, ex, *args, True, False)
+    assert _same_bits(got, _per_expert_prefill(cp, ex, *args, True, False))
+    prod = _per_expert_prefill(cp, ex, *args, True, False, impl=None)
+    if fmt == "Q8_0" or lin.gemm_impl() == "mma":
+        assert _same_bits(got, prod)
+    else:
+        res = args[-1]
+        rel = np.linalg.norm(got - prod) / np.linalg.norm(got - res)
+        print(f"{fmt}: grouped (mma.sync) vs per-expert {lin.gemm_impl()} prefill: rel {rel:.2e}")
+        assert rel <= 1e-4
