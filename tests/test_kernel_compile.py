@@ -78,6 +78,16 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
             for f, d in [(f, dict(d))]]
 
 
+def production_moe_builds() -> list[dict]:
+    """The moe_experts.cu builds cuda_moe launches: every resident format (the integer-dot ones
+    with ACT_Q8, cuda_moe._defines) at its MOE_TUNING geometry for moe_gu and for moe_down."""
+    from bw24chat.backends import cuda_moe
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    out = [{**cuda_moe._defines(f), **cuda_moe.geometry(kern, f)} for f in FORMATS for kern in ("gu", "down")]
+    return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
+
+
 VARIANTS = [  # compile-time variants the default build of a family does not reach
     *production_matvec_builds(),
     # attention: the FMA decode (q8_0 / fp8 / f32 caches) with and without a cluster merge, hybrid long rows
@@ -111,8 +121,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("rope", {"HD": 128, "QK_NORM": 2, "FN_SPW": 4, "KV_TYPE": 0}),
     ("rope", {"HD": 256, "QK_NORM": 2, "FN_SPW": 1, "NEOX": 0, "KV_TYPE": 1}),
     ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 2}),
-    # MoE expert kernels (moe_experts.cu): every resident format, the integer-dot ones with ACT_Q8 (cuda_moe._defines)
-    *[("moe_experts", {"FMT": f, **({"ACT_Q8": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
+    # MoE expert kernels (moe_experts.cu): every resident format at its production geometry
+    *[("moe_experts", d) for d in production_moe_builds()],
 ]
 
 
@@ -156,3 +166,16 @@ def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
         i = log.index(f"Function properties for {fn}")
         props = log[i:log.index("\n", log.index("\n", i) + 1)]
         assert " 0 bytes spill stores" in props, props
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("defines", production_moe_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_moe_builds_do_not_spill(defines, arch):
+    """ptxas's report on the production MoE expert builds: moe_gu and moe_down keep their window of
+    loads in registers (MOE_U is the most that fits at MOE_MINB blocks per SM; a spill would put
+    the in-flight loads through local memory)."""
+    _, log = kb.compile_cubin("moe_experts", arch, defines, extra=("-Xptxas=-v",))
+    for fn in ("moe_gu", "moe_down"):
+        i = log.index(f"Function properties for {fn}")
+        props = log[i:log.index("\n", log.index("\n", i) + 1)]
+        assert " 0 bytes spill stores" in props, (fn, props)
