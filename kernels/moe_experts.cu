@@ -139,7 +139,8 @@ BW24_DEVICE void stage(float* xs, const float* __restrict__ x, int n, int seg, i
 // the threads from `first` on (the others are computing the rmsnorm statistic meanwhile)
 BW24_DEVICE void load_tables(const unsigned long long* __restrict__ tab, const int* __restrict__ idt, int k,
                              unsigned long long* tabs, int first) {
-    for (int i = (int)threadIdx.x - first; i >= 0 && i < 5 * k; i += MOE_NT - first) tabs[i] = tab[5L * idt[i / 5] + i % 5];
+    for (int i = (int)threadIdx.x - first; i >= 0 && i < 5 * k; i += MOE_NT - first)
+        tabs[i] = tab[5L * idt[i / 5] + i % 5];
 }
 
 // planes of row `row` of the expert whose table row is te (shared memory)
@@ -271,10 +272,9 @@ BW24_DEVICE void stream_segments(int nseg, int nck, Rows rows, Prologue prologue
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB) moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x,
-                                                                      const float* __restrict__ normw, const int* __restrict__ ids,
-                                                                      float* __restrict__ act, int D, int F, int k, int pro, int xb16,
-                                                                      float eps) {
+extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB)
+moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, const float* __restrict__ normw,
+       const int* __restrict__ ids, float* __restrict__ act, int D, int F, int k, int pro, int xb16, float eps) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);  // [padded(D)], swizzled
     __shared__ unsigned long long tabs[5 * MOE_MAX_K];
@@ -334,10 +334,10 @@ extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB) moe_gu(const unsi
     pdl_trigger();  // this warp's weight stream is done: the next kernel may start
 }
 
-extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB) moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ act,
-                                                                        const int* __restrict__ ids, const float* __restrict__ w,
-                                                                        const float* __restrict__ shared, float* __restrict__ res, int D,
-                                                                        int F, int k, int rb, int xb16) {
+extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB)
+moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ act, const int* __restrict__ ids,
+         const float* __restrict__ w, const float* __restrict__ shared, float* __restrict__ res, int D, int F, int k, int rb,
+         int xb16) {
     extern __shared__ float4 smem4[];
     const int fp = padded(F);
     float* xs = reinterpret_cast<float*>(smem4);  // [k][fp], each segment swizzled

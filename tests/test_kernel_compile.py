@@ -50,7 +50,8 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
     """A cross-section of the decode matvec builds cuda_linear launches (no GPU: H100 resources):
     the Qwen3-8B qkv / gate|up (with QX) / down (prologue qx) / LM head of NVFP4, Q4_K, Q8_0 on
     the integer-dot contract, Q6_K, BF16 at m = 1 and 3, F16's and NVFP4's (float contract)
-    tensor-core o projection; every define is the wrapper's own choice."""
+    tensor-core o projection, an MoE router in F32 and BF16; every define is the wrapper's own
+    choice."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
     from bw24chat.backends.cuda_weights import FORMATS
 
@@ -74,6 +75,9 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
                 cl.matvec(W(49152, 4096), arr(m * 4096), arr(m * 49152), m, "rmsnorm", norm_w=0)
                 cl.matvec(W(4096, 4096), arr(m * 4096), arr(m * 4096), m, epilogue="add")
         cl.matvec(cl.DeviceWeight("NVFP4", 4096, 4096, None, fmt_id=11, vpc=32), arr(4096), arr(4096), 1, act_quant=False)
+        for fmt in ("F32", "BF16"):  # an MoE router's logits (Qwen3-30B-A3B: 128 x 2048)
+            cl.matvec(cl.DeviceWeight(fmt, 128, 2048, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1]), arr(2048), arr(128), 1,
+                      "rmsnorm", norm_w=0)
     return [(f, d) for f, d in dict.fromkeys((f, tuple(sorted(d.items()))) for f, d in calls)
             for f, d in [(f, dict(d))]]
 

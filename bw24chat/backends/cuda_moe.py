@@ -234,6 +234,11 @@ def load_experts(gate, up, down, memo: dict | None = None, slots: int | None = N
 
 
 # ----------------------------------------------------------------------------- router
+def router_threads(E: int) -> int:
+    """moe_router's block: a thread per expert (whole warps, at most 1024)."""
+    return min(1024, 32 * -(-E // 32))
+
+
 def router(logits, bias, ids, w, T: int, spec) -> None:
     """moe_router over T rows of logits (T, E) f32 -> ids (T, k) int32, w (T, k) f32."""
     E, k = spec.n_experts, spec.top_k
@@ -242,7 +247,7 @@ def router(logits, bias, ids, w, T: int, spec) -> None:
     if T <= 0:
         return
     kern = get_kernel("moe_router", "moe_router")
-    kern((T,), (32,), (logits, lin._ptr(bias), ids, w, np.int32(T), np.int32(E), np.int32(k),
+    kern((T,), (router_threads(E),), (logits, lin._ptr(bias), ids, w, np.int32(T), np.int32(E), np.int32(k),
                        np.int32(0 if spec.scoring == "softmax" else 1), np.int32(bool(spec.norm_topk_prob)),
                        np.int32(spec.n_group), np.int32(spec.topk_group), np.float32(spec.scale)))
 
