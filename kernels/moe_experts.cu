@@ -7,11 +7,11 @@
 //   of cuda_weights.repack_host for one expert (gate|up interleaved: rows 2i = gate_i, 2i+1 =
 //   up_i).  The kernels read only the table, so a later VRAM / host tier that moves an expert's
 //   planes rewrites its row of the table and nothing else (cuda_moe.ExpertStore).
-//   moe_gu(tab, x, normw, ids, act, D, F, k, pro, xb16, eps): for row t = blockIdx.y, every slot
+//   moe_gu(tab, x, normw, ids, act, D, F, k, E, pro, xb16, eps): for row t = blockIdx.y, every slot
 //     j < k and pair i < F: e = ids[t, j], y = gu_e @ xin[t] (2F rows),
 //     act[t, j, i] = swiglu_act(y[2i], y[2i+1]) (common.cuh).  pro 1: xin = (x * inv) * normw,
 //     inv = rms_inv(sum of x^2 in the fixed order below) (the deferred rmsnorm); 0: xin = x.
-//   moe_down(tab, act, ids, w, shared, res, D, F, k, rb, xb16): for row t = blockIdx.y and output
+//   moe_down(tab, act, ids, w, shared, res, D, F, k, E, rb, xb16): for row t = blockIdx.y and output
 //     o: y_j = down_{ids[t,j]}[o] . act[t, j];  acc = w_0 * y_0;  acc = acc + w_j * y_j, j = 1..k-1
 //     (each product rounded: __fmul_rn, no FMA);  acc = acc + shared[t, o] (if shared);
 //     res[t, o] = res[t, o] + acc  (in place: the residual stream).  rb: outputs per block.
@@ -40,9 +40,11 @@
 //   the experts; down: MOE_R of the block's rb outputs, expert by expert).  A segment's round c is
 //   the ITEM "chunk L + 32c of each of its rows"; each lane keeps MOE_U items of 16-byte loads in
 //   flight (a rolling window that runs on across segments, so a segment's end does not drain the
-//   loads), and the first window goes out before the block stages x.  The block's expert table
-//   rows (and down's weights w) are read once into shared memory.  cuda_moe.MOE_TUNING holds the
-//   geometry; the grid fills the GPU's SMs at the wrapper's resident blocks per SM.
+//   loads), and the first window goes out before the block stages x.  The block copies the whole
+//   expert table (E x 40 B) to shared memory (cp.async, issued before its pdl_wait), then reads its
+//   row's k ids (and down's weights w): one L2 round trip between the router's ids and the first
+//   weight loads.  cuda_moe.MOE_TUNING holds the geometry; the grid fills the GPU's SMs at the
+//   wrapper's resident blocks per SM.
 //
 // Napkin math (Qwen3-30B-A3B: D 2048, F 768, k 8 of E 128, 48 layers; batch 1):
 //   weights read per token and layer = k (gu 2F*D + down D*F) = 8 x 3 x 2048 x 768 = 37.7 M
@@ -51,9 +53,10 @@
 //   Roofline at 3.0 TB/s (H100): gu / down BF16 16.8 / 8.4 us a layer, Q8_0 8.9 / 4.5 us, NVFP4
 //   4.7 / 2.4 us; at 4.2 TB/s (H200) 0.71x.  Per SM (132): Q8_0 gu 202 KB, down 101 KB, streamed
 //   at ~23 GB/s each, so ~23 KB must be in flight per SM at ~1 us of loaded latency; 2 blocks of 8
-//   warps with 4 items of 2 rows x 16 B per lane hold 64 KB (the old kernels: ~18 KB, and three
-//   dependent loads ids -> table -> weights per expert and warp).  Work to spread at m = 1: gu 8 x
-//   768 pairs (~23 a block on 264 blocks), down 2048 rows x 8 experts (8 rows a block).
+//   warps with MOE_U = 6 items of 2 rows x 16 B per lane hold 96 KB (the old kernels: ~18 KB, and
+//   three dependent loads ids -> table -> weights per expert and warp; now ids -> weights once a
+//   block).  Work to spread at m = 1: gu 8 x 768 pairs (~23 a block on 264 blocks), down 2048
+//   rows x 8 experts (8 rows a block on 256).
 //   Arithmetic: the float dot costs ~2 (BF16), ~4 (Q8_0: PRMT, FSUB, FMUL, FMA) and ~6 (NVFP4)
 //   instructions per weight, i.e. ~1, ~3.8 and ~10 per byte, against 128 lane instructions per
 //   clock of an SM that must take ~13 B per clock: BF16 ~10 %, Q8_0 ~40 % of the issue rate, and
@@ -135,12 +138,20 @@ BW24_DEVICE void stage(float* xs, const float* __restrict__ x, int n, int seg, i
     }
 }
 
-// The k table rows of this row's experts into shared memory (tabs[5j + p] = tab[ids[j], p]), by
-// the threads from `first` on (the others are computing the rmsnorm statistic meanwhile)
-BW24_DEVICE void load_tables(const unsigned long long* __restrict__ tab, const int* __restrict__ idt, int k,
-                             unsigned long long* tabs, int first) {
-    for (int i = (int)threadIdx.x - first; i >= 0 && i < 5 * k; i += MOE_NT - first)
-        tabs[i] = tab[5L * idt[i / 5] + i % 5];
+// The whole expert table (E rows of 5 pointers) into shared memory, issued before pdl_wait (no
+// kernel writes it: the tiers rewrite it by copies between graphs) as cp.async, so the ids' load
+// goes out without waiting for it; the caller waits (cp_async_wait) before its barrier
+BW24_DEVICE void load_table(const unsigned long long* __restrict__ tab, int E, unsigned long long* tabs) {
+    for (int i = threadIdx.x; 2 * i < 5 * E; i += MOE_NT)
+        cp_async16(tabs + 2 * i, tab + 2 * i, 2 * i + 1 < 5 * E ? 16 : 8);  // E odd: the last half unit
+    cp_async_commit();
+}
+
+// The ids of row t's k experts (and, for down, their weights) into shared memory, by the threads
+// from `first` on (the others are computing the rmsnorm statistic meanwhile)
+BW24_DEVICE void load_ids(const int* __restrict__ idt, int k, int* ids_s, int first) {
+    const int j = (int)threadIdx.x - first;
+    if (j >= 0 && j < k) ids_s[j] = idt[j];
 }
 
 // planes of row `row` of the expert whose table row is te (shared memory)
@@ -274,16 +285,18 @@ BW24_DEVICE void stream_segments(int nseg, int nck, Rows rows, Prologue prologue
 
 extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB)
 moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, const float* __restrict__ normw,
-       const int* __restrict__ ids, float* __restrict__ act, int D, int F, int k, int pro, int xb16, float eps) {
+       const int* __restrict__ ids, float* __restrict__ act, int D, int F, int k, int E, int pro, int xb16, float eps) {
     extern __shared__ float4 smem4[];
-    float* xs = reinterpret_cast<float*>(smem4);  // [padded(D)], swizzled
-    __shared__ unsigned long long tabs[5 * MOE_MAX_K];
+    unsigned long long* tabs = reinterpret_cast<unsigned long long*>(smem4);  // [5E], padded to 16 bytes
+    float* xs = reinterpret_cast<float*>(tabs + ((5 * E + 1) & ~1));          // [padded(D)], swizzled
+    __shared__ int ids_s[MOE_MAX_K];
     __shared__ float red[STAT_NT / 32];
     const int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* xt = x + (long)t * D;
     const int* idt = ids + (long)t * k;
+    load_table(tab, E, tabs);
     pdl_wait();
-    load_tables(tab, idt, k, tabs, MOE_NW > 4 ? STAT_NT : 0);
+    load_ids(idt, k, ids_s, MOE_NW > 4 ? STAT_NT : 0);
     if (pro == 1 && tid < STAT_NT) {  // the rmsnorm statistic (the header's order)
         float ss = 0.0f;
         for (int i = 4 * tid; i < D; i += 4 * STAT_NT) {
@@ -296,6 +309,7 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
         ss = warp_sum(ss);
         if (lane == 0) red[warp] = ss;
     }
+    cp_async_wait<0>();
     __syncthreads();
     float inv = 1.0f;
     if (pro == 1) {
@@ -312,7 +326,7 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
         b - a, nck,
         [&](int s, RowPlanes (&rp)[2], const float* (&gp)[2]) {
             const int tau = a + s, j = tau / F, i = tau - j * F;
-            const unsigned long long* te = tabs + 5 * j;
+            const unsigned long long* te = tabs + 5 * ids_s[j];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 rp[r] = table_row(te, 2L * i + r, nck);
@@ -336,19 +350,22 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
 
 extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB)
 moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ act, const int* __restrict__ ids,
-         const float* __restrict__ w, const float* __restrict__ shared, float* __restrict__ res, int D, int F, int k, int rb,
-         int xb16) {
+         const float* __restrict__ w, const float* __restrict__ shared, float* __restrict__ res, int D, int F, int k, int E,
+         int rb, int xb16) {
     extern __shared__ float4 smem4[];
     const int fp = padded(F);
-    float* xs = reinterpret_cast<float*>(smem4);  // [k][fp], each segment swizzled
-    float* ys = xs + k * fp;                       // [k][rb]: y_j of the block's outputs
-    __shared__ unsigned long long tabs[5 * MOE_MAX_K];
+    unsigned long long* tabs = reinterpret_cast<unsigned long long*>(smem4);  // [5E], padded to 16 bytes
+    float* xs = reinterpret_cast<float*>(tabs + ((5 * E + 1) & ~1));          // [k][fp], each segment swizzled
+    float* ys = xs + k * fp;                                                  // [k][rb]: y_j of the block's outputs
+    __shared__ int ids_s[MOE_MAX_K];
     __shared__ float wsh[MOE_MAX_K];
     const int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int o0 = blockIdx.x * rb, nrows = min(rb, D - o0);
+    load_table(tab, E, tabs);
     pdl_wait();
-    load_tables(tab, ids + (long)t * k, k, tabs, 0);
-    for (int j = tid; j < k; j += MOE_NT) wsh[j] = w[(long)t * k + j];
+    load_ids(ids + (long)t * k, k, ids_s, 0);
+    if (tid < k) wsh[tid] = w[(long)t * k + tid];
+    cp_async_wait<0>();
     __syncthreads();
     // this warp's segments sg in [a, b) of the block's k * nsub (sg = j*nsub + q: outputs
     // o0 + q*MOE_R .. + MOE_R-1 of expert ids[t, j])
@@ -359,7 +376,7 @@ moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ a
         b - a, nck,
         [&](int s, RowPlanes (&rp)[MOE_R], const float* (&gp)[MOE_R]) {
             const int sg = a + s, j = sg / nsub, q = sg - j * nsub;
-            const unsigned long long* te = tabs + 5 * j;
+            const unsigned long long* te = tabs + 5 * ids_s[j];
 #pragma unroll
             for (int r = 0; r < MOE_R; ++r) {
                 const long row = min(o0 + q * MOE_R + r, D - 1);

@@ -35,9 +35,12 @@ def test_every_format_has_a_geometry():
 
 
 def test_shared_memory_plans():
-    assert cuda_moe.gu_smem("BF16", 2048) == 4 * 2048
-    assert cuda_moe.down_smem("Q8_0", 768, 8, 8) == 4 * 8 * (1024 + 8)  # F padded to whole warp tiles (32 x 16 values)
-    assert cuda_moe.down_smem("NVFP4", 1408, 8, 64) <= 227 * 1024  # GLM-4.5's expert width at m = 8
+    """The expert table (5 pointers an expert, whole 16 bytes) ahead of the staged inputs."""
+    assert cuda_moe.gu_smem("BF16", 2048, 128) == 8 * 5 * 128 + 4 * 2048
+    assert cuda_moe.gu_smem("BF16", 2048, 3) == 8 * 16 + 4 * 2048
+    # F padded to whole warp tiles (32 x 16 values), the partial sums of 8 outputs
+    assert cuda_moe.down_smem("Q8_0", 768, 8, 8, 128) == 8 * 5 * 128 + 4 * 8 * (1024 + 8)
+    assert cuda_moe.down_smem("NVFP4", 1408, 8, 64, 160) <= 227 * 1024  # GLM-4.5's expert width at m = 8
 
 
 def test_formats_refused_by_name():

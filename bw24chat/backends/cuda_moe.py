@@ -268,7 +268,7 @@ _WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_
 MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
 MOE_R = 2  # moe_experts.cu MOE_R's default: rows per segment of moe_down
 MAX_K = 32  # moe_experts.cu MOE_MAX_K
-STATIC_SMEM = 5 * 8 * MAX_K + 4 * MAX_K  # the kernels' static shared memory (table rows, w / statistic)
+STATIC_SMEM = 3 * 4 * MAX_K  # the kernels' static shared memory (ids, w, the rmsnorm statistic)
 
 
 def geometry(kern: str, fmt: str) -> dict:
@@ -298,13 +298,20 @@ def down_rows(D: int, m: int, r: int, resident: int, sms: int) -> int:
     return -(-rb // r) * r
 
 
-def down_smem(fmt: str, F: int, k: int, rb: int) -> int:
-    """moe_down's dynamic shared memory: the k staged inputs and the k partial sums of rb outputs."""
-    return 4 * k * (_padded(F, fmt) + rb)
+def _table_smem(E: int) -> int:
+    """The expert table in shared memory (moe_experts.cu: 5 pointers per expert, whole 16 bytes)."""
+    return 8 * ((5 * E + 1) & ~1)
 
 
-def gu_smem(fmt: str, D: int) -> int:
-    return 4 * _padded(D, fmt)
+def down_smem(fmt: str, F: int, k: int, rb: int, E: int) -> int:
+    """moe_down's dynamic shared memory: the expert table, the k staged inputs and the k partial
+    sums of rb outputs."""
+    return _table_smem(E) + 4 * k * (_padded(F, fmt) + rb)
+
+
+def gu_smem(fmt: str, D: int, E: int) -> int:
+    """moe_gu's dynamic shared memory: the expert table and the staged input."""
+    return _table_smem(E) + 4 * _padded(D, fmt)
 
 
 def _sms() -> int:
@@ -326,11 +333,12 @@ def experts_gu(ex: CudaExperts, x, ids, act, m: int, k: int, norm_w=None, eps: f
     D, F = g.in_, g.out // 2
     geo = geometry("gu", g.fmt) if geo is None else geo
     kern = _expert_kernel("moe_gu", g.fmt, k, geo)
-    smem, nt = gu_smem(g.fmt, D), 32 * geo.get("MOE_NW", 8)
+    smem, nt = gu_smem(g.fmt, D, g.n_experts), 32 * geo.get("MOE_NW", 8)
     lin._ensure_smem(kern, smem)
     gx = gu_blocks(F, k, m, nt // 32, lin.resident_blocks(kern, nt, smem + STATIC_SMEM), _sms())
     kern((gx, m), (nt,), (g.table, x, lin._ptr(norm_w), ids, act, np.int32(D), np.int32(F), np.int32(k),
-                          np.int32(1 if norm_w is not None else 0), np.int32(bool(xb16)), np.float32(eps)), shared_mem=smem)
+                          np.int32(g.n_experts), np.int32(1 if norm_w is not None else 0), np.int32(bool(xb16)),
+                          np.float32(eps)), shared_mem=smem)
 
 
 def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16: bool = False,
@@ -340,18 +348,19 @@ def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16
     d = ex.down
     D, F = d.out, d.in_
     geo = geometry("down", d.fmt) if geo is None else geo
-    r, nt = geo.get("MOE_R", MOE_R), 32 * geo.get("MOE_NW", 8)
+    r, nt, E = geo.get("MOE_R", MOE_R), 32 * geo.get("MOE_NW", 8), d.n_experts
     limit = kernel_build.smem_block_limit()
-    if down_smem(d.fmt, F, k, r) > limit:
-        raise NotImplementedError(f"moe_down stages k x F = {k} x {F} inputs: {down_smem(d.fmt, F, k, r)} bytes of shared memory")
+    if down_smem(d.fmt, F, k, r, E) > limit:
+        raise NotImplementedError(f"moe_down stages k x F = {k} x {F} inputs and {E} experts' pointers: "
+                                  f"{down_smem(d.fmt, F, k, r, E)} bytes of shared memory")
     kern = _expert_kernel("moe_down", d.fmt, k, geo)
     # resident blocks at r outputs a block (the partial sums are a small share of the block's memory)
-    rb = down_rows(D, m, r, lin.resident_blocks(kern, nt, down_smem(d.fmt, F, k, r) + STATIC_SMEM), _sms())
-    rb = min(rb, (limit // (4 * k) - _padded(F, d.fmt)) // r * r)
-    smem = down_smem(d.fmt, F, k, rb)
+    rb = down_rows(D, m, r, lin.resident_blocks(kern, nt, down_smem(d.fmt, F, k, r, E) + STATIC_SMEM), _sms())
+    rb = min(rb, (limit - down_smem(d.fmt, F, k, 0, E)) // (4 * k) // r * r)
+    smem = down_smem(d.fmt, F, k, rb, E)
     lin._ensure_smem(kern, smem)
     kern((-(-D // rb), m), (nt,), (d.table, act, ids, w, lin._ptr(shared), res, np.int32(D), np.int32(F), np.int32(k),
-                                   np.int32(rb), np.int32(bool(xb16))), shared_mem=smem)
+                                   np.int32(E), np.int32(rb), np.int32(bool(xb16))), shared_mem=smem)
 
 
 # ----------------------------------------------------------------------------- prefill
