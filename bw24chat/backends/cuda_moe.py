@@ -29,7 +29,7 @@ from .cuda_weights import FORMATS, DeviceWeight, fmt_id, repack_host, vpc
 from .kernel_build import get_kernel
 from .kernel_refs import act_q8
 
-PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu expert_row / row_gscale)
+PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu table_row; gscale: NVFP4 row scales)
 ALIGN = 256  # each plane of an expert image starts on a 256-byte boundary (the kernels' 16-byte loads)
 
 
