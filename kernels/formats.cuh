@@ -297,6 +297,28 @@ BW24_DEVICE float fval(const Raw& r, int e) {
 #endif
 }
 
+#if VPC == 32
+// values 16h .. 16h+15 of decode_exact(r, kc, v) (the 32-value quantized formats), the same bits:
+// for kernels that take a chunk in halves, with half the decoded values live
+BW24_DEVICE void decode_half(const Raw& r, int kc, int h, float (&v)[16]) {
+    float a0, a1, b;
+    chunk_scales(r, kc, a0, a1, b);
+#if !TWO_SCALES
+    a1 = a0;
+#endif
+    const float a = h ? a1 : a0;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        uint32_t lo, hi;
+        qwords(r, g, lo, hi);
+        float f[4];
+        qvals4(h ? hi : lo, f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[4 * g + j] = wexact(a, f[j], b);
+    }
+}
+#endif
+
 // the exact f32 values of chunk kc (bit-equal to quants.dequantize), natural order
 BW24_DEVICE void decode_exact(const Raw& r, int kc, float* v) {
 #if IS_FLOAT_FMT

@@ -2,8 +2,9 @@
 //
 // Contract
 //   moe_router(logits, bias, ids, w, T, E, k, scoring, norm, n_group, topk_group, scale)
-//     one warp (one block) per row t < T; logits f32 [T, E] (the router matvec / GEMM wrote
-//     them), bias f32 [E] or null (the selection bias, e_score_correction_bias);
+//     one block of NT threads (a multiple of 32, at most 1024: cuda_moe.router) per row t < T;
+//     logits f32 [T, E] (the router matvec / GEMM wrote them), bias f32 [E] or null (the
+//     selection bias, e_score_correction_bias);
 //     writes ids int32 [T, k] and w f32 [T, k] in ranking order.
 //   The rule is NumpyOps.router's, op for op (numpy_backend.route_logits, the NumPy mirror):
 //     scoring 0 softmax: p = exp32(l - max) / S, S = the warp's sum (below);
@@ -18,11 +19,18 @@
 //   same bits on both sides; an f32 expf differs from NumPy's by an ulp now and then.
 //   S: lane L adds the values of experts L, L+32, ... in order (from 0.0), then warp_sum's xor
 //   butterfly (16, 8, 4, 2, 1) — route_logits mirrors that tree.
-//   Limits: E <= 1024 (32 experts per lane), k <= 32, n_group <= 32 with E % n_group == 0.
+//   Limits: E <= 1024, k <= 32, n_group <= 32 with E % n_group == 0.
+// Selection: "beats" (larger s, equal s the lower index) is a strict total order, so the expert
+//   chosen at step j of the contract's k steps is the one that exactly j others beat: every
+//   thread counts that rank for its experts over all E, and the k of rank < k write themselves
+//   to place rank.  The groups' choice (n_group > 1) stays warp 0's, step by step.
 //
-// Napkin math: E = 128 logits per row: ~1 us of one warp per row (k rounds of a 4-value scan and
-// a 5-step shuffle argmax); one launch per layer, beside the router matvec's 1 MB (F32 128 x 2048)
-// read.  Graph-capturable: no host access; ids stay on the device for moe_experts.cu.
+// Napkin math: E = 128 logits per row: one warp taking the k experts in k steps of a 4-value scan
+// and a 5-step shuffle argmax was ~3,700 dependent cycles of the ~6,000 a row took (4.7 us a
+// launch on the H100, docs/performance.md); ranks are 128 independent compares per thread (4
+// warps on the 4 schedulers, ~600 cycles), and the softmax's exponentials run one per thread.
+// One launch per layer, beside the router matvec's 1 MB (F32 128 x 2048) read.  Graph-capturable:
+// no host access; ids stay on the device for moe_experts.cu.
 #include "common.cuh"
 
 #define MOE_MAX_E 1024
@@ -45,33 +53,40 @@ BW24_DEVICE void warp_best(float& v, int& i) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32) moe_router(const float* __restrict__ logits, const float* __restrict__ bias,
-                                                             int* __restrict__ ids, float* __restrict__ w, int T, int E, int k,
-                                                             int scoring, int norm, int n_group, int topk_group, float scale) {
+extern "C" __global__ void __launch_bounds__(1024) moe_router(const float* __restrict__ logits, const float* __restrict__ bias,
+                                                               int* __restrict__ ids, float* __restrict__ w, int T, int E, int k,
+                                                               int scoring, int norm, int n_group, int topk_group, float scale) {
     PDL_ENTRY();
     __shared__ float p_s[MOE_MAX_E], s_s[MOE_MAX_E];
-    __shared__ float w_s[32];
-    const int t = blockIdx.x, L = threadIdx.x;
+    __shared__ float w_s[32], red[32];
+    const int t = blockIdx.x, tid = threadIdx.x, L = tid & 31, warp = tid >> 5, NT = blockDim.x;
     if (t >= T) return;
     const float* lg = logits + (long)t * E;
     if (scoring == 0) {
         float mx = NEG_INF;
-        for (int e = L; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+        for (int e = tid; e < E; e += NT) mx = fmaxf(mx, lg[e]);
         mx = warp_max(mx);
-        float acc = 0.0f;
-        for (int e = L; e < E; e += 32) {
-            const float ex = exp32(__fsub_rn(lg[e], mx));
-            p_s[e] = ex;
-            acc = __fadd_rn(acc, ex);
+        if (L == 0) red[warp] = mx;
+        __syncthreads();
+        mx = red[0];
+        for (int i = 1; i < NT / 32; ++i) mx = fmaxf(mx, red[i]);
+        for (int e = tid; e < E; e += NT) p_s[e] = exp32(__fsub_rn(lg[e], mx));
+        __syncthreads();
+        if (warp == 0) {  // S in the contract's order
+            float acc = 0.0f;
+            for (int e = L; e < E; e += 32) acc = __fadd_rn(acc, p_s[e]);
+            acc = warp_sum(acc);
+            if (L == 0) red[0] = acc;
         }
-        acc = warp_sum(acc);
-        for (int e = L; e < E; e += 32) p_s[e] = __fdiv_rn(p_s[e], acc);
+        __syncthreads();
+        const float S = red[0];
+        for (int e = tid; e < E; e += NT) p_s[e] = __fdiv_rn(p_s[e], S);
     } else {
-        for (int e = L; e < E; e += 32) p_s[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp32(-lg[e])));
+        for (int e = tid; e < E; e += NT) p_s[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp32(-lg[e])));
     }
-    for (int e = L; e < E; e += 32) s_s[e] = bias ? __fadd_rn(p_s[e], bias[e]) : p_s[e];
-    __syncwarp();
-    if (n_group > 1) {  // group-limited: lane g scores group g by its top-2 sum, topk_group groups stay
+    for (int e = tid; e < E; e += NT) s_s[e] = bias ? __fadd_rn(p_s[e], bias[e]) : p_s[e];
+    __syncthreads();
+    if (n_group > 1 && warp == 0) {  // group-limited: lane g scores group g by its top-2 sum, topk_group groups stay
         const int gs = E / n_group;
         float score = NEG_INF;
         if (L < n_group) {
@@ -99,27 +114,20 @@ extern "C" __global__ void __launch_bounds__(32) moe_router(const float* __restr
         __syncwarp();
         for (int e = L; e < E; e += 32)
             if (!((kept >> (e / gs)) & 1u)) s_s[e] = NEG_INF;
-        __syncwarp();
     }
-    unsigned taken = 0u;  // bit q: expert L + 32 q already chosen
-    for (int j = 0; j < k; ++j) {
-        float v = NEG_INF;
-        int i = 0x7fffffff;
-        for (int e = L, q = 0; e < E; e += 32, ++q) {
-            if ((taken >> q) & 1u) continue;
-            if (beats(s_s[e], e, v, i)) {
-                v = s_s[e];
-                i = e;
-            }
-        }
-        warp_best(v, i);
-        if ((i & 31) == L) taken |= 1u << (i >> 5);
-        if (L == 0) {
-            ids[(long)t * k + j] = i;
-            w_s[j] = p_s[i];
+    __syncthreads();
+    for (int e = tid; e < E; e += NT) {  // the rank of expert e: how many beat it
+        const float v = s_s[e];
+        int rank = 0;
+#pragma unroll 4
+        for (int f = 0; f < E; ++f) rank += beats(s_s[f], f, v, e) ? 1 : 0;
+        if (rank < k) {
+            ids[(long)t * k + rank] = e;
+            w_s[rank] = p_s[e];
         }
     }
-    if (L == 0) {
+    __syncthreads();
+    if (tid == 0) {
         float total = w_s[0];
         for (int j = 1; j < k; ++j) total = __fadd_rn(total, w_s[j]);
         for (int j = 0; j < k; ++j) {

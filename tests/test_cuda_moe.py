@@ -1,5 +1,6 @@
-"""CPU side of the CUDA MoE path (backends/cuda_moe.py): launch planning and format refusal, and
-the router reference's summation tree (numpy_backend.warp_sum_rows, moe_router.cu's order)."""
+"""CPU side of the CUDA MoE path (backends/cuda_moe.py): launch planning (grids from the SM count,
+the geometry table), format refusal, and the router reference's summation tree
+(numpy_backend.warp_sum_rows, moe_router.cu's order)."""
 import numpy as np
 import pytest
 
@@ -7,17 +8,39 @@ from bw24chat.backends import cuda_moe
 from bw24chat.backends.numpy_backend import warp_sum_rows
 
 
-@pytest.mark.parametrize("F,m,k,want", [(768, 1, 8, 4), (768, 8, 8, 8), (32, 1, 3, 1), (1536, 1, 8, 8), (96, 4, 3, 1)])
-def test_gu_split(F, m, k, want):
-    kper = cuda_moe.gu_split(F, m, k, sms=132)
-    assert kper == want and k % kper == 0
-    assert kper == 1 or -(-F // cuda_moe.NW) * m * (k // kper) >= 2 * 132
+@pytest.mark.parametrize("F,k,m,want", [(768, 8, 1, 264), (768, 8, 8, 33), (768, 8, 3, 88), (96, 3, 1, 36), (1536, 8, 2, 132)])
+def test_gu_blocks_fill_the_gpu_once(F, k, m, want):
+    """moe_gu at 2 resident blocks of 8 warps on 132 SMs: m rows x blocks = the resident capacity
+    (one wave), never more blocks than a row's pairs give its warps."""
+    gx = cuda_moe.gu_blocks(F, k, m, nw=8, resident=2, sms=132)
+    assert gx == want
+    assert gx <= -(-k * F // 8) and (gx * m >= 264 or gx == -(-k * F // 8))
+
+
+@pytest.mark.parametrize("D,m,r,want", [(2048, 1, 2, 8), (2048, 8, 2, 64), (2048, 3, 2, 24), (4096, 1, 4, 16), (96, 1, 2, 2)])
+def test_down_rows_fill_the_gpu_once(D, m, r, want):
+    rb = cuda_moe.down_rows(D, m, r, resident=2, sms=132)
+    assert rb == want and rb % r == 0
+    assert -(-D // rb) * m <= 264 or rb == r  # at most one wave of blocks
+
+
+def test_every_format_has_a_geometry():
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    for fmt in FORMATS:
+        for kern in ("gu", "down"):
+            g = cuda_moe.geometry(kern, fmt)
+            assert g["MOE_NW"] in (4, 8, 16) and 1 <= g["MOE_U"] <= 8 and g["MOE_MINB"] >= 1
+    assert cuda_moe.geometry("gu", "Q6_K") == cuda_moe.MOE_TUNING[("gu", "*")]
 
 
 def test_shared_memory_plans():
-    assert cuda_moe.gu_smem("BF16", 2048) == 4 * 2048 + 4 * cuda_moe.NW
-    assert cuda_moe.down_smem("Q8_0", 768, 8) == 4 * 8 * 1024  # F padded to whole warp tiles (32 x 16 values)
-    assert cuda_moe.down_smem("NVFP4", 1408, 8) <= cuda_moe.SMEM_MAX  # GLM-4.5's expert width
+    """The expert table (5 pointers an expert, whole 16 bytes) ahead of the staged inputs."""
+    assert cuda_moe.gu_smem("BF16", 2048, 128) == 8 * 5 * 128 + 4 * 2048
+    assert cuda_moe.gu_smem("BF16", 2048, 3) == 8 * 16 + 4 * 2048
+    # F padded to whole warp tiles (32 x 16 values), the partial sums of 8 outputs
+    assert cuda_moe.down_smem("Q8_0", 768, 8, 8, 128) == 8 * 5 * 128 + 4 * 8 * (1024 + 8)
+    assert cuda_moe.down_smem("NVFP4", 1408, 8, 64, 160) <= 227 * 1024  # GLM-4.5's expert width at m = 8
 
 
 def test_formats_refused_by_name():

@@ -50,7 +50,8 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
     """A cross-section of the decode matvec builds cuda_linear launches (no GPU: H100 resources):
     the Qwen3-8B qkv / gate|up (with QX) / down (prologue qx) / LM head of NVFP4, Q4_K, Q8_0 on
     the integer-dot contract, Q6_K, BF16 at m = 1 and 3, F16's and NVFP4's (float contract)
-    tensor-core o projection; every define is the wrapper's own choice."""
+    tensor-core o projection, an MoE router in F32 and BF16; every define is the wrapper's own
+    choice."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
     from bw24chat.backends.cuda_weights import FORMATS
 
@@ -74,8 +75,21 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
                 cl.matvec(W(49152, 4096), arr(m * 4096), arr(m * 49152), m, "rmsnorm", norm_w=0)
                 cl.matvec(W(4096, 4096), arr(m * 4096), arr(m * 4096), m, epilogue="add")
         cl.matvec(cl.DeviceWeight("NVFP4", 4096, 4096, None, fmt_id=11, vpc=32), arr(4096), arr(4096), 1, act_quant=False)
+        for fmt in ("F32", "BF16"):  # an MoE router's logits (Qwen3-30B-A3B: 128 x 2048)
+            cl.matvec(cl.DeviceWeight(fmt, 128, 2048, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1]), arr(2048), arr(128), 1,
+                      "rmsnorm", norm_w=0)
     return [(f, d) for f, d in dict.fromkeys((f, tuple(sorted(d.items()))) for f, d in calls)
             for f, d in [(f, dict(d))]]
+
+
+def production_moe_builds() -> list[dict]:
+    """The moe_experts.cu builds cuda_moe launches: every resident format (the integer-dot ones
+    with ACT_Q8, cuda_moe._defines) at its MOE_TUNING geometry for moe_gu and for moe_down."""
+    from bw24chat.backends import cuda_moe
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    out = [{**cuda_moe._defines(f), **cuda_moe.geometry(kern, f)} for f in FORMATS for kern in ("gu", "down")]
+    return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
 
 
 VARIANTS = [  # compile-time variants the default build of a family does not reach
@@ -111,8 +125,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("rope", {"HD": 128, "QK_NORM": 2, "FN_SPW": 4, "KV_TYPE": 0}),
     ("rope", {"HD": 256, "QK_NORM": 2, "FN_SPW": 1, "NEOX": 0, "KV_TYPE": 1}),
     ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 2}),
-    # MoE expert kernels (moe_experts.cu): every resident format, the integer-dot ones with ACT_Q8 (cuda_moe._defines)
-    *[("moe_experts", {"FMT": f, **({"ACT_Q8": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
+    # MoE expert kernels (moe_experts.cu): every resident format at its production geometry
+    *[("moe_experts", d) for d in production_moe_builds()],
     # the grouped MoE prefill (moe_group.cu): every format on its contract's planes, both tiles,
     # one buffer (99 KB GPUs), the fast and bf16-activation modes, Q8_0 on gemm_i8_grouped
     *[("moe_group", {"FMT": f, "GG_BM": 64, **({"GEMM_XPLANES": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
@@ -163,3 +177,16 @@ def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
         i = log.index(f"Function properties for {fn}")
         props = log[i:log.index("\n", log.index("\n", i) + 1)]
         assert " 0 bytes spill stores" in props, props
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("defines", production_moe_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_moe_builds_do_not_spill(defines, arch):
+    """ptxas's report on the production MoE expert builds: moe_gu and moe_down keep their window of
+    loads in registers (MOE_U is the most that fits at MOE_MINB blocks per SM; a spill would put
+    the in-flight loads through local memory)."""
+    _, log = kb.compile_cubin("moe_experts", arch, defines, extra=("-Xptxas=-v",))
+    for fn in ("moe_gu", "moe_down"):
+        i = log.index(f"Function properties for {fn}")
+        props = log[i:log.index("\n", log.index("\n", i) + 1)]
+        assert " 0 bytes spill stores" in props, (fn, props)

@@ -183,3 +183,15 @@ def test_wide_matrices_fill_the_multiprocessors_with_three_rows_per_warp(monkeyp
     monkeypatch.setattr(cl, "_simt_defines", lambda W, m, a8: {"MV_R": 3})
     with pytest.raises(ValueError, match="pairs rows"):
         geometry(GATE_UP, swiglu=True)
+
+
+def test_a_router_takes_one_row_per_warp():
+    """An MoE router's logits (F32 / BF16, at most FEW_ROWS rows: 128 x 2048 for Qwen3-30B-A3B):
+    one row per warp (a row is one warp's, so this doubles the blocks of a 1 MB matrix) and 8
+    load slots; quantized matrices that short, and m > 1, keep what they had."""
+    for fmt in ("F32", "BF16"):
+        d = defs(fmt, (128, 2048), a8=False)
+        assert (d["MV_R"], d["MV_U"], d["MV_MINB"]) == (1, 8, 2), fmt
+        assert defs(fmt, (128, 2048), m=2, a8=False) == {}
+        assert defs(fmt, (cl.FEW_ROWS + 1, 2048), a8=False).get("MV_R") != 1
+    assert defs("Q8_0", (128, 2048)) == defs("Q8_0", O)

@@ -191,6 +191,10 @@ A8_SMALL_ROWS = 4096  # the matvec shape classes' row / input bound (shape_class
 # - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the wide
 #   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K keep the kernel's defaults (their
 #   decoders need the registers).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
+# - "few" (at most FEW_ROWS rows, where an entry exists: an MoE router's F32 / BF16 logits, 128 x
+#   2048 for Qwen3-30B-A3B): a row is one warp's, so 2 rows per warp left 8 blocks for a 1 MB
+#   matrix (8.6 us a launch on the H100, docs/performance.md); one row per warp doubles the
+#   blocks and 8 slots per lane put half a lane's 16 chunks in flight at once.
 _WIDE = {"MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}
 MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
     (True, "Q8_0", "o"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1},
@@ -206,7 +210,9 @@ MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
     (True, "*", "o"): {"MV_U": 3, "MV_MINB": 2}, (True, "*", "down"): {"MV_U": 3, "MV_MINB": 2},
     (False, "BF16", "o"): {"MV_STEADY": 1, "MV_NW": 16}, (False, "BF16", "down"): {"MV_STEADY": 1, "MV_NW": 16},
     (False, "BF16", "mid"): {"MV_STEADY": 1}, (False, "BF16", "wide"): _WIDE,
+    **{(False, f, "few"): {"MV_R": 1, "MV_U": 8, "MV_MINB": 2, "MV_STEADY": 1} for f in ("F32", "BF16")},
 }
+FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 
 
 def shape_class(out: int, in_: int) -> str:
@@ -223,6 +229,8 @@ def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -
     if W is None or m != 1:
         return {}
     cls = shape_class(W.out, W.in_)
+    if W.out <= FEW_ROWS and (a8, W.fmt, "few") in MATVEC_TUNING:
+        cls = "few"
     key = (a8, W.fmt, cls) if (a8, W.fmt, cls) in MATVEC_TUNING else (a8, "*", cls)
     return dict(MATVEC_TUNING.get(key, {}))
 

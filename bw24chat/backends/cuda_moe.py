@@ -28,15 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import cuda_linear as lin
+from . import cuda_linear as lin, kernel_build
 from .cuda_weights import FORMATS, DeviceWeight, fmt_id, repack_host, vpc
 from .kernel_build import get_kernel
 from .kernel_refs import act_q8
 
-PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu expert_row / row_gscale)
-NW = 4  # moe_experts.cu MOE_NW: warps per block
-DOWN_R = 2  # moe_experts.cu MOE_R: output rows per warp of moe_down
-SMEM_MAX = 227 * 1024
+PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu table_row; gscale: NVFP4 row scales)
 ALIGN = 256  # each plane of an expert image starts on a 256-byte boundary (the kernels' 16-byte loads)
 
 
@@ -248,6 +245,11 @@ def load_experts(gate, up, down, memo: dict | None = None, slots: int | None = N
 
 
 # ----------------------------------------------------------------------------- router
+def router_threads(E: int) -> int:
+    """moe_router's block: a thread per expert (whole warps, at most 1024)."""
+    return min(1024, 32 * -(-E // 32))
+
+
 def router(logits, bias, ids, w, T: int, spec) -> None:
     """moe_router over T rows of logits (T, E) f32 -> ids (T, k) int32, w (T, k) f32."""
     E, k = spec.n_experts, spec.top_k
@@ -256,12 +258,35 @@ def router(logits, bias, ids, w, T: int, spec) -> None:
     if T <= 0:
         return
     kern = get_kernel("moe_router", "moe_router")
-    kern((T,), (32,), (logits, lin._ptr(bias), ids, w, np.int32(T), np.int32(E), np.int32(k),
+    kern((T,), (router_threads(E),), (logits, lin._ptr(bias), ids, w, np.int32(T), np.int32(E), np.int32(k),
                        np.int32(0 if spec.scoring == "softmax" else 1), np.int32(bool(spec.norm_topk_prob)),
                        np.int32(spec.n_group), np.int32(spec.topk_group), np.float32(spec.scale)))
 
 
 # ----------------------------------------------------------------------------- decode
+# moe_experts.cu geometry per (kernel, weight format); "*" is any other format: warps per block
+# (MOE_NW), 16-byte items in flight per lane (MOE_U: the most that compile without register
+# spills for sm_90a and sm_120a at MOE_MINB = 2 blocks per SM, tests/test_kernel_compile.py; the
+# decoders with more scale registers take fewer), rows per segment of moe_down (MOE_R, default 2).
+# No output depends on any of it (moe_experts.cu: exactness); the grids come from the GPU's SM
+# count and the blocks one SM holds (gu_blocks, down_rows).
+def _geo(u: int) -> dict:
+    return {"MOE_NW": 8, "MOE_U": u, "MOE_MINB": 2}
+
+
+_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
+           "Q4_K": 3, "Q5_K": 3, "*": 2}
+MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
+MOE_R = 2  # moe_experts.cu MOE_R's default: rows per segment of moe_down
+MAX_K = 32  # moe_experts.cu MOE_MAX_K
+STATIC_SMEM = 3 * 4 * MAX_K  # the kernels' static shared memory (ids, w, the rmsnorm statistic)
+
+
+def geometry(kern: str, fmt: str) -> dict:
+    """MOE_TUNING's defines for moe_{kern} on ``fmt`` (a copy)."""
+    return dict(MOE_TUNING.get((kern, fmt), MOE_TUNING[(kern, "*")]))
+
+
 def _defines(fmt: str) -> dict:
     return {"FMT": fmt_id(fmt), **({"ACT_Q8": 1} if act_q8(fmt) else {})}
 
@@ -271,55 +296,82 @@ def _padded(n: int, fmt: str) -> int:
     return -(-n // wt) * wt
 
 
-def gu_split(F: int, m: int, k: int, sms: int) -> int:
-    """Experts per block of moe_gu (kper): the fewest that still give two blocks per SM at this
-    row count (each block stages its row's x once, so fewer, longer blocks read less L2; the
-    outputs do not depend on it: one warp per output, its chunk order fixed)."""
-    pair_blocks = -(-F // NW) * m
-    for kper in range(k, 0, -1):
-        if k % kper == 0 and pair_blocks * (k // kper) >= 2 * sms:
-            return kper
-    return 1
+def gu_blocks(F: int, k: int, m: int, nw: int, resident: int, sms: int) -> int:
+    """Blocks per row of moe_gu: the blocks the GPU holds at once (sms x resident) spread over
+    the m rows, each taking an even share of the row's k*F gate / up pairs, at least one a warp."""
+    return max(1, min(-(-k * F // nw), -(-sms * resident // m)))
 
 
-def down_smem(fmt: str, F: int, k: int) -> int:
-    return 4 * k * _padded(F, fmt)
+def down_rows(D: int, m: int, r: int, resident: int, sms: int) -> int:
+    """Outputs per block of moe_down (a multiple of r, the rows of a segment): the blocks the GPU
+    holds at once spread over the m rows' D outputs."""
+    rb = -(-D // max(1, -(-sms * resident // m)))
+    return -(-rb // r) * r
 
 
-def gu_smem(fmt: str, D: int) -> int:
-    return 4 * _padded(D, fmt) + 4 * NW
+def _table_smem(E: int) -> int:
+    """The expert table in shared memory (moe_experts.cu: 5 pointers per expert, whole 16 bytes)."""
+    return 8 * ((5 * E + 1) & ~1)
+
+
+def down_smem(fmt: str, F: int, k: int, rb: int, E: int) -> int:
+    """moe_down's dynamic shared memory: the expert table, the k staged inputs and the k partial
+    sums of rb outputs."""
+    return _table_smem(E) + 4 * k * (_padded(F, fmt) + rb)
+
+
+def gu_smem(fmt: str, D: int, E: int) -> int:
+    """moe_gu's dynamic shared memory: the expert table and the staged input."""
+    return _table_smem(E) + 4 * _padded(D, fmt)
 
 
 def _sms() -> int:
     return lin._sm_resources()[0]
 
 
-def experts_gu(ex: CudaExperts, x, ids, act, m: int, k: int, norm_w=None, eps: float = 1e-6, xb16: bool = False) -> None:
+def _expert_kernel(name: str, fmt: str, k: int, geo: dict):
+    if k > MAX_K:
+        raise NotImplementedError(f"{name}: {k} experts per row (at most {MAX_K})")
+    return get_kernel("moe_experts", name, **_defines(fmt), **geo)
+
+
+def experts_gu(ex: CudaExperts, x, ids, act, m: int, k: int, norm_w=None, eps: float = 1e-6, xb16: bool = False,
+               geo: dict | None = None) -> None:
     """act (m, k, F) = swiglu(gu_{ids[t, j]} @ xin[t]), xin = rmsnorm(x) * norm_w when norm_w is
-    given (the deferred rmsnorm), else x."""
+    given (the deferred rmsnorm), else x.  geo: moe_experts.cu defines instead of MOE_TUNING's
+    (tests: the outputs do not depend on them)."""
     g = ex.gu
     D, F = g.in_, g.out // 2
-    kper = gu_split(F, m, k, _sms())
-    kern = get_kernel("moe_experts", "moe_gu", **_defines(g.fmt))
-    smem = gu_smem(g.fmt, D)
+    geo = geometry("gu", g.fmt) if geo is None else geo
+    kern = _expert_kernel("moe_gu", g.fmt, k, geo)
+    smem, nt = gu_smem(g.fmt, D, g.n_experts), 32 * geo.get("MOE_NW", 8)
     lin._ensure_smem(kern, smem)
-    kern((-(-F // NW), m, k // kper), (32 * NW,),
-         (g.table, x, lin._ptr(norm_w), ids, act, np.int32(D), np.int32(F), np.int32(k), np.int32(kper),
-          np.int32(1 if norm_w is not None else 0), np.int32(bool(xb16)), np.float32(eps)), shared_mem=smem)
+    gx = gu_blocks(F, k, m, nt // 32, lin.resident_blocks(kern, nt, smem + STATIC_SMEM), _sms())
+    kern((gx, m), (nt,), (g.table, x, lin._ptr(norm_w), ids, act, np.int32(D), np.int32(F), np.int32(k),
+                          np.int32(g.n_experts), np.int32(1 if norm_w is not None else 0), np.int32(bool(xb16)),
+                          np.float32(eps)), shared_mem=smem)
 
 
-def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16: bool = False) -> None:
-    """res (m, D) += sum_j w[t, j] * (down_{ids[t, j]} @ act[t, j]) (ranking order) + shared."""
+def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16: bool = False,
+                 geo: dict | None = None) -> None:
+    """res (m, D) += sum_j w[t, j] * (down_{ids[t, j]} @ act[t, j]) (ranking order) + shared.
+    geo: as experts_gu's."""
     d = ex.down
     D, F = d.out, d.in_
-    smem = down_smem(d.fmt, F, k)
-    if smem > SMEM_MAX:
-        raise NotImplementedError(f"moe_down stages k x F = {k} x {F} inputs: {smem} bytes of shared memory")
-    kern = get_kernel("moe_experts", "moe_down", **_defines(d.fmt))
+    geo = geometry("down", d.fmt) if geo is None else geo
+    r, nt, E = geo.get("MOE_R", MOE_R), 32 * geo.get("MOE_NW", 8), d.n_experts
+    limit = kernel_build.smem_block_limit()
+    if down_smem(d.fmt, F, k, r, E) > limit:
+        raise NotImplementedError(f"moe_down stages k x F = {k} x {F} inputs and {E} experts' pointers: "
+                                  f"{down_smem(d.fmt, F, k, r, E)} bytes of shared memory")
+    kern = _expert_kernel("moe_down", d.fmt, k, geo)
+    # resident blocks at r outputs a block (the partial sums are a small share of the block's memory)
+    rb = down_rows(D, m, r, lin.resident_blocks(kern, nt, down_smem(d.fmt, F, k, r, E) + STATIC_SMEM), _sms())
+    rb = min(rb, (limit - down_smem(d.fmt, F, k, 0, E)) // (4 * k) // r * r)
+    smem = down_smem(d.fmt, F, k, rb, E)
     lin._ensure_smem(kern, smem)
-    kern((-(-D // (NW * DOWN_R)), m), (32 * NW,),
-         (d.table, act, ids, w, lin._ptr(shared), res, np.int32(D), np.int32(F), np.int32(k), np.int32(bool(xb16))),
-         shared_mem=smem)
+    kern((-(-D // rb), m), (nt,), (d.table, act, ids, w, lin._ptr(shared), res, np.int32(D), np.int32(F), np.int32(k),
+                                   np.int32(E), np.int32(rb), np.int32(bool(xb16))), shared_mem=smem)
 
 
 # ----------------------------------------------------------------------------- prefill

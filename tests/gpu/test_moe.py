@@ -98,6 +98,43 @@ def test_moe_experts_decode(cp, rng, fmt, E, F, D, k):
     assert np.array_equal(got.view(np.uint32), mid.view(np.uint32))
 
 
+GEOMETRIES = [  # moe_experts.cu defines other than MOE_TUNING's: warps, window, rows per down segment
+    {"MOE_NW": 4, "MOE_U": 1, "MOE_MINB": 1},
+    {"MOE_NW": 16, "MOE_U": 3, "MOE_MINB": 1, "MOE_R": 1},
+    {"MOE_NW": 8, "MOE_U": 2, "MOE_MINB": 1, "MOE_R": 4},
+]
+
+
+@pytest.mark.parametrize("fmt,E,F,D,k", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]])
+def test_moe_experts_do_not_depend_on_the_geometry(cp, rng, fmt, E, F, D, k):
+    """moe_gu's act and moe_down's residual rows are the same bits at every block size, window and
+    segment height (each output's sum: one warp, its lanes' chunk order fixed; down's experts
+    combined in ranking order), at m = 1 and m = 5."""
+    from bw24chat.backends import cuda_moe
+
+    g, u, d = _experts(fmt, E, F, D, rng)
+    ex = cuda_moe.load_experts(g, u, d)
+    for m in (1, 5):
+        x = cp.asarray(rng.standard_normal((m, D)).astype(np.float32))
+        nw = cp.asarray((1 + 0.1 * rng.standard_normal(D)).astype(np.float32))
+        ids = cp.asarray(np.stack([rng.permutation(E)[:k] for _ in range(m)]).astype(np.int32))
+        w = cp.asarray(rng.random((m, k)).astype(np.float32))
+        res = rng.standard_normal((m, D)).astype(np.float32)
+
+        def run(geo):
+            act = cp.zeros((m, k, F), cp.float32)
+            o = cp.asarray(res)
+            cuda_moe.experts_gu(ex, x, ids, act, m, k, norm_w=nw, eps=1e-6, geo=geo)
+            cuda_moe.experts_down(ex, act, ids, w, None, o, m, k, geo=geo)
+            return act.get(), o.get()
+
+        want_act, want_res = run(None)
+        for geo in GEOMETRIES:
+            got_act, got_res = run(geo)
+            assert np.array_equal(got_act.view(np.uint32), want_act.view(np.uint32)), (m, geo)
+            assert np.array_equal(got_res.view(np.uint32), want_res.view(np.uint32)), (m, geo)
+
+
 def test_gated_or_unknown_formats_refused():
     from bw24chat.backends.cuda_moe import check_format
 
