@@ -5,7 +5,7 @@
 // Contract: matvec.cu's integer-dot contract, bit for bit.  y[m, o] = gs[o] * sum over chunks and
 // levels of (integer dot) * (weight scale * x scale), prologues none / rmsnorm / swiglu / qx
 // (with PRO_BF16), epilogues store / add / swiglu, qx_out (the swiglu epilogue's x codes of the
-// next matvec, 64-row tiles); the x codes and records are staged by matvec_a8.cuh's stage_a8 /
+// next matvec, from 64-row tiles); the x codes and records are staged by matvec_a8.cuh's stage_a8 /
 // stage_qx, the same code as the SIMT kernel's.  So every output equals the SIMT kernel's (and
 // so the one-token step's) bit for bit, for every m: row t of an m-row step is the one-row step.
 // NumPy reference of the exact bits: kernel_refs.matvec_a8_exact.
@@ -55,10 +55,11 @@
 // traffic, while the per-weight work (loads, decoding, scales) stays once per step.  The x
 // prologue (every block stages all m rows) still grows with m.
 //
-// Geometry: a block of MV_NW = I8_KW * I8_ST warps takes tiles of I8_ROWS = 16 * I8_ST rows
-// (I8_ST sub-tiles of 16 rows, I8_KW warps each: split K by super-step residue); persistent as
-// matvec.cu (block b takes tiles b, b + gridDim.x, ...); each warp keeps I8_U super-steps in
-// flight (rolling window; the next tile's first window goes out before this tile's reduction).
+// Geometry: a block of MV_NW = I8_KW * I8_ST warps takes passes of 16 * I8_ST rows (I8_ST
+// sub-tiles of 16 rows, I8_KW warps each: split K by super-step residue) and tiles of I8_PH
+// passes in turn (I8_ROWS rows: 64 for qx_out, whose block is a tile's 32 outputs); persistent
+// as matvec.cu (block b takes tiles b, b + gridDim.x, ...); each warp keeps I8_U super-steps in
+// flight (rolling window; the next pass's first window goes out before this pass's reduction).
 // The rmsnorm statistic is the 8-warp kernel's (MV_STAT8 in 16-warp blocks).  Dynamic shared
 // memory: the staged x (3 n_in bytes per token: matvec.cu ACT_Q8), MV_NW floats, the chains
 // (MV_NW * 2 * MV_M * 32 floats) and, with qx_out, MV_M * 32 floats (cuda_linear._i8_row_bytes).
@@ -70,6 +71,9 @@
 #endif
 #ifndef I8_U  // super-steps per warp in flight (a multiple of I8_NA)
 #define I8_U 3
+#endif
+#ifndef I8_PH  // passes per block tile: a tile of I8_PH * 16 * I8_ST rows, its passes in turn
+#define I8_PH 1
 #endif
 #define MV_NW (I8_KW * I8_ST)
 #define MV_STAT8 (MV_NW == 16)  // the rmsnorm statistic of 8 warps, in the 8-warp order
@@ -84,7 +88,8 @@
 #error "matvec_i8: the integer-dot formats (Q8_0, Q4_K, Q5_K, Q6_K, NVFP4)"
 #endif
 #define I8_NA (8 / I8_KW)  // chains per lane and row: the warp's super-step residues mod 8
-#define I8_ROWS (16 * I8_ST)
+#define I8_UNIT (16 * I8_ST)      // rows per pass
+#define I8_ROWS (I8_UNIT * I8_PH)  // rows per tile
 #define I8_WORDS (VPC / 4)  // A code words per row and chunk (two per k-step)
 static_assert(I8_KW == 1 || I8_KW == 2 || I8_KW == 4 || I8_KW == 8, "I8_KW: 1, 2, 4 or 8 warps per sub-tile");
 static_assert(I8_U % I8_NA == 0, "I8_U: a multiple of the residues per warp (chain index known per slot)");
@@ -235,10 +240,11 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
     const int ntiles = (n_out + I8_ROWS - 1) / I8_ROWS;
     int tile = blockIdx.x;
     if (tile >= ntiles) return;
+    int ph = 0;    // the pass of the tile
     long rows[2];  // this lane's rows g, g + 8 of its sub-tile
-    auto set_rows = [&](int tl) {
+    auto set_rows = [&]() {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) rows[i] = min((long)tl * I8_ROWS + 16 * st + g + 8 * i, (long)n_out - 1);
+        for (int i = 0; i < 2; ++i) rows[i] = min((long)tile * I8_ROWS + ph * I8_UNIT + 16 * st + g + 8 * i, (long)n_out - 1);
     };
     Raw raw[I8_U][2];
 #pragma unroll
@@ -251,7 +257,7 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
 #pragma unroll
             for (int i = 0; i < 2; ++i) fetch_chunk(raw[u][i], wq, wh, ws, wd, rows[i], nck, kc);
     };
-    set_rows(tile);
+    set_rows();
     // the first window goes out before the prologue (its latency overlaps the x staging)
 #pragma unroll
     for (int u = 0; u < I8_U; ++u) fetch(u, kg + I8_KW * u);
@@ -284,12 +290,15 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
             }
         }
 
-        // the next tile's first window goes out before this tile's reduction and stores
-        const long row0 = (long)tile * I8_ROWS;
-        const int this_tile = tile;
-        tile += gridDim.x;
+        // the next pass's first window goes out before this pass's reduction and stores
+        const long row0 = (long)tile * I8_ROWS + ph * I8_UNIT;
+        const int this_tile = tile, this_ph = ph;
+        if (++ph == I8_PH) {
+            ph = 0;
+            tile += gridDim.x;
+        }
         if (tile < ntiles) {
-            set_rows(tile);
+            set_rows();
 #pragma unroll
             for (int u = 0; u < I8_U; ++u) fetch(u, kg + I8_KW * u);
         } else {
@@ -300,7 +309,7 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
         // pairs this warp holds (residues r, r + 4 are chains a, a + I8_NA / 2; r, r + 2 a, a +
         // I8_NA / 4; ...), then, over shared memory, the levels o = 2 I8_KW, ..., 1 on the
         // remaining leaves L = 4 kg + t (kg < I8_KW).
-        __syncthreads();  // the previous tile's outputs have read the chains
+        __syncthreads();  // the previous pass's outputs have read the chains
 #pragma unroll
         for (int o = I8_NA / 2; o >= 1; o >>= 1)
 #pragma unroll
@@ -314,7 +323,7 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
 #pragma unroll
             for (int m = 0; m < MV_M; ++m) chains[((warp * 2 + i) * MV_M + m) * 32 + lane] = acc[0][m][i];
         __syncthreads();
-        // row r of the tile (sub-tile r / 16, g = r % 8, i = r % 16 / 8), token m: the rest of the tree, then gs
+        // row r of the pass (sub-tile r / 16, g = r % 8, i = r % 16 / 8), token m: the rest of the tree, then gs
         auto row_value = [&](int r, int m) {
             const int sr = r >> 4, rg = r & 7, ri = (r >> 3) & 1;
             float v[4 * I8_KW];
@@ -331,22 +340,22 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
             return gscale && o < n_out ? __fmul_rn(v[0], gscale[o]) : v[0];
         };
         if (epi == EPI_SWIGLU) {  // rows (2i, 2i+1) = (gate_i, up_i) -> out[m, i], row stride n_out/2
-            for (int it = tid; it < (I8_ROWS / 2) * MV_M; it += MV_NT) {
+            for (int it = tid; it < (I8_UNIT / 2) * MV_M; it += MV_NT) {
                 const int r = 2 * (it / MV_M), m = it - (it / MV_M) * MV_M;
                 if (row0 + r + 1 >= n_out) continue;
                 const float a = swiglu_act(row_value(r, m), row_value(r + 1, m));
                 out[(long)m * (n_out >> 1) + ((row0 + r) >> 1)] = a;
-                if (qx_out) qxs[m * 32 + (r >> 1)] = xb16 ? bf16_round(a) : a;
+                if (qx_out) qxs[m * 32 + ((this_ph * I8_UNIT + r) >> 1)] = xb16 ? bf16_round(a) : a;
             }
-            // qx_out (64-row tiles: the wrapper checks): the tile's 32 outputs are block this_tile
-            // of the next matvec's x, quantized by warp 0 (qxs is rewritten only after the next
-            // tile's two barriers, which warp 0 reaches after this)
-            if (qx_out) {
+            // qx_out (64-row tiles: the wrapper checks): after its last pass the tile's 32 outputs
+            // are block this_tile of the next matvec's x, quantized by warp 0 (qxs is rewritten
+            // only after the next pass's two barriers, which warp 0 reaches after this)
+            if (qx_out && this_ph == I8_PH - 1) {
                 __syncthreads();
                 if (warp == 0) qx_write_tile(qx_out, n_out >> 1, this_tile, qxs);
             }
         } else {
-            for (int it = tid; it < I8_ROWS * MV_M; it += MV_NT) {
+            for (int it = tid; it < I8_UNIT * MV_M; it += MV_NT) {
                 const int r = it / MV_M, m = it - r * MV_M;
                 const long o = row0 + r;
                 if (o >= n_out) continue;

@@ -79,7 +79,7 @@ def test_speculative_rows_take_their_own_table():
             for m in range(2, 9):
                 assert cl.matvec_impl(W(fmt, shape), True, m) == "i8", (fmt, shape, m)
                 assert "MV_R" not in defs(fmt, shape, m=m)
-        assert cl.i8_defines(W(fmt, GATE_UP), 4, swiglu=True)["I8_ST"] == 4  # 64-row tiles: QX
+        assert cl.i8_tile_rows(cl.i8_defines(W(fmt, GATE_UP), 4, swiglu=True)) == 64  # QX
     assert cl.matvec_impl(W("Q4_0", O), True, 4) == "simt"  # matvec_i8 takes the integer-dot contract's formats
     assert cl.matvec_impl(W("NVFP4", O), False, 4) == "tc"  # NVFP4's float contract stays on matvec_tc
     for fmt in ("BF16", "F16", "F32"):
@@ -116,7 +116,7 @@ def test_sixteen_warps_only_without_an_rmsnorm_statistic():
 def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     """The gate|up epilogue writes the down projection's x codes (matvec.cu qx_out) only where
     its tiles are 64 rows = 32 outputs = one 32-input block: the gate|up of NVFP4, Q8_0 and Q4_K
-    (16 warps x 4 rows) at m = 1, matvec_i8's swiglu build (4 sub-tiles of 16 rows) at m > 1;
+    (16 warps x 4 rows) at m = 1, matvec_i8's swiglu build (4 passes of 16 rows) at m > 1;
     BF16 and a geometry of 8 warps x 2 rows (or matvec_i8's 16-row tiles) keep the down
     prologue's quantization."""
     W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
@@ -129,7 +129,7 @@ def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp; matvec_i8 at 16-row tiles
         for fmt in ("Q8_0", "Q4_K"):
             mp.setitem(cl.MATVEC_TUNING, (True, fmt, "wide"), {})
-            mp.setitem(cl.MATVEC_ROWS_TUNING, (True, fmt, "swiglu"), cl._I8_ROWS)
+            mp.setitem(cl.MATVEC_ROWS_TUNING, (True, fmt, "swiglu"), cl._i8_rows(fmt))
         for fmt in ("Q8_0", "Q4_K"):
             assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
             assert not cl.writes_qx(W(fmt, GATE_UP), 4), fmt

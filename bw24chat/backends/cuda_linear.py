@@ -215,20 +215,21 @@ MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
 # else "*"); rows must equal the one-row step bit for bit, which every build below keeps.
 # - integer dot: matvec_i8.cu (int8 tensor cores, the SIMT kernel's reduction order): the m-row
 #   SIMT kernel repeats its dp4a work and shared-memory x reads per row (docs/performance.md, "What
-#   a speculative verify costs": 1.9x a one-row step at m = 2, 3.5-4.7x at m = 8).  One 16-row
-#   tile per block of 8 warps (split K by super-step residue), 3 super-steps in flight, the
-#   registers of one block per SM (no spills at m = 2..8, ptxas); the swiglu builds 64-row tiles
-#   (4 sub-tiles x 2 warps, each warp two residues: 4 chains per row) so that a tile's 32 outputs
-#   are one QX block.
+#   a speculative verify costs": 1.9x a one-row step at m = 2, 3.5-4.7x at m = 8).  Passes of 16
+#   rows by blocks of 8 warps (split K by super-step residue), 3 super-steps in flight (Q6_K 2),
+#   the registers of one block per SM: no spills at m = 2..8 (ptxas); the swiglu builds take
+#   tiles of 4 passes (64 rows) so that a tile's 32 outputs are one QX block.
 # - float path (BF16, F16, F32): the registers of 2 blocks per SM (MV_MINB 2: <= 128, no spills at
 #   m = 2..8); the kernel's default (1) let ptxas take 133-142 registers at m = 2 and 6-8, one
 #   block of 8 warps per SM: BF16's 2-row step (9.1 ms) ran slower than its 3-row step (7.1 ms,
 #   118 registers, 2 blocks).
-_I8_ROWS = {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_U": 3, "MV_MINB": 1}
-_I8_ROWS_QX = {"impl": "i8", "I8_KW": 2, "I8_ST": 4, "I8_U": 4, "MV_MINB": 1}
+def _i8_rows(fmt: str, passes: int = 1) -> dict:
+    return {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_PH": passes, "I8_U": 2 if fmt == "Q6_K" else 3, "MV_MINB": 1}
+
+
 MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {
-    **{(True, f, "*"): _I8_ROWS for f in A8_FORMATS},
-    **{(True, f, "swiglu"): _I8_ROWS_QX for f in A8_FORMATS},
+    **{(True, f, "*"): _i8_rows(f) for f in A8_FORMATS},
+    **{(True, f, "swiglu"): _i8_rows(f, passes=4) for f in A8_FORMATS},
     **{(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS},
 }
 
@@ -316,7 +317,7 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | No
     impl = impl or matvec_impl(W, True, m)
     if impl == "i8":
         d = i8_defines(W, m, swiglu=True)
-        return 16 * d["I8_ST"] == 64 and m <= i8_rows_per_launch(W, d, qx_out=True)
+        return i8_tile_rows(d) == 64 and m <= i8_rows_per_launch(W, d, qx_out=True)
     if impl != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
@@ -360,6 +361,11 @@ def i8_defines(W: DeviceWeight, m: int, swiglu: bool = False) -> dict:
     return d
 
 
+def i8_tile_rows(defines: dict) -> int:
+    """Rows per tile of matvec_i8 (I8_ROWS): passes of 16 * I8_ST rows, I8_PH of them."""
+    return 16 * defines["I8_ST"] * defines.get("I8_PH", 1)
+
+
 def _i8_row_bytes(W: DeviceWeight, defines: dict, qx_out: bool = False) -> int:
     """Shared bytes per token of matvec_i8: the staged x (as matvec.cu ACT_Q8), the warps' chains
     (2 rows x 32 lanes per warp) and, with qx_out, the tile's 32 outputs."""
@@ -392,13 +398,13 @@ def _matvec_i8(W: DeviceWeight, x, out, m: int, prologue: str, epilogue: str, no
             matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps,
                    None, True, act_bf16=act_bf16)
         return
-    if qx_out is not None and 16 * defs["I8_ST"] != 64:
+    if qx_out is not None and i8_tile_rows(defs) != 64:
         raise ValueError("matvec_i8 writes qx_out from 64-row tiles")
     nw = defs["I8_KW"] * defs["I8_ST"]
     smem = m * _i8_row_bytes(W, defs, qx_out is not None) + 4 * nw
     k = get_kernel("matvec_i8", "matvec_i8", FMT=W.fmt_id, MV_M=m, **defs)
     _ensure_smem(k, smem)
-    grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // (16 * defs["I8_ST"]))),)
+    grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // i8_tile_rows(defs))),)
     k(grid, (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
                          np.int32(pro | (PRO_BF16 if act_bf16 else 0)), np.int32(epi), np.float32(eps), _ptr(qx_in),
                          _ptr(qx_out)), shared_mem=smem)
