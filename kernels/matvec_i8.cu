@@ -61,8 +61,9 @@
 // as matvec.cu (block b takes tiles b, b + gridDim.x, ...); each warp keeps I8_U super-steps in
 // flight (rolling window; the next pass's first window goes out before this pass's reduction).
 // The rmsnorm statistic is the 8-warp kernel's (MV_STAT8 in 16-warp blocks).  Dynamic shared
-// memory: the staged x (3 n_in bytes per token: matvec.cu ACT_Q8), MV_NW floats, the chains
-// (MV_NW * 2 * MV_M * 32 floats) and, with qx_out, MV_M * 32 floats (cuda_linear._i8_row_bytes).
+// memory: the staged x (3 n_in bytes per token: matvec.cu ACT_Q8), MV_NW floats, the chains of
+// one row per lane (MV_NW * MV_M * 32 floats) and, with qx_out, MV_M * 32 floats
+// (cuda_linear._i8_row_bytes): a 12288-input down projection stages 6 tokens in 227 KB.
 #ifndef I8_KW  // warps per 16-row sub-tile (split K by super-step residue mod 8): 1, 2, 4 or 8
 #define I8_KW 8
 #endif
@@ -230,8 +231,8 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
     uint32_t* xw = reinterpret_cast<uint32_t*>(smem4);            // [MV_M][2][n_in/4] code words
     uint4* meta = reinterpret_cast<uint4*>(xw + 2 * MV_M * wpm);  // [MV_M][2][n_in/32] block records
     float* red = reinterpret_cast<float*>(meta + 2 * MV_M * nb);  // [MV_NW] the statistic's warp sums
-    float* chains = red + MV_NW;                                  // [MV_NW][2][MV_M][32] the warps' chains
-    float* qxs = chains + MV_NW * 2 * MV_M * 32;                  // [MV_M][32] qx_out's tile outputs
+    float* chains = red + MV_NW;                                  // [MV_NW][MV_M][32] the warps' chains of one row
+    float* qxs = chains + MV_NW * MV_M * 32;                      // [MV_M][32] qx_out's tile outputs
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int st = warp / I8_KW, kg = warp - st * I8_KW;
     const bool xb16 = (pro & PRO_BF16) != 0;
@@ -308,8 +309,8 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
         // The xor tree of warp_sum over the 32 chains L = 4 (residue) + t: first the levels whose
         // pairs this warp holds (residues r, r + 4 are chains a, a + I8_NA / 2; r, r + 2 a, a +
         // I8_NA / 4; ...), then, over shared memory, the levels o = 2 I8_KW, ..., 1 on the
-        // remaining leaves L = 4 kg + t (kg < I8_KW).
-        __syncthreads();  // the previous pass's outputs have read the chains
+        // remaining leaves L = 4 kg + t (kg < I8_KW); rows g (i = 0), then g + 8 (i = 1), so the
+        // buffer holds one row of each lane's two.
 #pragma unroll
         for (int o = I8_NA / 2; o >= 1; o >>= 1)
 #pragma unroll
@@ -319,50 +320,52 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
 #pragma unroll
                     for (int i = 0; i < 2; ++i) acc[a][m][i] = __fadd_rn(acc[a][m][i], acc[a + o][m][i]);
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < 2; ++i) {
+            __syncthreads();  // the previous round's outputs have read the chains
 #pragma unroll
-            for (int m = 0; m < MV_M; ++m) chains[((warp * 2 + i) * MV_M + m) * 32 + lane] = acc[0][m][i];
-        __syncthreads();
-        // row r of the pass (sub-tile r / 16, g = r % 8, i = r % 16 / 8), token m: the rest of the tree, then gs
-        auto row_value = [&](int r, int m) {
-            const int sr = r >> 4, rg = r & 7, ri = (r >> 3) & 1;
-            float v[4 * I8_KW];
+            for (int m = 0; m < MV_M; ++m) chains[(warp * MV_M + m) * 32 + lane] = acc[0][m][i];
+            __syncthreads();
+            // row 16 sr + 8 i + rg of the pass (sub-tile sr), token m: the rest of the tree, then gs
+            auto row_value = [&](int sr, int rg, int m) {
+                float v[4 * I8_KW];
 #pragma unroll
-            for (int k = 0; k < I8_KW; ++k) {
-                const float4 q = *reinterpret_cast<const float4*>(chains + (((sr * I8_KW + k) * 2 + ri) * MV_M + m) * 32 + 4 * rg);
-                v[4 * k] = q.x; v[4 * k + 1] = q.y; v[4 * k + 2] = q.z; v[4 * k + 3] = q.w;
-            }
+                for (int k = 0; k < I8_KW; ++k) {
+                    const float4 q = *reinterpret_cast<const float4*>(chains + ((sr * I8_KW + k) * MV_M + m) * 32 + 4 * rg);
+                    v[4 * k] = q.x; v[4 * k + 1] = q.y; v[4 * k + 2] = q.z; v[4 * k + 3] = q.w;
+                }
 #pragma unroll
-            for (int o = 2 * I8_KW; o >= 1; o >>= 1)
+                for (int o = 2 * I8_KW; o >= 1; o >>= 1)
 #pragma unroll
-                for (int L = 0; L < o; ++L) v[L] = __fadd_rn(v[L], v[L + o]);
-            const long o = row0 + r;
-            return gscale && o < n_out ? __fmul_rn(v[0], gscale[o]) : v[0];
-        };
-        if (epi == EPI_SWIGLU) {  // rows (2i, 2i+1) = (gate_i, up_i) -> out[m, i], row stride n_out/2
-            for (int it = tid; it < (I8_UNIT / 2) * MV_M; it += MV_NT) {
-                const int r = 2 * (it / MV_M), m = it - (it / MV_M) * MV_M;
-                if (row0 + r + 1 >= n_out) continue;
-                const float a = swiglu_act(row_value(r, m), row_value(r + 1, m));
-                out[(long)m * (n_out >> 1) + ((row0 + r) >> 1)] = a;
-                if (qx_out) qxs[m * 32 + ((this_ph * I8_UNIT + r) >> 1)] = xb16 ? bf16_round(a) : a;
+                    for (int L = 0; L < o; ++L) v[L] = __fadd_rn(v[L], v[L + o]);
+                const long o = row0 + 16 * sr + 8 * i + rg;
+                return gscale && o < n_out ? __fmul_rn(v[0], gscale[o]) : v[0];
+            };
+            if (epi == EPI_SWIGLU) {  // rows (2j, 2j+1) = (gate_j, up_j) -> out[m, j], row stride n_out/2
+                for (int it = tid; it < 4 * I8_ST * MV_M; it += MV_NT) {
+                    const int pr = it / MV_M, m = it - pr * MV_M, sr = pr >> 2, rg = 2 * (pr & 3);
+                    const int r = 16 * sr + 8 * i + rg;  // the pass's row of the gate
+                    if (row0 + r + 1 >= n_out) continue;
+                    const float a = swiglu_act(row_value(sr, rg, m), row_value(sr, rg + 1, m));
+                    out[(long)m * (n_out >> 1) + ((row0 + r) >> 1)] = a;
+                    if (qx_out) qxs[m * 32 + ((this_ph * I8_UNIT + r) >> 1)] = xb16 ? bf16_round(a) : a;
+                }
+            } else {
+                for (int it = tid; it < 8 * I8_ST * MV_M; it += MV_NT) {
+                    const int rr = it / MV_M, m = it - rr * MV_M, sr = rr >> 3, rg = rr & 7;
+                    const long o = row0 + 16 * sr + 8 * i + rg;
+                    if (o >= n_out) continue;
+                    const float v = row_value(sr, rg, m);
+                    float* dst = out + (long)m * n_out + o;
+                    *dst = epi == EPI_ADD ? __fadd_rn(*dst, v) : v;
+                }
             }
-            // qx_out (64-row tiles: the wrapper checks): after its last pass the tile's 32 outputs
-            // are block this_tile of the next matvec's x, quantized by warp 0 (qxs is rewritten
-            // only after the next pass's two barriers, which warp 0 reaches after this)
-            if (qx_out && this_ph == I8_PH - 1) {
-                __syncthreads();
-                if (warp == 0) qx_write_tile(qx_out, n_out >> 1, this_tile, qxs);
-            }
-        } else {
-            for (int it = tid; it < I8_UNIT * MV_M; it += MV_NT) {
-                const int r = it / MV_M, m = it - r * MV_M;
-                const long o = row0 + r;
-                if (o >= n_out) continue;
-                const float v = row_value(r, m);
-                float* dst = out + (long)m * n_out + o;
-                *dst = epi == EPI_ADD ? __fadd_rn(*dst, v) : v;
-            }
+        }
+        // qx_out (64-row tiles: the wrapper checks): after its last pass the tile's 32 outputs are
+        // block this_tile of the next matvec's x, quantized by warp 0 (qxs is rewritten only after
+        // the next pass's barriers, which warp 0 reaches after this)
+        if (qx_out && epi == EPI_SWIGLU && this_ph == I8_PH - 1) {
+            __syncthreads();
+            if (warp == 0) qx_write_tile(qx_out, n_out >> 1, this_tile, qxs);
         }
         if (tile >= ntiles) break;
     }

@@ -368,9 +368,9 @@ def i8_tile_rows(defines: dict) -> int:
 
 def _i8_row_bytes(W: DeviceWeight, defines: dict, qx_out: bool = False) -> int:
     """Shared bytes per token of matvec_i8: the staged x (as matvec.cu ACT_Q8), the warps' chains
-    (2 rows x 32 lanes per warp) and, with qx_out, the tile's 32 outputs."""
+    (one row's 32 lanes per warp) and, with qx_out, the tile's 32 outputs."""
     nw = defines["I8_KW"] * defines["I8_ST"]
-    return 2 * W.in_ + 32 * (W.in_ // 32) + 256 * nw + (128 if qx_out else 0)
+    return 2 * W.in_ + 32 * (W.in_ // 32) + 128 * nw + (128 if qx_out else 0)
 
 
 def i8_rows_per_launch(W: DeviceWeight, defines: dict, qx_out: bool = False) -> int:
