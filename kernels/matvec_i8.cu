@@ -18,8 +18,8 @@
 // Q4_K acc += float(256 dot_h + dot_l) * (a * 2^(e-8)), then acc += b * xsum; Q5_K per level
 // acc += dot * (a * 2^e_p), acc += codesum * (b * 2^e_p); Q6_K per level the two halves'
 // (dot - 32 codesum) with their two scales); then warp_sum, the xor tree over L (16, 8, 4, 2, 1);
-// then gs and the epilogue.  The integer dots are exact in any order (|dot| < 2^22), so a
-// tensor core may form them: here mma.sync m16n8k32 (s8 x s8, or u8 codes x s8) forms, for 16
+// then gs and the epilogue.  The integer dots are exact in any order (|dot| < 2^22, |256 dot_h +
+// dot_l| < 2^23), so a tensor core may form them: here mma.sync m16n8k32 (s8 x s8, or u8 codes x s8) forms, for 16
 // rows, the dots of 4 chunks and both levels at once.  What must match is which chunks feed
 // which f32 chain, in which order, and the tree: lane t (t = lane % 4) of the warp takes chunk
 // 4 ss + t of super-step ss, and warp kg of a 16-row tile takes the super-steps ss = kg,
@@ -42,18 +42,21 @@
 // that chunk and its scales.  (Three quarters of each MMA's products are zeros: the tensor cores
 // have the room; what they save is the SIMT kernel's dp4a issue and its shared-memory x reads.)
 //
-// Napkin math (Qwen3-8B shapes, H100 SXM: ~3.0 TB/s copy, 132 SMs at ~1.75 GHz, ~13 bytes per
+// Napkin math (Qwen3-8B shapes, H100 SXM: ~3.0 TB/s copy, 132 SMs at ~1.75 GHz: ~13 bytes per
 // cycle per SM).  A warp's super-step reads 16 rows x 4 chunks: Q8_0 1.1 KB, NVFP4 / Q4_K 1.15 KB,
-// Q5_K 1.4 KB, Q6_K 1.7 KB, ~85 cycles of one SM's share of the bandwidth at NVFP4.  Per token it
-// costs 2 (Q8_0) or 4 MMAs (4-bit) of 4096 int8 MACs; mma.sync on sm_90 issues about one every 2
-// cycles per SM, so at m = 8 the tensor cores are busy ~64 of those 85 cycles (4-bit), ~32 (Q8_0).
-// Issue per token and super-step: ~2 shared loads of x words (8 lanes), 1-2 of records, the MMAs
-// and the f32 chain steps (2 rows x 2 levels or halves x convert, scale, FMA) ~15-25 warp
-// instructions, against the SIMT kernel's ~28 (Q8_0) to ~48 (NVFP4) warp instructions and ~2.5 KB
-// of shared-memory x reads per token for the same weights (the SIMT kernel at m = 8 needs ~2x the
-// shared-memory bandwidth of an SM): the per-token work falls ~2x in issue and ~8x in shared
-// traffic, while the per-weight work (loads, decoding, scales) stays once per step.  The x
-// prologue (every block stages all m rows) still grows with m.
+// Q5_K 1.4 KB, Q6_K 1.7 KB: ~85 cycles of one SM's share of the bandwidth at NVFP4.  Per token it
+// costs 2 (Q8_0) or 4 MMAs (4-bit) of 4096 int8 MACs; at an assumed one mma.sync m16n8k32 per 2
+// cycles per SM (half the int8 wgmma rate) the tensor cores are busy ~64 of those 85 cycles at
+// m = 8 (4-bit), ~32 (Q8_0): within the weight stream up to m = 8.  Issue per token and
+// super-step: 1-2 shared loads of x words (8 lanes), 1-2 of records, the MMAs and the f32 chain
+// steps (2 rows x 2 levels or halves x convert, scale, FMA): ~15-25 warp instructions, against the
+// SIMT kernel's ~28 (Q8_0) to ~48 (NVFP4) for the same weights, whose x words it reads from
+// shared memory once per row pair and token (~2.5 KB per token and super-step: at m = 8 about
+// twice an SM's shared-memory bandwidth at the weight rate); here ~0.3 KB.  The per-weight work
+// (loads, decoding, scales) stays once per step, as at m = 1, so an m-row step should cost about
+// the one-row step plus ~half the SIMT kernel's per-token increment (bw24chat bench: rows
+// step{m}@512).  Not changed: every block stages all m rows of x (the prologue), and
+// the f32 chain steps per token are the contract's.
 //
 // Geometry: a block of MV_NW = I8_KW * I8_ST warps takes passes of 16 * I8_ST rows (I8_ST
 // sub-tiles of 16 rows, I8_KW warps each: split K by super-step residue) and tiles of I8_PH
