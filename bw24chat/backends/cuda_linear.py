@@ -450,7 +450,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
         raise ValueError("matvec_tc and the integer-dot matvecs read x as float4: 16-byte aligned rows")
     if impl == "i8":
-        if not a8:
+        if not a8 or W.fmt not in A8_FORMATS:
             raise ValueError(f"matvec_i8 is the integer-dot contract's ({', '.join(A8_FORMATS)}), not {W.fmt} (a8={a8})")
         _matvec_i8(W, x, out, m, prologue, epilogue, norm_w, eps, qx_in, qx_out, act_bf16)
         return
