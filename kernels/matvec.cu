@@ -94,24 +94,6 @@
 // float decoders need ~115-128 registers: 2
 #define MV_MINB (MV_M == 1 ? ((IS_FLOAT_FMT || (ACT_Q8 && FMT != F_Q5_K && FMT != F_Q6_K)) ? 3 : 2) : 1)
 #endif
-#ifndef MV_NW  // warps per block, 8 or 16: every block quantizes / stages the whole x in its prologue,
-// so one block of 16 warps per SM does that once per SM instead of twice.  The rows' values do not
-// depend on it (per-lane chunk order, warp_sum; the x codes are per 32 inputs); the rmsnorm
-// statistic's order does, hence MV_STAT8.
-#define MV_NW 8
-#endif
-#if MV_NW != 8 && MV_NW != 16
-#error "MV_NW: 8 or 16 warps per block"
-#endif
-#define MV_NT (MV_NW * 32)
-#ifndef MV_STAT8  // 1 (16 warps only): the rmsnorm statistic is summed by the first 8 warps in the
-// 8-warp kernel's order, so a 16-warp block gives the 8-warp kernel's rows bit for bit with the
-// rmsnorm prologue too (the staging after it uses every warp)
-#define MV_STAT8 0
-#endif
-#if MV_STAT8 && MV_NW != 16
-#error "MV_STAT8: the 8-warp statistic inside a 16-warp block"
-#endif
 #ifndef QX_HANDOFF  // how qx_out's tile outputs reach warp 0 (2 where the build writes qx_out):
 // 0: one tile buffer, a block barrier before warp 0 quantizes and one after (the buffer is reused);
 // 2: two buffers by tile parity and named barriers, producer / consumer (PTX bar.arrive /
@@ -126,8 +108,6 @@
 #define QX_BUFS (QX_HANDOFF ? 2 : 1)  // tile buffers of MV_M * 32 floats (the wrapper allocates as many)
 #define QX_BAR_FULL 1   // named barrier ids of QX_HANDOFF 2: FULL[p] = 1 + p, EMPTY[p] = 3 + p (0 is __syncthreads)
 #define QX_BAR_EMPTY 3
-#define STAT_NT (MV_STAT8 ? 256 : MV_NT)  // threads that sum the rmsnorm statistic
-#define STAT_NW (STAT_NT / 32)
 #define WT (32 * VPC)
 
 #define XF_NR (MV_MINB >= 3 ? 2 : 4)  // float path: float4 groups per thread and batch (4 spills at 80 registers)
@@ -141,20 +121,6 @@ BW24_DEVICE float4 load_group(const float* __restrict__ xr, int f, int n, bool v
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = 4 * f + e < n ? xr[4 * f + e] : 0.0f;
     return make_float4(v[0], v[1], v[2], v[3]);
-}
-
-// s plus the squares of NR float4 groups, in the order (i, x, y, z, w) by FMA: one step of the
-// rmsnorm statistic, the same in the float path (rms_inv_rows) and the integer-dot one (stage_a8)
-template <int NR>
-BW24_DEVICE float add_squares(const float4 (&v)[NR], float s) {
-#pragma unroll
-    for (int i = 0; i < NR; ++i) {
-        s = __fmaf_rn(v[i].x, v[i].x, s);
-        s = __fmaf_rn(v[i].y, v[i].y, s);
-        s = __fmaf_rn(v[i].z, v[i].z, s);
-        s = __fmaf_rn(v[i].w, v[i].w, s);
-    }
-    return s;
 }
 
 // The rmsnorm statistic of the MV_M rows of x for the float path (pro == PRO_RMS; else inv = 1):
@@ -573,11 +539,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             else
                 __syncthreads();
             if (warp == 0) {
-                for (int m0 = 0; m0 < MV_M; m0 += 4) {  // lane group lane / 8: token m0 + lane / 8
-                    const int m = m0 + (lane >> 3);
-                    const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxb + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
-                    qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, this_tile, v, m < MV_M);
-                }
+                qx_write_tile(qx_out, nq, this_tile, qxb);
                 if (QX_HANDOFF == 2 && tord + 2 < my_tiles) {
                     __syncwarp();  // every lane's reads of the buffer are done
                     named_bar_arrive(QX_BAR_EMPTY + (tord & 1), MV_NT);

@@ -2,8 +2,9 @@
 // prologue quantized into two int8 code levels per 32-input block and staged in shared memory
 // (stage_a8, or stage_qx from a QX buffer), and the chunk products as exact integer dots (dp4a)
 // scaled once per chunk (chunk_dot_a8).  Contract and exactness: matvec.cu's header; NumPy
-// reference: kernel_refs.matvec_ref with act_quant_ref.  Included by matvec.cu after its
-// geometry (MV_M, MV_R, MV_NT, STAT_NT, MV_MINB) and shared prologue helpers.
+// reference: kernel_refs.matvec_ref with act_quant_ref.  Included by matvec.cu and matvec_i8.cu
+// after their geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; MV_MINB); matvec_i8.cu shares
+// the staging, the NVFP4 decoders and the qx_out tile writer, so both stage the same codes.
 #pragma once
 
 // Q4_K and NVFP4 join both code levels in one integer per dot (256 dot_h + dot_l < 2^24 for their
@@ -160,6 +161,17 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
     }
 }
 
+// qx_out's block b (matvec.cu's contract) of the MV_M tokens from one tile's 32 outputs per token
+// (qxb: [MV_M][32] floats), by one warp: lane group lane / 8 quantizes token m0 + lane / 8
+BW24_DEVICE void qx_write_tile(uint32_t* __restrict__ qx_out, int nq, int b, const float* qxb) {
+    const int lane = threadIdx.x & 31;
+    for (int m0 = 0; m0 < MV_M; m0 += 4) {
+        const int m = m0 + (lane >> 3);
+        const float4 v = m < MV_M ? reinterpret_cast<const float4*>(qxb + m * 32)[lane & 7] : make_float4(0.f, 0.f, 0.f, 0.f);
+        qx_write_block(qx_out + (long)min(m, MV_M - 1) * qx_row_words(nq), nq, b, v, m < MV_M);
+    }
+}
+
 BW24_DEVICE int dp4a_s8(uint32_t a, uint32_t b, int c) {  // signed bytes of a . signed bytes of b + c
     int d;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -207,7 +219,7 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 }
 #endif
 
-// One chunk of MV_R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
+// One chunk of R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
 // the integer dots of the chunk's halves (values 0-15, 16-31; Q8_0: the 16 values), the code
 // offset removed through the dp4a seed (-offset * code sum, exact), then in this order
 //   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s)
@@ -218,11 +230,12 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 // (a * s), s = 2^(e-1), a = E4M3 * 2^-8 (the 8 and the 2^7 of ue4m3 / 2 in s); float(D) exact
 // (I2F).  Q4_K: D over the whole chunk (halves as two chains, then added), acc += float(D) *
 // (a * 2^(e-8)); acc += b * xsum (the record's exact block sum).
-BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
-                              uint32_t nv_t0, float (&acc)[MV_M][MV_R]) {
-    float a0[MV_R], a1[MV_R], b[MV_R];
+template <int R>
+BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
+                              uint32_t nv_t0, float (&acc)[MV_M][R]) {
+    float a0[R], a1[R], b[R];
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
+    for (int r = 0; r < R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
 #if FMT != F_NVFP4
     (void)nv_t0;
 #endif
@@ -235,7 +248,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             const uint4 xv = *reinterpret_cast<const uint4*>(xw + (2 * m + p) * wpm + 4 * kc);
             const float dx = __uint_as_float(meta[(2 * m + p) * nb + (kc >> 1)].x);
 #pragma unroll
-            for (int r = 0; r < MV_R; ++r) {
+            for (int r = 0; r < R; ++r) {
                 int s = dp4a_s8(raw[r].q.x, xv.x, 0);
                 s = dp4a_s8(raw[r].q.y, xv.y, s);
                 s = dp4a_s8(raw[r].q.z, xv.z, s);
@@ -244,12 +257,12 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             }
         }
 #elif A8_JOIN  // NVFP4, Q4_K
-    uint32_t cl[MV_R][4], ch[MV_R][4];
+    uint32_t cl[R][4], ch[R][4];
 #if FMT == F_NVFP4
     (void)a0; (void)a1; (void)b;
-    float s0[MV_R], s1[MV_R];
+    float s0[R], s1[R];
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r) {
+    for (int r = 0; r < R; ++r) {
         nvfp4_scales_f16(raw[r].s.x, kc, s0[r], s1[r]);
 #pragma unroll
         for (int g = 0; g < 4; ++g) nvfp4_weight_bytes(word_of(raw[r].q, g), nv_t0, cl[r][g], ch[r][g]);
@@ -257,7 +270,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
 #else
     (void)a1;
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
 #endif
@@ -273,7 +286,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
         // the weight bytes' offset (NVFP4: 128) removed through the l chains' seeds; Q4_K has none
         const int seed_lo = FMT == F_NVFP4 ? (int)mt.y : 0, seed_hi = FMT == F_NVFP4 ? (int)mt.z : 0;
 #pragma unroll
-        for (int r = 0; r < MV_R; ++r) {
+        for (int r = 0; r < R; ++r) {
             // per half (values 0-15: il, 16-31: ih): the h chain, then the l chain seeded with it * 256
             int il = dp4a_u8(cl[r][0], hl.x, 0), ih = dp4a_u8(ch[r][0], hh.x, 0);
             il = dp4a_u8(cl[r][1], hl.y, il);
@@ -300,9 +313,9 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
         }
     }
 #else
-    uint32_t cl[MV_R][4], ch[MV_R][4];
+    uint32_t cl[R][4], ch[R][4];
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
 #pragma unroll
@@ -315,7 +328,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             const uint4 mt = meta[(2 * m + p) * nb + kc];
             const float dx = __uint_as_float(mt.x);
 #pragma unroll
-            for (int r = 0; r < MV_R; ++r) {
+            for (int r = 0; r < R; ++r) {
                 int il = -A8_OFF * (int)mt.y, ih = -A8_OFF * (int)mt.z;
                 il = dp4a_u8(cl[r][0], xl.x, il);
                 il = dp4a_u8(cl[r][1], xl.y, il);

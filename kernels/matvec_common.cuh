@@ -1,7 +1,9 @@
-// matvec_common.cuh — what the two decode matvec kernels share (matvec.cu: SIMT, matvec_tc.cu:
-// tensor cores): the tokens per launch, the prologue / epilogue codes of their common contract
+// matvec_common.cuh — what the decode matvec kernels share (matvec.cu: SIMT; matvec_i8.cu: the
+// integer-dot contract on int8 tensor cores; matvec_tc.cu: tensor cores on the float contract):
+// the tokens per launch, the block's warps and the threads that sum the rmsnorm statistic (the
+// staging of matvec.cu and matvec_i8.cu), the prologue / epilogue codes of their common contract
 // (matvec.cu's header; cuda_linear.PROLOGUES / EPILOGUES / PRO_BF16 mirror them) and rmsnorm's
-// per-value step.
+// per-value step and statistic step.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
@@ -9,6 +11,27 @@
 #ifndef MV_M  // tokens (rows of x) per launch, 1..8
 #define MV_M 1
 #endif
+
+#ifndef MV_NW  // warps per block, 8 or 16: every block quantizes / stages the whole x in its prologue,
+// so one block of 16 warps per SM does that once per SM instead of twice.  The rows' values do not
+// depend on it (per-lane chunk order, warp_sum; the x codes are per 32 inputs); the rmsnorm
+// statistic's order does, hence MV_STAT8.
+#define MV_NW 8
+#endif
+#if MV_NW != 8 && MV_NW != 16
+#error "MV_NW: 8 or 16 warps per block"
+#endif
+#ifndef MV_STAT8  // 1 (16 warps only): the rmsnorm statistic is summed by the first 8 warps in the
+// 8-warp kernel's order, so a 16-warp block gives the 8-warp kernel's rows bit for bit with the
+// rmsnorm prologue too (the staging after it uses every warp)
+#define MV_STAT8 0
+#endif
+#if MV_STAT8 && MV_NW != 16
+#error "MV_STAT8: the 8-warp statistic inside a 16-warp block"
+#endif
+#define MV_NT (MV_NW * 32)
+#define STAT_NT (MV_STAT8 ? 256 : MV_NT)  // threads that sum the rmsnorm statistic
+#define STAT_NW (STAT_NT / 32)
 
 #define PRO_NONE 0
 #define PRO_RMS 1
@@ -21,3 +44,17 @@
 
 // rmsnorm applied to one value: (x * inv) * w, the order numpy_backend.rmsnorm uses
 BW24_DEVICE float rms_apply(float v, float inv, float w) { return __fmul_rn(__fmul_rn(v, inv), w); }
+
+// s plus the squares of NR float4 groups, in the order (i, x, y, z, w) by FMA: one step of the
+// rmsnorm statistic, the same in the float path (rms_inv_rows) and the integer-dot one (stage_a8)
+template <int NR>
+BW24_DEVICE float add_squares(const float4 (&v)[NR], float s) {
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+        s = __fmaf_rn(v[i].x, v[i].x, s);
+        s = __fmaf_rn(v[i].y, v[i].y, s);
+        s = __fmaf_rn(v[i].z, v[i].z, s);
+        s = __fmaf_rn(v[i].w, v[i].w, s);
+    }
+    return s;
+}

@@ -5,6 +5,7 @@ Qwen3-8B shape on an H100, per weight format, against the checked-in golden file
 or a hand-off shows here as a diff to review; regenerate with
 
     python -m bw24chat.backends.plan qwen3-8b FORMAT > tests/data/decode_plan_qwen3-8b_FORMAT.txt
+    python -m bw24chat.backends.plan qwen3-8b FORMAT --rows 4 > tests/data/decode_plan_qwen3-8b_FORMAT_rows4.txt
 """
 from pathlib import Path
 
@@ -49,9 +50,17 @@ def test_the_plan_reads_the_gpu_it_is_made_for():
 
 
 def test_rows_change_only_what_depends_on_them():
-    """m = 4 rows: the same kernels in the same order (the row count is a define or grid axis),
-    and one sampler launch per row."""
+    """m = 4 rows: the same launches in the same order (the row count is a define or grid axis),
+    the integer-dot matvecs on matvec_i8 (cuda_linear.MATVEC_ROWS_TUNING), and one sampler launch
+    per row."""
     one, _ = _plan("q8_0")
     four, _ = _plan("q8_0", m=4)
-    assert [L.name for L in four[:-4]] == [L.name for L in one[:-1]]
+    assert [L.name for L in four[:-4]] == [{"matvec": "matvec_i8"}.get(L.name, L.name) for L in one[:-1]]
     assert [L.name for L in four[-4:]] == ["sample"] * 4
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_k", "nvfp4"])
+def test_qwen3_8b_verify_plan_matches_the_golden_file(fmt):
+    """The step of 4 rows (a verify of 3 drafts): its golden file, as the one-row step's."""
+    plan, layers = _plan(fmt, m=4)
+    assert format_plan(plan, layers) == (DATA / f"decode_plan_qwen3-8b_{fmt}_rows4.txt").read_text()

@@ -207,6 +207,78 @@ def act_quant_ref(x: np.ndarray, levels: int = 2) -> np.ndarray:
     return v.reshape(h.shape).astype(np.float32)
 
 
+def fma32(a, b, c) -> np.ndarray:
+    """float32 a * b + c with one rounding (CUDA __fmaf_rn): the product is exact in float64 (24 + 24
+    bits), the sum is rounded to odd in float64 (TwoSum's error term sets the last bit), and the
+    float32 rounding of that is the correctly rounded result (53 >= 24 + 2 bits; Boldo and
+    Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to
+    odd", IEEE Trans. Computers 2008).  Finite inputs."""
+    p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32).astype(np.float64)
+    c64 = np.asarray(c, np.float32).astype(np.float64)
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)  # the exact p + c - s
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
+    """The integer-dot decode matvec's rows bit for bit (matvec.cu ACT_Q8, matvec_i8.cu; prologue
+    none, store): y float32 [m, out] from x float32 [m, in] and the repacked weights hp
+    (cuda_weights.repack_host; Q8_0, Q4_K, Q5_K, Q6_K, NVFP4).  The kernels' reduction order, which
+    is their contract: x quantized per 32 inputs (act_quant_codes); per output, 32 chains L take
+    the chunks kc = L, L + 32, ... (VPC values each) in increasing order, each an f32 accumulator
+    from +0 updated by one FMA per step (matvec_a8.cuh chunk_dot_a8): Q8_0 per level p (h, l)
+    dot_p * (d * 2^e_p); NVFP4 per half (values 0-15, 16-31) (256 dot_h + dot_l) * (E4M3 * 2^-8 *
+    2^(e-1)); Q4_K (256 dot_h + dot_l) * (a * 2^(e-8)), then b * xsum (xsum = (256 sum h + sum l) *
+    2^(e-8)); Q5_K per level dot_p * (a * 2^e_p), then codesum_p * (b * 2^e_p); Q6_K per level the
+    halves' dot_p * (a0 * 2^e_p), then (a1 * 2^e_p); e_h = e, e_l = e - 8; the dots exact
+    integers; then the xor tree of warp_sum over L (levels 16, 8, 4, 2, 1) and NVFP4's per-row
+    global scale.  float32 products and sums as NumPy rounds them, FMAs by fma32."""
+    from .cuda_weights import chunk_codes, vpc
+
+    fmt, out, n = hp.fmt, hp.out, hp.in_
+    if fmt not in A8_FORMATS:
+        raise ValueError(f"the integer-dot contract's formats are {A8_FORMATS}, not {fmt}")
+    x = np.atleast_2d(np.asarray(x, np.float32))
+    m, V = x.shape[0], vpc(fmt)
+    nck = n // V
+    h, l, e = act_quant_codes(x)
+    q, a0, a1, b = chunk_codes(hp)
+    qi = q.astype(np.int64)  # [out, nck, V]
+    codes = {"h": h.astype(np.int64).reshape(m, nck, V), "l": l.astype(np.int64).reshape(m, nck, V)}
+    eb = e[:, np.arange(nck) // (32 // V)]  # [m, nck]: each chunk's activation block exponent
+    f = lambda v: np.asarray(v, np.float64).astype(np.float32)  # noqa: E731  (exact: integers < 2^24)
+    dot = lambda p, sl=slice(None): np.einsum("mkv,okv->mok", codes[p][..., sl], qi[..., sl])  # noqa: E731
+    csum = lambda p: codes[p].sum(-1)[:, None, :]  # noqa: E731  [m, 1, nck]
+    scale = lambda a, k: a[None, :, :, 0] * _pow2(eb + k)[:, None, :]  # noqa: E731  float32 [m, out, nck]
+    lo, hi = slice(0, 16), slice(16, 32)
+    if fmt == "Q8_0":
+        steps = [(f(dot("h")), scale(a0, 0)), (f(dot("l")), scale(a0, -8))]
+    elif fmt == "NVFP4":  # E4M3 * 2^-8 = (ue4m3 / 2) * 2^-7, against 2^(e-1)
+        s0, s1 = a0 * np.float32(2.0**-7), a1 * np.float32(2.0**-7)
+        steps = [(f(256 * dot("h", sl) + dot("l", sl)), scale(s, -1)) for sl, s in ((lo, s0), (hi, s1))]
+    elif fmt == "Q4_K":
+        xsum = f(256 * csum("h") + csum("l")) * _pow2(eb - 8)[:, None, :]
+        steps = [(f(256 * dot("h") + dot("l")), scale(a0, -8)), (np.broadcast_to(b[None, :, :, 0], (m, out, nck)), xsum)]
+    elif fmt == "Q5_K":
+        steps = [s for p, k in (("h", 0), ("l", -8)) for s in ((f(dot(p)), scale(a0, k)), (f(csum(p)), scale(b, k)))]
+    else:  # Q6_K: q holds code - 32 (the kernels' seeds remove the offset exactly)
+        steps = [s for p, k in (("h", 0), ("l", -8)) for s in ((f(dot(p, lo)), scale(a0, k)), (f(dot(p, hi)), scale(a1, k)))]
+    acc = np.zeros((m, out, 32), np.float32)
+    for i in range(-(-nck // 32)):
+        kc = np.arange(32 * i, min(32 * i + 32, nck))
+        lanes = kc - 32 * i
+        for d, s in steps:
+            d, s = np.broadcast_to(d, (m, out, nck)), np.broadcast_to(s, (m, out, nck))
+            acc[..., lanes] = fma32(d[..., kc], s[..., kc], acc[..., lanes])
+    for o in (16, 8, 4, 2, 1):
+        acc = acc[..., :o] + acc[..., o:2 * o]
+    y = acc[..., 0]
+    return y * hp.gscale[None, :] if hp.gscale is not None else y
+
+
 def e4m3_round(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest E4M3 value (ties to even), saturated to +-448 (cvt.rn.satfinite)."""
     x = np.asarray(x, dtype=np.float32).astype(np.float64)

@@ -1,29 +1,31 @@
 """CudaRunner.step over m = 1..9 rows of one sequence: each row's logits and sampled token equal
 a one-row step at its position, bit for bit, graph and eager (what speculative verify relies
-on); and the runner equals the NumPy runner's greedy tokens on a tiny model."""
+on), for BF16 (the SIMT kernel at every m) and the integer-dot formats (the SIMT kernel at one
+row, the int8 tensor-core matvec_i8 at 2..8: the plan says which), both activation contracts;
+and the runner equals the NumPy runner's greedy tokens on a tiny model."""
 import numpy as np
 import pytest
 
 from bw24chat.api import SamplingParams
+
+FORMATS = ("BF16", "Q8_0", "NVFP4", "Q4_K", "Q5_K", "Q6_K")
 
 
 @pytest.fixture(scope="module")
 def models():
     from bw24chat.synthetic import synthetic_checkpoint
 
-    return {fmt: synthetic_checkpoint("tiny", fmt) for fmt in ("BF16", "Q8_0", "NVFP4", "Q4_K")}
+    return {fmt: synthetic_checkpoint("tiny", fmt) for fmt in FORMATS}
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "Q4_K"])
-@pytest.mark.parametrize("graph", [True, False])
-def test_rows_equal_single_steps(cp, models, fmt, graph):
-    from bw24chat.backends.cuda_runner import CudaRunner
+def _matvec_kernels(r, m: int) -> set:
+    from bw24chat.backends.kernel_build import KernelLaunch
 
-    rng = np.random.default_rng()
-    prompt = [int(t) for t in rng.integers(0, 4096, 45)]
-    rows = [int(t) for t in rng.integers(0, 4096, 9)]
+    return {L.kernel.name for L in r.plan(m) if isinstance(L, KernelLaunch) and L.kernel.name.startswith("matvec")}
+
+
+def _rows_equal_single_steps(r, rows: list, prompt: list):
     sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repeat_penalty=1.1)
-    r = CudaRunner(models[fmt], 1024, "bf16", use_graph=graph)
     r.prefill(prompt, 0)
     single, single_logits = [], []
     for i, t in enumerate(rows):
@@ -34,6 +36,33 @@ def test_rows_equal_single_steps(cp, models, fmt, graph):
         got = r.step(rows[:m], len(prompt), sp, 5, prompt)
         assert got == single[:m], m
         assert np.array_equal(r.last_logits().view(np.uint32), np.stack(single_logits[:m]).view(np.uint32)), m
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("graph", [True, False])
+def test_rows_equal_single_steps(cp, models, fmt, graph):
+    from bw24chat.backends.cuda_runner import CudaRunner
+
+    rng = np.random.default_rng()
+    prompt = [int(t) for t in rng.integers(0, 4096, 45)]
+    rows = [int(t) for t in rng.integers(0, 4096, 9)]
+    r = CudaRunner(models[fmt], 1024, "bf16", use_graph=graph)
+    _rows_equal_single_steps(r, rows, prompt)
+    assert _matvec_kernels(r, 1) == {"matvec"}
+    for m in (2, 5, 8):
+        assert _matvec_kernels(r, m) == ({"matvec"} if fmt == "BF16" else {"matvec_i8"}), (fmt, m)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
+def test_rows_equal_single_steps_bf16_activations(cp, models, fmt):
+    """The bf16-activation contract (x rounded to bf16 before every product, the QX codes of the
+    rounded values): the same row invariance."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+
+    rng = np.random.default_rng()
+    prompt = [int(t) for t in rng.integers(0, 4096, 45)]
+    rows = [int(t) for t in rng.integers(0, 4096, 9)]
+    _rows_equal_single_steps(CudaRunner(models[fmt], 1024, "bf16", activations="bf16"), rows, prompt)
 
 
 def greedy_tokens_cuda_and_numpy(ck, n: int = 16) -> dict:
