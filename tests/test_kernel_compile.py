@@ -111,6 +111,13 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("rope", {"HD": 128, "QK_NORM": 2, "FN_SPW": 4, "KV_TYPE": 0}),
     ("rope", {"HD": 256, "QK_NORM": 2, "FN_SPW": 1, "NEOX": 0, "KV_TYPE": 1}),
     ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 2}),
+    # the gated attention's q (per head [q | gate], rope.cu Q_GATED): Qwen3.5's head dim 256, a q8_0 cache
+    ("rope", {"HD": 256, "QK_NORM": 1, "KV_TYPE": 0, "Q_GATED": 1}),
+    ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 1, "Q_GATED": 1}),
+    # the gated DeltaNet (deltanet.cu): key head dims the models use (128, 256) and odd ones, conv taps 2..4
+    ("deltanet", {"DK": 256}),
+    ("deltanet", {"DK": 40, "KC": 3}),
+    ("deltanet", {"DK": 8, "KC": 2}),
     # MoE expert kernels (moe_experts.cu): every resident format, the integer-dot ones with ACT_Q8 (cuda_moe._defines)
     *[("moe_experts", {"FMT": f, **({"ACT_Q8": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
 ]
@@ -156,3 +163,15 @@ def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
         i = log.index(f"Function properties for {fn}")
         props = log[i:log.index("\n", log.index("\n", i) + 1)]
         assert " 0 bytes spill stores" in props, props
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("dk", [128, 256, 40, 8])
+def test_deltanet_builds_do_not_spill(arch, dk):
+    """ptxas's report on deltanet.cu's kernels: no spills (the recurrence keeps a lane's part of S,
+    dk / 8 values, in registers for the whole pass)."""
+    _, log = kb.compile_cubin("deltanet", arch, {"DK": dk}, extra=("-Xptxas=-v",))
+    for fn in ("deltanet_conv", "deltanet_recurrent", "deltanet_gated_norm"):
+        i = log.index(f"Function properties for {fn}")
+        props = log[i:log.index("\n", log.index("\n", i) + 1)]
+        assert " 0 bytes spill stores" in props, (fn, props)

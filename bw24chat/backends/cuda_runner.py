@@ -390,6 +390,8 @@ class _HeadOps(CudaOps):
 class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
+    state_checkpoints = True  # speculative.make_drafter: a verify's rollback restores a recurrent state exactly
+
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
                  use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32",
                  tiers=None):
@@ -688,8 +690,6 @@ class CudaRunner:
             for s in range(0, n, self.prefill_chunk):
                 self._prefill_chunk(ids[s:s + self.prefill_chunk], s, False)
         self._kept = kept
-
-    state_checkpoints = True  # speculative.make_drafter: a verify's rollback restores the state exactly
 
     def _advance(self, ids, start: int, step: bool = False) -> None:
         """Before a pass (prefill chunk) or a step over ``ids`` at positions start..: a hybrid
