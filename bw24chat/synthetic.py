@@ -28,6 +28,10 @@ FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k"
 _TINY = dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
              num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
              max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+_TINY_QWEN35 = {**_TINY, "model_type": "qwen3_5", "num_hidden_layers": 4, "full_attention_interval": 2,
+                "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
+                "linear_v_head_order": "tiled"}
 SHAPES = {
     # Qwen3-8B with a 49k vocabulary: the shape llama.cpp was measured on (engine notes)
     "qwen3-8b": _QWEN3_8B,
@@ -76,11 +80,11 @@ SHAPES = {
     "tiny-minimax-m2": {**_TINY, "model_type": "minimax_m2", "num_local_experts": 16, "num_experts_per_tok": 4,
                         "intermediate_size": 256, "rotary_dim": 32},
     # the hybrid's gates: Qwen3.5's block, DeltaNet and gated attention layers alternating, the real
-    # DeltaNet head dims over fewer heads (3 value heads per key head, tiled as llama.cpp's files)
-    "tiny-qwen3.5": {**_TINY, "model_type": "qwen3_5", "num_hidden_layers": 4, "full_attention_interval": 2,
-                     "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
-                     "linear_value_head_dim": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
-                     "linear_v_head_order": "tiled"},
+    # DeltaNet head dims over fewer heads (3 value heads per key head, tiled as llama.cpp's files);
+    # Qwen3.5-MoE's: every layer's FFN routed (softmax top-k) plus a gated shared expert
+    "tiny-qwen3.5": _TINY_QWEN35,
+    "tiny-qwen3.5-moe": {**_TINY_QWEN35, "model_type": "qwen3_5_moe", "num_experts": 16, "num_experts_per_tok": 4,
+                         "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256},
 }
 
 

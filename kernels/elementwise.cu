@@ -15,6 +15,13 @@
 //   operation rounded on its own as NumpyOps.output_gate (common.cuh sigmoid).  o: float32
 //   [T, H HD] contiguous; q: the q projection's rows, ldq floats apart.
 //   Launch: grid (ceil(H HD / 256), T), block 256.
+//
+// shared_gate_rows: s[t] = s[t] * sigmoid(dot(x[t], g)), in place: a shared expert's output scaled
+//   by its gate (Qwen2-MoE / Qwen3-Next shared_expert_gate; ops.experts, NumpyOps.experts:
+//   out * sigmoid(x @ gate)), x the layer's normed input.  The dot: thread i adds x[j] g[j] for
+//   j = i, i + 256, ... in order (each product rounded), then common.cuh warp_sum, then the 8 warp
+//   partials in order; every row alike, so prefill and decode rows agree.  s, x: float32 [T, D]
+//   contiguous.  Launch: grid T, block 256.
 #include "common.cuh"
 
 extern "C" __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ act, int T, int F) {
@@ -34,4 +41,21 @@ extern "C" __global__ void output_gate_rows(float* __restrict__ o, const float* 
     const int h = i / hd;
     float* p = o + (long long)t * H * hd + i;
     *p = __fmul_rn(*p, sigmoid(q[(long long)t * ldq + (long long)h * 2 * hd + hd + (i - h * hd)]));
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+shared_gate_rows(float* __restrict__ s, const float* __restrict__ x, const float* __restrict__ g, int D) {
+    PDL_ENTRY();
+    __shared__ float part[8];
+    const long long row = (long long)blockIdx.x * D;
+    float acc = 0.0f;
+    for (int j = threadIdx.x; j < D; j += 256) acc = __fadd_rn(acc, __fmul_rn(x[row + j], g[j]));
+    acc = warp_sum(acc);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    float dot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) dot = __fadd_rn(dot, part[w]);
+    const float gate = sigmoid(dot);
+    for (int j = threadIdx.x; j < D; j += 256) s[row + j] = __fmul_rn(s[row + j], gate);
 }

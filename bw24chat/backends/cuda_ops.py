@@ -530,3 +530,14 @@ def output_gate(o, q, H: int, hd: int) -> None:
     if T:
         _launch(get_kernel("elementwise", "output_gate_rows"), (-(-(H * hd) // 256), T), (256,),
                 (o, q, _i32(q.strides[0] // 4), _i32(T), _i32(H), _i32(hd)))
+
+
+def shared_gate(s, x, gate) -> None:
+    """s (T, D) *= sigmoid(x[t] . gate) per row, in place: a gated shared expert (ops.experts;
+    elementwise.cu shared_gate_rows).  s, x: float32 (T, D) contiguous rows; gate (D,)."""
+    T, D = s.shape
+    for a in (s, x):
+        if a.dtype != np.float32 or a.shape != (T, D) or a.strides != (4 * D, 4):
+            raise ValueError(f"shared_gate: float32 (T, {D}) contiguous rows, got {a.dtype} {a.shape}")
+    if T:
+        _launch(get_kernel("elementwise", "shared_gate_rows"), (T,), (256,), (s, x, gate, _i32(D)))

@@ -327,10 +327,10 @@ class CudaOps(Ops):
         sh = None
         if shared is not None:
             gu_s, down_s, gate_s = shared
-            if gate_s is not None:
-                raise NotImplementedError("a gated shared expert (Qwen2-MoE) on CUDA")
             sh = self.buf("moe_shared", D)  # the dense MLP on the dense matvec / GEMM path
             self._linear(_Swiglu(_Linear(x, gu_s)), down_s, sh)
+            if gate_s is not None:  # Qwen2-MoE / Qwen3-Next: scaled by sigmoid(x . gate_s), x normed
+                ops.shared_gate(sh, self._value(x), gate_s)
         if not self.decode:
             h = self._input(x, matvec=False)["x"]
             Y = self.buf("moe_y", k, D)

@@ -1,10 +1,10 @@
 """kernels/deltanet.cu (cuda_deltanet.py) against float64 references (numpy_backend's DeltaNet
 functions on float64 inputs): the conv1d and its state, the gated delta rule's recurrence (decode
 rows and prefill passes: the same bits row for row; the checkpoint slots), the gated RMSNorm;
-the gated attention's output gate and gated q layout (elementwise.cu, rope.cu Q_GATED); and a
-hybrid model (synthetic "tiny-qwen3.5") on the CUDA runner: against the NumPy runner, m-row steps
-= one-row steps, exact rollback, chunk invariance, the speculative gate.  Fresh random inputs,
-odd sizes (head counts, dims, T across the tiles)."""
+the gated attention's output gate and gated q layout (elementwise.cu, rope.cu Q_GATED), the gated
+shared expert; and the hybrid models (synthetic "tiny-qwen3.5", "tiny-qwen3.5-moe") on the CUDA
+runner: against the NumPy runner, m-row steps = one-row steps, exact rollback, chunk invariance,
+the speculative gate.  Fresh random inputs, odd sizes (head counts, dims, T across the tiles)."""
 import numpy as np
 import pytest
 
@@ -188,6 +188,19 @@ def test_rope_reads_a_gated_q(cp, rng, hd, partial):
     assert _bits_equal(gates(b1), gates(qkv))
 
 
+@pytest.mark.parametrize("T,D", [(1, 4096), (7, 512), (3, 2052)])
+def test_shared_gate(cp, rng, T, D):
+    """elementwise.cu shared_gate_rows: a gated shared expert's output times sigmoid(x . gate) (NumpyOps.experts)."""
+    from bw24chat.backends import cuda_ops as ops
+
+    s, x = (rng.standard_normal((T, D)).astype(np.float32) for _ in range(2))
+    g = (0.05 * rng.standard_normal(D)).astype(np.float32)
+    sd = cp.asarray(s)
+    ops.shared_gate(sd, cp.asarray(x), cp.asarray(g))
+    want = s.astype(np.float64) * sigmoid(x.astype(np.float64) @ g.astype(np.float64))[:, None]
+    np.testing.assert_allclose(sd.get(), want, rtol=1e-5, atol=1e-6)
+
+
 # ============================================================================ the hybrid model on the runner
 @pytest.fixture(scope="module")
 def hybrid():
@@ -200,6 +213,12 @@ def _runner(ck, kv="f32", **kw):
     from bw24chat.backends.cuda_runner import CudaRunner
 
     return CudaRunner(ck, 1024, kv, prefill_chunk=256, **kw)
+
+
+def _state(r) -> dict:
+    """Host copies of the runner's conv and delta-rule states (after its stream's work)."""
+    r.stream.synchronize()
+    return {k: r.dn_state[k].get() for k in ("conv", "ssm")}
 
 
 def test_hybrid_runner_matches_numpy(cp, hybrid):
@@ -218,6 +237,22 @@ def test_hybrid_runner_matches_numpy(cp, hybrid):
 
     out = greedy_tokens_cuda_and_numpy(hybrid)
     assert out["cuda"] == out["numpy"]
+
+
+def test_hybrid_moe_runner_matches_numpy(cp):
+    """Qwen3.5-MoE's block (routed experts + the gated shared expert) on the CUDA runner against the
+    NumPy runner: prefill and decode logits."""
+    from bw24chat.backends.numpy_backend import numpy_runner
+    from bw24chat.synthetic import synthetic_checkpoint
+
+    ck = synthetic_checkpoint("tiny-qwen3.5-moe", "BF16")
+    ids = np.random.default_rng().integers(0, 4096, 120)
+    ref = numpy_runner(ck, 1024).prefill_logits(ids, 0)
+    r = _runner(ck)
+    pre = r.prefill_logits(ids, 0)
+    dec = np.stack([r.decode_logits(int(t), i) for i, t in enumerate(ids)])
+    assert _rel(pre, ref) < 1e-3, _rel(pre, ref)
+    assert _rel(dec, ref) < 1e-3, _rel(dec, ref)
 
 
 @pytest.mark.parametrize("graph", [True, False])
@@ -252,14 +287,15 @@ def test_hybrid_rollback(cp, hybrid):
     plain = []
     for i, t in enumerate(rows):
         r.step([t], 30 + i, greedy, 0, [])
-        plain.append((r.last_logits()[0], {k: r.dn_state[k].get() for k in ("conv", "ssm")}))
+        plain.append((r.last_logits()[0], _state(r)))
     for keep in (0, 3, 7):  # a verify of 8 rows, of which keep + 1 stand
         r.prefill(prompt, 0)
         r.step(rows, 30, greedy, 0, [])
         r.rollback(31 + keep)
         assert r.state_pos == 31 + keep
+        got = _state(r)
         for k in ("conv", "ssm"):
-            assert _bits_equal(r.dn_state[k].get(), plain[keep][1][k]), (keep, k)
+            assert _bits_equal(got[k], plain[keep][1][k]), (keep, k)
         if keep + 1 < len(rows):
             r.step([rows[keep + 1]], 31 + keep, greedy, 0, [])
             assert _bits_equal(r.last_logits()[0], plain[keep + 1][0]), keep
@@ -267,8 +303,9 @@ def test_hybrid_rollback(cp, hybrid):
     r.rollback(20)
     fresh = _runner(hybrid, "bf16")
     fresh.prefill(prompt[:20], 0)
+    got, want = _state(r), _state(fresh)
     for k in ("conv", "ssm"):
-        assert _bits_equal(r.dn_state[k].get(), fresh.dn_state[k].get()), k
+        assert _bits_equal(got[k], want[k]), k
     with pytest.raises(ValueError, match="recurrent state holds 20 positions"):
         r.step([1], 21, greedy, 0, [])
     assert r.step([prompt[20]], 20, greedy, 0, []) == fresh.step([prompt[20]], 20, greedy, 0, [])
