@@ -89,7 +89,8 @@ static_assert(DK >= 1 && DK <= 256, "DK: 1..256");
 static_assert(KC >= 2 && KC <= 8 && KC - 1 <= CONV_ROWS, "KC: 2..8");
 
 // ============================================================================ conv1d
-extern "C" __global__ void __launch_bounds__(CONV_NT)
+// (at least 8 blocks an SM: up to 64 registers; ptxas otherwise aims at 32 for some KC and spills)
+extern "C" __global__ void __launch_bounds__(CONV_NT, 8)
 deltanet_conv(const float* __restrict__ x, int ldx, const float* __restrict__ w, float* __restrict__ state,
               float* __restrict__ out, int T, int C, const int* __restrict__ pos, float* __restrict__ ckpt,
               long long slot_stride, int nslot) {
@@ -101,17 +102,13 @@ deltanet_conv(const float* __restrict__ x, int ldx, const float* __restrict__ w,
     if (c < C) {
 #pragma unroll
         for (int j = 0; j < KC; ++j) wt[j] = w[(long long)c * KC + j];
-        if (first) {  // written by this thread only, in an earlier pass (ordered by the stream)
-#pragma unroll
-            for (int j = 0; j < KC - 1; ++j) win[j] = state[(long long)j * C + c];
-        }
     }
-    pdl_wait();  // x comes from the qkv projection
+    pdl_wait();  // x comes from the qkv projection, the state from an earlier pass
     if (c >= C) return;
-    if (!first) {
+    const float* src = first ? state + c : x + (long long)(t0 - (KC - 1)) * ldx + c;
+    const long long ld = first ? C : ldx;
 #pragma unroll
-        for (int j = 0; j < KC - 1; ++j) win[j] = x[(long long)(t0 - (KC - 1) + j) * ldx + c];
-    }
+    for (int j = 0; j < KC - 1; ++j) win[j] = src[j * ld];
     for (int t = t0; t < t1; ++t) {
         if (ckpt != nullptr) {
             float* ck = ckpt + (long long)(pos[t] % nslot) * slot_stride;
@@ -219,10 +216,10 @@ deltanet_recurrent(const float* __restrict__ qkv, int ldq, const float* __restri
     const long long head_cols = (long long)h * DV;
     float* Sj = S + (head_cols + j) * DK;
     pdl_trigger();
-    float s[RPL][4];
-    col_load(s, Sj, col, li);  // written by this kernel only, in an earlier pass (ordered by the stream)
     const float A = A_[h], dtb = dt_bias[h];
-    pdl_wait();  // q | k | v from the conv, b and a from their projections
+    pdl_wait();  // q | k | v from the conv, b and a from their projections, S from an earlier pass
+    float s[RPL][4];
+    col_load(s, Sj, col, li);
 
     for (int t0 = 0; t0 < T; t0 += GDN_TT) {
         const int nt = min(GDN_TT, T - t0);

@@ -166,11 +166,12 @@ def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-@pytest.mark.parametrize("dk", [128, 256, 40, 8])
-def test_deltanet_builds_do_not_spill(arch, dk):
+@pytest.mark.parametrize("defines", [{"DK": 128, "KC": 4}, {"DK": 256, "KC": 4}, {"DK": 40, "KC": 3}, {"DK": 8, "KC": 2},
+                                     {"DK": 64, "KC": 8}], ids=lambda d: f"DK{d['DK']}-KC{d['KC']}")
+def test_deltanet_builds_do_not_spill(arch, defines):
     """ptxas's report on deltanet.cu's kernels: no spills (the recurrence keeps a lane's part of S,
-    dk / 8 values, in registers for the whole pass)."""
-    _, log = kb.compile_cubin("deltanet", arch, {"DK": dk}, extra=("-Xptxas=-v",))
+    DK / 8 values, in registers for the whole pass; the conv its KC taps and window)."""
+    _, log = kb.compile_cubin("deltanet", arch, defines, extra=("-Xptxas=-v",))
     for fn in ("deltanet_conv", "deltanet_recurrent", "deltanet_gated_norm"):
         i = log.index(f"Function properties for {fn}")
         props = log[i:log.index("\n", log.index("\n", i) + 1)]
