@@ -15,6 +15,11 @@ any key):  ``decode_tps``, ``prefill_tps``, ``ttft_s``, ``prompt_tokens``, ``gen
 ``cached_tokens`` (prompt tokens reused from the previous turn's KV cache).
 Speculative decoding adds ``spec_rounds`` (verify steps), ``spec_drafted``, ``spec_accepted``,
 ``spec_acceptance`` (accepted / drafted) and ``spec_mean_len`` (tokens per verify step).
+A batching engine (scheduler.py) adds per request ``queue_s`` (submitted -> first scheduled) and
+``preemptions``, and engine-wide ``batch_running``, ``batch_waiting``, ``batch_size`` (sequences in
+the last step), ``batch_max``, ``batch_steps``, ``batch_rows``, ``kv_blocks_total`` / ``_used`` /
+``_cached``, ``kv_block_tokens``, ``prefix_hit_tokens`` / ``prefix_query_tokens`` (prompt positions
+found in / looked up in the prefix cache), ``kv_evictions`` and ``batch_preemptions`` (totals).
 """
 from __future__ import annotations
 
@@ -59,6 +64,9 @@ class GenerationRequest:
     echo: bool = False
     spec: str | None = None  # speculative decoding: off | ngram | mtp; None: the engine's --spec
     spec_k: int | None = None  # drafts per step (0: adaptive); None: the engine's --spec-k
+    # the user at the keyboard (the TUI): a batching engine runs it ahead of server load, and a
+    # full queue never refuses it
+    interactive: bool = False
 
     def __post_init__(self):
         if (self.messages is None) == (self.prompt is None):

@@ -20,6 +20,14 @@ prompts, the output equals plain decoding's token for token; also for a hybrid m
 DeltaNet layers, whose recurrent state each verify checkpoints; gated attention; an MTP head);
 with ``-m`` on that model, its MTP head (shipped, or trained by ``bw24chat train-draft``) as the third.
 
+``--batch`` runs only the batch-invariance gate (batch_gates): B = 1, 2, 8, 32 sequences of
+different lengths decoded together through the continuous-batching scheduler (budget-sized
+prefill chunks beside decode rows, the paged KV pool), greedy and seeded, prefix sharing on and
+off, each sequence's tokens and the logits of every token bit-identical to its solo run (prefill,
+then one-row steps, on a fresh runner); then the same with a pool small enough to preempt, and
+with n-gram speculation inside the batch.  It needs a runner with a batched step (the NumPy
+backend, ``--device cpu``; the CUDA runner has none yet).
+
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
 from-scratch prefill-vs-decode row shows a few argmax flips at margins of 1e-3..1e-2 on random
@@ -33,7 +41,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -408,6 +416,124 @@ def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None
     return runner, word_tokenizer(runner.vocab_size), f"CUDA, {dev}"
 
 
+# ----------------------------------------------------------------------------- batch invariance
+BATCH_SIZES = (1, 2, 8, 32)
+
+
+def batch_prompts(n: int, vocab: int, seed: int = 37) -> list[list[int]]:
+    """n prompts of 1..80 tokens; two in three start with the same 48-token system prompt."""
+    rng = np.random.default_rng(seed)
+    system = [int(t) for t in rng.integers(0, vocab, 48)]
+    return [(system if i % 3 else []) + [int(t) for t in rng.integers(0, vocab, int(rng.integers(1, 33)))]
+            for i in range(n)]
+
+
+def solo_run(make_runner, prompt: list[int], sp: SamplingParams, seed: int, n_gen: int) -> tuple[list[int], list[np.ndarray]]:
+    """A sequence alone on a fresh runner: its prompt prefilled, then one-row steps; the tokens
+    and the logits each was sampled from."""
+    runner = make_runner()
+    tok = runner.prefill(np.asarray(prompt), 0, sp, seed, [])
+    out, logits, hist = [tok], [runner.last_logits()[-1].copy()], list(prompt)
+    while len(out) < n_gen:
+        tok = runner.step([out[-1]], len(hist), sp, seed, hist)[0]
+        hist.append(out[-1])
+        out.append(tok)
+        logits.append(runner.last_logits()[0].copy())
+    return out, logits
+
+
+def batch_run(make_runner, tok, prompts, sp: SamplingParams, seeds, n_gen: int, share: bool, n_blocks: int = 0,
+              step_tokens: int = 64, drafters=None):
+    """The prompts decoded together by the scheduler: per sequence (tokens, the logits of each),
+    the scheduler and its sequences (for their figures)."""
+    from .generate import Output
+    from .scheduler import Scheduler, Sequence
+
+    class Recording(Output):
+        def feed(self, t, logits):
+            self.rows.append(np.array(logits()))
+            return super().feed(t, logits)
+
+    runner = make_runner()
+    sched = Scheduler(runner, n_blocks or 64 * len(prompts) + 64, share, step_tokens)
+    seqs = []
+    for i, p in enumerate(prompts):
+        spi = replace(sp, seed=seeds[i], max_tokens=n_gen)
+        out = Recording(tok, spi, len(p), runner.n_ctx)
+        out.rows = []
+        seq = Sequence(list(p), spi, out, drafter=drafters[i] if drafters else None)
+        sched.add(seq)
+        seqs.append(seq)
+    while not sched.idle():
+        sched.step()
+    return [(s.out.ids, s.out.rows) for s in seqs], sched, seqs
+
+
+def _same(a: tuple[list[int], list[np.ndarray]], b: tuple[list[int], list[np.ndarray]]) -> bool:
+    return a[0] == b[0] and len(a[1]) == len(b[1]) and all(np.array_equal(x.view(np.uint32), y.view(np.uint32))
+                                                          for x, y in zip(a[1], b[1]))
+
+
+def batch_gates(make_runner, tok, sizes=BATCH_SIZES, n_gen: int = 24, label: str = "batch") -> list[Result]:
+    """Every sequence decoded in a batch = its solo run (tokens and the logits bits of every
+    token), for each batch size, greedy and seeded, prefix sharing on and off; then a pool of one
+    context (preemption and recompute) and n-gram speculation inside the batch."""
+    from .backends.runner import max_batch
+    from .speculative import NgramDrafter
+
+    probe = make_runner()
+    if max_batch(probe) < max(sizes):
+        return [Result(label, "batched step", f"{type(probe).__name__} takes {max_batch(probe)} sequence(s) a step",
+                       f">= {max(sizes)}", False)]
+    V = probe.vocab_size
+    prompts = batch_prompts(max(sizes), V)
+    seeds = [1000 + 17 * i for i in range(len(prompts))]
+    out = []
+    for mode, sp in SPEC_SAMPLING.items():
+        solo = [solo_run(make_runner, p, sp, seeds[i], n_gen) for i, p in enumerate(prompts)]
+        for b in sizes:
+            for share in (True, False):
+                got, sched, _ = batch_run(make_runner, tok, prompts[:b], sp, seeds, n_gen, share)
+                same = sum(_same(g, s) for g, s in zip(got, solo))
+                st = sched.stats()
+                out.append(Result(label, f"B={b:<2} {mode:7} sharing {'on ' if share else 'off'}",
+                                  f"{same}/{b} identical, {st['batch_steps']} steps, prefix hits "
+                                  f"{st['prefix_hit_tokens']} tokens", "= solo (tokens + logits bits)", same == b))
+        b, long = 8, 4 * n_gen  # long generations outgrow a pool of one context
+        solo_long = [solo_run(make_runner, p, sp, seeds[i], long) for i, p in enumerate(prompts[:b])]
+        got, sched, _ = batch_run(make_runner, tok, prompts[:b], sp, seeds, long, True, n_blocks=1, step_tokens=32)
+        same = sum(_same(g, s) for g, s in zip(got, solo_long))
+        pre = sched.stats()["batch_preemptions"]
+        out.append(Result(label, f"B={b:<2} {mode:7} pool of one context", f"{same}/{b} identical, {pre} preemptions",
+                          "= solo, preemptions > 0", same == b and pre > 0))
+        got, _, seqs = batch_run(make_runner, tok, prompts[:b], sp, seeds, n_gen, True,
+                                 drafters=[NgramDrafter() for _ in range(b)])
+        same = sum(_same(g, s) for g, s in zip(got, solo))
+        drafted, accepted = sum(s.spec.drafted for s in seqs), sum(s.spec.accepted for s in seqs)
+        out.append(Result(label, f"B={b:<2} {mode:7} n-gram drafts", f"{same}/{b} identical, {accepted}/{drafted} "
+                          "drafts accepted", "= solo", same == b))
+    return out
+
+
+def batch_runner(device: str = "cpu", shape: str = "tiny", fmt: str = "Q8_0", n_ctx: int = 512):
+    """The gate's runner factory, tokenizer and a name for the backend: a random-weight model of
+    ``shape`` (the CUDA runner has no batched step yet: the gate says so)."""
+    from .backends import pick_device
+    from .synthetic import SHAPES, synthetic_checkpoint
+
+    ck = synthetic_checkpoint(shape, fmt)
+    tok = word_tokenizer(SHAPES[shape]["vocab_size"])
+    if pick_device(device)[0] == "cpu":
+        from .backends.numpy_backend import NumpyBackend, NumpyRunner
+        from .models import build_model
+
+        model = build_model(ck, NumpyBackend(), n_ctx)
+        return lambda: NumpyRunner(model, NumpyBackend()), tok, f"NumPy, {shape}/{fmt.lower()}"
+    from .backends.cuda_runner import CudaRunner
+
+    return lambda: CudaRunner(ck, n_ctx, "bf16", prefill_chunk=512), tok, f"CUDA, {shape}/{fmt.lower()}"
+
+
 def spec_fixed(runner, tok, k: int = 4, n: int = 128) -> tuple[tuple[int, int, int], str, str]:
     """One fixed configuration: the oracle at K = 4, greedy, the "random" prompt, 128 tokens.
     Returns the (rounds, drafted, accepted) counts, the sha256 of the 128 tokens (int32
@@ -503,6 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-k", default=",".join(map(str, range(1, MAX_K + 1))), help="--spec: comma list of K")
     p.add_argument("--draft-head", metavar="FILE", help="--spec -m: the model's trained MTP head, if not the one beside "
                                                          "it (bw24chat train-draft)")
+    p.add_argument("--batch", action="store_true",
+                   help="only the batch-invariance gate (B = 1, 2, 8, 32 sequences decoded together = each alone, "
+                        "greedy and seeded, prefix sharing on and off; the NumPy backend: --device cpu) on the "
+                        "--synthetic shape in the first of --formats")
     return p
 
 
@@ -533,6 +663,9 @@ def main(argv: list[str]) -> int:
     if a.portable:
         os.environ["BW24CHAT_PORTABLE"] = "1"
     t0 = time.time()
+    if a.batch:
+        make_runner, tok, where = batch_runner(a.device, a.synthetic, a.formats[0].upper())
+        return report(batch_gates(make_runner, tok), f"bw24chat check --batch on {where}, {time.time() - t0:.0f}s")
     if a.spec:
         ks = [int(k) for k in a.spec_k.split(",")]
         runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)

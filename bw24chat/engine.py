@@ -5,18 +5,21 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from typing import Callable
 
 from .api import DoneEvent, ErrorEvent, LoadProgress, ModelInfo, RequestHandle, StatsEvent, TokenEvent, Usage
 from .backends import pick_device
 from .console import download_reporter
 from .chat_template import ChatFormatter, ChatTemplateError
+from .backends.runner import max_batch
 from .engine_thread import EngineThread
-from .generate import ContextFull, Generator
+from .generate import ContextFull, Generator, Output
 from .loaders import load_checkpoint
 from .model_store import model_aliases, resolve_model
 from .sampling_defaults import model_sampling
 from .options import EngineOptions
+from .scheduler import Scheduler, Sequence
 from .speculative import make_drafter
 
 
@@ -32,9 +35,17 @@ def process_rss() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
+KV_POOL_BYTES = 1 << 30  # the paged pool's default size (at least one full context)
+
+
 class Engine(EngineThread):
+    """Serves requests on its thread: batched (scheduler.py) where the runner has a batched step,
+    else one at a time through generate.Generator.  An MTP head drafts from one sequence's hidden
+    states in its own cache, so ``--spec mtp`` serves one request at a time, and a batched request
+    that asks for it is decoded plainly (the same tokens); n-gram drafts run in the batch."""
+
     def __init__(self, checkpoint, runner, device: str, device_name: str, note: str, max_queue: int = 64,
-                 ids: tuple[str, ...] = (), spec: str = "off", spec_k: int = 0):
+                 ids: tuple[str, ...] = (), spec: str = "off", spec_k: int = 0, batch: int = 0, kv_pool: int = 0):
         try:  # an unknown mode (or mtp without a head) fails at load, not at the first request
             make_drafter(spec, runner)
         except ValueError as exc:
@@ -63,7 +74,13 @@ class Engine(EngineThread):
             aliases=tuple(ids[1:]),
         )
         self.info.sampling_defaults, self.info.sampling_source = model_sampling(checkpoint)
-        super().__init__(max_queue=max_queue)
+        self.scheduler = None
+        if min(batch or max_batch(runner), max_batch(runner)) > 1 and spec != "mtp":
+            per_token = runner.kv_block_bytes() // runner.block_size
+            tokens = kv_pool or max(runner.n_ctx, KV_POOL_BYTES // per_token)
+            self.scheduler = Scheduler(runner, -(-tokens // runner.block_size), batch=batch)
+        self._handles: dict[int, object] = {}  # sequence id -> its RequestHandle
+        super().__init__(max_queue=max_queue, batched=self.scheduler is not None)
 
     # ------------------------------------------------------------------ API
     def render_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -72,28 +89,61 @@ class Engine(EngineThread):
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_bos=False))
 
+    def _recover(self) -> None:
+        """After a failure inside the runner: what its cache holds is unknown (a prefill chunk or
+        a step may have stopped half-way; a hybrid model's recurrent state with it), so the next
+        request prefills from scratch; the GPU memory pools give their free blocks back."""
+        self.generator.cached.clear()
+        try:
+            self.runner.rollback(0)
+        except Exception:  # noqa: BLE001 - best effort: the cleared prefix is what matters
+            pass
+        cp = getattr(self.runner, "cp", None)
+        if cp is not None:
+            cp.get_default_memory_pool().free_all_blocks()
+            cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def _oom_message(self, exc: BaseException) -> str:
+        where = "GPU" if self.info.backend == "cuda" else "host"
+        return (f"the {where} ran out of memory during this reply ({type(exc).__name__}); the engine freed what it "
+                "could and keeps serving: try a shorter prompt or reply, a smaller --ctx, or a smaller model or format")
+
     def stats(self) -> dict:
         s = {"backend": self.info.backend, "gpu_name": self.info.device_name, "ctx_max": self.runner.n_ctx,
-             "ctx_used": len(self.generator.cached), "rss": process_rss()}
+             "rss": process_rss()}
         memory = self.runner.memory_info()
         if "kv_bytes" not in memory and hasattr(self.runner, "cache_k"):  # the CUDA runner's per-layer caches
             memory["kv_bytes"] = sum(int(c.nbytes) for c in (*self.runner.cache_k, *self.runner.cache_v))
         s.update({k: v for k, v in memory.items() if k in ("vram_used", "vram_total", "kv_bytes")})
+        if self.scheduler is not None:  # the pool's blocks held (by requests, or cached for reuse), the batch's figures
+            sched = self.scheduler.stats()
+            held = sched["kv_blocks_used"] + sched["kv_blocks_cached"]
+            s.update(sched, kv_bytes=s.get("kv_bytes", 0) + held * self.runner.kv_block_bytes())
+        else:
+            s["ctx_used"] = len(self.generator.cached)
         if hasattr(self.runner, "expert_stats"):  # MoE tiers: hit rates, bytes moved per token, occupancy
             s.update(self.runner.expert_stats())
         return s
 
     # ------------------------------------------------------------------ worker
-    def run_request(self, handle: RequestHandle) -> None:
+    def _prompt_ids(self, handle: RequestHandle) -> list[int] | None:
+        """The request's prompt ids (None: it ended with an ErrorEvent)."""
         req = handle.request
         try:
             text = req.prompt if req.prompt is not None else self.render_prompt(req.messages, req.add_generation_prompt)
         except ChatTemplateError as exc:
             handle.emit(ErrorEvent(str(exc)))
-            return
+            return None
         ids = self.tokenizer.encode(text)  # adds BOS where the model wants it, never twice
         if req.echo and req.prompt is not None:
             handle.emit(TokenEvent(req.prompt, []))
+        return ids
+
+    def run_request(self, handle: RequestHandle) -> None:
+        req = handle.request
+        ids = self._prompt_ids(handle)
+        if ids is None:
+            return
 
         def on_text(piece, ids_, lps):
             handle.emit(TokenEvent(piece, list(ids_), lps))
@@ -109,6 +159,12 @@ class Engine(EngineThread):
         except (ContextFull, ValueError) as exc:
             handle.emit(ErrorEvent(f"context full: {exc}. Start a new chat or raise --ctx." if isinstance(exc, ContextFull) else str(exc)))
             return
+        except Exception as exc:  # noqa: BLE001 - the request fails, the engine keeps serving
+            self._recover()
+            if not out_of_memory(exc):
+                raise
+            handle.emit(ErrorEvent(self._oom_message(exc)))
+            return
         stats = self.stats()
         stats.update(
             decode_tps=res.decode_tps,
@@ -122,6 +178,62 @@ class Engine(EngineThread):
         )
         handle.emit(StatsEvent(stats))
         handle.emit(DoneEvent(res.finish_reason, Usage(res.prompt_tokens, len(res.token_ids)), stats, res.text))
+
+    # ------------------------------------------------------------------ worker, batched
+    def start_request(self, handle: RequestHandle) -> None:
+        req = handle.request
+        ids = self._prompt_ids(handle)
+        if ids is None:
+            return
+        n_ctx = self.runner.n_ctx
+        if not ids or len(ids) >= n_ctx:
+            msg = "empty prompt" if not ids else f"context full: the prompt is {len(ids)} tokens; the context holds {n_ctx}. " \
+                                                 "Start a new chat or raise --ctx."
+            handle.emit(ErrorEvent(msg))
+            return
+        out = Output(self.tokenizer, req.sampling, len(ids), n_ctx,
+                     lambda piece, ids_, lps: handle.emit(TokenEvent(piece, list(ids_), lps)), req.logprobs)
+        drafter = make_drafter(req.spec or self.spec, self.runner)
+        seq = Sequence(ids, req.sampling, out, interactive=req.interactive, cancelled=lambda: handle.cancelled,
+                       on_done=self._finished, on_stats=lambda s: handle.emit(StatsEvent(dict(self.stats(), **s.stats()))),
+                       drafter=None if drafter is None or drafter.needs_hidden else drafter,
+                       spec_k=self.spec_k if req.spec_k is None else req.spec_k)
+        self.scheduler.add(seq)
+        self._handles[seq.id] = handle
+
+    def run_step(self) -> bool:
+        try:
+            return self.scheduler.step() > 0
+        except Exception as exc:  # noqa: BLE001 - the step's requests fail, the engine keeps serving the others
+            self._recover()
+            if not out_of_memory(exc):
+                traceback.print_exc()
+            message = self._oom_message(exc) if out_of_memory(exc) else f"{type(exc).__name__}: {exc}"
+            for seq in self.scheduler.failed:
+                self._handles.pop(seq.id).emit(ErrorEvent(message))
+            return True
+
+    def in_flight(self) -> tuple[int, int]:
+        return self.scheduler.waiting, self.scheduler.running
+
+    def abort_all(self, message: str) -> None:
+        for seq in self.scheduler.abort():
+            self._handles.pop(seq.id).emit(ErrorEvent(message))
+
+    def _finished(self, seq: Sequence) -> None:
+        handle = self._handles.pop(seq.id)
+        text = seq.out.close()
+        stats = dict(self.stats(), **seq.stats())
+        handle.emit(StatsEvent(stats))
+        handle.emit(DoneEvent(seq.finish, Usage(seq.n_prompt, len(seq.out.ids)), stats, text))
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A host MemoryError or the GPU's allocation failure (CuPy's OutOfMemoryError, or a CUDA
+    error naming it)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, MemoryError) or "OutOfMemoryError" in text or "out of memory" in text.lower() \
+        or "cudaErrorMemoryAllocation" in text or "CUDA_ERROR_OUT_OF_MEMORY" in text
 
 
 def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None] | None = None) -> Engine:
@@ -161,5 +273,5 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         device_name = "CPU (NumPy)"
     report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
     return Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model),
-                  spec=options.spec, spec_k=options.spec_k)
+                  spec=options.spec, spec_k=options.spec_k, batch=options.max_batch, kv_pool=options.kv_pool)
 

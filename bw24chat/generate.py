@@ -39,6 +39,75 @@ class ContextFull(ValueError):
     pass
 
 
+class Output:
+    """One generation's output side, token by token: stop ids and strings, loop detection,
+    max_tokens and the end of the context decide the finish; whole characters are streamed to
+    ``on_text`` with their ids (and top-``logprobs`` log-probabilities).  Shared by the
+    one-sequence loop (Generator.generate) and the batched scheduler (scheduler.py)."""
+
+    def __init__(self, tok: TokenizerInfo, sp: SamplingParams, n_prompt: int, n_ctx: int,
+                 on_text: Callable[[str, list[int], list[TokenLogprob] | None], None] | None = None, logprobs: int = 0):
+        self.tok, self.sp, self.n_prompt, self.n_ctx, self.on_text, self.logprobs = tok, sp, n_prompt, n_ctx, on_text, logprobs
+        self.stream = StreamDecoder(tok)
+        self.stopper = StopMatcher(sp.stop)
+        self.loops = LoopDetector(sp.stop_on_loop)
+        self.ids: list[int] = []
+        self.text_parts: list[str] = []
+        self.finish = "length"
+        self._pending_ids: list[int] = []
+        self._pending_lp: list[TokenLogprob] = []
+
+    def feed(self, tok: int, logits: Callable[[], np.ndarray]) -> bool:
+        """The next sampled token (``logits()``: the row it was sampled from, read only for
+        logprobs); False once the generation is over (``finish`` says why)."""
+        if len(self.ids) >= self.sp.max_tokens:
+            self.finish = "length"
+            return False
+        if tok in self.tok.stop_ids:
+            self.finish = "stop"
+            return False
+        if self.logprobs:
+            self._pending_lp.append(self._logprob(logits(), tok))
+        self.ids.append(tok)
+        self._pending_ids.append(tok)
+        piece = self.stopper.feed(self.stream.push(tok))
+        if piece or (self._pending_lp and self.stopper.stopped):
+            self._emit(piece)
+        if self.stopper.stopped:
+            self.finish = "stop"
+            return False
+        if self.loops.feed(tok):
+            self.finish = "loop"
+            return False
+        if self.n_prompt + len(self.ids) >= self.n_ctx:
+            self.finish = "context_full"
+            return False
+        if len(self.ids) >= self.sp.max_tokens:
+            self.finish = "length"
+            return False
+        return True
+
+    def close(self) -> str:
+        """Flush what is held back (a partial character, a possible stop string's start); the
+        whole text."""
+        tail = self.stopper.flush() + (self.stream.flush() if not self.stopper.stopped else "")
+        if tail or self._pending_ids:
+            self._emit(tail)
+        return "".join(self.text_parts)
+
+    def _emit(self, piece: str) -> None:
+        if self.on_text:
+            self.on_text(piece, self._pending_ids, self._pending_lp or None)
+        self.text_parts.append(piece)
+        self._pending_ids, self._pending_lp = [], []
+
+    def _logprob(self, logits: np.ndarray, tok: int) -> TokenLogprob:
+        lp = log_softmax(np.asarray(logits))
+        top = np.argsort(-lp, kind="stable")[:self.logprobs]
+        d = self.tok.decode
+        return TokenLogprob(d([tok], False), tok, float(lp[tok]), [(d([int(i)], False), int(i), float(lp[i])) for i in top])
+
+
 class Generator:
     def __init__(self, runner, tokenizer: TokenizerInfo, prefill_chunk: int = 512):
         self.runner = runner
@@ -126,15 +195,8 @@ class Generator:
         t_first = time.perf_counter()
         n_prefilled = len(prompt_ids) - reused
         history = list(prompt_ids)
-        stream = StreamDecoder(self.tok)
-        stopper = StopMatcher(sp.stop)
-        loops = LoopDetector(sp.stop_on_loop)
-        out_ids: list[int] = []
-        text_parts: list[str] = []
-        finish = "length"
+        out = Output(self.tok, sp, len(prompt_ids), self.runner.n_ctx, on_text, logprobs)
         t_dec = t_first
-        pending_ids: list[int] = []
-        pending_lp: list[TokenLogprob] = []
         last_stats = t_first
         k = DraftLength(spec_k)
         spec = SpecCounters()
@@ -145,44 +207,18 @@ class Generator:
         ready = [(0, tok)]  # sampled, not yet emitted: (row of last_logits(), token)
         while True:
             if cancelled():
-                finish = "cancelled"
+                out.finish = "cancelled"
                 break
             row, tok = ready.pop(0)
-            if len(out_ids) >= sp.max_tokens:
-                finish = "length"
+            if not out.feed(tok, lambda: self.runner.last_logits()[row]):
                 break
-            if tok in self.tok.stop_ids:
-                finish = "stop"
-                break
-            if logprobs:
-                pending_lp.append(self._logprob(self.runner.last_logits()[row], tok, logprobs))
-            out_ids.append(tok)
             history.append(tok)
-            pending_ids.append(tok)
-            piece = stopper.feed(stream.push(tok))
-            if piece or (pending_lp and stopper.stopped):
-                if on_text:
-                    on_text(piece, pending_ids, pending_lp or None)
-                text_parts.append(piece)
-                pending_ids, pending_lp = [], []
-            if stopper.stopped:
-                finish = "stop"
-                break
-            if loops.feed(tok):
-                finish = "loop"
-                break
-            if len(history) >= self.runner.n_ctx:
-                finish = "context_full"
-                break
-            if len(out_ids) >= sp.max_tokens:
-                finish = "length"
-                break
             if ready:  # the rest of an accepted run: the checks above apply to each token
                 continue
             # the history only feeds the repetition penalty: skip the copy when it is off
             before = history[:-1] if sp.repeat_penalty != 1.0 else []
             # drafts + the bonus token never exceed what max_tokens and the context still allow
-            n = min(k.k, sp.max_tokens - len(out_ids) - 1, self.runner.n_ctx - len(history) - 1) if drafter else 0
+            n = min(k.k, sp.max_tokens - len(out.ids) - 1, self.runner.n_ctx - len(history) - 1) if drafter else 0
             drafts = drafter.propose(history, n) if n > 0 else []
             if drafts:
                 new = self.speculate(tok, drafts, sp, seed, before)
@@ -197,20 +233,17 @@ class Generator:
             now = time.perf_counter()
             if on_stats and now - last_stats > 0.25:
                 last_stats = now
-                on_stats({"decode_tps": (len(out_ids) - 1) / max(now - t_dec, 1e-9), "ctx_used": len(history), "generated_tokens": len(out_ids),
+                on_stats({"decode_tps": (len(out.ids) - 1) / max(now - t_dec, 1e-9), "ctx_used": len(history), "generated_tokens": len(out.ids),
                           **(spec.stats() if drafter else {})})
+        out_ids = out.ids
         # a stop inside an accepted run: the cache keeps no token beyond the output
         self.truncate(min(len(self.cached), len(prompt_ids) + len(out_ids)))
-        tail = stopper.flush() + (stream.flush() if not stopper.stopped else "")
-        if tail or pending_ids:
-            if on_text:
-                on_text(tail, pending_ids, pending_lp or None)
-            text_parts.append(tail)
+        text = out.close()
         t_end = time.perf_counter()
         n_dec = max(len(out_ids) - 1, 0)  # the first token comes from the prefill's logits
         return GenerationResult(
-            finish_reason=finish,
-            text="".join(text_parts),
+            finish_reason=out.finish,
+            text=text,
             token_ids=out_ids,
             prompt_tokens=len(prompt_ids),
             cached_tokens=reused,
@@ -220,9 +253,3 @@ class Generator:
             seed=seed,
             stats=spec.stats() if drafter else {},
         )
-
-    def _logprob(self, logits: np.ndarray, tok: int, n: int) -> TokenLogprob:
-        lp = log_softmax(np.asarray(logits))
-        top = np.argsort(-lp, kind="stable")[:n]
-        d = self.tok.decode
-        return TokenLogprob(d([tok], False), tok, float(lp[tok]), [(d([int(i)], False), int(i), float(lp[i])) for i in top])

@@ -76,6 +76,8 @@ class EngineOptions:
     host_budget_gb: float | None = None  # pinned host RAM for spilled MoE experts; None: auto
     threads: int = 1  # BLAS threads of the NumPy backend (docs/performance.md)
     max_queue: int = 64
+    max_batch: int = 0  # sequences decoded together; 0: the backend's most (1: one request at a time)
+    kv_pool: int = 0  # positions in the paged KV pool of batched decoding; 0: 1 GiB of K/V, at least one context
     spec: str = "off"  # speculative decoding: off | ngram | mtp (speculative.py)
     spec_k: int = 0  # drafts per step, 1..MAX_K; 0: adaptive
     draft_head: str | None = None  # a trained MTP head file (train_draft.py); None: the one beside the model
@@ -99,6 +101,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     add_budget_args(g)
     g.add_argument("--threads", type=int, default=1,
                    help="BLAS threads of the NumPy backend (1 was fastest on 2 cores, idle or busy: docs/performance.md)")
+    g.add_argument("--max-batch", type=int, default=0, metavar="N",
+                   help="requests decoded together where the backend batches (--device cpu; each one's tokens are "
+                        "the same as alone); 1: one request at a time (default: 0, the backend's most)")
+    g.add_argument("--kv-pool", type=int, default=0, metavar="TOKENS",
+                   help="positions the batched engine's paged KV cache holds, shared by every request; prompt "
+                        "prefixes stay cached there for later requests (default: 0, 1 GiB of K/V and at least --ctx)")
     s = p.add_argument_group("sampling (unset: the model's recommendation, else the conservative values shown)")
     from .sampling_defaults import CONSERVATIVE
 
@@ -169,6 +177,8 @@ def _check_ranges(a: argparse.Namespace) -> None:
         ("--ctx", a.n_ctx, lambda v: v >= 0, "0 (the model's) or more"),
         ("--stop-on-loop", a.stop_on_loop, lambda v: v >= 0, "0 (off) or more"),
         ("--threads", a.threads, lambda v: v >= 1, "1 or more"),
+        ("--max-batch", a.max_batch, lambda v: v >= 0, "0 (the backend's most) or more"),
+        ("--kv-pool", a.kv_pool, lambda v: v >= 0, "0 (automatic) or more"),
         ("--vram-budget", a.vram_budget_gb, lambda v: 0 <= v < float("inf"), "0 (all free) or more GiB"),
         ("--host-budget", a.host_budget_gb, lambda v: 0 <= v < float("inf"), "0 (none) or more GiB"),
     ]
@@ -190,6 +200,8 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
         vram_budget_gb=a.vram_budget_gb,
         host_budget_gb=a.host_budget_gb,
         threads=a.threads,
+        max_batch=a.max_batch,
+        kv_pool=a.kv_pool,
         spec=a.spec or ("mtp" if a.draft_head else "off"),
         spec_k=a.spec_k,
         draft_head=a.draft_head,

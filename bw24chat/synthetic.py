@@ -42,7 +42,7 @@ SHAPES = {
     "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
                          max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
-    # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): the llama.cpp MoE figures of issue 32
+    # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): the shape of llama.cpp's MoE figures (engine notes)
     "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
                           num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                           max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,

@@ -69,3 +69,49 @@ def test_bad_input(case, tmp_path, capsys, monkeypatch):
     assert "Traceback" not in err
     for f in fragments:
         assert f in err, err
+
+
+@pytest.mark.parametrize("max_batch", [1, 0], ids=["one-at-a-time", "batched"])
+def test_out_of_memory_mid_reply_fails_the_request_and_the_engine_keeps_serving(tmp_path, max_batch):
+    """An allocation failure inside the runner (the GPU's OutOfMemoryError, or a host MemoryError)
+    ends that request with an error event naming it; the cache's unknown contents are forgotten,
+    and the next request runs to completion with the tokens a fresh engine gives.  The same for
+    the one-request-at-a-time engine (a failing step) and the batching one (a failing batch_step:
+    the step's requests fail, their blocks go back)."""
+    from bw24chat.api import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
+    from bw24chat.engine import open_engine, out_of_memory
+    from bw24chat.options import EngineOptions
+
+    from .model_factory import make_gguf
+
+    class OutOfMemoryError(Exception):  # what CuPy raises (cupy.cuda.memory.OutOfMemoryError)
+        pass
+
+    assert out_of_memory(OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes"))
+    assert out_of_memory(MemoryError()) and not out_of_memory(RuntimeError("boom"))
+    engine = open_engine(EngineOptions(model=str(make_gguf(tmp_path / "m.gguf")), device="cpu", max_batch=max_batch))
+    assert engine.batched == (max_batch != 1)
+    req = lambda: GenerationRequest(prompt="hello there, how are you", sampling=SamplingParams(temperature=0, max_tokens=8))  # noqa: E731
+    name = "batch_step" if engine.batched else "step"
+    try:
+        want = list(engine.submit(req()).events())[-1]
+        real_step, calls = getattr(engine.runner, name), []
+
+        def failing_step(*a, **k):  # the third step of the next reply fails
+            calls.append(1)
+            if len(calls) == 3:
+                raise OutOfMemoryError("Out of memory allocating 536,870,912 bytes (allocated so far: 79 GiB)")
+            return real_step(*a, **k)
+
+        setattr(engine.runner, name, failing_step)
+        evs = list(engine.submit(req()).events())
+        assert isinstance(evs[-1], ErrorEvent) and "ran out of memory" in evs[-1].message
+        if engine.batched:
+            assert engine.stats()["kv_blocks_used"] == 0  # its blocks are back
+        else:
+            assert engine.generator.cached == []  # forgotten: the next request prefills from scratch
+        setattr(engine.runner, name, real_step)
+        again = list(engine.submit(req()).events())[-1]
+        assert isinstance(again, DoneEvent) and again.text == want.text
+    finally:
+        engine.close()

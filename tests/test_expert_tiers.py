@@ -1,4 +1,4 @@
-"""Expert residency without a GPU (issue 32 items 3, 5, 7): the tier plan at made-up card sizes,
+"""Expert residency without a GPU: the tier plan at made-up card sizes,
 the slot-cache policies' invariants, the stats, the NumPy engine's simulated tiers, info's plan."""
 import numpy as np
 import pytest

@@ -17,7 +17,7 @@ class PerturbedAttention(NumpyBackend):
         super().__init__(**kw)
         self.eps, self.rng = eps, np.random.default_rng(5)
 
-    def ops(self, *a, **k):
+    def pass_ops(self, *a, **k):
         backend = self
 
         class Ops(NumpyOps):

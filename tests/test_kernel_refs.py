@@ -199,6 +199,13 @@ def _linear(backend, x, w):
     return backend.ops(None, 0, len(x), 1e-6).linear(x, w)
 
 
+def _product(x, w):
+    """x @ w^T as a prefill pass multiplies (numpy_backend.tiled_products)."""
+    from bw24chat.backends.numpy_backend import tiled_products
+
+    return tiled_products(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32))
+
+
 def test_numpy_backend_act_quant_matrices(monkeypatch):
     """NumpyBackend(act_quant=True) applies the contract to the integer-dot formats only (here
     opted in for Q8_0 and Q4_K, as BW24CHAT_A8 does for the CUDA engine)."""
@@ -213,10 +220,10 @@ def test_numpy_backend_act_quant_matrices(monkeypatch):
         t = random_matrix(fmt, 5, 256, rng)
         B = NumpyBackend(act_quant=True)
         w = B.load_linear([t])
-        want = (act_quant_ref(x) if quantized else x) @ t.dequantize().T
+        want = _product(act_quant_ref(x) if quantized else x, t.dequantize())
         assert np.array_equal(_linear(B, x, w), want)
         plain = NumpyBackend()
-        assert np.array_equal(_linear(plain, x, plain.load_linear([t])), x @ t.dequantize().T)
+        assert np.array_equal(_linear(plain, x, plain.load_linear([t])), _product(x, t.dequantize()))
 
 
 def test_numpy_backend_bf16_activations():
@@ -238,5 +245,5 @@ def test_numpy_backend_bf16_activations():
     for fmt, quantized in (("Q8_0", True), ("BF16", False)):
         t = random_matrix(fmt, 5, 256, rng)
         B = NumpyBackend(act_quant=True, act_bf16=True)
-        want = (act_quant_ref(xr) if quantized else xr) @ t.dequantize().T
+        want = _product(act_quant_ref(xr) if quantized else xr, t.dequantize())
         assert np.array_equal(_linear(B, x, B.load_linear([t])), want)

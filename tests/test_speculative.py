@@ -192,8 +192,8 @@ def test_counters_in_usage_and_metrics():
 
     stats = {"spec_rounds": 10, "spec_drafted": 30, "spec_accepted": 21, "spec_acceptance": 0.7, "spec_mean_len": 3.1}
     done = DoneEvent("length", Usage(5, 41), stats)
-    assert usage_body(done)["completion_tokens_details"] == {"accepted_prediction_tokens": 21, "rejected_prediction_tokens": 9}
-    assert "completion_tokens_details" not in usage_body(DoneEvent("length", Usage(5, 41), {}))
+    assert usage_body([done])["completion_tokens_details"] == {"accepted_prediction_tokens": 21, "rejected_prediction_tokens": 9}
+    assert "completion_tokens_details" not in usage_body([DoneEvent("length", Usage(5, 41), {})])
     m = Metrics()
     m.observe(done, 1.0)
     m.observe(done, 1.0)

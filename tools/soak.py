@@ -1,4 +1,4 @@
-"""Long-run check of the engine and the server (issue 38 item 6): nothing grows but the KV cache
+"""Long-run check of the engine and the server: nothing grows but the KV cache
 in use, nothing slows down.
 
     python tools/soak.py engine -m MODEL [--device cuda] [--generations 1000] [--out engine.json]

@@ -15,8 +15,8 @@ moe_gu (rmsnorm staged in the block, SwiGLU epilogue) -> [shared expert: two den
 moe_down (k dot products per output, combined in ranking order, + shared, + residual).
 Prefill (eager): the router's ids come to the host; the tokens of each active expert are gathered
 and run through the dense ``lin.gemm`` (gate|up, swiglu, down), scattered into Y (T, k, D), and
-moe_combine adds them in ranking order.  A grouped GEMM over all experts of a chunk is the later
-optimisation (issue 32).
+moe_combine adds them in ranking order.  It is launch-bound (docs/performance.md, "What bounds
+MoE decode"): a grouped GEMM over all of a chunk's experts is what it lacks.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The VRAM expert-slot cache's eviction policies (issue 32 item 3), pure Python and deterministic,
-so the same object drives the CUDA tiers (which slot to overwrite, then ``ExpertStore.set_slot``)
+"""The VRAM expert-slot cache's eviction policies, pure Python and deterministic,
+so the same object drives the CUDA tiers (which slot an expert's image goes to: cuda_tiers.py)
 and the NumPy engine's simulated accounting.
 
 One cache per MoE layer, ``slots`` slots each.  ``on_route(layer, expert_ids)`` is one lookup per
@@ -141,7 +141,7 @@ class ExpertCache:
         """(hits, misses, evictions) of the distinct experts in ``expert_ids`` (any shape)."""
         L = self.layers[layer]
         L.clock += 1
-        ids = sorted({int(e) for e in _flat(expert_ids)})
+        ids = sorted(set(_flat(expert_ids)))
         protect = {e for e in ids if e in L.slot_of}  # this call's resident experts stay
         hits = misses = evictions = 0
         self.loads = []

@@ -1,11 +1,11 @@
-"""Where a MoE model's routed experts live (issue 32 item 3): the residency plan, decided from
+"""Where a MoE model's routed experts live: the residency plan, decided from
 sizes alone before anything is loaded, the decode-speed estimate it implies, and the tiers'
 accounting (``ExpertTiers`` + ``ExpertStats``) that the engines report.
 
 Tiers: VRAM slots (a cache per layer, policy in expert_cache.py; the kernels read experts through
-``cuda_moe.ExpertStore``'s table, so a miss is a copy into a slot plus ``set_slot``), pinned host
-RAM (a fixed set of experts per layer, chosen at load), and the memory-mapped model file (disk,
-through the page cache).  All experts stay in VRAM when they fit.  Pure functions: the sizes
+``cuda_moe.ExpertStore``'s tables, so a miss is one copy into a slot plus its table rows:
+cuda_tiers.py), pinned host RAM (a fixed set of experts per layer, chosen at load), and the
+memory-mapped model file (disk, through the page cache).  All experts stay in VRAM when they fit.  Pure functions: the sizes
 come from the checkpoint's tensor table and the budgets from the flags.
 """
 from __future__ import annotations
@@ -307,7 +307,8 @@ class ExpertTiers:
             b = self.layout.expert_bytes[layer]
             s.bytes_host += b if from_host else 0
             s.bytes_disk += 0 if from_host else b
-        s.slots_used, s.slots = self.cache.occupancy()
+        if self.cache.loads or not s.slots:  # occupancy changes only with loads (a sum over every layer)
+            s.slots_used, s.slots = self.cache.occupancy()
         return self.cache.loads
 
     def lookup(self, layer: int, experts, resident: set) -> None:

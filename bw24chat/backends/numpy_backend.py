@@ -20,10 +20,13 @@ from ..ops import AttentionSpec, DeltaNetSpec, Loader, Ops, RouterSpec
 from ..rope import apply_rope
 from ..sampling import sample_token
 from .kernel_refs import act_q8, act_quant_ref, bf16_round
+from .runner import SeqWork
+
+NUMPY_MAX_BATCH = 64  # sequences per batched step: rows run one by one here, so any number would do
 
 
 class NumpyKVCache:
-    """Per-layer K and V, (n_layers, capacity, K, hd) float32, grown by doubling."""
+    """One sequence's K and V, (n_layers, capacity, K, hd) float32, grown by doubling."""
 
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, n_ctx: int):
         self.n_ctx = n_ctx
@@ -42,9 +45,66 @@ class NumpyKVCache:
             new[:, :cap] = old
             setattr(self, name, new)
 
+    def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """K and V (T, K, hd) of positions start..start+T-1."""
+        end = start + len(k)
+        self.ensure(end)
+        self.k[layer, start:end] = k
+        self.v[layer, start:end] = v
+
+    def read(self, layer: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V (end, K, hd) of positions 0..end-1."""
+        return self.k[layer, :end], self.v[layer, :end]
+
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+class NumpyKVPool:
+    """The paged KV cache (backends/runner.py: batch_step): K and V of ``n_blocks`` blocks of
+    ``block_size`` positions, held as (n_layers, n_blocks * block_size, K, hd) float32 slots
+    (block b holds slots b * block_size ..).  Which block belongs to which sequence is the engine's
+    bookkeeping (kv_pages.py); a sequence's pass reads and writes through its block table
+    (``view``).  np.zeros leaves untouched pages unmapped, so an unused pool costs no memory."""
+
+    def __init__(self, n_layers: int, n_kv: int, head_dim: int, n_blocks: int, block_size: int):
+        self.n_blocks, self.block_size = n_blocks, block_size
+        self.k = np.zeros((n_layers, n_blocks * block_size, n_kv, head_dim), np.float32)
+        self.v = np.zeros(self.k.shape, np.float32)  # (np.zeros_like writes its zeros: every page resident)
+
+    def view(self, table: np.ndarray) -> "PagedKV":
+        return PagedKV(self, np.asarray(table, np.int32))
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class PagedKV:
+    """One sequence's K and V in a NumpyKVPool, through its block table (the NumpyKVCache
+    interface: ``write``, ``read``).  ``read`` gathers the positions into a fresh contiguous
+    (end, K, hd) array: the same layout a NumpyKVCache hands out, so attention sees the same
+    operands either way."""
+
+    def __init__(self, pool: NumpyKVPool, table: np.ndarray):
+        self.pool, self.table = pool, table
+
+    def slots(self, start: int, end: int) -> np.ndarray:
+        pos = np.arange(start, end)
+        bs = self.pool.block_size
+        if end > len(self.table) * bs:
+            raise ValueError(f"positions up to {end - 1}, but the block table covers {len(self.table) * bs}")
+        return self.table[pos // bs].astype(np.int64) * bs + pos % bs
+
+    def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        s = self.slots(start, start + len(k))
+        self.pool.k[layer, s] = k
+        self.pool.v[layer, s] = v
+
+    def read(self, layer: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        s = self.slots(0, end)
+        return self.pool.k[layer, s], self.pool.v[layer, s]
 
 
 class NumpyRecurrentState:
@@ -268,18 +328,94 @@ class NumpyBackend(Loader):
         return NumpyRecurrentState(spec, n_layers)
 
     def ops(self, cache: NumpyKVCache, start: int, n_rows: int, eps: float, all_rows: bool = True,
-            state: NumpyRecurrentState | None = None) -> "NumpyOps":
-        return NumpyOps(self, cache, start, n_rows, eps, all_rows, state)
+            state: NumpyRecurrentState | None = None, prefill: bool | None = None) -> "NumpyOps":
+        """A pass over one sequence's rows start..start+n_rows-1 in ``cache``: prefill rows
+        (tiled products) or decode rows (one-row products); by default decode rows for a single
+        row, as a decode step, else prefill rows."""
+        prefill = n_rows > 1 if prefill is None else prefill
+        return self.pass_ops([RowSpan(0, n_rows, start, cache, prefill)], eps, all_rows, state)
+
+    def pass_ops(self, spans: list["RowSpan"], eps: float, all_rows: bool = True,
+                 state: NumpyRecurrentState | None = None) -> "NumpyOps":
+        """A pass over the rows of ``spans`` (one sequence's, or several: batch_step)."""
+        return NumpyOps(self, spans, eps, all_rows, state)
+
+
+PREFILL_TILE = 64
+"""Rows per product of a prefill pass on the NumPy backend.  BLAS picks its kernel, and with it
+the order of each dot product's additions, from the product's shape: OpenBLAS uses another kernel
+for one row (gemv) and, on some CPUs, for small products (its small-matrix path), so a row's
+value could depend on how many rows share its product.  A prefill pass therefore runs every
+product over tiles of exactly PREFILL_TILE rows (the last one zero-padded): a row's value then
+does not depend on the chunk it was computed in or on the rows beside it, which is what makes a
+prompt's K/V the same whether it was prefilled whole, in chunks of any size, beside other
+sequences, or taken from another sequence's cached prefix (kv_pages.py).  Its price, with row-by-
+row attention: prefill of 128 tokens 17 % slower on SmolLM2 (docs/performance.md)."""
+
+
+@dataclass
+class RowSpan:
+    """Rows lo..hi-1 of a pass: one sequence's tokens at positions start.., its K/V in ``kv``
+    (NumpyKVCache or PagedKV), prefill rows (tiled products) or decode rows (one-row products)."""
+
+    lo: int
+    hi: int
+    start: int
+    kv: object
+    prefill: bool
+    all_logits: bool = False  # in a pass that only samples: every row reaches the LM head, not just the last
+
+
+def one_row_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ w^T one row at a time: each row is the product a one-row decode step computes."""
+    if len(x) == 1:
+        return x @ w.T
+    return np.concatenate([x[i:i + 1] @ w.T for i in range(len(x))]) if len(x) else np.zeros((0, w.shape[0]), np.float32)
+
+
+def tiled_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ w^T over tiles of PREFILL_TILE rows, the last one zero-padded (PREFILL_TILE says why)."""
+    T, R = len(x), PREFILL_TILE
+    out = np.empty((T, w.shape[0]), np.float32)
+    for s in range(0, T, R):
+        n = min(R, T - s)
+        tile = np.zeros((R, x.shape[1]), np.float32)
+        tile[:n] = x[s:s + n]
+        out[s:s + n] = (tile @ w.T)[:n]
+    return out
+
+
+def attend_row(q: np.ndarray, keys: np.ndarray, vals: np.ndarray, spec: AttentionSpec) -> np.ndarray:
+    """One row's GQA attention over the S positions it sees: q (H, hd), keys / vals (S, K, hd)
+    -> (H * hd,).  Every row of every pass goes through here with S = its own position + 1, so
+    its value does not depend on the pass it is in (prefill chunk, decode step or batch)."""
+    H, hd = q.shape
+    K = spec.n_kv_heads
+    s = np.matmul(q.reshape(K, H // K, hd), keys.transpose(1, 2, 0)) * np.float32(spec.scale)  # (K, G, S)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p, vals.transpose(1, 0, 2)).reshape(H * hd)  # (K, G, hd)
 
 
 class NumpyOps(Ops):
-    """The op set over T rows at positions start..start+T-1 (bw24chat.ops)."""
+    """The op set over a pass's rows (bw24chat.ops): one sequence's rows (prefill or a decode
+    step), or several sequences' rows at once (``NumpyRunner.batch_step``), as RowSpans.
 
-    def __init__(self, backend: NumpyBackend, cache: NumpyKVCache, start: int, n_rows: int, eps: float,
-                 all_rows: bool = True, state: NumpyRecurrentState | None = None):
-        self.b, self.cache, self.start, self.T, self.eps, self.all_rows = backend, cache, start, n_rows, eps, all_rows
-        self.state = state
-        self.positions = np.arange(start, start + n_rows)
+    Every row's value is independent of the other rows of the pass: elementwise and per-row ops
+    are so by construction, a prefill row's products are tiled (PREFILL_TILE), a decode row's
+    are one-row products, and attention runs row by row (attend_row).  The LM head of a pass that
+    only samples (``all_rows=False``: the last row of each span, every row of a span with
+    ``all_logits``) runs one-row products."""
+
+    def __init__(self, backend: NumpyBackend, spans: list[RowSpan], eps: float, all_rows: bool = True,
+                 state: NumpyRecurrentState | None = None):
+        self.b, self.spans, self.eps, self.all_rows, self.state = backend, spans, eps, all_rows, state
+        self.T = spans[-1].hi
+        self.positions = np.concatenate([np.arange(sp.start, sp.start + sp.hi - sp.lo) for sp in spans])
+        self.prefill_rows = np.concatenate([np.full(sp.hi - sp.lo, sp.prefill) for sp in spans])
+        # a single sequence's pass (the runner's prefill / step): its cache and first position
+        self.cache, self.start = spans[0].kv, spans[0].start
 
     def embed(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return np.asarray(table)[np.asarray(ids, dtype=np.int64)]  # (T, D), a plain array
@@ -290,12 +426,24 @@ class NumpyOps(Ops):
     def concat(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.concatenate([a, b], axis=-1)
 
-    def linear(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    def products(self, x: np.ndarray, w: np.ndarray, prefill: np.ndarray) -> np.ndarray:
+        """x @ w^T of rows of this pass (``prefill``: which of them are prefill rows), after the
+        activation contract (bf16 rounding, integer-dot quantization: both per row)."""
         if self.b.act_bf16:
             x = bf16_round(x)
         if isinstance(w, ActQuantMatrix):
             x, w = act_quant_ref(x), w.view(np.ndarray)
-        y = x @ w.T
+        if prefill.all():
+            return tiled_products(x, w)
+        if not prefill.any():
+            return one_row_products(x, w)
+        y = np.empty((len(x), w.shape[0]), np.float32)
+        y[prefill] = tiled_products(x[prefill], w)
+        y[~prefill] = one_row_products(x[~prefill], w)
+        return y
+
+    def linear(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+        y = self.products(x, w, self.prefill_rows)
         return y if residual is None else residual + y
 
     def swiglu(self, gu: np.ndarray) -> np.ndarray:
@@ -316,29 +464,19 @@ class NumpyOps(Ops):
             q, k = self.rmsnorm(q, q_norm, spec.eps), self.rmsnorm(k, k_norm, spec.eps)
         q = apply_rope(q, self.positions, spec.rope)
         k = apply_rope(k, self.positions, spec.rope)
-        end = self.start + T
-        self.cache.ensure(end)
-        self.cache.k[layer, self.start:end] = k
-        self.cache.v[layer, self.start:end] = v
+        for sp in self.spans:
+            sp.kv.write(layer, sp.start, k[sp.lo:sp.hi], v[sp.lo:sp.hi])
         return q
 
     def attention(self, q: np.ndarray, spec: AttentionSpec, layer: int) -> np.ndarray:
         T, H, hd = q.shape
-        K = spec.n_kv_heads
-        G = H // K
-        start, end = self.start, self.start + T
-        keys = self.cache.k[layer, :end]  # (S, K, hd)
-        vals = self.cache.v[layer, :end]
-        qg = q.reshape(T, K, G, hd).transpose(1, 2, 0, 3).reshape(K, G * T, hd)  # (K, G*T, hd)
-        s = np.matmul(qg, keys.transpose(1, 2, 0)) * np.float32(spec.scale)  # (K, G*T, S)
-        s = s.reshape(K, G, T, end)
-        causal = np.arange(end)[None, :] > (start + np.arange(T))[:, None]  # (T, S)
-        s[:, :, causal] = -np.inf
-        s = s - s.max(axis=-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=-1, keepdims=True)
-        o = np.matmul(p.reshape(K, G * T, end), vals.transpose(1, 0, 2))  # (K, G*T, hd)
-        return o.reshape(K, G, T, hd).transpose(2, 0, 1, 3).reshape(T, H * hd)
+        out = np.empty((T, H * hd), np.float32)
+        for sp in self.spans:
+            keys, vals = sp.kv.read(layer, sp.start + sp.hi - sp.lo)
+            for i in range(sp.lo, sp.hi):
+                n = sp.start + i - sp.lo + 1  # the row sees positions 0..its own
+                out[i] = attend_row(q[i], keys[:n], vals[:n], spec)
+        return out
 
     def output_gate(self, o: np.ndarray, qkv: np.ndarray, spec: AttentionSpec) -> np.ndarray:
         H, hd = spec.n_heads, spec.head_dim
@@ -372,7 +510,8 @@ class NumpyOps(Ops):
         y = np.empty((T, k, x.shape[-1]), np.float32)  # y[t, j]: expert ids[t, j] on row t
         for e in np.unique(ids):  # the rows each selected expert serves, in one product
             rows, slots = np.nonzero(ids == e)
-            y[rows, slots] = self.linear(self.swiglu(self.linear(x[rows], experts.gu[e])), experts.down[e])
+            pre = self.prefill_rows[rows]
+            y[rows, slots] = self.products(self.swiglu(self.products(x[rows], experts.gu[e], pre)), experts.down[e], pre)
         acc = weights[:, 0:1] * y[:, 0]
         for j in range(1, k):  # ranking order; each product rounded before its add (NumPy never fuses)
             acc = acc + weights[:, j:j + 1] * y[:, j]
@@ -380,12 +519,15 @@ class NumpyOps(Ops):
             gu, down, gate = shared
             out = self.linear(self.swiglu(self.linear(x, gu)), down)
             if gate is not None:  # Qwen2-MoE: sigmoid(x . gate) scales the shared expert
-                out = out * sigmoid(x @ gate)[:, None]
+                out = out * sigmoid(self.products(x, gate[None, :], self.prefill_rows))
             acc = acc + out
         return residual + acc
 
     def lm_head(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return self.linear(x if self.all_rows else x[-1:], w)
+        if self.all_rows:
+            return self.linear(x, w)
+        rows = [i for sp in self.spans for i in (range(sp.lo, sp.hi) if sp.all_logits else [sp.hi - 1])]
+        return one_row_products(x[rows], w)
 
 
 class NumpyRunner:
@@ -406,7 +548,7 @@ class NumpyRunner:
         self.state = self.backend.new_recurrent_state(model.deltanet, model.n_state_layers) if model.deltanet else None
         self._snaps: dict[int, tuple] = {}
         self._ids: list[int] = []
-        self._passes: list[tuple[int, int]] = []  # (start, rows) of every pass the state consumed
+        self._passes: list[tuple[int, int, bool]] = []  # (start, rows, prefill) of every pass the state consumed
         self.n_ctx = model.n_ctx
         self.vocab_size = a.vocab_size
         self._logits = np.zeros((1, a.vocab_size), np.float32)
@@ -414,18 +556,25 @@ class NumpyRunner:
         self.mtp = getattr(model, "mtp", None)  # models/mtp.py MTPHead, or None
         # the head's own KV cache: one layer, positions as the trunk's
         self.mtp_cache = self.backend.new_kv_cache(1, a.num_key_value_heads, a.head_dim, model.n_ctx) if self.mtp else None
+        # batched steps (runner.py: batch_step) over the paged pool; a recurrent state is one
+        # sequence's, so hybrid models run one sequence at a time
+        self.max_batch = 1 if self.state is not None else NUMPY_MAX_BATCH
+        self.pool: NumpyKVPool | None = None
 
-    def forward(self, ids, start: int, all_rows: bool = False) -> np.ndarray:
-        """Run ``ids`` at positions start..; logits (T, V) with all_rows, else (1, V) of the last."""
+    def forward(self, ids, start: int, all_rows: bool = False, prefill: bool | None = None) -> np.ndarray:
+        """Run ``ids`` at positions start.. as prefill rows or decode rows (``prefill``; by default
+        decode rows for one id, as a decode step, else prefill rows); logits (T, V) with
+        all_rows, else (1, V) of the last."""
         ids = np.asarray(ids)
+        prefill = len(ids) > 1 if prefill is None else prefill
         if self.state is not None:
             if start > self.state.pos:
                 raise ValueError(f"a pass at position {start}, but the recurrent state holds {self.state.pos} positions")
             self.rollback(start)  # a pass that does not continue the state: rewind it first
             self._snaps = {p: v for p, v in self._snaps.items() if p <= start}
             self._ids[start:] = [int(t) for t in ids]
-            self._passes.append((start, len(ids)))
-        ops = self.backend.ops(self.cache, start, len(ids), self.args.rms_norm_eps, all_rows, self.state)
+            self._passes.append((start, len(ids), prefill))
+        ops = self.backend.ops(self.cache, start, len(ids), self.args.rms_norm_eps, all_rows, self.state, prefill)
         self._hidden = self.model.trunk(ops, ids)
         self._logits = self.model.logits(ops, self._hidden)
         if self.state is not None:
@@ -434,7 +583,7 @@ class NumpyRunner:
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
                 history: list[int] = ()) -> int | None:
-        self.forward(ids, start)
+        self.forward(ids, start, prefill=True)
         if params is None:
             return None
         return sample_token(self._logits[-1], params, seed, start + len(ids), [*history, *map(int, ids)])
@@ -442,18 +591,18 @@ class NumpyRunner:
     def prefill_logits(self, ids, start: int, chunk: int | None = None) -> np.ndarray:
         """Logits at every position (T, V) (checks, perplexity); ``chunk`` rows per pass."""
         chunk = chunk or max(len(ids), 1)
-        return np.concatenate([self.forward(ids[s:s + chunk], start + s, all_rows=True) for s in range(0, len(ids), chunk)])
+        return np.concatenate([self.forward(ids[s:s + chunk], start + s, all_rows=True, prefill=True)
+                               for s in range(0, len(ids), chunk)])
 
     def step(self, tokens, start: int, params: SamplingParams, seed: int, history: list[int]) -> list[int]:
-        # one row at a time: BLAS products over several rows may round differently from one row,
-        # and each row must equal a one-row step bit for bit (runner.py)
+        # one pass per row: a hybrid model's recurrent state is copied after each (rollback)
         tokens = [int(t) for t in tokens]
         if self.state is not None and start <= self.state.pos:  # the state before row 0 as well: a rollback
             self.rollback(start)  # to any position the step covers is a restore (forward would rewind too)
             self._snaps = {start: self.state.snapshot()}
         logits, hidden = [], []
         for i, t in enumerate(tokens):
-            logits.append(self.forward([t], start + i))
+            logits.append(self.forward([t], start + i, prefill=False))
             hidden.append(self._hidden)
             if self.state is not None:  # the state after row i: rollback(start + i + 1) restores it
                 self._snaps[start + i + 1] = self.state.snapshot()
@@ -497,12 +646,12 @@ class NumpyRunner:
         """Positions >= n are stale; the KV cache's are overwritten before anything reads them
         again.  A recurrent state has no positions to drop: it is restored to the copy taken
         at position n in the latest step (the speculative verify's case), or else
-        recomputed from the ids at positions 0..n-1, replaying the passes that consumed them (so
-        bit for bit, unless n splits a multi-row pass: then up to the rounding of its products)."""
+        recomputed from the ids at positions 0..n-1, replaying the passes that consumed them, cut
+        at n (bit for bit: a prefill row's value does not depend on its pass, PREFILL_TILE)."""
         st = self.state
         if st is None or n >= st.pos:  # nothing the state consumed is stale
             return
-        passes = [(s, min(s + m, n) - s) for s, m in self._passes if s < n]
+        passes = [(s, min(s + m, n) - s, pre) for s, m, pre in self._passes if s < n]
         if n in self._snaps:
             st.restore(self._snaps[n])
             self._passes = passes
@@ -510,9 +659,47 @@ class NumpyRunner:
         logits, ids = self._logits, self._ids[:n]  # (each replayed pass truncates self._ids after it)
         st.reset()
         self._snaps, self._passes = {}, []
-        for s, m in passes:
-            self.forward(ids[s:s + m], s)
+        for s, m, pre in passes:
+            self.forward(ids[s:s + m], s, prefill=pre)
         self._logits = logits
+
+    # ------------------------------------------------------------------ batched steps (runner.py)
+    block_size = 16  # positions per KV block of the paged pool
+
+    def kv_block_bytes(self) -> int:
+        a = self.args
+        return 2 * self.model.n_kv_layers * self.block_size * a.num_key_value_heads * a.head_dim * 4
+
+    def init_kv_pool(self, n_blocks: int) -> None:
+        a = self.args
+        self.pool = NumpyKVPool(self.model.n_kv_layers, a.num_key_value_heads, a.head_dim, n_blocks, self.block_size)
+
+    def batch_step(self, work: list[SeqWork]) -> list[list[int]]:
+        """One pass over every work item's rows (runner.py); each item's values equal its solo
+        pass bit for bit, as every row of a NumpyOps pass is independent of the others."""
+        if not 1 <= len(work) <= self.max_batch:
+            raise ValueError(f"a batched step of {len(work)} sequences; this runner takes 1..{self.max_batch}")
+        spans, lo = [], 0
+        for w in work:
+            spans.append(RowSpan(lo, lo + len(w.ids), w.start, self.pool.view(w.table), w.prefill, w.sample_all))
+            lo += len(w.ids)
+        ids = np.concatenate([np.asarray(w.ids, np.int64) for w in work])
+        ops = self.backend.pass_ops(spans, self.args.rms_norm_eps, all_rows=False)
+        self._hidden = self.model.trunk(ops, ids)
+        logits = self.model.logits(ops, self._hidden)  # the rows that reach the LM head, items in order
+        out, r, keep = [], 0, []
+        for w in work:
+            ids_w = [int(t) for t in w.ids]
+            rows = range(len(ids_w)) if w.sample_all else [len(ids_w) - 1]
+            if w.params is None:
+                out.append([])
+            else:
+                out.append([sample_token(logits[r + j], w.params, w.seed, w.start + i + 1, [*w.history, *ids_w[:i + 1]])
+                            for j, i in enumerate(rows)])
+                keep.extend(range(r, r + len(rows)))
+            r += len(rows)
+        self._logits = logits[keep]
+        return out
 
     def memory_info(self) -> dict:
         return {"kv_bytes": self.cache.nbytes, **({"state_bytes": self.state.nbytes} if self.state is not None else {})}

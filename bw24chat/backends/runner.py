@@ -34,7 +34,71 @@ notion of text: ``generate.py`` drives it with token ids.
   ``memory_info() -> dict``
 
 ``history`` is always the ids at positions 0..start-1 (the sampler's repetition penalty window).
+
+Batched steps (continuous batching: scheduler.py drives them; ``max_batch(runner)`` > 1 says a
+runner has them, else the engine serves one sequence at a time through prefill / step):
+
+  ``max_batch``   the most sequences one ``batch_step`` takes
+  ``block_size``  positions per KV block, a power of two (16 or 64: a block is the unit of the
+        paged pool, of prefix sharing and of the attention kernel's key tiles)
+  ``kv_block_bytes() -> int``  the bytes of one block over every layer (K and V): the engine
+        sizes the pool with it
+  ``init_kv_pool(n_blocks)``  allocate the paged pool: n_blocks blocks, ids 0..n_blocks-1.  The
+        pool is separate from the single-sequence cache of prefill / step; which block holds what
+        is the engine's bookkeeping (kv_pages.KVPages), never the runner's
+  ``batch_step(work: list[SeqWork]) -> list[list[int]]``  one pass over several sequences'
+        rows: each SeqWork is T >= 1 rows of one sequence at positions start..start+T-1 whose
+        K/V live in the pool blocks of its block table (position p in block table[p //
+        block_size], slot p % block_size), writing their K/V there and attending over positions
+        0..p through the same table; returns per item the tokens it samples: none without
+        params, else the token after its last row, or with ``sample_all`` (a speculative verify:
+        the current token and its drafts as decode rows) the token after each row, drawn as
+        ``step`` draws it.  ``last_logits()`` then holds the logits of those rows, items in order.
+
+The batch-invariance contract (what ``bw24chat check --batch`` gates): every item's K/V, logits
+and token equal bit for bit what the same item computes alone (B = 1), whatever else is in the
+step, and:
+  * decode rows (``prefill=False``) equal a one-row ``step`` at that position: the products of a
+    row are computed with the same reduction tree whatever the number of rows (on CUDA: the
+    m-row-invariant matvecs, extended past MAX_ROWS; on NumPy: one-row products), attention
+    reads a row's own positions with a split rule that depends only on its length;
+  * prefill rows (``prefill=True``) have values independent of how the prompt was cut into
+    chunks and of the rows beside them (on NumPy: products over fixed tiles, backends/
+    numpy_backend.PREFILL_TILE; on CUDA: the GEMM without split-K, key blocks at absolute
+    multiples of the block size).  That is what lets a prompt prefix computed by one sequence
+    serve another (prefix sharing) and a prompt be prefilled in budget-sized chunks;
+  * sampling keys each draw by (seed, position) (sampling.py), so a row's token does not depend
+    on the batch either.
+A device implementation takes the tables as int32 arrays (B x max blocks, padded), positions and
+lengths as int32, and the sampling parameters as one record per row, so a step of a given batch
+size can be one CUDA graph whatever the tables hold.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..api import SamplingParams
+
 MAX_ROWS = 8
+
+
+@dataclass
+class SeqWork:
+    """One sequence's rows in a ``batch_step``."""
+
+    ids: np.ndarray  # (T,) token ids at positions start .. start + T - 1
+    start: int
+    table: np.ndarray  # int32 block ids; covers every position up to start + T - 1
+    prefill: bool  # prefill rows (chunk-invariant) or decode rows (each equals a one-row step)
+    params: SamplingParams | None = None  # sample the token after the last row (position start + T)
+    seed: int = 0
+    history: Sequence[int] = field(default=())  # the ids at positions 0 .. start - 1
+    sample_all: bool = False  # sample after every row (speculative verify; decode rows)
+
+
+def max_batch(runner) -> int:
+    """The sequences one batched step of ``runner`` takes (1: it has no batched step)."""
+    return int(getattr(runner, "max_batch", 1))

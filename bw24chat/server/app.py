@@ -21,9 +21,12 @@ Policies
       gets 400 (an omitted ``max_tokens`` is the engine default, capped); a prompt that fills
       the context gets 400 ``context_length_exceeded``; a full engine queue gets 429 with
       ``Retry-After``.  The server binds 127.0.0.1 unless told otherwise.
-    * Concurrency: the engine serves one request at a time from a FIFO queue; every HTTP
-      request has its own :class:`~bw24chat.api.RequestHandle`, whose events are hopped onto the
-      event loop through a private ``asyncio.Queue``, so streams never mix.  A client that
+    * Concurrency: a batching engine (the NumPy backend) decodes concurrent requests together
+      (scheduler.py; each one's tokens are what it gets alone), others serve one request at a
+      time from a FIFO queue; every choice of an HTTP request has its own
+      :class:`~bw24chat.api.RequestHandle`, whose events are hopped onto the event loop through
+      the request's private ``asyncio.Queue``, so streams never mix.  ``n`` > 1 submits one
+      engine request per choice.  A client that
       disconnects (streaming or not) cancels its generation at the next decode step.
     * Errors are OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``; an engine
       failure mid-stream arrives as a ``data: {"error": ...}`` chunk.
@@ -185,32 +188,43 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 class _Generation:
-    """One submitted request whose engine events arrive on the event loop, in order."""
+    """A request's submitted choices (one engine request each), whose engine events arrive on the
+    event loop as (choice index, event), each choice's in order."""
 
-    def __init__(self, engine: EngineAPI, request: GenerationRequest, metrics: Metrics):
+    def __init__(self, engine: EngineAPI, requests: list[GenerationRequest], metrics: Metrics):
         loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
+        self.n = len(requests)
+        self.handles = []
         t0 = time.monotonic()
 
-        def on_event(ev):  # engine thread
+        def on_event(i, ev):  # engine thread
             metrics.observe(ev, time.monotonic() - t0)
             try:
-                loop.call_soon_threadsafe(self._events.put_nowait, ev)
+                loop.call_soon_threadsafe(self._events.put_nowait, (i, ev))
             except RuntimeError:  # the loop is gone (server shut down): nobody is listening
                 pass
 
-        self.handle = engine.submit(request, on_event=on_event)
+        try:
+            for i, r in enumerate(requests):
+                self.handles.append(engine.submit(r, on_event=lambda ev, i=i: on_event(i, ev)))
+        except BaseException:
+            self.cancel()  # the choices already submitted
+            raise
 
     async def events(self):
-        while True:
-            ev = await self._events.get()
-            yield ev
+        """(index, event) until every choice has its DoneEvent or ErrorEvent."""
+        left = self.n
+        while left:
+            i, ev = await self._events.get()
+            yield i, ev
             if isinstance(ev, (DoneEvent, ErrorEvent)):
-                return
+                left -= 1
 
     def cancel(self) -> None:
-        if not self.handle.done:
-            self.handle.cancel()
+        for h in self.handles:
+            if not h.done:
+                h.cancel()
 
 
 # ----------------------------------------------------------------------------- the app
@@ -269,9 +283,9 @@ class _Service:
             raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the "
                                 f"{parsed.prompt_param} take {n} tokens.", parsed.prompt_param, "context_length_exceeded")
 
-    def _submit(self, request: GenerationRequest) -> _Generation:
+    def _submit(self, parsed: ParsedRequest) -> _Generation:
         try:
-            return _Generation(self.engine, request, self.metrics)
+            return _Generation(self.engine, parsed.choices(), self.metrics)
         except EngineBusy as exc:
             wait = self.metrics.retry_after_s()
             raise APIError(429, f"The server is busy ({exc}); retry in {wait} s.", code="queue_full",
@@ -282,7 +296,7 @@ class _Service:
     async def _generate(self, request: Request, parse) -> Response:
         parsed = parse(await _read_json(request, self.max_body), self.limits)
         await self._check_context(parsed)
-        gen = self._submit(parsed.generation)
+        gen = self._submit(parsed)
         responder = Responder(parsed, self.model_name, self.fingerprint)
         if parsed.stream:
             # the background task also cancels a stream whose client left before it started
@@ -304,16 +318,19 @@ class _Service:
 
     @staticmethod
     async def _collect(responder: Responder, gen: _Generation) -> dict:
-        parts, lps = [], []
-        async for ev in gen.events():
+        parts = [[] for _ in range(gen.n)]
+        lps = [[] for _ in range(gen.n)]
+        dones = [None] * gen.n
+        async for i, ev in gen.events():
             if isinstance(ev, TokenEvent):
-                parts.append(ev.text)
-                lps.extend(ev.logprobs or [])
+                parts[i].append(ev.text)
+                lps[i].extend(ev.logprobs or [])
             elif isinstance(ev, DoneEvent):
-                return responder.body("".join(parts), lps, ev)
+                dones[i] = ev
             elif isinstance(ev, ErrorEvent):
+                gen.cancel()
                 raise APIError(500, f"The generation failed: {ev.message}", code="generation_failed")
-        raise APIError(500, "The generation ended without a final event.")
+        return responder.body(["".join(p) for p in parts], lps, dones)
 
     @staticmethod
     async def _stream(responder: Responder, gen: _Generation):
@@ -322,15 +339,19 @@ class _Service:
         try:
             for chunk in responder.opening_chunks():
                 yield _sse(chunk)
-            async for ev in gen.events():
+            dones = []
+            async for i, ev in gen.events():
                 if isinstance(ev, TokenEvent):
                     if ev.text or ev.logprobs:
-                        yield _sse(responder.piece_chunk(ev.text, ev.logprobs))
+                        yield _sse(responder.piece_chunk(ev.text, ev.logprobs, i))
                 elif isinstance(ev, DoneEvent):
-                    for chunk in responder.closing_chunks(ev):
-                        yield _sse(chunk)
+                    dones.append((i, ev))
+                    yield _sse(responder.finish_chunk(ev, i))
                 elif isinstance(ev, ErrorEvent):
                     yield _sse(APIError(500, f"The generation failed: {ev.message}", code="generation_failed").body())
+            if len(dones) == gen.n:
+                for chunk in responder.usage_chunks([d for _, d in sorted(dones, key=lambda x: x[0])]):
+                    yield _sse(chunk)
             yield _sse("[DONE]")
         finally:
             gen.cancel()

@@ -6,8 +6,8 @@ shape for anything wrong), and a :class:`Responder` turns engine events into the
 of ``/v1/chat/completions`` and ``/v1/completions`` (whole bodies and SSE chunks).
 
 Parameters: ``null`` means "not given" (as at OpenAI).  Unknown parameters are ignored, so that
-clients that send extra fields keep working; parameters the engine cannot honour (``n`` > 1,
-non-zero frequency/presence penalties, ``logit_bias``, ``tools``, ``response_format`` other
+clients that send extra fields keep working; parameters the engine cannot honour (non-zero
+frequency/presence penalties, ``logit_bias``, ``tools``, ``response_format`` other
 than text, ``suffix``, ``best_of`` > 1, batched or token-id prompts) are refused with 400
 rather than silently ignored.  Omitted sampling parameters take the server's defaults (the
 engine flags ``--temperature``, ``--top-p``, ``--max-tokens`` ..., as with llama.cpp's server).
@@ -15,6 +15,10 @@ Beyond OpenAI's set, ``top_k``, ``min_p`` and ``repetition_penalty`` (alias ``re
 reach the sampler, and ``speculative`` (``"off"`` | ``"ngram"`` | ``"mtp"``) with ``speculative_k`` (1..8 or
 ``"auto"``) choose speculative decoding for the request (omitted: the server's ``--spec`` /
 ``--spec-k``); the usage then reports the drafts in ``completion_tokens_details``.
+``n`` (1..MAX_CHOICES) asks for that many choices: the engine generates them as separate requests
+(decoded together by a batching engine, the prompt computed once and shared); with a ``seed``,
+choice i samples with seed + i, so choice 0 is what n = 1 gives.  Usage counts the prompt once and
+the completion tokens of every choice.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from ..api import DoneEvent, GenerationRequest, SamplingParams, TokenLogprob
 from ..speculative import MAX_K, SPEC_MODES
 
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -122,17 +127,28 @@ class ParsedRequest:
     include_usage: bool = False
     logprobs: int | None = None  # top-N alternatives to report; None: no logprobs at all
     echo: bool = False  # completions: prepend the prompt to the text
+    n: int = 1  # choices
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
 
+    def choices(self) -> list[GenerationRequest]:
+        """One engine request per choice (choice i's seed: the request's + i)."""
+        g = self.generation
+        if self.n == 1:
+            return [g]
+        seed = g.sampling.seed
+        return [dataclasses.replace(g, sampling=dataclasses.replace(g.sampling, seed=None if seed is None else seed + i))
+                for i in range(self.n)]
+
+
+def _choices(b: _Body) -> int:
+    return b.get("n", "integer", 1, lo=1, hi=MAX_CHOICES)
+
 
 def _sampling(b: _Body, limits: Limits, max_tokens_names: tuple[str, ...]) -> SamplingParams:
     d = limits.defaults
-    n = b.get("n", "integer", 1, lo=1)
-    if n != 1:
-        raise APIError(400, "Only n=1 is supported on this server.", "n", "unsupported_value")
     for name in ("frequency_penalty", "presence_penalty"):
         b.refuse_unless(name, b.get(name, "number", 0, lo=-2, hi=2) == 0, "other than 0 is not supported")
     b.refuse_unless("logit_bias", not b.get("logit_bias", "object", {}), "is not supported")
@@ -235,7 +251,7 @@ def parse_chat(data: dict, limits: Limits) -> ParsedRequest:
     sampling = _sampling(b, limits, ("max_tokens", "max_completion_tokens"))
     stream, include_usage = _stream_flags(b)
     gen = GenerationRequest(messages=norm, sampling=sampling, logprobs=max(top, 1) if logprobs else 0, **_speculative(b))
-    return ParsedRequest("chat", gen, stream, include_usage, top if logprobs else None)
+    return ParsedRequest("chat", gen, stream, include_usage, top if logprobs else None, n=_choices(b))
 
 
 def _speculative(b: _Body) -> dict:
@@ -274,20 +290,25 @@ def parse_completion(data: dict, limits: Limits) -> ParsedRequest:
     # echo is done here, not by the engine: the prompt text is prepended to the reply
     gen = GenerationRequest(prompt=prompt, sampling=sampling, logprobs=0 if logprobs is None else max(logprobs, 1),
                             **_speculative(b))
-    return ParsedRequest("text", gen, stream, include_usage, logprobs, echo)
+    return ParsedRequest("text", gen, stream, include_usage, logprobs, echo, n=_choices(b))
 
 
 # ----------------------------------------------------------------------------- responses
-def usage_body(done: DoneEvent) -> dict:
-    u = done.usage
-    out = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
-    cached = done.stats.get("cached_tokens") if done.stats else None
+def usage_body(dones: list[DoneEvent]) -> dict:
+    """The usage of a request's choices: the prompt counted once (choice 0's figures), the
+    completion tokens (and speculative drafts) of every choice."""
+    first = dones[0]
+    completion = sum(d.usage.completion_tokens for d in dones)
+    out = {"prompt_tokens": first.usage.prompt_tokens, "completion_tokens": completion,
+           "total_tokens": first.usage.prompt_tokens + completion}
+    cached = first.stats.get("cached_tokens") if first.stats else None
     if cached is not None:
         out["prompt_tokens_details"] = {"cached_tokens": int(cached)}
-    if done.stats and "spec_drafted" in done.stats:  # speculative decoding: OpenAI's predicted-output fields
-        accepted = int(done.stats["spec_accepted"])
+    spec = [d.stats for d in dones if d.stats and "spec_drafted" in d.stats]
+    if spec:  # speculative decoding: OpenAI's predicted-output fields
+        accepted = sum(int(st["spec_accepted"]) for st in spec)
         out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
-                                            "rejected_prediction_tokens": int(done.stats["spec_drafted"]) - accepted}
+                                            "rejected_prediction_tokens": sum(int(st["spec_drafted"]) for st in spec) - accepted}
     return out
 
 
@@ -296,8 +317,8 @@ def _token_bytes(s: str) -> list[int]:
 
 
 class Responder:
-    """Builds the response objects of one request; keeps the little state that needs
-    (completions' ``text_offset``)."""
+    """Builds the response objects of one request (its ``n`` choices); keeps the little state
+    that needs (completions' ``text_offset``, per choice)."""
 
     def __init__(self, parsed: ParsedRequest, model: str, fingerprint: str):
         self.p = parsed
@@ -307,10 +328,10 @@ class Responder:
         self.model = model
         self.fingerprint = fingerprint
         self.echo_text = parsed.generation.prompt if parsed.echo else ""
-        self._offset = len(self.echo_text)
+        self._offset = [len(self.echo_text)] * parsed.n
 
     # -- logprobs
-    def _logprobs(self, lps: list[TokenLogprob] | None) -> dict | None:
+    def _logprobs(self, lps: list[TokenLogprob] | None, index: int) -> dict | None:
         if self.p.logprobs is None:
             return None
         lps = lps or []
@@ -326,8 +347,8 @@ class Responder:
             }
         offsets = []
         for t in lps:
-            offsets.append(self._offset)
-            self._offset += len(t.token)
+            offsets.append(self._offset[index])
+            self._offset[index] += len(t.token)
         return {
             "tokens": [t.token for t in lps],
             "token_logprobs": [t.logprob for t in lps],
@@ -335,7 +356,7 @@ class Responder:
             "text_offset": offsets,
         }
 
-    def _choice(self, text: str | None, lps: dict | None, finish: str | None, delta: bool) -> dict:
+    def _choice(self, text: str | None, lps: dict | None, finish: str | None, delta: bool, index: int) -> dict:
         if self.chat:
             if delta:
                 body = {"delta": {} if text is None else {"content": text}}
@@ -343,7 +364,7 @@ class Responder:
                 body = {"message": {"role": "assistant", "content": text, "refusal": None}}
         else:
             body = {"text": text or ""}
-        return {"index": 0, **body, "logprobs": lps, "finish_reason": finish}
+        return {"index": index, **body, "logprobs": lps, "finish_reason": finish}
 
     def _envelope(self, chunk: bool) -> dict:
         if self.chat:
@@ -362,23 +383,24 @@ class Responder:
 
     def opening_chunks(self) -> list[dict]:
         if self.chat:
-            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            return [self.chunk([role])]
+            return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}]) for i in range(self.p.n)]
         if self.echo_text:
-            return [self.chunk([self._choice(self.echo_text, None, None, True)])]
+            return [self.chunk([self._choice(self.echo_text, None, None, True, i)]) for i in range(self.p.n)]
         return []
 
-    def piece_chunk(self, text: str, lps: list[TokenLogprob] | None) -> dict:
-        return self.chunk([self._choice(text, self._logprobs(lps), None, True)])
+    def piece_chunk(self, text: str, lps: list[TokenLogprob] | None, index: int = 0) -> dict:
+        return self.chunk([self._choice(text, self._logprobs(lps, index), None, True, index)])
 
-    def closing_chunks(self, done: DoneEvent) -> list[dict]:
-        last = self.chunk([self._choice(None, None, FINISH_REASONS.get(done.finish_reason, "stop"), True)])
-        if not self.p.include_usage:
-            return [last]
-        return [last, self.chunk([], usage_body(done))]
+    def finish_chunk(self, done: DoneEvent, index: int = 0) -> dict:
+        return self.chunk([self._choice(None, None, FINISH_REASONS.get(done.finish_reason, "stop"), True, index)])
+
+    def usage_chunks(self, dones: list[DoneEvent]) -> list[dict]:
+        """After every choice's finish chunk: the usage chunk, if the client asked for it."""
+        return [self.chunk([], usage_body(dones))] if self.p.include_usage else []
 
     # -- whole response
-    def body(self, text: str, lps: list[TokenLogprob], done: DoneEvent) -> dict:
-        finish = FINISH_REASONS.get(done.finish_reason, "stop")
-        choice = self._choice(self.echo_text + text, self._logprobs(lps), finish, False)
-        return {**self._envelope(False), "choices": [choice], "usage": usage_body(done)}
+    def body(self, texts: list[str], lps: list[list[TokenLogprob]], dones: list[DoneEvent]) -> dict:
+        choices = [self._choice(self.echo_text + text, self._logprobs(lp, i), FINISH_REASONS.get(d.finish_reason, "stop"), False, i)
+                   for i, (text, lp, d) in enumerate(zip(texts, lps, dones))]
+        return {**self._envelope(False), "choices": choices, "usage": usage_body(dones)}

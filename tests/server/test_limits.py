@@ -57,7 +57,8 @@ def test_malformed_json(fake_server):
         ({"stream": "yes"}, "stream"),
         ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs
         ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),  # over MAX_CHOICES
+        ({"n": 0}, "n"),
         ({"n": "1"}, "n"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -85,9 +86,25 @@ def test_invalid_completion_parameters(fake_server, patch, param):
     assert error_of(r)["param"] == param
 
 
-def test_n_above_one_through_client(fake_server):
+def test_n_choices_through_client(fake_server):
+    r = fake_server.client().chat.completions.create(model="fake-model", messages=msg("hi"), n=3, max_tokens=2)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content == "You said:" for c in r.choices)
+    assert r.usage.completion_tokens == 3 * 2 and r.usage.prompt_tokens == r.usage.total_tokens - 6
+    stream = fake_server.client().chat.completions.create(model="fake-model", messages=msg("hi"), n=2, max_tokens=2,
+                                                          stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = {0: "", 1: ""}
+    finish = {}
+    for c in chunks:
+        for ch in c.choices:
+            text[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finish[ch.index] = ch.finish_reason
+    assert text == {0: "You said:", 1: "You said:"} and finish == {0: "length", 1: "length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
     with pytest.raises(openai.BadRequestError) as e:
-        fake_server.client().chat.completions.create(model="fake-model", messages=msg("hi"), n=2)
+        fake_server.client().chat.completions.create(model="fake-model", messages=msg("hi"), n=99)
     assert e.value.param == "n"
 
 

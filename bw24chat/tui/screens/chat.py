@@ -219,7 +219,7 @@ class ChatScreen(Screen):
         options = self.app.config.options
         # per request, so that a change in the settings applies to the next reply without a reload
         request = GenerationRequest(messages=self._request_messages(), sampling=sampling,
-                                    spec=options.spec, spec_k=options.spec_k)
+                                    spec=options.spec, spec_k=options.spec_k, interactive=True)
         self.stats_panel.forget(SPEC_STATS)  # a reply without speculation must not show the last one's
         reply = self.app.store.add_message(conversation.id, ChatMessage("assistant", "", complete=False))
         conversation.messages.append(reply)

@@ -1,0 +1,185 @@
+"""Continuous batching (scheduler.py) on the NumPy backend: every sequence's output equals its
+solo run (the one-sequence Generator on a fresh runner), whatever ran beside it, with prefix
+sharing on or off, any step budget, a pool small enough to preempt; interactive sequences run in
+every step; cancellation frees blocks at once."""
+import numpy as np
+import pytest
+
+from bw24chat.api import SamplingParams
+from bw24chat.backends.numpy_backend import numpy_runner
+from bw24chat.check import SPEC_SHAPE, word_tokenizer
+from bw24chat.generate import Generator, Output
+from bw24chat.scheduler import Scheduler, Sequence
+from bw24chat.synthetic import synthetic_checkpoint
+
+N_CTX = 192
+V = SPEC_SHAPE["vocab_size"]
+GREEDY = SamplingParams(temperature=0, max_tokens=14)
+SAMPLED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repeat_penalty=1.1, max_tokens=14, seed=11)
+
+
+@pytest.fixture(scope="module")
+def ck():
+    return synthetic_checkpoint(SPEC_SHAPE, "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return word_tokenizer(V)
+
+
+def _prompts(n, seed=0):
+    """Prompts that share a 37-token system prefix (some), of lengths 1..60."""
+    rng = np.random.default_rng(seed)
+    system = [int(t) for t in rng.integers(0, V, 37)]
+    out = []
+    for i in range(n):
+        tail = [int(t) for t in rng.integers(0, V, int(rng.integers(1, 24)))]
+        out.append(system + tail if i % 3 else tail)
+    return out
+
+
+def _solo(ck, tok, prompt, sp, logprobs=0):
+    pieces = []
+    res = Generator(numpy_runner(ck, N_CTX), tok).generate(prompt, sp, lambda t, ids, lps: pieces.append((t, ids, lps)),
+                                                            logprobs=logprobs)
+    return res.token_ids, res.finish_reason, res.text, pieces
+
+
+def _run(ck, tok, prompts, sp, n_blocks=400, share=True, step_tokens=32, logprobs=0, sched=None):
+    sched = sched or Scheduler(numpy_runner(ck, N_CTX), n_blocks, share, step_tokens)
+    seqs, pieces = [], []
+    for p in prompts:
+        got = []
+        s = Sequence(list(p), sp, Output(tok, sp, len(p), N_CTX, lambda t, ids, lps, got=got: got.append((t, ids, lps)), logprobs))
+        sched.add(s)
+        seqs.append(s)
+        pieces.append(got)
+    while not sched.idle():
+        sched.step()
+    return sched, [(s.out.ids, s.finish, "".join(s.out.text_parts), got) for s, got in zip(seqs, pieces)]
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("sp", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_batched_sequences_equal_their_solo_runs(ck, tok, share, sp):
+    prompts = _prompts(9)
+    solo = [_solo(ck, tok, p, sp) for p in prompts]
+    for step_tokens in (5, 64):
+        sched, got = _run(ck, tok, prompts, sp, share=share, step_tokens=step_tokens)
+        for i, (g, s) in enumerate(zip(got, solo)):
+            assert g[:3] == s[:3], (i, step_tokens)
+        if share:
+            assert sched.pages.hit_tokens >= 32 * 5  # the system prefix's two blocks, for most prompts
+        assert sched.pages.n_used == 0 and sched.steps > 0
+
+
+def test_stops_logprobs_and_context_end_inside_a_batch(ck, tok):
+    """Stop strings, stop ids, logprobs and the end of the context behave in a batch as alone."""
+    prompts = _prompts(4, seed=2) + [[int(t) for t in np.random.default_rng(9).integers(0, V, N_CTX - 5)]]
+    free = _solo(ck, tok, prompts[0], SAMPLED)[0]
+    sp = SamplingParams(**{**SAMPLED.__dict__, "max_tokens": 30, "stop": [tok.decode(free[4:6])]})
+    solo = [_solo(ck, tok, p, sp, logprobs=3) for p in prompts]
+    _, got = _run(ck, tok, prompts, sp, logprobs=3, step_tokens=16)
+    assert solo[0][1] == "stop" and solo[-1][1] == "context_full"
+    for g, s in zip(got, solo):
+        assert g[:3] == s[:3]
+        assert [(t, ids, [(x.token_id, x.logprob, x.top) for x in lps or []]) for t, ids, lps in g[3]] == \
+               [(t, ids, [(x.token_id, x.logprob, x.top) for x in lps or []]) for t, ids, lps in s[3]]
+
+
+def test_preemption_recomputes_to_the_same_tokens(ck, tok):
+    """A pool of a little more than one context: long generations outgrow it, newer sequences
+    are preempted and later recomputed (prompt as prefill, generated tokens replayed as decode
+    rows), and every output still equals its solo run."""
+    sp = SamplingParams(**{**SAMPLED.__dict__, "max_tokens": 90})
+    prompts = _prompts(5, seed=4)
+    solo = [_solo(ck, tok, p, sp) for p in prompts]
+    for share in (True, False):
+        sched, got = _run(ck, tok, prompts, sp, n_blocks=1, share=share, step_tokens=48)
+        assert sched.preemptions > 0
+        assert [g[:3] for g in got] == [s[:3] for s in solo]
+
+
+def test_interactive_sequence_runs_every_step(ck, tok):
+    """Server load (long prompts, a small budget) never delays the interactive sequence: from its
+    arrival it advances in every step (its prompt in budget-sized chunks, then a token a step),
+    and it ends first."""
+    sched = Scheduler(numpy_runner(ck, N_CTX), 400, True, step_tokens=12)
+    ends = []
+    for i in range(6):
+        p = [int(t) for t in np.random.default_rng(i).integers(0, V, 100)]
+        sched.add(Sequence(p, GREEDY, Output(tok, GREEDY, len(p), N_CTX), on_done=lambda s: ends.append(s.id)))
+    for _ in range(3):
+        sched.step()
+    prompt = _prompts(1, seed=5)[0]
+    s = Sequence(list(prompt), GREEDY, Output(tok, GREEDY, len(prompt), N_CTX), interactive=True,
+                 on_done=lambda s: ends.append(s.id))
+    sched.add(s)
+    n_steps = 0
+    while s.finish is None:
+        before = s.computed
+        sched.step()
+        n_steps += 1
+        assert s.finish is not None or s.computed > before
+    assert n_steps == -(-len(prompt) // 12) + len(s.out.ids) - 1  # the last prompt chunk samples the first token
+    assert ends[0] == s.id and sched.running > 0
+    assert s.out.ids == _solo(ck, tok, prompt, GREEDY)[0]
+
+
+def test_cancel_frees_blocks_at_once(ck, tok):
+    runner = numpy_runner(ck, N_CTX)
+    sched = Scheduler(runner, 400, False, step_tokens=64)
+    flags = [False, False]
+    done = []
+    seqs = []
+    for i, p in enumerate(_prompts(2, seed=6)):
+        s = Sequence(list(p), GREEDY, Output(tok, GREEDY, len(p), N_CTX), cancelled=lambda i=i: flags[i],
+                     on_done=done.append)
+        sched.add(s)
+        seqs.append(s)
+    sched.step()
+    sched.step()
+    held = len(sched.pages.table(seqs[0].id))
+    used = sched.pages.n_used
+    assert held > 0
+    flags[0] = True
+    sched.step()
+    assert done == [seqs[0]] and seqs[0].finish == "cancelled"
+    assert sched.pages.n_used <= used - held + 1  # its blocks are back (the other may have taken one)
+    assert seqs[0].id not in sched.pages.seqs
+
+
+def test_pool_covers_one_context_and_batch_is_capped(ck, tok):
+    runner = numpy_runner(ck, N_CTX)
+    sched = Scheduler(runner, 1, True, batch=3)
+    assert sched.pages.n_blocks * runner.block_size > N_CTX
+    assert sched.max_batch == 3
+    _, got = _run(ck, tok, _prompts(5, seed=8), GREEDY, sched=sched)
+    assert max(1, sched.last_batch) <= 3 and all(g[1] in ("length", "stop") for g in got)
+
+
+@pytest.mark.parametrize("sp", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_speculative_sequences_in_a_batch_equal_plain_decoding(ck, tok, sp):
+    """n-gram and oracle drafts verified as decode rows sampled after every row, beside plain
+    sequences, some preempted: every output is plain decoding's, and drafts are accepted."""
+    from bw24chat.speculative import NgramDrafter, OracleDrafter
+
+    sp = SamplingParams(**{**sp.__dict__, "max_tokens": 40})
+    rng = np.random.default_rng(12)
+    prompts = [[int(t) for t in rng.integers(0, V, 5)] * 6 for _ in range(3)] + _prompts(3, seed=13)
+    solo = [_solo(ck, tok, p, sp) for p in prompts]
+    for n_blocks in (400, 1):
+        sched = Scheduler(numpy_runner(ck, N_CTX), n_blocks, True, step_tokens=40)
+        seqs = []
+        for i, p in enumerate(prompts):
+            drafter = [NgramDrafter(), OracleDrafter(solo[i][0], {3, 9}, V), None][i % 3]
+            s = Sequence(list(p), sp, Output(tok, sp, len(p), N_CTX), drafter=drafter, spec_k=[0, 4, 0][i % 3])
+            sched.add(s)
+            seqs.append(s)
+        while not sched.idle():
+            sched.step()
+        assert [(s.out.ids, s.finish) for s in seqs] == [s[:2] for s in solo]
+        oracle = [s for s in seqs if isinstance(s.drafter, OracleDrafter)]
+        assert all(s.spec.accepted > 0 for s in oracle)
+        assert sum(s.spec.accepted for s in seqs if s.drafter) > sum(s.spec.drafted for s in seqs if s.drafter) / 3
