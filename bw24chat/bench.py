@@ -4,7 +4,8 @@ Rooflines are measured in the same run: device-to-device copy bandwidth (bytes r
 over time, 2 GiB buffers) and the fp16 tensor-core GEMM rate through cuBLAS (8192^3; Hopper's
 bf16 and fp16 tensor-core rates are equal).
   decode roofline (tok/s) = copy bandwidth / bytes that must be read per token
-                             (every weight matrix once + the embedding row + KV cache at that context)
+                             (every weight matrix once + the embedding row + KV cache at that context;
+                             hybrid models: + the recurrent state, read and written once)
   prefill roofline (tok/s) = GEMM rate / FLOPs per token (2 x matrix parameters + attention)
 All timings: CUDA events after warm-up, medians of >= 5 runs.
 
@@ -93,12 +94,18 @@ def weight_bytes(runner) -> int:
 def kv_bytes_per_token(runner, ctx: int) -> int:
     a = runner.args
     per_elem = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0 + 4 / runner.args.head_dim, "f32": 4.0}[runner.kv_type]
-    return int(2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * ctx * per_elem)
+    return int(2 * runner.model.n_kv_layers * a.num_key_value_heads * a.head_dim * ctx * per_elem)
 
 
 def flops_per_token(runner, ctx: int) -> float:
     a = runner.args
     D, H, K, hd, F = runner.dims
+    if runner.model.deltanet is not None:  # hybrid: every resident matrix once (top_k experts of MoE
+        # layers), the LM head, attention over the attention layers' keys (the delta rule's ~7 flop
+        # per state value and layer are 0.3 % of the Qwen3.5-9B's matrices: not counted)
+        mat = sum(w.out * w.in_ for w in runner.loader.linears) + (D * a.vocab_size if runner.model.output is runner.model.tok_embd else 0)
+        mat += sum(a.num_experts_per_tok * 3 * D * a.moe_intermediate_size for _ in runner.loader.experts)
+        return 2 * mat + runner.model.n_kv_layers * 4 * H * hd * ctx / 2
     ffn = [3 * D * F] * a.num_hidden_layers
     if getattr(a, "num_experts", 0):  # MoE layers: top_k experts and the shared ones
         Fe = a.moe_intermediate_size
@@ -166,6 +173,10 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         walls, gpu = [], []
         st0 = dict(vars(runner.tiers.tiers.stats)) if runner.tiers is not None else None
         for r in range(runs):
+            if runner.decode_state_bytes():  # each run decodes positions ctx.. again: a recurrent
+                runner.prefill(ids, 0)  # state is rewound to the prompt's (untimed) first
+                runner.stream.synchronize()
+                tok = int(ids[-1])
             t0 = time.perf_counter()
             a, b = cp.cuda.Event(), cp.cuda.Event()
             a.record(runner.stream)
@@ -177,7 +188,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
             gpu.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
         wall, g = statistics.median(walls), statistics.median(gpu)
         tps = 128 / wall
-        nbytes = weight_bytes(runner) + kv_bytes_per_token(runner, ctx + 64)
+        nbytes = weight_bytes(runner) + kv_bytes_per_token(runner, ctx + 64) + runner.decode_state_bytes()
         roof = copy_bw / nbytes
         row = dict(model=label, test=f"tg128@{ctx}{tag}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
                    bytes_per_token=nbytes, host_overhead=wall / max(g, 1e-9))

@@ -16,8 +16,8 @@ the exactness gates on a model for every weight format x KV-cache type:
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
 (``--device cpu`` for the NumPy one): for K = 1..8, the n-gram, the oracle and the MTP-head
 drafter (the gate's model carries a random NextN head), greedy and seeded sampling and nine
-prompts, the output equals plain decoding's token for token; on the NumPy backend also for a
-hybrid model (gated DeltaNet layers, whose recurrent state each verify checkpoints; an MTP head);
+prompts, the output equals plain decoding's token for token; also for a hybrid model (gated
+DeltaNet layers, whose recurrent state each verify checkpoints; gated attention; an MTP head);
 with ``-m`` on that model, its MTP head (shipped, or trained by ``bw24chat train-draft``) as the third.
 
 ``--batch`` runs only the batch-invariance gate (batch_gates): B = 1, 2, 8, 32 sequences of
@@ -153,7 +153,7 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     runner.use_graph = True
     _greedy(runner, short, 4, True)
     before = LaunchCounter.count
-    pos = len(short) + 4
+    pos = len(short) + 3  # the next position (a recurrent state has no gaps)
     tok = 1
     for i in range(16):
         tok = runner.step([tok], pos + i, SamplingParams(temperature=0), 0, [])[0]
@@ -380,9 +380,9 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
 def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None, draft_head: str | None = None,
                 hybrid: bool = False):
     """The gate's runner, tokenizer and a name for the backend: ``model`` with its MTP head (shipped
-    or trained: loaders/draft_head.py), else SPEC_SHAPE (``hybrid``: SPEC_HYBRID, NumPy only: hybrid
-    models have no CUDA kernels yet) on the NumPy backend and the synthetic "tiny" shape on CUDA (what
-    the other CUDA gates run), each with a random MTP head (its trunk's weights are the same as without)."""
+    or trained: loaders/draft_head.py), else SPEC_SHAPE (``hybrid``: SPEC_HYBRID) on the NumPy backend
+    and the synthetic "tiny" shape (``hybrid``: "tiny-qwen3.5") on CUDA (what the other CUDA gates run),
+    each with a random MTP head (its trunk's weights are the same as without)."""
     from .backends import pick_device
     from .synthetic import synthetic_checkpoint
 
@@ -410,7 +410,8 @@ def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None
         return numpy_runner(synthetic_checkpoint(shape, "Q8_0", mtp=True), n_ctx), word_tokenizer(shape["vocab_size"]), "NumPy"
     from .backends.cuda_runner import CudaRunner
 
-    runner = CudaRunner(synthetic_checkpoint("tiny", "BF16", mtp=True), n_ctx, "bf16", prefill_chunk=512)
+    runner = CudaRunner(synthetic_checkpoint("tiny-qwen3.5" if hybrid else "tiny", "BF16", mtp=True), n_ctx, "bf16",
+                        prefill_chunk=512)
     dev = runner.cp.cuda.runtime.getDeviceProperties(runner.cp.cuda.Device().id)["name"].decode()
     return runner, word_tokenizer(runner.vocab_size), f"CUDA, {dev}"
 
@@ -669,7 +670,7 @@ def main(argv: list[str]) -> int:
         ks = [int(k) for k in a.spec_k.split(",")]
         runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)
         results = spec_gates(runner, tok, ks) + [spec_fixed_gate(runner, tok)]
-        if where == "NumPy":  # and a hybrid model (its state's rollback; its MTP head): NumPy only so far
+        if not a.model:  # and a hybrid model (its state's rollback; its MTP head)
             del runner
             runner, tok, _ = spec_runner(a.device, hybrid=True)
             results += spec_gates(runner, tok, ks, label="spec/hybrid") + [spec_fixed_gate(runner, tok, "spec/hybrid")]

@@ -1,8 +1,9 @@
 """The kernel section of ``bw24chat check``: every CUDA kernel family against its NumPy
 reference on fresh random inputs (odd sizes included), with the limits of the issue:
 dequantization 0 bit mismatches; matvec / GEMM with f32 accumulation vs float64: relative error
-<= 1e-3 (precise prefill GEMM: <= 1e-4); attention <= 2e-3; RoPE bit-exact; device sampling picks
-the NumPy sampler's token.  The GPU pytest suite (tests/gpu) covers the same ground in more
+<= 1e-3 (precise prefill GEMM: <= 1e-4); attention <= 2e-3; RoPE bit-exact; the gated DeltaNet's
+recurrence <= 1e-4 with a pass's rows bit-equal to one-row launches; device sampling picks the
+NumPy sampler's token.  The GPU pytest suite (tests/gpu) covers the same ground in more
 cases; this module is what a user runs on their own GPU.
 
 Each check returns (name, measured, limit, ok).
@@ -284,12 +285,62 @@ def check_sampling(cp, rng) -> list[tuple]:
     return [("device sampler = NumPy sampler", f"{same}/{total} equal", "all", same == total)]
 
 
+def check_deltanet(cp, rng) -> list[tuple]:
+    """deltanet.cu at Qwen3.5-9B's heads (16 key, 32 value heads of 128) and an odd shape: conv1d
+    and the delta rule's recurrence against float64 over a pass that spans tiles, the pass's rows
+    bit-equal to one-row launches (decode = prefill), the gated RMSNorm."""
+    from .backends import cuda_deltanet as dn
+    from .backends.numpy_backend import causal_conv1d_ref, gated_delta_rule_ref, gated_rmsnorm_ref
+    from .ops import DeltaNetSpec
+
+    out = []
+    f64 = lambda v: np.asarray(v, np.float64)  # noqa: E731
+    for spec in (DeltaNetSpec(16, 32, 128, 128, 4, 1e-6), DeltaNetSpec(3, 6, 40, 17, 3, 1e-6, "tiled")):
+        T, C, Hv = 41, spec.conv_dim, spec.n_v_heads
+        x = rng.standard_normal((T, C)).astype(np.float32)
+        w = (0.5 * rng.standard_normal((C, spec.conv_kernel))).astype(np.float32)
+        st = cp.zeros((spec.conv_kernel - 1, C), cp.float32)
+        y = cp.full((T, C), np.nan, cp.float32)
+        dn.conv1d(cp.asarray(x), cp.asarray(w), st, y, T)
+        ref, _ = causal_conv1d_ref(f64(x), f64(w), np.zeros((spec.conv_kernel - 1, C)))
+        err = _rel(cp.asnumpy(y), ref)
+        tag = f"Hv={Hv} dk={spec.k_head_dim} dv={spec.v_head_dim}"
+        out.append((f"deltanet conv1d C={C}", f"rel {err:.1e}", "1e-6", err <= 1e-6))
+        b, a = rng.standard_normal((T, Hv)).astype(np.float32), (3 * rng.standard_normal((T, Hv))).astype(np.float32)
+        A, dt = -np.exp(rng.standard_normal(Hv)).astype(np.float32), rng.standard_normal(Hv).astype(np.float32)
+        qkv = cp.asnumpy(y)
+        ref_o, ref_S = gated_delta_rule_ref(f64(qkv), f64(b), f64(a), f64(A), f64(dt), spec,
+                                            np.zeros((Hv, spec.k_head_dim, spec.v_head_dim)))
+        args = [cp.asarray(v) for v in (b, a, A, dt)]
+        shape = (Hv, spec.v_head_dim, spec.k_head_dim)
+        S, o = cp.zeros(shape, cp.float32), cp.full((T, Hv * spec.v_head_dim), np.nan, cp.float32)
+        dn.recurrent(y, *args[:2], *args[2:], spec, S, o, T)
+        S1, rows = cp.zeros(shape, cp.float32), []
+        for t in range(T):  # one-row launches: decode steps over the same inputs
+            o1 = cp.empty((1, Hv * spec.v_head_dim), cp.float32)
+            dn.recurrent(y[t:t + 1], args[0][t:t + 1], args[1][t:t + 1], *args[2:], spec, S1, o1, 1)
+            rows.append(cp.asnumpy(o1))
+        o, S = cp.asnumpy(o), cp.asnumpy(S)
+        err = max(_rel(o, ref_o), _rel(S.transpose(0, 2, 1), ref_S))
+        same = np.array_equal(np.concatenate(rows).view(np.uint32), o.view(np.uint32)) and \
+            np.array_equal(cp.asnumpy(S1).view(np.uint32), S.view(np.uint32))
+        out.append((f"deltanet recurrence {tag} T={T}", f"rel {err:.1e}, rows {'bit-equal' if same else 'DIFFER'}",
+                    "1e-4, equal", err <= 1e-4 and same))
+        z = rng.standard_normal((T, Hv * spec.v_head_dim)).astype(np.float32)
+        nw = rng.uniform(0.5, 1.5, spec.v_head_dim).astype(np.float32)
+        g = cp.full((T, Hv * spec.v_head_dim), np.nan, cp.float32)
+        dn.gated_norm(cp.asarray(o), cp.asarray(z), cp.asarray(nw), spec.eps, g, spec, T)
+        err = _rel(cp.asnumpy(g), gated_rmsnorm_ref(f64(o), f64(z), f64(nw), spec))
+        out.append((f"deltanet gated rmsnorm {tag}", f"rel {err:.1e}", "1e-6", err <= 1e-6))
+    return out
+
+
 def run_all() -> list[tuple]:
     import cupy as cp
 
     rng = np.random.default_rng()
     res = []
-    for fn in (check_linear, check_norm_rope, check_attention, check_moe_prefill, check_sampling):
+    for fn in (check_linear, check_norm_rope, check_attention, check_moe_prefill, check_deltanet, check_sampling):
         try:
             res += fn(cp, rng)
         except Exception as exc:  # noqa: BLE001 - a crashing family is a failed check, reported

@@ -118,10 +118,9 @@ class Loader:
 
     def load_conv(self, tensor):
         """A depthwise causal conv1d's taps, (C, kernel) (``ops.causal_conv1d``).  The base class
-        refuses: a backend without the gated DeltaNet ops (the CUDA one, so far) stops here, at load,
-        with a clear message."""
+        refuses: a backend without the gated DeltaNet ops stops here, at load, with a clear message."""
         raise NotImplementedError(f"{type(self).__name__}: gated DeltaNet layers (Qwen3-Next / Qwen3.5) have no "
-                                  "kernels on this backend yet; use --device cpu")
+                                  "kernels on this backend; use --device cpu")
 
 
 class Ops:

@@ -28,6 +28,10 @@ FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k"
 _TINY = dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
              num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
              max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+_TINY_QWEN35 = {**_TINY, "model_type": "qwen3_5", "num_hidden_layers": 4, "full_attention_interval": 2,
+                "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
+                "linear_v_head_order": "tiled"}
 SHAPES = {
     # Qwen3-8B with a 49k vocabulary: the shape llama.cpp was measured on (engine notes)
     "qwen3-8b": _QWEN3_8B,
@@ -55,6 +59,14 @@ SHAPES = {
                        num_attention_heads=48, num_key_value_heads=8, head_dim=128, vocab_size=200064,
                        max_position_embeddings=196608, rope_theta=5000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                        num_local_experts=256, num_experts_per_tok=8, rotary_dim=64),
+    # Qwen3.5-9B (transformers' Qwen3_5TextConfig defaults, slime's qwen3.5 scripts): 24 gated DeltaNet
+    # layers (16 key / 32 value heads of 128) and 8 gated attention layers (head dim 256, 25 % rotary)
+    "qwen3.5-9b": dict(model_type="qwen3_5", hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=256, vocab_size=248320,
+                       max_position_embeddings=262144, rope_theta=10000000.0, partial_rotary_factor=0.25,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, full_attention_interval=4,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                       linear_num_key_heads=16, linear_num_value_heads=32),
     "tiny": _TINY,
     "tiny-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
                  "moe_intermediate_size": 256, "norm_topk_prob": True},
@@ -67,6 +79,12 @@ SHAPES = {
                       "partial_rotary_factor": 0.5},
     "tiny-minimax-m2": {**_TINY, "model_type": "minimax_m2", "num_local_experts": 16, "num_experts_per_tok": 4,
                         "intermediate_size": 256, "rotary_dim": 32},
+    # the hybrid's gates: Qwen3.5's block, DeltaNet and gated attention layers alternating, the real
+    # DeltaNet head dims over fewer heads (3 value heads per key head, tiled as llama.cpp's files);
+    # Qwen3.5-MoE's: every layer's FFN routed (softmax top-k) plus a gated shared expert
+    "tiny-qwen3.5": _TINY_QWEN35,
+    "tiny-qwen3.5-moe": {**_TINY_QWEN35, "model_type": "qwen3_5_moe", "num_experts": 16, "num_experts_per_tok": 4,
+                         "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256},
 }
 
 

@@ -44,10 +44,15 @@ BW24_DEVICE float rms_inv(float sum_sq, int n, float eps) {
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum_sq, (float)n), eps)));
 }
 
+// silu(g) = g / (1 + exp(-g)) and sigmoid(g) = 1 / (1 + exp(-g)), each operation rounded on its
+// own as numpy_backend.silu / sigmoid compute them (IEEE expf).
+BW24_DEVICE float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+BW24_DEVICE float sigmoid(float g) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g))); }
+
 // SwiGLU's activation, silu(g) * u = g / (1 + exp(-g)) * u, each operation rounded on its own as
 // NumpyBackend.swiglu computes it (IEEE expf): the prefill (elementwise.cu) and the decode
 // matvec (prologue and epilogue) share this one function, so both paths agree bit for bit.
-BW24_DEVICE float swiglu_act(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
+BW24_DEVICE float swiglu_act(float g, float u) { return __fmul_rn(silu(g), u); }
 
 // Programmatic dependent launch (sm_90+; kernel_build launches every kernel but matvec_tc with the
 // attribute, the decode graphs only).  pdl_trigger: this grid's dependents may be launched now (their blocks

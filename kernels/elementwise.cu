@@ -8,6 +8,20 @@
 //   common.cuh) as the decode matvec's swiglu epilogue, so prefill and decode compute the MLP
 //   input identically from equal inputs.
 //   Launch: grid (ceil(F / 256), T), block 256.
+//
+// output_gate_rows: o[t, h HD + d] = o[t, h HD + d] * sigmoid(q[t, 2 h HD + HD + d]), in place: the
+//   gated attention's output scaled by the gate half of its q projection (ops.output_gate; per
+//   head [q | gate], transformers Qwen3NextAttention: attn_output * torch.sigmoid(gate)), each
+//   operation rounded on its own as NumpyOps.output_gate (common.cuh sigmoid).  o: float32
+//   [T, H HD] contiguous; q: the q projection's rows, ldq floats apart.
+//   Launch: grid (ceil(H HD / 256), T), block 256.
+//
+// shared_gate_rows: s[t] = s[t] * sigmoid(dot(x[t], g)), in place: a shared expert's output scaled
+//   by its gate (Qwen2-MoE / Qwen3-Next shared_expert_gate; ops.experts, NumpyOps.experts:
+//   out * sigmoid(x @ gate)), x the layer's normed input.  The dot: thread i adds x[j] g[j] for
+//   j = i, i + 256, ... in order (each product rounded), then common.cuh warp_sum, then the 8 warp
+//   partials in order; every row alike, so prefill and decode rows agree.  s, x: float32 [T, D]
+//   contiguous.  Launch: grid T, block 256.
 #include "common.cuh"
 
 extern "C" __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ act, int T, int F) {
@@ -17,4 +31,31 @@ extern "C" __global__ void swiglu_rows(const float* __restrict__ gu, float* __re
     if (j >= F || t >= T) return;
     const float2 gu2 = reinterpret_cast<const float2*>(gu + (long long)t * 2 * F)[j];
     act[(long long)t * F + j] = swiglu_act(gu2.x, gu2.y);
+}
+
+extern "C" __global__ void output_gate_rows(float* __restrict__ o, const float* __restrict__ q, int ldq, int T, int H, int hd) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t = blockIdx.y;
+    if (i >= H * hd || t >= T) return;
+    const int h = i / hd;
+    float* p = o + (long long)t * H * hd + i;
+    *p = __fmul_rn(*p, sigmoid(q[(long long)t * ldq + (long long)h * 2 * hd + hd + (i - h * hd)]));
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+shared_gate_rows(float* __restrict__ s, const float* __restrict__ x, const float* __restrict__ g, int D) {
+    PDL_ENTRY();
+    __shared__ float part[8];
+    const long long row = (long long)blockIdx.x * D;
+    float acc = 0.0f;
+    for (int j = threadIdx.x; j < D; j += 256) acc = __fadd_rn(acc, __fmul_rn(x[row + j], g[j]));
+    acc = warp_sum(acc);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    float dot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) dot = __fadd_rn(dot, part[w]);
+    const float gate = sigmoid(dot);
+    for (int j = threadIdx.x; j < D; j += 256) s[row + j] = __fmul_rn(s[row + j], gate);
 }

@@ -49,7 +49,9 @@
 //     a row moves 2 x 36 KB (f32 q, k, v in and out) plus its cache rows.
 // Defines: HD (head dim, multiple of 32, <= 256), NEOX (1 neox / 0 normal), QK_NORM (0 / 1 / 2),
 //          KV_TYPE (0 bf16, 1 q8_0, 2 fp8, 3 f32, 255 none: only q and k are rotated in place),
-//          FN_SPW (QK_NORM 2: slots per warp).
+//          FN_SPW (QK_NORM 2: slots per warp), Q_GATED (1: q's heads are 2 HD apart, each [q |
+//          output gate] as Qwen3-Next's gated attention lays out its q projection (ops.AttentionSpec
+//          output_gate); the rotated q goes to q_out, the gate halves are not touched).
 #include "common.cuh"
 
 #ifndef HD
@@ -63,6 +65,9 @@
 #endif
 #ifndef FN_SPW
 #define FN_SPW 1
+#endif
+#ifndef Q_GATED
+#define Q_GATED 0
 #endif
 #include "kv_types.cuh"
 #define KV_NONE 255
@@ -162,7 +167,7 @@ BW24_DEVICE void slot_consts(SlotConsts& sc, int slot, int H, int K, int pos, in
 BW24_DEVICE float* slot_src(float* q, float* k, const float* v, int t, int slot, int H, int K, int stride_q,
                             int stride_k, int stride_v) {
     const int kind = slot_kind(slot, H, K);
-    return kind == 0 ? q + (long long)t * stride_q + (long long)slot * HD
+    return kind == 0 ? q + (long long)t * stride_q + (long long)slot * (HD << Q_GATED)
          : kind == 1 ? k + (long long)t * stride_k + (long long)(slot - H) * HD
                      : (float*)v + (long long)t * stride_v + (long long)(slot - H - K) * HD;
 }

@@ -1,7 +1,8 @@
 """The decode plan (backends/plan.py) without a GPU: the launches of one decode step of the
 Qwen3-8B shape on an H100, per weight format, against the checked-in golden files
 (tests/data/decode_plan_qwen3-8b_*.txt), and of the Qwen3-30B-A3B MoE shape in Q8_0
-(decode_plan_qwen3-30b-a3b_q8_0.txt: the router matvec and top-k, moe_gu, moe_down).  A change to a tuning rule, a kernel's defines, a grid
+(decode_plan_qwen3-30b-a3b_q8_0.txt: the router matvec and top-k, moe_gu, moe_down), and of the
+Qwen3.5-9B hybrid in Q8_0 (decode_plan_qwen3.5-9b_q8_0.txt: the gated DeltaNet and gated attention).  A change to a tuning rule, a kernel's defines, a grid
 or a hand-off shows here as a diff to review; regenerate with
 
     python -m bw24chat.backends.plan qwen3-8b FORMAT > tests/data/decode_plan_qwen3-8b_FORMAT.txt
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bw24chat.backends.plan import GPUS, decode_plan, format_plan
+from bw24chat.backends.plan import GPUS, decode_plan, format_plan, layer_period
 from bw24chat.synthetic import SHAPES
 
 DATA = Path(__file__).parent / "data"
@@ -64,3 +65,40 @@ def test_qwen3_8b_verify_plan_matches_the_golden_file(fmt):
     """The step of 4 rows (a verify of 3 drafts): its golden file, as the one-row step's."""
     plan, layers = _plan(fmt, m=4)
     assert format_plan(plan, layers) == (DATA / f"decode_plan_qwen3-8b_{fmt}_rows4.txt").read_text()
+
+
+def test_hybrid_plan_matches_the_golden_file():
+    """Qwen3.5-9B (24 gated DeltaNet layers, 8 gated attention layers, in runs of 3 + 1): a DeltaNet
+    layer is the qkv, b and a matvecs, conv1d, the recurrence, the z matvec, the gated norm and the
+    out matvec; an attention layer's rope reads the gated q (Q_GATED) and the output gate scales
+    the attention before the o matvec."""
+    cfg = SHAPES["qwen3.5-9b"]
+    plan = decode_plan(cfg, {"default": "Q8_0"}, GPUS["H100"])
+    assert layer_period(cfg) == 4
+    assert format_plan(plan, 32, 4) == (DATA / "decode_plan_qwen3.5-9b_q8_0.txt").read_text()
+    assert [L.name for L in plan if L.family == "deltanet"] == \
+        ["deltanet_conv", "deltanet_recurrent", "deltanet_gated_norm"] * 24
+    assert [L.name for L in plan if L.family == "elementwise"] == ["output_gate_rows"] * 8
+    assert all(dict(L.defines)["Q_GATED"] == 1 for L in plan if L.family == "rope")
+    assert len(plan) == 1 + 24 * 10 + 8 * 7 + 2
+
+
+def test_hybrid_rows_read_positions_and_write_checkpoints():
+    """A decode step of m rows runs the DeltaNet kernels over its m rows (one launch each), reading
+    the rows' positions from the step image and writing each layer's checkpoint slots (the state
+    before every row: CudaRunner.rollback); the slots cover a verify of MAX_K drafts."""
+    from bw24chat.backends.cuda_deltanet import STATE_SLOTS
+    from bw24chat.speculative import MAX_K
+
+    assert STATE_SLOTS >= MAX_K + 1
+    one, _ = _plan("q8_0", shape="tiny-qwen3.5")
+    four, _ = _plan("q8_0", m=4, shape="tiny-qwen3.5")
+    assert [L.name for L in four[:-4]] == [{"matvec": "matvec_i8"}.get(L.name, L.name) for L in one[:-1]]
+    rec = [L for L in four if L.name == "deltanet_recurrent"]
+    conv = [L for L in four if L.name == "deltanet_conv"]
+    assert len(rec) == len(conv) == 2
+    for i, L in enumerate(rec):  # (qkv, ldq, b, ldb, a, lda, A, dt_bias, S, o, ldo, T, ..., pos, ckpt, stride, slots)
+        assert L.args[11] == "4" and L.args[17] == "io+32" and L.args[18].startswith("ssm_ckpt")
+        assert L.args[8] == ("ssm" if i == 0 else f"ssm+{6 * 128 * 128 * 4}") and L.args[-1] == str(STATE_SLOTS)
+    for L in conv:  # (x, ldx, w, state, out, T, C, pos, ckpt, stride, slots)
+        assert L.args[5] == "4" and L.args[7] == "io+32" and L.args[8].startswith("conv_ckpt")

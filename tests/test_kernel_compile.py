@@ -126,6 +126,13 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("rope", {"HD": 128, "QK_NORM": 2, "FN_SPW": 4, "KV_TYPE": 0}),
     ("rope", {"HD": 256, "QK_NORM": 2, "FN_SPW": 1, "NEOX": 0, "KV_TYPE": 1}),
     ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 2}),
+    # the gated attention's q (per head [q | gate], rope.cu Q_GATED): Qwen3.5's head dim 256, a q8_0 cache
+    ("rope", {"HD": 256, "QK_NORM": 1, "KV_TYPE": 0, "Q_GATED": 1}),
+    ("rope", {"HD": 64, "QK_NORM": 1, "KV_TYPE": 1, "Q_GATED": 1}),
+    # the gated DeltaNet (deltanet.cu): key head dims the models use (128, 256) and odd ones, conv taps 2..4
+    ("deltanet", {"DK": 256}),
+    ("deltanet", {"DK": 40, "KC": 3}),
+    ("deltanet", {"DK": 8, "KC": 2}),
     # MoE expert kernels (moe_experts.cu): every resident format at its production geometry
     *[("moe_experts", d) for d in production_moe_builds()],
     # the grouped MoE prefill (moe_group.cu): every format on its contract's planes, both tiles,
@@ -215,6 +222,19 @@ def test_moe_builds_do_not_spill(defines, arch):
     the in-flight loads through local memory)."""
     _, log = kb.compile_cubin("moe_experts", arch, defines, extra=("-Xptxas=-v",))
     for fn in ("moe_gu", "moe_down"):
+        i = log.index(f"Function properties for {fn}")
+        props = log[i:log.index("\n", log.index("\n", i) + 1)]
+        assert " 0 bytes spill stores" in props, (fn, props)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("defines", [{"DK": 128, "KC": 4}, {"DK": 256, "KC": 4}, {"DK": 40, "KC": 3}, {"DK": 8, "KC": 2},
+                                     {"DK": 64, "KC": 8}], ids=lambda d: f"DK{d['DK']}-KC{d['KC']}")
+def test_deltanet_builds_do_not_spill(arch, defines):
+    """ptxas's report on deltanet.cu's kernels: no spills (the recurrence keeps a lane's part of S,
+    DK / 8 values, in registers for the whole pass; the conv its KC taps and window)."""
+    _, log = kb.compile_cubin("deltanet", arch, defines, extra=("-Xptxas=-v",))
+    for fn in ("deltanet_conv", "deltanet_recurrent", "deltanet_gated_norm"):
         i = log.index(f"Function properties for {fn}")
         props = log[i:log.index("\n", log.index("\n", i) + 1)]
         assert " 0 bytes spill stores" in props, (fn, props)

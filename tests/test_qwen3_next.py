@@ -195,12 +195,15 @@ def test_speculation_needs_state_checkpoints(tiny):
         make_drafter("ngram", NoCheckpoints(runner.model, runner.backend))
 
 
-def test_cuda_loader_refuses_deltanet_layers(tiny):
+def test_a_backend_without_deltanet_ops_refuses_at_load(tiny):
+    from bw24chat.backends.cuda_runner import CudaLoader
+    from bw24chat.backends.plan import PlanLoader
     from bw24chat.models import build_model
     from bw24chat.ops import Loader
 
     class NoDeltaNet(NumpyBackend):
-        load_conv = Loader.load_conv  # the base class's: what CudaLoader inherits
+        load_conv = Loader.load_conv  # the base class's
 
     with pytest.raises(NotImplementedError, match="gated DeltaNet"):
         build_model(tiny, NoDeltaNet())
+    assert CudaLoader.load_conv is not Loader.load_conv and PlanLoader.load_conv is not Loader.load_conv

@@ -1,4 +1,5 @@
-"""Thin launch wrappers for kernels/norm.cu, rope.cu, attention_*.cu, sampling.cu and elementwise.cu.
+"""Thin launch wrappers for kernels/norm.cu, rope.cu, attention_*.cu, sampling.cu and elementwise.cu
+(deltanet.cu: cuda_deltanet.py).
 
 Conventions (the CUDA-graph decode runner relies on them): arguments are CuPy arrays; every op
 launches on the current stream into preallocated outputs, never allocates device memory, never
@@ -140,7 +141,7 @@ def fullnorm_geometry(H: int, K: int) -> tuple[int, int]:
 
 def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
                           rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None,
-                          qk_norm: str = "head") -> None:
+                          qk_norm: str = "head", q_gated: bool = False) -> None:
     """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
 
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
@@ -153,12 +154,16 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     rope_style "neox" | "normal".  q, k, v may be column slices of one fused (T, (H+2K)*hd)
     buffer (their row strides are passed); bias: optional float32 ((H+2K)*hd,) q|k|v biases added
     first (v is then updated in place too); q_out: optional contiguous float32 (T, H, hd) that
-    receives the rotated q instead of q itself."""
+    receives the rotated q instead of q itself.  q_gated: q's heads lie 2 hd apart, each followed by
+    its output gate (ops.AttentionSpec.output_gate; rope.cu Q_GATED): q_out is then required."""
     T, H, hd = q.shape
     K = k.shape[1]
-    for a in (q, k, v):  # a stride over one head (MQA's single kv head) is any value: not checked
-        if (a.shape[1] > 1 and a.strides[1] != hd * 4) or a.strides[2] != 4:
-            raise ValueError("q, k, v: heads and head dims must be contiguous (only the token stride may differ)")
+    for a, head in ((q, hd * (2 if q_gated else 1)), (k, hd), (v, hd)):  # a stride over one head
+        if (a.shape[1] > 1 and a.strides[1] != head * 4) or a.strides[2] != 4:  # (MQA's kv head) is not checked
+            raise ValueError("q, k, v: heads and head dims must be contiguous (only the token stride may differ; "
+                             "gated q: heads 2 hd apart)")
+    if q_gated and q_out is None:
+        raise ValueError("a gated q projection needs q_out (the gate halves stay in place)")
     if T == 0:
         return
     if (q_norm_w is None) != (k_norm_w is None):
@@ -171,6 +176,7 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
         if (q_norm_w.size, k_norm_w.size) != want:
             raise ValueError(f"{qk_norm} QK-norm weights of {q_norm_w.size} and {k_norm_w.size} values, {want} expected")
     kvt = KV_NONE if kv_type is None else KV_CODE[kv_type]
+    gated = {"Q_GATED": 1} if q_gated else {}
     n_ctx = 0 if kv_type is None else _cache_ctx(cache_k, kv_type, K, hd)
     qn = q_norm_w if q_norm_w is not None else q  # unused pointer when QK_NORM == 0
     kn = k_norm_w if k_norm_w is not None else q
@@ -182,11 +188,11 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     if full:
         nw, spw = fullnorm_geometry(H, K)
         kern = get_kernel("rope", "qk_fullnorm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"), QK_NORM=2,
-                          KV_TYPE=kvt, FN_SPW=spw)
+                          KV_TYPE=kvt, FN_SPW=spw, **gated)
         _launch(kern, (T,), (32 * nw,), args)
         return
     kern = get_kernel("rope", "qk_norm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"),
-                      QK_NORM=int(q_norm_w is not None), KV_TYPE=kvt)
+                      QK_NORM=int(q_norm_w is not None), KV_TYPE=kvt, **gated)
     _launch(kern, ((T * (H + 2 * K) + 3) // 4,), (128,), args)
 
 
@@ -510,3 +516,28 @@ def swiglu(gu, act) -> None:
     """act (T, F) = silu(gate) * up from gu (T, 2F) = gate | up (float32)."""
     T, F = act.shape
     _launch(get_kernel("elementwise", "swiglu_rows"), (-(-F // 256), T), (256,), (gu, act, _i32(T), _i32(F)))
+
+
+def output_gate(o, q, H: int, hd: int) -> None:
+    """o (T, H * hd) *= sigmoid(gate) in place, the gate of head h at q[t, 2 h hd + hd:2 (h + 1) hd]
+    (ops.output_gate; elementwise.cu output_gate_rows).  o: float32 contiguous rows; q: the q
+    projection's float32 rows (a column slice of the fused qkv output)."""
+    T = o.shape[0]
+    if o.dtype != np.float32 or o.shape != (T, H * hd) or o.strides != (4 * H * hd, 4):
+        raise ValueError(f"output_gate: o float32 (T, {H * hd}) contiguous, got {o.dtype} {o.shape}")
+    if q.dtype != np.float32 or q.shape[0] < T or q.shape[1] < 2 * H * hd or q.strides[1] != 4:
+        raise ValueError(f"output_gate: q float32 rows of >= {2 * H * hd}, got {q.dtype} {q.shape}")
+    if T:
+        _launch(get_kernel("elementwise", "output_gate_rows"), (-(-(H * hd) // 256), T), (256,),
+                (o, q, _i32(q.strides[0] // 4), _i32(T), _i32(H), _i32(hd)))
+
+
+def shared_gate(s, x, gate) -> None:
+    """s (T, D) *= sigmoid(x[t] . gate) per row, in place: a gated shared expert (ops.experts;
+    elementwise.cu shared_gate_rows).  s, x: float32 (T, D) contiguous rows; gate (D,)."""
+    T, D = s.shape
+    for a in (s, x):
+        if a.dtype != np.float32 or a.shape != (T, D) or a.strides != (4 * D, 4):
+            raise ValueError(f"shared_gate: float32 (T, {D}) contiguous rows, got {a.dtype} {a.shape}")
+    if T:
+        _launch(get_kernel("elementwise", "shared_gate_rows"), (T,), (256,), (s, x, gate, _i32(D)))

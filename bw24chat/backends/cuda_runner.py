@@ -28,6 +28,14 @@ batched decode reproduce plain decode bit for bit.
 Prefill (chunks of ``prefill_chunk`` tokens) runs the GEMMs on tensor cores and FlashAttention
 over the cache; it differs from decode by rounding only (``bw24chat check`` compares argmax and
 reports near-ties).
+
+Hybrid models (gated DeltaNet layers: models/qwen3_next.py) add a recurrent state per sequence
+(cuda_deltanet.py) that a pass advances and that cannot be truncated like the KV cache: a decode
+step's kernels also write the state before each row into a checkpoint slot, so that rollback to
+any position the latest step covers restores it exactly (speculative verify); any other rollback
+recomputes it from the ids through the prefill path.  A DeltaNet layer decodes in 8 launches: the
+qkv, b and a matvecs (rmsnorm prologue), conv1d, the recurrence, the z matvec, the gated norm, the
+out matvec (+x).
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from ..api import SamplingParams
 from ..sampling import REPEAT_WINDOW_MAX
 from ..models import get_family
 from ..ops import AttentionSpec, Loader, Ops
+from . import cuda_deltanet as dn
 from . import cuda_linear as lin
 from . import cuda_moe as moe
 from . import cuda_ops as ops
@@ -80,6 +89,7 @@ class CudaLoader(Loader):
         self.cp = cp
         self.linears: list[DeviceWeight] = []
         self.experts: list = []  # cuda_moe.CudaExperts of each MoE layer
+        self.convs: list = []  # the gated DeltaNet layers' conv1d taps
         self.tiers = tiers  # cuda_tiers.CudaTiers when the experts are spilled from VRAM
         self._planes: dict = {}
 
@@ -101,6 +111,11 @@ class CudaLoader(Loader):
     def load_embedding(self, tensor) -> DeviceWeight:
         w = upload_planes([tensor], repack_host([tensor]))
         w.role = "embed"
+        return w
+
+    def load_conv(self, tensor):
+        w = self.cp.asarray(np.ascontiguousarray(tensor.dequantize(), np.float32).reshape(tensor.shape[0], -1))
+        self.convs.append(w)
         return w
 
     def load_experts(self, gate, up, down, role: str = "experts") -> moe.CudaExperts:
@@ -254,19 +269,48 @@ class CudaOps(Ops):
     def rope_kv(self, qkv, spec: AttentionSpec, layer: int, bias=None, q_norm=None, k_norm=None):
         r, T = self.r, self.n
         H, K, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        qkv = self._input(qkv)["x"]
-        q = qkv[:, : H * hd].reshape(T, H, hd)  # column slices of the fused output
-        k = qkv[:, H * hd:(H + K) * hd].reshape(T, K, hd)
-        v = qkv[:, (H + K) * hd:].reshape(T, K, hd)
+        qkv = self._value(qkv)  # (output_gate reads its gate half later)
+        qw = (2 if spec.output_gate else 1) * H * hd  # the q projection (per head [q | gate] when gated)
+        q = qkv[:, :qw].reshape(T, H, qw // H)[:, :, :hd]  # column slices of the fused output
+        k = qkv[:, qw:qw + K * hd].reshape(T, K, hd)
+        v = qkv[:, qw + K * hd:].reshape(T, K, hd)
         q_rot = self.buf("q", H, hd)
         cos, sin = r.rope_tables(spec.rope)
         ops.qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, spec.eps, cos, sin, self.positions, spec.rope.style,
                                   spec.rope.rot_dim, self.cache_k[layer], self.cache_v[layer], r.kv_type, bias=bias,
-                                  q_out=q_rot, qk_norm=spec.qk_norm)
+                                  q_out=q_rot, qk_norm=spec.qk_norm, q_gated=spec.output_gate)
         return q_rot
 
     def attention(self, q, spec: AttentionSpec, layer: int):
         return _Attention(q, spec, layer)
+
+    def output_gate(self, o, qkv, spec: AttentionSpec):
+        # the attention's plain output (no QX codes: the gate changes the values the o projection
+        # quantizes), scaled in place
+        x = self._input(o, matvec=False)["x"]
+        ops.output_gate(x, self._value(qkv), spec.n_heads, spec.head_dim)
+        return x
+
+    # ------------------------------------------------------------------ gated DeltaNet (cuda_deltanet)
+    def _slots(self, name: str, layer: int) -> tuple:
+        """(positions, the layer's checkpoint slots) of a decode pass, (None, None) for prefill."""
+        return (self.positions, self.r.dn_state[name][:, layer]) if self.decode else (None, None)
+
+    def causal_conv1d(self, x, w, spec, layer: int):
+        out = self.buf("ssm_conv", spec.conv_dim)
+        dn.conv1d(self._input(x)["x"], w, self.r.dn_state["conv"][layer], out, self.n, *self._slots("conv_ckpt", layer))
+        return out
+
+    def gated_delta_rule(self, qkv, b, a, A, dt_bias, spec, layer: int):
+        o = self.buf("ssm_o", spec.n_v_heads * spec.v_head_dim)
+        dn.recurrent(self._value(qkv), self._input(b)["x"], self._input(a)["x"], A, dt_bias, spec,
+                     self.r.dn_state["ssm"][layer], o, self.n, *self._slots("ssm_ckpt", layer))
+        return o
+
+    def gated_rmsnorm(self, x, z, w, spec):
+        out = self.buf("ssm_y", spec.n_v_heads * spec.v_head_dim)
+        dn.gated_norm(self._value(x), self._input(z)["x"], w, spec.eps, out, spec, self.n)
+        return out
 
     def router(self, x, gate: DeviceWeight, spec, bias=None):
         m, k = self.n, spec.top_k
@@ -283,10 +327,10 @@ class CudaOps(Ops):
         sh = None
         if shared is not None:
             gu_s, down_s, gate_s = shared
-            if gate_s is not None:
-                raise NotImplementedError("a gated shared expert (Qwen2-MoE) on CUDA")
             sh = self.buf("moe_shared", D)  # the dense MLP on the dense matvec / GEMM path
             self._linear(_Swiglu(_Linear(x, gu_s)), down_s, sh)
+            if gate_s is not None:  # Qwen2-MoE / Qwen3-Next: scaled by sigmoid(x . gate_s), x normed
+                ops.shared_gate(sh, self._value(x), gate_s)
         if not self.decode:
             h = self._input(x, matvec=False)["x"]
             moe.prefill_experts(experts, h, ids, weights, sh, residual, m, k, precise=self.r.precise, act_bf16=self.xb16)
@@ -344,6 +388,8 @@ class _HeadOps(CudaOps):
 class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
+    state_checkpoints = True  # speculative.make_drafter: a verify's rollback restores a recurrent state exactly
+
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
                  use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32",
                  tiers=None):
@@ -390,8 +436,16 @@ class CudaRunner:
         self.attn_qx = True
 
         # ---------------------------------------------------------------- KV cache
-        self.cache_k = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(a.num_hidden_layers)]
-        self.cache_v = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(a.num_hidden_layers)]
+        n_kv = self.model.n_kv_layers  # a hybrid model caches its attention layers only
+        self.cache_k = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(n_kv)]
+        self.cache_v = [ops.kv_cache_alloc(kv_type, self.n_ctx, K, hd) for _ in range(n_kv)]
+        # ---------------------------------------------------------------- recurrent state (hybrid models)
+        # cuda_deltanet's buffers; the positions the state has consumed; the positions whose
+        # checkpoint slots the latest step wrote [lo, hi); the ids at positions 0.. (recompute)
+        spec = self.model.deltanet
+        self.dn_state = None if spec is None else \
+            {k: cp.zeros(s, cp.float32) for k, s in dn.state_shapes(spec, self.model.n_state_layers).items()}
+        self.state_pos, self._slot_range, self._ids = 0, (0, 0), []
 
         # ---------------------------------------------------------------- buffers (fixed addresses)
         self._bufs: dict = {}
@@ -438,6 +492,7 @@ class CudaRunner:
     # ==================================================================== prefill
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
         T = len(ids)
+        self._advance(ids, start)
         self.p_ids[:T].set(np.asarray(ids, np.int32), stream=self.stream)
         self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=self.stream)
         with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
@@ -561,6 +616,7 @@ class CudaRunner:
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("a step runs at least one row")
+        self._advance(tokens, start, step=True)
         # more rows than one pass holds (a verify of K = 8 drafts; spilled experts): passes of
         # max_rows rows, each row still the same arithmetic as a one-row step
         out, kept, hidden = [], [], []
@@ -607,7 +663,45 @@ class CudaRunner:
     def rollback(self, n: int) -> None:
         """Positions >= n are stale; the position-indexed cache overwrites them before any read
         (the MTP head's cache likewise: its next catch-up rewrites its positions from the first
-        stale one, speculative.MTPDrafter)."""
+        stale one, speculative.MTPDrafter).  A hybrid model's recurrent state is rewound to
+        position n: from its checkpoint slot where the latest step covers n (bit for bit: the
+        speculative verify's case), to zeros at n = 0, else recomputed from the ids at positions
+        0..n-1 through the prefill path (what a fresh prompt of those ids gives; the last step's
+        logits are kept, a prefill's hidden rows are not)."""
+        if self.dn_state is None or n >= self.state_pos:
+            return
+        st, rt = self.dn_state, self.cp.cuda.runtime
+        lo, hi = self._slot_range
+        if lo <= n < hi:
+            for name in ("conv", "ssm"):
+                src = st[name + "_ckpt"][n % dn.STATE_SLOTS]
+                rt.memcpyAsync(st[name].data.ptr, src.data.ptr, src.nbytes, rt.memcpyDeviceToDevice, self.stream.ptr)
+            self.state_pos, self._slot_range = n, (lo, n)
+            return
+        with self.stream:
+            kept = self._kept or [self.d_logits[:self._rows].copy()]
+        for name in ("conv", "ssm"):
+            rt.memsetAsync(st[name].data.ptr, 0, st[name].nbytes, self.stream.ptr)
+        self.state_pos, self._slot_range = 0, (0, 0)
+        ids = np.asarray(self._ids[:n], np.int64)
+        with self.stream:
+            for s in range(0, n, self.prefill_chunk):
+                self._prefill_chunk(ids[s:s + self.prefill_chunk], s, False)
+        self._kept = kept
+
+    def _advance(self, ids, start: int, step: bool = False) -> None:
+        """Before a pass (prefill chunk) or a step over ``ids`` at positions start..: a hybrid
+        model's state must hold exactly the positions before start (rewound if it holds more);
+        the ids are recorded, and a step's rows are the checkpoint slots' (the last STATE_SLOTS
+        of them)."""
+        if self.dn_state is None:
+            return
+        if start > self.state_pos:
+            raise ValueError(f"a pass at position {start}, but the recurrent state holds {self.state_pos} positions")
+        self.rollback(start)
+        end = start + len(ids)
+        self._ids[start:] = [int(t) for t in ids]
+        self.state_pos, self._slot_range = end, ((max(start, end - dn.STATE_SLOTS), end) if step else (0, 0))
 
     def decode_logits(self, token: int, pos: int) -> np.ndarray:
         """One greedy decode step (graph or eager, as configured); host copy of its logits."""
@@ -626,12 +720,20 @@ class CudaRunner:
 
     def decode_weight_bytes(self) -> int:
         """Bytes one decode step must read of the weights: every matrix once, top_k experts of each
-        MoE layer, one embedding row (the whole table where it is also the LM head)."""
-        total = sum(w.nbytes for w in self.loader.linears)
+        MoE layer, one embedding row (the whole table where it is also the LM head), the conv taps."""
+        total = sum(w.nbytes for w in self.loader.linears) + sum(w.nbytes for w in self.loader.convs)
         # MoE: top_k experts of each layer (gate|up and down)
         total += sum(self.args.num_experts_per_tok * ex.nbytes // ex.n_experts for ex in self.loader.experts)
         emb = self.model.tok_embd
         return total + (emb.nbytes if self.model.output is emb else emb.nbytes // self.vocab_size)
+
+    def decode_state_bytes(self) -> int:
+        """Bytes of recurrent state one decode step reads and writes (hybrid models; 0 otherwise):
+        the conv and delta-rule states, read once and written once (the checkpoint copies the
+        step also writes are not counted: a roofline's bytes are what the step must move)."""
+        if self.dn_state is None:
+            return 0
+        return 2 * dn.state_bytes(self.model.deltanet, self.model.n_state_layers, checkpoints=False)
 
     def expert_stats(self) -> dict:
         """The expert tiers' hits per tier, bytes moved per token, slot occupancy (spilled MoE)."""
@@ -720,6 +822,7 @@ class CudaRunner:
         plan.append(self._copy(self.d_mtp.data.ptr, self.h_mtp.ptr, _MTP_HIDDEN + m * 4 * D, rt.memcpyHostToDevice))
         hops = _HeadOps(self, m, io["tok"][:m], io["pos"][:m], io["len"][:m], logits)
         out, g = self.mtp.forward(hops, hops.tokens, io["hidden"][:m], from_trunk)
+        g = hops._value(g)  # (a deferred norm where the head chains its normed output: Qwen3-Next)
         plan.append(self._copy(self.mtp_g.data.ptr, g[m - 1].data.ptr, 4 * D, rt.memcpyDeviceToDevice))
         if logits:
             self._mtp_sample(out, 0)
@@ -733,6 +836,7 @@ class CudaRunner:
         for j in range(n):
             hops = _HeadOps(self, 1, io["out"][j:j + 1], io["cpos"][j:j + 1], io["clen"][j:j + 1], True)
             out, g = self.mtp.forward(hops, hops.tokens, self.mtp_g, False)
+            g = hops._value(g)
             plan.append(self._copy(self.mtp_g.data.ptr, g[0].data.ptr, 4 * D, rt.memcpyDeviceToDevice))
             self._mtp_sample(out, j + 1)
         plan.append(self._copy(self.h_mtp.ptr + 4 * _MTP_OUT, io["out"].data.ptr, 4 * (n + 1), rt.memcpyDeviceToHost))
@@ -855,9 +959,13 @@ def make_cuda_runner(checkpoint, options, report, tiers=None):
     a = get_family(checkpoint.arch).ModelArgs.from_dict(checkpoint.config)
     free, _total = cp.cuda.runtime.memGetInfo()
     budget = int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else free
-    weights = resident_weight_bytes(checkpoint, tiers)
+    # a hybrid model: its recurrent state (with the checkpoint slots) next to the weights, and a
+    # KV cache for its attention layers only
+    linear = [a.is_linear(i) for i in range(a.num_hidden_layers)] if hasattr(a, "deltanet_spec") else []
+    state = dn.state_bytes(a.deltanet_spec(), sum(linear)) if any(linear) else 0
+    weights = resident_weight_bytes(checkpoint, tiers) + state
     check_fits(checkpoint.name, weights, budget)
-    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, weights, a.num_hidden_layers,
+    n_ctx = fit_context(a.max_position_embeddings, options.n_ctx, budget, weights, a.num_hidden_layers - sum(linear),
                         a.num_key_value_heads, a.head_dim, options.kv_cache)
     if n_ctx < min(options.n_ctx or a.max_position_embeddings, a.max_position_embeddings):
         report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))

@@ -156,6 +156,59 @@ def swiglu_ref(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * up
 
 
+# The gated DeltaNet's ops (ops.py: causal_conv1d, gated_delta_rule, gated_rmsnorm) as functions of
+# arrays, in the inputs' dtype (float32 in the engine; float64 where a check wants an exact
+# reference): the specification of kernels/deltanet.cu.
+
+def causal_conv1d_ref(x: np.ndarray, w: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(silu(conv) of the rows x (T, C), the new state): w (C, kernel), state (kernel - 1, C) the
+    rows before x; tap by tap, oldest first, each product rounded before its add."""
+    T, Kc = len(x), w.shape[1]
+    xs = np.concatenate([state, x])  # (kernel - 1 + T, C)
+    acc = w[:, 0] * xs[0:T]
+    for j in range(1, Kc):
+        acc = acc + w[:, j] * xs[j:j + T]
+    return silu(acc), xs[T:]
+
+
+def gated_delta_rule_ref(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.ndarray, dt_bias: np.ndarray,
+                         spec: DeltaNetSpec, S: np.ndarray, states: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(o (T, Hv * dv), the new S) of ops.gated_delta_rule from the state S (Hv, dk, dv); ``states``
+    (a list) receives a copy of S before each row (the CUDA runner's checkpoints)."""
+    T, Hk, Hv, dk, dv = len(qkv), spec.n_k_heads, spec.n_v_heads, spec.k_head_dim, spec.v_head_dim
+    f = qkv.dtype.type
+    q = qkv[:, :Hk * dk].reshape(T, Hk, dk)
+    k = qkv[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
+    v = qkv[:, 2 * Hk * dk:].reshape(T, Hv, dv)
+    eps = f(1e-6)  # transformers l2norm's (FLA's) eps
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+    q = q * f(1.0 / np.sqrt(dk))
+    if spec.v_head_order == "tiled":  # llama.cpp's ggml_repeat: head j <- key head j % Hk
+        q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
+    else:  # transformers' repeat_interleave: head j <- key head j // (Hv / Hk)
+        q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
+    beta = sigmoid(b)
+    x = a + dt_bias  # softplus as torch's (threshold 20)
+    g = A * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+    o = np.empty((T, Hv, dv), qkv.dtype)
+    for t in range(T):
+        if states is not None:
+            states.append(S.copy())
+        S = S * np.exp(g[t])[:, None, None]
+        kv_mem = (S * k[t][:, :, None]).sum(axis=1)  # S^T k, (Hv, dv)
+        delta = (v[t] - kv_mem) * beta[t][:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        o[t] = (S * q[t][:, :, None]).sum(axis=1)
+    return o.reshape(T, Hv * dv), S
+
+
+def gated_rmsnorm_ref(x: np.ndarray, z: np.ndarray, w: np.ndarray, spec: DeltaNetSpec) -> np.ndarray:
+    """rmsnorm(x) * w * silu(z) over each value head of dv (ops.gated_rmsnorm)."""
+    T, H, dv = len(x), spec.n_v_heads, spec.v_head_dim
+    return (rmsnorm_ref(x.reshape(T, H, dv), w, spec.eps) * silu(z.reshape(T, H, dv))).reshape(T, H * dv)
+
+
 class ActQuantMatrix(np.ndarray):
     """A dequantized weight matrix whose products follow the integer-dot contract:
     ``linear`` quantizes the activations first (kernel_refs.act_quant_ref), as the CUDA engine
@@ -431,46 +484,16 @@ class NumpyOps(Ops):
         return o * sigmoid(gate)
 
     def causal_conv1d(self, x: np.ndarray, w: np.ndarray, spec: DeltaNetSpec, layer: int) -> np.ndarray:
-        T, Kc = len(x), spec.conv_kernel
-        xs = np.concatenate([self.state.conv[layer], x])  # (kernel - 1 + T, C)
-        acc = w[:, 0] * xs[0:T]
-        for j in range(1, Kc):  # tap by tap, oldest first
-            acc = acc + w[:, j] * xs[j:j + T]
-        self.state.conv[layer] = xs[T:]  # the last kernel - 1 rows
-        return silu(acc)
+        out, self.state.conv[layer] = causal_conv1d_ref(x, w, self.state.conv[layer])
+        return out
 
     def gated_delta_rule(self, qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.ndarray, dt_bias: np.ndarray,
                          spec: DeltaNetSpec, layer: int) -> np.ndarray:
-        T, Hk, Hv, dk, dv = len(qkv), spec.n_k_heads, spec.n_v_heads, spec.k_head_dim, spec.v_head_dim
-        q = qkv[:, :Hk * dk].reshape(T, Hk, dk)
-        k = qkv[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
-        v = qkv[:, 2 * Hk * dk:].reshape(T, Hv, dv)
-        eps = np.float32(1e-6)  # transformers l2norm's (FLA's) eps
-        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
-        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
-        q = q * np.float32(1.0 / np.sqrt(dk))
-        if spec.v_head_order == "tiled":  # llama.cpp's ggml_repeat: head j <- key head j % Hk
-            q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
-        else:  # transformers' repeat_interleave: head j <- key head j // (Hv / Hk)
-            q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
-        beta = sigmoid(b)
-        x = a + dt_bias  # softplus as torch's (threshold 20)
-        g = A * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
-        S = self.state.ssm[layer]  # (Hv, dk, dv)
-        o = np.empty((T, Hv, dv), np.float32)
-        for t in range(T):
-            S = S * np.exp(g[t])[:, None, None]
-            kv_mem = (S * k[t][:, :, None]).sum(axis=1)  # S^T k, (Hv, dv)
-            delta = (v[t] - kv_mem) * beta[t][:, None]
-            S = S + k[t][:, :, None] * delta[:, None, :]
-            o[t] = (S * q[t][:, :, None]).sum(axis=1)
-        self.state.ssm[layer] = S
-        return o.reshape(T, Hv * dv)
+        o, self.state.ssm[layer] = gated_delta_rule_ref(qkv, b, a, A, dt_bias, spec, self.state.ssm[layer])
+        return o
 
     def gated_rmsnorm(self, x: np.ndarray, z: np.ndarray, w: np.ndarray, spec: DeltaNetSpec) -> np.ndarray:
-        T, H, dv = len(x), spec.n_v_heads, spec.v_head_dim
-        y = rmsnorm_ref(x.reshape(T, H, dv), w, spec.eps) * silu(z.reshape(T, H, dv))
-        return y.reshape(T, H * dv)
+        return gated_rmsnorm_ref(x, z, w, spec)
 
     def router(self, x: np.ndarray, gate: np.ndarray, spec: RouterSpec, bias: np.ndarray | None = None):
         return route_logits(self.linear(x, gate), spec, bias)  # logits (T, E) float32

@@ -267,6 +267,9 @@ class PlanLoader:
     def load_embedding(self, tensor):
         return self._weight([tensor], "embed")
 
+    def load_conv(self, tensor):
+        return SymArray(tensor.name, (tensor.shape[0], int(np.prod(tensor.shape[1:]))), np.float32)
+
     def load_experts(self, gate, up, down, role: str = "experts"):
         """A layer's routed experts as the kernels see them: each projection's pointer table
         (cuda_moe.ExpertStore: the images themselves are read through it), all resident."""
@@ -295,6 +298,7 @@ class PlanRunner:
 
     def __init__(self, args, model_cls, tensors: dict, kv_type: str, n_ctx: int, activations: str):
         from . import cuda_ops as ops
+        from .cuda_deltanet import state_shapes
         from .runner import MAX_ROWS
 
         self.args, self.kv_type, self.n_ctx, self.precise = args, kv_type, n_ctx, True
@@ -304,8 +308,11 @@ class PlanRunner:
         self.model = model_cls(args, self.loader, tensors, n_ctx)
         H, K, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
         shape, dtype = ops.kv_cache_shape(kv_type, n_ctx, K, hd)
-        self.cache_k = [SymArray(f"cache_k[{i}]", shape, dtype) for i in range(args.num_hidden_layers)]
-        self.cache_v = [SymArray(f"cache_v[{i}]", shape, dtype) for i in range(args.num_hidden_layers)]
+        self.cache_k = [SymArray(f"cache_k[{i}]", shape, dtype) for i in range(self.model.n_kv_layers)]
+        self.cache_v = [SymArray(f"cache_v[{i}]", shape, dtype) for i in range(self.model.n_kv_layers)]
+        spec = self.model.deltanet  # a hybrid model's recurrent state (cuda_deltanet)
+        self.dn_state = None if spec is None else \
+            {k: SymArray(k, s, np.float32) for k, s in state_shapes(spec, self.model.n_state_layers).items()}
         self.d_logits = SymArray("logits", (MAX_ROWS, args.vocab_size), np.float32)
         self.attn_ws = SymArray("attn_ws", (ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS),), np.uint8)
         self.sample_ws = SymArray("sample_ws", (ops.sample_workspace_bytes(args.vocab_size),), np.uint8)
@@ -334,7 +341,7 @@ def _tensors(config: dict, formats: dict, model_cls, args) -> dict:
         if role in ("attn_q_norm", "attn_k_norm") and not args.qk_norm:
             continue
         # vectors and the MoE router's matrix stay F32, as in the files (GGUF ffn_gate_inp is F32)
-        fmt = "F32" if len(shape) == 1 or role == "ffn_gate_inp" else formats.get(role, formats["default"])
+        fmt = "F32" if len(shape) == 1 or role in ("ffn_gate_inp", "ssm_conv1d") else formats.get(role, formats["default"])
         out[name] = _Tensor(name, fmt, shape)
     return out
 
@@ -359,21 +366,23 @@ def decode_plan(config: dict, formats: dict, props: GpuProps, m: int = 1, kv_typ
     return planner.launches
 
 
-def format_plan(launches: list[Launch], layers: int) -> str:
-    """One line a launch; a run of launches that repeats for every layer is printed once with its
-    count (each layer's launches differ only in the weights and cache they read)."""
+def format_plan(launches: list[Launch], layers: int, period: int = 1) -> str:
+    """One line a launch; a run of launches that repeats for every layer (every ``period`` layers:
+    a hybrid model's cycle of DeltaNet and attention layers, layer_period) is printed once with
+    its count (each layer's launches differ only in the weights, cache and state they read)."""
     lines = [L.line() for L in launches]
     # the layer block: the lines between the embedding and the LM head, in layers equal runs
     body = lines[1:]
-    per = None
-    for n in range(1, len(body) // layers + 1):
-        if len(body) >= n * layers and all(_strip(body[i]) == _strip(body[i % n]) for i in range(n * layers)):
+    per, units = None, layers // period
+    for n in range(1, len(body) // units + 1):
+        if len(body) >= n * units and all(_strip(body[i]) == _strip(body[i % n]) for i in range(n * units)):
             per = n
     out = [f"0 {lines[0]}"]
     if per:
         out += [f"L {line}" for line in body[:per]]
-        out.append(f"(the {per} launches marked L repeat for each of the {layers} layers)")
-        rest = body[per * layers:]
+        out.append(f"(the {per} launches marked L repeat for each of the {layers} layers)" if period == 1 else
+                   f"(the {per} launches marked L repeat for each of the {units} runs of {period} layers)")
+        rest = body[per * units:]
     else:
         rest = body
     out += [f"{i} {line}" for i, line in enumerate(rest, start=len(lines) - len(rest))]
@@ -384,7 +393,19 @@ def _strip(line: str) -> str:
     """A launch line without the per-layer weight / cache names (blk.N., [N])."""
     import re
 
-    return re.sub(r"blk\.\d+\.|\[\d+\]", "", line)
+    return re.sub(r"blk\.\d+\.|\[\d+\]|\b(conv|ssm|conv_ckpt|ssm_ckpt)\+\d+", r"\1", line)
+
+
+def layer_period(config: dict) -> int:
+    """The layers after which a model's launches repeat: 1, or a hybrid model's cycle of DeltaNet
+    and attention layers (Qwen3.5: 3 + 1)."""
+    from ..models import get_family
+
+    a = get_family(config["model_type"]).ModelArgs.from_dict(config)
+    if not hasattr(a, "is_linear"):
+        return 1
+    kinds = [a.is_linear(i) for i in range(a.num_hidden_layers)]
+    return next(p for p in range(1, len(kinds) + 1) if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = SHAPES[a.shape]
     plan = decode_plan(cfg, {"default": a.format.upper()}, GPUS[a.gpu], a.rows, a.kv_cache)
-    print(format_plan(plan, cfg["num_hidden_layers"]), end="")
+    print(format_plan(plan, cfg["num_hidden_layers"], layer_period(cfg)), end="")
     return 0
 
 
