@@ -290,7 +290,9 @@ class CudaOps(Ops):
         if not self.decode:
             h = self._input(x, matvec=False)["x"]
             Y = self.buf("moe_y", k, D)
-            moe.prefill_experts(experts, h, ids, weights, Y, m, k, precise=self.r.precise, act_bf16=self.xb16)
+            # the chunk's experts come from its routing, read on the host when the plan is walked
+            host_step(lambda stream: moe.prefill_experts(experts, h, ids, weights, Y, m, k, precise=self.r.precise,
+                                                         act_bf16=self.xb16), f"experts of MoE layer {experts.layer}")
             moe.combine(Y, weights, sh, residual, m, k)
             return residual
         if experts.tiers is not None:  # spilled: the routed experts are copied into VRAM slots first
@@ -438,12 +440,25 @@ class CudaRunner:
         return self._rope[key][1:]
 
     # ==================================================================== prefill
+    def prefill_plan(self, T: int, start: int, all_logits: bool = False) -> tuple[list, object]:
+        """The launches (and host steps) of a prefill chunk of T tokens at ``start``, traced as the
+        decode step's plan is (kernel_build.tracing); and the logits buffer it fills.  A chunk's
+        plan depends on T and start (the GEMMs' token counts, the attention's keys), so it is
+        traced per chunk rather than kept."""
+        with self.stream, tracing() as plan:
+            out = self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
+        return plan, out
+
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
+        """One prefill chunk: its ids and positions to the device, then a walk over its plan."""
         T = len(ids)
         self.p_ids[:T].set(np.asarray(ids, np.int32), stream=self.stream)
         self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=self.stream)
+        plan, out = self.prefill_plan(T, start, all_logits)
         with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
-            return self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), ids)
+            for item in plan:
+                item()
+        return out
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
                 history: list[int] = ()) -> int | None:
