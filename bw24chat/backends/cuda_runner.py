@@ -333,7 +333,12 @@ class CudaOps(Ops):
                 ops.shared_gate(sh, self._value(x), gate_s)
         if not self.decode:
             h = self._input(x, matvec=False)["x"]
-            moe.prefill_experts(experts, h, ids, weights, sh, residual, m, k, precise=self.r.precise, act_bf16=self.xb16)
+            run = lambda stream=None: moe.prefill_experts(experts, h, ids, weights, sh, residual, m, k,
+                                                          precise=self.r.precise, act_bf16=self.xb16)
+            if experts.tiers is not None:  # spilled: the streamed experts follow the routing, read on the host
+                host_step(run, f"experts of MoE layer {experts.layer}")
+            else:  # resident: grouped on the device (moe_group), all launches of the plan
+                run()
             return residual
         if experts.tiers is not None:  # spilled: the routed experts are copied into VRAM slots first
             host_step(lambda stream: experts.tiers.fetch(experts, ids, m, stream), f"experts of MoE layer {experts.layer}")
@@ -490,13 +495,26 @@ class CudaRunner:
         return self._rope[key][1:]
 
     # ==================================================================== prefill
+    def prefill_plan(self, T: int, start: int, all_logits: bool = False) -> tuple[list, object]:
+        """The launches (and host steps) of a prefill chunk of T tokens at ``start``, traced as the
+        decode step's plan is (kernel_build.tracing); and the logits buffer it fills.  A chunk's
+        plan depends on T and start (the GEMMs' token counts, the attention's keys), so it is
+        traced per chunk rather than kept."""
+        with self.stream, tracing() as plan:
+            out = self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
+        return plan, out
+
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
+        """One prefill chunk: its ids and positions to the device, then a walk over its plan."""
         T = len(ids)
         self._advance(ids, start)
         self.p_ids[:T].set(np.asarray(ids, np.int32), stream=self.stream)
         self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=self.stream)
+        plan, out = self.prefill_plan(T, start, all_logits)
         with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
-            return self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), ids)
+            for item in plan:
+                item()
+        return out
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
                 history: list[int] = ()) -> int | None:

@@ -23,3 +23,26 @@ def test_runner_plan_equals_the_plan(cp, fmt, m):
     assert LaunchCounter.count - before == len(got)  # the eager step launched the plan, nothing else
     plan = decode_plan(SHAPES["tiny"], {"default": fmt}, GpuProps.from_device(), m, n_ctx=1024)
     assert got == [L.key() for L in plan]
+
+
+@pytest.mark.parametrize("shape,fmt", [("tiny", "Q8_0"), ("tiny", "NVFP4"), ("tiny-moe", "BF16")])
+def test_prefill_chunk_walks_its_plan(cp, shape, fmt):
+    """A prefill chunk is a walk over its traced plan: the chunk launches the plan's kernels and
+    nothing else (resident MoE experts too: grouped on the device), and two chunks of the same
+    ids give the same logits bit for bit.  (A spilled layer's experts are a host step of the
+    plan: tests/gpu/test_moe_tiers.py checks their prefill bits.)"""
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.backends.kernel_build import HostStep, KernelLaunch, LaunchCounter
+    from bw24chat.synthetic import synthetic_checkpoint
+
+    r = CudaRunner(synthetic_checkpoint(shape, fmt), 1024, "bf16", prefill_chunk=256)
+    ids = np.random.default_rng(0).integers(0, r.vocab_size, 200)
+    a = r.prefill_logits(ids, 0)
+    plan, _ = r.prefill_plan(200, 0, True)
+    kernels = sum(isinstance(x, KernelLaunch) for x in plan)
+    hosts = sum(isinstance(x, HostStep) for x in plan)
+    assert hosts == 0 and kernels > 0
+    before = LaunchCounter.count
+    b = r.prefill_logits(ids, 0)
+    assert LaunchCounter.count - before == kernels
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
