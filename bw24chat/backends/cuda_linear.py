@@ -16,7 +16,7 @@ import numpy as np
 from . import kernel_build
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
-from .kernel_refs import A8_FORMATS, FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
+from .kernel_refs import FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
@@ -118,18 +118,15 @@ TC_FORMATS = ("NVFP4", "F16")  # the formats matvec_tc.cu decodes
 TC_FLOAT_MAX_ROWS = 4096  # F16: tensor cores up to this many rows, the SIMT kernel above
 
 
-def matvec_impl(W: DeviceWeight, a8: bool | None = None, m: int = 1) -> str:
-    """"tc" (matvec_tc.cu), "simt" (matvec.cu) or "i8" (matvec_i8.cu) for m rows, by measurement
-    (docs/performance.md, Qwen3-8B shapes): NVFP4 on the float contract always tc (~2
-    instructions per weight against ~6 in SIMT); F16 tc up to 4096 rows (their SIMT grids are
-    one partial wave), SIMT above; BF16 SIMT (16-warp SIMT blocks beat tc on every BF16 shape);
-    the integer-dot contract SIMT at one row (an int8 tensor-core kernel of its own reduction
-    order measured 10-50 % slower there) and matvec_i8 where MATVEC_ROWS_TUNING says so for m
-    rows (the same bits as SIMT).  a8: the integer-dot contract (None: act_q8)."""
-    a8 = act_q8(W.fmt) if a8 is None else a8
-    if a8 and W.fmt not in FLOAT_FORMATS and m > 1 and _rows_entry(W, a8).get("impl") == "i8":
-        return "i8"
-    if W.fmt not in TC_FORMATS or a8:
+def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
+    """"tc" (matvec_tc.cu) or "simt" (matvec.cu), by measurement (docs/performance.md, Qwen3-8B
+    shapes): NVFP4 on the float contract always tc (~2 instructions per weight against ~6 in
+    SIMT); F16 tc up to 4096 rows (their SIMT grids are one partial wave), SIMT above; BF16 and
+    every integer-dot build SIMT at every row count (16-warp SIMT blocks beat tc on every BF16
+    shape; int8 tensor-core matvecs measured slower: 10-50 % at one row, and the steps of m = 2..9
+    rows 1-37 % slower at 23 of 24 points, 2 % faster at one).  a8: the integer-dot contract (None:
+    act_q8)."""
+    if W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
         return "simt"
     return "tc" if W.fmt == "NVFP4" or W.out <= TC_FLOAT_MAX_ROWS else "simt"
 
@@ -220,34 +217,14 @@ MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
 FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 
 
-# The decode matvecs of m >= 2 rows (speculative verify, batched decode), by (integer-dot contract,
-# weight format, "swiglu" for a gate|up build whose epilogue writes the down projection's QX codes,
-# else "*"); rows must equal the one-row step bit for bit, which every build below keeps.
-# - integer dot: matvec_i8.cu (int8 tensor cores, the SIMT kernel's reduction order): the m-row
-#   SIMT kernel repeats its dp4a work and shared-memory x reads per row (docs/performance.md, "What
-#   a speculative verify costs": 1.9x a one-row step at m = 2, 3.5-4.7x at m = 8).  Passes of 16
-#   rows by blocks of 8 warps (split K by super-step residue), 3 super-steps in flight (Q6_K 2),
-#   the registers of one block per SM: no spills at m = 2..8 (ptxas); the swiglu builds take
-#   tiles of 4 passes (64 rows) so that a tile's 32 outputs are one QX block.
-# - float path (BF16, F16, F32): the registers of 2 blocks per SM (MV_MINB 2: <= 128, no spills at
-#   m = 2..8); the kernel's default (1) let ptxas take 133-142 registers at m = 2 and 6-8, one
-#   block of 8 warps per SM: BF16's 2-row step (9.1 ms) ran slower than its 3-row step (7.1 ms,
-#   118 registers, 2 blocks).
-def _i8_rows(fmt: str, passes: int = 1) -> dict:
-    return {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_PH": passes, "I8_U": 2 if fmt == "Q6_K" else 3, "MV_MINB": 1}
-
-
-MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {
-    **{(True, f, "*"): _i8_rows(f) for f in A8_FORMATS},
-    **{(True, f, "swiglu"): _i8_rows(f, passes=4) for f in A8_FORMATS},
-    **{(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS},
-}
-
-
-def _rows_entry(W: DeviceWeight, a8: bool, swiglu: bool = False) -> dict:
-    """MATVEC_ROWS_TUNING's entry for W (m >= 2; {} where none)."""
-    kind = "swiglu" if swiglu and (a8, W.fmt, "swiglu") in MATVEC_ROWS_TUNING else "*"
-    return MATVEC_ROWS_TUNING.get((a8, W.fmt, kind), {})
+# matvec.cu geometry at m >= 2 rows (speculative verify, batched decode), by (integer-dot contract,
+# weight format, "*": every shape); rows equal the one-row step bit for bit whatever the geometry.
+# The float path (BF16, F16, F32) at the registers of 2 blocks per SM (MV_MINB 2: <= 128, no
+# spills at m = 2..8): the kernel's default (1) let ptxas take 133-142 registers at m = 2 and 6-8,
+# one block of 8 warps per SM, and BF16's 2-row step (9.1 ms) ran slower than its 3-row step
+# (7.1 ms, 118 registers, 2 blocks); at 2 blocks BF16's m >= 2 steps ran 1.41-1.55x faster.  The
+# integer-dot builds keep the kernel's defaults.
+MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS}
 
 
 def shape_class(out: int, in_: int) -> str:
@@ -261,13 +238,12 @@ def shape_class(out: int, in_: int) -> str:
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False, swiglu: bool = False) -> dict:
     """matvec.cu's compile-time geometry for W at m rows: MATVEC_TUNING's entry at one row,
-    MATVEC_ROWS_TUNING's SIMT entry at more (a copy).  The "few" class (one row per warp) is a
+    MATVEC_ROWS_TUNING's at more (a copy).  The "few" class (one row per warp) is a
     plain output's only: a swiglu epilogue pairs rows inside a warp."""
     if W is None:
         return {}
     if m != 1:
-        e = _rows_entry(W, a8)
-        return {} if e.get("impl") else dict(e)
+        return dict(MATVEC_ROWS_TUNING.get((a8, W.fmt, "*"), {}))
     cls = shape_class(W.out, W.in_)
     if W.out <= FEW_ROWS and not swiglu and (a8, W.fmt, "few") in MATVEC_TUNING:
         cls = "few"
@@ -319,19 +295,13 @@ def _fill_rows(n_out: int, nw: int) -> int:
     return 4
 
 
-def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | None = None) -> bool:
+def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
     """Whether matvec(W, ..., epilogue="swiglu", qx_out=...) can write the next matvec's x codes
     (matvec.cu qx_out): the integer-dot contract, and tiles of 64 rows (32 outputs = one block of
-    32 inputs) over whole blocks, on the SIMT kernel or matvec_i8 (impl: as matvec's)."""
+    32 inputs) over whole blocks."""
     if not 1 <= m <= 8 or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
         return False
-    if (W.out // 2) % 32 or W.out % 2:
-        return False
-    impl = impl or matvec_impl(W, True, m)
-    if impl == "i8":
-        d = i8_defines(W, m, swiglu=True)
-        return i8_tile_rows(d) == 64 and m <= i8_rows_per_launch(W, d, qx_out=True)
-    if impl != "simt":
+    if (W.out // 2) % 32 or W.out % 2 or matvec_impl(W, True) != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
     return nw * rows == 64 and m <= a8_rows_per_launch(W, nw, True)
@@ -339,15 +309,9 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | No
 
 def takes_qx(W: DeviceWeight, m: int = 1) -> bool:
     """Whether W's matvec can read its x codes from a QX buffer (prologue "qx") for m rows: the
-    integer-dot contract on the SIMT kernel or matvec_i8, inputs in whole 32-blocks, and the m rows
-    staged by one launch (a8_rows_per_launch / i8_rows_per_launch: on a 99 KB GPU a 12288-input
-    down projection stages 2)."""
-    if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32:
-        return False
-    impl = matvec_impl(W, True, m)
-    if impl == "i8":
-        return m <= i8_rows_per_launch(W, i8_defines(W, m))
-    if impl != "simt":
+    integer-dot contract on the SIMT kernel, inputs in whole 32-blocks, and the m rows staged by
+    one launch (a8_rows_per_launch: on a 99 KB GPU a 12288-input down projection stages 2)."""
+    if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32 or matvec_impl(W, True) != "simt":
         return False
     _, _, nw = _simt_geometry(W, m, True, PROLOGUES["qx"])
     return m <= a8_rows_per_launch(W, nw)
@@ -367,62 +331,6 @@ def _a8_row_bytes(W: DeviceWeight, nw: int) -> int:
     return 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
 
 
-def i8_defines(W: DeviceWeight, m: int, swiglu: bool = False) -> dict:
-    """matvec_i8.cu's geometry for W at m rows (MATVEC_ROWS_TUNING; swiglu: the gate|up build)."""
-    d = dict(_rows_entry(W, True, swiglu))
-    d.pop("impl", None)
-    return d
-
-
-def i8_tile_rows(defines: dict) -> int:
-    """Rows per tile of matvec_i8 (I8_ROWS): passes of 16 * I8_ST rows, I8_PH of them."""
-    return 16 * defines["I8_ST"] * defines.get("I8_PH", 1)
-
-
-def _i8_row_bytes(W: DeviceWeight, defines: dict, qx_out: bool = False) -> int:
-    """Shared bytes per token of matvec_i8: the staged x (as matvec.cu ACT_Q8), the warps' chains
-    (one row's 32 lanes per warp) and, with qx_out, the tile's 32 outputs."""
-    nw = defines["I8_KW"] * defines["I8_ST"]
-    return 2 * W.in_ + 32 * (W.in_ // 32) + 128 * nw + (128 if qx_out else 0)
-
-
-def i8_rows_per_launch(W: DeviceWeight, defines: dict, qx_out: bool = False) -> int:
-    """Tokens one matvec_i8 launch stages (more run in groups, each equal to its one-row call)."""
-    nw = defines["I8_KW"] * defines["I8_ST"]
-    limit = min(WGP_SMEM_MAX, kernel_build.smem_block_limit()) - 1024 - 4 * nw
-    return max(1, limit // _i8_row_bytes(W, defines, qx_out))
-
-
-def _matvec_i8(W: DeviceWeight, x, out, m: int, prologue: str, epilogue: str, norm_w, eps: float, qx_in, qx_out,
-               act_bf16: bool) -> None:
-    """matvec() on matvec_i8.cu (the checks done): the m rows in one launch, or in groups where
-    their staged x does not fit one block's shared memory (each group picks its own kernel)."""
-    pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
-    ldx = 2 * W.in_ if pro == 2 else W.in_
-    n_y = W.out // 2 if epi == 2 else W.out
-    defs = i8_defines(W, m, swiglu=epi == EPILOGUES["swiglu"])
-    m_fit = i8_rows_per_launch(W, defs, qx_out is not None)
-    if m > m_fit:
-        if qx_in is not None or qx_out is not None:
-            raise ValueError("the QX buffers take at most the rows one launch stages")
-        xf, of = x.reshape(-1), out.reshape(-1)
-        for r0 in range(0, m, m_fit):
-            mm = min(m_fit, m - r0)
-            matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps,
-                   None, True, act_bf16=act_bf16)
-        return
-    if qx_out is not None and i8_tile_rows(defs) != 64:
-        raise ValueError("matvec_i8 writes qx_out from 64-row tiles")
-    nw = defs["I8_KW"] * defs["I8_ST"]
-    smem = m * _i8_row_bytes(W, defs, qx_out is not None) + 4 * nw
-    k = get_kernel("matvec_i8", "matvec_i8", FMT=W.fmt_id, MV_M=m, **defs)
-    _ensure_smem(k, smem)
-    grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // i8_tile_rows(defs))),)
-    k(grid, (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
-                         np.int32(pro | (PRO_BF16 if act_bf16 else 0)), np.int32(epi), np.float32(eps), _ptr(qx_in),
-                         _ptr(qx_out)), shared_mem=smem)
-
-
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
            norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None,
            qx_in=None, qx_out=None, act_bf16: bool = False) -> None:
@@ -436,19 +344,15 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     outputs' integer-dot codes (kernel_refs.qx_ref); prologue "qx" reads x's codes from qx_in
     instead of quantizing x (rows bit-identical to prologue "none" on the floats qx_in came from).
     act_bf16: the bf16-activation contract, x rounded to bf16 after the prologue (qx_out's codes
-    are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" | "i8" (default
-    matvec_impl: tests run the kernel production picks for another shape or row count)."""
+    are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" (default
+    matvec_impl: tests run the kernel production picks for another shape)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
     pro_arg = np.int32(pro | (PRO_BF16 if act_bf16 else 0))
     if (pro == PROLOGUES["qx"]) != (qx_in is not None):
         raise ValueError('prologue "qx" and qx_in go together')
-    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
-    if a8 and W.fmt in FLOAT_FORMATS:
-        raise ValueError("the integer-dot contract applies to the quantized formats")
-    impl = impl or matvec_impl(W, a8, m)
-    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue, impl)):
+    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue)):
         raise ValueError("qx_out: the swiglu epilogue of a matvec whose tiles cover whole 32-input blocks (writes_qx)")
     ldx = 2 * W.in_ if pro == 2 else W.in_
     n_y = W.out // 2 if epi == 2 else W.out
@@ -458,15 +362,14 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         raise ValueError("matvec: x and out must be float32 [m, in] / [m, out] ([m, out/2] for swiglu)")
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
+    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
     if (pro == PROLOGUES["qx"] or qx_out is not None) and not a8:
         raise ValueError("the QX buffers are the integer-dot contract's")
+    if a8 and W.fmt in FLOAT_FORMATS:
+        raise ValueError("the integer-dot contract applies to the quantized formats")
+    impl = impl or matvec_impl(W, a8)
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
-        raise ValueError("matvec_tc and the integer-dot matvecs read x as float4: 16-byte aligned rows")
-    if impl == "i8":
-        if not a8 or W.fmt not in A8_FORMATS:
-            raise ValueError(f"matvec_i8 is the integer-dot contract's ({', '.join(A8_FORMATS)}), not {W.fmt} (a8={a8})")
-        _matvec_i8(W, x, out, m, prologue, epilogue, norm_w, eps, qx_in, qx_out, act_bf16)
-        return
+        raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
     if impl == "tc":
         if a8 or W.fmt not in TC_FORMATS:
             raise ValueError(f"matvec_tc decodes {', '.join(TC_FORMATS)} on the float contract, not {W.fmt} (a8={a8})")
