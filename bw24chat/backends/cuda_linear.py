@@ -222,8 +222,8 @@ FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 # The float path (BF16, F16, F32) at the registers of 2 blocks per SM (MV_MINB 2: <= 128, no
 # spills at m = 2..8): the kernel's default (1) let ptxas take 133-142 registers at m = 2 and 6-8,
 # one block of 8 warps per SM, and BF16's 2-row step (9.1 ms) ran slower than its 3-row step
-# (7.1 ms, 118 registers, 2 blocks); at 2 blocks BF16's m >= 2 steps ran 1.41-1.55x faster.  The
-# integer-dot builds keep the kernel's defaults.
+# (7.1 ms, 118 registers, 2 blocks); at 2 blocks its 2- and 6-8-row steps ran 1.41-1.55x faster
+# (docs/performance.md).  The integer-dot builds keep the kernel's defaults.
 MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS}
 
 
