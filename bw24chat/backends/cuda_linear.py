@@ -671,6 +671,8 @@ def _scratch_u16(name: str, n: int):
     and each user runs on its stream right after filling the buffer; when another stream (another
     runner) takes it over, the previous owner's work is waited for first, so two streams never
     share it in flight."""
+    if kernel_build.planning_active():
+        return kernel_build.device_empty(name, (n,), np.uint16)
     import cupy as cp
 
     key = (name, cp.cuda.Device().id)

@@ -407,12 +407,11 @@ class Groups:
 
 def group(ids, T: int, k: int, E: int, bm: int) -> Groups:
     """moe_group over the T rows of ids (T, k) int32 (the router's): no host access."""
-    import cupy as cp
-
     n = T * k
     if E > 1024:
         raise NotImplementedError(f"moe_group: E {E} <= 1024")
-    g = Groups(cp.empty(E + 1, cp.int32), cp.empty(E + 1, cp.int32), cp.empty(n, cp.int32), cp.empty(n, cp.int32), n, E, bm)
+    g = Groups(*(kernel_build.device_empty(name, size, np.int32) for name, size in
+                 (("moe_offs", E + 1), ("moe_toff", E + 1), ("moe_tok", n), ("moe_pos", n))), n, E, bm)
     get_kernel("moe_group", "moe_group")((E,), (MG_NT,), (ids, np.int32(n), np.int32(k), np.int32(E), np.int32(bm), g.offs,
                                                          g.toff, g.tok, g.pos))
     return g
@@ -456,8 +455,6 @@ def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, pre
     resident experts in one pass, then each other one streamed into a staging slot
     (cuda_tiers.CudaTiers.stream, the next copy overlapping this one's GEMMs) and run by itself
     through the same kernels: the resident run's bits."""
-    import cupy as cp
-
     from .kernel_refs import moe_group_ref
 
     if T <= 0:
@@ -465,10 +462,12 @@ def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, pre
     E, F, D = ex.gu.n_experts, ex.gu.out // 2, ex.gu.in_
     n = T * k
     g = group(ids, T, k, E, group_tile(n, E))
-    act = cp.empty((n, F), cp.float32)
-    Y = cp.empty((n, D), cp.float32)
+    act = kernel_build.device_empty("moe_act", (n, F), np.float32)
+    Y = kernel_build.device_empty("moe_y", (n, D), np.float32)
     streamed = ()
     if ex.tiers is not None:
+        import cupy as cp
+
         ids_h = cp.asnumpy(ids[:T])  # synchronizes (the router's ids): before the resident pass is queued
         offs = moe_group_ref(ids_h, E, g.bm)[0]
         streamed = ex.tiers.stream(ex, [int(e) for e in np.unique(ids_h)])
