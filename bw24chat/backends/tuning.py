@@ -1,0 +1,77 @@
+"""The CUDA engine's tuned launch geometry, as data: one table per kernel family, each read by one
+planning function (named at the table) of the launch wrappers.  What a table leaves to the GPU (grids
+from its SM count; the deepest ring, or the smaller-footprint variant, that its shared memory holds)
+those functions derive from the device's properties (kernel_build.current_device_attribute,
+smem_block_limit, active_arch), so that backends/plan.py plans any GPU without one.  Every decision
+these tables make for the shapes the engine is tuned on is printed in the golden plans
+(tests/data/decode_plan_*.txt, prefill_plan_*.txt, attention_plans.txt): a change here shows there.
+Figures behind the choices: docs/performance.md.
+"""
+from __future__ import annotations
+
+
+def gpu_class(arch: int) -> str:
+    """ATTN_DECODE_TUNING's GPU class of an sm_XY architecture number: "sm90" (Hopper),
+    "clusters" (the later GPUs with thread-block clusters: sm_100, sm_120), "*" (before sm_90)."""
+    return "sm90" if arch == 90 else "clusters" if arch > 90 else "*"
+
+
+# Split-K decode attention, by (kernel, gpu_class); read by cuda_ops.attn_decode_geometry.  Kernel
+# "tc": attention_decode_tc.cu (bf16 caches, head dims 32..128, sm_80+), "fma": attention_decode.cu
+# (every other cache):
+# - blocks_per_sm: the splits of one (row, kv head, head group) give about this many blocks per SM
+#   at one row (the tensor-core kernel 1: its blocks stream 4x the bytes);
+# - cluster: C, the splits merged in distributed shared memory inside a thread-block cluster of C
+#   blocks (measured faster than the merge through the global workspace, 0 here: no clusters before
+#   sm_90); 16 is Hopper's non-portable cluster size, 8 the portable one (a divisor of the largest:
+#   the workspace holds whole clusters of it);
+# - cluster_tiles (FMA): its rows of up to this many key tiles merge in the cluster, longer ones
+#   over more blocks through the workspace (the FMA kernel needs more than 16 splits at long
+#   context): ATTN_HYBRID = cluster_tiles / C.
+ATTN_DECODE_TUNING: dict[tuple[str, str], dict] = {
+    ("tc", "sm90"): {"blocks_per_sm": 1, "cluster": 8},
+    ("tc", "clusters"): {"blocks_per_sm": 1, "cluster": 8},
+    ("tc", "*"): {"blocks_per_sm": 1, "cluster": 0},
+    ("fma", "sm90"): {"blocks_per_sm": 2, "cluster": 16, "cluster_tiles": 64},
+    ("fma", "clusters"): {"blocks_per_sm": 2, "cluster": 8, "cluster_tiles": 64},
+    ("fma", "*"): {"blocks_per_sm": 2, "cluster": 0},
+}
+# attention_decode_tc.cu's (four-warp halves per block, key tiles in its ring): the first whose ring
+# the block's shared memory holds (two halves measured faster at long context)
+ATTN_DECODE_TC_RINGS = ((2, 4), (1, 3), (1, 2))
+# attention_prefill.cu's K/V stages (64 x 64 tiles): the first that the block's shared memory holds
+ATTN_PREFILL_STAGES = (2, 1)
+
+
+# Prefill GEMMs, by (kernels, weight format, row class); read by cuda_linear.gemm_geometry.  Kernels
+# "wg": Hopper's warpgroup MMAs (sm_90a), "mma": the portable mma.sync ones (every other GPU, and
+# what BW24CHAT_PORTABLE=1 forces).  Row class "wide": at least GEMM_WIDE_ROWS rows (qkv, gate|up),
+# "*" the rest; "*" is also any other format.  Kernel:
+# - "wra" (gemm_wgmma.cu gemm_wra): the codes decoded into wgmma's register operand, no
+#   dequantization pass — the wide NVFP4 / Q4_K / Q8_0 matrices (the 4096-row ones measured faster on
+#   the pass: too little tensor work per k tile to hide the decoding); tiles of 256 tokens when x or
+#   W is split in bf16 hi + lo, "tiles_one_plane" when both are one plane;
+# - "i8" (gemm_i8.cu: gemm_i8 on Hopper's int8 wgmma, gemm_i8_mma on mma.sync): Q8_0 under the precise
+#   integer-dot contract, exact int32 block dots (measured faster than the bf16 split on Hopper; the
+#   same rows as the decode's on the portable kernels, where the split left them 1.6e-5 to 4.2e-5
+#   apart); the fast contract takes the format-agnostic entry of the row class;
+# - "wgp" (gemm_wgmma.cu gemm_wgp, weights dequantized to bf16 a row block at a time): "tiles" the
+#   weight rows per block, the first whose 3-stage ring fits (256-row tiles leave SMs idle on the
+#   4096-row matrices), a ring as deep as fits up to "stages";
+# - "mma" (gemm_mma.cu): "bufs", its k-tile buffers, the first that fits (one on the 99 KB GPUs'
+#   precise kernels: the same order of MMAs, one more barrier per k tile).
+# A matrix a kernel cannot take (gemm_wra and the portable gemm_i8_mma need whole 64-input k tiles,
+# gemm_i8 128; gemm_wgp 16-byte rows: a multiple of 8 inputs) takes the next entry that can.
+GEMM_WIDE_ROWS = 6144
+_WRA = {"kernel": "wra", "tiles": (256,), "tiles_one_plane": (128,), "stages": 4}
+GEMM_TUNING: dict[tuple[str, str, str], dict] = {
+    ("wg", "NVFP4", "wide"): _WRA, ("wg", "Q4_K", "wide"): _WRA, ("wg", "Q8_0", "wide"): _WRA,
+    ("wg", "Q8_0", "*"): {"kernel": "i8"},
+    ("wg", "*", "wide"): {"kernel": "wgp", "tiles": (256, 128), "stages": 4},
+    ("wg", "*", "*"): {"kernel": "wgp", "tiles": (128,), "stages": 4},
+    ("mma", "Q8_0", "*"): {"kernel": "i8"},
+    ("mma", "*", "*"): {"kernel": "mma", "bufs": (2, 1)},
+}
+# rows of a weight dequantized per gemm_wgp launch, in values (128 MB of bf16 per plane): smaller
+# blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
+GEMM_DEQ_VALUES = 64 * 1024 * 1024
