@@ -32,6 +32,7 @@ from . import cuda_linear as lin, kernel_build
 from .cuda_weights import FORMATS, DeviceWeight, fmt_id, repack_host, vpc
 from .kernel_build import get_kernel
 from .kernel_refs import act_q8
+from .tuning import GROUPED_GEMM_TILES
 
 PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu table_row; gscale: NVFP4 row scales)
 ALIGN = 256  # each plane of an expert image starts on a 256-byte boundary (the kernels' 16-byte loads)
@@ -380,11 +381,9 @@ MG_NT = 256  # moe_group.cu: threads of moe_group
 
 def group_tile(n: int, E: int) -> int:
     """Tokens per tile of the grouped GEMMs (moe_group.cu GG_BM) for n assignments over E
-    experts: 64 while the mean rows per expert is at most two thirds of that (Qwen3-30B-A3B at
-    pp512: 32; the spread of the counts then leaves nearly every expert in one tile, whose weight
-    tiles are read once, and the tile's empty 16-row slices skip their MMAs), else 128.  The
-    rows' values do not depend on it."""
-    return 64 if 3 * n <= 2 * 64 * E else 128
+    experts: the first of GROUPED_GEMM_TILES that the mean rows per expert fill to at most two
+    thirds (else the last).  The rows' values do not depend on it."""
+    return next((t for t in GROUPED_GEMM_TILES if 3 * n <= 2 * t * E), GROUPED_GEMM_TILES[-1])
 
 
 @dataclass

@@ -43,10 +43,11 @@ ATTN_DECODE_TC_RINGS = ((2, 4), (1, 3), (1, 2))
 ATTN_PREFILL_STAGES = (2, 1)
 
 
-# Prefill GEMMs, by (kernels, weight format, row class); read by cuda_linear.gemm_geometry.  Kernels
-# "wg": Hopper's warpgroup MMAs (sm_90a), "mma": the portable mma.sync ones (every other GPU, and
-# what BW24CHAT_PORTABLE=1 forces).  Row class "wide": at least GEMM_WIDE_ROWS rows (qkv, gate|up),
-# "*" the rest; "*" is also any other format.  Kernel:
+# Prefill GEMMs, by (kernels, weight format, row class); read by cuda_linear.gemm_geometry (through
+# uses_gemm_i8, uses_gemm_wra, wra_geometry, wgp_geometry, gemm_bufs).  Kernels "wg": Hopper's
+# warpgroup MMAs (sm_90a), "mma": the portable mma.sync ones (every other GPU, and what
+# BW24CHAT_PORTABLE=1 forces).  Row class "wide": at least GEMM_WIDE_ROWS rows (qkv, gate|up), "*"
+# the rest; "*" is also any other format.  Kernel:
 # - "wra" (gemm_wgmma.cu gemm_wra): the codes decoded into wgmma's register operand, no
 #   dequantization pass — the wide NVFP4 / Q4_K / Q8_0 matrices (the 4096-row ones measured faster on
 #   the pass: too little tensor work per k tile to hide the decoding); tiles of 256 tokens when x or
@@ -61,7 +62,8 @@ ATTN_PREFILL_STAGES = (2, 1)
 # - "mma" (gemm_mma.cu): "bufs", its k-tile buffers, the first that fits (one on the 99 KB GPUs'
 #   precise kernels: the same order of MMAs, one more barrier per k tile).
 # A matrix a kernel cannot take (gemm_wra and the portable gemm_i8_mma need whole 64-input k tiles,
-# gemm_i8 128; gemm_wgp 16-byte rows: a multiple of 8 inputs) takes the next entry that can.
+# gemm_i8 128; gemm_wgp 16-byte rows: a multiple of 8 inputs) takes the next entry that can, in
+# the order (format, row class), (format, *), (*, row class), (*, *); on "wg" the portable gemm last.
 GEMM_WIDE_ROWS = 6144
 _WRA = {"kernel": "wra", "tiles": (256,), "tiles_one_plane": (128,), "stages": 4}
 GEMM_TUNING: dict[tuple[str, str, str], dict] = {
@@ -72,6 +74,11 @@ GEMM_TUNING: dict[tuple[str, str, str], dict] = {
     ("mma", "Q8_0", "*"): {"kernel": "i8"},
     ("mma", "*", "*"): {"kernel": "mma", "bufs": (2, 1)},
 }
+# the MoE prefill's grouped expert GEMMs (moe_group.cu GG_BM, read by cuda_moe.group_tile): the
+# first tile of tokens that the mean rows per expert fill to at most two thirds (Qwen3-30B-A3B at
+# pp512: 32 rows, 64-token tiles; the spread of the counts then leaves nearly every expert in one
+# tile, whose weight tiles are read once, and the tile's empty 16-row slices skip their MMAs)
+GROUPED_GEMM_TILES = (64, 128)
 # rows of a weight dequantized per gemm_wgp launch, in values (128 MB of bf16 per plane): smaller
 # blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
 GEMM_DEQ_VALUES = 64 * 1024 * 1024
