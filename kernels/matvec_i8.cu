@@ -81,7 +81,7 @@
 #endif
 #define MV_NW (I8_KW * I8_ST)
 #define MV_STAT8 (MV_NW == 16)  // the rmsnorm statistic of 8 warps, in the 8-warp order
-#ifndef MV_MINB  // blocks per SM the register budget must allow (cuda_linear.MATVEC_ROWS_TUNING)
+#ifndef MV_MINB  // blocks per SM the register budget must allow (tuning.MATVEC_ROWS_TUNING)
 #define MV_MINB 1
 #endif
 #define ACT_Q8 1

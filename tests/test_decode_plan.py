@@ -52,7 +52,7 @@ def test_the_plan_reads_the_gpu_it_is_made_for():
 
 def test_rows_change_only_what_depends_on_them():
     """m = 4 rows: the same launches in the same order (the row count is a define or grid axis),
-    the integer-dot matvecs on matvec_i8 (cuda_linear.MATVEC_ROWS_TUNING), and one sampler launch
+    the integer-dot matvecs on matvec_i8 (tuning.MATVEC_ROWS_TUNING), and one sampler launch
     per row."""
     one, _ = _plan("q8_0")
     four, _ = _plan("q8_0", m=4)

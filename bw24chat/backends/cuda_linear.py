@@ -17,7 +17,7 @@ from . import kernel_build, tuning
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
 from .kernel_refs import A8_FORMATS, FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
-from .tuning import GEMM_TUNING
+from .tuning import A8_SMALL_ROWS, FEW_ROWS, GEMM_TUNING, MATVEC_ROWS_TUNING, MATVEC_TUNING
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
@@ -186,69 +186,6 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
     sms, _ = _sm_resources()
     per_block = -(-ntiles // (sms * resident_blocks(k, threads, smem)))
     return -(-ntiles // per_block)
-
-
-A8_SMALL_ROWS = 4096  # the matvec shape classes' row / input bound (shape_class)
-
-
-# matvec.cu geometry at m = 1 (m > 1: MATVEC_ROWS_TUNING below), by (integer-dot contract,
-# weight format, shape class); "*" is any other format.  Each entry measured on the Qwen3-8B
-# shapes, us per launch and decode tok/s (docs/performance.md):
-# - integer dot, "o" / "down" (one partial wave of tiles): more loads in flight at 2 blocks per SM
-#   (MV_U 3, Q8_0 4), 16 warps for down and NVFP4's o (one prologue per SM), NVFP4's o 2 slots;
-# - integer dot, "mid" / "wide" (qkv, gate|up, LM head) of NVFP4 / Q4_K / Q8_0: 4 rows per warp,
-#   1 slot, 16 warps with the 8-warp rmsnorm statistic (MV_STAT8: rows bit-identical to 8 warps),
-#   a 64-row gate|up tile whose swiglu epilogue writes the down projection's x codes (QX);
-# - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
-# - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the wide
-#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K keep the kernel's defaults (their
-#   decoders need the registers).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
-# - "few" (at most FEW_ROWS rows, where an entry exists: an MoE router's F32 / BF16 logits, 128 x
-#   2048 for Qwen3-30B-A3B): a row is one warp's, so 2 rows per warp left 8 blocks for a 1 MB
-#   matrix (8.6 us a launch on the H100, docs/performance.md); one row per warp doubles the
-#   blocks and 8 slots per lane put half a lane's 16 chunks in flight at once.
-_WIDE = {"MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}
-MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
-    (True, "Q8_0", "o"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1},
-    (True, "Q8_0", "down"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "Q8_0", "mid"): _WIDE, (True, "Q8_0", "wide"): _WIDE,
-    (True, "Q4_K", "o"): {"MV_U": 3, "MV_MINB": 2},
-    (True, "Q4_K", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "Q4_K", "mid"): _WIDE, (True, "Q4_K", "wide"): _WIDE,
-    (True, "NVFP4", "o"): {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "NVFP4", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "NVFP4", "mid"): _WIDE, (True, "NVFP4", "wide"): _WIDE,
-    **{(True, f, c): {} for f in ("Q5_K", "Q6_K") for c in ("o", "down", "mid", "wide")},
-    (True, "*", "o"): {"MV_U": 3, "MV_MINB": 2}, (True, "*", "down"): {"MV_U": 3, "MV_MINB": 2},
-    (False, "BF16", "o"): {"MV_STEADY": 1, "MV_NW": 16}, (False, "BF16", "down"): {"MV_STEADY": 1, "MV_NW": 16},
-    (False, "BF16", "mid"): {"MV_STEADY": 1}, (False, "BF16", "wide"): _WIDE,
-    **{(False, f, "few"): {"MV_R": 1, "MV_U": 8, "MV_MINB": 2, "MV_STEADY": 1} for f in ("F32", "BF16")},
-}
-FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
-
-
-# The decode matvecs of m >= 2 rows (speculative verify, batched decode), by (integer-dot contract,
-# weight format, "swiglu" for a gate|up build whose epilogue writes the down projection's QX codes,
-# else "*"); rows must equal the one-row step bit for bit, which every build below keeps.
-# - integer dot: matvec_i8.cu (int8 tensor cores, the SIMT kernel's reduction order): the m-row
-#   SIMT kernel repeats its dp4a work and shared-memory x reads per row (docs/performance.md, "What
-#   a speculative verify costs": 1.9x a one-row step at m = 2, 3.5-4.7x at m = 8).  Passes of 16
-#   rows by blocks of 8 warps (split K by super-step residue), 3 super-steps in flight (Q6_K 2),
-#   the registers of one block per SM: no spills at m = 2..8 (ptxas); the swiglu builds take
-#   tiles of 4 passes (64 rows) so that a tile's 32 outputs are one QX block.
-# - float path (BF16, F16, F32): the registers of 2 blocks per SM (MV_MINB 2: <= 128, no spills at
-#   m = 2..8); the kernel's default (1) let ptxas take 133-142 registers at m = 2 and 6-8, one
-#   block of 8 warps per SM: BF16's 2-row step (9.1 ms) ran slower than its 3-row step (7.1 ms,
-#   118 registers, 2 blocks).
-def _i8_rows(fmt: str, passes: int = 1) -> dict:
-    return {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_PH": passes, "I8_U": 2 if fmt == "Q6_K" else 3, "MV_MINB": 1}
-
-
-MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {
-    **{(True, f, "*"): _i8_rows(f) for f in A8_FORMATS},
-    **{(True, f, "swiglu"): _i8_rows(f, passes=4) for f in A8_FORMATS},
-    **{(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS},
-}
 
 
 def _rows_entry(W: DeviceWeight, a8: bool, swiglu: bool = False) -> dict:

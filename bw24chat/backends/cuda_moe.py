@@ -32,7 +32,7 @@ from . import cuda_linear as lin, kernel_build
 from .cuda_weights import FORMATS, DeviceWeight, fmt_id, repack_host, vpc
 from .kernel_build import get_kernel
 from .kernel_refs import act_q8
-from .tuning import GROUPED_GEMM_TILES
+from .tuning import GROUPED_GEMM_TILES, MOE_TUNING
 
 PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu table_row; gscale: NVFP4 row scales)
 ALIGN = 256  # each plane of an expert image starts on a 256-byte boundary (the kernels' 16-byte loads)
@@ -265,19 +265,6 @@ def router(logits, bias, ids, w, T: int, spec) -> None:
 
 
 # ----------------------------------------------------------------------------- decode
-# moe_experts.cu geometry per (kernel, weight format); "*" is any other format: warps per block
-# (MOE_NW), 16-byte items in flight per lane (MOE_U: the most that compile without register
-# spills for sm_90a and sm_120a at MOE_MINB = 2 blocks per SM, tests/test_kernel_compile.py; the
-# decoders with more scale registers take fewer), rows per segment of moe_down (MOE_R, default 2).
-# No output depends on any of it (moe_experts.cu: exactness); the grids come from the GPU's SM
-# count and the blocks one SM holds (gu_blocks, down_rows).
-def _geo(u: int) -> dict:
-    return {"MOE_NW": 8, "MOE_U": u, "MOE_MINB": 2}
-
-
-_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
-           "Q4_K": 3, "Q5_K": 3, "*": 2}
-MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
 MOE_R = 2  # moe_experts.cu MOE_R's default: rows per segment of moe_down
 MAX_K = 32  # moe_experts.cu MOE_MAX_K
 STATIC_SMEM = 3 * 4 * MAX_K  # the kernels' static shared memory (ids, w, the rmsnorm statistic)

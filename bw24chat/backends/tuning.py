@@ -9,7 +9,90 @@ Figures behind the choices: docs/performance.md.
 """
 from __future__ import annotations
 
+from .kernel_refs import A8_FORMATS, FLOAT_FORMATS
 
+
+# ============================================================================ decode: matvec.cu, matvec_i8.cu
+# matvec.cu geometry at m = 1 (m > 1: MATVEC_ROWS_TUNING below), by (integer-dot contract, weight
+# format, cuda_linear.shape_class), read by cuda_linear._simt_defines; "*" is any other format.
+# Each entry measured on the Qwen3-8B shapes, us per launch and decode tok/s (docs/performance.md):
+# - integer dot, "o" / "down" (one partial wave of tiles): more loads in flight at 2 blocks per SM
+#   (MV_U 3, Q8_0 4), 16 warps for down and NVFP4's o (one prologue per SM), NVFP4's o 2 slots;
+# - integer dot, "mid" / "wide" (qkv, gate|up, LM head) of NVFP4 / Q4_K / Q8_0: 4 rows per warp,
+#   1 slot, 16 warps with the 8-warp rmsnorm statistic (MV_STAT8: rows bit-identical to 8 warps),
+#   a 64-row gate|up tile whose swiglu epilogue writes the down projection's x codes (QX);
+# - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
+# - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the wide
+#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K keep the kernel's defaults (their
+#   decoders need the registers).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
+# - "few" (at most FEW_ROWS rows, where an entry exists: an MoE router's F32 / BF16 logits, 128 x
+#   2048 for Qwen3-30B-A3B): a row is one warp's, so 2 rows per warp left 8 blocks for a 1 MB
+#   matrix (8.6 us a launch on the H100, docs/performance.md); one row per warp doubles the
+#   blocks and 8 slots per lane put half a lane's 16 chunks in flight at once.
+_WIDE = {"MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}
+MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
+    (True, "Q8_0", "o"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1},
+    (True, "Q8_0", "down"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "Q8_0", "mid"): _WIDE, (True, "Q8_0", "wide"): _WIDE,
+    (True, "Q4_K", "o"): {"MV_U": 3, "MV_MINB": 2},
+    (True, "Q4_K", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "Q4_K", "mid"): _WIDE, (True, "Q4_K", "wide"): _WIDE,
+    (True, "NVFP4", "o"): {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "NVFP4", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
+    (True, "NVFP4", "mid"): _WIDE, (True, "NVFP4", "wide"): _WIDE,
+    **{(True, f, c): {} for f in ("Q5_K", "Q6_K") for c in ("o", "down", "mid", "wide")},
+    (True, "*", "o"): {"MV_U": 3, "MV_MINB": 2}, (True, "*", "down"): {"MV_U": 3, "MV_MINB": 2},
+    (False, "BF16", "o"): {"MV_STEADY": 1, "MV_NW": 16}, (False, "BF16", "down"): {"MV_STEADY": 1, "MV_NW": 16},
+    (False, "BF16", "mid"): {"MV_STEADY": 1}, (False, "BF16", "wide"): _WIDE,
+    **{(False, f, "few"): {"MV_R": 1, "MV_U": 8, "MV_MINB": 2, "MV_STEADY": 1} for f in ("F32", "BF16")},
+}
+A8_SMALL_ROWS = 4096  # the shape classes' row / input bound (cuda_linear.shape_class)
+FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
+
+
+# The decode matvecs of m >= 2 rows (speculative verify, batched decode), by (integer-dot contract,
+# weight format, "swiglu" for a gate|up build whose epilogue writes the down projection's QX codes,
+# else "*"), read by cuda_linear._rows_entry (matvec_impl, i8_defines, _simt_defines); rows must
+# equal the one-row step bit for bit, which every build below keeps.
+# - integer dot: matvec_i8.cu (int8 tensor cores, the SIMT kernel's reduction order): the m-row
+#   SIMT kernel repeats its dp4a work and shared-memory x reads per row (docs/performance.md, "What
+#   a speculative verify costs": 1.9x a one-row step at m = 2, 3.5-4.7x at m = 8).  Passes of 16
+#   rows by blocks of 8 warps (split K by super-step residue), 3 super-steps in flight (Q6_K 2),
+#   the registers of one block per SM: no spills at m = 2..8 (ptxas); the swiglu builds take
+#   tiles of 4 passes (64 rows) so that a tile's 32 outputs are one QX block.
+# - float path (BF16, F16, F32): the registers of 2 blocks per SM (MV_MINB 2: <= 128, no spills at
+#   m = 2..8); the kernel's default (1) let ptxas take 133-142 registers at m = 2 and 6-8, one
+#   block of 8 warps per SM: BF16's 2-row step (9.1 ms) ran slower than its 3-row step (7.1 ms,
+#   118 registers, 2 blocks).
+def _i8_rows(fmt: str, passes: int = 1) -> dict:
+    return {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_PH": passes, "I8_U": 2 if fmt == "Q6_K" else 3, "MV_MINB": 1}
+
+
+MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {
+    **{(True, f, "*"): _i8_rows(f) for f in A8_FORMATS},
+    **{(True, f, "swiglu"): _i8_rows(f, passes=4) for f in A8_FORMATS},
+    **{(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS},
+}
+
+
+# ============================================================================ decode: moe_experts.cu
+# moe_experts.cu geometry per (kernel, weight format), read by cuda_moe.geometry; "*" is any
+# other format: warps per block (MOE_NW), 16-byte items in flight per lane (MOE_U: the most that
+# compile without register spills for sm_90a and sm_120a at MOE_MINB = 2 blocks per SM,
+# tests/test_kernel_compile.py; the decoders with more scale registers take fewer), rows per
+# segment of moe_down (MOE_R, default 2).  No output depends on any of it (moe_experts.cu:
+# exactness); the grids come from the GPU's SM count and the blocks one SM holds (gu_blocks,
+# down_rows).
+def _geo(u: int) -> dict:
+    return {"MOE_NW": 8, "MOE_U": u, "MOE_MINB": 2}
+
+
+_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
+           "Q4_K": 3, "Q5_K": 3, "*": 2}
+MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
+
+
+# ============================================================================ decode and prefill attention: attention_*.cu
 def gpu_class(arch: int) -> str:
     """ATTN_DECODE_TUNING's GPU class of an sm_XY architecture number: "sm90" (Hopper),
     "clusters" (the later GPUs with thread-block clusters: sm_100, sm_120), "*" (before sm_90)."""
@@ -43,6 +126,7 @@ ATTN_DECODE_TC_RINGS = ((2, 4), (1, 3), (1, 2))
 ATTN_PREFILL_STAGES = (2, 1)
 
 
+# ============================================================================ prefill GEMMs: gemm_*.cu, moe_group.cu
 # Prefill GEMMs, by (kernels, weight format, row class); read by cuda_linear.gemm_geometry (through
 # uses_gemm_i8, uses_gemm_wra, wra_geometry, wgp_geometry, gemm_bufs).  Kernels "wg": Hopper's
 # warpgroup MMAs (sm_90a), "mma": the portable mma.sync ones (every other GPU, and what

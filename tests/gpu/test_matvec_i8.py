@@ -1,5 +1,5 @@
 """The int8 tensor-core decode matvec (kernels/matvec_i8.cu: the integer-dot contract at m = 2..8
-rows, cuda_linear.MATVEC_ROWS_TUNING) gives the SIMT kernel's bits: every row of an m-row call
+rows, tuning.MATVEC_ROWS_TUNING) gives the SIMT kernel's bits: every row of an m-row call
 equals the SIMT kernel's one-row call and kernel_refs.matvec_a8_exact (the NumPy mirror of the
 bits), bit for bit, for every integer-dot format, prologue, epilogue, geometry and grid, with the
 QX hand-off written and read; fresh random data every run, odd sizes."""
