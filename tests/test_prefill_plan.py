@@ -2,7 +2,8 @@
 the launches of one prefill chunk (prefill_plan: the activations' preparation, the GEMMs on the
 kernels each GPU runs, their tiles and rings, the attention over the cache, the LM head) for the
 Qwen3-8B shape per format, GPU, precision and activation contract, for the Qwen3-30B-A3B MoE shape
-(the grouped expert GEMMs) and for the tiny shape at a chunk off the tiles; and one attention
+(the grouped expert GEMMs) and for the tiny shapes at a chunk off the tiles (dense, MoE, the
+gated-DeltaNet hybrid); and one attention
 launch (attention_plan: decode split-K, its merge and tensor-core ring; the prefill's stages) per
 GPU, cache type and head shape.  A change to a launch decision shows here as a diff to review;
 regenerate every file with
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bw24chat.backends.plan import GPUS, attention_plan, format_plan, prefill_plan
+from bw24chat.backends.plan import GPUS, attention_plan, format_plan, layer_period, prefill_plan
 from bw24chat.synthetic import SHAPES
 
 DATA = Path(__file__).parent / "data"
@@ -34,7 +35,8 @@ PREFILL_CASES = {
     "prefill_plan_tiny.txt": (
         [("tiny", f, "H100", 200, "bf16", _F32, True) for f in ("BF16", "F16", "Q8_0", "Q6_K")]
         + [("tiny", f, "RTX4090", 200, "fp8", _F32, True) for f in ("Q8_0", "Q4_K")]
-        + [("tiny-moe", "Q4_K", g, 200, "bf16", _F32, True) for g in ("H100", "RTX5090")]),
+        + [("tiny-moe", "Q4_K", g, 200, "bf16", _F32, True) for g in ("H100", "RTX5090")]
+        + [("tiny-qwen3.5", "Q8_0", "H100", 200, "bf16", _F32, True)]),
 }
 
 # (query heads, kv heads, head dim): Qwen3-8B, the tiny shape, 3 and 16 heads per kv head, head dims 32
@@ -50,7 +52,7 @@ def render_prefill(cases) -> str:
         cfg = SHAPES[shape]
         plan = prefill_plan(cfg, {"default": fmt}, GPUS[gpu], T, kv_type=kv, activations=act, precise=precise)
         out.append(f"# {shape} {fmt} on {gpu}: a chunk of {T} tokens, kv cache {kv}, activations {act}, "
-                   f"{'precise' if precise else 'fast'}\n" + format_plan(plan, cfg["num_hidden_layers"]))
+                   f"{'precise' if precise else 'fast'}\n" + format_plan(plan, cfg["num_hidden_layers"], layer_period(cfg)))
     return "\n".join(out)
 
 

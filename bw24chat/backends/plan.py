@@ -6,7 +6,7 @@ no memory) and with the launch wrappers' device queries answered by ``props``: e
 handle is a description (file, name, defines), every launch a record (grid, block, shared
 memory, arguments by buffer name).  Occupancy-dependent grids take the kernel's register count
 from ptxas (NVRTC, no GPU).  So the plan is a function of (model dims, weight formats per role,
-GPU properties, the tuning rules in cuda_linear / cuda_ops): tests/test_decode_plan.py prints it
+GPU properties, the tuning tables in backends/tuning.py): tests/test_decode_plan.py prints it
 for the Qwen3-8B shape per format and compares it with tests/data/decode_plan_*.txt.
 ``prefill_plan`` does the same for a prefill chunk (CudaRunner.prefill_plan: the GEMMs, the
 attention over the cache) and ``attention_plan`` for one attention launch alone
@@ -307,12 +307,12 @@ class PlanRunner:
     """What CudaOps reads of a CudaRunner, with symbolic buffers."""
 
     def __init__(self, args, model_cls, tensors: dict, kv_type: str, n_ctx: int, activations: str,
-                 prefill_chunk: int = 512):
+                 prefill_chunk: int = 512, precise: bool = True):
         from . import cuda_ops as ops
         from .cuda_deltanet import state_shapes
         from .runner import MAX_ROWS
 
-        self.args, self.kv_type, self.n_ctx, self.precise = args, kv_type, n_ctx, True
+        self.args, self.kv_type, self.n_ctx, self.precise = args, kv_type, n_ctx, precise
         self.act_bf16 = activations == "bf16"
         self.attn_qx = True
         self.loader = PlanLoader()
@@ -392,8 +392,7 @@ def prefill_plan(config: dict, formats: dict, props: GpuProps, T: int = 512, sta
     args = fam.ModelArgs.from_dict(config)
     with planning(props) as planner:
         r = PlanRunner(args, fam.Model, _tensors(config, formats, fam.Model, args), kv_type, n_ctx, activations,
-                       prefill_chunk=T)
-        r.precise = precise
+                       prefill_chunk=T, precise=precise)
         r.model.forward(CudaOps(r, T, decode=False, start=start), r.p_ids[:T])
     return planner.launches
 
