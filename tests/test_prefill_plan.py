@@ -52,7 +52,8 @@ def render_prefill(cases) -> str:
         cfg = SHAPES[shape]
         plan = prefill_plan(cfg, {"default": fmt}, GPUS[gpu], T, kv_type=kv, activations=act, precise=precise)
         out.append(f"# {shape} {fmt} on {gpu}: a chunk of {T} tokens, kv cache {kv}, activations {act}, "
-                   f"{'precise' if precise else 'fast'}\n" + format_plan(plan, cfg["num_hidden_layers"], layer_period(cfg)))
+                   f"{'precise' if precise else 'fast'}\n"
+                   + format_plan(plan, cfg["num_hidden_layers"], layer_period(cfg)))
     return "\n".join(out)
 
 

@@ -330,7 +330,7 @@ class PlanRunner:
         io = SymArray("io", (4 * MAX_ROWS,), np.int32)
         self.d_tokens, self.d_pos, self.d_len, self.d_next = (io[i * MAX_ROWS:(i + 1) * MAX_ROWS] for i in range(4))
         self.prefill_chunk, self.max_rows = prefill_chunk, MAX_ROWS
-        self.p_ids, self.p_pos = SymArray("p_ids", (prefill_chunk,), np.int32), SymArray("p_pos", (prefill_chunk,), np.int32)
+        self.p_ids, self.p_pos = (SymArray(n, (prefill_chunk,), np.int32) for n in ("p_ids", "p_pos"))
         self._bufs: dict = {}
 
     def buffer(self, name: str, rows: int, *cols: int, dtype: str = "f4"):

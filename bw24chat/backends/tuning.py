@@ -92,7 +92,7 @@ _WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_
 MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
 
 
-# ============================================================================ decode and prefill attention: attention_*.cu
+# ============================================================================ attention: attention_*.cu
 def gpu_class(arch: int) -> str:
     """ATTN_DECODE_TUNING's GPU class of an sm_XY architecture number: "sm90" (Hopper),
     "clusters" (the later GPUs with thread-block clusters: sm_100, sm_120), "*" (before sm_90)."""
@@ -126,7 +126,7 @@ ATTN_DECODE_TC_RINGS = ((2, 4), (1, 3), (1, 2))
 ATTN_PREFILL_STAGES = (2, 1)
 
 
-# ============================================================================ prefill GEMMs: gemm_*.cu, moe_group.cu
+# ============================================================================ prefill GEMMs: gemm_*.cu
 # Prefill GEMMs, by (kernels, weight format, row class); read by cuda_linear.gemm_geometry (through
 # uses_gemm_i8, uses_gemm_wra, wra_geometry, wgp_geometry, gemm_bufs).  Kernels "wg": Hopper's
 # warpgroup MMAs (sm_90a), "mma": the portable mma.sync ones (every other GPU, and what
