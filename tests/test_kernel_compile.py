@@ -153,18 +153,17 @@ def test_kernel_variant_compiles(family, defines, arch):
 
 
 def production_gemm_builds() -> list[dict]:
-    """The sm_90a GEMM builds of gemm_wgmma.cu the wrappers launch: gemm_wra per format, mode and
-    tile width, gemm_wgp per mode, W_lo and tile width."""
+    """The sm_90a GEMM builds of gemm_wgmma.cu the wrappers launch: gemm_wra per format and mode
+    (the wide matrices: cuda_linear.uses_gemm_wra), gemm_wgp per mode, W_lo and tile width."""
     from bw24chat.backends import cuda_linear as cl
 
     out = []
     for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
         # precise f32 x, fast, and the bf16-activation contract (x one plane, W split: GEMM_WSPLIT)
         for precise, wsplit in ((True, None), (False, None), (False, fmt != "NVFP4")):
-            for n_out in (4096, 24576):
-                bt, stages, _ = cl.wra_geometry(n_out, precise, fmt, bool(wsplit))
-                out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages,
-                            **({"GEMM_WSPLIT": 1} if wsplit else {})})
+            bt, stages, _ = cl.wra_geometry(24576, precise, fmt, bool(wsplit))
+            out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages,
+                        **({"GEMM_WSPLIT": 1} if wsplit else {})})
     for precise in (True, False):
         for w_lo in (False, True):
             for n_out in (4096, 24576):

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from bw24chat.backends import cuda_linear as cl
+from bw24chat.backends import cuda_linear as cl, tuning
 
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
 def defs(fmt, shape, m=1, a8=True):
@@ -123,7 +123,7 @@ def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     assert not cl.writes_qx(W("BF16", GATE_UP), 1)
     with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp
         for fmt in ("Q8_0", "Q4_K"):
-            mp.setitem(cl.MATVEC_TUNING, (True, fmt, "wide"), {})
+            mp.setitem(tuning.MATVEC_TUNING, (True, fmt, "wide"), {})
         for fmt in ("Q8_0", "Q4_K"):
             assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
@@ -210,6 +210,6 @@ def test_a_router_takes_one_row_per_warp():
     for fmt in ("F32", "BF16"):
         d = defs(fmt, (128, 2048), a8=False)
         assert (d["MV_R"], d["MV_U"], d["MV_MINB"]) == (1, 8, 2), fmt
-        assert defs(fmt, (128, 2048), m=2, a8=False) == cl.MATVEC_ROWS_TUNING[(False, fmt, "*")]
-        assert defs(fmt, (cl.FEW_ROWS + 1, 2048), a8=False).get("MV_R") != 1
+        assert defs(fmt, (128, 2048), m=2, a8=False) == tuning.MATVEC_ROWS_TUNING[(False, fmt, "*")]
+        assert defs(fmt, (tuning.FEW_ROWS + 1, 2048), a8=False).get("MV_R") != 1
     assert defs("Q8_0", (128, 2048)) == defs("Q8_0", O)
