@@ -1,7 +1,7 @@
 """The kernel section of ``bw24chat check``: every CUDA kernel family against its NumPy
 reference on fresh random inputs (odd sizes included), with the limits of the issue:
 dequantization 0 bit mismatches; matvec / GEMM with f32 accumulation vs float64: relative error
-<= 1e-3 (precise prefill GEMM: <= 1e-4); attention <= 2e-3; RoPE bit-exact; the gated DeltaNet's
+<= 1e-3 (prefill GEMM: <= 1e-4); attention <= 2e-3; RoPE bit-exact; the gated DeltaNet's
 recurrence <= 1e-4 with a pass's rows bit-equal to one-row launches; device sampling picks the
 NumPy sampler's token.  The GPU pytest suite (tests/gpu) covers the same ground in more
 cases; this module is what a user runs on their own GPU.
@@ -71,8 +71,8 @@ def check_linear(cp, rng) -> list[tuple]:
             err = _rel(y8, ref)
             out.append((f"matvec {fmt}{tag} m=1..8", f"rel {err:.1e}, rows {'bit-equal' if rows_equal else 'DIFFER'}", "1e-3, equal",
                         err <= 1e-3 and rows_equal))
-            # prefill GEMM, T not a multiple of the tile; precise: x split (or quantized, exact in
-            # bf16; under bf16-x the rounded x as one plane) and W split where not bf16-exact ->
+            # prefill GEMM, T not a multiple of the tile: x split (or quantized, exact in bf16;
+            # under bf16-x the rounded x as one plane) and W split where not bf16-exact ->
             # compare with the exact weights
             T = int(rng.integers(100, 300))
             xg = rng.standard_normal((T, cols)).astype(np.float32)
@@ -196,7 +196,7 @@ def check_attention(cp, rng) -> list[tuple]:
     return out
 
 
-def per_expert_prefill(cp, ex, h, ids, w, shared, res, precise: bool = True, act_bf16: bool = False, impl: str | None = "mma"):
+def per_expert_prefill(cp, ex, h, ids, w, shared, res, act_bf16: bool = False, impl: str | None = "mma"):
     """res + the routed experts (T rows of h through ids / w) + shared, as per-expert dense GEMMs:
     each expert's rows gathered, lin.gemm on ``impl``'s kernels (gate|up, swiglu, down), scattered
     into Y (T, k, D), moe_combine.  On the portable kernels ("mma") this is what the grouped
@@ -213,11 +213,11 @@ def per_expert_prefill(cp, ex, h, ids, w, shared, res, precise: bool = True, act
         n = len(rows)
         W_gu, W_down = ex.weights(int(e))
         gu = cp.empty((n, 2 * F), cp.float32)
-        lin.gemm(W_gu, cp.ascontiguousarray(hd[cp.asarray(rows)]), gu, n, precise=precise, act_bf16=act_bf16, impl=impl)
+        lin.gemm(W_gu, cp.ascontiguousarray(hd[cp.asarray(rows)]), gu, n, act_bf16=act_bf16, impl=impl)
         act = cp.empty((n, F), cp.float32)
         cuda_ops.swiglu(gu, act)
         y = cp.empty((n, D), cp.float32)
-        lin.gemm(W_down, act, y, n, precise=precise, act_bf16=act_bf16, impl=impl)
+        lin.gemm(W_down, act, y, n, act_bf16=act_bf16, impl=impl)
         Y[cp.asarray(rows), cp.asarray(slots)] = y
     out = cp.asarray(res)
     cuda_moe.combine(Y, cp.asarray(w), None if shared is None else cp.asarray(shared), out, T, k)

@@ -3,9 +3,9 @@
 //
 // Contract: queries t < T at positions start+t (start a plain int: prefill is not graph-captured)
 // attend keys 0..start+t (already written by rope.cu qk_norm_rope_kv_write).  NumPy references:
-// kernel_refs.attention_ref (float64 on the dequantized cache: rel. L2 <= 1e-4 with
-// PREFILL_SPLIT=1, <= 5e-3 with 0) and attention_flash_ref(..., operands="bf16x2" | "bf16"),
-// which emulates the operand rounding; GPU test: tests/gpu/test_attention.py.
+// kernel_refs.attention_ref (float64 on the dequantized cache: rel. L2 <= 1e-4) and
+// attention_flash_ref(..., operands="bf16x2"), which emulates the operand rounding; GPU test:
+// tests/gpu/test_attention.py.
 // Rows of a block are the (token, head) pairs i = t*GQ + g of one kv head's head group, BM = 64
 // rows (4 warps x 16), so the GQ heads share every K/V tile.  Key blocks of BN = 64 at absolute
 // multiples of 64, always visited 0, 1, 2, ...: a key block entirely in a row's future leaves that
@@ -15,30 +15,25 @@
 // shared memory PREFILL_STAGES x tiles x 64 x (HD+8) bf16 (cuda_ops.prefill_smem_bytes): tiles =
 // K, V, or with KV_SPLIT K_hi, V_hi, K_lo, V_lo (139264 B at HD=128 with two stages).
 // bf16 caches: tiles by cp.async.  q8_0/fp8/f32: each value is loaded and dequantized to its exact
-// f32 value (code * scale, as the reference) and with PREFILL_SPLIT=1 (KV_SPLIT) stored as bf16
-// hi = bf16(v) and lo = bf16(v - hi) tiles, so K and V are exact to 2^-17 like Q and P.
-// Precision (PREFILL_SPLIT=1, the default): Q and P enter the MMAs split as bf16 hi + lo
-// ("bf16x2", Markidis et al. 2018), per 16-wide k step in the fixed order Q_hi.K_hi, Q_lo.K_hi,
-// Q_hi.K_lo (S) and P_hi.V_hi, P_lo.V_hi, P_hi.V_lo (O), into one f32 accumulator: ~1e-5 from the
-// float64 reference.  PREFILL_SPLIT=0: Q, P, K and V rounded to bf16 (~2e-3, 2-3x fewer MMAs).
-// Napkin math (Qwen3-8B layer, T = 512 from position 0, precise, bf16 cache): S and O are
+// f32 value (code * scale, as the reference) and stored (KV_SPLIT) as bf16 hi = bf16(v) and
+// lo = bf16(v - hi) tiles, so K and V are exact to 2^-17 like Q and P.
+// Precision: Q and P enter the MMAs split as bf16 hi + lo ("bf16x2", Markidis et al. 2018), per
+// 16-wide k step in the fixed order Q_hi.K_hi, Q_lo.K_hi, Q_hi.K_lo (S) and P_hi.V_hi, P_lo.V_hi,
+// P_hi.V_lo (O), into one f32 accumulator: ~1e-5 from the float64 reference.
+// Napkin math (Qwen3-8B layer, T = 512 from position 0, bf16 cache): S and O are
 // 2 x 2 FLOP x 32 heads x 512 x 256 keys (causal mean) x 128 = 2.1 GFLOP, x2 for the hi/lo split;
 // K/V bytes ~2 MB: tensor-core bound (~4 us per layer at the H100's ~1 PFLOP/s dense bf16, of
 // which mma.sync reaches a part).
-// Defines: HD (64/128), GQ, KV_TYPE, PREFILL_SPLIT, PREFILL_STAGES (cuda_ops.prefill_stages).
+// Defines: HD (64/128), GQ, KV_TYPE, PREFILL_STAGES (cuda_ops.prefill_stages).
 #include "attention_kv.cuh"
-
-#ifndef PREFILL_SPLIT
-#define PREFILL_SPLIT 1
-#endif
 
 #define PTHREADS 128
 #define BM 64
 #define BN 64
 #define PTILE_ELEMS (BN * LDK)
 // KV_SPLIT: K and V enter the MMAs as exact f32 split into bf16 hi + lo tiles (q8_0, fp8, f32
-// caches with PREFILL_SPLIT=1); bf16 caches hold exact bf16 values already.
-#define KV_SPLIT (KV_TYPE != KV_BF16 && PREFILL_SPLIT)
+// caches); bf16 caches hold exact bf16 values already.
+#define KV_SPLIT (KV_TYPE != KV_BF16)
 #if KV_SPLIT
 #define PTILES 4  // per stage: K_hi, V_hi, K_lo, V_lo
 #else
@@ -58,9 +53,8 @@ static_assert(HD % 16 == 0, "prefill needs HD % 16 == 0");
 // PREFILL_SMEM <= 227 KB for HD <= 128 (the prefill's head dims; HD=256 builds serve decode only
 // with KV_SPLIT, and the wrapper refuses a launch above the limit).
 
-// 8 f32 values -> bf16 at hi (and, with KV_SPLIT, the bf16 residuals at lo); 16-B stores.
+// 8 f32 values -> bf16 at hi and the bf16 residuals at lo (the KV_SPLIT caches); 16-B stores.
 BW24_DEVICE void store8_tile(__nv_bfloat16* hi, __nv_bfloat16* lo, const float* v) {
-#if KV_SPLIT
     uint4 h, l;
     split_bf16x2(v[0], v[1], h.x, l.x);
     split_bf16x2(v[2], v[3], h.y, l.y);
@@ -68,13 +62,6 @@ BW24_DEVICE void store8_tile(__nv_bfloat16* hi, __nv_bfloat16* lo, const float* 
     split_bf16x2(v[6], v[7], h.w, l.w);
     *reinterpret_cast<uint4*>(hi) = h;
     *reinterpret_cast<uint4*>(lo) = l;
-#else
-    (void)lo;
-    uint4 h;
-    h.x = pack_bf16(v[0], v[1]); h.y = pack_bf16(v[2], v[3]);
-    h.z = pack_bf16(v[4], v[5]); h.w = pack_bf16(v[6], v[7]);
-    *reinterpret_cast<uint4*>(hi) = h;
-#endif
 }
 
 // Fill one stage (the K and V tiles of key block kb, plus their lo tiles with KV_SPLIT) for kv
@@ -120,8 +107,8 @@ BW24_DEVICE void prefill_load(__nv_bfloat16* stage, const uint8_t* __restrict__ 
 #endif
 }
 
-// min 2 blocks/SM (<= 255 registers): without it ptxas capped the PREFILL_SPLIT=1, HD=64
-// q8_0/fp8 variants at 128 registers and spilled.  (KV_SPLIT at HD=128 needs 136 KB of shared
+// min 2 blocks/SM (<= 255 registers): without it ptxas capped the HD=64 q8_0/fp8 variants at
+// 128 registers and spilled.  (KV_SPLIT at HD=128 needs 136 KB of shared
 // memory: one block per SM.)
 extern "C" __global__ void __launch_bounds__(PTHREADS, 2)
 attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
@@ -150,9 +137,7 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
     const int c2 = 2 * (lane & 3);
 
     uint32_t qf[HD / 16][4];  // Q (hi part) A fragments
-#if PREFILL_SPLIT
     uint32_t ql[HD / 16][4];  // Q lo part
-#endif
 #pragma unroll
     for (int kt = 0; kt < HD / 16; ++kt) {
         const int c = kt * 16 + c2;
@@ -160,17 +145,10 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
         const float2 b0 = vb ? *reinterpret_cast<const float2*>(q + qb_off + c) : make_float2(0.f, 0.f);
         const float2 a1 = va ? *reinterpret_cast<const float2*>(q + qa_off + c + 8) : make_float2(0.f, 0.f);
         const float2 b1 = vb ? *reinterpret_cast<const float2*>(q + qb_off + c + 8) : make_float2(0.f, 0.f);
-#if PREFILL_SPLIT
         split_bf16x2(a0.x, a0.y, qf[kt][0], ql[kt][0]);
         split_bf16x2(b0.x, b0.y, qf[kt][1], ql[kt][1]);
         split_bf16x2(a1.x, a1.y, qf[kt][2], ql[kt][2]);
         split_bf16x2(b1.x, b1.y, qf[kt][3], ql[kt][3]);
-#else
-        qf[kt][0] = pack_bf16(a0.x, a0.y);
-        qf[kt][1] = pack_bf16(b0.x, b0.y);
-        qf[kt][2] = pack_bf16(a1.x, a1.y);
-        qf[kt][3] = pack_bf16(b1.x, b1.y);
-#endif
     }
     float o[HD / 8][4];
 #pragma unroll
@@ -219,9 +197,7 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
                 const uint32_t b0 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16);
                 const uint32_t b1 = *reinterpret_cast<const uint32_t*>(sK + koff + kt * 16 + 8);
                 mma_bf16(sc[nt], qf[kt], b0, b1);
-#if PREFILL_SPLIT
                 mma_bf16(sc[nt], ql[kt], b0, b1);
-#endif
 #if KV_SPLIT
                 const uint32_t l0 = *reinterpret_cast<const uint32_t*>(sKl + koff + kt * 16);
                 const uint32_t l1 = *reinterpret_cast<const uint32_t*>(sKl + koff + kt * 16 + 8);
@@ -272,17 +248,11 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
         // O += P V; per 16-key step and 8-dim tile: P_hi.V_hi, P_lo.V_hi, P_hi.V_lo
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-#if PREFILL_SPLIT
             uint32_t pa4[4], pl4[4];
             split_bf16x2(sc[2 * kk][0], sc[2 * kk][1], pa4[0], pl4[0]);
             split_bf16x2(sc[2 * kk][2], sc[2 * kk][3], pa4[1], pl4[1]);
             split_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], pa4[2], pl4[2]);
             split_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], pa4[3], pl4[3]);
-#else
-            const uint32_t pa4[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                                     pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                     pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#endif
             const int voff = (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
 #pragma unroll
             for (int dp = 0; dp < HD / 16; ++dp) {
@@ -293,16 +263,12 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
                 ldmatrix_x4_trans(bl, sVl + voff + dp * 16);
 #endif
                 mma_bf16(o[2 * dp], pa4, b[0], b[1]);
-#if PREFILL_SPLIT
                 mma_bf16(o[2 * dp], pl4, b[0], b[1]);
-#endif
 #if KV_SPLIT
                 mma_bf16(o[2 * dp], pa4, bl[0], bl[1]);
 #endif
                 mma_bf16(o[2 * dp + 1], pa4, b[2], b[3]);
-#if PREFILL_SPLIT
                 mma_bf16(o[2 * dp + 1], pl4, b[2], b[3]);
-#endif
 #if KV_SPLIT
                 mma_bf16(o[2 * dp + 1], pa4, bl[2], bl[3]);
 #endif

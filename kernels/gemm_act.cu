@@ -21,8 +21,8 @@ extern "C" __global__ void split_bf16(const float4* __restrict__ x, uint2* __res
 // act_quant: the integer-dot contract's activation quantization of x (f32 [n], n a multiple of
 // 32: rows of a multiple of 32 inputs) per 32-block, exactly as the decode matvec's staging
 // (common.cuh act_quant_lane): the two parts 2^e h and 2^(e-8) l as bf16 planes (xq_hi, xq_lo:
-// every prefill GEMM's x hi / lo operands, each exact; xq_lo may be null: the fast mode's
-// one-level x).  Every lane of a warp runs the same trip count (group reductions are shuffles).
+// every prefill GEMM's x hi / lo operands, each exact; xq_lo may be null: the high level
+// alone, as split_bf16's lo).  Every lane of a warp runs the same trip count (group reductions are shuffles).
 BW24_DEVICE float code_byte(uint32_t w, int j) { return (float)(int)(int8_t)((w >> (8 * j)) & 0xFFu); }
 
 extern "C" __global__ void act_quant(const float4* __restrict__ x, uint2* __restrict__ xq_hi, uint2* __restrict__ xq_lo, long n4) {

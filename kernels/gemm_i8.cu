@@ -1,4 +1,4 @@
-// gemm_i8.cu — the precise Q8_0 prefill on the integer-dot contract: x quantized per 32-block into
+// gemm_i8.cu — the Q8_0 prefill on the integer-dot contract: x quantized per 32-block into
 // two int8 code levels (gemm_act.cu act_quant_qx: the QX rows of common.cuh), the weights' code
 // bytes as they are, exact int32 block dots on integer tensor cores.  gemm_i8: Hopper's int8
 // wgmma (sm_90a; the 4096-row matrices, the wide ones take gemm_wgmma.cu gemm_wra); gemm_i8_mma:
@@ -15,7 +15,7 @@
 #include "wgmma.cuh"
 
 // ---------------------------------------------------------------------------------------------
-// gemm_i8 — Q8_0 precise prefill on Hopper's integer warpgroup MMA (sm_90a).  The integer-dot contract exactly as the
+// gemm_i8 — Q8_0 prefill on Hopper's integer warpgroup MMA (sm_90a).  The integer-dot contract exactly as the
 // decode matvec sees it: x quantized per 32-block into two code levels (the QX rows that
 // act_quant_qx below writes, common.cuh's layout), the weights' resident code bytes as they are
 // (signed int8 codes, cuda_weights: Q8_0 "q" plane) — no dequantization pass, no bf16 split.

@@ -12,7 +12,7 @@
 // tile i+1 go out before the mma work on tile i, then are decoded / converted and stored to the
 // other shared buffer; one barrier per k tile.  Shared: 2 x (128 + 128) rows x 72 bf16 (64 + 8
 // padding: ldmatrix rows land in distinct banks) = 73,728 bytes, plus the lo tiles when split.
-// Napkin math (Qwen3-8B gate|up, T = 512, precise Q4_K): 2 x 512 x 24576 x 4096 = 103 GFLOP of
+// Napkin math (Qwen3-8B gate|up, T = 512, Q4_K): 2 x 512 x 24576 x 4096 = 103 GFLOP of
 // products, x3 MMAs for the hi/lo terms, over 57 MB of Q4_K codes: compute-bound (arithmetic
 // intensity ~5000 FLOP/byte); mma.sync's share of the tensor cores' peak is the ceiling.
 #include "gemm_mma.cuh"

@@ -103,6 +103,7 @@ struct WeightStager {
 #ifndef GEMM_XPLANES
 #define GEMM_XPLANES 0
 #endif
+static_assert(!GEMM_XPLANES || GEMM_SPLIT, "the integer-dot contract's x is both its planes");
 template <int BM, int BN>
 struct TileStager : WeightStager<BN> {
     static constexpr int ACH = BM * GM_BK / 4 / GM_NT;  // x float4 (or 4-value plane pieces) per thread per k tile
@@ -129,7 +130,7 @@ struct TileStager : WeightStager<BN> {
 #if GEMM_XPLANES
             const long e = src * n_in + k0 + c;
             ahi[j] = ok ? *reinterpret_cast<const uint2*>(reinterpret_cast<const __nv_bfloat16*>(x) + e) : make_uint2(0u, 0u);
-            alo[j] = ok && GEMM_SPLIT ? *reinterpret_cast<const uint2*>(xl + e) : make_uint2(0u, 0u);
+            alo[j] = ok ? *reinterpret_cast<const uint2*>(xl + e) : make_uint2(0u, 0u);
 #else
             areg[j] = ok ? *reinterpret_cast<const float4*>(x + src * n_in + k0 + c) : make_float4(0.f, 0.f, 0.f, 0.f);
 #endif
@@ -166,7 +167,7 @@ struct TileStager : WeightStager<BN> {
 // (GEMM_SPLIT) and W_lo (W_SPLIT), bf16 rows of GM_LD, for a tile of bm tokens
 // (cuda_linear._gemm_smem computes the same; tests/test_smem_contract.py).  GM_BUFS = 2: k tile
 // i+1 is stored into the other buffer while tile i is used; 1 (cuda_linear.gemm_bufs, where 2 do
-// not fit: the precise kernels take 108 / 144 KB with two at 128 tokens, the 99 KB GPUs sm_86 /
+// not fit: the split kernels take 108 / 144 KB with two at 128 tokens, the 99 KB GPUs sm_86 /
 // sm_89 / sm_120 allow 99): the next tile waits in registers until every warp is done with the
 // buffer (one more barrier per k tile).  The MMAs of each output run in the same order either
 // way: the same bits.

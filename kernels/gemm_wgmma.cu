@@ -11,7 +11,7 @@
 // Napkin math (Qwen3-8B layer, T = 512): 2 x 512 x (6144 + 4096 + 24576 + 4096) x 4096 = 163
 // GFLOP of products per layer, x2-3 wgmmas for the hi / lo terms; the weights (~200 MB bf16,
 // 57 MB as Q4_K codes) are read about once per 128- or 256-token tile: tensor-core bound
-// (~1 PFLOP/s dense bf16 on an H100: ~0.5 ms per layer precise).
+// (~1 PFLOP/s dense bf16 on an H100: ~0.5 ms per layer).
 #include "wgmma.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 // kt.  Step kt issues tile kt's wgmmas from one of two named fragment sets, then waits for tile
 // kt + 1 (one barrier) and decodes it into the other set while they run, then wait_group 0.
 // (Decoding tile kt before its own wgmmas with wait_group 1 made ptxas serialize every wgmma,
-// C7513, in all but the NVFP4 precise build.)
+// C7513, in all but the NVFP4 build of x split.)
 #ifndef WRA_BT
 #define WRA_BT 256
 #endif
@@ -190,7 +190,7 @@ gemm_wgp(const uint4* __restrict__ wq, const uint4* __restrict__ wlo, const floa
 #define WRA_CPR (FMT == F_Q8_0 ? 4 : 2)  // 16-byte resident chunks per row and k tile (Q8_0: 16 values each)
 #define WRA_PITCH (FMT == F_Q8_0 ? 80 : 48)  // a row's codes in the stage, padded (conflict-free 4-byte reads)
 #define WRA_W_BYTES (WRA_ROWS * WRA_PITCH)
-#define WRA_WLO (GEMM_WSPLIT && FMT != F_NVFP4)  // Q4_K / Q8_0 precise: W = W_hi + W_lo, both register operands
+#define WRA_WLO (FMT != F_NVFP4)  // Q4_K / Q8_0: W = W_hi + W_lo, both register operands
 #define WRA_REC (FMT == F_Q4_K ? 16 : 4)  // per row and k tile: NVFP4's scale word, Q8_0's two f16 scales, Q4_K's superblock header
 #define WRA_STAGE_BYTES ((1 + GEMM_SPLIT) * WRA_X_BYTES + ((WRA_W_BYTES + WRA_ROWS * WRA_REC + 1023) / 1024) * 1024)
 #define WRA_SMEM_BYTES (WRA_STAGES * WRA_STAGE_BYTES + 1024)  // the ring + the 1 KB alignment slack

@@ -22,8 +22,8 @@
 //     nothing — a spilled layer's other launches compute it).  Row r's input is x row tok[r]
 //     (tok given: the gate|up on the chunk's hidden rows) or r (tok null: the down projection on
 //     the grouped activations); y = W_e x, gemm_mma.cu's contract and switches (FMT, GEMM_SPLIT,
-//     GEMM_WSPLIT, GEMM_XPLANES: x f32 split in the tile load, or its two integer-dot planes x,
-//     xl), y[o] times the NVFP4 per-row global scale where tab has one, as gemm_put.
+//     GEMM_XPLANES: x f32 split in the tile load, or its two integer-dot planes x, xl), y[o]
+//     times the NVFP4 per-row global scale where tab has one, as gemm_put.
 //     epi 0: out[r, o] = y[o], o < n_out.  epi 2 (rows interleaved gate_i, up_i): out[r, i] =
 //     swiglu_act(y[2i], y[2i + 1]), i < n_out / 2 (elementwise.cu swiglu_rows' function).
 //   gemm_i8_grouped(tab, offs, toff, E, e0, tok, qx, out, n_out, n_in, epi): the same on

@@ -104,19 +104,19 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 1, "TCSTAGES": 2}),  # sm_120's 99 KB
     ("attention_decode_tc", {"HD": 64, "GQ": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention_decode_tc", {"HD": 32, "GQ": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
-    # the prefill: one K/V stage (the precise prefill in 99 KB), the fast mode
+    # the prefill: one K/V stage (K and V split in 99 KB), GQ 3
     ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "PREFILL_STAGES": 1}),
     ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "PREFILL_STAGES": 1}),
-    ("attention_prefill", {"HD": 64, "GQ": 3, "KV_TYPE": 2, "PREFILL_SPLIT": 0}),
+    ("attention_prefill", {"HD": 64, "GQ": 3, "KV_TYPE": 2}),
     # gemm_wra: NVFP4 / Q4_K / Q8_0 codes into wgmma's register operand
     ("gemm_wgmma", {"FMT": 11, "WRA_BT": 128, "WRA_STAGES": 4, "GEMM_SPLIT": 0}),
     ("gemm_wgmma", {"FMT": 8, "WRA_BT": 256, "WRA_STAGES": 3}),
-    ("gemm_wgmma", {"FMT": 3, "WRA_BT": 256, "WRA_STAGES": 4, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1}),
+    ("gemm_wgmma", {"FMT": 3, "WRA_BT": 256, "WRA_STAGES": 4, "GEMM_SPLIT": 0}),
     # the portable gemm: integer-dot x planes, one tile buffer (99 KB), the bf16-activation contract
     ("gemm_mma", {"FMT": 3, "GEMM_XPLANES": 1}),
     ("gemm_mma", {"FMT": 8, "GEMM_XPLANES": 1, "GM_BUFS": 1}),
-    ("gemm_mma", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),
-    ("gemm_mma", {"FMT": 8, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "GM_BUFS": 1}),
+    ("gemm_mma", {"FMT": 11, "GEMM_SPLIT": 0}),
+    ("gemm_mma", {"FMT": 8, "GEMM_SPLIT": 0, "GM_BUFS": 1}),
     ("gemm_mma", {"FMT": 0}),  # F32 (4-value chunks): the rows gemm_wgp cannot take
     ("gemm_i8", {"FMT": 3}),
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
@@ -135,11 +135,11 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     # MoE expert kernels (moe_experts.cu): every resident format at its production geometry
     *[("moe_experts", d) for d in production_moe_builds()],
     # the grouped MoE prefill (moe_group.cu): every format on its contract's planes, both tiles,
-    # one buffer (99 KB GPUs), the fast and bf16-activation modes, Q8_0 on gemm_i8_grouped
+    # one buffer (99 KB GPUs), the bf16-activation contract, Q8_0 on gemm_i8_grouped
     *[("moe_group", {"FMT": f, "GG_BM": 64, **({"GEMM_XPLANES": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
     ("moe_group", {"FMT": 10, "GG_BM": 128, "GEMM_XPLANES": 1, "GM_BUFS": 1}),
-    ("moe_group", {"FMT": 11, "GG_BM": 128, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),
-    ("moe_group", {"FMT": 8, "GG_BM": 64, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1}),
+    ("moe_group", {"FMT": 11, "GG_BM": 128, "GEMM_SPLIT": 0}),
+    ("moe_group", {"FMT": 8, "GG_BM": 64, "GEMM_SPLIT": 0}),
     ("moe_group", {"FMT": 3, "GG_BM": 128}),
 ]
 
@@ -154,21 +154,20 @@ def test_kernel_variant_compiles(family, defines, arch):
 
 def production_gemm_builds() -> list[dict]:
     """The sm_90a GEMM builds of gemm_wgmma.cu the wrappers launch: gemm_wra per format and mode
-    (the wide matrices: cuda_linear.uses_gemm_wra), gemm_wgp per mode, W_lo and tile width."""
+    (the wide matrices: cuda_linear.uses_gemm_wra), gemm_wgp per x split, W_lo and tile width."""
     from bw24chat.backends import cuda_linear as cl
 
     out = []
     for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
-        # precise f32 x, fast, and the bf16-activation contract (x one plane, W split: GEMM_WSPLIT)
-        for precise, wsplit in ((True, None), (False, None), (False, fmt != "NVFP4")):
-            bt, stages, _ = cl.wra_geometry(24576, precise, fmt, bool(wsplit))
-            out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages,
-                        **({"GEMM_WSPLIT": 1} if wsplit else {})})
-    for precise in (True, False):
+        # f32 x split, and the bf16-activation contract (x one plane; W split where not bf16-exact)
+        for x_split in (True, False):
+            bt, stages, _ = cl.wra_geometry(24576, x_split, fmt)
+            out.append({"FMT": code, "GEMM_SPLIT": int(x_split), "WRA_BT": bt, "WRA_STAGES": stages})
+    for x_split in (True, False):
         for w_lo in (False, True):
             for n_out in (4096, 24576):
-                bn, stages, _ = cl.wgp_geometry(n_out, precise, w_lo)
-                out.append({"GEMM_SPLIT": int(precise), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)})
+                bn, stages, _ = cl.wgp_geometry(n_out, x_split, w_lo)
+                out.append({"GEMM_SPLIT": int(x_split), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)})
     return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
 
 

@@ -1,7 +1,7 @@
 """The prefill plan and the attention geometry (backends/plan.py) without a GPU, against golden files:
 the launches of one prefill chunk (prefill_plan: the activations' preparation, the GEMMs on the
 kernels each GPU runs, their tiles and rings, the attention over the cache, the LM head) for the
-Qwen3-8B shape per format, GPU, precision and activation contract, for the Qwen3-30B-A3B MoE shape
+Qwen3-8B shape per format, GPU and activation contract, for the Qwen3-30B-A3B MoE shape
 (the grouped expert GEMMs) and for the tiny shapes at a chunk off the tiles (dense, MoE, the
 gated-DeltaNet hybrid); and one attention
 launch (attention_plan: decode split-K, its merge and tensor-core ring; the prefill's stages) per
@@ -22,21 +22,19 @@ DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.kernels  # the plan reads register counts from ptxas (NVRTC: the [kernels] extra)
 
 _F32, _BF16 = "f32", "bf16"
-# file -> (shape, format, GPU, tokens, kv cache, activations, precise) per section
+# file -> (shape, format, GPU, tokens, kv cache, activations) per section
 PREFILL_CASES = {
     "prefill_plan_qwen3-8b.txt": (
-        [("qwen3-8b", f, "H100", 512, "bf16", _F32, True) for f in ("BF16", "Q8_0", "Q4_K", "NVFP4")]
-        + [("qwen3-8b", f, "H100", 512, "bf16", _BF16, True) for f in ("Q8_0", "Q4_K", "NVFP4")]
-        + [("qwen3-8b", f, "H100", 512, "bf16", _F32, False) for f in ("Q8_0", "NVFP4")]
-        + [("qwen3-8b", f, "RTX5090", 512, "q8_0", _F32, True) for f in ("BF16", "Q8_0", "Q4_K", "NVFP4")]
-        + [("qwen3-8b", "Q4_K", "RTX5090", 512, "bf16", _F32, False)]),
-    "prefill_plan_qwen3-30b-a3b.txt": [("qwen3-30b-a3b", f, g, 512, "bf16", _F32, True)
+        [("qwen3-8b", f, "H100", 512, "bf16", _F32) for f in ("BF16", "Q8_0", "Q4_K", "NVFP4")]
+        + [("qwen3-8b", f, "H100", 512, "bf16", _BF16) for f in ("Q8_0", "Q4_K", "NVFP4")]
+        + [("qwen3-8b", f, "RTX5090", 512, "q8_0", _F32) for f in ("BF16", "Q8_0", "Q4_K", "NVFP4")]),
+    "prefill_plan_qwen3-30b-a3b.txt": [("qwen3-30b-a3b", f, g, 512, "bf16", _F32)
                                        for g in ("H100", "RTX5090") for f in ("Q8_0", "NVFP4")],
     "prefill_plan_tiny.txt": (
-        [("tiny", f, "H100", 200, "bf16", _F32, True) for f in ("BF16", "F16", "Q8_0", "Q6_K")]
-        + [("tiny", f, "RTX4090", 200, "fp8", _F32, True) for f in ("Q8_0", "Q4_K")]
-        + [("tiny-moe", "Q4_K", g, 200, "bf16", _F32, True) for g in ("H100", "RTX5090")]
-        + [("tiny-qwen3.5", "Q8_0", "H100", 200, "bf16", _F32, True)]),
+        [("tiny", f, "H100", 200, "bf16", _F32) for f in ("BF16", "F16", "Q8_0", "Q6_K")]
+        + [("tiny", f, "RTX4090", 200, "fp8", _F32) for f in ("Q8_0", "Q4_K")]
+        + [("tiny-moe", "Q4_K", g, 200, "bf16", _F32) for g in ("H100", "RTX5090")]
+        + [("tiny-qwen3.5", "Q8_0", "H100", 200, "bf16", _F32)]),
 }
 
 # (query heads, kv heads, head dim): Qwen3-8B, the tiny shape, 3 and 16 heads per kv head, head dims 32
@@ -48,11 +46,10 @@ KV_TYPES = ("bf16", "q8_0", "fp8", "f32")
 
 def render_prefill(cases) -> str:
     out = []
-    for shape, fmt, gpu, T, kv, act, precise in cases:
+    for shape, fmt, gpu, T, kv, act in cases:
         cfg = SHAPES[shape]
-        plan = prefill_plan(cfg, {"default": fmt}, GPUS[gpu], T, kv_type=kv, activations=act, precise=precise)
-        out.append(f"# {shape} {fmt} on {gpu}: a chunk of {T} tokens, kv cache {kv}, activations {act}, "
-                   f"{'precise' if precise else 'fast'}\n"
+        plan = prefill_plan(cfg, {"default": fmt}, GPUS[gpu], T, kv_type=kv, activations=act)
+        out.append(f"# {shape} {fmt} on {gpu}: a chunk of {T} tokens, kv cache {kv}, activations {act}\n"
                    + format_plan(plan, cfg["num_hidden_layers"], layer_period(cfg)))
     return "\n".join(out)
 
@@ -62,8 +59,7 @@ def render_attention() -> str:
     for gpu in ATTENTION_GPUS:
         for H, K, hd in ATTENTION_HEADS:
             for kv in KV_TYPES:
-                for what, kw in (("decode m=1", dict(m=1)), ("decode m=4", dict(m=4)),
-                                 ("prefill T=200", dict(T=200)), ("prefill T=200 fast", dict(T=200, precise=False))):
+                for what, kw in (("decode m=1", dict(m=1)), ("decode m=4", dict(m=4)), ("prefill T=200", dict(T=200))):
                     try:
                         line = attention_plan(GPUS[gpu], H, K, hd, kv, **kw)[0].line()
                     except ValueError as e:  # a launch this GPU's shared memory cannot hold

@@ -21,23 +21,23 @@ def small_gpu(monkeypatch):
     monkeypatch.setattr(kb, "smem_block_limit", lambda: LIMIT)
 
 
-@pytest.mark.parametrize("x_split,w_split", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("x_split,w_split", [(False, False), (True, False), (True, True), (False, True)])
 def test_portable_gemm_fits(small_gpu, x_split, w_split):
     bufs = cl.gemm_bufs(x_split, w_split)
     assert cl._gemm_smem(x_split, w_split, bufs) <= LIMIT
-    assert bufs == (2 if not x_split else 1)  # fast mode keeps its double buffer (72 KB)
+    assert bufs == (1 if x_split or w_split else 2)  # x and W as one plane each keep the double buffer (72 KB)
 
 
 def test_portable_integer_dot_gemm_fits(small_gpu):
-    """gemm_i8_mma (the portable path's Q8_0 precise prefill) fits one block of a 99 KB GPU."""
+    """gemm_i8_mma (the portable path's Q8_0 prefill) fits one block of a 99 KB GPU."""
     assert cl.gemm_i8_mma_smem() <= LIMIT
 
 
 @pytest.mark.parametrize("bm", [64, 128])
 def test_grouped_expert_gemms_fit(small_gpu, bm):
     """moe_group.cu's grouped GEMMs (the MoE prefill on every GPU) fit too: gemm_grouped with the
-    buffers gemm_bufs picks for its tile, gemm_i8_grouped's ring; at 64 tokens the precise x-split
-    kernel keeps its two buffers."""
+    buffers gemm_bufs picks for its tile, gemm_i8_grouped's ring; at 64 tokens only the kernel of x
+    and W split drops to one buffer."""
     for x_split, w_split in [(False, False), (True, False), (True, True), (False, True)]:
         bufs = cl.gemm_bufs(x_split, w_split, bm)
         assert cl._gemm_smem(x_split, w_split, bufs, bm) <= LIMIT
@@ -53,12 +53,11 @@ def test_portable_gemm_keeps_two_buffers_on_hopper(monkeypatch):
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("kv_type", ["bf16", "q8_0", "fp8", "f32"])
-@pytest.mark.parametrize("precise", [True, False])
-def test_prefill_attention_fits(small_gpu, hd, kv_type, precise):
-    stages = co.prefill_stages(hd, kv_type, precise)
-    assert co.prefill_smem_bytes(hd, kv_type, precise, stages) <= LIMIT
-    # two stages wherever they fit: only the precise hd-128 prefill over a non-bf16 cache drops one
-    assert stages == (1 if (hd == 128 and precise and kv_type != "bf16") else 2)
+def test_prefill_attention_fits(small_gpu, hd, kv_type):
+    stages = co.prefill_stages(hd, kv_type)
+    assert co.prefill_smem_bytes(hd, kv_type, stages) <= LIMIT
+    # two stages wherever they fit: only the hd-128 prefill over a non-bf16 cache (K and V split) drops one
+    assert stages == (1 if (hd == 128 and kv_type != "bf16") else 2)
 
 
 @pytest.mark.parametrize("hd", [64, 128])

@@ -24,34 +24,30 @@ def gemm_cases():
     from bw24chat.backends import cuda_linear as cl
 
     out = []
-    # BF16 W exact; Q8_0 W split when precise, and under the bf16-activation contract (x one plane)
-    for x_split, fmt, wsplit in ((0, 3, 0), (1, 2, 1), (1, 3, 1), (0, 3, 1)):
-        w_split = bool(wsplit) and fmt == 3
-        defs = {"FMT": fmt, "GEMM_SPLIT": x_split, **({"GEMM_WSPLIT": 1} if wsplit and not x_split else {})}
+    # BF16 W exact, Q8_0 W split; x split, or one plane under the bf16-activation contract
+    for x_split, fmt in ((0, 2), (0, 3), (1, 2), (1, 3)):
+        w_split = fmt == 3
+        defs = {"FMT": fmt, "GEMM_SPLIT": x_split}
         out.append(("gemm_mma", defs, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split)))
         out.append(("gemm_mma", {**defs, "GM_BUFS": 1}, "GM_SMEM_BYTES", cl._gemm_smem(bool(x_split), w_split, 1)))
-    for precise in (False, True):
+    for x_split in (False, True):
         for w_lo in (False, True):
             for n_out in (4096, 24576):
-                bn, stages, stage = cl.wgp_geometry(n_out, precise, w_lo)
-                defs = {"GEMM_SPLIT": int(precise), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)}
+                bn, stages, stage = cl.wgp_geometry(n_out, x_split, w_lo)
+                defs = {"GEMM_SPLIT": int(x_split), "WG_BN": bn, "WGP_STAGES": stages, "WGP_WLO": int(w_lo)}
                 out.append(("gemm_wgmma", defs, "WGP_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
-        for precise in (False, True):
-            bt, stages, stage = cl.wra_geometry(24576, precise, fmt)
-            out.append(("gemm_wgmma", {"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages},
-                        "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
-        if fmt != "NVFP4":  # the bf16-activation contract: x one plane, W split (GEMM_WSPLIT), 256 tokens
-            bt, stages, stage = cl.wra_geometry(24576, False, fmt, True)
-            out.append(("gemm_wgmma", {"FMT": code, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "WRA_BT": bt, "WRA_STAGES": stages},
+        for x_split in (False, True):  # Q4_K / Q8_0 with x one plane: W split, 256 tokens; NVFP4: 128
+            bt, stages, stage = cl.wra_geometry(24576, x_split, fmt)
+            out.append(("gemm_wgmma", {"FMT": code, "GEMM_SPLIT": int(x_split), "WRA_BT": bt, "WRA_STAGES": stages},
                         "WRA_SMEM_BYTES", cl.wgp_smem(stages, stage)))
     out.append(("gemm_i8", {"FMT": 3}, "I8_SMEM_BYTES", cl.gemm_i8_smem()))
     out.append(("gemm_i8", {"FMT": 3}, "IM_SMEM_BYTES", cl.gemm_i8_mma_smem()))
     # moe_group.cu's grouped expert GEMMs, 64- and 128-token tiles (cuda_moe.grouped_gemm's defines)
     for bm in (64, 128):
-        for x_split, fmt, wsplit in ((1, 2, 0), (1, 8, 1), (0, 11, 0), (0, 8, 1)):
-            w_split = bool(wsplit) and fmt != 11
-            defs = {"FMT": fmt, "GG_BM": bm, "GEMM_SPLIT": x_split, **({"GEMM_WSPLIT": 1} if wsplit and not x_split else {})}
+        for x_split, fmt in ((1, 2), (1, 8), (0, 11), (0, 8)):
+            w_split = fmt not in (2, 11)
+            defs = {"FMT": fmt, "GG_BM": bm, "GEMM_SPLIT": x_split}
             for bufs in (2, 1):
                 out.append(("moe_group", {**defs, **({"GM_BUFS": 1} if bufs == 1 else {})}, "GG_SMEM_BYTES",
                             cl._gemm_smem(bool(x_split), w_split, bufs, bm)))
@@ -66,12 +62,10 @@ def attention_cases():
     for hd, kv in [(128, k) for k in ("bf16", "q8_0", "fp8", "f32")] + [(64, "bf16"), (64, "q8_0")]:
         out.append(("attention_decode", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv]}, "DECODE_SMEM",
                     co._decode_smem(hd, 4, kv)))
-        for precise in (0, 1):
-            out.append(("attention_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise},
-                        "PREFILL_SMEM", co.prefill_smem_bytes(hd, kv, bool(precise))))
-            out.append(("attention_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_SPLIT": precise,
-                                              "PREFILL_STAGES": 1}, "PREFILL_SMEM",
-                        co.prefill_smem_bytes(hd, kv, bool(precise), 1)))
+        out.append(("attention_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv]}, "PREFILL_SMEM",
+                    co.prefill_smem_bytes(hd, kv)))
+        out.append(("attention_prefill", {"HD": hd, "GQ": 4, "KV_TYPE": co.KV_CODE[kv], "PREFILL_STAGES": 1}, "PREFILL_SMEM",
+                    co.prefill_smem_bytes(hd, kv, 1)))
     for gq in (1, 8):  # the merge area (GQ rows per sub-warp) can exceed the pipeline stages
         out.append(("attention_decode", {"HD": 128, "GQ": gq, "KV_TYPE": 0}, "DECODE_SMEM", co._decode_smem(128, gq, "bf16")))
     for hd in (64, 128):

@@ -50,24 +50,17 @@ def _gemm_smem(x_split: bool, w_split: bool, bufs: int = 2, bm: int = GM_TILE) -
 def gemm_bufs(x_split: bool, w_split: bool, bm: int = GM_TILE) -> int:
     """The portable gemm's tile buffers (gemm_mma.cuh GM_BUFS): the first of GEMM_TUNING's that
     the block's shared memory holds, 2 (k tile i+1 stored while tile i is used) or 1 (one more
-    barrier per k tile; the same order of MMAs per output, so the same bits).  The precise kernels
-    need 108 KB (x split) and 144 KB (x and W split) with two buffers at 128 tokens: above the 99
-    KB of sm_86 / sm_89 / sm_120, whose prefill this kernel is."""
+    barrier per k tile; the same order of MMAs per output, so the same bits).  With x split the
+    kernels need 108 KB (W exact) and 144 KB (W split too) with two buffers at 128 tokens: above
+    the 99 KB of sm_86 / sm_89 / sm_120, whose prefill this kernel is."""
     bufs, limit = GEMM_TUNING[("mma", "*", "*")]["bufs"], kernel_build.smem_block_limit()
     return next((b for b in bufs if _gemm_smem(x_split, w_split, b, bm) <= limit), bufs[-1])
 
 
-def _wsplit_define(x_split: bool, w_split: bool) -> dict:
-    """gemm_common.cuh GEMM_WSPLIT where it differs from its default (GEMM_SPLIT): W split with x
-    as one bf16 plane (the bf16-activation contract on weights not exact in bf16).  The kernels
-    derive W_SPLIT from it and the format, as w_split here (_W_EXACT_IN_BF16)."""
-    return {"GEMM_WSPLIT": 1} if w_split and not x_split else {}
-
-
-def _mma_defines(fmt_id: int, x_split: bool, w_split: bool, bufs: int, **defines) -> dict:
-    """The defines of a kernel on gemm_mma.cuh's block for these splits and tile buffers."""
-    return dict(FMT=fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
-                **_wsplit_define(x_split, w_split), **defines)
+def _mma_defines(fmt_id: int, x_split: bool, bufs: int, **defines) -> dict:
+    """The defines of a kernel on gemm_mma.cuh's block for this x split and tile buffers (the
+    kernels split W by its format, as gemm_contract: gemm_common.cuh W_SPLIT)."""
+    return dict(FMT=fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}), **defines)
 
 
 def _gemm_kernel(fmt_id: int, x_split: bool, w_split: bool, family: str = "gemm_mma", name: str = "gemm",
@@ -75,7 +68,7 @@ def _gemm_kernel(fmt_id: int, x_split: bool, w_split: bool, family: str = "gemm_
     """A kernel on gemm_mma.cuh's block (the portable gemm, or moe_group.cu's grouped one with
     tiles of bm tokens) for these splits, and its dynamic shared memory (set as its limit)."""
     bufs = gemm_bufs(x_split, w_split, bm)
-    k = get_kernel(family, name, **_mma_defines(fmt_id, x_split, w_split, bufs, **defines))
+    k = get_kernel(family, name, **_mma_defines(fmt_id, x_split, bufs, **defines))
     smem = _gemm_smem(x_split, w_split, bufs, bm)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem
@@ -93,11 +86,11 @@ def gemm_impl() -> str:
     return "wg" if active_arch() == "sm_90a" else "mma"
 
 
-def wg_stage_bytes(precise: bool, w_lo: bool, bn: int) -> int:
+def wg_stage_bytes(x_split: bool, w_lo: bool, bn: int) -> int:
     """Shared bytes of one stage of gemm_wgp: [x hi (| x lo)] tiles of WG_BM rows and [W (| W
     lo)] tiles of bn rows, 64 bf16 per row.  The kernel adds 1 KB to align its stages to 1024
     bytes (the 128-byte swizzle)."""
-    return ((2 if precise else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
+    return ((2 if x_split else 1) * WG_BM + (2 if w_lo else 1) * bn) * 64 * 2
 
 
 def matvec_tile(W: DeviceWeight, m: int) -> int:
@@ -372,24 +365,23 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
       shared_mem=smem)
 
 
-def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool = True, impl: str | None = None,
+def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", impl: str | None = None,
          act_quant: bool | None = None, act_bf16: bool = False) -> None:
-    """out[T, W.out] (=|+=) x[T, W.in] @ W.T on tensor cores (f32 accumulation).  precise=True:
-    x, and W where its values are not bf16 numbers, are split into bf16 hi + lo parts (error
-    ~2^-16, matching the exact decode path); precise=False: x and W rounded to bf16 (fastest,
-    benchmarks only: the decode path does not round W).  act_bf16 (with precise): the
-    bf16-activation contract, x rounded to bf16 (one plane, so one wgmma fewer per product)
-    and W split where not exact, as the decode matvec with act_bf16 computes it; Q8_0 on
-    gemm_i8 quantizes the rounded x.  Row values do not depend on T (no split-K).  impl: "wg" |
-    "mma" (default gemm_impl()); act_quant: the integer-dot contract (x quantized first) on/off
-    (None: kernel_refs.act_q8) — under act_bf16 the GEMM takes bf16(x) itself, within the
-    integer codes' 2^-16 of the block maximum of the decode's act_quant(bf16(x))."""
+    """out[T, W.out] (=|+=) x[T, W.in] @ W.T on tensor cores (f32 accumulation): x, and W where
+    its values are not bf16 numbers, are split into bf16 hi + lo parts (error ~2^-16, matching
+    the exact decode path).  act_bf16: the bf16-activation contract, x rounded to bf16 (one
+    plane, so one wgmma fewer per product) and W split where not exact, as the decode matvec
+    with act_bf16 computes it; Q8_0 on gemm_i8 quantizes the rounded x.  Row values do not
+    depend on T (no split-K).  impl: "wg" | "mma" (default gemm_impl()); act_quant: the
+    integer-dot contract (x quantized first) on/off (None: kernel_refs.act_q8) — under act_bf16
+    the GEMM takes bf16(x) itself, within the integer codes' 2^-16 of the block maximum of the
+    decode's act_quant(bf16(x))."""
     if x.dtype != np.float32 or out.dtype != np.float32 or x.size < T * W.in_ or out.size < T * W.out:
         raise ValueError("gemm: x and out must be float32 [T, in] / [T, out]")
     if T <= 0:
         return
     impl = impl or gemm_impl()
-    c = gemm_contract(W, precise, act_bf16, act_quant, impl)
+    c = gemm_contract(W, act_bf16, act_quant, impl)
     g = gemm_geometry(W, c, impl)
     epi = np.int32(EPILOGUES[epilogue])
     k = get_kernel(g.family, g.name, **g.defines)
@@ -406,7 +398,7 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         return
     alloc = -(-T // g.tokens) * g.tokens * W.in_ if g.kernel == "wra" else 0  # gemm_wra reads x in whole token tiles
     if c.a8:
-        xh, xl = _act_quant(x, T * W.in_, c.x_split, alloc)
+        xh, xl = _act_quant(x, T * W.in_, alloc)
     else:
         xh, xl = _bf16_planes(x, T * W.in_, c.x_split, alloc)
     if g.kernel == "wra":
@@ -446,24 +438,24 @@ def gemm_geometry(W, c: "GemmContract", impl: str) -> GemmGeometry:
     # portable kernel, which compiles for sm_90a too)
     if impl == "wg" and W.in_ % 8 == 0:
         if uses_gemm_wra(W):
-            bt, stages, stage = wra_geometry(W.out, c.x_split, W.fmt, c.w_split)
+            bt, stages, stage = wra_geometry(W.out, c.x_split, W.fmt)
             return GemmGeometry("wra", "gemm_wgmma", "gemm_wra",
-                                dict(FMT=W.fmt_id, GEMM_SPLIT=int(c.x_split), WRA_BT=bt, WRA_STAGES=stages,
-                                     **_wsplit_define(c.x_split, c.w_split)), bt, WRA_ROWS, wgp_smem(stages, stage))
+                                dict(FMT=W.fmt_id, GEMM_SPLIT=int(c.x_split), WRA_BT=bt, WRA_STAGES=stages),
+                                bt, WRA_ROWS, wgp_smem(stages, stage))
         bn, stages, stage = wgp_geometry(W.out, c.x_split, c.w_split)
         return GemmGeometry("wgp", "gemm_wgmma", "gemm_wgp",
                             dict(GEMM_SPLIT=int(c.x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(c.w_split)),
                             WG_BM, bn, wgp_smem(stages, stage))
     bufs = gemm_bufs(c.x_split, c.w_split)
     return GemmGeometry("mma", "gemm_mma", "gemm",
-                        _mma_defines(W.fmt_id, c.x_split, c.w_split, bufs, **({"GEMM_XPLANES": 1} if c.a8 else {})),
+                        _mma_defines(W.fmt_id, c.x_split, bufs, **({"GEMM_XPLANES": 1} if c.a8 else {})),
                         GM_TILE, GM_TILE, _gemm_smem(c.x_split, c.w_split, bufs))
 
 
 class GemmContract(NamedTuple):
-    """What a prefill GEMM of one matrix computes (gemm's precision switches resolved): i8, the
-    integer-dot contract on gemm_i8 / gemm_i8_mma (QX rows); a8, x as the integer-dot planes
-    (GEMM_XPLANES); xb16, x rounded to bf16 first; x_split / w_split, x / W as bf16 hi + lo."""
+    """What a prefill GEMM of one matrix computes (gemm's switches resolved): i8, the integer-dot
+    contract on gemm_i8 / gemm_i8_mma (QX rows); a8, x as the integer-dot planes (GEMM_XPLANES);
+    xb16, x rounded to bf16 first; x_split / w_split, x / W as bf16 hi + lo."""
     i8: bool
     a8: bool
     xb16: bool
@@ -471,17 +463,14 @@ class GemmContract(NamedTuple):
     w_split: bool
 
 
-def gemm_contract(W, precise: bool = True, act_bf16: bool = False, act_quant: bool | None = None,
-                  impl: str = "wg") -> GemmContract:
+def gemm_contract(W, act_bf16: bool = False, act_quant: bool | None = None, impl: str = "wg") -> GemmContract:
     """gemm's contract for W (anything with fmt / in_ / out: a DeviceWeight, cuda_moe.ExpertStore)
-    on the kernels of impl.  precise: x as two bf16 planes (hi + lo split, or the integer-dot
-    contract's two exact code levels), W split where its values are not bf16 numbers; fast: one
-    plane (bf16(x), or the high code level only), W rounded to bf16.  The bf16-activation
+    on the kernels of impl: x as two bf16 planes (hi + lo split, or the integer-dot contract's two
+    exact code levels), W split where its values are not bf16 numbers.  The bf16-activation
     contract's GEMMs take the rounded x as their one plane (a8 off), but gemm_i8's."""
     a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
-    xb16 = precise and act_bf16
-    i8 = a8 and precise and uses_gemm_i8(W, impl)
-    return GemmContract(i8, a8 and not xb16 and not i8, xb16, precise and not xb16, precise and W.fmt not in _W_EXACT_IN_BF16)
+    i8 = a8 and uses_gemm_i8(W, impl)
+    return GemmContract(i8, a8 and not act_bf16 and not i8, act_bf16, not act_bf16, W.fmt not in _W_EXACT_IN_BF16)
 
 
 def mma_operands(c: GemmContract, x, T: int, n_in: int, tag: str = "x", r0: int = 0):
@@ -493,7 +482,7 @@ def mma_operands(c: GemmContract, x, T: int, n_in: int, tag: str = "x", r0: int 
     if c.i8:
         return _qx_rows(x, T, n_in, c.xb16, tag, r0), None
     if c.a8:
-        return _act_quant(x, T * n_in, c.x_split, tag=tag, start=r0 * n_in)
+        return _act_quant(x, T * n_in, tag=tag, start=r0 * n_in)
     return x, None
 
 
@@ -512,7 +501,7 @@ def gemm_i8_smem() -> int:
 
 
 def uses_gemm_i8(W: DeviceWeight, impl: str = "wg") -> bool:
-    """Whether the precise prefill of W on impl's kernels runs on the integer-dot contract's own
+    """Whether the prefill of W on impl's kernels runs on the integer-dot contract's own
     (GEMM_TUNING's "i8"): Q8_0's code bytes against x's two code levels, exact int32 block dots
     (gemm_i8.cu: gemm_i8 on Hopper's int8 wgmma for rows of a multiple of 128 inputs that are not
     on gemm_wra; gemm_i8_mma on the portable path, rows of a multiple of 64)."""
@@ -608,13 +597,12 @@ def _x_planes(kernel: str, x, n: int, with_lo: bool, alloc: int, tag: str = "x",
     return hi, lo
 
 
-def _act_quant(x, n: int, with_lo: bool = True, alloc: int = 0, tag: str = "x", start: int = 0):
+def _act_quant(x, n: int, alloc: int = 0, tag: str = "x", start: int = 0):
     """x[start:n] (f32, rows of a multiple of 32 inputs; start on a row) quantized by the
-    integer-dot contract (gemm_act.cu act_quant) into bf16 planes: (hi = 2^e h, lo = 2^(e-8) l),
-    lo None without with_lo (the fast mode's one-level x)."""
+    integer-dot contract (gemm_act.cu act_quant) into bf16 planes: (hi = 2^e h, lo = 2^(e-8) l)."""
     if n % 32 or start % 32:
         raise ValueError("the integer-dot contract quantizes whole blocks of 32 inputs")
-    return _x_planes("act_quant", x, n, with_lo, alloc, tag, start)
+    return _x_planes("act_quant", x, n, True, alloc, tag, start)
 
 
 def _bf16_planes(x, n: int, with_lo: bool, alloc: int = 0):
@@ -634,11 +622,11 @@ def _wg_ring(tiles: tuple, max_stages: int, stage_bytes) -> tuple[int, int, int]
     return tile, max(3, min(max_stages, fit)), stage
 
 
-def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
+def wgp_geometry(n_out: int, x_split: bool, w_lo: bool) -> tuple[int, int, int]:
     """(rows per block, ring stages, bytes per stage) of gemm_wgp for a matrix of n_out rows
     (GEMM_TUNING's "wgp" entry of its row class: _wg_ring)."""
     e = GEMM_TUNING[("wg", "*", "wide" if n_out >= tuning.GEMM_WIDE_ROWS else "*")]
-    return _wg_ring(e["tiles"], e["stages"], lambda bn: wg_stage_bytes(precise, w_lo, bn))
+    return _wg_ring(e["tiles"], e["stages"], lambda bn: wg_stage_bytes(x_split, w_lo, bn))
 
 
 def wgp_smem(stages: int, stage: int) -> int:
@@ -652,21 +640,21 @@ WRA_PITCH = {"NVFP4": 48, "Q4_K": 48, "Q8_0": 80}  # WRA_PITCH: a row's codes of
 WRA_FORMATS = tuple(WRA_RECORD_BYTES)
 
 
-def wra_stage_bytes(precise: bool, bt: int, fmt: str = "NVFP4") -> int:
+def wra_stage_bytes(x_split: bool, bt: int, fmt: str = "NVFP4") -> int:
     """gemm_wgmma.cu WRA_STAGE_BYTES: the x_hi (| x_lo) tiles of bt tokens x 64 bf16, then the k
     tile's codes (WRA_ROWS rows at WRA_PITCH) and per-row records, rounded up to 1 KB."""
-    return (2 if precise else 1) * bt * 64 * 2 + -(-(WRA_ROWS * (WRA_PITCH[fmt] + WRA_RECORD_BYTES[fmt])) // 1024) * 1024
+    return (2 if x_split else 1) * bt * 64 * 2 + -(-(WRA_ROWS * (WRA_PITCH[fmt] + WRA_RECORD_BYTES[fmt])) // 1024) * 1024
 
 
-def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4", w_split: bool = False) -> tuple[int, int, int]:
+def wra_geometry(n_out: int, x_split: bool, fmt: str = "NVFP4") -> tuple[int, int, int]:
     """(tokens per block, ring stages, bytes per stage) of gemm_wra for a matrix of n_out rows
-    (GEMM_TUNING's "wra" entry of its format and row class: its tiles when x or W is split, its
-    tiles_one_plane when both are one bf16 plane; _wg_ring)."""
+    (GEMM_TUNING's "wra" entry of its format and row class: its tiles when x or W is split (W:
+    where not exact in bf16), its tiles_one_plane when both are one bf16 plane; _wg_ring)."""
     e = GEMM_TUNING.get(("wg", fmt, "wide" if n_out >= tuning.GEMM_WIDE_ROWS else "*"), {})
     if e.get("kernel") != "wra":
         raise ValueError(f"GEMM_TUNING puts no {n_out}-row {fmt} matrix on gemm_wra")
-    tiles = e["tiles"] if precise or w_split else e["tiles_one_plane"]
-    return _wg_ring(tiles, e["stages"], lambda bt: wra_stage_bytes(precise, bt, fmt))
+    tiles = e["tiles"] if x_split or fmt not in _W_EXACT_IN_BF16 else e["tiles_one_plane"]
+    return _wg_ring(tiles, e["stages"], lambda bt: wra_stage_bytes(x_split, bt, fmt))
 
 
 def uses_gemm_wra(W: DeviceWeight) -> bool:

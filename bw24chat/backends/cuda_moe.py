@@ -404,17 +404,17 @@ def group(ids, T: int, k: int, E: int, bm: int) -> Groups:
 
 
 def grouped_gemm(st: ExpertStore, tab, g: Groups, x, out, epilogue: str = "store", gather: bool = False, rows=None,
-                 precise: bool = True, act_bf16: bool = False, tag: str = "x", e0: int = 0, tiles: int | None = None) -> None:
+                 act_bf16: bool = False, tag: str = "x", e0: int = 0, tiles: int | None = None) -> None:
     """out[r] = W_e x[src(r)] for the grouped rows r of every expert e the table ``tab`` of the
     projection ``st`` has (moe_group.cu gemm_grouped / gemm_i8_grouped): src(r) = g.tok[r] with
     gather (x: the chunk's rows), else r (x: grouped rows).  epilogue "swiglu": gate|up rows
     interleaved, out[r, i] = silu(y[2i]) y[2i + 1].  The GEMM contract is lin.gemm's on the
-    portable kernels (impl "mma": gemm_i8_mma for Q8_0's precise prefill, else gemm_mma), so each
+    portable kernels (impl "mma": gemm_i8_mma for Q8_0's prefill, else gemm_mma), so each
     row equals lin.gemm(W_e, ..., impl="mma") bit for bit.  x is prepared (planes / QX rows,
     scratch ``tag``) for x rows [rows[0], rows[1]) (default all: g.n grouped rows, or the chunk's
     x.shape[0]).  e0, tiles: only the tiles of experts e0.. (default all: the bound g.max_tiles;
     a spilled layer's streamed expert: its own ceil(count / bm))."""
-    c = lin.gemm_contract(st, precise, act_bf16, impl="mma")
+    c = lin.gemm_contract(st, act_bf16, impl="mma")
     r0, r1 = rows if rows is not None else (0, x.shape[0] if gather else g.n)
     xop, xl = lin.mma_operands(c, x, r1, st.in_, tag, r0)
     fid = fmt_id(st.fmt)
@@ -433,8 +433,7 @@ def grouped_gemm(st: ExpertStore, tab, g: Groups, x, out, epilogue: str = "store
                         np.int32(st.out), np.int32(st.in_), np.int32(lin.EPILOGUES[epilogue])), shared_mem=smem)
 
 
-def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, precise: bool = True,
-                    act_bf16: bool = False) -> None:
+def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, act_bf16: bool = False) -> None:
     """res (T, D) += sum_j w[t, j] * expert_{ids[t, j]}(h[t]) (ranking order) + shared: the
     chunk's assignments grouped by expert (moe_group), the grouped gate|up (SwiGLU epilogue) and
     down GEMMs, moe_combine through the inverse permutation.  Spilled layers (ex.tiers): the
@@ -457,7 +456,7 @@ def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, pre
         ids_h = cp.asnumpy(ids[:T])  # synchronizes (the router's ids): before the resident pass is queued
         offs = moe_group_ref(ids_h, E, g.bm)[0]
         streamed = ex.tiers.stream(ex, [int(e) for e in np.unique(ids_h)])
-    opts = dict(precise=precise, act_bf16=act_bf16)
+    opts = dict(act_bf16=act_bf16)
     grouped_gemm(ex.gu, ex.gu.table, g, h, act, "swiglu", gather=True, rows=(0, T), tag="moe_x", **opts)
     grouped_gemm(ex.down, ex.down.table, g, act, Y, **opts)
     for e, tab_gu, tab_down in streamed:  # x's planes (tag moe_x) stay as the resident pass made them

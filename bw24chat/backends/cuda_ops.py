@@ -392,54 +392,50 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
              _i32(int(act_bf16))), smem=g.smem)
 
 
-def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True, stages: int = 2) -> int:
+def prefill_smem_bytes(hd: int, kv_type: str, stages: int = 2) -> int:
     """attention_prefill.cu PREFILL_SMEM: stages x tiles x 64 keys x (hd+8) bf16, tiles = K, V,
-    plus K_lo, V_lo for q8_0 / fp8 / f32 caches when precise (two stages: 73728 B at hd=64,
-    139264 B at hd=128: one block per SM there)."""
-    tiles = 4 if (precise and kv_type != "bf16") else 2
+    plus K_lo, V_lo for q8_0 / fp8 / f32 caches (two stages: 73728 B at hd=64, 139264 B at
+    hd=128: one block per SM there)."""
+    tiles = 4 if kv_type != "bf16" else 2
     return stages * tiles * 64 * (hd + 8) * 2
 
 
-def prefill_stages(hd: int, kv_type: str, precise: bool = True) -> int:
+def prefill_stages(hd: int, kv_type: str) -> int:
     """attn_prefill's K/V stages (PREFILL_STAGES): the first of ATTN_PREFILL_STAGES that the
     block's shared memory holds, 2 (the next key block fills while this one is used) or 1 (fill,
-    barrier, use: the same arithmetic in the same order, so the same bits).  One stage is what a
-    precise prefill over a q8_0 / fp8 / f32 cache at head dim 128 fits in on the 99 KB GPUs
-    (sm_86 / sm_89 / sm_120)."""
+    barrier, use: the same arithmetic in the same order, so the same bits).  One stage is what the
+    prefill over a q8_0 / fp8 / f32 cache at head dim 128 fits in on the 99 KB GPUs (sm_86 /
+    sm_89 / sm_120)."""
     limit = kernel_build.smem_block_limit()
-    return next((s for s in ATTN_PREFILL_STAGES if prefill_smem_bytes(hd, kv_type, precise, s) <= limit),
+    return next((s for s in ATTN_PREFILL_STAGES if prefill_smem_bytes(hd, kv_type, s) <= limit),
                 ATTN_PREFILL_STAGES[-1])
 
 
-def attn_prefill_geometry(hd: int, gq: int, kv_type: str, precise: bool = True) -> tuple[dict, int]:
-    """attn_prefill's defines and shared memory for head dim hd, gq query heads per kv head, a
-    kv_type cache and the precise or fast contract (its K/V stages: prefill_stages)."""
-    stages = prefill_stages(hd, kv_type, precise)
-    defines = dict(HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], PREFILL_SPLIT=int(bool(precise)),
-                   **({"PREFILL_STAGES": 1} if stages == 1 else {}))
-    return defines, prefill_smem_bytes(hd, kv_type, precise, stages)
+def attn_prefill_geometry(hd: int, gq: int, kv_type: str) -> tuple[dict, int]:
+    """attn_prefill's defines and shared memory for head dim hd, gq query heads per kv head and a
+    kv_type cache (its K/V stages: prefill_stages)."""
+    stages = prefill_stages(hd, kv_type)
+    defines = dict(HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], **({"PREFILL_STAGES": 1} if stages == 1 else {}))
+    return defines, prefill_smem_bytes(hd, kv_type, stages)
 
 
-def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out,
-                 precise: bool = True) -> None:
+def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out) -> None:
     """Causal prefill attention (tensor cores) for T queries at positions start..start+T-1 over
     keys 0..start+T-1 already in the cache.  q, out: float32 (T', H, hd), T' >= T; cache:
-    kv_cache_alloc; start: host int (prefill is not graph-captured).
-    precise=True (default): Q and P enter the MMAs as split bf16 (hi + lo, PREFILL_SPLIT=1), and
-    for q8_0 / fp8 / f32 caches the exact f32 K and V values too (three MMAs: hi.hi, lo.hi,
-    hi.lo), ~1e-5 from the float64 reference on the stored values for every kv type, close to the
-    f32 decode path; False: plain bf16 Q, P, K and V (PREFILL_SPLIT=0), about half the MMA work,
-    ~2e-3.  Either way rows are bit-identical whatever the chunking."""
+    kv_cache_alloc; start: host int (prefill is not graph-captured).  Q and P enter the MMAs as
+    split bf16 (hi + lo), and for q8_0 / fp8 / f32 caches the exact f32 K and V values too (three
+    MMAs: hi.hi, lo.hi, hi.lo), ~1e-5 from the float64 reference on the stored values for every
+    kv type, close to the f32 decode path.  Rows are bit-identical whatever the chunking."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if T == 0:
         return
     G = H // K
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
-    defines, smem = attn_prefill_geometry(hd, G, kv_type, precise)
+    defines, smem = attn_prefill_geometry(hd, G, kv_type)
     limit = kernel_build.smem_block_limit()
     if smem > limit:
-        raise ValueError(f"attn_prefill: hd={hd} kv={kv_type} precise={precise} needs {smem} B of shared memory "
+        raise ValueError(f"attn_prefill: hd={hd} kv={kv_type} needs {smem} B of shared memory "
                          f"(> {limit} B on this GPU)")
     _launch(get_kernel("attention_prefill", "attn_prefill", **defines), (-(-(T * G) // 64), K), (128,),
             (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),

@@ -200,8 +200,7 @@ class CudaOps(Ops):
             H, hd = s.n_heads, s.head_dim
             out = self.buf("attn", H, hd)
             if not self.decode:
-                ops.attn_prefill(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.start, m, s.scale, out,
-                                 precise=r.precise)
+                ops.attn_prefill(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.start, m, s.scale, out)
                 return dict(x=out.reshape(m, H * hd))
             qa = self.r.buffer("d:qx_attn", m, lin.qx_row_words(H * hd), dtype="u4") \
                 if qx_ok and r.attn_qx and (H * hd) % 32 == 0 else None
@@ -235,7 +234,7 @@ class CudaOps(Ops):
         if self.decode:
             lin.matvec(W, a.pop("x"), out, self.n, epilogue=epilogue, qx_out=qx_out, act_bf16=self.xb16, **a)
         else:
-            lin.gemm(W, a["x"], out, self.n, epilogue=epilogue, precise=self.r.precise, act_bf16=self.xb16)
+            lin.gemm(W, a["x"], out, self.n, epilogue=epilogue, act_bf16=self.xb16)
 
     # ------------------------------------------------------------------ the op set
     def embed(self, table: DeviceWeight, ids):
@@ -334,7 +333,7 @@ class CudaOps(Ops):
         if not self.decode:
             h = self._input(x, matvec=False)["x"]
             run = lambda stream=None: moe.prefill_experts(experts, h, ids, weights, sh, residual, m, k,
-                                                          precise=self.r.precise, act_bf16=self.xb16)
+                                                          act_bf16=self.xb16)
             if experts.tiers is not None:  # spilled: the streamed experts follow the routing, read on the host
                 host_step(run, f"experts of MoE layer {experts.layer}")
             else:  # resident: grouped on the device (moe_group), all launches of the plan
@@ -396,8 +395,7 @@ class CudaRunner:
     state_checkpoints = True  # speculative.make_drafter: a verify's rollback restores a recurrent state exactly
 
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
-                 use_graph: bool = True, progress=None, precise_prefill: bool = True, activations: str = "f32",
-                 tiers=None):
+                 use_graph: bool = True, progress=None, activations: str = "f32", tiers=None):
         import cupy as cp
 
         self.cp = cp
@@ -408,9 +406,6 @@ class CudaRunner:
         self.kv_type = kv_type
         self.prefill_chunk = prefill_chunk
         self.use_graph = use_graph
-        # precise: split-bf16 prefill GEMMs and attention (matches the f32 decode path; the
-        # check gates need it); False: plain bf16 tensor-core prefill, ~2-3x faster
-        self.precise = precise_prefill
         # the matmul inputs' contract, one for prefill and decode (the decode graphs are captured
         # with it): "f32" keeps them exact (prefill and decode logits ~1e-5 apart); "bf16" rounds
         # every product's input to bf16 first (common.cuh bf16_round), as bf16 engines do: one

@@ -197,14 +197,12 @@ def _pow2(e: np.ndarray) -> np.ndarray:
     return ((127 + np.asarray(e)).astype(np.uint32) << np.uint32(23)).view(np.float32)
 
 
-def act_quant_ref(x: np.ndarray, levels: int = 2) -> np.ndarray:
-    """The quantized activations 2^e (h + l / 256) as float32 (exact; levels=1: 2^e h alone, the
-    GEMM's fast mode)."""
+def act_quant_ref(x: np.ndarray) -> np.ndarray:
+    """The quantized activations 2^e (h + l / 256) as float32 (exact)."""
     h, l, e = act_quant_codes(x)
     hb = h.reshape(*h.shape[:-1], -1, ACT_BLOCK).astype(np.float32) * _pow2(e)[..., None]
     lb = l.reshape(hb.shape).astype(np.float32) * _pow2(e - 8)[..., None]
-    v = hb + lb if levels == 2 else hb
-    return v.reshape(h.shape).astype(np.float32)
+    return (hb + lb).reshape(h.shape).astype(np.float32)
 
 
 def e4m3_round(x: np.ndarray) -> np.ndarray:
@@ -423,18 +421,16 @@ def attention_ref(q: np.ndarray, keys: np.ndarray, vals: np.ndarray, positions: 
 
 def bf16x2_split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 x -> (hi, lo) float32 values of bf16 numbers, hi = bf16(x), lo = bf16(x - hi)
-    (x - hi is exact in float32): x - (hi + lo) is within 2^-17 |x| (the prefill's PREFILL_SPLIT)."""
+    (x - hi is exact in float32): x - (hi + lo) is within 2^-17 |x| (the prefill attention's Q and P)."""
     x = np.asarray(x, dtype=np.float32)
     hi = bf16_round(x)
     return hi, bf16_round((x - hi).astype(np.float32))
 
 
 def _mma_operand(x: np.ndarray, operands: str) -> np.ndarray:
-    """What an MMA operand of float32 x contributes: x itself, bf16(x), or hi + lo (bf16x2)."""
+    """What an MMA operand of float32 x contributes: x itself, or hi + lo (bf16x2)."""
     if operands == "f32":
         return np.asarray(x, dtype=np.float32)
-    if operands == "bf16":
-        return bf16_round(x)
     if operands == "bf16x2":
         hi, lo = bf16x2_split(x)
         return hi.astype(np.float64) + lo  # exact sum (the MMAs take the products exactly)
@@ -445,10 +441,10 @@ def attention_flash_ref(q, keys, vals, positions, scale, block: int = 64, operan
     """The same contract computed the way the kernels do (float32, online softmax over key
     blocks at absolute multiples of ``block``, log-sum-exp merge), to show the blockwise
     algebra equals plain softmax attention.  ``operands`` emulates how attn_prefill feeds q and
-    the probabilities p to its MMAs: "f32" (unrounded), "bf16" (PREFILL_SPLIT=0) or "bf16x2"
-    (hi + lo, PREFILL_SPLIT=1); keys and values are used as given (exact bf16 in the kernel; for
-    q8_0 / fp8 / f32 caches with PREFILL_SPLIT=1 the kernel also splits K and V into hi + lo and
-    drops only the lo.lo products; "bf16x2" here models K and V as exact).
+    the probabilities p to its MMAs: "f32" (unrounded) or "bf16x2" (hi + lo, as the kernel); keys
+    and values are used as given (exact bf16 in the kernel; for q8_0 / fp8 / f32 caches the kernel
+    also splits K and V into hi + lo and drops only the lo.lo products; "bf16x2" here models K and
+    V as exact).
     The MMA's own accumulation is modelled as float64 dot products rounded to float32."""
     T, H, hd = q.shape
     K = keys.shape[1]

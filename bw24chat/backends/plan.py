@@ -307,12 +307,12 @@ class PlanRunner:
     """What CudaOps reads of a CudaRunner, with symbolic buffers."""
 
     def __init__(self, args, model_cls, tensors: dict, kv_type: str, n_ctx: int, activations: str,
-                 prefill_chunk: int = 512, precise: bool = True):
+                 prefill_chunk: int = 512):
         from . import cuda_ops as ops
         from .cuda_deltanet import state_shapes
         from .runner import MAX_ROWS
 
-        self.args, self.kv_type, self.n_ctx, self.precise = args, kv_type, n_ctx, precise
+        self.args, self.kv_type, self.n_ctx = args, kv_type, n_ctx
         self.act_bf16 = activations == "bf16"
         self.attn_qx = True
         self.loader = PlanLoader()
@@ -381,7 +381,7 @@ def decode_plan(config: dict, formats: dict, props: GpuProps, m: int = 1, kv_typ
 
 
 def prefill_plan(config: dict, formats: dict, props: GpuProps, T: int = 512, start: int = 0, kv_type: str = "bf16",
-                 activations: str = "f32", precise: bool = True, n_ctx: int = 4096) -> list[Launch]:
+                 activations: str = "f32", n_ctx: int = 4096) -> list[Launch]:
     """The launches of one prefill chunk of ``T`` tokens at position ``start`` (CudaRunner.prefill_plan:
     the GEMMs, their activation and weight preparation, the attention over the cache, the LM
     head on the chunk's last row), as decode_plan plans a decode step."""
@@ -392,13 +392,13 @@ def prefill_plan(config: dict, formats: dict, props: GpuProps, T: int = 512, sta
     args = fam.ModelArgs.from_dict(config)
     with planning(props) as planner:
         r = PlanRunner(args, fam.Model, _tensors(config, formats, fam.Model, args), kv_type, n_ctx, activations,
-                       prefill_chunk=T, precise=precise)
+                       prefill_chunk=T)
         r.model.forward(CudaOps(r, T, decode=False, start=start), r.p_ids[:T])
     return planner.launches
 
 
 def attention_plan(props: GpuProps, n_heads: int, n_kv_heads: int, head_dim: int, kv_type: str, m: int = 1,
-                   T: int = 0, precise: bool = True, n_ctx: int = 4096) -> list[Launch]:
+                   T: int = 0, n_ctx: int = 4096) -> list[Launch]:
     """The attention launch alone: a decode of ``m`` rows (attn_decode; T = 0) or a prefill chunk
     of ``T`` queries at position 0 (attn_prefill) for these heads over a ``kv_type`` cache, on a GPU
     of ``props`` (the attention geometry across GPUs, caches and head shapes, without a model)."""
@@ -411,7 +411,7 @@ def attention_plan(props: GpuProps, n_heads: int, n_kv_heads: int, head_dim: int
         q = SymArray("q", (rows, n_heads, head_dim), np.float32)
         out = SymArray("attn", (rows, n_heads, head_dim), np.float32)
         if T:
-            ops.attn_prefill(q, ck, cv, kv_type, 0, T, head_dim ** -0.5, out, precise=precise)
+            ops.attn_prefill(q, ck, cv, kv_type, 0, T, head_dim ** -0.5, out)
         else:
             ws = SymArray("attn_ws", (ops.attn_decode_workspace_bytes(n_heads, n_kv_heads, head_dim),), np.uint8)
             ops.attn_decode(q, ck, cv, kv_type, SymArray("lengths", (m,), np.int32), m, head_dim ** -0.5, out, ws)
@@ -472,12 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", type=int, metavar="T", help="the plan of a prefill chunk of T tokens instead")
     p.add_argument("--kv-cache", default="bf16")
     p.add_argument("--activations", choices=("f32", "bf16"), default="f32")
-    p.add_argument("--fast", action="store_true", help="prefill: plain bf16 operands (precise=False)")
     a = p.parse_args(argv)
     cfg, formats, gpu = SHAPES[a.shape], {"default": a.format.upper()}, GPUS[a.gpu]
     if a.prefill:
-        plan = prefill_plan(cfg, formats, gpu, a.prefill, kv_type=a.kv_cache, activations=a.activations,
-                            precise=not a.fast)
+        plan = prefill_plan(cfg, formats, gpu, a.prefill, kv_type=a.kv_cache, activations=a.activations)
     else:
         plan = decode_plan(cfg, formats, gpu, a.rows, a.kv_cache, a.activations)
     print(format_plan(plan, cfg["num_hidden_layers"], layer_period(cfg)), end="")

@@ -121,16 +121,17 @@ ATTN_PREFILL_STAGES = (2, 1)
 # - "wra" (gemm_wgmma.cu gemm_wra): the codes decoded into wgmma's register operand, no
 #   dequantization pass — the wide NVFP4 / Q4_K / Q8_0 matrices (the 4096-row ones measured faster on
 #   the pass: too little tensor work per k tile to hide the decoding); tiles of 256 tokens when x or
-#   W is split in bf16 hi + lo, "tiles_one_plane" when both are one plane;
-# - "i8" (gemm_i8.cu: gemm_i8 on Hopper's int8 wgmma, gemm_i8_mma on mma.sync): Q8_0 under the precise
+#   W is split in bf16 hi + lo, "tiles_one_plane" when both are one plane (NVFP4 under the
+#   bf16-activation contract);
+# - "i8" (gemm_i8.cu: gemm_i8 on Hopper's int8 wgmma, gemm_i8_mma on mma.sync): Q8_0 under the
 #   integer-dot contract, exact int32 block dots (measured faster than the bf16 split on Hopper; the
 #   same rows as the decode's on the portable kernels, where the split left them 1.6e-5 to 4.2e-5
-#   apart); the fast contract takes the format-agnostic entry of the row class;
+#   apart);
 # - "wgp" (gemm_wgmma.cu gemm_wgp, weights dequantized to bf16 a row block at a time): "tiles" the
 #   weight rows per block, the first whose 3-stage ring fits (256-row tiles leave SMs idle on the
 #   4096-row matrices), a ring as deep as fits up to "stages";
 # - "mma" (gemm_mma.cu): "bufs", its k-tile buffers, the first that fits (one on the 99 KB GPUs'
-#   precise kernels: the same order of MMAs, one more barrier per k tile).
+#   kernels with x or W split: the same order of MMAs, one more barrier per k tile).
 # A matrix a kernel cannot take (gemm_wra and the portable gemm_i8_mma need whole 64-input k tiles,
 # gemm_i8 128; gemm_wgp 16-byte rows: a multiple of 8 inputs) takes the next entry that can, in
 # the order (format, row class), (format, *), (*, row class), (*, *); on "wg" the portable gemm last.

@@ -134,7 +134,7 @@ def test_gemm_bf16_contract_matches_reference_and_decode(cp, rng, fmt, impl):
 @pytest.mark.parametrize("fmt", ["NVFP4", "Q4_K", "Q8_0"])
 def test_wide_gemm_bf16_contract_on_gemm_wra(cp, rng, fmt):
     """The wide matrices' register-operand GEMM (gemm_wra on sm_90a) under the contract: x one
-    plane, W_hi + W_lo registers for Q4_K / Q8_0 (GEMM_WSPLIT)."""
+    plane, W_hi + W_lo registers for Q4_K / Q8_0 (gemm_wgmma.cu WRA_WLO)."""
     from bw24chat.backends import cuda_linear as cl
 
     if "wg" not in impls():

@@ -229,19 +229,19 @@ def test_moe_group_matches_reference(cp, rng, T, k, E, bm, one):
     assert int(g.toff[E].get()) <= g.max_tiles
 
 
-def _per_expert_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16, impl="mma"):
+def _per_expert_prefill(cp, ex, h, ids, w, shared, res, act_bf16=False, impl="mma"):
     from bw24chat.kernel_checks import per_expert_prefill
 
-    return per_expert_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16, impl)
+    return per_expert_prefill(cp, ex, h, ids, w, shared, res, act_bf16, impl)
 
 
-def _grouped_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16):
+def _grouped_prefill(cp, ex, h, ids, w, shared, res, act_bf16=False):
     from bw24chat.backends import cuda_moe
 
     T, k = ids.shape
     out = cp.asarray(res)
     cuda_moe.prefill_experts(ex, cp.asarray(h), cp.asarray(ids), cp.asarray(w), cp.asarray(shared), out, T, k,
-                             precise=precise, act_bf16=act_bf16)
+                             act_bf16=act_bf16)
     return out.get()
 
 
@@ -267,12 +267,11 @@ def _same_bits(a, b):
 # K-quants need rows of whole 256-blocks, NVFP4 of 64 (the repacked layout)
 GROUPED_FORMATS = [("BF16", 96), ("F16", 96), ("Q8_0", 96), ("Q8_0", 128), ("Q4_0", 96), ("Q4_1", 96), ("Q5_0", 96),
                    ("Q5_1", 96), ("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256), ("NVFP4", 192)]
-MODES = [(True, False), (False, False), (True, True)]  # (precise, act_bf16): default, fast, bf16 activations
 
 
-@pytest.mark.parametrize("precise,act_bf16", MODES, ids=["precise", "fast", "bf16-x"])
+@pytest.mark.parametrize("act_bf16", [False, True], ids=["f32-x", "bf16-x"])
 @pytest.mark.parametrize("fmt,F", GROUPED_FORMATS)
-def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, precise, act_bf16):
+def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, act_bf16):
     """The grouped prefill (moe_group + gemm_grouped / gemm_i8_grouped + moe_combine) = the
     per-expert lin.gemm path on the portable kernels (impl "mma") bit for bit; and one launch per
     expert (the spilled path's e0 / tiles launches) = one launch for all."""
@@ -281,8 +280,8 @@ def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, precise, act_b
 
     E, D, T, k = 7, 256, 37, 3
     ex, (h, ids, w, shared, res) = _layer(rng, fmt, E, F, D, T, k, skip=(0,))
-    want = _per_expert_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16)
-    got = _grouped_prefill(cp, ex, h, ids, w, shared, res, precise, act_bf16)
+    want = _per_expert_prefill(cp, ex, h, ids, w, shared, res, act_bf16)
+    got = _grouped_prefill(cp, ex, h, ids, w, shared, res, act_bf16)
     assert _same_bits(got, want)
 
     # the streamed launches of a spilled layer: expert by expert, its own tiles only
@@ -290,7 +289,7 @@ def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, precise, act_b
     offs = moe_group_ref(ids, E, g.bm)[0]
     act = cp.full((T * k, F), np.nan, cp.float32)
     Y = cp.full((T * k, D), np.nan, cp.float32)
-    hd, opts = cp.asarray(h), dict(precise=precise, act_bf16=act_bf16)
+    hd, opts = cp.asarray(h), dict(act_bf16=act_bf16)
     for e in range(E):
         r0, r1 = int(offs[e]), int(offs[e + 1])
         if r1 > r0:
@@ -312,12 +311,12 @@ def test_grouped_prefill_one_expert_on_every_row(cp, rng, fmt, monkeypatch):
     from bw24chat.backends import cuda_moe
 
     ex, args = _layer(rng, fmt, 16, 256, 256, 300, 4, one=3)
-    want = _per_expert_prefill(cp, ex, *args, True, False)
+    want = _per_expert_prefill(cp, ex, *args)
     for bm in (64, 128):
         monkeypatch.setattr(cuda_moe, "group_tile", lambda n, E, bm=bm: bm)
-        assert _same_bits(_grouped_prefill(cp, ex, *args, True, False), want), bm
+        assert _same_bits(_grouped_prefill(cp, ex, *args), want), bm
     monkeypatch.setattr(lin, "gemm_bufs", lambda x_split, w_split, bm=lin.GM_TILE: 1)
-    assert _same_bits(_grouped_prefill(cp, ex, *args, True, False), want)
+    assert _same_bits(_grouped_prefill(cp, ex, *args), want)
 
 
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
@@ -330,9 +329,9 @@ def test_grouped_prefill_qwen3_30b_layer(cp, rng, fmt):
     from bw24chat.backends import cuda_linear as lin
 
     ex, args = _layer(rng, fmt, 128, 768, 2048, 512, 8)
-    got = _grouped_prefill(cp, ex, *args, True, False)
-    assert _same_bits(got, _per_expert_prefill(cp, ex, *args, True, False))
-    prod = _per_expert_prefill(cp, ex, *args, True, False, impl=None)
+    got = _grouped_prefill(cp, ex, *args)
+    assert _same_bits(got, _per_expert_prefill(cp, ex, *args))
+    prod = _per_expert_prefill(cp, ex, *args, impl=None)
     if fmt == "Q8_0" or lin.gemm_impl() == "mma":
         assert _same_bits(got, prod)
     else:
