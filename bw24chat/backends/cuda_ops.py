@@ -25,6 +25,7 @@ KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2, "f32": 3}
 KV_NONE = 255  # rope.cu: no cache write
 DECODE_MAX_ROWS = 8
 DECODE_TILE = 32
+KV_PAGE = 64  # positions per block of a paged KV pool (attention_common.cuh KV_PAGE; every attention tile divides it)
 SAMPLE_PARAM_WORDS = 16
 _M64 = (1 << 64) - 1
 
@@ -141,7 +142,7 @@ def fullnorm_geometry(H: int, K: int) -> tuple[int, int]:
 
 def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
                           rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None,
-                          qk_norm: str = "head", q_gated: bool = False) -> None:
+                          qk_norm: str = "head", q_gated: bool = False, cache_rows=None) -> None:
     """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
 
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
@@ -155,7 +156,9 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     buffer (their row strides are passed); bias: optional float32 ((H+2K)*hd,) q|k|v biases added
     first (v is then updated in place too); q_out: optional contiguous float32 (T, H, hd) that
     receives the rotated q instead of q itself.  q_gated: q's heads lie 2 hd apart, each followed by
-    its output gate (ops.AttentionSpec.output_gate; rope.cu Q_GATED): q_out is then required."""
+    its output gate (ops.AttentionSpec.output_gate; rope.cu Q_GATED): q_out is then required.
+    cache_rows: optional int32 (T,) device array, the cache row of each token instead of its
+    position (a paged pool: kernel_refs.paged_rows); the rotation still uses positions_dev."""
     T, H, hd = q.shape
     K = k.shape[1]
     for a, head in ((q, hd * (2 if q_gated else 1)), (k, hd), (v, hd)):  # a stride over one head
@@ -184,7 +187,8 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     cv = cache_v if kv_type is not None else q
     args = (q, k, v, qn, kn, _f32(eps), cos, sin, positions_dev, _i32(rot_dim), _i32(T), _i32(H), _i32(K), ck, cv,
             _i32(n_ctx), _i32(q.strides[0] // 4), _i32(k.strides[0] // 4), _i32(v.strides[0] // 4),
-            bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0))
+            bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0),
+            cache_rows if cache_rows is not None else np.uint64(0))
     if full:
         nw, spw = fullnorm_geometry(H, K)
         kern = get_kernel("rope", "qk_fullnorm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"), QK_NORM=2,
@@ -318,7 +322,8 @@ def _decode_smem(hd: int, gq: int, kv_type: str, cluster: int = 0) -> int:
 
 
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
-                max_rows: int = DECODE_MAX_ROWS, qx_out=None, act_bf16: bool = False) -> None:
+                max_rows: int = DECODE_MAX_ROWS, qx_out=None, act_bf16: bool = False, tables=None,
+                table_stride: int = 0) -> None:
     """Split-K decode attention for m (1..max_rows) query rows.
 
     q (m', H, hd) float32 with m' >= m (rows 0..m-1 used); row r attends keys 0..lengths_dev[r]-1
@@ -327,7 +332,11 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
     (zeroed once at allocation); scale: softmax scale (1/sqrt(hd)).  qx_out (uint32 [m', qx_row_words(H
     * hd)], attention_merge.cuh ATTN_QX): also the o projection's QX codes of the outputs (of their
-    bf16 roundings with act_bf16), for its matvec's prologue "qx"."""
+    bf16 roundings with act_bf16), for its matvec's prologue "qx".  tables (int32 device array,
+    row r's block table at r * table_stride): the cache is a paged pool of KV_PAGE-position
+    blocks (attention_common.cuh KV_PAGE; kernel_refs.paged_rows); each row's bits are those of
+    the contiguous cache holding the same keys (max_rows too changes only the workspace layout
+    and when the newest keys are fetched, never a value)."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if not 1 <= m <= max_rows:
@@ -351,6 +360,8 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
         if (H * hd) % 32:
             raise ValueError("the QX codes cover whole 32-value blocks")
         extra["ATTN_QX"] = 1
+    if tables is not None:
+        extra["KV_PAGE"] = KV_PAGE
     cluster = attn_decode_cluster(tc)
     if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (ATTN_CLUSTER)
         extra["ATTN_CLUSTER"] = cluster
@@ -369,7 +380,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     _launch(kern, (m, ms, K * nsg), (128 * halves,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt, qx_out if qx_out is not None else np.uint64(0),
-             _i32(int(act_bf16))),
+             _i32(int(act_bf16)), tables if tables is not None else np.uint64(0), _i32(table_stride)),
             smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type, cluster))
 
 
@@ -390,7 +401,7 @@ def prefill_stages(hd: int, kv_type: str, precise: bool = True) -> int:
 
 
 def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out,
-                 precise: bool = True) -> None:
+                 precise: bool = True, table=None) -> None:
     """Causal prefill attention (tensor cores) for T queries at positions start..start+T-1 over
     keys 0..start+T-1 already in the cache.  q, out: float32 (T', H, hd), T' >= T; cache:
     kv_cache_alloc; start: host int (prefill is not graph-captured).
@@ -398,7 +409,9 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
     for q8_0 / fp8 / f32 caches the exact f32 K and V values too (three MMAs: hi.hi, lo.hi,
     hi.lo), ~1e-5 from the float64 reference on the stored values for every kv type, close to the
     f32 decode path; False: plain bf16 Q, P, K and V (PREFILL_SPLIT=0), about half the MMA work,
-    ~2e-3.  Either way rows are bit-identical whatever the chunking."""
+    ~2e-3.  Either way rows are bit-identical whatever the chunking.  table (int32 device array):
+    the sequence's block table in a paged pool of KV_PAGE-position blocks (attn_decode's tables);
+    the same bits as the contiguous cache holding the same keys."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if T == 0:
@@ -407,7 +420,8 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
     stages = prefill_stages(hd, kv_type, precise)
     kern = get_kernel("attention_prefill", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type],
-                      PREFILL_SPLIT=int(bool(precise)), **({"PREFILL_STAGES": 1} if stages == 1 else {}))
+                      PREFILL_SPLIT=int(bool(precise)), **({"PREFILL_STAGES": 1} if stages == 1 else {}),
+                      **({"KV_PAGE": KV_PAGE} if table is not None else {}))
     smem = prefill_smem_bytes(hd, kv_type, precise, stages)
     limit = kernel_build.smem_block_limit()
     if smem > limit:
@@ -415,7 +429,7 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
                          f"(> {limit} B on this GPU)")
     _launch(kern, (-(-(T * G) // 64), K), (128,),
             (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),
-             _f32(scale * math.log2(math.e)), out), smem=smem)
+             _f32(scale * math.log2(math.e)), out, table if table is not None else np.uint64(0)), smem=smem)
 
 
 # ============================================================================ sampling.cu
