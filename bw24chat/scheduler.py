@@ -168,7 +168,13 @@ class Scheduler:
             for seq in self.failed:
                 self._end(seq, "error", notify=False)
             raise
-        logits = self.runner.last_logits()
+        fetched: list = []  # the step's logits, read from the runner only if a token's are wanted (logprobs)
+
+        def logits_row(i: int):
+            if not fetched:
+                fetched.append(self.runner.last_logits())
+            return fetched[0][i]
+
         now = time.perf_counter()
         self.steps += 1
         self.last_batch = len(work)
@@ -191,7 +197,7 @@ class Scheduler:
             if tokens and seq.t_first is None:
                 seq.t_first = now
             for i, tok in enumerate(tokens):
-                if not seq.out.feed(tok, lambda i=first_row + i: logits[i]):
+                if not seq.out.feed(tok, lambda i=first_row + i: logits_row(i)):
                     self._end(seq, seq.out.finish)
                     break
                 seq.ids.append(tok)
