@@ -195,7 +195,9 @@ class BatchStep:
         o.cache_k, o.cache_v = self.pool_k, self.pool_v
         o.kv_tables = self.d_i32[(_HDR + r0 * self.row_bytes + _TABLE) // 4:]
         o.table_stride = self.row_bytes // 4
-        o.attn_ws, o.attn_rows = self.attn_ws, rows  # every key this pass writes is among each row's last `rows`
+        # one workspace layout for every bucket (its arrival counters must stay where the last launch
+        # zeroed them); every key a pass writes is among each row's last PASS_ROWS
+        o.attn_ws, o.attn_rows = self.attn_ws, PASS_ROWS
         return o
 
     def _prefill_ops(self, T: int, start: int):
@@ -274,6 +276,13 @@ class BatchStep:
         if len(ring):
             h[(base + _RING) // 4:(base + _RING) // 4 + len(ring)] = ring
         h[(base + _TABLE) // 4:(base + _TABLE) // 4 + len(table)] = table
+
+    def warmup(self) -> None:
+        """Compile the paged kernels and capture the one-row pass (positions 0..2 of block 0, which
+        a sequence overwrites before it reads them)."""
+        greedy, t = SamplingParams(temperature=0), np.zeros(1, np.int32)
+        self.step([SeqWork(np.array([0, 1]), 0, t, True, greedy)])
+        self.step([SeqWork(np.array([0]), 2, t, False, greedy)])
 
     # ------------------------------------------------------------------ the step
     def step(self, work: list[SeqWork]) -> list[list[int]]:

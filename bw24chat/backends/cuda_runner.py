@@ -29,6 +29,10 @@ Prefill (chunks of ``prefill_chunk`` tokens) runs the GEMMs on tensor cores and 
 over the cache; it differs from decode by rounding only (``bw24chat check`` compares argmax and
 reports near-ties).
 
+Batched steps (backends/runner.py: batch_step; continuous batching, scheduler.py) run in
+cuda_batch.py over a paged KV pool beside the sequence cache: the same op set (CudaOps bound to
+the pool's cache rows and block tables), the same kernels, each sequence's bits its solo run's.
+
 Hybrid models (gated DeltaNet layers: models/qwen3_next.py) add a recurrent state per sequence
 (cuda_deltanet.py) that a pass advances and that cannot be truncated like the KV cache: a decode
 step's kernels also write the state before each row into a checkpoint slot, so that rollback to
@@ -756,6 +760,7 @@ class CudaRunner:
 
         self.batch = None  # the old pool's memory first
         self.batch = cuda_batch.BatchStep(self, n_blocks)
+        self.batch.warmup()
 
     def batch_step(self, work) -> list[list[int]]:
         """One batched step over the pool (runner.py: batch_step; cuda_batch.BatchStep.step)."""
