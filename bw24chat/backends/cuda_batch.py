@@ -242,7 +242,8 @@ class BatchStep:
 
     def _run_pass(self, rows: int) -> None:
         """H2D image -> the pass -> D2H sampled tokens: the bucket's graph (captured at its first
-        use, after one eager walk that allocates the buffers), or eagerly."""
+        use, after one eager walk: the first launches load the kernels; the walk computes the
+        same values the graph then computes again), or eagerly."""
         r = self.r
         plan = self.plan(rows)
         with r.stream:
