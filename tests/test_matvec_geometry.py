@@ -199,7 +199,13 @@ def test_wide_matrices_fill_the_multiprocessors_with_three_rows_per_warp(monkeyp
     assert geometry((8448, 4096))[:2] == (4, 16)  # 132 tiles of 64 rows fill them already
     assert geometry((9000, 4096))[:2] == (4, 16)  # 188 tiles of 48 rows would need a second round
     assert geometry(QKV, m=2)[0] != 3
-    monkeypatch.setattr(cl, "_simt_defines", lambda W, m, a8: {"MV_R": 3})
+    # a plain BF16 / F32 output of at most FEW_ROWS rows (an MoE router's) takes one row per warp;
+    # a gate|up that small (tiny models, a MoE's small shared expert) keeps row pairs under swiglu
+    for fmt in ("BF16", "F32"):
+        W = types.SimpleNamespace(fmt=fmt, out=512, in_=256)
+        assert cl._simt_geometry(W, 1, False, rms)[1] == 1
+        assert cl._simt_geometry(W, 1, False, rms, swiglu=True)[1] % 2 == 0
+    monkeypatch.setattr(cl, "_simt_defines", lambda W, m, a8, swiglu=False: {"MV_R": 3})
     with pytest.raises(ValueError, match="pairs rows"):
         geometry(GATE_UP, swiglu=True)
 

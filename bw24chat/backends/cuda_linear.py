@@ -259,16 +259,17 @@ def shape_class(out: int, in_: int) -> str:
     return "mid" if out <= 2 * A8_SMALL_ROWS else "wide"
 
 
-def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False) -> dict:
+def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False, swiglu: bool = False) -> dict:
     """matvec.cu's compile-time geometry for W at m rows: MATVEC_TUNING's entry at one row,
-    MATVEC_ROWS_TUNING's SIMT entry at more (a copy)."""
+    MATVEC_ROWS_TUNING's SIMT entry at more (a copy).  The "few" class (one row per warp) is a
+    plain output's only: a swiglu epilogue pairs rows inside a warp."""
     if W is None:
         return {}
     if m != 1:
         e = _rows_entry(W, a8)
         return {} if e.get("impl") else dict(e)
     cls = shape_class(W.out, W.in_)
-    if W.out <= FEW_ROWS and (a8, W.fmt, "few") in MATVEC_TUNING:
+    if W.out <= FEW_ROWS and not swiglu and (a8, W.fmt, "few") in MATVEC_TUNING:
         cls = "few"
     key = (a8, W.fmt, cls) if (a8, W.fmt, cls) in MATVEC_TUNING else (a8, "*", cls)
     return dict(MATVEC_TUNING.get(key, {}))
@@ -294,7 +295,7 @@ def _warps_per_block(defs: dict, pro: int) -> int:
 def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int, swiglu: bool = False) -> tuple[dict, int, int]:
     """(defines, rows per warp, warps per block) of matvec.cu for this call; swiglu: the call's
     epilogue pairs rows (2i, 2i+1) inside a warp, so the rows per warp stay even."""
-    defs = _simt_defines(W, m, a8)
+    defs = _simt_defines(W, m, a8, swiglu)
     rows = defs.pop("MV_R", MV_R)
     nw = _warps_per_block(defs, pro)
     if rows == 4 and not swiglu and m == 1:
