@@ -25,7 +25,7 @@ def ref_input(x, pro, in_, norm_w, fmt):
 def geometry(monkeypatch, **override):
     """The following matvecs with the wrapper's picked geometry (cuda_linear._simt_defines)
     overridden: a production build of another shape (e.g. MV_NW=16, MV_R=4, MV_STEADY=0)."""
-    monkeypatch.setattr(cl, "_simt_defines", lambda W=None, m=1, a8=False: {**_PICKED(W, m, a8), **override})
+    monkeypatch.setattr(cl, "_simt_defines", lambda W=None, m=1, a8=False, swiglu=False: {**_PICKED(W, m, a8, swiglu), **override})
 
 
 def tiles_per_block(monkeypatch, cap):
