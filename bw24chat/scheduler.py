@@ -36,7 +36,7 @@ import numpy as np
 from .api import SamplingParams
 from .backends.runner import SeqWork, max_batch
 from .generate import Output
-from .kv_pages import KVPages
+from .kv_pages import KVPages, min_pool_blocks
 from .speculative import Drafter, DraftLength, SpecCounters
 
 DEFAULT_STEP_TOKENS = 256
@@ -107,7 +107,7 @@ class Scheduler:
         if self.max_batch < 1:
             raise ValueError("a batch of at least one sequence")
         bs = runner.block_size
-        n_blocks = max(n_blocks, -(-runner.n_ctx // bs) + 1)  # the oldest sequence can always reach the context's end
+        n_blocks = max(n_blocks, min_pool_blocks(runner.n_ctx, bs))
         runner.init_kv_pool(n_blocks)
         self.pages = KVPages(n_blocks, bs, share_prefixes)
         self.step_tokens = max(step_tokens, 1)

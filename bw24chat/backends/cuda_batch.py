@@ -60,6 +60,20 @@ def block_bytes(runner) -> int:
     return 2 * runner.model.n_kv_layers * kv_cache_nbytes(runner.kv_type, ops.KV_PAGE, a.num_key_value_heads, a.head_dim)
 
 
+def step_bytes(runner, rows: int = PASS_ROWS) -> int:
+    """VRAM a BatchStep of ``runner`` takes beside its pool's blocks, for steps of up to ``rows``
+    decode rows: the scratch block, the pass's buffers (the one-row step's decode buffers, which
+    ``runner.warmup`` allocated, scaled to PASS_ROWS rows), logits, attention workspace and step
+    image, and the logits copies of all but a step's last pass."""
+    a, V = runner.args, runner.args.vocab_size
+    decode = sum(b.nbytes for (name, *_), b in runner._bufs.items() if name.startswith("d:") and not name.startswith("d:mtp."))
+    image = _HDR + PASS_ROWS * (_TABLE + 4 * -(-runner.n_ctx // ops.KV_PAGE) + 16)
+    copies = (max(rows, 1) - 1) // PASS_ROWS * PASS_ROWS
+    return (block_bytes(runner) + decode * PASS_ROWS // MAX_ROWS + (PASS_ROWS + copies) * V * 4 + image
+            + ops.attn_decode_workspace_bytes(a.num_attention_heads, a.num_key_value_heads, a.head_dim, PASS_ROWS)
+            + 4 * (runner.prefill_chunk + -(-runner.n_ctx // ops.KV_PAGE)))
+
+
 def bucket(rows: int) -> int:
     """The graph a pass of ``rows`` decode rows replays: exact up to MAX_ROWS, else the next
     multiple of MAX_ROWS (padding rows cost their compute, never a value of the others)."""

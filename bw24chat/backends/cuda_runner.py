@@ -492,6 +492,7 @@ class CudaRunner:
         self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
         self._hidden: list = []  # the trunk's last-layer rows of the last prefill / step, per pass (last_hidden)
         self.batch = None  # init_kv_pool: the paged pool and the batched step (cuda_batch.py)
+        self.pool_budget: int | None = None  # kv_pool_room's cap: what the fit left of a VRAM budget
         self._init_mtp(checkpoint)
         # Everything above was allocated, zeroed and uploaded on the legacy default stream, which
         # the runner's non-blocking stream does not wait for: finish it before the first step
@@ -754,13 +755,24 @@ class CudaRunner:
 
         return cuda_batch.block_bytes(self)
 
+    def kv_pool_room(self, step_rows: int) -> tuple[int, str]:
+        """Bytes of VRAM the pool's blocks may take now, before the pool exists (runner.py), and
+        where that figure comes from (pool_room): what is free after the weights, the cache and
+        the warm-up, capped by what the fit before loading left of the budget (``pool_budget``,
+        make_cuda_runner), less the batched step's own buffers (cuda_batch.step_bytes)."""
+        from . import cuda_batch
+
+        free = self.cp.cuda.runtime.memGetInfo()[0] + self.cp.get_default_memory_pool().free_bytes()
+        return pool_room(free, self.pool_budget, cuda_batch.step_bytes(self, step_rows), self.n_ctx)
+
     def init_kv_pool(self, n_blocks: int) -> None:
         """The paged pool of batched steps (cuda_batch.BatchStep), beside the sequence cache."""
         from . import cuda_batch
 
         self.batch = None  # the old pool's memory first
-        self.batch = cuda_batch.BatchStep(self, n_blocks)
-        self.batch.warmup()
+        batch = cuda_batch.BatchStep(self, n_blocks)
+        batch.warmup()
+        self.batch = batch  # (only a pool that warmed up: one that ran out of memory is let go)
 
     def batch_step(self, work) -> list[list[int]]:
         """One batched step over the pool (runner.py: batch_step; cuda_batch.BatchStep.step)."""
@@ -983,14 +995,35 @@ KV_BYTES_PER_VALUE = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0, "f32": 4.0}
 RESERVE_BYTES = (3 << 29) + lin.WGP_SCRATCH_BYTES
 
 
+def kv_token_bytes(n_layers: int, n_kv: int, head_dim: int, kv_type: str) -> float:
+    """Bytes of K and V per position over every layer (an fp8 row adds its f32 scale)."""
+    return 2 * n_layers * n_kv * (head_dim * KV_BYTES_PER_VALUE[kv_type] + (4 if kv_type == "fp8" else 0))
+
+
 def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: int, n_layers: int, n_kv: int,
                 head_dim: int, kv_type: str) -> int:
     """The context the KV cache can hold: the request (or the model's maximum) capped by what is
-    left of the VRAM budget after the weights and a reserve, in multiples of 256 (at least 256)."""
+    left of the VRAM budget after the weights and a reserve, in multiples of 256 (at least 256).
+    The context comes first: batched decoding's pool takes what is left after it (pool_room)."""
     want = min(requested or max_ctx, max_ctx)
-    per_token = 2 * n_layers * n_kv * (head_dim * KV_BYTES_PER_VALUE[kv_type] + (4 if kv_type == "fp8" else 0))
-    fits = int((budget_bytes - weight_bytes - RESERVE_BYTES) // per_token)
+    fits = int((budget_bytes - weight_bytes - RESERVE_BYTES) // kv_token_bytes(n_layers, n_kv, head_dim, kv_type))
     return max(256, min(want, fits) // 256 * 256) if fits < want else want
+
+
+def pool_room(free: int, budget_left: int | None, step_bytes: int, n_ctx: int) -> tuple[int, str]:
+    """Bytes batched decoding's pool blocks may take, and where the figure comes from: ``free``
+    bytes of VRAM now (after the weights, the context's cache and the warm-up), of which the engine
+    keeps RESERVE_BYTES free as fit_context keeps them of the budget, capped by ``budget_left`` (a
+    --vram-budget less the weights, the cache and the reserve; None: no budget), less
+    ``step_bytes`` for the batched step's own buffers."""
+    gib = 2**30
+    room = free - RESERVE_BYTES
+    why = (f"{free / gib:.2f} GiB of VRAM free after the model and its {n_ctx}-token cache, less the engine's "
+           f"{RESERVE_BYTES / gib:.2f} GiB reserve")
+    if budget_left is not None and budget_left < room:
+        room = budget_left
+        why = f"the VRAM budget leaves {budget_left / gib:.2f} GiB after the model, its {n_ctx}-token cache and the reserve"
+    return room - step_bytes, f"{why} and {step_bytes / gib:.2f} GiB for the batched step's buffers"
 
 
 def check_fits(name: str, weight_bytes: int, budget_bytes: int) -> None:
@@ -1036,6 +1069,9 @@ def make_cuda_runner(checkpoint, options, report, tiers=None):
         report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))
     runner = CudaRunner(checkpoint, n_ctx, options.kv_cache, progress=lambda f: report(LoadProgress("uploading", f)),
                         activations=options.activations, tiers=tiers)
+    if options.vram_budget_gb:  # the budget caps batched decoding's pool too (kv_pool_room)
+        kv = kv_token_bytes(a.num_hidden_layers - sum(linear), a.num_key_value_heads, a.head_dim, options.kv_cache)
+        runner.pool_budget = int(budget - weights - RESERVE_BYTES - kv * runner.n_ctx)
     report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
     runner.warmup()
     report(LoadProgress("compiling", 1.0))

@@ -172,3 +172,104 @@ def test_batched_graph_equals_eager(cp):
         outs.append((toks, r.last_logits()))
     assert outs[0][0] == outs[1][0]
     assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
+
+
+# ----------------------------------------------------------------------------- the pool's memory
+def test_step_bytes_bounds_what_the_batched_step_allocates(cp):
+    """cuda_batch.step_bytes (what the engine keeps free for the batched step beside the pool's
+    blocks) covers every byte a pool and its steps take from CuPy: warm-up, a full pass of
+    PASS_ROWS decode rows and a step of more rows than one pass (the logits copies)."""
+    from bw24chat.api import SamplingParams
+    from bw24chat.backends import cuda_batch
+    from bw24chat.backends.runner import SeqWork
+    from bw24chat.check import batch_prompts, batch_runner
+
+    make_runner, _, _ = batch_runner("cuda", kv="q8_0")
+    r = make_runner()
+    r.warmup()
+    # the prefill's grow-only scratch at the prompts' length first: it is the reserve's, not the step's
+    r.prefill(np.arange(96, dtype=np.int64), 0, SamplingParams(temperature=0))
+    pool = cp.get_default_memory_pool()
+    rows = cuda_batch.PASS_ROWS + 9
+    n_blocks = 2 * rows
+    cp.cuda.runtime.deviceSynchronize()
+    before, free_before = pool.used_bytes(), cp.cuda.runtime.memGetInfo()[0]
+    predicted = cuda_batch.step_bytes(r, rows) + n_blocks * r.kv_block_bytes()
+    r.init_kv_pool(n_blocks)
+    sp = SamplingParams(temperature=0.7, seed=5)
+    prompts = batch_prompts(rows, r.vocab_size)
+    work = []
+    for i, p in enumerate(prompts[:cuda_batch.MAX_BATCH]):
+        table = np.array([2 * i, 2 * i + 1], np.int32)
+        r.batch_step([SeqWork(np.asarray(p[:40]), 0, table, True)])
+        work.append((table, p[:40]))
+    peak = pool.used_bytes()
+    step = [SeqWork(np.asarray([p[-1]]), len(p) - 1, t, False, sp, seed=i, history=p[:-1]) for i, (t, p) in enumerate(work)]
+    r.batch_step(step)  # one pass of PASS_ROWS rows (MAX_BATCH sequences)
+    peak = max(peak, pool.used_bytes())
+    t, p = work[0]  # a verify of 9 rows beside them: more than one pass
+    step[0] = SeqWork(np.asarray([p[-1]] * 10), len(p) - 1, t, False, sp, history=p[:-1], sample_all=True)
+    r.batch_step(step)
+    peak = max(peak, pool.used_bytes())
+    cp.cuda.runtime.deviceSynchronize()
+    used = peak - before
+    assert used <= predicted, (used, predicted, free_before - cp.cuda.runtime.memGetInfo()[0])
+
+
+def _engine_at_budget(extra: int, **kw):
+    """An engine over the synthetic tiny model (make_cuda_runner, as open_engine loads one) at a
+    --vram-budget of what the fit reserves for the model and a 512-token cache plus ``extra`` bytes."""
+    from bw24chat.backends.cuda_runner import RESERVE_BYTES, kv_token_bytes, make_cuda_runner
+    from bw24chat.check import word_tokenizer
+    from bw24chat.engine import Engine
+    from bw24chat.options import EngineOptions
+    from bw24chat.synthetic import SHAPES, synthetic_checkpoint
+
+    a, n_ctx = SHAPES["tiny"], 512
+    ck = synthetic_checkpoint("tiny", "Q8_0")
+    ck.tokenizer = word_tokenizer(a["vocab_size"])
+    cache = kv_token_bytes(a["num_hidden_layers"], a["num_key_value_heads"], a["head_dim"], "bf16") * n_ctx
+    options = EngineOptions(n_ctx=n_ctx, vram_budget_gb=(ck.nbytes + RESERVE_BYTES + cache + extra) / 2**30)
+    runner, name = make_cuda_runner(ck, options, lambda p: None)
+    return Engine(ck, runner, "cuda", name, "test", **kw)
+
+
+def _greedy_reply(engine) -> tuple[str, object]:
+    from bw24chat.api import GenerationRequest, SamplingParams
+
+    return engine.submit(GenerationRequest(prompt="w1 w2 w3", sampling=SamplingParams(temperature=0, max_tokens=8))).result()
+
+
+def test_a_budget_without_room_for_the_pool_serves_one_request_at_a_time(cp):
+    """--vram-budget leaving (1 MiB) less than one context's pool and the batched step's buffers:
+    the engine loads, says why in its load note and serves requests one at a time, with the
+    tokens a batching engine gives; at 512 MiB more it batches, its pool capped by the budget."""
+    e = _engine_at_budget(1 << 20)
+    try:
+        assert not e.batched and "one request at a time" in e.load_note and "VRAM budget" in e.load_note, e.load_note
+        solo = _greedy_reply(e)
+    finally:
+        e.close()
+    e = _engine_at_budget(512 << 20)
+    try:
+        assert e.batched and "not the" in e.load_note, e.load_note  # 1 GiB wanted, less fits
+        assert e.scheduler.pages.n_blocks * e.runner.kv_block_bytes() <= 512 << 20
+        batched = _greedy_reply(e)
+    finally:
+        e.close()
+    assert type(solo[1]).__name__ == "DoneEvent" and solo[0] == batched[0]
+
+
+def test_a_pool_the_gpu_cannot_allocate_falls_back_to_one_request_at_a_time(cp, monkeypatch):
+    """Were the room misjudged: a pool larger than the GPU (--kv-pool of 2^31 positions on a runner
+    that reports room for it) runs out of memory at creation; the engine lets it go, serves one
+    request at a time and says so."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+
+    monkeypatch.setattr(CudaRunner, "kv_pool_room", lambda self, rows: (1 << 62, "room"))
+    e = _engine_at_budget(1 << 30, kv_pool=1 << 31)
+    try:
+        assert not e.batched and "ran out of memory" in e.load_note, e.load_note
+        assert type(_greedy_reply(e)[1]).__name__ == "DoneEvent"
+    finally:
+        e.close()
