@@ -213,7 +213,9 @@ def test_step_bytes_bounds_what_the_batched_step_allocates(cp):
     peak = max(peak, pool.used_bytes())
     cp.cuda.runtime.deviceSynchronize()
     used = peak - before
-    assert used <= predicted, (used, predicted, free_before - cp.cuda.runtime.memGetInfo()[0])
+    # (CuPy rounds each allocation up to 512 bytes: some tens of arrays)
+    assert used <= predicted + (64 << 10), (used, predicted, free_before - cp.cuda.runtime.memGetInfo()[0])
+    assert used >= n_blocks * r.kv_block_bytes()
 
 
 def _engine_at_budget(extra: int, **kw):
