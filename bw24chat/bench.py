@@ -8,6 +8,9 @@ bf16 and fp16 tensor-core rates are equal).
                              hybrid models: + the recurrent state, read and written once)
   prefill roofline (tok/s) = GEMM rate / FLOPs per token (2 x matrix parameters + attention)
 All timings: CUDA events after warm-up, medians of >= 5 runs.
+The decode rows end with what a step of m rows costs (speculative verify) and the aggregate
+speed of B = 1, 2, 8, 32 sequences decoded together by the batched step (batch{B}@512: wall time,
+host included; each sequence's tokens equal its solo run's, backends/cuda_batch.py).
 
 ``--spec ngram|mtp`` instead measures speculative decoding on either backend (``--device``): an
 editing workload (a paragraph of ~250 tokens, then a request to repeat it with small changes),
@@ -220,6 +223,48 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
             row.update(_tier_row(runner.tiers.tiers.stats, st0, nbytes, copy_bw, h2d_bw, disk_bw, tps, storage))
         rows.append(row)
     rows += verify_costs(runner, runs, label)
+    rows += batch_throughput(runner, runs, label)
+    return rows
+
+
+BATCH_SIZES = (1, 2, 8, 32)
+
+
+def batch_throughput(runner, runs: int, label: str, ctx: int = 512, steps: int = 32, sizes=BATCH_SIZES) -> list[dict]:
+    """Aggregate decode speed of B sequences stepped together by the batched step (backends/
+    cuda_batch.py, the paged pool), each at ``ctx`` keys, greedy: B x steps tokens over the wall
+    time of ``steps`` batched steps (host included, as a server runs them), against B = 1.
+    Medians of runs; each run decodes positions ctx.. again."""
+    from .api import SamplingParams
+    from .backends.runner import SeqWork, max_batch
+
+    if max_batch(runner) < max(sizes) or ctx + steps >= runner.n_ctx:
+        return []
+    greedy = SamplingParams(temperature=0)
+    per = -(-(ctx + steps) // runner.block_size)  # blocks per sequence
+    runner.init_kv_pool(max(sizes) * per)
+    rng = np.random.default_rng(3)
+    rows, base = [], None
+    for B in sizes:
+        tables = [np.arange(i * per, (i + 1) * per, dtype=np.int32) for i in range(B)]
+        prompts = rng.integers(0, runner.args.vocab_size, (B, ctx))
+        for i in range(B):
+            runner.batch_step([SeqWork(prompts[i], 0, tables[i], True)])
+
+        def run() -> float:
+            toks = [int(p[-1]) for p in prompts]
+            t0 = time.perf_counter()
+            for s in range(steps):
+                out = runner.batch_step([SeqWork(np.array([toks[i]]), ctx + s, tables[i], False, greedy) for i in range(B)])
+                toks = [o[0] for o in out]
+            return time.perf_counter() - t0
+
+        run()  # captures the bucket's graph
+        wall = statistics.median(run() for _ in range(runs))
+        tps = B * steps / wall
+        base = base or tps
+        rows.append(dict(model=label, test=f"batch{B}@{ctx}", tok_s=tps, vs_one_seq=tps / base, ms_per_step=1e3 * wall / steps))
+    runner.batch = None  # the pool's memory back
     return rows
 
 
@@ -619,6 +664,10 @@ def main(argv: list[str]) -> int:
         for r in rows:
             if "vs_one_row" in r:  # verify_costs: a step of m rows against one row
                 print(f"{r['model']:24} {r['test']:18} {r['ms']:8.3f} ms  {r['vs_one_row']:5.2f} x one row")
+                continue
+            if "vs_one_seq" in r:  # batch_throughput: B sequences' aggregate against one
+                print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} tok/s aggregate, {r['vs_one_seq']:5.2f} x one "
+                      f"sequence, {r['ms_per_step']:.3f} ms per step")
                 continue
             print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} {r['roofline_tok_s']:10.1f} {r['pct']:6.1f}  "
                   f"{r.get('bytes_per_token', ''):>12} " + (f"{r['host_overhead']:8.3f}" if "host_overhead" in r else f"{'-':>8}"))

@@ -25,8 +25,8 @@ different lengths decoded together through the continuous-batching scheduler (bu
 prefill chunks beside decode rows, the paged KV pool), greedy and seeded, prefix sharing on and
 off, each sequence's tokens and the logits of every token bit-identical to its solo run (prefill,
 then one-row steps, on a fresh runner); then the same with a pool small enough to preempt, and
-with n-gram speculation inside the batch.  It needs a runner with a batched step (the NumPy
-backend, ``--device cpu``; the CUDA runner has none yet).
+with n-gram speculation inside the batch.  On the NumPy backend (``--device cpu``) and on CUDA
+(backends/cuda_batch.py: the paged pool, every ``--kv-cache`` type).
 
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
@@ -420,10 +420,12 @@ def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None
 BATCH_SIZES = (1, 2, 8, 32)
 
 
-def batch_prompts(n: int, vocab: int, seed: int = 37) -> list[list[int]]:
-    """n prompts of 1..80 tokens; two in three start with the same 48-token system prompt."""
+def batch_prompts(n: int, vocab: int, seed: int = 37, system_len: int = 48) -> list[list[int]]:
+    """n prompts of 1..system_len + 32 tokens; two in three start with the same system prompt of
+    ``system_len`` tokens (the gate takes three KV blocks, so that prefix sharing has whole blocks
+    to share whatever the runner's block size)."""
     rng = np.random.default_rng(seed)
-    system = [int(t) for t in rng.integers(0, vocab, 48)]
+    system = [int(t) for t in rng.integers(0, vocab, system_len)]
     return [(system if i % 3 else []) + [int(t) for t in rng.integers(0, vocab, int(rng.integers(1, 33)))]
             for i in range(n)]
 
@@ -486,7 +488,8 @@ def batch_gates(make_runner, tok, sizes=BATCH_SIZES, n_gen: int = 24, label: str
         return [Result(label, "batched step", f"{type(probe).__name__} takes {max_batch(probe)} sequence(s) a step",
                        f">= {max(sizes)}", False)]
     V = probe.vocab_size
-    prompts = batch_prompts(max(sizes), V)
+    prompts = batch_prompts(max(sizes), V, system_len=3 * probe.block_size)
+    del probe
     seeds = [1000 + 17 * i for i in range(len(prompts))]
     out = []
     for mode, sp in SPEC_SAMPLING.items():
@@ -515,9 +518,9 @@ def batch_gates(make_runner, tok, sizes=BATCH_SIZES, n_gen: int = 24, label: str
     return out
 
 
-def batch_runner(device: str = "cpu", shape: str = "tiny", fmt: str = "Q8_0", n_ctx: int = 512):
+def batch_runner(device: str = "cpu", shape: str = "tiny", fmt: str = "Q8_0", n_ctx: int = 512, kv: str = "bf16"):
     """The gate's runner factory, tokenizer and a name for the backend: a random-weight model of
-    ``shape`` (the CUDA runner has no batched step yet: the gate says so)."""
+    ``shape`` (CUDA: KV cache ``kv``)."""
     from .backends import pick_device
     from .synthetic import SHAPES, synthetic_checkpoint
 
@@ -531,7 +534,7 @@ def batch_runner(device: str = "cpu", shape: str = "tiny", fmt: str = "Q8_0", n_
         return lambda: NumpyRunner(model, NumpyBackend()), tok, f"NumPy, {shape}/{fmt.lower()}"
     from .backends.cuda_runner import CudaRunner
 
-    return lambda: CudaRunner(ck, n_ctx, "bf16", prefill_chunk=512), tok, f"CUDA, {shape}/{fmt.lower()}"
+    return lambda: CudaRunner(ck, n_ctx, kv, prefill_chunk=512), tok, f"CUDA, {shape}/{fmt.lower()}/kv={kv}"
 
 
 def spec_fixed(runner, tok, k: int = 4, n: int = 128) -> tuple[tuple[int, int, int], str, str]:
@@ -657,15 +660,19 @@ def report(results: list[Result], title: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from .backends import cuda_status
+    from .backends import cuda_status, pick_device
 
     a = build_parser().parse_args(argv)
     if a.portable:
         os.environ["BW24CHAT_PORTABLE"] = "1"
     t0 = time.time()
-    if a.batch:
-        make_runner, tok, where = batch_runner(a.device, a.synthetic, a.formats[0].upper())
-        return report(batch_gates(make_runner, tok), f"bw24chat check --batch on {where}, {time.time() - t0:.0f}s")
+    if a.batch:  # the NumPy backend's one cache type; on CUDA every --kv-cache type
+        results, wheres = [], []
+        for kv in a.kv_cache if pick_device(a.device)[0] == "cuda" else a.kv_cache[:1]:
+            make_runner, tok, where = batch_runner(a.device, a.synthetic, a.formats[0].upper(), kv=kv)
+            results += batch_gates(make_runner, tok, label=f"batch/kv={kv}" if "kv=" in where else "batch")
+            wheres.append(where)
+        return report(results, f"bw24chat check --batch on {'; '.join(wheres)}, {time.time() - t0:.0f}s")
     if a.spec:
         ks = [int(k) for k in a.spec_k.split(",")]
         runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)

@@ -2,6 +2,7 @@
 on its own thread (see api.py for the client side)."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -18,8 +19,9 @@ from .generate import ContextFull, Generator, Output
 from .loaders import load_checkpoint
 from .model_store import model_aliases, resolve_model
 from .sampling_defaults import model_sampling
-from .options import EngineOptions
-from .scheduler import Scheduler, Sequence
+from .kv_pages import min_pool_blocks, pool_blocks
+from .options import EngineOptions, batching
+from .scheduler import DEFAULT_STEP_TOKENS, Scheduler, Sequence
 from .speculative import make_drafter
 
 
@@ -35,7 +37,26 @@ def process_rss() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
-KV_POOL_BYTES = 1 << 30  # the paged pool's default size (at least one full context)
+def pool_plan(n_ctx: int, block_size: int, block_bytes: int, kv_pool: int, room: tuple[int, str] | None) -> tuple[int, str]:
+    """The blocks of batched decoding's pool (kv_pages.pool_blocks: --kv-pool, else 1 GiB, at least
+    one context), as many as fit ``room`` (the runner's kv_pool_room: bytes and where they come
+    from; None: no device limit); 0 where not even one context fits: the engine then serves one
+    request at a time.  With it, the line that says so, numbers included, where memory decided
+    less than wanted ("" otherwise)."""
+    want = pool_blocks(n_ctx, block_size, block_bytes, kv_pool)
+    if room is None:
+        return want, ""
+    room_bytes, why = room
+    fits = max(room_bytes, 0) // block_bytes
+    if fits >= want:
+        return want, ""
+    gib, need = 2**30, min_pool_blocks(n_ctx, block_size)
+    if fits < need:
+        return 0, (f"batched decoding is off, one request at a time: its KV pool needs {need * block_bytes / gib:.2f} GiB "
+                   f"(one context of {n_ctx} tokens), but {max(room_bytes, 0) / gib:.2f} GiB is left for it ({why}); "
+                   "a smaller --ctx makes room")
+    return fits, (f"batched decoding's KV pool holds {fits * block_size} positions ({fits * block_bytes / gib:.2f} GiB), "
+                  f"not the {want * block_size} wanted: {max(room_bytes, 0) / gib:.2f} GiB is left for it ({why})")
 
 
 class Engine(EngineThread):
@@ -75,12 +96,32 @@ class Engine(EngineThread):
         )
         self.info.sampling_defaults, self.info.sampling_source = model_sampling(checkpoint)
         self.scheduler = None
-        if min(batch or max_batch(runner), max_batch(runner)) > 1 and spec != "mtp":
-            per_token = runner.kv_block_bytes() // runner.block_size
-            tokens = kv_pool or max(runner.n_ctx, KV_POOL_BYTES // per_token)
-            self.scheduler = Scheduler(runner, -(-tokens // runner.block_size), batch=batch)
+        self.load_note = ""  # why batched decoding is off or its pool smaller than wanted (open_engine reports it)
+        if batching(batch, spec) and max_batch(runner) > 1:
+            self._open_pool(batch, kv_pool)
         self._handles: dict[int, object] = {}  # sequence id -> its RequestHandle
         super().__init__(max_queue=max_queue, batched=self.scheduler is not None)
+
+    def _open_pool(self, batch: int, kv_pool: int) -> None:
+        """Batched decoding's pool and scheduler, sized to the memory left (pool_plan); one request
+        at a time where not even one context fits, or where creating the pool runs out of memory."""
+        r = self.runner
+        room = r.kv_pool_room(DEFAULT_STEP_TOKENS) if hasattr(r, "kv_pool_room") else None
+        n_blocks, self.load_note = pool_plan(r.n_ctx, r.block_size, r.kv_block_bytes(), kv_pool, room)
+        if not n_blocks:
+            return
+        failed = ""
+        try:
+            self.scheduler = Scheduler(r, n_blocks, batch=batch)
+        except Exception as exc:  # noqa: BLE001 - out of memory: the engine serves one request at a time
+            if not out_of_memory(exc):
+                raise
+            failed = f"{type(exc).__name__}"
+        if failed:  # outside the handler, where the traceback no longer holds the half-made pool
+            gc.collect()  # (its launches and op sets refer to each other)
+            self._recover()
+            self.load_note = (f"batched decoding is off, one request at a time: its KV pool of {n_blocks * r.block_size} "
+                              f"positions ({n_blocks * r.kv_block_bytes() / 2**30:.2f} GiB) ran out of memory ({failed})")
 
     # ------------------------------------------------------------------ API
     def render_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -271,7 +312,9 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         threadpool_limits(limits=options.threads, user_api="blas")
         runner = numpy_runner(ckpt, options.n_ctx, NumpyBackend(tiers=tiers), progress=lambda f: report(LoadProgress("uploading", f)))
         device_name = "CPU (NumPy)"
-    report(LoadProgress("ready", 1.0, f"{note}; loaded in {time.perf_counter() - t0:.1f}s"))
-    return Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model),
-                  spec=options.spec, spec_k=options.spec_k, batch=options.max_batch, kv_pool=options.kv_pool)
+    engine = Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model),
+                    spec=options.spec, spec_k=options.spec_k, batch=options.max_batch, kv_pool=options.kv_pool)
+    done = f"{note}; loaded in {time.perf_counter() - t0:.1f}s"
+    report(LoadProgress("ready", 1.0, f"{done}; {engine.load_note}" if engine.load_note else done))
+    return engine
 

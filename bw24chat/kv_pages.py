@@ -31,6 +31,22 @@ from typing import Hashable, Sequence
 import numpy as np
 
 
+KV_POOL_BYTES = 1 << 30  # the pool's default size, where memory allows it (at least one full context)
+
+
+def min_pool_blocks(n_ctx: int, block_size: int) -> int:
+    """The fewest blocks a pool may have: the oldest sequence can always reach the context's end
+    (one full context) while another holds a block."""
+    return -(-n_ctx // block_size) + 1
+
+
+def pool_blocks(n_ctx: int, block_size: int, block_bytes: int, kv_pool: int = 0) -> int:
+    """The blocks an engine wants in its pool: ``kv_pool`` positions (--kv-pool), or 0: KV_POOL_BYTES
+    of K/V; at least min_pool_blocks."""
+    tokens = kv_pool or KV_POOL_BYTES // block_bytes * block_size
+    return max(-(-tokens // block_size), min_pool_blocks(n_ctx, block_size))
+
+
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     """The key of a full block: BLAKE2b over the parent block's key and this block's token ids
     (int64 little-endian), so equal keys mean equal prefixes (a 128-bit collision aside)."""

@@ -4,7 +4,9 @@ Each model is described from its metadata without loading weights: the GGUF head
 with ``loaders.gguf_reader.GGUFFile``, which memory-maps the file and touches only the header pages) or a
 Hugging Face folder's ``config.json``.  The VRAM figure is an estimate to tell at a glance
 whether a model fits, not a promise: weights as stored, plus the KV cache of
-``ESTIMATE_CTX`` tokens in bf16, plus a fixed allowance for activations and workspace.
+``ESTIMATE_CTX`` tokens in bf16, plus a fixed allowance for activations and workspace, plus,
+where the engine batches requests, the paged pool of batched decoding (kv_pages.pool_blocks:
+1 GiB of K/V by default, at least one context).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class LocalModel:
     quant: str | None = None
     size: int = 0  # bytes on disk
     n_ctx_train: int | None = None
-    vram_needed: int | None = None  # bytes (estimate)
+    kv_per_token: int = 0  # bytes of bf16 K/V per position (0: the shape is unknown)
     moe: dict | None = None  # expert_tiers.MoELayout's fields, for an MoE model's tier plan (moe_fit)
     error: str | None = None  # metadata that could not be read
     # a multi-token-prediction head for --spec mtp: "shipped" (NextN layers in the model's own
@@ -57,6 +59,13 @@ class LocalModel:
     def spec(self) -> str:
         """What to hand to the engine as ``options.model``."""
         return str(self.path)
+
+    def vram_needed(self, batching: bool = False) -> int | None:
+        """The estimate in bytes (None: the metadata could not be read); batching: an engine that
+        batches requests (options.batching), whose KV pool takes VRAM too."""
+        if self.error or not self.size:
+            return None
+        return estimate_vram(self.size, self.kv_per_token, self.n_ctx_train, batching)
 
 
 @dataclass
@@ -101,9 +110,20 @@ def _cupy_memory() -> GpuMemory | None:
 
 
 # ----------------------------------------------------------------------------- estimate
-def estimate_vram(weights_bytes: int, shape: ModelShape | None, n_ctx_train: int | None) -> int:
-    ctx = min(n_ctx_train or ESTIMATE_CTX, ESTIMATE_CTX)
-    return weights_bytes + kv_per_token(shape) * ctx + _WORKSPACE_BYTES
+def estimate_parts(weights_bytes: int, per_token: int, ctx: int, batching: bool = False) -> dict[str, int]:
+    """The estimate's bytes by part: the weights, the KV cache of ``ctx`` positions of
+    ``per_token`` bytes, with ``batching`` the pool of batched decoding (in the GPU runner's
+    blocks: kv_pages.pool_blocks), and the workspace."""
+    from .backends.cuda_ops import KV_PAGE
+    from .kv_pages import pool_blocks
+
+    pool = pool_blocks(ctx, KV_PAGE, KV_PAGE * per_token) * KV_PAGE * per_token if batching and per_token else 0
+    return {"weights": weights_bytes, "kv_cache": per_token * ctx, "kv_pool": pool, "workspace": _WORKSPACE_BYTES}
+
+
+def estimate_vram(weights_bytes: int, per_token: int, n_ctx_train: int | None, batching: bool = False) -> int:
+    """estimate_parts at the model's context, at most ESTIMATE_CTX, in all."""
+    return sum(estimate_parts(weights_bytes, per_token, min(n_ctx_train or ESTIMATE_CTX, ESTIMATE_CTX), batching).values())
 
 
 # ----------------------------------------------------------------------------- describe
@@ -208,11 +228,11 @@ def _describe_gguf(model: LocalModel) -> None:
         embd = value(f"{arch}.embedding_length")
         head_dim = embd // n_heads if embd else None
     shape = ModelShape(int(n_layers), int(n_kv), int(head_dim)) if n_layers and n_kv and head_dim else None
-    model.vram_needed = estimate_vram(model.size, shape, model.n_ctx_train)
-    _describe_moe(model, gf, value(f"{arch}.expert_used_count"), value(f"{arch}.vocab_size"), shape)
+    model.kv_per_token = kv_per_token(shape)
+    _describe_moe(model, gf, value(f"{arch}.expert_used_count"), value(f"{arch}.vocab_size"))
 
 
-def _describe_moe(model: LocalModel, gf, top_k, vocab, shape: ModelShape | None) -> None:
+def _describe_moe(model: LocalModel, gf, top_k, vocab) -> None:
     """An MoE GGUF's expert layout from its tensor table (split files get none: only the first
     shard's table is read here)."""
     from .backends.expert_tiers import layout_from_tensors
@@ -224,7 +244,7 @@ def _describe_moe(model: LocalModel, gf, top_k, vocab, shape: ModelShape | None)
     tied = not any(t.name == "output.weight" for t in gf.tensors)
     layout = layout_from_tensors(experts, sum(t.nbytes for t in gf.tensors), int(top_k), emb.nbytes if emb else 0,
                                  int(vocab or (emb.shape[0] if emb else 1)), tied)
-    model.moe = {**dataclasses.asdict(layout), "kv_per_token": kv_per_token(shape)}
+    model.moe = dataclasses.asdict(layout)
 
 
 def kv_per_token(shape: ModelShape | None) -> int:
@@ -238,9 +258,8 @@ def moe_fit(model: LocalModel, free_vram: int, vram_budget_gb: float = 0.0, host
 
     if not model.moe:
         return []
-    m = dict(model.moe)
-    kv = m.pop("kv_per_token") * min(model.n_ctx_train or ESTIMATE_CTX, ESTIMATE_CTX)
-    layout = et.MoELayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()})
+    kv = model.kv_per_token * min(model.n_ctx_train or ESTIMATE_CTX, ESTIMATE_CTX)
+    layout = et.MoELayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in model.moe.items()})
     try:
         return et.describe_plan(layout, et.plan_for(layout, free_vram, vram_budget_gb, host_budget_gb, kv))
     except et.DoesNotFit as exc:
@@ -273,7 +292,7 @@ def _describe_hf_folder(model: LocalModel) -> None:
     head_dim = text.get("head_dim") or (text["hidden_size"] // n_heads if n_heads and text.get("hidden_size") else None)
     n_layers = text.get("num_hidden_layers")
     shape = ModelShape(n_layers, n_kv, head_dim) if n_layers and n_kv and head_dim else None
-    model.vram_needed = estimate_vram(model.size, shape, model.n_ctx_train)
+    model.kv_per_token = kv_per_token(shape)
 
 
 def is_hf_folder(path: Path) -> bool:

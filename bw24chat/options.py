@@ -86,6 +86,12 @@ class EngineOptions:
     sampling_set: frozenset[str] = frozenset()
 
 
+def batching(max_batch: int, spec: str | None) -> bool:
+    """Whether an engine of these options decodes requests together where its runner can: not at
+    --max-batch 1, nor with --spec mtp (the head drafts from one sequence's hidden states)."""
+    return max_batch != 1 and spec != "mtp"
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     add_model_arg(g, help=MODEL_HELP + " (default: none: the app opens its model manager; --headless and serve use 'default')")
@@ -102,8 +108,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=1,
                    help="BLAS threads of the NumPy backend (1 was fastest on 2 cores, idle or busy: docs/performance.md)")
     g.add_argument("--max-batch", type=int, default=0, metavar="N",
-                   help="requests decoded together where the backend batches (--device cpu; each one's tokens are "
-                        "the same as alone); 1: one request at a time (default: 0, the backend's most)")
+                   help="requests decoded together where the backend batches (each one's tokens are the same as "
+                        "alone; on the GPU its KV pool takes VRAM beside the context's cache, and where even one "
+                        "context does not fit the engine serves one request at a time); 1: one request at a time "
+                        "(default: 0, the backend's most)")
     g.add_argument("--kv-pool", type=int, default=0, metavar="TOKENS",
                    help="positions the batched engine's paged KV cache holds, shared by every request; prompt "
                         "prefixes stay cached there for later requests (default: 0, 1 GiB of K/V and at least --ctx)")

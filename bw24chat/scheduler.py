@@ -36,7 +36,7 @@ import numpy as np
 from .api import SamplingParams
 from .backends.runner import SeqWork, max_batch
 from .generate import Output
-from .kv_pages import KVPages
+from .kv_pages import KVPages, min_pool_blocks
 from .speculative import Drafter, DraftLength, SpecCounters
 
 DEFAULT_STEP_TOKENS = 256
@@ -107,7 +107,7 @@ class Scheduler:
         if self.max_batch < 1:
             raise ValueError("a batch of at least one sequence")
         bs = runner.block_size
-        n_blocks = max(n_blocks, -(-runner.n_ctx // bs) + 1)  # the oldest sequence can always reach the context's end
+        n_blocks = max(n_blocks, min_pool_blocks(runner.n_ctx, bs))
         runner.init_kv_pool(n_blocks)
         self.pages = KVPages(n_blocks, bs, share_prefixes)
         self.step_tokens = max(step_tokens, 1)
@@ -168,7 +168,13 @@ class Scheduler:
             for seq in self.failed:
                 self._end(seq, "error", notify=False)
             raise
-        logits = self.runner.last_logits()
+        fetched: list = []  # the step's logits, read from the runner only if a token's are wanted (logprobs)
+
+        def logits_row(i: int):
+            if not fetched:
+                fetched.append(self.runner.last_logits())
+            return fetched[0][i]
+
         now = time.perf_counter()
         self.steps += 1
         self.last_batch = len(work)
@@ -191,7 +197,7 @@ class Scheduler:
             if tokens and seq.t_first is None:
                 seq.t_first = now
             for i, tok in enumerate(tokens):
-                if not seq.out.feed(tok, lambda i=first_row + i: logits[i]):
+                if not seq.out.feed(tok, lambda i=first_row + i: logits_row(i)):
                     self._end(seq, seq.out.finish)
                     break
                 seq.ids.append(tok)

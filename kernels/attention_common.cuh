@@ -8,7 +8,14 @@
 // Layouts: q float32 [rows, H, HD]; out float32 [rows, H, HD] (= [rows, H*HD]); the caches:
 //   attention_kv.cuh.  Scores are kept in the log2 domain: s = (q . k) * scale * log2(e),
 //   p = exp2(s - max).
-// Defines: HD (head dim), GQ (heads per block; decode <= 8).
+// Paged caches (KV_PAGE > 0, the batched step's pool: bw24chat/kv_pages.py, backends/cuda_batch.py):
+//   the cache holds blocks of KV_PAGE positions; a sequence's block table (int32, one entry per
+//   block, position order) says which: position p lives in cache row table[p / KV_PAGE] * KV_PAGE
+//   + p % KV_PAGE.  Key tiles never straddle a block (KV_PAGE is a multiple of every kernel's
+//   tile), so a tile's rows are contiguous as in the plain cache; only the tile's first row is
+//   looked up.  The arithmetic and its order are the plain cache's: a row's bits are the same
+//   whether its keys are paged or contiguous (kernel_refs.paged_rows states the mapping).
+// Defines: HD (head dim), GQ (heads per block; decode <= 8), KV_PAGE (0: contiguous cache rows).
 #pragma once
 #include "common.cuh"
 
@@ -20,7 +27,22 @@
 #endif
 static_assert(GQ >= 1, "GQ");
 
+#ifndef KV_PAGE
+#define KV_PAGE 0
+#endif
+
 #define NEG_INF (-__int_as_float(0x7f800000))
+
+// The cache row of position key0, the first key of a tile (KV_PAGE: through the sequence's block
+// table; the tile's other keys follow it in the same block).
+BW24_DEVICE long long kv_tile_row(const int* __restrict__ table, int key0) {
+#if KV_PAGE
+    return (long long)table[key0 / KV_PAGE] * KV_PAGE + key0 % KV_PAGE;
+#else
+    (void)table;
+    return key0;
+#endif
+}
 #define LDK (HD + 8)  // bf16 elements per shared K / V row: the 16 B pad keeps ldmatrix / LDS conflict-free
 
 BW24_DEVICE uint32_t pack_bf16(float lo, float hi) {

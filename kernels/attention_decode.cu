@@ -16,6 +16,8 @@
 // (8 dims per lane, GQ partial dots reduced by an xor butterfly); the block's 4*32/LPK sub-warps
 // take keys sid, sid+NSUB, ... of each tile, each with its own online softmax (m, l, acc[GQ][8]),
 // merged at the end in sub-warp order (attention_merge.cuh).
+// Paged (KV_PAGE, attention_common.cuh): row r's block table is tables + r * table_stride; a
+// tile's keys are one block's consecutive rows, so only the addresses change.
 // Napkin math (Qwen3-8B, hd 128, 8 kv heads, 8192 keys, q8_0): K+V = 2 x 8192 x 8 x (128 + 8) B
 // = 17.8 MB per layer and row; ~2 FLOP per byte.  The roofline is HBM bandwidth (3.35 TB/s on an
 // H100: 5.3 us per layer), but this kernel is bound by instruction issue (~100 warp-instructions
@@ -33,6 +35,7 @@
 
 static_assert(LPK >= 1 && LPK <= 32 && (32 % LPK) == 0, "HD/8 must divide 32");
 static_assert(TK % NSUB == 0, "tile must split evenly over sub-warps");
+static_assert(KV_PAGE % TK == 0, "a key tile lies in one block of a paged cache");
 
 // Dynamic shared memory the decode kernel needs (cuda_ops._decode_smem computes the same number).
 #define DECODE_MERGE_BYTES (NSUB * GQ * (HD + 2) * 4)
@@ -41,7 +44,8 @@ static_assert(TK % NSUB == 0, "tile must split evenly over sub-warps");
 extern "C" __global__ void __launch_bounds__(DTHREADS) ATTN_CLUSTER_DIMS
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
             const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
-            float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt, uint32_t* __restrict__ qx, int qx_b16) {
+            float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt, uint32_t* __restrict__ qx, int qx_b16,
+            const int* __restrict__ tables, int table_stride) {
     PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t smem[];
     const int r = blockIdx.x, s = blockIdx.y;
@@ -64,6 +68,7 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     const int sl = lane % LPK, sid = warp * KPW + lane / LPK;
     const long long scale_plane = (long long)n_ctx * K * HD;  // byte offset of the scale plane
     (void)scale_plane;
+    const int* table = tables + (long long)r * table_stride;  // KV_PAGE only
 
     float qr[GQ][8];
 #pragma unroll
@@ -84,11 +89,12 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
     auto issue = [&](int tile, int st) {
         uint8_t* base = smem + st * STAGE_BYTES;
         const int key0 = tile * TK;
+        const long long row0 = kv_tile_row(table, key0);  // the cache row of key0
         for (int c = tid; c < TK * ROWB / 16; c += DTHREADS) {
             const int kk = c / (ROWB / 16), off = (c % (ROWB / 16)) * 16;
             const int j = key0 + kk;
             const bool ok = j < L;
-            const long long g = ((long long)(ok ? j : 0) * K + h) * ROWB + off;
+            const long long g = ((ok ? row0 + kk : 0) * K + h) * ROWB + off;
             cp_async16(base + kk * ROWB + off, cache_k + g, ok ? 16 : 0);
             cp_async16(base + TK * ROWB + kk * ROWB + off, cache_v + g, ok ? 16 : 0);
         }
@@ -97,7 +103,7 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
             const int kk = c / (SCB / 4), off = (c % (SCB / 4)) * 4;
             const int j = key0 + kk;
             const bool ok = j < L;
-            const long long g = scale_plane + ((long long)(ok ? j : 0) * K + h) * SCB + off;
+            const long long g = scale_plane + ((ok ? row0 + kk : 0) * K + h) * SCB + off;
             cp_async4(base + 2 * TK * ROWB + kk * SCB + off, cache_k + g, ok ? 4 : 0);
             cp_async4(base + 2 * TK * ROWB + TK * SCB + kk * SCB + off, cache_v + g, ok ? 4 : 0);
         }

@@ -17,6 +17,8 @@
 // per-tile chain latency, not the bytes, bounds the kernel).  The warps are merged in warp order
 // by attention_merge.cuh.  Under PDL the first tiles are fetched before pdl_wait, except the keys
 // >= L_r - max_rows that this step's cache write may have produced (fetched after it).
+// Paged (KV_PAGE, attention_common.cuh): row r's block table is tables + r * table_stride; a
+// 64-key tile is one block's consecutive rows, so only the addresses change.
 // Napkin math (Qwen3-8B, hd 128, 8 kv heads, 8192 keys): K+V = 2 x 8192 x 8 x 256 B = 33.6 MB
 // per layer and row at ~2 FLOP per byte: HBM-bound, 10 us per layer at the H100's 3.35 TB/s; the
 // FMA kernel is instruction-bound at ~1.4 TB/s, this one issues ~600 warp-instructions per 64-key
@@ -42,12 +44,14 @@ static_assert((4 * TC_HALVES * GQ * (HD + 2) + GQ * HD + 2 * GQ + GQ * ATTN_CLUS
 #endif
 
 static_assert(HD <= 128 && HD % 16 == 0, "attn_decode_tc: head dims 32..128");
+static_assert(KV_PAGE % TCK == 0, "a key tile lies in one block of a paged cache");
 static_assert(TC_THREADS % (HD / 8) == 0 && (TCK * (HD / 8)) % TC_THREADS == 0,
               "a tile's chunks are a whole number of the block's, each thread's KSTEP keys apart");
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2 / TC_HALVES) ATTN_CLUSTER_DIMS
 attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
                const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
-               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt, uint32_t* __restrict__ qx, int qx_b16) {
+               float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt, uint32_t* __restrict__ qx, int qx_b16,
+               const int* __restrict__ tables, int table_stride) {
     pdl_trigger();
     extern __shared__ __align__(16) uint8_t smem[];
     __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][K, V][TCK][LDK]
@@ -89,12 +93,14 @@ attn_decode_tc(const float* __restrict__ q, const uint8_t* __restrict__ cache_k,
     const long long key_bytes = (long long)K * HD * 2;  // one key of the cache (every head)
     const uint8_t* gk0 = cache_k + ((long long)h * HD + d8) * 2;  // key 0's chunk: also the zero-fill's address
     const uint8_t* gv0 = cache_v + ((long long)h * HD + d8) * 2;
+    const int* table = tables + (long long)r * table_stride;  // KV_PAGE only
     auto issue = [&](int tile, int st, int mode) {
         __nv_bfloat16* sK = tiles + st * TC_STAGE_ELEMS;
         __nv_bfloat16* sV = sK + TCK * LDK;
         const int key0 = tile * TCK;
-        const uint8_t* gk = gk0 + (key0 + kk0) * key_bytes;
-        const uint8_t* gv = gv0 + (key0 + kk0) * key_bytes;
+        const long long row = kv_tile_row(table, key0) + kk0;  // the cache row of key key0 + kk0
+        const uint8_t* gk = gk0 + row * key_bytes;
+        const uint8_t* gv = gv0 + row * key_bytes;
 #pragma unroll
         for (int i = 0; i < TCK / KSTEP; ++i) {
             const int kk = kk0 + KSTEP * i, j = key0 + kk;

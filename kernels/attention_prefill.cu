@@ -20,6 +20,8 @@
 // Precision: Q and P enter the MMAs split as bf16 hi + lo ("bf16x2", Markidis et al. 2018), per
 // 16-wide k step in the fixed order Q_hi.K_hi, Q_lo.K_hi, Q_hi.K_lo (S) and P_hi.V_hi, P_lo.V_hi,
 // P_hi.V_lo (O), into one f32 accumulator: ~1e-5 from the float64 reference.
+// Paged (KV_PAGE = BN, attention_common.cuh): key block kb is block table[kb] of the cache (the
+// batched step's prefill rows, backends/cuda_batch.py); only the addresses change.
 // Napkin math (Qwen3-8B layer, T = 512 from position 0, bf16 cache): S and O are
 // 2 x 2 FLOP x 32 heads x 512 x 256 keys (causal mean) x 128 = 2.1 GFLOP, x2 for the hi/lo split;
 // K/V bytes ~2 MB: tensor-core bound (~4 us per layer at the H100's ~1 PFLOP/s dense bf16, of
@@ -50,6 +52,7 @@ static_assert(PREFILL_STAGES == 1 || PREFILL_STAGES == 2, "PREFILL_STAGES is 1 o
 #define PREFILL_SMEM (PREFILL_STAGES * PSTAGE_ELEMS * 2)  // bf16 (the wrapper computes the same)
 
 static_assert(HD % 16 == 0, "prefill needs HD % 16 == 0");
+static_assert(KV_PAGE % BN == 0, "a key block lies in one block of a paged cache");
 // PREFILL_SMEM <= 227 KB for HD <= 128 (the prefill's head dims; HD=256 builds serve decode only
 // with KV_SPLIT, and the wrapper refuses a launch above the limit).
 
@@ -69,14 +72,15 @@ BW24_DEVICE void store8_tile(__nv_bfloat16* hi, __nv_bfloat16* lo, const float* 
 // loaded, dequantized to exact f32 (code * scale, the reference's float32 product) and stored
 // synchronously.  The caller separates this fill from the reads of the same stage by barriers.
 BW24_DEVICE void prefill_load(__nv_bfloat16* stage, const uint8_t* __restrict__ ck, const uint8_t* __restrict__ cv,
-                              int kb, int kv_len, int K, int h, long long scale_plane) {
+                              int kb, int kv_len, int K, int h, long long scale_plane, const int* __restrict__ table) {
     __nv_bfloat16* sK = stage;
     __nv_bfloat16* sV = stage + PTILE_ELEMS;
+    const long long row0 = kv_tile_row(table, kb * BN);  // the cache row of the block's first key
     for (int c = threadIdx.x; c < BN * HD / 8; c += PTHREADS) {
         const int kk = c / (HD / 8), d8 = (c % (HD / 8)) * 8;
         const int j = kb * BN + kk;
         const bool ok = j < kv_len;
-        const long long row = (long long)(ok ? j : 0) * K + h;  // cache row (pos * K + head)
+        const long long row = (ok ? row0 + kk : 0) * K + h;  // cache row (position row * K + head)
 #if KV_TYPE == KV_BF16
         (void)scale_plane;
         cp_async16(sK + kk * LDK + d8, ck + (row * HD + d8) * 2, ok ? 16 : 0);
@@ -112,7 +116,8 @@ BW24_DEVICE void prefill_load(__nv_bfloat16* stage, const uint8_t* __restrict__ 
 // memory: one block per SM.)
 extern "C" __global__ void __launch_bounds__(PTHREADS, 2)
 attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
-             int T, int H, int K, int start, int n_ctx, float scale_log2, float* __restrict__ out) {
+             int T, int H, int K, int start, int n_ctx, float scale_log2, float* __restrict__ out,
+             const int* __restrict__ table) {
     PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t smem[];
     __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);  // [stage][PTILES][BN][LDK]
@@ -155,12 +160,12 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
     for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
 
-    prefill_load(tiles, cache_k, cache_v, 0, kv_len, K, h, scale_plane);
+    prefill_load(tiles, cache_k, cache_v, 0, kv_len, K, h, scale_plane, table);
     for (int kb = 0; kb < nkb; ++kb) {
 #if PREFILL_STAGES == 1
         const int st = 0;
         // the one stage was last read in iteration kb-1, which ended with a barrier: fill it
-        if (kb > 0) prefill_load(tiles, cache_k, cache_v, kb, kv_len, K, h, scale_plane);
+        if (kb > 0) prefill_load(tiles, cache_k, cache_v, kb, kv_len, K, h, scale_plane, table);
 #if KV_TYPE == KV_BF16
         cp_async_wait<0>();
 #endif
@@ -168,7 +173,7 @@ attn_prefill(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, c
         const int st = kb & 1;
         // Stage st^1 was last read in iteration kb-1, which ended with a barrier: refill it.
         if (kb + 1 < nkb) {
-            prefill_load(tiles + (st ^ 1) * PSTAGE_ELEMS, cache_k, cache_v, kb + 1, kv_len, K, h, scale_plane);
+            prefill_load(tiles + (st ^ 1) * PSTAGE_ELEMS, cache_k, cache_v, kb + 1, kv_len, K, h, scale_plane, table);
 #if KV_TYPE == KV_BF16
             cp_async_wait<1>();
 #endif

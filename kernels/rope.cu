@@ -37,6 +37,9 @@
 //     fp8  : per head vector: d = amax/448, code = cvt.rn.satfinite.e4m3(x / d) (0 when d == 0)
 //     f32  : x itself (the exact reference cache)
 //   Positions >= n_ctx are not written (the caller sizes the cache).
+//   cache_rows (optional, int32 [T]): the cache row of token t instead of positions[t] (a paged
+//   pool: the row of position p is its block's first row + p % block size, kv_pages.py; the
+//   rotation still uses positions[t]).  Rows outside [0, n_ctx) are not written.
 //
 // Launch geometry:
 //   qk_norm_rope_kv_write (QK_NORM 0 / 1): one warp per (t, slot); 128-thread blocks (4 warps);
@@ -226,8 +229,9 @@ BW24_DEVICE void rope_rotate(float (&x)[EPL], const SlotConsts& sc, float* row, 
 }
 
 // The rotated q (to q_out: a contiguous (T, H, HD), or in place) and k (in place); k and v into the cache.
-BW24_DEVICE void slot_store(const float (&x)[EPL], float* src, float* q_out, int t, int slot, int H, int K, int pos,
+BW24_DEVICE void slot_store(const float (&x)[EPL], float* src, float* q_out, int t, int slot, int H, int K, int row,
                             void* cache_k, void* cache_v, int n_ctx, int lane) {
+    // row: the token's cache row (its position, or cache_rows[t])
     const int kind = slot_kind(slot, H, K);
     if (kind < 2) {
         float* dst = (kind == 0 && q_out != nullptr) ? q_out + ((long long)t * H + slot) * HD : src;
@@ -235,18 +239,19 @@ BW24_DEVICE void slot_store(const float (&x)[EPL], float* src, float* q_out, int
         for (int i = 0; i < EPL; ++i) dst[lane + 32 * i] = x[i];
     }
 #if KV_TYPE != KV_NONE
-    if (kind > 0 && pos >= 0 && pos < n_ctx) {
+    if (kind > 0 && row >= 0 && row < n_ctx) {
         const int head = kind == 1 ? slot - H : slot - H - K;
-        kv_store(kind == 1 ? cache_k : cache_v, (long long)pos * K + head, (long long)n_ctx * K, x, lane);
+        kv_store(kind == 1 ? cache_k : cache_v, (long long)row * K + head, (long long)n_ctx * K, x, lane);
     }
 #else
-    (void)cache_k; (void)cache_v; (void)n_ctx; (void)pos;
+    (void)cache_k; (void)cache_v; (void)n_ctx; (void)row;
 #endif
 }
 
 // Arguments of both kernels: q_out: optional contiguous (T, H, HD) destination of the rotated q
 // (the attention kernels read q densely); null: q is rotated in place.  stride_*: floats between
 // consecutive tokens' rows.  bias: optional [(H + 2K) * HD] q|k|v projection biases.
+// cache_rows: optional [T] cache rows (null: positions).
 #if QK_NORM < 2
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
@@ -255,7 +260,7 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
                       const int* __restrict__ positions, int rot_dim, int T, int H, int K,
                       void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx,
                       int stride_q, int stride_k, int stride_v, const float* __restrict__ bias,
-                      float* __restrict__ q_out) {
+                      float* __restrict__ q_out, const int* __restrict__ cache_rows) {
     pdl_trigger();
     __shared__ float buf[WARPS][HD];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -265,6 +270,7 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
     const int t = (int)(item / slots), slot = (int)(item % slots);
     const int kind = slot_kind(slot, H, K);
     const int pos = positions[t];  // copied in before the step's first kernel
+    const int crow = cache_rows != nullptr ? cache_rows[t] : pos;
     SlotConsts sc;
     slot_consts(sc, slot, H, K, pos, rot_dim, q_norm_w, k_norm_w, bias, cos_t, sin_t, lane);
     pdl_wait();  // q, k, v come from the qkv matvec
@@ -280,7 +286,7 @@ qk_norm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const float*
 #endif
         rope_rotate(x, sc, buf[w], rot_dim, lane);
     }
-    slot_store(x, src, q_out, t, slot, H, K, pos, cache_k, cache_v, n_ctx, lane);
+    slot_store(x, src, q_out, t, slot, H, K, crow, cache_k, cache_v, n_ctx, lane);
 }
 #else
 extern "C" __global__ void __launch_bounds__(FN_MAX_WARPS * 32)
@@ -290,7 +296,7 @@ qk_fullnorm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const fl
                           const int* __restrict__ positions, int rot_dim, int T, int H, int K,
                           void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx,
                           int stride_q, int stride_k, int stride_v, const float* __restrict__ bias,
-                          float* __restrict__ q_out) {
+                          float* __restrict__ q_out, const int* __restrict__ cache_rows) {
     pdl_trigger();
     __shared__ float buf[FN_MAX_WARPS][HD];
     __shared__ float head_ss[FN_MAX_WARPS * FN_SPW];  // S of each q and k head of the row
@@ -300,6 +306,7 @@ qk_fullnorm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const fl
     const int t = blockIdx.x;
     (void)T;
     const int pos = positions[t];
+    const int crow = cache_rows != nullptr ? cache_rows[t] : pos;
     SlotConsts sc[FN_SPW];
 #pragma unroll
     for (int s = 0; s < FN_SPW; ++s) {
@@ -339,7 +346,7 @@ qk_fullnorm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const fl
                 norm_scale(x[s], inv_s[kind], sc[s].nw);
                 rope_rotate(x[s], sc[s], buf[w], rot_dim, lane);
             }
-            slot_store(x[s], src, q_out, t, slot, H, K, pos, cache_k, cache_v, n_ctx, lane);
+            slot_store(x[s], src, q_out, t, slot, H, K, crow, cache_k, cache_v, n_ctx, lane);
         }
     }
 }

@@ -104,6 +104,15 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 1, "TCSTAGES": 2}),  # sm_120's 99 KB
     ("attention_decode_tc", {"HD": 64, "GQ": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention_decode_tc", {"HD": 32, "GQ": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
+    # the paged pool's variants (KV_PAGE: the batched step's block tables), every cache type
+    ("attention_decode", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4, "KV_PAGE": 64}),
+    ("attention_decode", {"HD": 64, "GQ": 2, "KV_TYPE": 2, "KV_PAGE": 64}),
+    ("attention_decode", {"HD": 64, "GQ": 8, "KV_TYPE": 3, "ATTN_QX": 1, "ATTN_CLUSTER": 8, "KV_PAGE": 64}),
+    ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "TCSTAGES": 4, "ATTN_QX": 1, "KV_PAGE": 64}),
+    ("attention_decode_tc", {"HD": 64, "GQ": 8, "TC_HALVES": 1, "TCSTAGES": 2, "KV_PAGE": 64}),
+    ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "KV_PAGE": 64}),
+    ("attention_prefill", {"HD": 64, "GQ": 3, "KV_TYPE": 1, "PREFILL_STAGES": 1, "KV_PAGE": 64}),
+    ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 2, "KV_PAGE": 64}),
     # the prefill: one K/V stage (K and V split in 99 KB), GQ 3
     ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "PREFILL_STAGES": 1}),
     ("attention_prefill", {"HD": 128, "GQ": 4, "KV_TYPE": 0, "PREFILL_STAGES": 1}),

@@ -102,6 +102,33 @@ def test_kv_cache_pack_roundtrip(rng, kv_type):
     assert np.all(np.abs(vals - x) <= rel * amax)
 
 
+@pytest.mark.parametrize("kv_type", kr.KV_TYPES)
+def test_paged_pool_holds_a_sequence_as_the_contiguous_cache(rng, kv_type):
+    """A sequence's K/V scattered into a pool through a random block table (paged_rows, the rows
+    rope.cu writes and the paged attention reads), gathered back (kv_cache_gather), is the
+    contiguous cache's buffer byte for byte; paged_rows is the NumPy pool's own mapping."""
+    from bw24chat.backends.numpy_backend import NumpyKVPool
+
+    page, n_blocks, K, hd = 4, 11, 3, 96
+    L = int(rng.integers(1, 7 * page))  # odd lengths: a partly filled last block
+    table = rng.permutation(n_blocks)[:-(-L // page)].astype(np.int32)
+    rows = kr.paged_rows(table, np.arange(L), page)
+    pool = NumpyKVPool(1, K, hd, n_blocks, page)
+    assert np.array_equal(rows, pool.view(table).slots(0, L))
+    x = rng.standard_normal((L, K, hd)).astype(np.float32)
+    codes, scales = kr.kv_quantize(x, kv_type)
+    fill = rng.standard_normal((n_blocks * page, K, hd)).astype(np.float32)  # the other sequences' rows
+    pcodes, pscales = kr.kv_quantize(fill, kv_type)
+    pcodes[rows] = codes
+    if scales is not None:
+        pscales[rows] = scales
+    pbuf = kr.kv_cache_pack(pcodes, pscales, kv_type)
+    got = kr.kv_cache_gather(pbuf, kv_type, n_blocks * page, K, hd, rows)
+    assert got.tobytes() == kr.kv_cache_pack(codes, scales, kv_type).tobytes()
+    with pytest.raises(ValueError):
+        kr.paged_rows(table, [len(table) * page], page)
+
+
 def test_decode_splits_cover_and_bound():
     for ms in (1, 5, 33, 64):
         for L in list(range(1, 200)) + [511, 512, 8192, 8193, 32768, 40000]:

@@ -26,6 +26,7 @@ from .tuning import ATTN_DECODE_TC_RINGS, ATTN_DECODE_TUNING, ATTN_PREFILL_STAGE
 KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2, "f32": 3}
 KV_NONE = 255  # rope.cu: no cache write
 DECODE_MAX_ROWS = 8
+KV_PAGE = 64  # positions per block of a paged KV pool (attention_common.cuh KV_PAGE; every attention tile divides it)
 SAMPLE_PARAM_WORDS = 16
 _M64 = (1 << 64) - 1
 
@@ -142,7 +143,7 @@ def fullnorm_geometry(H: int, K: int) -> tuple[int, int]:
 
 def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
                           rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None,
-                          qk_norm: str = "head", q_gated: bool = False) -> None:
+                          qk_norm: str = "head", q_gated: bool = False, cache_rows=None) -> None:
     """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
 
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
@@ -156,7 +157,9 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     buffer (their row strides are passed); bias: optional float32 ((H+2K)*hd,) q|k|v biases added
     first (v is then updated in place too); q_out: optional contiguous float32 (T, H, hd) that
     receives the rotated q instead of q itself.  q_gated: q's heads lie 2 hd apart, each followed by
-    its output gate (ops.AttentionSpec.output_gate; rope.cu Q_GATED): q_out is then required."""
+    its output gate (ops.AttentionSpec.output_gate; rope.cu Q_GATED): q_out is then required.
+    cache_rows: optional int32 (T,) device array, the cache row of each token instead of its
+    position (a paged pool: kernel_refs.paged_rows); the rotation still uses positions_dev."""
     T, H, hd = q.shape
     K = k.shape[1]
     for a, head in ((q, hd * (2 if q_gated else 1)), (k, hd), (v, hd)):  # a stride over one head
@@ -185,7 +188,8 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     cv = cache_v if kv_type is not None else q
     args = (q, k, v, qn, kn, _f32(eps), cos, sin, positions_dev, _i32(rot_dim), _i32(T), _i32(H), _i32(K), ck, cv,
             _i32(n_ctx), _i32(q.strides[0] // 4), _i32(k.strides[0] // 4), _i32(v.strides[0] // 4),
-            bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0))
+            bias if bias is not None else np.uint64(0), q_out if q_out is not None else np.uint64(0),
+            cache_rows if cache_rows is not None else np.uint64(0))
     if full:
         nw, spw = fullnorm_geometry(H, K)
         kern = get_kernel("rope", "qk_fullnorm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"), QK_NORM=2,
@@ -329,17 +333,21 @@ class AttnDecodeGeometry(NamedTuple):
     cluster: int
 
 
-def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, qx: bool = False) -> AttnDecodeGeometry:
+def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, qx: bool = False,
+                         paged: bool = False) -> AttnDecodeGeometry:
     """Every launch decision of attn_decode for these heads over a kv_type cache on this GPU: the
     kernel (decode_on_tensor_cores), heads per block (_decode_gq), the split count and merge
     (ATTN_DECODE_TUNING: attn_decode_max_splits, attn_decode_cluster, attn_decode_hybrid), the
-    tensor-core ring (decode_tc_config), the shared memory; qx: the o projection's QX codes too."""
+    tensor-core ring (decode_tc_config), the shared memory; qx: the o projection's QX codes too;
+    paged: keys read through block tables (KV_PAGE; addresses only, the same geometry)."""
     G = n_heads // n_kv_heads
     gq = _decode_gq(G)
     tc = decode_on_tensor_cores(kv_type, hd)
     blocks_per_sm = _decode_tuning(tc)["blocks_per_sm"]
     ms = attn_decode_max_splits(n_heads, n_kv_heads, blocks_per_sm=blocks_per_sm)  # the workspace merge's
     extra = {"ATTN_QX": 1} if qx else {}
+    if paged:
+        extra["KV_PAGE"] = KV_PAGE
     halves = 1
     if tc:  # both always given: the defaults in the kernel serve the compile-only checks
         halves, stages = decode_tc_config(hd)
@@ -359,7 +367,8 @@ def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, q
 
 
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
-                max_rows: int = DECODE_MAX_ROWS, qx_out=None, act_bf16: bool = False) -> None:
+                max_rows: int = DECODE_MAX_ROWS, qx_out=None, act_bf16: bool = False, tables=None,
+                table_stride: int = 0) -> None:
     """Split-K decode attention for m (1..max_rows) query rows.
 
     q (m', H, hd) float32 with m' >= m (rows 0..m-1 used); row r attends keys 0..lengths_dev[r]-1
@@ -368,7 +377,11 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     float32 (rows < m written); workspace: uint8 device buffer of attn_decode_workspace_bytes
     (zeroed once at allocation); scale: softmax scale (1/sqrt(hd)).  qx_out (uint32 [m', qx_row_words(H
     * hd)], attention_merge.cuh ATTN_QX): also the o projection's QX codes of the outputs (of their
-    bf16 roundings with act_bf16), for its matvec's prologue "qx"."""
+    bf16 roundings with act_bf16), for its matvec's prologue "qx".  tables (int32 device array,
+    row r's block table at r * table_stride): the cache is a paged pool of KV_PAGE-position
+    blocks (attention_common.cuh KV_PAGE; kernel_refs.paged_rows); each row's bits are those of
+    the contiguous cache holding the same keys (max_rows too changes only the workspace layout
+    and when the newest keys are fetched, never a value)."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if not 1 <= m <= max_rows:
@@ -380,7 +393,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
     if qx_out is not None and (H * hd) % 32:
         raise ValueError("the QX codes cover whole 32-value blocks")
-    g = attn_decode_geometry(H, K, hd, kv_type, qx_out is not None)
+    g = attn_decode_geometry(H, K, hd, kv_type, qx_out is not None, paged=tables is not None)
     kern = get_kernel(g.family, g.kernel, **g.defines)
     if g.cluster > 8:
         from .kernel_build import allow_nonportable_clusters
@@ -389,7 +402,7 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     _launch(kern, (m, g.splits, K * g.groups), (g.threads,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(g.splits), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt, qx_out if qx_out is not None else np.uint64(0),
-             _i32(int(act_bf16))), smem=g.smem)
+             _i32(int(act_bf16)), tables if tables is not None else np.uint64(0), _i32(table_stride)), smem=g.smem)
 
 
 def prefill_smem_bytes(hd: int, kv_type: str, stages: int = 2) -> int:
@@ -411,35 +424,39 @@ def prefill_stages(hd: int, kv_type: str) -> int:
                 ATTN_PREFILL_STAGES[-1])
 
 
-def attn_prefill_geometry(hd: int, gq: int, kv_type: str) -> tuple[dict, int]:
+def attn_prefill_geometry(hd: int, gq: int, kv_type: str, paged: bool = False) -> tuple[dict, int]:
     """attn_prefill's defines and shared memory for head dim hd, gq query heads per kv head and a
-    kv_type cache (its K/V stages: prefill_stages)."""
+    kv_type cache (its K/V stages: prefill_stages); paged: keys read through a block table
+    (KV_PAGE; addresses only)."""
     stages = prefill_stages(hd, kv_type)
-    defines = dict(HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], **({"PREFILL_STAGES": 1} if stages == 1 else {}))
+    defines = dict(HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], **({"PREFILL_STAGES": 1} if stages == 1 else {}),
+                   **({"KV_PAGE": KV_PAGE} if paged else {}))
     return defines, prefill_smem_bytes(hd, kv_type, stages)
 
 
-def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out) -> None:
+def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out, table=None) -> None:
     """Causal prefill attention (tensor cores) for T queries at positions start..start+T-1 over
     keys 0..start+T-1 already in the cache.  q, out: float32 (T', H, hd), T' >= T; cache:
     kv_cache_alloc; start: host int (prefill is not graph-captured).  Q and P enter the MMAs as
     split bf16 (hi + lo), and for q8_0 / fp8 / f32 caches the exact f32 K and V values too (three
     MMAs: hi.hi, lo.hi, hi.lo), ~1e-5 from the float64 reference on the stored values for every
-    kv type, close to the f32 decode path.  Rows are bit-identical whatever the chunking."""
+    kv type, close to the f32 decode path.  Rows are bit-identical whatever the chunking.  table
+    (int32 device array): the sequence's block table in a paged pool of KV_PAGE-position blocks
+    (attn_decode's tables); the same bits as the contiguous cache holding the same keys."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
     if T == 0:
         return
     G = H // K
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
-    defines, smem = attn_prefill_geometry(hd, G, kv_type)
+    defines, smem = attn_prefill_geometry(hd, G, kv_type, paged=table is not None)
     limit = kernel_build.smem_block_limit()
     if smem > limit:
         raise ValueError(f"attn_prefill: hd={hd} kv={kv_type} needs {smem} B of shared memory "
                          f"(> {limit} B on this GPU)")
     _launch(get_kernel("attention_prefill", "attn_prefill", **defines), (-(-(T * G) // 64), K), (128,),
             (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),
-             _f32(scale * math.log2(math.e)), out), smem=smem)
+             _f32(scale * math.log2(math.e)), out, table if table is not None else np.uint64(0)), smem=smem)
 
 
 # ============================================================================ sampling.cu

@@ -29,6 +29,10 @@ Prefill (chunks of ``prefill_chunk`` tokens) runs the GEMMs on tensor cores and 
 over the cache; it differs from decode by rounding only (``bw24chat check`` compares argmax and
 reports near-ties).
 
+Batched steps (backends/runner.py: batch_step; continuous batching, scheduler.py) run in
+cuda_batch.py over a paged KV pool beside the sequence cache: the same op set (CudaOps bound to
+the pool's cache rows and block tables), the same kernels, each sequence's bits its solo run's.
+
 Hybrid models (gated DeltaNet layers: models/qwen3_next.py) add a recurrent state per sequence
 (cuda_deltanet.py) that a pass advances and that cannot be truncated like the KV cache: a decode
 step's kernels also write the state before each row into a checkpoint slot, so that rollback to
@@ -78,6 +82,18 @@ _MTP_TOK, _MTP_POS, _MTP_LEN, _MTP_CPOS, _MTP_CLEN, _MTP_SPOS, _MTP_OUT = (i * M
 _MTP_PARAMS = 256  # bytes
 _MTP_RING = _MTP_PARAMS + _ROW_PARAMS
 _MTP_HIDDEN = -(-(_MTP_RING + 4 * RING) // 256) * 256
+
+
+def sampling_rows(tokens, params: SamplingParams, seed: int, history):
+    """Per row of tokens[i] (positions start + i): its sampler image (ops.pack_sampling_params)
+    and its ring of recent ids, oldest first: the repetition window of ``history`` (the ids
+    before the rows) then tokens[:i + 1], at most repeat_last_n (capped at RING) of them."""
+    n_hist = min(params.repeat_last_n, RING) if params.repeat_penalty != 1.0 else 0
+    recent = [int(t) for t in history[-RING:]]
+    for t in tokens:
+        recent.append(int(t))
+        n = min(len(recent), n_hist)
+        yield ops.pack_sampling_params(params, seed, n), (recent[-n:] if n else [])
 
 
 class CudaLoader(Loader):
@@ -165,10 +181,15 @@ class CudaOps(Ops):
         # the KV cache the pass writes and reads, and each row's keys attended (decode); the MTP
         # head's passes bind the head's own (_HeadOps)
         self.cache_k, self.cache_v, self.lengths = runner.cache_k, runner.cache_v, runner.d_len[:rows]
+        # a paged pool instead (the batched step, cuda_batch.py): each row's cache row, the block
+        # tables (decode: row i's at i * table_stride; prefill: the sequence's), the decode
+        # attention's workspace and the rows it is laid out for
+        self.kv_rows, self.kv_tables, self.table_stride = None, None, 0
+        self.attn_ws, self.attn_rows = runner.attn_ws, ops.DECODE_MAX_ROWS
         self._values: dict = {}  # id -> (deferred value, its buffer) once launched (_value)
 
-    def buf(self, name: str, *cols: int):
-        return self.r.buffer(("d:" if self.decode else "p:") + name, self.n, *cols)
+    def buf(self, name: str, *cols: int, dtype: str = "f4"):
+        return self.r.buffer(("d:" if self.decode else "p:") + name, self.n, *cols, dtype=dtype)
 
     # ------------------------------------------------------------------ materializing inputs
     def _input(self, v, W: DeviceWeight | None = None, matvec: bool | None = None) -> dict:
@@ -191,7 +212,7 @@ class CudaOps(Ops):
                 ops.swiglu(gu, act)
                 return dict(x=act)
             # gate|up writes the consumer's x codes where its tiles cover whole 32-input blocks
-            qx = self.r.buffer("d:qx_act", m, lin.qx_row_words(F - F % 32), dtype="u4") \
+            qx = self.buf("qx_act", lin.qx_row_words(F - F % 32), dtype="u4") \
                 if qx_ok and lin.writes_qx(v.W, m) else None
             self._linear(v.x, v.W, act, epilogue="swiglu", qx_out=qx)
             return dict(x=act, prologue="qx", qx_in=qx) if qx is not None else dict(x=act)
@@ -200,12 +221,14 @@ class CudaOps(Ops):
             H, hd = s.n_heads, s.head_dim
             out = self.buf("attn", H, hd)
             if not self.decode:
-                ops.attn_prefill(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.start, m, s.scale, out)
+                ops.attn_prefill(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.start, m, s.scale, out,
+                                 table=self.kv_tables)
                 return dict(x=out.reshape(m, H * hd))
-            qa = self.r.buffer("d:qx_attn", m, lin.qx_row_words(H * hd), dtype="u4") \
+            qa = self.buf("qx_attn", lin.qx_row_words(H * hd), dtype="u4") \
                 if qx_ok and r.attn_qx and (H * hd) % 32 == 0 else None
             ops.attn_decode(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.lengths, m, s.scale, out,
-                            r.attn_ws, qx_out=qa, act_bf16=self.xb16)
+                            self.attn_ws, self.attn_rows, qx_out=qa, act_bf16=self.xb16, tables=self.kv_tables,
+                            table_stride=self.table_stride)
             x = out.reshape(m, H * hd)
             return dict(x=x, prologue="qx", qx_in=qa) if qa is not None else dict(x=x)
         if isinstance(v, _Linear):
@@ -277,7 +300,7 @@ class CudaOps(Ops):
         cos, sin = r.rope_tables(spec.rope)
         ops.qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, spec.eps, cos, sin, self.positions, spec.rope.style,
                                   spec.rope.rot_dim, self.cache_k[layer], self.cache_v[layer], r.kv_type, bias=bias,
-                                  q_out=q_rot, qk_norm=spec.qk_norm, q_gated=spec.output_gate)
+                                  q_out=q_rot, qk_norm=spec.qk_norm, q_gated=spec.output_gate, cache_rows=self.kv_rows)
         return q_rot
 
     def attention(self, q, spec: AttentionSpec, layer: int):
@@ -315,7 +338,7 @@ class CudaOps(Ops):
         m, k = self.n, spec.top_k
         logits = self.buf("moe_logits", spec.n_experts)
         self._linear(x, gate, logits)  # the dense matvec / GEMM (decode: the rmsnorm as its prologue)
-        ids = self.r.buffer(("d:" if self.decode else "p:") + "moe_ids", m, k, dtype="i4")
+        ids = self.buf("moe_ids", k, dtype="i4")
         w = self.buf("moe_w", k)
         moe.router(logits, bias, ids, w, m, spec)
         return ids, w
@@ -377,8 +400,8 @@ class _HeadOps(CudaOps):
         self.cache_k, self.cache_v = [runner.mtp_cache_k], [runner.mtp_cache_v]
         self.logits = logits
 
-    def buf(self, name: str, *cols: int):
-        return self.r.buffer("d:mtp." + name, self.n, *cols)
+    def buf(self, name: str, *cols: int, dtype: str = "f4"):
+        return self.r.buffer("d:mtp." + name, self.n, *cols, dtype=dtype)
 
     def lm_head(self, x, W: DeviceWeight):
         if not self.logits:
@@ -464,6 +487,8 @@ class CudaRunner:
         self._rows = 1  # rows of the last pass (last_logits)
         self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
         self._hidden: list = []  # the trunk's last-layer rows of the last prefill / step, per pass (last_hidden)
+        self.batch = None  # init_kv_pool: the paged pool and the batched step (cuda_batch.py)
+        self.pool_budget: int | None = None  # kv_pool_room's cap: what the fit left of a VRAM budget
         self._init_mtp(checkpoint)
         # Everything above was allocated, zeroed and uploaded on the legacy default stream, which
         # the runner's non-blocking stream does not wait for: finish it before the first step
@@ -612,18 +637,14 @@ class CudaRunner:
         """Rows tokens[i] at positions start + i; each row's params and ring (its history:
         ``history`` then tokens[:i+1])."""
         h = self.h_i32
-        n_hist = min(params.repeat_last_n, RING) if params.repeat_penalty != 1.0 else 0
-        recent = [int(t) for t in history[-RING:]]
-        for i, t in enumerate(tokens):
+        for i, (t, (packed, ring)) in enumerate(zip(tokens, sampling_rows(tokens, params, seed, history))):
             h[_HDR_TOKEN // 4 + i] = int(t)
             h[_HDR_POS // 4 + i] = start + i
             h[_HDR_LEN // 4 + i] = start + i + 1
-            recent.append(int(t))
-            n = min(len(recent), n_hist)
             base = _HDR_BYTES + i * _ROW_BYTES
-            np.frombuffer(self.h_io, np.uint64, ops.SAMPLE_PARAM_WORDS, base)[:] = ops.pack_sampling_params(params, seed, n)
-            if n:
-                h[(base + _ROW_PARAMS) // 4:(base + _ROW_PARAMS) // 4 + n] = recent[-n:]
+            np.frombuffer(self.h_io, np.uint64, ops.SAMPLE_PARAM_WORDS, base)[:] = packed
+            if ring:
+                h[(base + _ROW_PARAMS) // 4:(base + _ROW_PARAMS) // 4 + len(ring)] = ring
 
     def step(self, tokens, start: int, params: SamplingParams, seed: int, history) -> list[int]:
         tokens = [int(t) for t in tokens]
@@ -715,6 +736,45 @@ class CudaRunner:
         end = start + len(ids)
         self._ids[start:] = [int(t) for t in ids]
         self.state_pos, self._slot_range = end, ((max(start, end - dn.STATE_SLOTS), end) if step else (0, 0))
+
+    # ==================================================================== batched steps (runner.py)
+    block_size = ops.KV_PAGE  # positions per block of the paged pool (the attention kernels' KV_PAGE)
+
+    @property
+    def max_batch(self) -> int:
+        from . import cuda_batch
+
+        return cuda_batch.max_batch(self)
+
+    def kv_block_bytes(self) -> int:
+        from . import cuda_batch
+
+        return cuda_batch.block_bytes(self)
+
+    def kv_pool_room(self, step_rows: int) -> tuple[int, str]:
+        """Bytes of VRAM the pool's blocks may take now, before the pool exists (runner.py), and
+        where that figure comes from (pool_room): what is free after the weights, the cache and
+        the warm-up, capped by what the fit before loading left of the budget (``pool_budget``,
+        make_cuda_runner), less the batched step's own buffers (cuda_batch.step_bytes)."""
+        from . import cuda_batch
+
+        free = self.cp.cuda.runtime.memGetInfo()[0] + self.cp.get_default_memory_pool().free_bytes()
+        return pool_room(free, self.pool_budget, cuda_batch.step_bytes(self, step_rows), self.n_ctx)
+
+    def init_kv_pool(self, n_blocks: int) -> None:
+        """The paged pool of batched steps (cuda_batch.BatchStep), beside the sequence cache."""
+        from . import cuda_batch
+
+        self.batch = None  # the old pool's memory first
+        batch = cuda_batch.BatchStep(self, n_blocks)
+        batch.warmup()
+        self.batch = batch  # (only a pool that warmed up: one that ran out of memory is let go)
+
+    def batch_step(self, work) -> list[list[int]]:
+        """One batched step over the pool (runner.py: batch_step; cuda_batch.BatchStep.step)."""
+        if self.batch is None:
+            raise RuntimeError("batch_step before init_kv_pool")
+        return self.batch.step(work)
 
     def decode_logits(self, token: int, pos: int) -> np.ndarray:
         """One greedy decode step (graph or eager, as configured); host copy of its logits."""
@@ -931,14 +991,35 @@ KV_BYTES_PER_VALUE = {"bf16": 2.0, "q8_0": 34 / 32, "fp8": 1.0, "f32": 4.0}
 RESERVE_BYTES = (3 << 29) + lin.WGP_SCRATCH_BYTES
 
 
+def kv_token_bytes(n_layers: int, n_kv: int, head_dim: int, kv_type: str) -> float:
+    """Bytes of K and V per position over every layer (an fp8 row adds its f32 scale)."""
+    return 2 * n_layers * n_kv * (head_dim * KV_BYTES_PER_VALUE[kv_type] + (4 if kv_type == "fp8" else 0))
+
+
 def fit_context(max_ctx: int, requested: int, budget_bytes: int, weight_bytes: int, n_layers: int, n_kv: int,
                 head_dim: int, kv_type: str) -> int:
     """The context the KV cache can hold: the request (or the model's maximum) capped by what is
-    left of the VRAM budget after the weights and a reserve, in multiples of 256 (at least 256)."""
+    left of the VRAM budget after the weights and a reserve, in multiples of 256 (at least 256).
+    The context comes first: batched decoding's pool takes what is left after it (pool_room)."""
     want = min(requested or max_ctx, max_ctx)
-    per_token = 2 * n_layers * n_kv * (head_dim * KV_BYTES_PER_VALUE[kv_type] + (4 if kv_type == "fp8" else 0))
-    fits = int((budget_bytes - weight_bytes - RESERVE_BYTES) // per_token)
+    fits = int((budget_bytes - weight_bytes - RESERVE_BYTES) // kv_token_bytes(n_layers, n_kv, head_dim, kv_type))
     return max(256, min(want, fits) // 256 * 256) if fits < want else want
+
+
+def pool_room(free: int, budget_left: int | None, step_bytes: int, n_ctx: int) -> tuple[int, str]:
+    """Bytes batched decoding's pool blocks may take, and where the figure comes from: ``free``
+    bytes of VRAM now (after the weights, the context's cache and the warm-up), of which the engine
+    keeps RESERVE_BYTES free as fit_context keeps them of the budget, capped by ``budget_left`` (a
+    --vram-budget less the weights, the cache and the reserve; None: no budget), less
+    ``step_bytes`` for the batched step's own buffers."""
+    gib = 2**30
+    room = free - RESERVE_BYTES
+    why = (f"{free / gib:.2f} GiB of VRAM free after the model and its {n_ctx}-token cache, less the engine's "
+           f"{RESERVE_BYTES / gib:.2f} GiB reserve")
+    if budget_left is not None and budget_left < room:
+        room = budget_left
+        why = f"the VRAM budget leaves {budget_left / gib:.2f} GiB after the model, its {n_ctx}-token cache and the reserve"
+    return room - step_bytes, f"{why} and {step_bytes / gib:.2f} GiB for the batched step's buffers"
 
 
 def check_fits(name: str, weight_bytes: int, budget_bytes: int) -> None:
@@ -984,6 +1065,9 @@ def make_cuda_runner(checkpoint, options, report, tiers=None):
         report(LoadProgress("uploading", 0.0, f"context capped at {n_ctx} tokens to fit the VRAM budget"))
     runner = CudaRunner(checkpoint, n_ctx, options.kv_cache, progress=lambda f: report(LoadProgress("uploading", f)),
                         activations=options.activations, tiers=tiers)
+    if options.vram_budget_gb:  # the budget caps batched decoding's pool too (kv_pool_room)
+        kv = kv_token_bytes(a.num_hidden_layers - sum(linear), a.num_key_value_heads, a.head_dim, options.kv_cache)
+        runner.pool_budget = int(budget - weights - RESERVE_BYTES - kv * runner.n_ctx)
     report(LoadProgress("compiling", 0.0, "compiling kernels (cached after the first start) and capturing the decode graph"))
     runner.warmup()
     report(LoadProgress("compiling", 1.0))

@@ -385,6 +385,29 @@ def kv_cache_values(buf: np.ndarray, kv_type: str, n_ctx: int, n_kv: int, hd: in
     return kv_dequantize(*kv_cache_unpack(buf, kv_type, n_ctx, n_kv, hd), kv_type)
 
 
+# --------------------------------------------------------------------------- paged pool
+
+
+def paged_rows(table: np.ndarray, positions: np.ndarray, page: int) -> np.ndarray:
+    """The cache rows of ``positions`` in a paged pool of ``page``-position blocks through a
+    sequence's block table (kv_pages.py; attention_common.cuh KV_PAGE, rope.cu cache_rows):
+    position p is row table[p // page] * page + p % page."""
+    p = np.asarray(positions, np.int64)
+    table = np.asarray(table, np.int64)
+    if len(p) and p.max() >= len(table) * page:
+        raise ValueError(f"position {p.max()} beyond the table's {len(table)} blocks of {page}")
+    return table[p // page] * page + p % page
+
+
+def kv_cache_gather(buf: np.ndarray, kv_type: str, n_rows: int, n_kv: int, hd: int, rows: np.ndarray) -> np.ndarray:
+    """The contiguous cache buffer (kv_cache_pack's layout, len(rows) positions) that holds rows
+    ``rows`` of the pool buffer ``buf`` (n_rows rows): what a paged attention reads equals the
+    plain kernels' operand over this buffer, bit for bit."""
+    codes, scales = kv_cache_unpack(buf, kv_type, n_rows, n_kv, hd)
+    rows = np.asarray(rows, np.int64)
+    return kv_cache_pack(codes[rows], None if scales is None else scales[rows], kv_type)
+
+
 # --------------------------------------------------------------------------- attention
 
 DECODE_TILE = 32  # keys per decode tile (attention_decode.cu TK; attention_decode_tc.cu TCK = 64)

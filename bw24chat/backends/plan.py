@@ -448,6 +448,22 @@ def _strip(line: str) -> str:
     return re.sub(r"blk\.\d+\.|\[\d+\]|\b(conv|ssm|conv_ckpt|ssm_ckpt)\+\d+", r"\1", line)
 
 
+def batch_plan(config: dict, formats: dict, props: GpuProps, rows: int, kv_type: str = "bf16",
+               activations: str = "f32", n_ctx: int = 4096, n_blocks: int = 64) -> list[Launch]:
+    """The launches of one pass of the batched step (cuda_batch.BatchStep.forward) over ``rows``
+    decode rows (a bucket) on the paged pool: what the pass's graph replays."""
+    from ..models import get_family
+    from .cuda_batch import BatchStep
+
+    fam = get_family(config["model_type"])
+    args = fam.ModelArgs.from_dict(config)
+    with planning(props) as planner:
+        r = PlanRunner(args, fam.Model, _tensors(config, formats, fam.Model, args), kv_type, n_ctx, activations)
+        r.prefill_chunk = 512
+        BatchStep(r, n_blocks, zeros=lambda name, shape, dtype: SymArray(name, shape, dtype)).forward(rows)
+    return planner.launches
+
+
 def layer_period(config: dict) -> int:
     """The layers after which a model's launches repeat: 1, or a hybrid model's cycle of DeltaNet
     and attention layers (Qwen3.5: 3 + 1)."""

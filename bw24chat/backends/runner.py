@@ -43,6 +43,10 @@ runner has them, else the engine serves one sequence at a time through prefill /
         paged pool, of prefix sharing and of the attention kernel's key tiles)
   ``kv_block_bytes() -> int``  the bytes of one block over every layer (K and V): the engine
         sizes the pool with it
+  ``kv_pool_room(step_rows) -> (int, str)``  (a device runner only) the bytes the pool's blocks
+        may take now, before the pool exists, for steps of up to step_rows rows, and where that
+        figure comes from, for the user; the engine takes as many blocks as fit (engine.pool_plan)
+        and serves one request at a time where not even one context does
   ``init_kv_pool(n_blocks)``  allocate the paged pool: n_blocks blocks, ids 0..n_blocks-1.  The
         pool is separate from the single-sequence cache of prefill / step; which block holds what
         is the engine's bookkeeping (kv_pages.KVPages), never the runner's

@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from bw24chat import model_catalog
-from bw24chat.model_catalog import GpuMemory, ModelShape, describe_model, estimate_vram, list_local_models
+from bw24chat.model_catalog import GpuMemory, ModelShape, describe_model, estimate_vram, kv_per_token, list_local_models
 from bw24chat.tui.screens.models import vram_text
 from tests.tui.tui_helpers import write_gguf
 
@@ -18,7 +18,7 @@ def test_a_gguf_is_described_from_its_header(tmp_path):
     assert (m.name, m.arch, m.quant, m.fmt, m.n_ctx_train) == ("Tiny", "llama", "Q4_1", "gguf", 2048)
     assert m.size == path.stat().st_size
     # 4 layers x 2 KV heads x head dim 16 (64 / 4 heads), K and V, 2048 tokens, bf16
-    assert m.vram_needed == m.size + 2 * 4 * 2 * 16 * 2048 * 2 + model_catalog._WORKSPACE_BYTES
+    assert m.vram_needed() == m.size + 2 * 4 * 2 * 16 * 2048 * 2 + model_catalog._WORKSPACE_BYTES
 
 
 def test_a_split_gguf_counts_all_its_parts(tmp_path):
@@ -49,7 +49,32 @@ def test_an_hf_folder_is_described_from_config_json(tmp_path):
     (folder / "model.safetensors").write_bytes(b"\0" * 5000)
     m = describe_model(folder)
     assert (m.arch, m.quant, m.fmt, m.size, m.n_ctx_train) == ("qwen3", "BF16", "safetensors", 5000, 32768)
-    assert m.vram_needed == estimate_vram(5000, ModelShape(2, 2, 64), 32768)
+    assert m.vram_needed() == estimate_vram(5000, kv_per_token(ModelShape(2, 2, 64)), 32768)
+
+
+def test_the_estimate_counts_the_kv_pool_where_the_engine_batches(tmp_path):
+    """An engine that batches requests keeps a paged KV pool beside the context's cache: 1 GiB of
+    K/V (kv_pages.KV_POOL_BYTES) for a small model, one context and a block for a large one."""
+    from bw24chat.kv_pages import KV_POOL_BYTES
+
+    m = describe_model(write_gguf(tmp_path / "tiny-Q4_1.gguf", name="Tiny", file_type=3, n_ctx=2048))
+    assert m.vram_needed(batching=True) - m.vram_needed() == KV_POOL_BYTES
+    per_token = kv_per_token(ModelShape(64, 8, 128))  # 256 KiB a position: 1 GiB holds 4096, one context
+    pool = estimate_vram(0, per_token, 40960, batching=True) - estimate_vram(0, per_token, 40960)
+    assert pool == (4096 // 64 + 1) * 64 * per_token
+    assert estimate_vram(5000, 0, None, batching=True) == estimate_vram(5000, 0, None)  # the shape unknown: no pool
+
+
+def test_a_stale_description_is_read_again(tmp_path, monkeypatch):
+    """A description cached by an older catalog (other fields) is described afresh, not misread."""
+    monkeypatch.setattr(model_catalog, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(model_catalog, "_described", model_catalog._DescriptionCache())
+    path = write_gguf(tmp_path / "tiny-Q4_1.gguf", name="Tiny", file_type=3, n_ctx=2048)
+    key = model_catalog._described.key(path)
+    (tmp_path / "model_catalog.json").write_text(json.dumps({key: {"name": "Old", "path": str(path), "source": "manual",
+                                                                   "location": "x", "fmt": "gguf", "vram_needed": 1}}))
+    m = describe_model(path)
+    assert m.name == "Tiny" and m.kv_per_token == 2 * 4 * 2 * 16 * 2
 
 
 def test_a_broken_file_is_listed_with_its_error(tmp_path):

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Select, Static, TabbedContent, TabPane
 
 from ... import hub, model_catalog, train_draft
+from ...options import batching
 from ..formatting import human_bytes, human_duration, human_rate
 from ..messages import (
     CatalogScanned,
@@ -53,15 +54,17 @@ def vram_text(needed: int | None, gpu: model_catalog.GpuMemory | None) -> str:
 LOCAL_COLUMNS = ("Name", "Arch", "Format", "Size", "VRAM est.", "Draft head", "Location")
 
 
-def local_row(m: model_catalog.LocalModel, gpu: model_catalog.GpuMemory | None) -> tuple[str, ...]:
+def local_row(m: model_catalog.LocalModel, gpu: model_catalog.GpuMemory | None, batching: bool = False) -> tuple[str, ...]:
+    """batching: the engine's options batch requests (options.batching): the estimate counts the KV pool."""
     fmt = f"{m.fmt} {m.quant}" if m.quant else m.fmt
     name = f"{m.name} (unreadable: {m.error})" if m.error else m.name
-    return (name, m.arch or "?", fmt, human_bytes(m.size), vram_text(m.vram_needed, gpu), m.draft_head or "-", m.location)
+    return (name, m.arch or "?", fmt, human_bytes(m.size), vram_text(m.vram_needed(batching), gpu), m.draft_head or "-",
+            m.location)
 
 
 def choice_row(c: hub.DownloadChoice, gpu: model_catalog.GpuMemory | None) -> tuple[str, ...]:
     # weights as downloaded plus the fixed workspace: the KV cache needs the model's shape
-    needed = model_catalog.estimate_vram(c.size, None, None) if c.size else None
+    needed = model_catalog.estimate_vram(c.size, 0, None) if c.size else None
     return (c.label, c.fmt, str(len(c.files)), human_bytes(c.size), vram_text(needed, gpu))
 
 
@@ -154,7 +157,9 @@ class ModelsScreen(Screen):
             else Content.from_markup("[b]GPU[/b] none found (pynvml / CuPy): models run on the CPU")
         )
         table = self.query_one("#local-models", DataTable)
-        fill_table(table, LOCAL_COLUMNS, ((str(i), local_row(m, gpu)) for i, m in enumerate(self.models)))
+        o = self.app.config.options
+        rows = ((str(i), local_row(m, gpu, batching(o.max_batch, o.spec))) for i, m in enumerate(self.models))
+        fill_table(table, LOCAL_COLUMNS, rows)
         self.query_one("#first-run").display = not self.models
         if not self.models and (self.focused is None or self.focused is table):
             # a first start: Enter fetches and opens the default model — unless the user has

@@ -1,0 +1,374 @@
+"""The CUDA runner's batched step (backends/runner.py: ``batch_step``): several sequences' rows in
+one step over a paged KV pool, each sequence's K/V, logits and tokens bit-identical to its solo
+run on the runner's contiguous cache.
+
+The pool is one buffer per layer for K and one for V, in the contiguous cache's layout
+(kernel_refs.py) over ``(n_blocks + 1) * KV_PAGE`` rows: block b holds the positions a sequence's
+table maps to rows b * KV_PAGE ..; the last block is scratch for padding rows.  Which block holds
+what is the engine's (kv_pages.KVPages).  The kernels see the pool through the same contracts as
+the contiguous cache: rope.cu writes K/V to given cache rows (``cache_rows``), and the attention
+kernels read key tiles through block tables (attention_common.cuh KV_PAGE): the same arithmetic
+in the same order, only other addresses, so a row's bits do not depend on where its keys live.
+
+A step runs
+  * each prefill item as the solo prefill does (tensor-core GEMMs, chunk-invariant rows; the
+    paged prefill attention), eagerly; one that samples draws its token as ``prefill`` does;
+  * every decode row of the step in passes of up to PASS_ROWS rows, each pass one CUDA graph per
+    batch-size bucket (``bucket``: 1..8, then multiples of 8; padding rows write and read only
+    the scratch block): the model's forward over groups of at most MAX_ROWS rows (every op of a
+    layer launched once per group, ``_GroupedOps``), whose matvecs are the m-row-invariant
+    kernels (each row the one-row step's arithmetic), then the sampler on every row with its own
+    parameters, seed and ring.  Weights are thus read once per group of 8 rows and step.
+Hybrid models (a recurrent state per sequence) and spilled MoE experts (host steps inside the
+pass) decode one sequence at a time (``max_batch`` 1).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..api import SamplingParams
+from ..ops import Ops
+from . import cuda_linear as lin
+from . import cuda_ops as ops
+from .kernel_build import eager_launches, tracing
+from .kernel_refs import kv_cache_nbytes, kv_cache_shape, paged_rows
+from .cuda_runner import _HDR_OUT, RING, CudaOps, sampling_rows
+from .runner import MAX_ROWS, SeqWork
+
+MAX_BATCH = 64  # sequences one batch_step takes
+PASS_ROWS = 64  # decode rows of one batched pass (more run in several passes)
+
+# The pass's step image (pinned on the host, mirrored on the device): int32 arrays of PASS_ROWS
+# (tokens, positions, lengths = position + 1, sampled tokens, cache rows), then one block per row:
+# its sampling params, its ring, its block table.  A pass of R rows copies the header and R blocks.
+_TOK, _POS, _LEN, _OUT, _CROW = (i * 4 * PASS_ROWS for i in range(5))
+_HDR = 5 * 4 * PASS_ROWS
+_PARAMS = 8 * ops.SAMPLE_PARAM_WORDS
+_RING = _PARAMS
+_TABLE = _RING + 4 * RING
+
+
+def max_batch(runner) -> int:
+    """Sequences a batched step of ``runner`` takes: MAX_BATCH, or 1 for a hybrid model or spilled
+    experts (their per-sequence state and host steps stay on the one-sequence path)."""
+    return 1 if runner.dn_state is not None or runner.tiers is not None else MAX_BATCH
+
+
+def block_bytes(runner) -> int:
+    """Bytes of one pool block over every layer, K and V."""
+    a = runner.args
+    return 2 * runner.model.n_kv_layers * kv_cache_nbytes(runner.kv_type, ops.KV_PAGE, a.num_key_value_heads, a.head_dim)
+
+
+def step_bytes(runner, rows: int = PASS_ROWS) -> int:
+    """VRAM a BatchStep of ``runner`` takes beside its pool's blocks, for steps of up to ``rows``
+    decode rows: the scratch block, the pass's buffers (the one-row step's decode buffers, which
+    ``runner.warmup`` allocated, scaled to PASS_ROWS rows), logits, attention workspace and step
+    image, and the logits copies of all but a step's last pass."""
+    a, V = runner.args, runner.args.vocab_size
+    decode = sum(b.nbytes for (name, *_), b in runner._bufs.items() if name.startswith("d:") and not name.startswith("d:mtp."))
+    image = _HDR + PASS_ROWS * (_TABLE + 4 * -(-runner.n_ctx // ops.KV_PAGE) + 16)
+    copies = (max(rows, 1) - 1) // PASS_ROWS * PASS_ROWS
+    return (block_bytes(runner) + decode * PASS_ROWS // MAX_ROWS + (PASS_ROWS + copies) * V * 4 + image
+            + ops.attn_decode_workspace_bytes(a.num_attention_heads, a.num_key_value_heads, a.head_dim, PASS_ROWS)
+            + 4 * (runner.prefill_chunk + -(-runner.n_ctx // ops.KV_PAGE)))
+
+
+def bucket(rows: int) -> int:
+    """The graph a pass of ``rows`` decode rows replays: exact up to MAX_ROWS, else the next
+    multiple of MAX_ROWS (padding rows cost their compute, never a value of the others)."""
+    return rows if rows <= MAX_ROWS else -(-rows // MAX_ROWS) * MAX_ROWS
+
+
+class _Rows:
+    """A value of a grouped pass: one per group of rows (each group's CudaOps value)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+
+def _part(v, i: int):
+    return v.parts[i] if isinstance(v, _Rows) else v
+
+
+class _GroupedOps(Ops):
+    """The op set over a pass of more rows than one matvec launch takes: each op runs on every
+    group's CudaOps in turn (groups of at most MAX_ROWS rows, each with its own row slice of the
+    pass's buffers), so a layer's launches for all the rows follow each other; values are _Rows."""
+
+    def __init__(self, groups: list):
+        self.groups = groups
+
+    def _each(self, name: str, *args, **kw):
+        outs = [getattr(g, name)(*(_part(a, i) for a in args), **{k: _part(v, i) for k, v in kw.items()})
+                for i, g in enumerate(self.groups)]
+        if isinstance(outs[0], tuple):  # router: (ids, weights)
+            return tuple(_Rows(list(o)) for o in zip(*outs))
+        return _Rows(outs)
+
+    def embed(self, table, ids):
+        return self._each("embed", table, ids)
+
+    def rmsnorm(self, x, w):
+        return self._each("rmsnorm", x, w)
+
+    def concat(self, a, b):
+        return self._each("concat", a, b)
+
+    def linear(self, x, w, residual=None):
+        return self._each("linear", x, w, residual=residual)
+
+    def swiglu(self, gu):
+        return self._each("swiglu", gu)
+
+    def rope_kv(self, qkv, spec, layer, bias=None, q_norm=None, k_norm=None):
+        return self._each("rope_kv", qkv, spec, layer, bias, q_norm, k_norm)
+
+    def attention(self, q, spec, layer):
+        return self._each("attention", q, spec, layer)
+
+    def output_gate(self, o, qkv, spec):
+        return self._each("output_gate", o, qkv, spec)
+
+    def router(self, x, gate, spec, bias=None):
+        return self._each("router", x, gate, spec, bias)
+
+    def experts(self, x, ids, weights, experts, residual, shared=None):
+        return self._each("experts", x, ids, weights, experts, residual, shared)
+
+    def lm_head(self, x, w):
+        return self._each("lm_head", x, w)
+
+
+class BatchStep:
+    """The paged pool, the pass's step image and buffers, and the batched step of a CudaRunner."""
+
+    def __init__(self, runner, n_blocks: int, zeros=None):
+        """``zeros(name, shape, dtype)``: how device arrays are made (backends/plan.py passes
+        symbolic ones to trace a pass without a GPU; default: zeroed CuPy arrays)."""
+        a = runner.args
+        self.r, self.symbolic = runner, zeros is not None
+        self._zeros = zeros or (lambda name, shape, dtype: runner.cp.zeros(shape, dtype))
+        K, hd = a.num_key_value_heads, a.head_dim
+        self.n_blocks, self.page = n_blocks, ops.KV_PAGE
+        rows = (n_blocks + 1) * self.page  # + the scratch block of padding rows
+        self.scratch_row = n_blocks * self.page
+        shape, dtype = kv_cache_shape(runner.kv_type, rows, K, hd)  # the contiguous cache's layout (ops.kv_cache_alloc)
+        self.pool_k = [self._zeros(f"pool_k[{i}]", shape, dtype) for i in range(runner.model.n_kv_layers)]
+        self.pool_v = [self._zeros(f"pool_v[{i}]", shape, dtype) for i in range(runner.model.n_kv_layers)]
+        self.max_blocks = -(-runner.n_ctx // self.page)  # a table covers one context
+        self.row_bytes = -(-(_TABLE + 4 * self.max_blocks) // 16) * 16
+        n = _HDR + PASS_ROWS * self.row_bytes
+        self.d_img = self._zeros("bio", (n,), np.uint8)
+        self.d_i32 = self.d_img.view(np.int32)
+        self.io = {k: self.d_i32[o // 4:o // 4 + PASS_ROWS] for k, o in
+                   (("tok", _TOK), ("pos", _POS), ("len", _LEN), ("out", _OUT), ("crow", _CROW))}
+        self.logits = self._zeros("blogits", (PASS_ROWS, a.vocab_size), np.float32)
+        self.attn_ws = self._zeros("battn_ws", (ops.attn_decode_workspace_bytes(a.num_attention_heads, K, hd, PASS_ROWS),),
+                                   np.uint8)
+        # a prefill item's cache rows and block table
+        self.p_rows = self._zeros("bp_rows", (runner.prefill_chunk,), np.int32)
+        self.p_table = self._zeros("bp_table", (self.max_blocks,), np.int32)
+        self._bufs: dict = {}
+        self.plans: dict = {}  # bucket -> the pass's launches
+        self.graphs: dict = {}  # bucket -> the captured pass
+        if not self.symbolic:
+            self.h_img = runner.cp.cuda.alloc_pinned_memory(n)
+            self.h_i32 = np.frombuffer(self.h_img, np.int32, n // 4)
+            runner.cp.cuda.runtime.deviceSynchronize()  # the zeroed pool and workspace before the runner's stream uses them
+
+    def buffer(self, name: str, *cols: int, dtype: str = "f4"):
+        """A pass buffer of PASS_ROWS rows at a fixed address (groups take row slices)."""
+        key = (name, cols, dtype)
+        b = self._bufs.get(key)
+        if b is None:
+            b = self._bufs[key] = self._zeros(name, (PASS_ROWS, *cols), np.dtype(dtype))
+        return b
+
+    # ------------------------------------------------------------------ the op sets
+    def _pass_ops(self, r0: int, m: int, rows: int):
+        """Group rows r0..r0+m-1 of a pass of ``rows`` (bucket) rows: a decode CudaOps bound to
+        the image's rows, the pool, the tables, the pass's buffers and logits."""
+        bat = self
+
+        class PassOps(CudaOps):
+            def buf(self, name, *cols, dtype="f4"):
+                return bat.buffer(name, *cols, dtype=dtype)[r0:r0 + m]
+
+            def lm_head(self, x, W):
+                a = self._input(x, W, matvec=True)
+                out = bat.logits[r0:r0 + m]
+                lin.matvec(W, a.pop("x"), out, m, act_bf16=self.xb16, **a)
+                return out
+
+        o = PassOps(self.r, m, decode=True)
+        io = self.io
+        o.tokens, o.positions, o.lengths, o.kv_rows = (io[k][r0:r0 + m] for k in ("tok", "pos", "len", "crow"))
+        o.cache_k, o.cache_v = self.pool_k, self.pool_v
+        o.kv_tables = self.d_i32[(_HDR + r0 * self.row_bytes + _TABLE) // 4:]
+        o.table_stride = self.row_bytes // 4
+        # one workspace layout for every bucket (its arrival counters must stay where the last launch
+        # zeroed them); every key a pass writes is among each row's last PASS_ROWS
+        o.attn_ws, o.attn_rows = self.attn_ws, PASS_ROWS
+        return o
+
+    def _prefill_ops(self, T: int, start: int):
+        o = CudaOps(self.r, T, decode=False, start=start)
+        o.cache_k, o.cache_v = self.pool_k, self.pool_v
+        o.kv_rows, o.kv_tables = self.p_rows[:T], self.p_table
+        return o
+
+    # ------------------------------------------------------------------ a decode pass
+    def forward(self, rows: int) -> None:
+        """A pass of ``rows`` (a bucket) decode rows, as launches: the forward over groups of at most
+        MAX_ROWS rows, then the sampler on every row."""
+        r = self.r
+        groups = [self._pass_ops(g0, min(MAX_ROWS, rows - g0), rows) for g0 in range(0, rows, MAX_ROWS)]
+        if len(groups) == 1:
+            r.model.forward(groups[0], groups[0].tokens)
+        else:
+            r.model.forward(_GroupedOps(groups), _Rows([g.tokens for g in groups]))
+        for i in range(rows):
+            base = (_HDR + i * self.row_bytes) // 4
+            params = self.d_i32[base:base + _PARAMS // 4].view(np.uint64)
+            ring = self.d_i32[base + _RING // 4:base + _RING // 4 + RING]
+            ops.sample(self.logits[i], params, self.io["out"][i:i + 1], ring, self.io["len"][i:i + 1], r.sample_ws)
+
+    def plan(self, rows: int) -> list:
+        """The launches of a pass of ``rows`` decode rows, traced once (as CudaRunner.plan)."""
+        p = self.plans.get(rows)
+        if p is None:
+            with self.r.stream, tracing() as p:
+                self.forward(rows)
+            self.plans[rows] = p
+        return p
+
+    def _h2d(self, rows: int):
+        rt = self.r.cp.cuda.runtime
+        rt.memcpyAsync(self.d_img.data.ptr, self.h_img.ptr, _HDR + rows * self.row_bytes, rt.memcpyHostToDevice,
+                       self.r.stream.ptr)
+
+    def _d2h(self, rows: int):
+        rt = self.r.cp.cuda.runtime
+        rt.memcpyAsync(self.h_img.ptr + _OUT, self.d_img.data.ptr + _OUT, 4 * rows, rt.memcpyDeviceToHost, self.r.stream.ptr)
+
+    def _run_pass(self, rows: int) -> None:
+        """H2D image -> the pass -> D2H sampled tokens: the bucket's graph (captured at its first
+        use, after one eager walk: the first launches load the kernels; the walk computes the
+        same values the graph then computes again), or eagerly."""
+        r = self.r
+        plan = self.plan(rows)
+        with r.stream:
+            graph = self.graphs.get(rows) if r.use_graph else None
+            if graph is None and r.use_graph:
+                self._h2d(rows)
+                for launch in plan:
+                    launch()
+                r.stream.synchronize()
+                r.stream.begin_capture()
+                try:
+                    self._h2d(rows)
+                    for launch in plan:
+                        launch()
+                    self._d2h(rows)
+                finally:
+                    graph = self.graphs[rows] = r.stream.end_capture()
+            if graph is not None:
+                graph.launch(r.stream)
+            else:
+                self._h2d(rows)
+                for launch in plan:
+                    launch()
+                self._d2h(rows)
+
+    def _write_row(self, i: int, token: int, pos: int, crow: int, table, packed, ring) -> None:
+        h = self.h_i32
+        h[_TOK // 4 + i], h[_POS // 4 + i], h[_LEN // 4 + i], h[_CROW // 4 + i] = token, pos, pos + 1, crow
+        base = _HDR + i * self.row_bytes
+        np.frombuffer(self.h_img, np.uint64, ops.SAMPLE_PARAM_WORDS, base)[:] = packed
+        if len(ring):
+            h[(base + _RING) // 4:(base + _RING) // 4 + len(ring)] = ring
+        h[(base + _TABLE) // 4:(base + _TABLE) // 4 + len(table)] = table
+
+    def warmup(self) -> None:
+        """Compile the paged kernels and capture the one-row pass (positions 0..2 of block 0, which
+        a sequence overwrites before it reads them)."""
+        greedy, t = SamplingParams(temperature=0), np.zeros(1, np.int32)
+        self.step([SeqWork(np.array([0, 1]), 0, t, True, greedy)])
+        self.step([SeqWork(np.array([0]), 2, t, False, greedy)])
+
+    # ------------------------------------------------------------------ the step
+    def step(self, work: list[SeqWork]) -> list[list[int]]:
+        r = self.r
+        if not 1 <= len(work) <= max_batch(r):
+            raise ValueError(f"a batched step of {len(work)} sequences; this runner takes 1..{max_batch(r)}")
+        greedy = SamplingParams(temperature=0)  # rows that sample nothing (their token is dropped)
+        out: list[list[int]] = [[] for _ in work]
+        kept: list[list] = [[] for _ in work]  # per item, device rows of the logits it sampled from
+        rows = []  # the decode rows: (item, row index, token, position, cache row, table, params, ring)
+        for j, w in enumerate(work):
+            ids = [int(t) for t in w.ids]
+            table = np.asarray(w.table, np.int32)
+            if not ids:
+                raise ValueError("a work item runs at least one row")
+            if len(table) > self.max_blocks or (len(table) and int(table.max()) >= self.n_blocks):
+                raise ValueError(f"block table {table.tolist()} outside the pool's {self.n_blocks} blocks")
+            if w.prefill:
+                self._prefill(j, w, ids, table, out, kept)
+                continue
+            crows = paged_rows(table, np.arange(w.start, w.start + len(ids)), self.page)
+            samp = sampling_rows(ids, w.params or greedy, w.seed, list(w.history))
+            for i, (t, (packed, ring)) in enumerate(zip(ids, samp)):
+                rows.append((j, i, t, w.start + i, int(crows[i]), table, packed, ring))
+        pad = ops.pack_sampling_params(greedy, 0, 0)
+        for p0 in range(0, len(rows), PASS_ROWS):
+            chunk = rows[p0:p0 + PASS_ROWS]
+            n, nb = len(chunk), bucket(len(chunk))
+            for i, (_, _, t, pos, crow, table, packed, ring) in enumerate(chunk):
+                self._write_row(i, t, pos, crow, table, packed, ring)
+            for i in range(n, nb):  # padding rows: position 0 in the scratch block
+                self._write_row(i, 0, 0, self.scratch_row, np.array([self.n_blocks], np.int32), pad, [])
+            self._run_pass(nb)
+            with r.stream:  # the logits outlive the pass only where another pass follows
+                logits = self.logits if p0 + PASS_ROWS >= len(rows) else self.logits[:n].copy()
+            r.stream.synchronize()
+            toks = self.h_i32[_OUT // 4:_OUT // 4 + n]
+            for i, (j, k, *_rest) in enumerate(chunk):
+                w = work[j]
+                if w.params is not None and (w.sample_all or k == len(w.ids) - 1):
+                    out[j].append(int(toks[i]))
+                    kept[j].append(logits[i:i + 1])
+        r._kept = [row for rs in kept for row in rs]
+        r._rows, r._hidden = 0, []
+        return out
+
+    def _prefill(self, j: int, w: SeqWork, ids: list[int], table: np.ndarray, out: list, kept: list) -> None:
+        """A prefill item: chunks of at most prefill_chunk rows through the solo prefill's launches
+        on the pool; with params, the token after its last row drawn as CudaRunner.prefill draws it."""
+        r, C = self.r, self.r.prefill_chunk
+        with r.stream:
+            self.p_table[:len(table)].set(table, stream=r.stream)
+            for s in range(0, len(ids), C):
+                chunk, start = ids[s:s + C], w.start + s
+                T = len(chunk)
+                r.p_ids[:T].set(np.asarray(chunk, np.int32), stream=r.stream)
+                r.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=r.stream)
+                self.p_rows[:T].set(paged_rows(table, np.arange(start, start + T), self.page).astype(np.int32),
+                                    stream=r.stream)
+                with tracing() as plan:
+                    r.model.forward(self._prefill_ops(T, start), r.p_ids[:T])
+                with eager_launches():
+                    for item in plan:
+                        item()
+            if w.params is None:
+                return
+            end = w.start + len(ids)  # the last row's logits are in d_logits[0] (CudaOps.lm_head)
+            r._write_io([ids[-1]], end - 1, w.params, w.seed, [*list(w.history)[-RING:], *ids[:-1][-RING:]])
+            r._h2d_io(1)
+            r._sample_rows(1)
+            r._d2h_tokens(1)
+            kept[j].append(r.d_logits[:1].copy())
+        r.stream.synchronize()  # (the next item rewrites the runner's step image)
+        out[j].append(int(r.h_i32[_HDR_OUT // 4]))

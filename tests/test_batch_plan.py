@@ -1,0 +1,40 @@
+"""The CUDA batched step's pass (backends/cuda_batch.py) without a GPU: traced on symbolic buffers
+(backends/plan.batch_plan), each group of at most 8 rows launches exactly the kernels of the solo
+m-row decode step (backends/plan.decode_plan) -- the same builds, grids, blocks and shared memory,
+so each row runs the one-row step's arithmetic -- with the attention kernels reading the paged
+pool (KV_PAGE) and the sampler once per row."""
+from collections import Counter
+
+import pytest
+
+from bw24chat.backends.cuda_batch import bucket
+from bw24chat.backends.plan import GPUS, batch_plan, decode_plan
+from bw24chat.synthetic import SHAPES
+
+pytestmark = pytest.mark.kernels  # register counts from ptxas (NVRTC)
+
+
+def _keys(plan) -> Counter:
+    """Launch keys, the paged variant's KV_PAGE define dropped (it changes addresses only)."""
+    return Counter((L.family, L.name, tuple(d for d in L.defines if d[0] != "KV_PAGE"), L.grid, L.block, L.smem)
+                   for L in plan)
+
+
+@pytest.mark.parametrize("shape,fmt,kv,rows", [("qwen3-8b", "Q8_0", "bf16", 13), ("qwen3-8b", "BF16", "q8_0", 8),
+                                               ("qwen3-8b", "Q4_K", "fp8", 3), ("qwen3-8b", "NVFP4", "f32", 17),
+                                               ("qwen3-30b-a3b", "Q8_0", "bf16", 10)])
+def test_each_group_launches_the_solo_steps_kernels(shape, fmt, kv, rows):
+    cfg = SHAPES[shape]
+    got = batch_plan(cfg, {"default": fmt}, GPUS["H100"], rows, kv)
+    want = Counter()
+    for g0 in range(0, rows, 8):
+        want += _keys(decode_plan(cfg, {"default": fmt}, GPUS["H100"], min(8, rows - g0), kv))
+    assert _keys(got) == want
+    attn = [L for L in got if L.family.startswith("attention")]
+    assert attn and all(("KV_PAGE", 64) in L.defines for L in attn)
+    rope = [L for L in got if L.family == "rope"]
+    assert all(L.args[-1].startswith("bio") for L in rope)  # K/V to the pass's cache rows
+
+
+def test_buckets():
+    assert [bucket(n) for n in (1, 5, 8, 9, 16, 17, 63, 64)] == [1, 5, 8, 16, 16, 24, 64, 64]
