@@ -27,6 +27,8 @@
 //           The per-tensor FP32 global scale is a
 //           per-row float array (fused matrices may concatenate tensors with different scales)
 //           applied by the caller: matvec multiplies the finished row sum, dequant each value.
+//     MXFP4 q = selector words as NVFP4 (a chunk is one ggml block of 32 E2M1 codes, OCP MX v1.0);
+//           s = the block's e8m0 exponent byte as stored (u8 per chunk), one scale for all 32
 //   h-plane bit layout (so that a single shift + mask merges the high bits of 4 values into the
 //   byte lanes of the nibble word g = bytes 4g..4g+3, whose low nibbles are values 4g+j and high
 //   nibbles values 16+4g+j, j = 0..3):
@@ -34,7 +36,8 @@
 //     Q6_K (uint2):  word x byte j bits 2g,2g+1 = high 2 bits of value 4g+j; word y: of 16+4g+j
 //
 // Exact values (bit-equal to quants.py, which mirrors ggml-quants.c), per chunk:
-//   w = a*q            (Q4_0, Q5_0, Q8_0 as q*d, Q6_K with a = d*sc, NVFP4 with a = ue4m3/2)
+//   w = a*q            (Q4_0, Q5_0, Q8_0 as q*d, Q6_K with a = d*sc, NVFP4 with a = ue4m3/2,
+//                       MXFP4 with a = e8m0/2)
 //   w = a*q + b        (Q4_1/Q5_1: b = m; Q4_K/Q5_K: a = d*sc, b = -(dmin*mn), and x + (-y) is
 //                       bit-identical to x - y)
 // with q an exact small integer held in a float; rounded product then rounded sum (no FMA).
@@ -54,6 +57,7 @@
 #define F_Q5_K 9
 #define F_Q6_K 10
 #define F_NVFP4 11
+#define F_MXFP4 12
 
 #ifndef FMT
 #define FMT F_BF16
@@ -69,6 +73,7 @@
 #define VPC 32
 #endif
 #define IS_FLOAT_FMT (FMT <= F_BF16)
+#define E2M1_FMT (FMT == F_NVFP4 || FMT == F_MXFP4)  // E2M1 codes as selector words
 #define HAS_MIN (FMT == F_Q4_1 || FMT == F_Q5_1 || FMT == F_Q4_K || FMT == F_Q5_K)
 #define TWO_SCALES (FMT == F_Q6_K || FMT == F_NVFP4)
 #define HAS_H5 (FMT == F_Q5_0 || FMT == F_Q5_1 || FMT == F_Q5_K)
@@ -128,6 +133,8 @@ BW24_DEVICE RowPlanes row_planes(const uint4* __restrict__ wq, const void* __res
     p.s = (const unsigned short*)ws + row * (nck >> 1);
 #elif FMT == F_NVFP4
     p.s = (const unsigned int*)ws + row * (nck >> 1);
+#elif FMT == F_MXFP4
+    p.s = (const unsigned char*)ws + row * nck;
 #elif FMT == F_Q4_0 || FMT == F_Q5_0
     p.s = (const unsigned short*)ws + row * nck;
 #elif FMT == F_Q4_1 || FMT == F_Q5_1
@@ -154,6 +161,8 @@ BW24_DEVICE void fetch_chunk_at(Raw& r, const RowPlanes& p, int kc) {
     r.s.x = (uint32_t)__ldg((const unsigned short*)p.s + (kc >> 1));
 #elif FMT == F_NVFP4
     r.s.x = __ldg((const unsigned int*)p.s + (kc >> 1));
+#elif FMT == F_MXFP4
+    r.s.x = __ldg((const unsigned char*)p.s + kc);
 #elif FMT == F_Q4_0 || FMT == F_Q5_0
     r.s.x = __ldg((const unsigned short*)p.s + kc);
 #elif FMT == F_Q4_1 || FMT == F_Q5_1
@@ -180,6 +189,10 @@ BW24_DEVICE void fetch_chunk(Raw& r, const uint4* __restrict__ wq, const void* _
 BW24_DEVICE float ue4m3_half(uint32_t x) {
     return __fmul_rn(__half2float(__ushort_as_half((unsigned short)(x << 7))), 128.0f);
 }
+
+// e8m0 exponent byte e -> 2^(e-127) / 2 (quants.e8m0_to_f32_half, ggml_e8m0_to_fp32_half): the
+// float with biased exponent e - 1, or for e < 2 the subnormals 2^-128, 2^-127 (bit 21 + e)
+BW24_DEVICE float e8m0_half(uint32_t e) { return __uint_as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23); }
 
 // per-chunk scale a0 (values 0-15 or all), a1 (values 16-31 for TWO_SCALES), additive b
 BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float& b) {
@@ -217,16 +230,18 @@ BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float&
     const int half = kc & 1;
     a0 = ue4m3_half(byte_of(r.s.x, 2 * half));
     a1 = ue4m3_half(byte_of(r.s.x, 2 * half + 1));
+#elif FMT == F_MXFP4
+    a0 = e8m0_half(r.s.x);
 #endif
 }
 
 BW24_DEVICE uint32_t shl_signed(uint32_t v, int s) { return s >= 0 ? v << s : v >> (-s); }
 
 // nibble family: the code bytes of values 4g+j (lo) and 16+4g+j (hi), high bits merged in;
-// NVFP4: the selector nibbles of those values (lo in bits 0-15; hi: the word shifted down)
+// NVFP4 / MXFP4: the selector nibbles of those values (lo in bits 0-15; hi: the word shifted down)
 BW24_DEVICE void qwords(const Raw& r, int g, uint32_t& lo, uint32_t& hi) {
     const uint32_t w = word_of(r.q, g);
-#if FMT == F_NVFP4
+#if E2M1_FMT
     lo = w;
     hi = w >> 16;
     return;
@@ -242,12 +257,12 @@ BW24_DEVICE void qwords(const Raw& r, int g, uint32_t& lo, uint32_t& hi) {
 #endif
 }
 
-// byte j of a code word -> exact float of (code - QOFF) (not NVFP4: its words are selectors)
+// byte j of a code word -> exact float of (code - QOFF) (not NVFP4 / MXFP4: their words are selectors)
 BW24_DEVICE float qval(uint32_t w, int j) {
     return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)j)), 8388608.0f + QOFF);
 }
 
-// NVFP4, four codes as selector nibbles (bits 0-15, value j in nibble j; qwords) -> bytes
+// NVFP4 / MXFP4, four codes as selector nibbles (bits 0-15, value j in nibble j; qwords) -> bytes
 // (doubled E2M1 value + 12: 0..24), byte j = value j.  A 16-entry byte table looked up four
 // codes at a time with PRMT (entries 0-7 and 8-15 from two register pairs, then picked by the
 // code's sign bit).  Code 8 (-0) gives +0, as the reference table (E2M1_X2[8] = 0) does.
@@ -267,7 +282,7 @@ BW24_DEVICE void nvfp4_x4(uint32_t sel, float (&f)[4]) {
 
 // the four exact code floats of a qwords() word, in order j = 0..3
 BW24_DEVICE void qvals4(uint32_t t, float (&f)[4]) {
-#if FMT == F_NVFP4
+#if E2M1_FMT
     nvfp4_x4(t, f);
 #else
 #pragma unroll

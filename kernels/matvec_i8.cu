@@ -1,5 +1,5 @@
 // matvec_i8.cu — the decode matvec of the integer-dot contract (ACT_Q8: Q8_0, Q4_K, Q5_K, Q6_K,
-// NVFP4) on int8 tensor cores, for m = 2..8 tokens (speculative verify, batched decode).
+// NVFP4, MXFP4) on int8 tensor cores, for m = 2..8 tokens (speculative verify, batched decode).
 // cuda_linear.matvec_impl picks it from MATVEC_ROWS_TUNING; one token runs matvec.cu's SIMT kernel.
 //
 // Contract: matvec.cu's integer-dot contract, bit for bit.  y[m, o] = gs[o] * sum over chunks and
@@ -15,6 +15,7 @@
 // the weight codes with the x code levels (dp4a), then one FMA per level (or half chunk) into an
 // f32 accumulator starting at +0 (matvec_a8.cuh chunk_dot_a8: Q8_0 acc += s_p * (d * 2^e_p),
 // p = h then l; NVFP4 acc += float(256 dot_h + dot_l) * (s * 2^(e-1)), values 0-15 then 16-31;
+// MXFP4 acc += float(256 dot_h + dot_l) * (a * 2^(e-8)) over the whole chunk;
 // Q4_K acc += float(256 dot_h + dot_l) * (a * 2^(e-8)), then acc += b * xsum; Q5_K per level
 // acc += dot * (a * 2^e_p), acc += codesum * (b * 2^e_p); Q6_K per level the two halves'
 // (dot - 32 codesum) with their two scales); then warp_sum, the xor tree over L (16, 8, 4, 2, 1);
@@ -35,7 +36,7 @@
 // k-slots 4t..4t+3 (a0 / a1) and 16+4t..16+4t+3 (a2 / a3), B column g at the same k-slots (b0 /
 // b1), C rows g (c0, c1) and g + 8 (c2, c3) at columns 2t, 2t + 1.  A: lane t's own chunk's code
 // words (the SIMT kernel's dp4a operands: Q8_0 the int8 codes; the 4-bit family qwords() low words
-// 0-3 (values 0-15), then high words 0-3 (16-31); NVFP4 the doubled E2M1 values as int8), k-step s
+// 0-3 (values 0-15), then high words 0-3 (16-31); NVFP4 / MXFP4 the doubled E2M1 values as int8), k-step s
 // taking words 2s, 2s + 1.  B column n = 2q + p: level p of chunk 4 ss + q, carried in lane t = q
 // only (zero elsewhere), the staged x words that pair with those code words.  So C[row][2q + p] is
 // the exact dot of chunk 4 ss + q with level p, and it lands in lane t = q: the lane that loaded
@@ -88,8 +89,8 @@
 #include "matvec_common.cuh"
 #include "matvec_a8.cuh"
 
-#if IS_FLOAT_FMT || !(FMT == F_Q8_0 || FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K || FMT == F_NVFP4)
-#error "matvec_i8: the integer-dot formats (Q8_0, Q4_K, Q5_K, Q6_K, NVFP4)"
+#if IS_FLOAT_FMT || !(FMT == F_Q8_0 || FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K || E2M1_FMT)
+#error "matvec_i8: the integer-dot formats (Q8_0, Q4_K, Q5_K, Q6_K, NVFP4, MXFP4)"
 #endif
 #define I8_NA (8 / I8_KW)  // chains per lane and row: the warp's super-step residues mod 8
 #define I8_UNIT (16 * I8_ST)      // rows per pass
@@ -97,7 +98,7 @@
 #define I8_WORDS (VPC / 4)  // A code words per row and chunk (two per k-step)
 static_assert(I8_KW == 1 || I8_KW == 2 || I8_KW == 4 || I8_KW == 8, "I8_KW: 1, 2, 4 or 8 warps per sub-tile");
 static_assert(I8_U % I8_NA == 0, "I8_U: a multiple of the residues per warp (chain index known per slot)");
-#define I8_SIGNED_A (FMT == F_Q8_0 || FMT == F_NVFP4)  // int8 weight values; the rest unsigned codes
+#define I8_SIGNED_A (FMT == F_Q8_0 || E2M1_FMT)  // int8 weight values; the rest unsigned codes
 
 BW24_DEVICE void mma_i8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
 #if I8_SIGNED_A
@@ -111,7 +112,7 @@ BW24_DEVICE void mma_i8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint
 #endif
 }
 
-// The A code words of one row's chunk in k-slot order: the SIMT kernel's dp4a operands (NVFP4:
+// The A code words of one row's chunk in k-slot order: the SIMT kernel's dp4a operands (E2M1:
 // nvfp4_weight_bytes' offset bytes made signed, doubled value = byte - 128 = byte ^ 0x80)
 BW24_DEVICE void i8_awords(const Raw& r, uint32_t nv_t0, uint32_t (&w)[I8_WORDS]) {
 #if FMT == F_Q8_0
@@ -121,7 +122,7 @@ BW24_DEVICE void i8_awords(const Raw& r, uint32_t nv_t0, uint32_t (&w)[I8_WORDS]
 #else
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-#if FMT == F_NVFP4
+#if E2M1_FMT
         nvfp4_weight_bytes(word_of(r.q, i), nv_t0, w[i], w[4 + i]);
         w[i] ^= 0x80808080u;
         w[4 + i] ^= 0x80808080u;
@@ -200,10 +201,12 @@ BW24_DEVICE void i8_step(const Raw (&cur)[2], int kc, int nck, const uint32_t* x
             const float dx = __uint_as_float(mt[0].x);
             acc[m][i] = __fmaf_rn(__int2float_rn(clo[2 * i] * 256 + clo[2 * i + 1]), __fmul_rn(a0[i], dx), acc[m][i]);
             acc[m][i] = __fmaf_rn(__int2float_rn(chi[2 * i] * 256 + chi[2 * i + 1]), __fmul_rn(a1[i], dx), acc[m][i]);
-#elif FMT == F_Q4_K
+#elif FMT == F_Q4_K || FMT == F_MXFP4
             const float dx = __uint_as_float(mt[0].x);
             acc[m][i] = __fmaf_rn(__int2float_rn(c[2 * i] * 256 + c[2 * i + 1]), __fmul_rn(a0[i], dx), acc[m][i]);
+#if FMT == F_Q4_K
             acc[m][i] = __fmaf_rn(b[i], __uint_as_float(mt[0].w), acc[m][i]);  // the record's exact x sum
+#endif
 #else
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
@@ -272,7 +275,7 @@ matvec_i8(const uint4* __restrict__ wq, const void* __restrict__ wh, const void*
     else
         stage_a8(x, ldx, n_in, pro, eps, normw, xb16, xw, meta, red);
     __syncthreads();
-    // NVFP4's table word in a vector register (matvec.cu: not provably uniform, so not re-materialized)
+    // the E2M1 table word in a vector register (matvec.cu: not provably uniform, so not re-materialized)
     const uint32_t nv_t0 = __shfl_sync(0xffffffffu, 0x03020100u + (uint32_t)lane, lane) - (uint32_t)lane;
 
     for (;;) {

@@ -84,7 +84,7 @@ def test_matvec_a8_exact_is_the_contracts_product(rng, fmt):
     weights only the f32 accumulation's rounding remains (<= 1e-5 of sum |x||w|, as the GPU test
     of the kernels), odd row counts and chunk counts not a multiple of 32; each row is the same
     whatever the other rows (a NumPy truth the kernels must match)."""
-    block = {"Q8_0": 32, "NVFP4": 64}.get(fmt, 256)
+    block = {"Q8_0": 32, "NVFP4": 64, "MXFP4": 32}.get(fmt, 256)
     in_ = block * int(rng.integers(1, 12 if block < 256 else 7))
     out = int(rng.integers(1, 40))
     t = random_qtensor(rng, fmt, out, in_, "w", 3.0e-2 if fmt == "NVFP4" else 1.0)

@@ -39,6 +39,10 @@ def random_qtensor(rng, fmt: str, out: int, in_: int, name: str = "w", global_sc
         s[rng.random((nb, 4)) < 0.05] = 0x7F  # ... which decodes to 0: cover it
         s[rng.random((nb, 4)) < 0.05] |= 0x80  # bit 7, which the reference ignores (0xFF reads as 0x7F's 240)
         b[:, 0:4] = s
+    elif fmt == "MXFP4":  # e8m0 exponents around 2^0, and the two subnormal-scale codes 0, 1
+        e = rng.integers(112, 136, size=nb, dtype=np.uint8)
+        e[rng.random(nb) < 0.05] = rng.integers(0, 2, dtype=np.uint8)
+        b[:, 0] = e
     return QTensor(name, fmt, (out, in_), b.reshape(out, -1), global_scale=global_scale)
 
 
@@ -58,6 +62,16 @@ def test_repack_round_trip_bit_exact(fmt):
     got, ref = cw.decode_planes(hp), reference(ts)
     assert got.dtype == np.float32 and got.shape == ref.shape
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{np.sum(got.view(np.uint32) != ref.view(np.uint32))} bit mismatches"
+
+
+def test_mxfp4_every_scale_byte():
+    """MXFP4's e8m0 byte decodes bit for bit whatever it is (formats.cuh e8m0_half: the
+    subnormals of codes 0 and 1, the overflow of 255 x 6 to inf)."""
+    rng = np.random.default_rng(0)
+    t = random_qtensor(rng, "MXFP4", 256, 32)
+    t.raw.reshape(256, 17)[:, 0] = np.arange(256, dtype=np.uint8)
+    got, ref = cw.decode_planes(cw.repack_host([t])), t.dequantize()
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
 def test_repack_rejects_mixed_formats():

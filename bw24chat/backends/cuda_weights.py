@@ -2,8 +2,8 @@
 
 The device layout (kernels/formats.cuh is the contract) cuts every row into 16-byte *chunks*
 of VPC values: F32 4, F16/BF16 8, Q8_0 16, and 32 for every 4-bit-based format, whose chunk is
-a "nibble chunk" (byte j: value j in the low nibble, value 16+j in the high one; NVFP4 instead
-four "selector words", pack_selector_words).  Scales and
+a "nibble chunk" (byte j: value j in the low nibble, value 16+j in the high one; the E2M1
+formats NVFP4 and MXFP4 instead four "selector words", pack_selector_words).  Scales and
 high bits live in separate planes (``s``, ``d``, ``h``), so a warp's chunk loads are one
 contiguous 512-byte run.  Several tensors of one format and width are concatenated along the
 output rows (the runner fuses Wq|Wk|Wv and Wgate|Wup).
@@ -26,8 +26,9 @@ from .kernel_refs import FLOAT_FORMATS
 FORMATS = {
     "F32": (0, 4), "F16": (1, 8), "BF16": (2, 8), "Q8_0": (3, 16),
     "Q4_0": (4, 32), "Q4_1": (5, 32), "Q5_0": (6, 32), "Q5_1": (7, 32),
-    "Q4_K": (8, 32), "Q5_K": (9, 32), "Q6_K": (10, 32), "NVFP4": (11, 32),
+    "Q4_K": (8, 32), "Q5_K": (9, 32), "Q6_K": (10, 32), "NVFP4": (11, 32), "MXFP4": (12, 32),
 }
+E2M1_FORMATS = ("NVFP4", "MXFP4")  # E2M1 codes as selector words (pack_selector_words)
 HAS_MIN = {"Q4_1", "Q5_1", "Q4_K", "Q5_K"}
 
 
@@ -154,6 +155,10 @@ def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
         qs = b[:, :, 4:36].reshape(out, nb, 4, 8)
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, nb, 2, 32)  # value order
         return {"q": pack_selector_words(codes).reshape(out, -1), "s": nvfp4_scale_bytes(b[:, :, 0:4]).reshape(out, -1)}
+    if fmt == "MXFP4":  # one block per chunk: its e8m0 byte as it stands (s, u8 per chunk)
+        qs = b[:, :, 1:17]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # value order (ggml's Q4_0 nibble order)
+        return {"q": pack_selector_words(codes).reshape(out, -1), "s": b[:, :, 0:1].reshape(out, -1)}
     raise AssertionError(fmt)
 
 
@@ -205,10 +210,11 @@ def _ue4m3_half(x: np.ndarray) -> np.ndarray:
 def chunk_codes(hp: HostPlanes) -> tuple:
     """The chunks of a quantized matrix's planes as formats.cuh decodes them: (q, a0, a1, b) with q
     float32 [out, nck, VPC] the exact integer values in value order (Q8_0 the int8 codes; the
-    nibble family the codes minus QOFF, high bits merged; NVFP4 the doubled E2M1 values), a0 / a1
-    float32 [out, nck, 1] the scales of values 0-15 / 16-31 (chunk_scales: Q8_0 d; the K-quants
-    d * sc; Q6_K d * sc of each half; NVFP4 ue4m3 / 2) and b the additive min (HAS_MIN formats,
-    else None): w = a * q (+ b).  decode_planes and kernel_refs.matvec_a8_exact read them."""
+    nibble family the codes minus QOFF, high bits merged; NVFP4 / MXFP4 the doubled E2M1 values),
+    a0 / a1 float32 [out, nck, 1] the scales of values 0-15 / 16-31 (chunk_scales: Q8_0 d; the
+    K-quants d * sc; Q6_K d * sc of each half; NVFP4 ue4m3 / 2; MXFP4 e8m0 / 2) and b the
+    additive min (HAS_MIN formats, else None): w = a * q (+ b).  decode_planes and
+    kernel_refs.matvec_a8_exact read them."""
     fmt, out, in_ = hp.fmt, hp.out, hp.in_
     nck = in_ // vpc(fmt)
     words = hp.q.reshape(out, nck, 4, 4).view("<u4")[..., 0]  # (out, nck, 4) words g
@@ -220,7 +226,7 @@ def chunk_codes(hp: HostPlanes) -> tuple:
         q = (bytes_ | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + 128.0)
         return q, d, d, None
     # nibble family: code bytes lo (values 4g+j), hi (16+4g+j)
-    if fmt == "NVFP4":  # selector words: nibble j of each half -> byte j
+    if fmt in E2M1_FORMATS:  # selector words: nibble j of each half -> byte j
         spread = lambda v: sum(((v >> np.uint32(4 * jj)) & np.uint32(0xF)) << np.uint32(8 * jj) for jj in range(4))  # noqa: E731
         lo, hi = spread(words), spread(words >> np.uint32(16))
     else:
@@ -242,7 +248,7 @@ def chunk_codes(hp: HostPlanes) -> tuple:
 
     def qvals(w):  # (out, nck, 4 words) -> (out, nck, 16) values 4g+j
         c = (w[..., None] >> j) & np.uint32(0xFF)
-        if fmt == "NVFP4":
+        if fmt in E2M1_FORMATS:
             mag = (c << 22) & np.uint32(0x01C00000)
             bits = mag | np.where(mag != 0, (c << 28) & np.uint32(0x80000000), np.uint32(0))
             return (bits.view(np.float32) * np.float32(2.0**127)).reshape(out, nck, 16)
@@ -274,6 +280,9 @@ def chunk_codes(hp: HostPlanes) -> tuple:
     elif fmt == "NVFP4":
         sc = _ue4m3_half(hp.s.reshape(out, nck, 2))
         a0, a1 = sc[..., 0:1], sc[..., 1:2]
+    elif fmt == "MXFP4":  # formats.cuh e8m0_half: the bits quants.e8m0_to_f32_half builds
+        a0 = quants.e8m0_to_f32_half(hp.s.reshape(out, nck, 1))
+        a1 = a0
     return q, a0, a1, b
 
 

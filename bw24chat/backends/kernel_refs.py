@@ -65,8 +65,9 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 # random models; two levels make a flip 256 times smaller.  Q4_0/Q4_1/Q5_0/Q5_1 keep exact
 # activations (SmolLM2 Q4_1 is gated on the NumPy backend's numbers).  NVFP4: the integer dot
 # (E2M1 by table to doubled integers) measured 7 % faster per layer than the f16 tensor-core
-# matvec (74.0 vs 79.8 us).
-A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
+# matvec (74.0 vs 79.8 us).  MXFP4 takes NVFP4's integer dot (its power-of-two block scale rides
+# in the x record's scale).
+A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4", "MXFP4")
 
 
 FLOAT_FORMATS = ("F32", "F16", "BF16")  # the unquantized weight formats
@@ -226,12 +227,12 @@ def fma32(a, b, c) -> np.ndarray:
 def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
     """The integer-dot decode matvec's rows bit for bit (matvec.cu ACT_Q8, matvec_i8.cu; prologue
     none, store): y float32 [m, out] from x float32 [m, in] and the repacked weights hp
-    (cuda_weights.repack_host; Q8_0, Q4_K, Q5_K, Q6_K, NVFP4).  The kernels' reduction order, which
+    (cuda_weights.repack_host; A8_FORMATS).  The kernels' reduction order, which
     is their contract: x quantized per 32 inputs (act_quant_codes); per output, 32 chains L take
     the chunks kc = L, L + 32, ... (VPC values each) in increasing order, each an f32 accumulator
     from +0 updated by one FMA per step (matvec_a8.cuh chunk_dot_a8): Q8_0 per level p (h, l)
     dot_p * (d * 2^e_p); NVFP4 per half (values 0-15, 16-31) (256 dot_h + dot_l) * (E4M3 * 2^-8 *
-    2^(e-1)); Q4_K (256 dot_h + dot_l) * (a * 2^(e-8)), then b * xsum (xsum = (256 sum h + sum l) *
+    2^(e-1)); MXFP4 and Q4_K (256 dot_h + dot_l) * (a * 2^(e-8)), Q4_K then b * xsum (xsum = (256 sum h + sum l) *
     2^(e-8)); Q5_K per level dot_p * (a * 2^e_p), then codesum_p * (b * 2^e_p); Q6_K per level the
     halves' dot_p * (a0 * 2^e_p), then (a1 * 2^e_p); e_h = e, e_l = e - 8; the dots exact
     integers; then the xor tree of warp_sum over L (levels 16, 8, 4, 2, 1) and NVFP4's per-row
@@ -259,6 +260,8 @@ def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
     elif fmt == "NVFP4":  # E4M3 * 2^-8 = (ue4m3 / 2) * 2^-7, against 2^(e-1)
         s0, s1 = a0 * np.float32(2.0**-7), a1 * np.float32(2.0**-7)
         steps = [(f(256 * dot("h", sl) + dot("l", sl)), scale(s, -1)) for sl, s in ((lo, s0), (hi, s1))]
+    elif fmt == "MXFP4":
+        steps = [(f(256 * dot("h") + dot("l")), scale(a0, -8))]
     elif fmt == "Q4_K":
         xsum = f(256 * csum("h") + csum("l")) * _pow2(eb - 8)[:, None, :]
         steps = [(f(256 * dot("h") + dot("l")), scale(a0, -8)), (np.broadcast_to(b[None, :, :, 0], (m, out, nck)), xsum)]

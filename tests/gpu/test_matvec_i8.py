@@ -95,7 +95,7 @@ GEOMETRIES = [dict(I8_KW=8, I8_ST=1, I8_PH=1, I8_U=3), dict(I8_KW=8, I8_ST=1, I8
               dict(I8_KW=1, I8_ST=8, I8_PH=1, I8_U=8), dict(I8_KW=8, I8_ST=1, I8_PH=1, I8_U=1, MV_MINB=2)]
 
 
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "MXFP4"])
 @pytest.mark.parametrize("m", [2, 5])
 def test_geometries_and_grids_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
     """Warps per 16-row sub-tile (split K by super-step residue: 1, 2, 4, 8 chains folded in the
