@@ -229,7 +229,8 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 // One chunk of R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
 // the integer dots of the chunk's halves (values 0-15, 16-31; Q8_0: the 16 values), the code
 // offset removed through the dp4a seed (-offset * code sum, exact), then in this order
-//   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s)
+//   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s); TWO_MINS (Q2_K) then
+//               acc += sum_lo * (b0 * s); acc += sum_hi * (b1 * s)
 //   otherwise:  acc += (dot_lo + dot_hi) * (a0 * s); HAS_MIN: acc += sum32 * (b * s)
 // with s the plane's scale (a * s is exact), each an FMA, the same for every MV_M.
 // A8_JOIN, NVFP4, per row, token and half: D = 256 * dot_h + dot_l by one dp4a chain (the h
@@ -242,9 +243,10 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 template <int R>
 BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
                               uint32_t nv_t0, float (&acc)[MV_M][R]) {
-    float a0[R], a1[R], b[R];
+    float a0[R], a1[R], b[R], b1[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
+    for (int r = 0; r < R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r], b1[r]);
+    (void)b1;
 #if !E2M1_FMT
     (void)nv_t0;
 #endif
@@ -357,6 +359,10 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32
 #if TWO_SCALES
                 acc[m][r] = __fmaf_rn(small_int_float(il), __fmul_rn(a0[r], dx), acc[m][r]);
                 acc[m][r] = __fmaf_rn(small_int_float(ih), __fmul_rn(a1[r], dx), acc[m][r]);
+#if TWO_MINS  // the halves' code sums with their mins
+                acc[m][r] = __fmaf_rn(small_int_float((int)mt.y), __fmul_rn(b[r], dx), acc[m][r]);
+                acc[m][r] = __fmaf_rn(small_int_float((int)mt.z), __fmul_rn(b1[r], dx), acc[m][r]);
+#endif
 #else
                 acc[m][r] = __fmaf_rn(small_int_float(il + ih), __fmul_rn(a0[r], dx), acc[m][r]);
 #if HAS_MIN

@@ -1,5 +1,5 @@
 // matvec_i8.cu — the decode matvec of the integer-dot contract (ACT_Q8: Q8_0, Q4_K, Q5_K, Q6_K,
-// NVFP4, MXFP4) on int8 tensor cores, for m = 2..8 tokens (speculative verify, batched decode).
+// NVFP4, MXFP4, Q2_K, Q3_K) on int8 tensor cores, for m = 2..8 tokens (speculative verify, batched decode).
 // cuda_linear.matvec_impl picks it from MATVEC_ROWS_TUNING; one token runs matvec.cu's SIMT kernel.
 //
 // Contract: matvec.cu's integer-dot contract, bit for bit.  y[m, o] = gs[o] * sum over chunks and
@@ -17,8 +17,9 @@
 // p = h then l; NVFP4 acc += float(256 dot_h + dot_l) * (s * 2^(e-1)), values 0-15 then 16-31;
 // MXFP4 acc += float(256 dot_h + dot_l) * (a * 2^(e-8)) over the whole chunk;
 // Q4_K acc += float(256 dot_h + dot_l) * (a * 2^(e-8)), then acc += b * xsum; Q5_K per level
-// acc += dot * (a * 2^e_p), acc += codesum * (b * 2^e_p); Q6_K per level the two halves'
-// (dot - 32 codesum) with their two scales); then warp_sum, the xor tree over L (16, 8, 4, 2, 1);
+// acc += dot * (a * 2^e_p), acc += codesum * (b * 2^e_p); Q6_K / Q3_K per level the two halves'
+// (dot - offset codesum) with their two scales, Q2_K then the halves' codesums with their two
+// mins); then warp_sum, the xor tree over L (16, 8, 4, 2, 1);
 // then gs and the epilogue.  The integer dots are exact in any order (|dot| < 2^22, |256 dot_h +
 // dot_l| < 2^23), so a tensor core may form them: here mma.sync m16n8k32 (s8 x s8, or u8 codes x s8) forms, for 16
 // rows, the dots of 4 chunks and both levels at once.  What must match is which chunks feed
@@ -89,8 +90,8 @@
 #include "matvec_common.cuh"
 #include "matvec_a8.cuh"
 
-#if IS_FLOAT_FMT || !(FMT == F_Q8_0 || FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K || E2M1_FMT)
-#error "matvec_i8: the integer-dot formats (Q8_0, Q4_K, Q5_K, Q6_K, NVFP4, MXFP4)"
+#if IS_FLOAT_FMT || !(FMT == F_Q8_0 || FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K || E2M1_FMT || Q2BIT)
+#error "matvec_i8: the integer-dot formats (Q8_0, Q4_K, Q5_K, Q6_K, NVFP4, MXFP4, Q2_K, Q3_K)"
 #endif
 #define I8_NA (8 / I8_KW)  // chains per lane and row: the warp's super-step residues mod 8
 #define I8_UNIT (16 * I8_ST)      // rows per pass
@@ -144,15 +145,15 @@ BW24_DEVICE void i8_step(const Raw (&cur)[2], int kc, int nck, const uint32_t* x
     const bool bsel = own && t == (g >> 1);  // this lane carries B column g = 2t + p
     const int pb = g & 1;
     uint32_t aw[2][I8_WORDS];
-    float a0[2], a1[2], b[2];
+    float a0[2], a1[2], b[2], b1[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         i8_awords(cur[i], nv_t0, aw[i]);
 #if FMT == F_NVFP4
         nvfp4_scales_f16(cur[i].s.x, kc, a0[i], a1[i]);  // E4M3 * 2^-8 (the x record holds 2^(e-1))
-        b[i] = 0.0f;
+        b[i] = b1[i] = 0.0f;
 #else
-        chunk_scales(cur[i], kc, a0[i], a1[i], b[i]);
+        chunk_scales(cur[i], kc, a0[i], a1[i], b[i], b1[i]);
 #endif
     }
     const int blk = VPC == 16 ? kc >> 1 : kc;  // the chunk's 32-input activation block
@@ -178,7 +179,7 @@ BW24_DEVICE void i8_step(const Raw (&cur)[2], int kc, int nck, const uint32_t* x
 #endif
         }
         // C: (c[0], c[1]) = row g's dots with levels h, l; (c[2], c[3]) row g + 8's
-#if TWO_SCALES  // values 0-15 (k-steps 0, 1) and 16-31 (2, 3) apart; Q6_K's code offset 32 in the seeds
+#if TWO_SCALES  // values 0-15 (k-steps 0, 1) and 16-31 (2, 3) apart; Q6_K's / Q3_K's code offset in the seeds
         int clo[4], chi[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -211,9 +212,13 @@ BW24_DEVICE void i8_step(const Raw (&cur)[2], int kc, int nck, const uint32_t* x
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
                 const float dx = __uint_as_float(mt[p].x);
-#if TWO_SCALES  // Q6_K
+#if TWO_SCALES  // Q6_K, Q3_K, Q2_K
                 acc[m][i] = __fmaf_rn(small_int_float(clo[2 * i + p]), __fmul_rn(a0[i], dx), acc[m][i]);
                 acc[m][i] = __fmaf_rn(small_int_float(chi[2 * i + p]), __fmul_rn(a1[i], dx), acc[m][i]);
+#if TWO_MINS  // Q2_K: the halves' code sums with their mins
+                acc[m][i] = __fmaf_rn(small_int_float((int)mt[p].y), __fmul_rn(b[i], dx), acc[m][i]);
+                acc[m][i] = __fmaf_rn(small_int_float((int)mt[p].z), __fmul_rn(b1[i], dx), acc[m][i]);
+#endif
 #else
                 acc[m][i] = __fmaf_rn(small_int_float(c[2 * i + p]), __fmul_rn(a0[i], dx), acc[m][i]);
 #if HAS_MIN  // Q5_K
@@ -224,7 +229,7 @@ BW24_DEVICE void i8_step(const Raw (&cur)[2], int kc, int nck, const uint32_t* x
 #endif
         }
     }
-    (void)a1; (void)b;
+    (void)a1; (void)b; (void)b1;
 }
 
 extern "C" __global__ void __launch_bounds__(MV_NT, MV_MINB)

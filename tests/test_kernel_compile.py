@@ -51,7 +51,7 @@ class _Buffer:
 def production_matvec_builds() -> list[tuple[str, dict]]:
     """A cross-section of the decode matvec builds cuda_linear launches (no GPU: H100 resources):
     the Qwen3-8B qkv / gate|up (with QX) / down (prologue qx) / LM head of NVFP4, Q4_K, Q8_0 on
-    the integer-dot contract, Q6_K, MXFP4, BF16 at m = 1 and 3 (matvec_i8 at m > 1 for the integer-dot
+    the integer-dot contract, Q6_K, MXFP4, Q2_K, Q3_K, BF16 at m = 1 and 3 (matvec_i8 at m > 1 for the integer-dot
     formats), F16's and NVFP4's (float contract) tensor-core o projection, an MoE router in F32 and
     BF16; every define is the wrapper's own choice."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
@@ -67,7 +67,7 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
         mp.setattr(kernel_build, "smem_block_limit", lambda: 227 * 1024)
         mp.delenv("BW24CHAT_A8", raising=False)
         for fmt, ms in (("NVFP4", (1, 3)), ("Q4_K", (1, 4)), ("Q8_0", (1, 8)), ("Q6_K", (1, 5)), ("Q5_K", (2,)), ("BF16", (1, 3)),
-                        ("F16", (1,)), ("MXFP4", (1, 3))):
+                        ("F16", (1,)), ("MXFP4", (1, 3)), ("Q2_K", (1, 3)), ("Q3_K", (1, 2))):
             W = lambda o, i: cl.DeviceWeight(fmt, o, i, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1])  # noqa: E731
             for m in ms:
                 qx = cl.writes_qx(W(24576, 4096), m) and cl.takes_qx(W(4096, 12288), m)
@@ -121,7 +121,7 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm_mma", {"FMT": 11, "GEMM_XPLANES": 1, "GEMM_SPLIT": 0}),
     ("gemm_mma", {"FMT": 8, "GEMM_SPLIT": 0, "GEMM_WSPLIT": 1, "GM_BUFS": 1}),
     ("gemm_mma", {"FMT": 0}),  # F32 (4-value chunks): the rows gemm_wgp cannot take
-    *[("gemm_mma", {"FMT": FORMATS[f][0]}) for f in FORMATS],  # every format's decoder in the producer
+    *[("gemm_mma", {"FMT": FORMATS[f][0]}) for f in FORMATS if f != "F32"],  # every format's decoder in the producer
     *[("dequant", {"FMT": FORMATS[f][0]}) for f in FORMATS],  # every format's dequantization / embedding rows
     ("gemm_i8", {"FMT": 3}),
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone

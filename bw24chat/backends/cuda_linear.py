@@ -194,8 +194,8 @@ A8_SMALL_ROWS = 4096  # the matvec shape classes' row / input bound (shape_class
 #   a 64-row gate|up tile whose swiglu epilogue writes the down projection's x codes (QX);
 # - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
 # - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the wide
-#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K keep the kernel's defaults (their
-#   decoders need the registers).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
+#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K / Q2_K / Q3_K keep the kernel's
+#   defaults (their decoders need the registers; Q2_K / Q3_K not measured).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
 # - "few" (at most FEW_ROWS rows, where an entry exists: an MoE router's F32 / BF16 logits, 128 x
 #   2048 for Qwen3-30B-A3B): a row is one warp's, so 2 rows per warp left 8 blocks for a 1 MB
 #   matrix (8.6 us a launch on the H100, docs/performance.md); one row per warp doubles the
@@ -211,7 +211,7 @@ MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
     (True, "NVFP4", "o"): {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
     (True, "NVFP4", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
     (True, "NVFP4", "mid"): _WIDE, (True, "NVFP4", "wide"): _WIDE,
-    **{(True, f, c): {} for f in ("Q5_K", "Q6_K") for c in ("o", "down", "mid", "wide")},
+    **{(True, f, c): {} for f in ("Q5_K", "Q6_K", "Q2_K", "Q3_K") for c in ("o", "down", "mid", "wide")},
     (True, "*", "o"): {"MV_U": 3, "MV_MINB": 2}, (True, "*", "down"): {"MV_U": 3, "MV_MINB": 2},
     (False, "BF16", "o"): {"MV_STEADY": 1, "MV_NW": 16}, (False, "BF16", "down"): {"MV_STEADY": 1, "MV_NW": 16},
     (False, "BF16", "mid"): {"MV_STEADY": 1}, (False, "BF16", "wide"): _WIDE,
@@ -226,7 +226,7 @@ FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 # - integer dot: matvec_i8.cu (int8 tensor cores, the SIMT kernel's reduction order): the m-row
 #   SIMT kernel repeats its dp4a work and shared-memory x reads per row (docs/performance.md, "What
 #   a speculative verify costs": 1.9x a one-row step at m = 2, 3.5-4.7x at m = 8).  Passes of 16
-#   rows by blocks of 8 warps (split K by super-step residue), 3 super-steps in flight (Q6_K 2),
+#   rows by blocks of 8 warps (split K by super-step residue), 3 super-steps in flight (Q6_K, Q3_K 2),
 #   the registers of one block per SM: no spills at m = 2..8 (ptxas); the swiglu builds take
 #   tiles of 4 passes (64 rows) so that a tile's 32 outputs are one QX block.
 # - float path (BF16, F16, F32): the registers of 2 blocks per SM (MV_MINB 2: <= 128, no spills at
@@ -234,7 +234,7 @@ FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 #   block of 8 warps per SM: BF16's 2-row step (9.1 ms) ran slower than its 3-row step (7.1 ms,
 #   118 registers, 2 blocks).
 def _i8_rows(fmt: str, passes: int = 1) -> dict:
-    return {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_PH": passes, "I8_U": 2 if fmt == "Q6_K" else 3, "MV_MINB": 1}
+    return {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_PH": passes, "I8_U": 2 if fmt in ("Q6_K", "Q3_K") else 3, "MV_MINB": 1}
 
 
 MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {

@@ -66,8 +66,9 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 # activations (SmolLM2 Q4_1 is gated on the NumPy backend's numbers).  NVFP4: the integer dot
 # (E2M1 by table to doubled integers) measured 7 % faster per layer than the f16 tensor-core
 # matvec (74.0 vs 79.8 us).  MXFP4 takes NVFP4's integer dot (its power-of-two block scale rides
-# in the x record's scale).
-A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4", "MXFP4")
+# in the x record's scale); Q3_K Q6_K's (two scales a chunk, a code offset), Q2_K the same with
+# a min per half chunk.
+A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4", "MXFP4", "Q2_K", "Q3_K")
 
 
 FLOAT_FORMATS = ("F32", "F16", "BF16")  # the unquantized weight formats
@@ -232,10 +233,11 @@ def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
     the chunks kc = L, L + 32, ... (VPC values each) in increasing order, each an f32 accumulator
     from +0 updated by one FMA per step (matvec_a8.cuh chunk_dot_a8): Q8_0 per level p (h, l)
     dot_p * (d * 2^e_p); NVFP4 per half (values 0-15, 16-31) (256 dot_h + dot_l) * (E4M3 * 2^-8 *
-    2^(e-1)); MXFP4 and Q4_K (256 dot_h + dot_l) * (a * 2^(e-8)), Q4_K then b * xsum (xsum = (256 sum h + sum l) *
-    2^(e-8)); Q5_K per level dot_p * (a * 2^e_p), then codesum_p * (b * 2^e_p); Q6_K per level the
-    halves' dot_p * (a0 * 2^e_p), then (a1 * 2^e_p); e_h = e, e_l = e - 8; the dots exact
-    integers; then the xor tree of warp_sum over L (levels 16, 8, 4, 2, 1) and NVFP4's per-row
+    2^(e-1)); MXFP4 and Q4_K (256 dot_h + dot_l) * (a * 2^(e-8)), Q4_K then b * xsum (xsum =
+    (256 sum h + sum l) * 2^(e-8)); Q5_K per level dot_p * (a * 2^e_p), then codesum_p * (b *
+    2^e_p); Q6_K / Q3_K per level the halves' dot_p * (a0 * 2^e_p), then (a1 * 2^e_p); Q2_K as
+    they, then the halves' codesum_p * (b0 * 2^e_p), (b1 * 2^e_p); e_h = e, e_l = e - 8; the dots
+    exact integers; then the xor tree of warp_sum over L (levels 16, 8, 4, 2, 1) and NVFP4's per-row
     global scale.  float32 products and sums as NumPy rounds them, FMAs by fma32."""
     from .cuda_weights import chunk_codes, vpc
 
@@ -246,13 +248,13 @@ def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
     m, V = x.shape[0], vpc(fmt)
     nck = n // V
     h, l, e = act_quant_codes(x)
-    q, a0, a1, b = chunk_codes(hp)
+    q, a0, a1, b, b1 = chunk_codes(hp)
     qi = q.astype(np.int64)  # [out, nck, V]
     codes = {"h": h.astype(np.int64).reshape(m, nck, V), "l": l.astype(np.int64).reshape(m, nck, V)}
     eb = e[:, np.arange(nck) // (32 // V)]  # [m, nck]: each chunk's activation block exponent
     f = lambda v: np.asarray(v, np.float64).astype(np.float32)  # noqa: E731  (exact: integers < 2^24)
     dot = lambda p, sl=slice(None): np.einsum("mkv,okv->mok", codes[p][..., sl], qi[..., sl])  # noqa: E731
-    csum = lambda p: codes[p].sum(-1)[:, None, :]  # noqa: E731  [m, 1, nck]
+    csum = lambda p, sl=slice(None): codes[p][..., sl].sum(-1)[:, None, :]  # noqa: E731  [m, 1, nck]
     scale = lambda a, k: a[None, :, :, 0] * _pow2(eb + k)[:, None, :]  # noqa: E731  float32 [m, out, nck]
     lo, hi = slice(0, 16), slice(16, 32)
     if fmt == "Q8_0":
@@ -267,7 +269,10 @@ def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
         steps = [(f(256 * dot("h") + dot("l")), scale(a0, -8)), (np.broadcast_to(b[None, :, :, 0], (m, out, nck)), xsum)]
     elif fmt == "Q5_K":
         steps = [s for p, k in (("h", 0), ("l", -8)) for s in ((f(dot(p)), scale(a0, k)), (f(csum(p)), scale(b, k)))]
-    else:  # Q6_K: q holds code - 32 (the kernels' seeds remove the offset exactly)
+    elif fmt == "Q2_K":  # two scales and two mins per chunk
+        steps = [s for p, k in (("h", 0), ("l", -8)) for s in ((f(dot(p, lo)), scale(a0, k)), (f(dot(p, hi)), scale(a1, k)),
+                                                               (f(csum(p, lo)), scale(b, k)), (f(csum(p, hi)), scale(b1, k)))]
+    else:  # Q6_K / Q3_K: q holds code - 32 / 4 (the kernels' seeds remove the offset exactly)
         steps = [s for p, k in (("h", 0), ("l", -8)) for s in ((f(dot(p, lo)), scale(a0, k)), (f(dot(p, hi)), scale(a1, k)))]
     acc = np.zeros((m, out, 32), np.float32)
     for i in range(-(-nck // 32)):

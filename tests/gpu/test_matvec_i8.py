@@ -95,7 +95,7 @@ GEOMETRIES = [dict(I8_KW=8, I8_ST=1, I8_PH=1, I8_U=3), dict(I8_KW=8, I8_ST=1, I8
               dict(I8_KW=1, I8_ST=8, I8_PH=1, I8_U=8), dict(I8_KW=8, I8_ST=1, I8_PH=1, I8_U=1, MV_MINB=2)]
 
 
-@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "MXFP4"])
+@pytest.mark.parametrize("fmt", ["NVFP4", "Q8_0", "Q4_K", "Q6_K", "MXFP4", "Q2_K", "Q3_K"])
 @pytest.mark.parametrize("m", [2, 5])
 def test_geometries_and_grids_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
     """Warps per 16-row sub-tile (split K by super-step residue: 1, 2, 4, 8 chains folded in the
@@ -103,7 +103,7 @@ def test_geometries_and_grids_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
     3 blocks (many tiles per block: the chain buffer and the window reused) or one tile per
     block: the same bits, for the rmsnorm prologue and the add and swiglu epilogues."""
     n = int(rng.integers(150, 400))
-    W, _, _ = _weight(rng, fmt, (n, n), inputs=4096 if fmt in ("Q4_K", "Q6_K") else None, interleave=True)
+    W, _, _ = _weight(rng, fmt, (n, n), inputs=4096 if fmt in ("Q4_K", "Q6_K", "Q2_K", "Q3_K") else None, interleave=True)
     x = rng.standard_normal((m, W.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
     res = rng.standard_normal((m, W.out)).astype(np.float32)
