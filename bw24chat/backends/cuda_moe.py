@@ -274,8 +274,8 @@ def _geo(u: int) -> dict:
     return {"MOE_NW": 8, "MOE_U": u, "MOE_MINB": 2}
 
 
-_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
-           "Q4_K": 3, "Q5_K": 3, "*": 2}
+_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "MXFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
+           "Q2_K": 4, "Q4_K": 3, "Q5_K": 3, "Q3_K": 3, "*": 2}
 MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
 MOE_R = 2  # moe_experts.cu MOE_R's default: rows per segment of moe_down
 MAX_K = 32  # moe_experts.cu MOE_MAX_K
