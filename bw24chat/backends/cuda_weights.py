@@ -226,25 +226,26 @@ def _ue4m3_half(x: np.ndarray) -> np.ndarray:
     return ((x.astype(np.uint16) << 7).view("<f2").astype(np.float32) * np.float32(128.0)).astype(np.float32)
 
 
-def chunk_codes(hp: HostPlanes) -> tuple:
-    """The chunks of a quantized matrix's planes as formats.cuh decodes them: (q, a0, a1, b0, b1)
-    with q float32 [out, nck, VPC] the exact integer values in value order (Q8_0 the int8 codes;
-    the nibble and 2-bit families the codes minus QOFF, high bits merged; NVFP4 / MXFP4 the
-    doubled E2M1 values), a0 / a1 float32 [out, nck, 1] the scales of values 0-15 / 16-31
-    (chunk_scales: Q8_0 d; the K-quants d * sc; Q6_K / Q3_K / Q2_K d * sc of each half; NVFP4
-    ue4m3 / 2; MXFP4 e8m0 / 2) and b0 / b1 the additive mins of the halves (HAS_MIN formats, one
-    per chunk but Q2_K's; else None): w = a * q (+ b).  decode_planes and
-    kernel_refs.matvec_a8_exact read them."""
+def decode_planes(hp: HostPlanes) -> np.ndarray:
+    """float32 [out, in] exactly as formats.cuh decode_exact computes it (global scale applied
+    per row for NVFP4, as the dequantize kernel does)."""
     fmt, out, in_ = hp.fmt, hp.out, hp.in_
-    nck = in_ // vpc(fmt)
+    V = vpc(fmt)
+    nck = in_ // V
+    if fmt == "F32":
+        return hp.q.view("<f4").reshape(out, in_).astype(np.float32)
+    if fmt == "F16":
+        return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
+    if fmt == "BF16":
+        return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
     words = hp.q.reshape(out, nck, -1, 4).view("<u4")[..., 0]  # (out, nck, 4) words g (2-bit: 2 words)
     kc = np.arange(nck)
     if fmt == "Q8_0":
-        d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2, None]  # (out, nck, 1)
+        d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2]  # (out, nck)
         w = words ^ np.uint32(0x80808080)
         bytes_ = ((w[..., None] >> (8 * np.arange(4, dtype=np.uint32))) & 0xFF).reshape(out, nck, 16)
         q = (bytes_ | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + 128.0)
-        return q, d, d, None, None
+        return (q * d[..., None]).reshape(out, in_)
 
     def sh(v, s):
         return (v << np.uint32(s)) if s >= 0 else (v >> np.uint32(-s))
@@ -282,23 +283,23 @@ def chunk_codes(hp: HostPlanes) -> tuple:
         off = {"Q4_0": 8.0, "Q5_0": 16.0, "Q6_K": 32.0, "Q3_K": 4.0}.get(fmt, 0.0)
         return ((c | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + off)).reshape(out, nck, 16)
 
-    q = np.concatenate([qvals(lo), qvals(hi)], axis=-1)
-    b = None
+    qlo, qhi = qvals(lo), qvals(hi)
+    b0 = b1 = None  # the additive mins of values 0-15 / 16-31 (one per chunk but Q2_K's)
     if fmt in ("Q4_0", "Q5_0"):
         a0 = _f16(hp.s.reshape(out, nck, 2))
         a1 = a0
     elif fmt in ("Q4_1", "Q5_1"):
         dm = _f16(hp.s.reshape(out, nck, 2, 2))  # (out, nck, 2, 1)
-        a0, b = dm[:, :, 0], dm[:, :, 1]
-        a1 = a0
+        a0, b0 = dm[:, :, 0], dm[:, :, 1]
+        a1, b1 = a0, b0
     elif fmt in ("Q4_K", "Q5_K"):
         s = hp.s.reshape(out, nck // 8, 16)
         d, dmin = _f16(s[..., 0:2]), _f16(s[..., 2:4])
         sc, mn = quants.k_scale_min(s[..., 4:16].reshape(-1, 12))
         sc, mn = sc.reshape(out, -1, 8), mn.reshape(out, -1, 8)
         a0 = (d * sc.astype(np.float32)).reshape(out, nck, 1)
-        b = -(dmin * mn.astype(np.float32)).reshape(out, nck, 1)
-        a1 = a0
+        b0 = -(dmin * mn.astype(np.float32)).reshape(out, nck, 1)
+        a1, b1 = a0, b0
     elif fmt in ("Q6_K", "Q3_K"):
         sc = hp.s.reshape(out, nck // 8, 16).view(np.int8).astype(np.float32)
         d = _f16(hp.d.reshape(out, nck // 8, 2))
@@ -310,28 +311,13 @@ def chunk_codes(hp: HostPlanes) -> tuple:
         ds = (_f16(dm[..., 0:2]) * (s & 0x0F).astype(np.float32)).reshape(out, nck, 2)
         mn = -(_f16(dm[..., 2:4]) * (s >> 4).astype(np.float32)).reshape(out, nck, 2)
         a0, a1, b0, b1 = ds[..., 0:1], ds[..., 1:2], mn[..., 0:1], mn[..., 1:2]
-        return q, a0, a1, b0, b1
     elif fmt == "NVFP4":
         sc = _ue4m3_half(hp.s.reshape(out, nck, 2))
         a0, a1 = sc[..., 0:1], sc[..., 1:2]
     elif fmt == "MXFP4":  # formats.cuh e8m0_half: the bits quants.e8m0_to_f32_half builds
         a0 = quants.e8m0_to_f32_half(hp.s.reshape(out, nck, 1))
         a1 = a0
-    return q, a0, a1, b, b
-
-
-def decode_planes(hp: HostPlanes) -> np.ndarray:
-    """float32 [out, in] exactly as formats.cuh decode_exact computes it (global scale applied
-    per row for NVFP4, as the dequantize kernel does)."""
-    fmt, out, in_ = hp.fmt, hp.out, hp.in_
-    if fmt == "F32":
-        return hp.q.view("<f4").reshape(out, in_).astype(np.float32)
-    if fmt == "F16":
-        return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
-    if fmt == "BF16":
-        return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
-    q, a0, a1, b0, b1 = chunk_codes(hp)
-    vlo, vhi = a0 * q[..., :16], a1 * q[..., 16:]  # Q8_0: 16 values, one scale
+    vlo, vhi = a0 * qlo, a1 * qhi
     if b0 is not None:
         vlo, vhi = vlo + b0, vhi + b1
     v = np.concatenate([vlo, vhi], axis=-1).reshape(out, in_)
