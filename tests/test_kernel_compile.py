@@ -190,6 +190,18 @@ def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
         assert " 0 bytes spill stores" in props, props
 
 
+@pytest.mark.parametrize("defines", [d for f, d in production_matvec_builds() if f == "matvec" and d.get("ACT_Q8")],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_integer_dot_matvec_builds_do_not_spill(defines):
+    """ptxas's report on the sm_90a integer-dot matvec builds (every such format, m = 1 and more):
+    no spills (the rolling window's loads and the decoders' scales stay in registers at the
+    MV_MINB blocks per SM the wrapper asks for; matvec.cu's MV_U / MV_MINB defaults)."""
+    _, log = kb.compile_cubin("matvec", "sm_90a", defines, extra=("-Xptxas=-v",))
+    i = log.index("Function properties for matvec")
+    props = log[i:log.index("\n", log.index("\n", i) + 1)]
+    assert " 0 bytes spill stores" in props, props
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 @pytest.mark.parametrize("defines", production_moe_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
 def test_moe_builds_do_not_spill(defines, arch):

@@ -74,7 +74,8 @@ def test_mxfp4_every_scale_byte():
     rng = np.random.default_rng(0)
     t = random_qtensor(rng, "MXFP4", 256, 32)
     t.raw.reshape(256, 17)[:, 0] = np.arange(256, dtype=np.uint8)
-    got, ref = cw.decode_planes(cw.repack_host([t])), t.dequantize()
+    with np.errstate(over="ignore"):  # 2^127 x 6 is inf on both sides
+        got, ref = cw.decode_planes(cw.repack_host([t])), t.dequantize()
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
