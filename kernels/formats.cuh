@@ -3,8 +3,9 @@
 // bw24chat.quants.dequantize in tests/test_repack.py).  Shared by dequant.cu, matvec.cu, gemm.cu.
 //
 // One compile = one format: FMT (default BF16).  Every format is cut into 16-byte CHUNKS of VPC
-// values, stored row-major in plane q ([rows, in/VPC] uint4), so that one thread's 16-byte load
-// covers whole scale groups and consecutive lanes read consecutive chunks (coalesced):
+// values (the 2-bit family: 8-byte ones), stored row-major in plane q ([rows, in/VPC] uint4), so
+// that one thread's load covers whole scale groups and consecutive lanes read consecutive chunks
+// (coalesced):
 //   F32   VPC 4   q = the floats                     BF16/F16 VPC 8  q = the 16-bit values
 //   Q8_0  VPC 16  q = int8 values; s = f16 d per 32 values (u16 [rows, in/32])
 //   4-bit family, VPC 32: q = a "nibble chunk": byte j low nibble = value j, high nibble = value
