@@ -169,7 +169,8 @@ def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
         codes = ((b[:, :, o:o + 64].reshape(out, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1))
                  & 3).reshape(out, nb, 8, 32)
         if fmt == "Q2_K":  # s = the 16 scale / min bytes, d = (d, dmin)
-            return {"q": pack_h6(codes).reshape(out, -1), "s": b[:, :, 0:16].reshape(out, -1), "d": b[:, :, 80:84].reshape(out, -1)}
+            return {"q": pack_h6(codes).reshape(out, -1), "s": b[:, :, 0:16].reshape(out, -1),
+                    "d": b[:, :, 80:84].reshape(out, -1)}
         hm = (b[:, :, 0:32].reshape(out, nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # chunk c: bit c
         return {"q": pack_h6(codes).reshape(out, -1), "h": pack_h5(hm).reshape(out, -1),
                 "s": quants.q3_k_scales(b[:, :, 96:108].reshape(-1, 12)).view(np.uint8).reshape(out, -1),
