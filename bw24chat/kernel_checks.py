@@ -18,7 +18,8 @@ from .api import SamplingParams
 from .loaders.tensor import QTensor
 from .synthetic import random_matrix
 
-FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "NVFP4"]
+FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "NVFP4", "MXFP4", "Q2_K",
+           "Q3_K"]
 
 
 def _rel(got, ref) -> float:
@@ -236,7 +237,7 @@ def check_moe_prefill(cp, rng) -> list[tuple]:
 
     out = []
     E, k, D, F = 9, 3, 512, 256
-    for fmt in ("BF16", "Q8_0", "Q4_K", "NVFP4"):
+    for fmt in ("BF16", "Q8_0", "Q4_K", "NVFP4", "MXFP4", "Q2_K", "Q3_K"):
         T = int(rng.integers(100, 300))
         g, u, d = (ExpertTensor(nm, random_experts(fmt, E, r, c, rng)) for nm, r, c in (("g", F, D), ("u", F, D), ("d", D, F)))
         ex = cuda_moe.load_experts(g, u, d)

@@ -13,6 +13,9 @@ Layouts (block = the unit that carries its own scales; sizes in bytes), from ggm
   Q5_0   32 values: f16 d, u32 qh (5th bits), 16 B nibbles
   Q5_1   32 values: f16 d, f16 m, u32 qh, 16 B nibbles
   Q8_0   32 values: f16 d, 32 x i8
+  Q2_K  256 values: 16 B scales (low nibble scale, high nibble min, one per 16 values), 64 B
+         2-bit codes, f16 d, f16 dmin
+  Q3_K  256 values: 32 B high-bit mask, 64 B 2-bit low codes, 12 B packed 6-bit scales, f16 d
   Q4_K  256 values: f16 d, f16 dmin, 12 B packed 6-bit (scale, min) x 8, 128 B nibbles
   Q5_K  256 values: as Q4_K + 32 B of 5th bits
   Q6_K  256 values: 128 B low nibbles, 64 B 2-bit highs, 16 x i8 scales, f16 d
@@ -89,6 +92,39 @@ def k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc = np.concatenate([a & 0x3F, (hi & 0x0F) | ((a >> 2) & 0x30)], axis=-1)
     mn = np.concatenate([m & 0x3F, (hi >> 4) | ((m >> 2) & 0x30)], axis=-1)
     return sc, mn
+
+
+def _q2_k(b):
+    n = b.shape[0]
+    sc = b[:, 0:16]
+    d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    dl = (d * (sc & 0x0F).astype(np.float32))[:, :, None]  # (n, 16, 1)
+    ml = (dmin * (sc >> 4).astype(np.float32))[:, :, None]
+    # 2 halves of 128 values; value 128h + 32s + l is bits 2s of byte 32h + l
+    q = (b[:, 16:80].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+    return (dl * q.reshape(n, 16, 16).astype(np.float32) - ml).reshape(n, QK_K)
+
+
+def q3_k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes of packed 6-bit scales -> (n, 16) int8 scales (stored value - 32): bytes
+    0-7 hold the low nibbles (scales 0-7 low nibbles, 8-15 high ones), bytes 8-11 the 2-bit highs
+    (byte 8+i bits 2j.. of scale 4j+i)."""
+    n = s.shape[0]
+    lo = (s[:, 0:8].reshape(n, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(n, 16) & 0x0F
+    hi = (s[:, 8:12].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(n, 16) & 0x03
+    return (lo | (hi << 4)).astype(np.int8) - np.int8(32)
+
+
+def _q3_k(b):
+    n = b.shape[0]
+    d = _f16(b[:, 108:110])
+    dl = (d * q3_k_scales(b[:, 96:108]).astype(np.float32)).reshape(n, 16, 1)
+    # value 128h + 32s + l: low bits 2s of byte 32h + l, high bit 4h + s of mask byte l; a clear
+    # high bit subtracts 4
+    ql = (b[:, 32:96].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+    hm = (b[:, 0:32].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = ql.reshape(n, 8, 32).astype(np.int8) - ((hm ^ 1) << 2).astype(np.int8)
+    return (dl * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
 
 
 def _q4_k(b):
@@ -192,7 +228,7 @@ def _bf16(b):
 
 _BLOCK_DEQUANT = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
-    T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+    T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
     T.MXFP4: _mxfp4, T.NVFP4: _nvfp4, T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs,
 }
 

@@ -24,7 +24,8 @@ _QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, 
                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=49152,
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 # the weight formats synthetic_checkpoint makes (check gates and benchmarks them), lower case as typed
-FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "nvfp4")
+FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "nvfp4", "mxfp4", "q2_k",
+           "q3_k")
 _TINY = dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
              num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
              max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -124,8 +125,15 @@ def random_matrix(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> Q
         raw[:, 2:4] = _f16_bytes(rng, nb, 1e-4, 3e-4)
     elif fmt == "Q6_K":
         raw[:, 208:210] = _f16_bytes(rng, nb, 1e-5, 4e-5)
+    elif fmt == "Q2_K":
+        raw[:, 80:82] = _f16_bytes(rng, nb, 5e-4, 1.5e-3)
+        raw[:, 82:84] = _f16_bytes(rng, nb, 5e-4, 1.5e-3)
+    elif fmt == "Q3_K":
+        raw[:, 108:110] = _f16_bytes(rng, nb, 1e-4, 4e-4)
     elif fmt == "NVFP4":
         raw[:, 0:4] = rng.integers(0x18, 0x28, (nb, 4), dtype=np.uint8)  # E4M3 scales ~ 2^-4..2^-2
+    elif fmt == "MXFP4":
+        raw[:, 0] = rng.integers(119, 122, nb, dtype=np.uint8)  # e8m0 scales 2^-8..2^-6
     else:
         raise ValueError(f"no synthetic generator for {fmt}")
     return QTensor("", fmt, (rows, cols), raw.reshape(rows, -1), global_scale=0.05 if fmt == "NVFP4" else 1.0)

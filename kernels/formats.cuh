@@ -3,8 +3,9 @@
 // bw24chat.quants.dequantize in tests/test_repack.py).  Shared by dequant.cu, matvec.cu, gemm.cu.
 //
 // One compile = one format: FMT (default BF16).  Every format is cut into 16-byte CHUNKS of VPC
-// values, stored row-major in plane q ([rows, in/VPC] uint4), so that one thread's 16-byte load
-// covers whole scale groups and consecutive lanes read consecutive chunks (coalesced):
+// values (the 2-bit family: 8-byte ones), stored row-major in plane q ([rows, in/VPC] uint4), so
+// that one thread's load covers whole scale groups and consecutive lanes read consecutive chunks
+// (coalesced):
 //   F32   VPC 4   q = the floats                     BF16/F16 VPC 8  q = the 16-bit values
 //   Q8_0  VPC 16  q = int8 values; s = f16 d per 32 values (u16 [rows, in/32])
 //   4-bit family, VPC 32: q = a "nibble chunk": byte j low nibble = value j, high nibble = value
@@ -27,6 +28,17 @@
 //           The per-tensor FP32 global scale is a
 //           per-row float array (fused matrices may concatenate tensors with different scales)
 //           applied by the caller: matvec multiplies the finished row sum, dequant each value.
+//     MXFP4 q = selector words as NVFP4 (a chunk is one ggml block of 32 E2M1 codes, OCP MX v1.0);
+//           s = the block's e8m0 exponent byte as stored (u8 per chunk), one scale for all 32
+//   2-bit family, VPC 32, q = 8 bytes per chunk (uint2, [rows, nck]: the formats keep their bits
+//         per weight): word x byte j bits 2g,2g+1 = the 2-bit code of value 4g+j, word y: of
+//         16+4g+j (the Q6_K h layout); chunk kc = values 32 (kc%8).. of its 256-superblock,
+//         values 0-15 in sub-block 2 (kc%8), 16-31 in 2 (kc%8) + 1
+//     Q2_K  s = the 16 sub-block bytes (scale | min << 4) per superblock (uint4); d = (f16 d,
+//           f16 dmin) per superblock (u32)
+//     Q3_K  h = u32 3rd bits per chunk (the 5th-bit layout), a clear bit is code - 4; s = the 16
+//           unpacked int8 scales (6-bit - 32, quants.q3_k_scales) per superblock (uint4); d =
+//           f16 per superblock (u16)
 //   h-plane bit layout (so that a single shift + mask merges the high bits of 4 values into the
 //   byte lanes of the nibble word g = bytes 4g..4g+3, whose low nibbles are values 4g+j and high
 //   nibbles values 16+4g+j, j = 0..3):
@@ -34,9 +46,10 @@
 //     Q6_K (uint2):  word x byte j bits 2g,2g+1 = high 2 bits of value 4g+j; word y: of 16+4g+j
 //
 // Exact values (bit-equal to quants.py, which mirrors ggml-quants.c), per chunk:
-//   w = a*q            (Q4_0, Q5_0, Q8_0 as q*d, Q6_K with a = d*sc, NVFP4 with a = ue4m3/2)
-//   w = a*q + b        (Q4_1/Q5_1: b = m; Q4_K/Q5_K: a = d*sc, b = -(dmin*mn), and x + (-y) is
-//                       bit-identical to x - y)
+//   w = a*q            (Q4_0, Q5_0, Q8_0 as q*d, Q6_K with a = d*sc, NVFP4 with a = ue4m3/2,
+//                       MXFP4 with a = e8m0/2)
+//   w = a*q + b        (Q4_1/Q5_1: b = m; Q4_K/Q5_K/Q2_K: a = d*sc, b = -(dmin*mn), and x + (-y)
+//                       is bit-identical to x - y; Q2_K a and b per half chunk)
 // with q an exact small integer held in a float; rounded product then rounded sum (no FMA).
 // Small integers become floats without I2F (quarter rate on sm_90): PRMT puts byte j under the
 // exponent of 2^23 and one exact FADD removes 2^23 + offset.
@@ -54,6 +67,9 @@
 #define F_Q5_K 9
 #define F_Q6_K 10
 #define F_NVFP4 11
+#define F_MXFP4 12
+#define F_Q2_K 13
+#define F_Q3_K 14
 
 #ifndef FMT
 #define FMT F_BF16
@@ -69,8 +85,11 @@
 #define VPC 32
 #endif
 #define IS_FLOAT_FMT (FMT <= F_BF16)
-#define HAS_MIN (FMT == F_Q4_1 || FMT == F_Q5_1 || FMT == F_Q4_K || FMT == F_Q5_K)
-#define TWO_SCALES (FMT == F_Q6_K || FMT == F_NVFP4)
+#define E2M1_FMT (FMT == F_NVFP4 || FMT == F_MXFP4)  // E2M1 codes as selector words
+#define HAS_MIN (FMT == F_Q4_1 || FMT == F_Q5_1 || FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q2_K)
+#define TWO_SCALES (FMT == F_Q6_K || FMT == F_NVFP4 || FMT == F_Q2_K || FMT == F_Q3_K)
+#define TWO_MINS (FMT == F_Q2_K)  // a min per half chunk (chunk_scales b0, b1)
+#define Q2BIT (FMT == F_Q2_K || FMT == F_Q3_K)  // q: 8-byte chunks of 2-bit codes
 #define HAS_H5 (FMT == F_Q5_0 || FMT == F_Q5_1 || FMT == F_Q5_K)
 #if FMT == F_Q4_0
 #define QOFF 8.0f
@@ -78,6 +97,8 @@
 #define QOFF 16.0f
 #elif FMT == F_Q6_K
 #define QOFF 32.0f
+#elif FMT == F_Q3_K
+#define QOFF 4.0f
 #elif FMT == F_Q8_0
 #define QOFF 128.0f
 #else
@@ -100,6 +121,12 @@ BW24_DEVICE uint4 ld_stream16(const uint4* p) {
     return v;
 }
 
+BW24_DEVICE uint2 ld_stream8(const uint2* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 BW24_DEVICE uint32_t word_of(const uint4& v, int g) { return g == 0 ? v.x : g == 1 ? v.y : g == 2 ? v.z : v.w; }
 BW24_DEVICE uint32_t byte_of(uint32_t w, int j) { return (w >> (8 * j)) & 0xFFu; }
 
@@ -107,7 +134,7 @@ BW24_DEVICE uint32_t byte_of(uint32_t w, int j) { return (w >> (8 * j)) & 0xFFu;
 // fetch_chunk is the two in one.  Unused planes are dead code for the format and cost no
 // registers.
 struct RowPlanes {
-    const uint4* q;
+    const void* q;
     const void* h;
     const void* s;
     const void* d;
@@ -115,11 +142,15 @@ struct RowPlanes {
 BW24_DEVICE RowPlanes row_planes(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
                                  const void* __restrict__ wd, long row, int nck) {
     RowPlanes p;
+#if Q2BIT
+    p.q = (const uint2*)wq + row * nck;
+#else
     p.q = wq + row * nck;
+#endif
     p.h = nullptr;
     p.s = nullptr;
     p.d = nullptr;
-#if HAS_H5
+#if HAS_H5 || FMT == F_Q3_K
     p.h = (const unsigned int*)wh + row * nck;
 #elif FMT == F_Q6_K
     p.h = (const uint2*)wh + row * nck;
@@ -128,14 +159,18 @@ BW24_DEVICE RowPlanes row_planes(const uint4* __restrict__ wq, const void* __res
     p.s = (const unsigned short*)ws + row * (nck >> 1);
 #elif FMT == F_NVFP4
     p.s = (const unsigned int*)ws + row * (nck >> 1);
+#elif FMT == F_MXFP4
+    p.s = (const unsigned char*)ws + row * nck;
 #elif FMT == F_Q4_0 || FMT == F_Q5_0
     p.s = (const unsigned short*)ws + row * nck;
 #elif FMT == F_Q4_1 || FMT == F_Q5_1
     p.s = (const unsigned int*)ws + row * nck;
-#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
+#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K || Q2BIT
     p.s = (const uint4*)ws + row * (nck >> 3);
-#if FMT == F_Q6_K
+#if FMT == F_Q6_K || FMT == F_Q3_K
     p.d = (const unsigned short*)wd + row * (nck >> 3);
+#elif FMT == F_Q2_K
+    p.d = (const unsigned int*)wd + row * (nck >> 3);
 #endif
 #endif
     (void)wh; (void)ws; (void)wd;
@@ -144,8 +179,14 @@ BW24_DEVICE RowPlanes row_planes(const uint4* __restrict__ wq, const void* __res
 
 // issue the loads of chunk kc of the row whose planes are p
 BW24_DEVICE void fetch_chunk_at(Raw& r, const RowPlanes& p, int kc) {
-    r.q = ld_stream16(p.q + kc);
-#if HAS_H5
+#if Q2BIT
+    const uint2 q2 = ld_stream8((const uint2*)p.q + kc);
+    r.q.x = q2.x;
+    r.q.y = q2.y;
+#else
+    r.q = ld_stream16((const uint4*)p.q + kc);
+#endif
+#if HAS_H5 || FMT == F_Q3_K
     r.h.x = __ldg((const unsigned int*)p.h + kc);
 #elif FMT == F_Q6_K
     r.h = __ldg((const uint2*)p.h + kc);
@@ -154,14 +195,18 @@ BW24_DEVICE void fetch_chunk_at(Raw& r, const RowPlanes& p, int kc) {
     r.s.x = (uint32_t)__ldg((const unsigned short*)p.s + (kc >> 1));
 #elif FMT == F_NVFP4
     r.s.x = __ldg((const unsigned int*)p.s + (kc >> 1));
+#elif FMT == F_MXFP4
+    r.s.x = __ldg((const unsigned char*)p.s + kc);
 #elif FMT == F_Q4_0 || FMT == F_Q5_0
     r.s.x = __ldg((const unsigned short*)p.s + kc);
 #elif FMT == F_Q4_1 || FMT == F_Q5_1
     r.s.x = __ldg((const unsigned int*)p.s + kc);
-#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K
+#elif FMT == F_Q4_K || FMT == F_Q5_K || FMT == F_Q6_K || Q2BIT
     r.s = __ldg((const uint4*)p.s + (kc >> 3));
-#if FMT == F_Q6_K
+#if FMT == F_Q6_K || FMT == F_Q3_K
     r.d = __ldg((const unsigned short*)p.d + (kc >> 3));
+#elif FMT == F_Q2_K
+    r.d = __ldg((const unsigned int*)p.d + (kc >> 3));
 #endif
 #endif
 }
@@ -181,8 +226,13 @@ BW24_DEVICE float ue4m3_half(uint32_t x) {
     return __fmul_rn(__half2float(__ushort_as_half((unsigned short)(x << 7))), 128.0f);
 }
 
-// per-chunk scale a0 (values 0-15 or all), a1 (values 16-31 for TWO_SCALES), additive b
-BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float& b) {
+// e8m0 exponent byte e -> 2^(e-127) / 2 (quants.e8m0_to_f32_half, ggml_e8m0_to_fp32_half): the
+// float with biased exponent e - 1, or for e < 2 the subnormals 2^-128, 2^-127 (bit 21 + e)
+BW24_DEVICE float e8m0_half(uint32_t e) { return __uint_as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23); }
+
+// per-chunk scale a0 (values 0-15 or all), a1 (values 16-31 for TWO_SCALES), additive b (b1:
+// values 16-31's for TWO_MINS, else b)
+BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float& b, float& b1) {
     a0 = 1.0f;
     a1 = 1.0f;
     b = 0.0f;
@@ -207,7 +257,7 @@ BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float&
     }
     a0 = __fmul_rn(d, (float)sc);
     b = -__fmul_rn(dmin, (float)mn);
-#elif FMT == F_Q6_K
+#elif FMT == F_Q6_K || FMT == F_Q3_K
     const int sub = kc & 7;
     const float d = f16_bits_to_f32((uint16_t)r.d);
     const uint32_t sw = word_of(r.s, sub >> 1);  // scales 2*sub, 2*sub+1 = bytes (2*sub)&3, +1 of word sub>>1
@@ -217,20 +267,49 @@ BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float&
     const int half = kc & 1;
     a0 = ue4m3_half(byte_of(r.s.x, 2 * half));
     a1 = ue4m3_half(byte_of(r.s.x, 2 * half + 1));
+#elif FMT == F_MXFP4
+    a0 = e8m0_half(r.s.x);
+#elif FMT == F_Q2_K
+    // quants._q2_k: dl = d * (byte & 15), ml = dmin * (byte >> 4) of sub-blocks 2 sub, 2 sub + 1
+    const int sub = kc & 7;
+    const float d = f16_bits_to_f32((uint16_t)(r.d & 0xFFFFu));
+    const float dmin = f16_bits_to_f32((uint16_t)(r.d >> 16));
+    const uint32_t sw = word_of(r.s, sub >> 1);
+    const uint32_t s0 = byte_of(sw, (2 * sub) & 3), s1 = byte_of(sw, ((2 * sub) & 3) + 1);
+    a0 = __fmul_rn(d, (float)(s0 & 15u));
+    a1 = __fmul_rn(d, (float)(s1 & 15u));
+    b = -__fmul_rn(dmin, (float)(s0 >> 4));
+    b1 = -__fmul_rn(dmin, (float)(s1 >> 4));
 #endif
+#if !TWO_MINS
+    b1 = b;
+#endif
+}
+BW24_DEVICE void chunk_scales(const Raw& r, int kc, float& a0, float& a1, float& b) {
+    float b1;
+    chunk_scales(r, kc, a0, a1, b, b1);
+    (void)b1;
 }
 
 BW24_DEVICE uint32_t shl_signed(uint32_t v, int s) { return s >= 0 ? v << s : v >> (-s); }
 
 // nibble family: the code bytes of values 4g+j (lo) and 16+4g+j (hi), high bits merged in;
-// NVFP4: the selector nibbles of those values (lo in bits 0-15; hi: the word shifted down)
+// 2-bit family: the same from the two code words; NVFP4 / MXFP4: the selector nibbles of those
+// values (lo in bits 0-15; hi: the word shifted down)
 BW24_DEVICE void qwords(const Raw& r, int g, uint32_t& lo, uint32_t& hi) {
+#if E2M1_FMT
     const uint32_t w = word_of(r.q, g);
-#if FMT == F_NVFP4
     lo = w;
     hi = w >> 16;
-    return;
+#elif Q2BIT
+    lo = (r.q.x >> (2 * g)) & 0x03030303u;
+    hi = (r.q.y >> (2 * g)) & 0x03030303u;
+#if FMT == F_Q3_K
+    lo |= shl_signed(r.h.x, 2 - g) & 0x04040404u;
+    hi |= (r.h.x >> (g + 2)) & 0x04040404u;
 #endif
+#else
+    const uint32_t w = word_of(r.q, g);
     lo = w & 0x0F0F0F0Fu;
     hi = (w >> 4) & 0x0F0F0F0Fu;
 #if HAS_H5
@@ -240,14 +319,15 @@ BW24_DEVICE void qwords(const Raw& r, int g, uint32_t& lo, uint32_t& hi) {
     lo |= shl_signed(r.h.x, 4 - 2 * g) & 0x30303030u;
     hi |= shl_signed(r.h.y, 4 - 2 * g) & 0x30303030u;
 #endif
+#endif
 }
 
-// byte j of a code word -> exact float of (code - QOFF) (not NVFP4: its words are selectors)
+// byte j of a code word -> exact float of (code - QOFF) (not NVFP4 / MXFP4: their words are selectors)
 BW24_DEVICE float qval(uint32_t w, int j) {
     return __fsub_rn(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)j)), 8388608.0f + QOFF);
 }
 
-// NVFP4, four codes as selector nibbles (bits 0-15, value j in nibble j; qwords) -> bytes
+// NVFP4 / MXFP4, four codes as selector nibbles (bits 0-15, value j in nibble j; qwords) -> bytes
 // (doubled E2M1 value + 12: 0..24), byte j = value j.  A 16-entry byte table looked up four
 // codes at a time with PRMT (entries 0-7 and 8-15 from two register pairs, then picked by the
 // code's sign bit).  Code 8 (-0) gives +0, as the reference table (E2M1_X2[8] = 0) does.
@@ -267,7 +347,7 @@ BW24_DEVICE void nvfp4_x4(uint32_t sel, float (&f)[4]) {
 
 // the four exact code floats of a qwords() word, in order j = 0..3
 BW24_DEVICE void qvals4(uint32_t t, float (&f)[4]) {
-#if FMT == F_NVFP4
+#if E2M1_FMT
     nvfp4_x4(t, f);
 #else
 #pragma unroll
@@ -301,12 +381,12 @@ BW24_DEVICE float fval(const Raw& r, int e) {
 // values 16h .. 16h+15 of decode_exact(r, kc, v) (the 32-value quantized formats), the same bits:
 // for kernels that take a chunk in halves, with half the decoded values live
 BW24_DEVICE void decode_half(const Raw& r, int kc, int h, float (&v)[16]) {
-    float a0, a1, b;
-    chunk_scales(r, kc, a0, a1, b);
+    float a0, a1, b0, b1;
+    chunk_scales(r, kc, a0, a1, b0, b1);
 #if !TWO_SCALES
     a1 = a0;
 #endif
-    const float a = h ? a1 : a0;
+    const float a = h ? a1 : a0, b = h ? b1 : b0;
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
         uint32_t lo, hi;
@@ -326,8 +406,8 @@ BW24_DEVICE void decode_exact(const Raw& r, int kc, float* v) {
 #pragma unroll
     for (int e = 0; e < VPC; ++e) v[e] = fval(r, e);
 #else
-    float a0, a1, b;
-    chunk_scales(r, kc, a0, a1, b);
+    float a0, a1, b, b1;
+    chunk_scales(r, kc, a0, a1, b, b1);
 #if FMT == F_Q8_0
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
@@ -349,7 +429,7 @@ BW24_DEVICE void decode_exact(const Raw& r, int kc, float* v) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             v[4 * g + j] = wexact(a0, fl[j], b);
-            v[16 + 4 * g + j] = wexact(a1, fh[j], b);
+            v[16 + 4 * g + j] = wexact(a1, fh[j], b1);
         }
     }
 #endif

@@ -13,9 +13,9 @@
 // accumulator: the activation rounding error drops from ~2^-9 to ~2^-17, so prefill follows the
 // f32 decode path.  Weights whose exact values are not bf16 numbers (F32, F16, the
 // integer-scaled formats; not BF16, nor NVFP4 whose E2M1 x E4M3 products have <= 6 significant
-// bits) are split too (W_SPLIT): a third term x_hi.W_lo (x_lo.W_lo is dropped: 1.6e-5..4.2e-5
-// of a row's largest value for Q8_0).  GEMM_SPLIT=0: x = bf16(x) as one plane, the
-// bf16-activation contract (W split as ever).
+// bits, nor MXFP4's E2M1 x 2^k with <= 2) are split too (W_SPLIT): a third term x_hi.W_lo
+// (x_lo.W_lo is dropped: 1.6e-5..4.2e-5 of a row's largest value for Q8_0).  GEMM_SPLIT=0:
+// x = bf16(x) as one plane, the bf16-activation contract (W split as ever).
 // NumPy reference: x (or bf16(x), act_quant_ref(x)) @ W.T in float64 (tests/gpu/test_gemm.py).
 #pragma once
 #include "common.cuh"
@@ -24,7 +24,7 @@
 #ifndef GEMM_SPLIT
 #define GEMM_SPLIT 1
 #endif
-#define W_SPLIT (FMT != F_BF16 && FMT != F_NVFP4)
+#define W_SPLIT (FMT != F_BF16 && FMT != F_NVFP4 && FMT != F_MXFP4)
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64

@@ -50,7 +50,7 @@
 // warp owning row o takes the chunks kc = L (mod 32) of the row in increasing order; in each
 // chunk it forms dot = sum_e q_e * x_e over the chunk (two chains for 4-bit formats: values
 // 0-15 and 16-31), then acc += a*dot (+ b*xsum for formats with a min, xsum = the chunk's sum
-// of x in natural order) — all explicit __fmaf_rn/__fadd_rn; then warp_sum (fixed xor tree).
+// of x in natural order; Q2_K per half: a0*dot_lo, a1*dot_hi, b0*xsum_lo, b1*xsum_hi) — all explicit __fmaf_rn/__fadd_rn; then warp_sum (fixed xor tree).
 // So row m of an MV_M=8 call equals the MV_M=1 call on that row bit for bit.  Float formats
 // (F32/F16/BF16) do acc = fma(w, x, acc) value by value.  Weights are decoded exactly (the
 // scale factored out of the chunk dot: a*sum(q*x) instead of sum((a*q)*x), a rounding
@@ -70,12 +70,14 @@
 #define MV_R 2
 #endif
 #ifndef MV_U  // chunk slots of the rolling load window per lane and row (fewer for large MV_M: registers)
-// the most that compile without spills at the register budget (MV_MINB); Q5_K / Q6_K decoders need
-// more registers
+// the most that compile without spills at the register budget (MV_MINB); the Q5_K / Q6_K / Q2_K /
+// Q3_K decoders need more registers
 #if ACT_Q8 && MV_M <= 2
 #define MV_U ((FMT == F_Q8_0 || FMT == F_Q5_K) ? 3 : 2)
-#elif MV_M == 1 && (FMT == F_Q5_K || FMT == F_Q6_K)
+#elif MV_M == 1 && (FMT == F_Q5_K || FMT == F_Q6_K || FMT == F_Q3_K)
 #define MV_U 3
+#elif MV_M == 1 && FMT == F_Q2_K  // its float path also keeps the halves' x sums: 1 (2-4 spill)
+#define MV_U 1
 #else
 #define MV_U (MV_M <= 2 ? 4 : 2)
 #endif
@@ -90,9 +92,9 @@
 #error "ACT_Q8 is the integer-dot path of the quantized formats"
 #endif
 #ifndef MV_MINB  // blocks per SM the register budget must allow (2 = at most 128, 3 = 80 registers)
-// m = 1: 3 for the float formats and the integer-dot path (Q5_K / Q6_K: 2); the 4-bit and 8-bit
-// float decoders need ~115-128 registers: 2
-#define MV_MINB (MV_M == 1 ? ((IS_FLOAT_FMT || (ACT_Q8 && FMT != F_Q5_K && FMT != F_Q6_K)) ? 3 : 2) : 1)
+// m = 1: 3 for the float formats and the integer-dot path (Q5_K / Q6_K / Q2_K / Q3_K: 2); the
+// 4-bit and 8-bit float decoders need ~115-128 registers: 2
+#define MV_MINB (MV_M == 1 ? ((IS_FLOAT_FMT || (ACT_Q8 && FMT != F_Q5_K && FMT != F_Q6_K && !Q2BIT)) ? 3 : 2) : 1)
 #endif
 #ifndef QX_HANDOFF  // how qx_out's tile outputs reach warp 0 (2 where the build writes qx_out):
 // 0: one tile buffer, a block barrier before warp 0 quantizes and one after (the buffer is reused);
@@ -240,9 +242,10 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
         }
     }
 #else
-    float a0[MV_R], a1[MV_R], b[MV_R];
+    float a0[MV_R], a1[MV_R], b[MV_R], b1[MV_R];
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
+    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r], b1[r]);
+    (void)b1;
 #if FMT == F_Q8_0
     (void)xsb; (void)xss;
     float dot[MV_M][MV_R];
@@ -273,6 +276,9 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
         for (int r = 0; r < MV_R; ++r) acc[m][r] = __fmaf_rn(a0[r], dot[m][r], acc[m][r]);
 #else
     float dlo[MV_M][MV_R], dhi[MV_M][MV_R];
+#if TWO_MINS
+    float sxl[MV_M], sxh[MV_M];  // the x sums of values 0-15, 16-31 in natural order (the halves' mins)
+#endif
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
         float ql[MV_R][4], qh[MV_R][4];
@@ -287,6 +293,10 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
         for (int m = 0; m < MV_M; ++m) {
             const float4 xl = *reinterpret_cast<const float4*>(xb + m * tk + g * 128);
             const float4 xh = *reinterpret_cast<const float4*>(xb + m * tk + (4 + g) * 128);
+#if TWO_MINS
+            sxl[m] = __fadd_rn(__fadd_rn(__fadd_rn(g == 0 ? xl.x : __fadd_rn(sxl[m], xl.x), xl.y), xl.z), xl.w);
+            sxh[m] = __fadd_rn(__fadd_rn(__fadd_rn(g == 0 ? xh.x : __fadd_rn(sxh[m], xh.x), xh.y), xh.z), xh.w);
+#endif
 #pragma unroll
             for (int r = 0; r < MV_R; ++r) {
                 float d = g == 0 ? __fmul_rn(ql[r][0], xl.x) : __fmaf_rn(ql[r][0], xl.x, dlo[m][r]);
@@ -302,7 +312,7 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
     }
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) {
-#if HAS_MIN
+#if HAS_MIN && !TWO_MINS
         const float xsum = xsb[m * xss];
 #else
         (void)xsb; (void)xss;
@@ -312,6 +322,10 @@ BW24_DEVICE void chunk_dot(const Raw (&raw)[MV_R], int kc, const float* xb, int 
 #if TWO_SCALES
             acc[m][r] = __fmaf_rn(a0[r], dlo[m][r], acc[m][r]);
             acc[m][r] = __fmaf_rn(a1[r], dhi[m][r], acc[m][r]);
+#if TWO_MINS
+            acc[m][r] = __fmaf_rn(b[r], sxl[m], acc[m][r]);
+            acc[m][r] = __fmaf_rn(b1[r], sxh[m], acc[m][r]);
+#endif
 #else
             acc[m][r] = __fmaf_rn(a0[r], __fadd_rn(dlo[m][r], dhi[m][r]), acc[m][r]);
 #if HAS_MIN
@@ -411,7 +425,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             if (!(resident && staged)) {
                 __syncthreads();  // the previous tile (and red[]) is consumed
                 stage_float_x(x, ldx, n_in, k0, tkk, tk, pro, inv, normw, vec, xb16, xs);
-#if HAS_MIN
+#if HAS_MIN && !TWO_MINS
                 __syncthreads();
                 for (int c = tid; c < MV_M * (tk / 32); c += MV_NT) {
                     const int m = c / (tk / 32), cl = c - m * (tk / 32);

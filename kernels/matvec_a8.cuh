@@ -6,9 +6,10 @@
 // geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; matvec.cu: MV_R, MV_MINB).
 #pragma once
 
-// Q4_K and NVFP4 join both code levels in one integer per dot (256 dot_h + dot_l < 2^24 for their
-// 4-bit codes): one I2F and FMA per half chunk instead of two (Q4_K decode +7.5 %, docs/performance.md)
-#define A8_JOIN (FMT == F_NVFP4 || FMT == F_Q4_K)
+// Q4_K, NVFP4 and MXFP4 join both code levels in one integer per dot (256 dot_h + dot_l < 2^24 for
+// their 4-bit codes): one I2F and FMA per half chunk instead of two (Q4_K decode +7.5 %,
+// docs/performance.md)
+#define A8_JOIN (E2M1_FMT || FMT == F_Q4_K)
 // Shared x per token m and plane p (0: the high codes h, 1: the low
 // codes l; common.cuh act_quant_lane): the int8 codes as u32 words (wpm = n_in/4 per plane), and
 // one uint4 per 32-input block {plane scale as float bits (2^e, 2^(e-8)), code sum of inputs
@@ -16,8 +17,8 @@
 // record per block in plane 0's place: NVFP4 {2^(e-1) (the weights' 2^7 folded in:
 // nvfp4_scales_f16), seed of inputs 0-15, of 16-31 (-128 * (256 * sum h + sum l): removes the
 // weight bytes' offset 128), 0}; Q4_K {2^(e-8), 0, 0, the block's x sum 2^(e-8) (256 * sum h +
-// sum l) as float bits (exact)}.  Word layout: Q8_0 (16-value chunks) natural order, a chunk = 4 words at 4*kc;
-// 32-value chunks two halves (inputs 0-15 of chunk kc at words 4*kc.., 16-31 at 4*(nck+kc)..)
+// sum l) as float bits (exact)}; MXFP4 {2^(e-8), NVFP4's seeds, 0}.  Word layout: Q8_0
+// (16-value chunks) natural order, a chunk = 4 words at 4*kc; 32-value chunks two halves (inputs 0-15 of chunk kc at words 4*kc.., 16-31 at 4*(nck+kc)..)
 // so that each lane's 16-byte read is conflict-free.  Token m, plane p: words at
 // xw + (2m+p)*wpm, records at meta + (2m+p)*nb.
 BW24_DEVICE int a8_word(int p, int nck) {
@@ -46,6 +47,10 @@ BW24_DEVICE int a8_word(int p, int nck) {
 BW24_DEVICE void a8_records(uint4* metam, int nb, int b, int e, int sh0, int sh1, int sl0, int sl1) {
 #if FMT == F_NVFP4
     metam[b] = make_uint4(__float_as_uint(pow2f(e - 1)), (uint32_t)(-128 * (256 * sh0 + sl0)),
+                          (uint32_t)(-128 * (256 * sh1 + sl1)), 0u);
+    (void)nb;
+#elif FMT == F_MXFP4  // its scale a = e8m0 / 2 is a power of two: 2^(e-8), no 2^7 to fold in
+    metam[b] = make_uint4(__float_as_uint(pow2f(e - 8)), (uint32_t)(-128 * (256 * sh0 + sl0)),
                           (uint32_t)(-128 * (256 * sh1 + sl1)), 0u);
     (void)nb;
 #elif A8_JOIN  // Q4_K: 2^(e-8) and the block's exact x sum 2^(e-8) * (256 * sum h + sum l)
@@ -186,14 +191,14 @@ BW24_DEVICE float small_int_float(int i) { return __fsub_rn(__int_as_float(0x4B4
 
 #define A8_OFF ((int)QOFF)  // the weight bytes' offset, removed through the dp4a seed
 
-#if FMT == F_NVFP4
+#if E2M1_FMT
 BW24_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {  // PTX prmt, default mode (bit 3: sign replicate)
     uint32_t d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
 }
-// Four NVFP4 codes as selector nibbles (bits 0-15; bit 3 of each the sign) -> bytes (doubled
-// value + 128, unsigned 116..140), byte j = code j.  PRMT's default mode replicates the selected
+// Four E2M1 codes (NVFP4, MXFP4) as selector nibbles (bits 0-15; bit 3 of each the sign) ->
+// bytes (doubled value + 128, unsigned 116..140), byte j = code j.  PRMT's default mode replicates the selected
 // byte's sign bit when the selector's bit 3 is set, and every table byte is < 0x80: so pos = the
 // doubled magnitude where the sign is clear, else 0, and neg the same on the flipped selectors;
 // pos + 128 - neg per byte has no carry or borrow (one IADD3).  Code 8 (-0) gives 128 (+0).
@@ -207,6 +212,8 @@ BW24_DEVICE void nvfp4_weight_bytes(uint32_t w, uint32_t t0, uint32_t& lo, uint3
     lo = prmt(t0, t1, w) + 0x80808080u - prmt(t0, t1, n);
     hi = prmt(t0, t1, w >> 16) + 0x80808080u - prmt(t0, t1, n >> 16);
 }
+#endif
+#if FMT == F_NVFP4
 // The chunk's two block scales (values 0-15, 16-31) as E4M3 * 2^-8 (= ue4m3_half * 2^-7; the
 // 2^7 rides in the x record's 2^(e-1)): the repacked scale bytes 2p, 2p+1 of the record word
 // (p = kc & 1) moved under f16x2 bits 7-13 by one PRMT and a shift, then converted exactly.
@@ -221,20 +228,24 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 // One chunk of MV_R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
 // the integer dots of the chunk's halves (values 0-15, 16-31; Q8_0: the 16 values), the code
 // offset removed through the dp4a seed (-offset * code sum, exact), then in this order
-//   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s)
+//   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s); TWO_MINS (Q2_K) then
+//               acc += sum_lo * (b0 * s); acc += sum_hi * (b1 * s)
 //   otherwise:  acc += (dot_lo + dot_hi) * (a0 * s); HAS_MIN: acc += sum32 * (b * s)
 // with s the plane's scale (a * s is exact), each an FMA, the same for every MV_M.
 // A8_JOIN, NVFP4, per row, token and half: D = 256 * dot_h + dot_l by one dp4a chain (the h
 // chain's result times 256 plus the record's seed seeds the l chain), then acc += float(D) *
 // (a * s), s = 2^(e-1), a = E4M3 * 2^-8 (the 8 and the 2^7 of ue4m3 / 2 in s); float(D) exact
 // (I2F).  Q4_K: D over the whole chunk (halves as two chains, then added), acc += float(D) *
-// (a * 2^(e-8)); acc += b * xsum (the record's exact block sum).
+// (a * 2^(e-8)); acc += b * xsum (the record's exact block sum).  MXFP4: D over the whole chunk
+// (NVFP4's weight bytes and seeds), acc += float(D) * (a * 2^(e-8)), a = e8m0 / 2 (|D| <= 32 x 12
+// x 32896 < 2^24: exact).
 BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
                               uint32_t nv_t0, float (&acc)[MV_M][MV_R]) {
-    float a0[MV_R], a1[MV_R], b[MV_R];
+    float a0[MV_R], a1[MV_R], b[MV_R], b1[MV_R];
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
-#if FMT != F_NVFP4
+    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r], b1[r]);
+    (void)b1;
+#if !E2M1_FMT
     (void)nv_t0;
 #endif
 #if FMT == F_Q8_0
@@ -254,14 +265,19 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
                 acc[m][r] = __fmaf_rn(small_int_float(s), __fmul_rn(a0[r], dx), acc[m][r]);
             }
         }
-#elif A8_JOIN  // NVFP4, Q4_K
+#elif A8_JOIN  // NVFP4, MXFP4, Q4_K
     uint32_t cl[MV_R][4], ch[MV_R][4];
+#if E2M1_FMT
+    (void)a1; (void)b;
 #if FMT == F_NVFP4
-    (void)a0; (void)a1; (void)b;
+    (void)a0;
     float s0[MV_R], s1[MV_R];
+#endif
 #pragma unroll
     for (int r = 0; r < MV_R; ++r) {
+#if FMT == F_NVFP4
         nvfp4_scales_f16(raw[r].s.x, kc, s0[r], s1[r]);
+#endif
 #pragma unroll
         for (int g = 0; g < 4; ++g) nvfp4_weight_bytes(word_of(raw[r].q, g), nv_t0, cl[r][g], ch[r][g]);
     }
@@ -281,8 +297,8 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
         const uint4 lh = *reinterpret_cast<const uint4*>(xh + wpm + 4 * (nck + kc));
         const uint4 mt = meta[2 * m * nb + kc];
         const float dx = __uint_as_float(mt.x);
-        // the weight bytes' offset (NVFP4: 128) removed through the l chains' seeds; Q4_K has none
-        const int seed_lo = FMT == F_NVFP4 ? (int)mt.y : 0, seed_hi = FMT == F_NVFP4 ? (int)mt.z : 0;
+        // the weight bytes' offset (E2M1: 128) removed through the l chains' seeds; Q4_K has none
+        const int seed_lo = E2M1_FMT ? (int)mt.y : 0, seed_hi = E2M1_FMT ? (int)mt.z : 0;
 #pragma unroll
         for (int r = 0; r < MV_R; ++r) {
             // per half (values 0-15: il, 16-31: ih): the h chain, then the l chain seeded with it * 256
@@ -304,6 +320,8 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
 #if FMT == F_NVFP4
             acc[m][r] = __fmaf_rn(__int2float_rn(il), __fmul_rn(s0[r], dx), acc[m][r]);
             acc[m][r] = __fmaf_rn(__int2float_rn(ih), __fmul_rn(s1[r], dx), acc[m][r]);
+#elif FMT == F_MXFP4
+            acc[m][r] = __fmaf_rn(__int2float_rn(il + ih), __fmul_rn(a0[r], dx), acc[m][r]);
 #else
             acc[m][r] = __fmaf_rn(__int2float_rn(il + ih), __fmul_rn(a0[r], dx), acc[m][r]);
             acc[m][r] = __fmaf_rn(b[r], __uint_as_float(mt.w), acc[m][r]);  // the record's exact x sum
@@ -339,6 +357,10 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
 #if TWO_SCALES
                 acc[m][r] = __fmaf_rn(small_int_float(il), __fmul_rn(a0[r], dx), acc[m][r]);
                 acc[m][r] = __fmaf_rn(small_int_float(ih), __fmul_rn(a1[r], dx), acc[m][r]);
+#if TWO_MINS  // the halves' code sums with their mins
+                acc[m][r] = __fmaf_rn(small_int_float((int)mt.y), __fmul_rn(b[r], dx), acc[m][r]);
+                acc[m][r] = __fmaf_rn(small_int_float((int)mt.z), __fmul_rn(b1[r], dx), acc[m][r]);
+#endif
 #else
                 acc[m][r] = __fmaf_rn(small_int_float(il + ih), __fmul_rn(a0[r], dx), acc[m][r]);
 #if HAS_MIN

@@ -44,8 +44,8 @@ def test_shared_memory_plans():
 
 
 def test_formats_refused_by_name():
-    with pytest.raises(NotImplementedError, match="MXFP4"):
-        cuda_moe.check_format("MXFP4", 768, 2048)
+    with pytest.raises(NotImplementedError, match="IQ4_NL"):
+        cuda_moe.check_format("IQ4_NL", 768, 2048)
     with pytest.raises(NotImplementedError, match="Q8_0.*expert width 48"):
         cuda_moe.check_format("Q8_0", 48, 2048)
     cuda_moe.check_format("NVFP4", 768, 2048)

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from bw24chat.backends import kernel_build as kb
+from bw24chat.backends.cuda_weights import FORMATS
+from bw24chat.backends.kernel_refs import A8_FORMATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
@@ -49,9 +51,9 @@ class _Buffer:
 def production_matvec_builds() -> list[tuple[str, dict]]:
     """A cross-section of the decode matvec builds cuda_linear launches (no GPU: H100 resources):
     the Qwen3-8B qkv / gate|up (with QX) / down (prologue qx) / LM head of NVFP4, Q4_K, Q8_0 on
-    the integer-dot contract, Q6_K, BF16 at m = 1 and 3, F16's and NVFP4's (float contract)
-    tensor-core o projection, an MoE router in F32 and BF16; every define is the wrapper's own
-    choice."""
+    the integer-dot contract, Q6_K, MXFP4, Q2_K, Q3_K, BF16 at m = 1 and 3, F16's and NVFP4's (float
+    contract) tensor-core o projection, an MoE router in F32 and BF16; every define is the
+    wrapper's own choice."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
     from bw24chat.backends.cuda_weights import FORMATS
 
@@ -64,7 +66,8 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
         mp.setattr(cl, "resident_blocks", lambda k, t, s: 1)
         mp.setattr(kernel_build, "smem_block_limit", lambda: 227 * 1024)
         mp.delenv("BW24CHAT_A8", raising=False)
-        for fmt, ms in (("NVFP4", (1, 3)), ("Q4_K", (1,)), ("Q8_0", (1, 8)), ("Q6_K", (1,)), ("BF16", (1, 3)), ("F16", (1,))):
+        for fmt, ms in (("NVFP4", (1, 3)), ("Q4_K", (1,)), ("Q8_0", (1, 8)), ("Q6_K", (1,)), ("BF16", (1, 3)), ("F16", (1,)),
+                        ("MXFP4", (1, 3)), ("Q2_K", (1, 3)), ("Q3_K", (1, 8))):
             W = lambda o, i: cl.DeviceWeight(fmt, o, i, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1])  # noqa: E731
             for m in ms:
                 qx = cl.writes_qx(W(24576, 4096), m) and cl.takes_qx(W(4096, 12288), m)
@@ -127,6 +130,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("gemm_mma", {"FMT": 11, "GEMM_SPLIT": 0}),
     ("gemm_mma", {"FMT": 8, "GEMM_SPLIT": 0, "GM_BUFS": 1}),
     ("gemm_mma", {"FMT": 0}),  # F32 (4-value chunks): the rows gemm_wgp cannot take
+    *[("gemm_mma", {"FMT": FORMATS[f][0]}) for f in FORMATS if f != "F32"],  # every format's decoder in the producer
+    *[("dequant", {"FMT": FORMATS[f][0]}) for f in FORMATS],  # every format's dequantization / embedding rows
     ("gemm_i8", {"FMT": 3}),
     ("dequant", {"FMT": 11, "DEQ_LO": 0}),  # the dequantization pass for the hi plane alone
     ("dequant", {"FMT": 0, "DEQ_LO": 0}),  # F32 chunks (8-byte store units)
@@ -145,7 +150,7 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     *[("moe_experts", d) for d in production_moe_builds()],
     # the grouped MoE prefill (moe_group.cu): every format on its contract's planes, both tiles,
     # one buffer (99 KB GPUs), the bf16-activation contract, Q8_0 on gemm_i8_grouped
-    *[("moe_group", {"FMT": f, "GG_BM": 64, **({"GEMM_XPLANES": 1} if f in (3, 8, 9, 10, 11) else {})}) for f in range(12)],
+    *[("moe_group", {"FMT": FORMATS[f][0], "GG_BM": 64, **({"GEMM_XPLANES": 1} if f in A8_FORMATS else {})}) for f in FORMATS],
     ("moe_group", {"FMT": 10, "GG_BM": 128, "GEMM_XPLANES": 1, "GM_BUFS": 1}),
     ("moe_group", {"FMT": 11, "GG_BM": 128, "GEMM_SPLIT": 0}),
     ("moe_group", {"FMT": 8, "GG_BM": 64, "GEMM_SPLIT": 0}),
@@ -191,6 +196,18 @@ def test_wgmma_builds_are_not_serialized_and_do_not_spill(defines):
         i = log.index(f"Function properties for {fn}")
         props = log[i:log.index("\n", log.index("\n", i) + 1)]
         assert " 0 bytes spill stores" in props, props
+
+
+@pytest.mark.parametrize("defines", [d for f, d in production_matvec_builds() if f == "matvec" and d.get("ACT_Q8")],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_integer_dot_matvec_builds_do_not_spill(defines):
+    """ptxas's report on the sm_90a integer-dot matvec builds (every such format, m = 1 and more):
+    no spills (the rolling window's loads and the decoders' scales stay in registers at the
+    MV_MINB blocks per SM the wrapper asks for; matvec.cu's MV_U / MV_MINB defaults)."""
+    _, log = kb.compile_cubin("matvec", "sm_90a", defines, extra=("-Xptxas=-v",))
+    i = log.index("Function properties for matvec")
+    props = log[i:log.index("\n", log.index("\n", i) + 1)]
+    assert " 0 bytes spill stores" in props, props
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])

@@ -13,7 +13,7 @@ FMTS = list(cw.FORMATS)
 
 def random_qtensor(rng, fmt: str, out: int, in_: int, name: str = "w", global_scale: float = 1.0) -> QTensor:
     """Random valid data: random codes, finite random scales (f16 in [1e-3, 1e-1], ue4m3 codes
-    that are not NaN, small Q4_K/Q5_K/Q6_K sub-scales of every bit pattern)."""
+    that are not NaN, small K-quant sub-scales of every bit pattern, MXFP4 exponents near 2^0)."""
     if fmt == "F32":
         return QTensor(name, fmt, (out, in_), rng.standard_normal((out, in_)).astype(np.float32))
     if fmt == "F16":
@@ -34,11 +34,19 @@ def random_qtensor(rng, fmt: str, out: int, in_: int, name: str = "w", global_sc
         b[:, 0:2], b[:, 2:4] = f16(nb), f16(nb)
     elif fmt == "Q6_K":
         b[:, 208:210] = f16(nb)
+    elif fmt == "Q2_K":
+        b[:, 80:82], b[:, 82:84] = f16(nb), f16(nb)
+    elif fmt == "Q3_K":
+        b[:, 108:110] = f16(nb)
     elif fmt == "NVFP4":
         s = rng.integers(0, 0x7F, size=(nb, 4), dtype=np.uint8)  # 0x7F is NaN in E4M3
         s[rng.random((nb, 4)) < 0.05] = 0x7F  # ... which decodes to 0: cover it
         s[rng.random((nb, 4)) < 0.05] |= 0x80  # bit 7, which the reference ignores (0xFF reads as 0x7F's 240)
         b[:, 0:4] = s
+    elif fmt == "MXFP4":  # e8m0 exponents around 2^0, and the two subnormal-scale codes 0, 1
+        e = rng.integers(112, 136, size=nb, dtype=np.uint8)
+        e[rng.random(nb) < 0.05] = rng.integers(0, 2, dtype=np.uint8)
+        b[:, 0] = e
     return QTensor(name, fmt, (out, in_), b.reshape(out, -1), global_scale=global_scale)
 
 
@@ -54,10 +62,21 @@ def test_repack_round_trip_bit_exact(fmt):
     gs = [1.0, 1.0, 1.0] if fmt != "NVFP4" else [0.75, 1.0, 3.0e-3]
     ts = [random_qtensor(rng, fmt, int(n), in_, f"w{i}", gs[i]) for i, n in enumerate(rng.integers(1, 9, 3))]
     hp = cw.repack_host(ts)
-    assert hp.out == sum(t.shape[0] for t in ts) and hp.q.shape == (hp.out, in_ // cw.vpc(fmt) * 16)
+    assert hp.out == sum(t.shape[0] for t in ts) and hp.q.shape == (hp.out, in_ // cw.vpc(fmt) * cw.q_chunk_bytes(fmt))
     got, ref = cw.decode_planes(hp), reference(ts)
     assert got.dtype == np.float32 and got.shape == ref.shape
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{np.sum(got.view(np.uint32) != ref.view(np.uint32))} bit mismatches"
+
+
+def test_mxfp4_every_scale_byte():
+    """MXFP4's e8m0 byte decodes bit for bit whatever it is (formats.cuh e8m0_half: the
+    subnormals of codes 0 and 1, the overflow of 255 x 6 to inf)."""
+    rng = np.random.default_rng(0)
+    t = random_qtensor(rng, "MXFP4", 256, 32)
+    t.raw.reshape(256, 17)[:, 0] = np.arange(256, dtype=np.uint8)
+    with np.errstate(over="ignore"):  # 2^127 x 6 is inf on both sides
+        got, ref = cw.decode_planes(cw.repack_host([t])), t.dequantize()
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
 def test_repack_rejects_mixed_formats():
@@ -72,7 +91,7 @@ def test_nibble_chunk_layout():
     assert list(b & 15) == list(codes[:16]) and list(b >> 4) == list(codes[16:])
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q5_1"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q5_1", "MXFP4", "Q2_K", "Q3_K"])
 def test_repack_interleaved_rows(fmt):
     """interleave=True (the fused gate/up matrix): row 2i = tensor 0 row i, row 2i+1 = tensor 1
     row i, every plane (codes, scales, highs, NVFP4 per-row global scale) interleaved alike."""

@@ -18,7 +18,8 @@ def _bytes(t):
 
 
 @pytest.mark.parametrize("shape,fmt", [("tiny-moe", "Q8_0"), ("tiny-moe", "Q4_K"), ("tiny-glm4-moe", "BF16"),
-                                       ("tiny-minimax-m2", "Q8_0"), ("tiny", "Q6_K")])
+                                       ("tiny-minimax-m2", "Q8_0"), ("tiny", "Q6_K"), ("tiny-moe", "MXFP4"),
+                                       ("tiny-moe", "Q2_K"), ("tiny", "Q3_K")])
 def test_file_is_the_synthetic_model(tmp_path, shape, fmt):
     path = tmp_path / f"{shape}.gguf"
     size = write_synthetic_gguf(shape, fmt, path, seed=3, report=lambda s: None)

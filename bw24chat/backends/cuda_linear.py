@@ -24,7 +24,7 @@ MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m r
 # resident up to 16k inputs (down 12288 no longer re-stages a second k-tile behind a barrier)
 GM_TILE = 128  # gemm_mma.cu: tokens and out rows per block (gemm_mma.cuh GM_BN: the grouped GEMM's out rows too)
 GM_LD = 72  # gemm_common.cuh GM_LD: bf16 per tile row (64 + 8 padding)
-_W_EXACT_IN_BF16 = ("BF16", "NVFP4")
+_W_EXACT_IN_BF16 = ("BF16", "NVFP4", "MXFP4")  # gemm_common.cuh W_SPLIT: the weights that need no lo plane
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2, "qx": 3}  # qx: x's codes ready-made (matvec.cu PRO_QX)
 EPILOGUES = {"store": 0, "add": 1, "swiglu": 2}
 PRO_BF16 = 8  # matvec.cu: the prologue flag of the bf16-activation contract (x rounded to bf16 first)

@@ -2,8 +2,9 @@
 
 The device layout (kernels/formats.cuh is the contract) cuts every row into 16-byte *chunks*
 of VPC values: F32 4, F16/BF16 8, Q8_0 16, and 32 for every 4-bit-based format, whose chunk is
-a "nibble chunk" (byte j: value j in the low nibble, value 16+j in the high one; NVFP4 instead
-four "selector words", pack_selector_words).  Scales and
+a "nibble chunk" (byte j: value j in the low nibble, value 16+j in the high one; the E2M1
+formats NVFP4 and MXFP4 instead four "selector words", pack_selector_words; Q2_K and Q3_K an
+8-byte chunk of 2-bit codes, pack_h6's layout, so that they keep their 2.6 / 3.4 bits per weight).  Scales and
 high bits live in separate planes (``s``, ``d``, ``h``), so a warp's chunk loads are one
 contiguous 512-byte run.  Several tensors of one format and width are concatenated along the
 output rows (the runner fuses Wq|Wk|Wv and Wgate|Wup).
@@ -26,9 +27,17 @@ from .kernel_refs import FLOAT_FORMATS
 FORMATS = {
     "F32": (0, 4), "F16": (1, 8), "BF16": (2, 8), "Q8_0": (3, 16),
     "Q4_0": (4, 32), "Q4_1": (5, 32), "Q5_0": (6, 32), "Q5_1": (7, 32),
-    "Q4_K": (8, 32), "Q5_K": (9, 32), "Q6_K": (10, 32), "NVFP4": (11, 32),
+    "Q4_K": (8, 32), "Q5_K": (9, 32), "Q6_K": (10, 32), "NVFP4": (11, 32), "MXFP4": (12, 32),
+    "Q2_K": (13, 32), "Q3_K": (14, 32),
 }
-HAS_MIN = {"Q4_1", "Q5_1", "Q4_K", "Q5_K"}
+E2M1_FORMATS = ("NVFP4", "MXFP4")  # E2M1 codes as selector words (pack_selector_words)
+TWO_BIT_FORMATS = ("Q2_K", "Q3_K")  # q = 2-bit codes, 8 bytes per chunk (pack_h6's layout)
+HAS_MIN = {"Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q2_K"}
+
+
+def q_chunk_bytes(fmt: str) -> int:
+    """Bytes of one chunk in the q plane: 16, or 8 for the 2-bit formats."""
+    return 8 if fmt in TWO_BIT_FORMATS else 16
 
 
 def fmt_id(fmt: str) -> int:
@@ -45,10 +54,10 @@ class HostPlanes:
     fmt: str
     out: int
     in_: int
-    q: np.ndarray  # uint8 [out, in/VPC*16]
-    h: np.ndarray | None = None  # uint8 [out, nck*4] (5th bits) or [out, nck*8] (Q6_K)
+    q: np.ndarray  # uint8 [out, in/VPC*q_chunk_bytes]
+    h: np.ndarray | None = None  # uint8 [out, nck*4] (5th bits, Q3_K's 3rd bits) or [out, nck*8] (Q6_K)
     s: np.ndarray | None = None  # uint8 scale records
-    d: np.ndarray | None = None  # uint8 [out, nsb*2] (Q6_K f16 d)
+    d: np.ndarray | None = None  # uint8 [out, nsb*2] (Q6_K / Q3_K f16 d) or [out, nsb*4] (Q2_K d, dmin)
     gscale: np.ndarray | None = None  # float32 [out] (NVFP4 per-row global scale)
     global_scales: tuple = ()  # the per-tensor NVFP4 scales, in order
 
@@ -92,7 +101,8 @@ def pack_h5(bits: np.ndarray) -> np.ndarray:
 
 
 def pack_h6(hi2: np.ndarray) -> np.ndarray:
-    """(..., 32) 2-bit highs -> (..., 8) bytes: word0 byte j bits 2g..2g+1 = value 4g+j; word1 of 16+4g+j."""
+    """(..., 32) 2-bit fields (Q6_K's highs, Q2_K / Q3_K's codes) -> (..., 8) bytes: word0 byte j
+    bits 2g..2g+1 = value 4g+j; word1 of 16+4g+j."""
     b = hi2.astype(np.uint32) & 3
     g = np.arange(4, dtype=np.uint32).reshape(4, 1)
     j = np.arange(4, dtype=np.uint32).reshape(1, 4)
@@ -154,6 +164,21 @@ def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
         qs = b[:, :, 4:36].reshape(out, nb, 4, 8)
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, nb, 2, 32)  # value order
         return {"q": pack_selector_words(codes).reshape(out, -1), "s": nvfp4_scale_bytes(b[:, :, 0:4]).reshape(out, -1)}
+    if fmt in TWO_BIT_FORMATS:  # value 128h + 32s + l: bits 2s of code byte 32h + l (quants._q2_k)
+        o = 16 if fmt == "Q2_K" else 32
+        codes = ((b[:, :, o:o + 64].reshape(out, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1))
+                 & 3).reshape(out, nb, 8, 32)
+        if fmt == "Q2_K":  # s = the 16 scale / min bytes, d = (d, dmin)
+            return {"q": pack_h6(codes).reshape(out, -1), "s": b[:, :, 0:16].reshape(out, -1),
+                    "d": b[:, :, 80:84].reshape(out, -1)}
+        hm = (b[:, :, 0:32].reshape(out, nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # chunk c: bit c
+        return {"q": pack_h6(codes).reshape(out, -1), "h": pack_h5(hm).reshape(out, -1),
+                "s": quants.q3_k_scales(b[:, :, 96:108].reshape(-1, 12)).view(np.uint8).reshape(out, -1),
+                "d": b[:, :, 108:110].reshape(out, -1)}
+    if fmt == "MXFP4":  # one block per chunk: its e8m0 byte as it stands (s, u8 per chunk)
+        qs = b[:, :, 1:17]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # value order (ggml's Q4_0 nibble order)
+        return {"q": pack_selector_words(codes).reshape(out, -1), "s": b[:, :, 0:1].reshape(out, -1)}
     raise AssertionError(fmt)
 
 
@@ -214,7 +239,7 @@ def decode_planes(hp: HostPlanes) -> np.ndarray:
         return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
     if fmt == "BF16":
         return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
-    words = hp.q.reshape(out, nck, 4, 4).view("<u4")[..., 0]  # (out, nck, 4) words g
+    words = hp.q.reshape(out, nck, -1, 4).view("<u4")[..., 0]  # (out, nck, 4) words g (2-bit: 2 words)
     kc = np.arange(nck)
     if fmt == "Q8_0":
         d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2]  # (out, nck)
@@ -222,8 +247,15 @@ def decode_planes(hp: HostPlanes) -> np.ndarray:
         bytes_ = ((w[..., None] >> (8 * np.arange(4, dtype=np.uint32))) & 0xFF).reshape(out, nck, 16)
         q = (bytes_ | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + 128.0)
         return (q * d[..., None]).reshape(out, in_)
+
+    def sh(v, s):
+        return (v << np.uint32(s)) if s >= 0 else (v >> np.uint32(-s))
+
     # nibble family: code bytes lo (values 4g+j), hi (16+4g+j)
-    if fmt == "NVFP4":  # selector words: nibble j of each half -> byte j
+    if fmt in TWO_BIT_FORMATS:  # word 0 byte j bits 2g.. = value 4g+j, word 1 of 16+4g+j
+        lo = np.stack([(words[..., 0] >> np.uint32(2 * gg)) & np.uint32(0x03030303) for gg in range(4)], -1)
+        hi = np.stack([(words[..., 1] >> np.uint32(2 * gg)) & np.uint32(0x03030303) for gg in range(4)], -1)
+    elif fmt in E2M1_FORMATS:  # selector words: nibble j of each half -> byte j
         spread = lambda v: sum(((v >> np.uint32(4 * jj)) & np.uint32(0xF)) << np.uint32(8 * jj) for jj in range(4))  # noqa: E731
         lo, hi = spread(words), spread(words >> np.uint32(16))
     else:
@@ -233,53 +265,62 @@ def decode_planes(hp: HostPlanes) -> np.ndarray:
         h = hp.h.reshape(out, nck, 4).view("<u4")  # (out, nck, 1)
         lo = lo | (np.stack([h[..., 0] << np.uint32(4 - gg) for gg in range(4)], -1) & np.uint32(0x10101010))
         hi = hi | (np.stack([h[..., 0] >> np.uint32(gg) for gg in range(4)], -1) & np.uint32(0x10101010))
+    elif fmt == "Q3_K":  # the third bits at bit 2 (pack_h5's layout)
+        h = hp.h.reshape(out, nck, 4).view("<u4")[..., 0]  # (out, nck)
+        lo = lo | (np.stack([sh(h, 2 - gg) for gg in range(4)], -1) & np.uint32(0x04040404))
+        hi = hi | (np.stack([h >> np.uint32(gg + 2) for gg in range(4)], -1) & np.uint32(0x04040404))
     elif fmt == "Q6_K":
         h = hp.h.reshape(out, nck, 2, 4).view("<u4")[..., 0]  # (out, nck, 2)
-
-        def sh(v, s):
-            return (v << np.uint32(s)) if s >= 0 else (v >> np.uint32(-s))
-
         lo = lo | (np.stack([sh(h[..., 0], 4 - 2 * gg) for gg in range(4)], -1) & np.uint32(0x30303030))
         hi = hi | (np.stack([sh(h[..., 1], 4 - 2 * gg) for gg in range(4)], -1) & np.uint32(0x30303030))
     j = (8 * np.arange(4, dtype=np.uint32))
 
     def qvals(w):  # (out, nck, 4 words) -> (out, nck, 16) values 4g+j
         c = (w[..., None] >> j) & np.uint32(0xFF)
-        if fmt == "NVFP4":
+        if fmt in E2M1_FORMATS:
             mag = (c << 22) & np.uint32(0x01C00000)
             bits = mag | np.where(mag != 0, (c << 28) & np.uint32(0x80000000), np.uint32(0))
             return (bits.view(np.float32) * np.float32(2.0**127)).reshape(out, nck, 16)
-        off = {"Q4_0": 8.0, "Q5_0": 16.0, "Q6_K": 32.0}.get(fmt, 0.0)
+        off = {"Q4_0": 8.0, "Q5_0": 16.0, "Q6_K": 32.0, "Q3_K": 4.0}.get(fmt, 0.0)
         return ((c | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + off)).reshape(out, nck, 16)
 
     qlo, qhi = qvals(lo), qvals(hi)
-    b = None
+    b0 = b1 = None  # the additive mins of values 0-15 / 16-31 (one per chunk but Q2_K's)
     if fmt in ("Q4_0", "Q5_0"):
         a0 = _f16(hp.s.reshape(out, nck, 2))
         a1 = a0
     elif fmt in ("Q4_1", "Q5_1"):
         dm = _f16(hp.s.reshape(out, nck, 2, 2))  # (out, nck, 2, 1)
-        a0, b = dm[:, :, 0], dm[:, :, 1]
-        a1 = a0
+        a0, b0 = dm[:, :, 0], dm[:, :, 1]
+        a1, b1 = a0, b0
     elif fmt in ("Q4_K", "Q5_K"):
         s = hp.s.reshape(out, nck // 8, 16)
         d, dmin = _f16(s[..., 0:2]), _f16(s[..., 2:4])
         sc, mn = quants.k_scale_min(s[..., 4:16].reshape(-1, 12))
         sc, mn = sc.reshape(out, -1, 8), mn.reshape(out, -1, 8)
         a0 = (d * sc.astype(np.float32)).reshape(out, nck, 1)
-        b = -(dmin * mn.astype(np.float32)).reshape(out, nck, 1)
-        a1 = a0
-    elif fmt == "Q6_K":
+        b0 = -(dmin * mn.astype(np.float32)).reshape(out, nck, 1)
+        a1, b1 = a0, b0
+    elif fmt in ("Q6_K", "Q3_K"):
         sc = hp.s.reshape(out, nck // 8, 16).view(np.int8).astype(np.float32)
         d = _f16(hp.d.reshape(out, nck // 8, 2))
         ds = (d * sc).reshape(out, nck, 2)
         a0, a1 = ds[..., 0:1], ds[..., 1:2]
+    elif fmt == "Q2_K":  # sub-block scale byte: low nibble scale, high nibble min
+        s = hp.s.reshape(out, nck // 8, 16)
+        dm = hp.d.reshape(out, nck // 8, 4)
+        ds = (_f16(dm[..., 0:2]) * (s & 0x0F).astype(np.float32)).reshape(out, nck, 2)
+        mn = -(_f16(dm[..., 2:4]) * (s >> 4).astype(np.float32)).reshape(out, nck, 2)
+        a0, a1, b0, b1 = ds[..., 0:1], ds[..., 1:2], mn[..., 0:1], mn[..., 1:2]
     elif fmt == "NVFP4":
         sc = _ue4m3_half(hp.s.reshape(out, nck, 2))
         a0, a1 = sc[..., 0:1], sc[..., 1:2]
+    elif fmt == "MXFP4":  # formats.cuh e8m0_half: the bits quants.e8m0_to_f32_half builds
+        a0 = quants.e8m0_to_f32_half(hp.s.reshape(out, nck, 1))
+        a1 = a0
     vlo, vhi = a0 * qlo, a1 * qhi
-    if b is not None:
-        vlo, vhi = vlo + b, vhi + b
+    if b0 is not None:
+        vlo, vhi = vlo + b0, vhi + b1
     v = np.concatenate([vlo, vhi], axis=-1).reshape(out, in_)
     if hp.gscale is not None:
         v = v * hp.gscale[:, None]

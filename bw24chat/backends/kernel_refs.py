@@ -65,8 +65,10 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 # random models; two levels make a flip 256 times smaller.  Q4_0/Q4_1/Q5_0/Q5_1 keep exact
 # activations (SmolLM2 Q4_1 is gated on the NumPy backend's numbers).  NVFP4: the integer dot
 # (E2M1 by table to doubled integers) measured 7 % faster per layer than the f16 tensor-core
-# matvec (74.0 vs 79.8 us).
-A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4")
+# matvec (74.0 vs 79.8 us).  MXFP4 takes NVFP4's integer dot (its power-of-two block scale rides
+# in the x record's scale); Q3_K Q6_K's (two scales a chunk, a code offset), Q2_K the same with
+# a min per half chunk.
+A8_FORMATS: tuple = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "NVFP4", "MXFP4", "Q2_K", "Q3_K")
 
 
 FLOAT_FORMATS = ("F32", "F16", "BF16")  # the unquantized weight formats

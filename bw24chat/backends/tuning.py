@@ -23,8 +23,8 @@ from .kernel_refs import FLOAT_FORMATS
 #   a 64-row gate|up tile whose swiglu epilogue writes the down projection's x codes (QX);
 # - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
 # - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the wide
-#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K keep the kernel's defaults (their
-#   decoders need the registers).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
+#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K / Q2_K / Q3_K keep the kernel's
+#   defaults (their decoders need the registers; Q2_K / Q3_K not measured).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
 # - "few" (at most FEW_ROWS rows, where an entry exists: an MoE router's F32 / BF16 logits, 128 x
 #   2048 for Qwen3-30B-A3B): a row is one warp's, so 2 rows per warp left 8 blocks for a 1 MB
 #   matrix (8.6 us a launch on the H100, docs/performance.md); one row per warp doubles the
@@ -40,7 +40,7 @@ MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
     (True, "NVFP4", "o"): {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
     (True, "NVFP4", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
     (True, "NVFP4", "mid"): _WIDE, (True, "NVFP4", "wide"): _WIDE,
-    **{(True, f, c): {} for f in ("Q5_K", "Q6_K") for c in ("o", "down", "mid", "wide")},
+    **{(True, f, c): {} for f in ("Q5_K", "Q6_K", "Q2_K", "Q3_K") for c in ("o", "down", "mid", "wide")},
     (True, "*", "o"): {"MV_U": 3, "MV_MINB": 2}, (True, "*", "down"): {"MV_U": 3, "MV_MINB": 2},
     (False, "BF16", "o"): {"MV_STEADY": 1, "MV_NW": 16}, (False, "BF16", "down"): {"MV_STEADY": 1, "MV_NW": 16},
     (False, "BF16", "mid"): {"MV_STEADY": 1}, (False, "BF16", "wide"): _WIDE,
@@ -73,8 +73,8 @@ def _geo(u: int) -> dict:
     return {"MOE_NW": 8, "MOE_U": u, "MOE_MINB": 2}
 
 
-_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
-           "Q4_K": 3, "Q5_K": 3, "*": 2}
+_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "MXFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
+           "Q2_K": 4, "Q4_K": 3, "Q5_K": 3, "Q3_K": 3, "*": 2}
 MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
 
 

@@ -77,7 +77,7 @@ def test_gemm_matches_reference(cp, rng, fmt, impl):
 
 
 @pytest.mark.parametrize("act_bf16", [False, True])
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4", "MXFP4", "Q2_K", "Q3_K"])
 def test_gemm_rows_do_not_depend_on_T(cp, rng, fmt, act_bf16, impl):
     ts, w = make_weight(rng, fmt, rows=(136,), nblocks=max(1, 512 // block_of(fmt)))
     W = cw.upload(ts)
@@ -166,7 +166,7 @@ def test_gemm_wra_equals_the_dequant_pass(cp, rng, fmt, bt, stages, act_bf16, mo
 
 
 @pytest.mark.parametrize("act_bf16", [False, True])
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4", "MXFP4", "Q3_K"])
 def test_portable_gemm_one_buffer_gives_the_same_bits(cp, rng, fmt, act_bf16, monkeypatch):
     """The portable mma.sync gemm with one tile buffer (gemm_mma.cu GM_BUFS = 1, what the 99 KB GPUs
     run wherever x or W is split: cuda_linear.gemm_bufs) equals the double-buffered kernel bit for
@@ -233,7 +233,7 @@ def test_act_quant_kernel_matches_reference(cp, rng):
     assert np.array_equal((hi + lo).view(np.uint32), act_quant_ref(x).view(np.uint32))  # their sum: the contract's x
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q4_1"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q4_1", "MXFP4", "Q2_K", "Q3_K"])
 def test_integer_dot_gemm_matches_reference(cp, rng, fmt, impl):
     """The integer-dot contract in prefill, forced for every quantized format: x quantized into
     two exact bf16 levels (act_quant), both levels and W split where not bf16-exact ->

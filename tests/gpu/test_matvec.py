@@ -66,7 +66,7 @@ def test_matvec_matches_reference_and_is_m_invariant(cp, rng, fmt, pro):
         assert np.array_equal(one.view(np.uint32), outs[8][r:r + 1].view(np.uint32)), f"row {r}"
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q5_1"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "Q5_1", "MXFP4", "Q2_K", "Q3_K"])
 def test_matvec_add_epilogue(cp, rng, fmt):
     ts, w = make_weight(rng, fmt, rows=(45,), nblocks=5)
     W = cw.upload(ts)
@@ -85,7 +85,7 @@ def test_matvec_qwen_shape_q4_k(cp, rng):
     check_close(run(cp, W, x, 2), ref_input(x, "none", W.in_, None, "Q4_K"), w)
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4", "Q6_K", "MXFP4", "Q2_K", "Q3_K"])
 def test_matvec_swiglu_epilogue_interleaved(cp, rng, fmt):
     """Gate and up rows interleaved at upload; the swiglu epilogue equals silu(gate.x) * up.x
     (each from the store epilogue on the same interleaved matrix), m-invariant bit for bit; and
@@ -114,7 +114,7 @@ def test_matvec_swiglu_epilogue_interleaved(cp, rng, fmt):
     assert np.array_equal(cp.asnumpy(act).view(np.uint32), outs[8].view(np.uint32))
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "F32"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "Q6_K", "NVFP4", "F32", "MXFP4", "Q2_K", "Q3_K"])
 @pytest.mark.parametrize("m", [1, 3])
 def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
     """The matvec kernels are persistent (each block loops over row tiles, the x staging done
@@ -144,7 +144,7 @@ def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"a grid of {cap} blocks changed the bits"
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "NVFP4"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "NVFP4", "MXFP4", "Q2_K", "Q3_K"])
 def test_integer_dot_matvec_is_the_exact_contract(cp, rng, fmt, monkeypatch):
     """Every quantized format under the integer-dot contract (forced for all of them): against
     the float64 product of the quantized activations and the exact weights, only the f32
@@ -218,7 +218,7 @@ def test_wide_matrices_default_geometry_is_m_invariant(cp, rng, fmt):
         assert np.array_equal(one.view(np.uint32), three_swiglu[r].view(np.uint32)), r
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4", "BF16", "F32", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4", "BF16", "F32", "Q6_K", "MXFP4", "Q2_K", "Q3_K"])
 @pytest.mark.parametrize("m", [1, 3])
 def test_steady_windows_give_the_same_bits(cp, rng, fmt, m, monkeypatch):
     """MV_STEADY (branch-free steady-state load windows, picked per shape) runs the same operations
@@ -290,6 +290,7 @@ def test_three_rows_per_warp_give_the_same_bits(cp, rng, fmt, rows, inputs, m, p
 
 QX_CASES = [(p, c, m, b) for p in ("NVFP4", "Q8_0", "Q4_K") for c in ("NVFP4", "Q8_0", "Q4_K")
             for m in (1, 3, 8) for b in (None, 2, 3)]
+QX_CASES += [(p, c, m, b) for p, c in (("MXFP4", "MXFP4"), ("Q2_K", "Q3_K"), ("Q3_K", "Q2_K")) for m in (1, 3, 8) for b in (None, 3)]
 
 
 @pytest.mark.parametrize("producer,consumer,m,blocks", QX_CASES)

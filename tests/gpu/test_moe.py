@@ -1,7 +1,7 @@
 """MoE on the GPU (kernels/moe_router.cu, moe_experts.cu, backends/cuda_moe.py) against the NumPy
 reference (numpy_backend.route_logits, NumpyOps.experts): router ids and weights bit for bit on
 fresh random logits (ties included), the decode experts to f32 rounding (BF16 with f32
-activations; Q8_0 / NVFP4 under the integer-dot contract on both sides), m-row invariance bit for
+activations; the integer-dot formats under their contract on both sides), m-row invariance bit for
 bit, one Qwen3-30B-A3B-shaped layer, and whole tiny models (greedy tokens vs the NumPy runner;
 prefill argmax = decode argmax), and the grouped prefill (moe_group.cu) against the per-expert GEMMs
 bit for bit."""
@@ -49,13 +49,14 @@ def _experts(fmt, E, F, D, rng):
 
 
 SHAPES = [("BF16", 8, 96, 256, 3), ("Q8_0", 8, 96, 256, 3), ("NVFP4", 8, 64, 256, 3),
-          ("BF16", 128, 768, 2048, 8), ("Q8_0", 128, 768, 2048, 8)]  # last two: one Qwen3-30B-A3B layer
+          ("BF16", 128, 768, 2048, 8), ("Q8_0", 128, 768, 2048, 8),  # one Qwen3-30B-A3B layer
+          ("MXFP4", 8, 96, 256, 3), ("MXFP4", 128, 768, 2048, 8), ("Q2_K", 8, 256, 256, 3), ("Q3_K", 8, 256, 256, 3)]
 
 
 @pytest.mark.parametrize("fmt,E,F,D,k", SHAPES)
 def test_moe_experts_decode(cp, rng, fmt, E, F, D, k):
     """moe_gu (rmsnorm staged) + moe_down vs NumpyOps.experts on the same ids / weights (the
-    integer-dot contract on both sides for Q8_0 / NVFP4); rows of an m-row call = 1-row calls."""
+    integer-dot contract on both sides for its formats); rows of an m-row call = 1-row calls."""
     from bw24chat.backends import cuda_moe
     from bw24chat.backends.kernel_refs import act_q8
     from bw24chat.backends.numpy_backend import NumpyBackend
@@ -105,7 +106,7 @@ GEOMETRIES = [  # moe_experts.cu defines other than MOE_TUNING's: warps, window,
 ]
 
 
-@pytest.mark.parametrize("fmt,E,F,D,k", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]])
+@pytest.mark.parametrize("fmt,E,F,D,k", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4], SHAPES[5], SHAPES[7], SHAPES[8]])
 def test_moe_experts_do_not_depend_on_the_geometry(cp, rng, fmt, E, F, D, k):
     """moe_gu's act and moe_down's residual rows are the same bits at every block size, window and
     segment height (each output's sum: one warp, its lanes' chunk order fixed; down's experts
@@ -146,10 +147,10 @@ def test_gated_or_unknown_formats_refused():
 def tiny_moe():
     from bw24chat.synthetic import synthetic_checkpoint
 
-    return {fmt: synthetic_checkpoint("tiny-moe", fmt) for fmt in ("BF16", "Q8_0", "NVFP4")}
+    return {fmt: synthetic_checkpoint("tiny-moe", fmt) for fmt in ("BF16", "Q8_0", "NVFP4", "MXFP4", "Q2_K", "Q3_K")}
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "MXFP4", "Q2_K", "Q3_K"])
 @pytest.mark.parametrize("graph", [True, False])
 def test_moe_rows_equal_single_steps(cp, tiny_moe, fmt, graph):
     """A decode step of m rows = m one-row steps, bit for bit (speculative verify = decode)."""
@@ -266,7 +267,8 @@ def _same_bits(a, b):
 # integer-dot planes, its gate|up gemm_i8_mma), F 128 puts Q8_0's down on gemm_i8_mma too; the
 # K-quants need rows of whole 256-blocks, NVFP4 of 64 (the repacked layout)
 GROUPED_FORMATS = [("BF16", 96), ("F16", 96), ("Q8_0", 96), ("Q8_0", 128), ("Q4_0", 96), ("Q4_1", 96), ("Q5_0", 96),
-                   ("Q5_1", 96), ("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256), ("NVFP4", 192)]
+                   ("Q5_1", 96), ("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256), ("NVFP4", 192), ("MXFP4", 96),
+                   ("Q2_K", 256), ("Q3_K", 256)]
 
 
 @pytest.mark.parametrize("act_bf16", [False, True], ids=["f32-x", "bf16-x"])
@@ -302,7 +304,7 @@ def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, act_bf16):
     assert _same_bits(out.get(), want)
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "Q4_K"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "Q4_K", "MXFP4", "Q2_K", "Q3_K"])
 def test_grouped_prefill_one_expert_on_every_row(cp, rng, fmt, monkeypatch):
     """Expert 3 on all 300 rows (5 tiles of 64 or 3 of 128, the last partial), the rest spread:
     = the per-expert path bit for bit, with either token tile and with one tile buffer (the
@@ -319,7 +321,7 @@ def test_grouped_prefill_one_expert_on_every_row(cp, rng, fmt, monkeypatch):
     assert _same_bits(_grouped_prefill(cp, ex, *args), want)
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "NVFP4", "MXFP4"])
 def test_grouped_prefill_qwen3_30b_layer(cp, rng, fmt):
     """One Qwen3-30B-A3B layer at pp512 (T 512, 128 experts, top-8, F 768, D 2048): grouped =
     per-expert on the portable kernels bit for bit.  Q8_0 also equals the per-expert path on the

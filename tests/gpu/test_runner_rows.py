@@ -7,7 +7,7 @@ import pytest
 
 from bw24chat.api import SamplingParams
 
-FORMATS = ("BF16", "Q8_0", "NVFP4", "Q4_K", "Q5_K", "Q6_K")
+FORMATS = ("BF16", "Q8_0", "NVFP4", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q2_K", "Q3_K")
 
 
 @pytest.fixture(scope="module")
