@@ -84,3 +84,34 @@ def test_chunked_float32_accuracy():
     assert o.dtype == np.float32
     assert _rel(o, o_ref) < 2e-5, _rel(o, o_ref)
     assert _rel(S, S_ref) < 2e-5, _rel(S, S_ref)
+
+
+def test_prefill_rows_run_chunked():
+    """cuda_deltanet.chunked_rows: a pass's whole chunks run chunked, its partial last chunk too from
+    CHUNKED_MIN_TAIL rows, else row by row; the chunked kernels' shared memory decides the GPUs
+    (DK = 128 fits sm_120's 99 KB; DK = 256 needs sm_90's 227 KB)."""
+    from bw24chat.backends import cuda_deltanet as dn
+    from bw24chat.backends import kernel_build as kb
+
+    m = dn.CHUNKED_MIN_TAIL
+    assert DELTA_CHUNK == dn.GDN_CHUNK
+    for T, want in ((1, 0), (m - 1, 0), (m, m), (64, 64), (64 + m - 1, 64), (64 + m, 64 + m), (512, 512), (530, 512)):
+        assert dn.chunked_rows(T, 128) == want, T
+    assert max(dn.chunk_smem(128)) <= 99 * 1024 < max(dn.chunk_smem(256)) <= kb.SMEM_BLOCK_SM90
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kb, "smem_block_limit", lambda: 99 * 1024)
+        assert dn.chunked_rows(512, 128) == 512 and dn.chunked_rows(512, 256) == 0
+
+
+def test_chunk_workspace_shapes():
+    """The records deltanet_chunk.cu writes, per 64-row chunk: W | U~ | M | two gate rows per value
+    head, q | k per key head (dims padded to 32)."""
+    from bw24chat.backends import cuda_deltanet as dn
+
+    spec = DeltaNetSpec(16, 32, 128, 128, 4, 1e-6)
+    shapes = dn.chunk_workspace_shapes(spec, 512)
+    assert shapes == {"ws": (512, 32 * (128 + 128 + 64 + 2)), "qk": (512, 16 * 256)}
+    assert 4 * sum(r * c for r, c in shapes.values()) == 512 // 64 * 4 * 64 * (32 * (128 + 128 + 64 + 2) + 16 * 256)
+    assert dn.chunk_workspace_shapes(DeltaNetSpec(3, 3, 40, 17, 4, 1e-6), 64)["ws"] == (64, 3 * (64 + 32 + 66))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        dn.chunk_workspace_shapes(spec, 100)

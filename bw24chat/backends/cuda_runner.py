@@ -303,8 +303,13 @@ class CudaOps(Ops):
 
     def gated_delta_rule(self, qkv, b, a, A, dt_bias, spec, layer: int):
         o = self.buf("ssm_o", spec.n_v_heads * spec.v_head_dim)
-        dn.recurrent(self._value(qkv), self._input(b)["x"], self._input(a)["x"], A, dt_bias, spec,
-                     self.r.dn_state["ssm"][layer], o, self.n, *self._slots("ssm_ckpt", layer))
+        args = (self._value(qkv), self._input(b)["x"], self._input(a)["x"], A, dt_bias, spec, self.r.dn_state["ssm"][layer], o)
+        if self.decode:
+            dn.recurrent(*args, self.n, *self._slots("ssm_ckpt", layer))
+        else:  # chunked on tensor cores, a short tail row by row (cuda_deltanet.prefill)
+            rows = -(-self.n // dn.GDN_CHUNK) * dn.GDN_CHUNK
+            ws = {k: self.r.buffer("p:dn_" + k, rows, cols) for k, (_, cols) in dn.chunk_workspace_shapes(spec, rows).items()}
+            dn.prefill(*args, self.n, ws["ws"], ws["qk"])
         return o
 
     def gated_rmsnorm(self, x, z, w, spec):
@@ -407,6 +412,10 @@ class CudaRunner:
         self.vocab_size = a.vocab_size
         self.kv_type = kv_type
         self.prefill_chunk = prefill_chunk
+        if hasattr(a, "deltanet_spec") and prefill_chunk % dn.GDN_CHUNK:
+            # passes start at the delta rule's chunk boundaries (cuda_deltanet.prefill): a call's
+            # results then do not depend on its passes
+            raise ValueError(f"prefill_chunk {prefill_chunk}: a multiple of {dn.GDN_CHUNK} for a hybrid model")
         self.use_graph = use_graph
         # precise: split-bf16 prefill GEMMs and attention (matches the f32 decode path; the
         # check gates need it); False: plain bf16 tensor-core prefill, ~2-3x faster
@@ -542,6 +551,8 @@ class CudaRunner:
         chunk = chunk or self.prefill_chunk
         if chunk > self.prefill_chunk:
             raise ValueError(f"chunk {chunk} > the buffers' {self.prefill_chunk}")
+        if self.dn_state is not None and chunk % dn.GDN_CHUNK:
+            raise ValueError(f"chunk {chunk}: a multiple of {dn.GDN_CHUNK} for a hybrid model (cuda_deltanet.prefill)")
         ids = np.asarray(ids)
         with self.stream:
             outs = [self._prefill_chunk(ids[s: s + chunk], start + s, True) for s in range(0, len(ids), chunk)]
