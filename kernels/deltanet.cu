@@ -2,7 +2,9 @@
 // arXiv:2412.06464; transformers modeling_qwen3_next.py Qwen3NextGatedDeltaNet): the causal
 // depthwise conv1d with its rolling state, the gated delta rule's recurrence, and the gated
 // RMSNorm of its output.  One pass runs T consecutive rows of one sequence: a decode step of
-// m = 1..8 rows, or a prefill chunk; the same kernels and the same per-row arithmetic serve both.
+// m = 1..8 rows, or a prefill chunk.  The conv and the norm serve both alike; the recurrence
+// serves decode steps and the rows of a prefill pass that deltanet_chunk.cu (the chunked form, on
+// tensor cores) leaves to it: a short prompt, a pass's short tail (cuda_deltanet.prefill).
 //
 // Shape legend: T rows, Hk key heads, Hv value heads (a multiple of Hk), DK key head dim, DV value
 // head dim, C = 2 Hk DK + Hv DV conv channels (q | k | v), KC conv taps.
@@ -56,10 +58,9 @@
 //   2 MiB checkpoint per row, against ~68 MB of the layer's Q8_0 weights (qkv 8192 x 4096, z and
 //   out 4096 x 4096): ~6-9 % more bytes than the matvecs read; ~3.7 Mflop per row.  256 blocks
 //   of 4 warps: each row's critical path is two 16-term sums and two 3-level butterflies.
-//   Prefill: the same recurrence, token by token (~300 cycles a row): 512 rows take ~0.1 ms per
-//   layer, ~2 ms of a pp512 whose GEMMs take ~20 ms at the 25k tok/s target.  The chunked (WY)
-//   form on tensor cores would cut that to a fraction, at the price of prefill rows that differ
-//   from decode rows by rounding; this form keeps prefill = decode exactly for these kernels.
+//   Rows of a prefill pass that run here: the same recurrence, token by token (~300 cycles a row,
+//   a dependent chain); whole 64-row chunks run deltanet_chunk.cu instead, whose rows differ from
+//   this kernel's by rounding (~1e-6 relative).
 //
 // Defines: DK (key head dim, <= 256), KC (conv taps, 2..8), GDN_TT (rows per shared-memory tile).
 #include "deltanet_common.cuh"

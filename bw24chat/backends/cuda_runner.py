@@ -35,7 +35,8 @@ step's kernels also write the state before each row into a checkpoint slot, so t
 any position the latest step covers restores it exactly (speculative verify); any other rollback
 recomputes it from the ids through the prefill path.  A DeltaNet layer decodes in 8 launches: the
 qkv, b and a matvecs (rmsnorm prologue), conv1d, the recurrence, the z matvec, the gated norm, the
-out matvec (+x).
+out matvec (+x).  Prefill runs the delta rule chunked (64-row chunks on tensor cores, a short tail
+row by row: cuda_deltanet.prefill), so a hybrid model's prefill passes are multiples of 64 rows.
 """
 from __future__ import annotations
 
