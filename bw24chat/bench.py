@@ -67,6 +67,16 @@ def measure_h2d_bandwidth(cp, nbytes: int = 1 << 30, runs: int = 10) -> float:
     return nbytes / (ms * 1e-3)
 
 
+def storage_read_bytes() -> int | None:
+    """Bytes this process has made the kernel fetch from storage (/proc/self/io read_bytes: page
+    cache misses, memory-mapped ones included), None where the kernel does not say."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def drop_page_cache(path: str) -> None:
     """Evict a model's files from the page cache (posix_fadvise DONTNEED; a folder: each file in
     it), so the expert disk tier reads the disk, not RAM."""
@@ -116,22 +126,30 @@ def flops_per_token(runner, ctx: int) -> float:
     return 2 * mat + attn
 
 
-def _tier_row(stats, before: dict, vram_bytes: int, copy_bw: float, h2d_bw: float, disk_bw: float, tps: float) -> dict:
+def _tier_row(stats, before: dict, vram_bytes: int, copy_bw: float, h2d_bw: float, disk_bw: float, tps: float,
+              storage_bytes: int | None = None) -> dict:
     """A spilled-expert decode row's figures over the timed window: hits per tier, bytes moved per
     token, and the bound of reading ``vram_bytes`` in VRAM plus copying the moved bytes at the
-    measured host-to-device rate (and, for the file tier, the disk's measured rate when given)."""
+    measured host-to-device rate.  The file tier's bytes come from the page cache or from storage:
+    ``storage_bytes`` (the window's storage_read_bytes, None: unknown, all counted as storage) are
+    charged at the disk's measured rate ``disk_bw`` (when given), the rest as host bytes."""
     d = {k: v - before[k] for k, v in vars(stats).items() if isinstance(v, int) and k in before}
     n = max(d["vram_hits"] + d["host_hits"] + d["disk_hits"], 1)
     tokens = max(d["tokens"], 1)
     host_b, disk_b = d["bytes_host"] / tokens, d["bytes_disk"] / tokens
-    t = vram_bytes / copy_bw + host_b / h2d_bw + (disk_b / disk_bw if disk_bw else disk_b / h2d_bw)
+    storage_b = disk_b if storage_bytes is None else min(storage_bytes / tokens, disk_b)
+    cached_b = disk_b - storage_b
+    t = vram_bytes / copy_bw + (host_b + cached_b) / h2d_bw + storage_b / (disk_bw or h2d_bw)
     return dict(expert_hit_vram=d["vram_hits"] / n, expert_hit_host=d["host_hits"] / n, expert_hit_disk=d["disk_hits"] / n,
-                host_bytes_per_token=host_b, disk_bytes_per_token=disk_b, h2d_GBs=h2d_bw / 1e9,
-                disk_GBs=disk_bw / 1e9, disk_read_GBs=disk_b * tps / 1e9, tier_bound_tok_s=1 / t, tier_pct=100 * tps * t)
+                host_bytes_per_token=host_b, disk_bytes_per_token=disk_b, storage_bytes_per_token=storage_b,
+                h2d_GBs=h2d_bw / 1e9, disk_GBs=disk_bw / 1e9, storage_read_GBs=storage_b * tps / 1e9,
+                tier_bound_tok_s=1 / t, tier_pct=100 * tps * t)
 
 
 def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str, decode_only: bool = False,
-                 prefill_only: bool = False, h2d_bw: float = 0.0, disk_bw: float = 0.0) -> list[dict]:
+                 prefill_only: bool = False, h2d_bw: float = 0.0, disk_bw: float = 0.0, cold=None) -> list[dict]:
+    """The prefill, decode and verify-cost rows of one runner.  ``cold``: called before each timed
+    decode run (bench --drop-page-cache: the model's file evicted, so the file tier reads storage)."""
     rng = np.random.default_rng(0)
     V = runner.args.vocab_size
     rows = []
@@ -172,11 +190,15 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         tok = int(ids[-1])
         walls, gpu = [], []
         st0 = dict(vars(runner.tiers.tiers.stats)) if runner.tiers is not None else None
+        storage = 0
         for r in range(runs):
             if runner.decode_state_bytes():  # each run decodes positions ctx.. again: a recurrent
                 runner.prefill(ids, 0)  # state is rewound to the prompt's (untimed) first
                 runner.stream.synchronize()
                 tok = int(ids[-1])
+            if cold is not None:
+                cold()
+            io0 = storage_read_bytes()
             t0 = time.perf_counter()
             a, b = cp.cuda.Event(), cp.cuda.Event()
             a.record(runner.stream)
@@ -186,6 +208,8 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
             b.synchronize()
             walls.append(time.perf_counter() - t0)
             gpu.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+            io1 = storage_read_bytes()
+            storage = None if io0 is None or io1 is None or storage is None else storage + io1 - io0
         wall, g = statistics.median(walls), statistics.median(gpu)
         tps = 128 / wall
         nbytes = weight_bytes(runner) + kv_bytes_per_token(runner, ctx + 64) + runner.decode_state_bytes()
@@ -193,7 +217,7 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         row = dict(model=label, test=f"tg128@{ctx}{tag}", tok_s=tps, roofline_tok_s=roof, pct=100 * tps / roof,
                    bytes_per_token=nbytes, host_overhead=wall / max(g, 1e-9))
         if st0 is not None:  # spilled experts: the bound adds the bytes the tiers moved per token
-            row.update(_tier_row(runner.tiers.tiers.stats, st0, nbytes, copy_bw, h2d_bw, disk_bw, tps))
+            row.update(_tier_row(runner.tiers.tiers.stats, st0, nbytes, copy_bw, h2d_bw, disk_bw, tps, storage))
         rows.append(row)
     rows += verify_costs(runner, runs, label)
     return rows
@@ -472,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-budget", type=float, default=None, metavar="GB",
                    help="MoE with --vram-budget: pinned host RAM for spilled experts (default: half the available)")
     p.add_argument("--drop-page-cache", action="store_true",
-                   help="with -m MODEL: evict its files from the page cache first (the expert disk tier then reads the disk)")
+                   help="with -m MODEL: evict its files from the page cache first and before each timed decode run (the "
+                        "expert file tier then reads storage; the rows report how much of it did, /proc/self/io)")
     p.add_argument("--disk-rate", type=float, default=0.0, metavar="GB/s",
                    help="the disk's sequential read rate (measured apart, e.g. dd of the model file after "
                         "--drop-page-cache), for the file tier's bound")
@@ -551,8 +576,9 @@ def main(argv: list[str]) -> int:
         if a.profile:
             _print_profile(runner, cp, label, a.ctx)
             return []
+        cold = (lambda: drop_page_cache(str(ck.path))) if a.drop_page_cache and getattr(ck, "path", None) else None
         return bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, label, a.decode_only, a.prefill_only, h2d_bw,
-                            a.disk_rate * 1e9)
+                            a.disk_rate * 1e9, cold)
 
     if a.synthetic:
         from .synthetic import synthetic_checkpoint
@@ -599,8 +625,10 @@ def main(argv: list[str]) -> int:
             if "tier_bound_tok_s" in r:  # spilled experts: the tiers' figures and their bound
                 print(f"{'':24} {'  expert tiers':18} hits vram {r['expert_hit_vram']:.1%} host {r['expert_hit_host']:.1%} "
                       f"disk {r['expert_hit_disk']:.1%}; moved per token {r['host_bytes_per_token'] / 1e6:.0f} MB from host, "
-                      f"{r['disk_bytes_per_token'] / 1e6:.0f} MB from disk ({r['disk_read_GBs']:.2f} GB/s); bound "
-                      f"{r['tier_bound_tok_s']:.1f} tok/s at {r['h2d_GBs']:.0f} GB/s host-to-device: {r['tier_pct']:.0f} %")
+                      f"{r['disk_bytes_per_token'] / 1e6:.0f} MB from the file ({r['storage_bytes_per_token'] / 1e6:.0f} MB "
+                      f"of it from storage, {r['storage_read_GBs']:.2f} GB/s); bound {r['tier_bound_tok_s']:.1f} tok/s "
+                      f"at {r['h2d_GBs']:.0f} GB/s host-to-device" + (f", {r['disk_GBs']:.2f} GB/s disk" if r['disk_GBs'] else "")
+                      + f": {r['tier_pct']:.0f} %")
 
     _emit(result, a, table)
     return 0

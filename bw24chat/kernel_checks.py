@@ -33,7 +33,7 @@ def _weight(fmt: str, rows: int, cols: int, rng) -> QTensor:
 
 
 def check_linear(cp, rng) -> list[tuple]:
-    from .backends import cuda_linear as lin
+    from .backends import cuda_linear as lin, tuning
     from .backends.cuda_weights import upload
     from .backends.kernel_refs import FLOAT_FORMATS, act_q8, act_quant_ref, bf16_round
 
@@ -81,10 +81,10 @@ def check_linear(cp, rng) -> list[tuple]:
             xgin = bf16_round(xg) if xb16 else act_quant_ref(xg) if a8 else xg
             err = _rel(cp.asnumpy(g), xgin.astype(np.float64) @ ref_w.astype(np.float64).T)
             out.append((f"gemm {fmt}{tag} T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
-    # NVFP4 / Q4_K matrices of >= WGP_WIDE_ROWS rows take gemm_wra on sm_90a (the codes decoded
-    # into wgmma's register operand): one such shape each, odd rows and T
+    # NVFP4 / Q4_K / Q8_0 matrices of >= GEMM_WIDE_ROWS rows take gemm_wra on sm_90a (the codes
+    # decoded into wgmma's register operand): one such shape each, odd rows and T
     for fmt in lin.WRA_FORMATS:
-        rows, cols, T = lin.WGP_WIDE_ROWS + int(rng.integers(1, 100)), 512, int(rng.integers(100, 300))
+        rows, cols, T = tuning.GEMM_WIDE_ROWS + int(rng.integers(1, 100)), 512, int(rng.integers(100, 300))
         t = _weight(fmt, rows, cols, rng)
         W = upload([t])
         xg = rng.standard_normal((T, cols)).astype(np.float32)

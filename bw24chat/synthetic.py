@@ -67,6 +67,15 @@ SHAPES = {
                        rms_norm_eps=1e-6, tie_word_embeddings=False, full_attention_interval=4,
                        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
                        linear_num_key_heads=16, linear_num_value_heads=32),
+    # the Qwen3.5 / Qwen3.6 hybrid MoE (35B-A3B): the 9B's layer pattern at hidden 2048, 256 routed
+    # experts (top-8) and a gated shared expert in every layer, 2 KV heads of 256
+    "qwen3.5-35b-a3b": dict(model_type="qwen3_5_moe", hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                            num_key_value_heads=2, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                            rope_theta=10000000.0, partial_rotary_factor=0.25, rms_norm_eps=1e-6,
+                            tie_word_embeddings=False, full_attention_interval=4, linear_conv_kernel_dim=4,
+                            linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                            linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8,
+                            moe_intermediate_size=512, shared_expert_intermediate_size=512),
     "tiny": _TINY,
     "tiny-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 16, "num_experts_per_tok": 4,
                  "moe_intermediate_size": 256, "norm_topk_prob": True},
@@ -140,7 +149,7 @@ def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, em
     if mtp:
         cfg["num_nextn_predict_layers"] = 1
     rng = np.random.default_rng(seed)
-    D, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    D, F, L = cfg["hidden_size"], cfg.get("intermediate_size"), cfg["num_hidden_layers"]  # F: dense FFN layers only
     H, K, hd, V = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"]
     mt = cfg["model_type"]
     args = get_family(mt).ModelArgs.from_dict(cfg)

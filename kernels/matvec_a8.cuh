@@ -2,9 +2,8 @@
 // prologue quantized into two int8 code levels per 32-input block and staged in shared memory
 // (stage_a8, or stage_qx from a QX buffer), and the chunk products as exact integer dots (dp4a)
 // scaled once per chunk (chunk_dot_a8).  Contract and exactness: matvec.cu's header; NumPy
-// reference: kernel_refs.matvec_ref with act_quant_ref.  Included by matvec.cu and matvec_i8.cu
-// after their geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; MV_MINB); matvec_i8.cu shares
-// the staging, the NVFP4 decoders and the qx_out tile writer, so both stage the same codes.
+// reference: kernel_refs.matvec_ref with act_quant_ref.  Included by matvec.cu after its
+// geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; matvec.cu: MV_R, MV_MINB).
 #pragma once
 
 // Q4_K and NVFP4 join both code levels in one integer per dot (256 dot_h + dot_l < 2^24 for their
@@ -219,7 +218,7 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 }
 #endif
 
-// One chunk of R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
+// One chunk of MV_R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
 // the integer dots of the chunk's halves (values 0-15, 16-31; Q8_0: the 16 values), the code
 // offset removed through the dp4a seed (-offset * code sum, exact), then in this order
 //   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s)
@@ -230,12 +229,11 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 // (a * s), s = 2^(e-1), a = E4M3 * 2^-8 (the 8 and the 2^7 of ue4m3 / 2 in s); float(D) exact
 // (I2F).  Q4_K: D over the whole chunk (halves as two chains, then added), acc += float(D) *
 // (a * 2^(e-8)); acc += b * xsum (the record's exact block sum).
-template <int R>
-BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
-                              uint32_t nv_t0, float (&acc)[MV_M][R]) {
-    float a0[R], a1[R], b[R];
+BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
+                              uint32_t nv_t0, float (&acc)[MV_M][MV_R]) {
+    float a0[MV_R], a1[MV_R], b[MV_R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
+    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r]);
 #if FMT != F_NVFP4
     (void)nv_t0;
 #endif
@@ -248,7 +246,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32
             const uint4 xv = *reinterpret_cast<const uint4*>(xw + (2 * m + p) * wpm + 4 * kc);
             const float dx = __uint_as_float(meta[(2 * m + p) * nb + (kc >> 1)].x);
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
+            for (int r = 0; r < MV_R; ++r) {
                 int s = dp4a_s8(raw[r].q.x, xv.x, 0);
                 s = dp4a_s8(raw[r].q.y, xv.y, s);
                 s = dp4a_s8(raw[r].q.z, xv.z, s);
@@ -257,12 +255,12 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32
             }
         }
 #elif A8_JOIN  // NVFP4, Q4_K
-    uint32_t cl[R][4], ch[R][4];
+    uint32_t cl[MV_R][4], ch[MV_R][4];
 #if FMT == F_NVFP4
     (void)a0; (void)a1; (void)b;
-    float s0[R], s1[R];
+    float s0[MV_R], s1[MV_R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < MV_R; ++r) {
         nvfp4_scales_f16(raw[r].s.x, kc, s0[r], s1[r]);
 #pragma unroll
         for (int g = 0; g < 4; ++g) nvfp4_weight_bytes(word_of(raw[r].q, g), nv_t0, cl[r][g], ch[r][g]);
@@ -270,7 +268,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32
 #else
     (void)a1;
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < MV_R; ++r)
 #pragma unroll
         for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
 #endif
@@ -286,7 +284,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32
         // the weight bytes' offset (NVFP4: 128) removed through the l chains' seeds; Q4_K has none
         const int seed_lo = FMT == F_NVFP4 ? (int)mt.y : 0, seed_hi = FMT == F_NVFP4 ? (int)mt.z : 0;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < MV_R; ++r) {
             // per half (values 0-15: il, 16-31: ih): the h chain, then the l chain seeded with it * 256
             int il = dp4a_u8(cl[r][0], hl.x, 0), ih = dp4a_u8(ch[r][0], hh.x, 0);
             il = dp4a_u8(cl[r][1], hl.y, il);
@@ -313,9 +311,9 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32
         }
     }
 #else
-    uint32_t cl[R][4], ch[R][4];
+    uint32_t cl[MV_R][4], ch[MV_R][4];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < MV_R; ++r)
 #pragma unroll
         for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
 #pragma unroll
@@ -328,7 +326,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32
             const uint4 mt = meta[(2 * m + p) * nb + kc];
             const float dx = __uint_as_float(mt.x);
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
+            for (int r = 0; r < MV_R; ++r) {
                 int il = -A8_OFF * (int)mt.y, ih = -A8_OFF * (int)mt.z;
                 il = dp4a_u8(cl[r][0], xl.x, il);
                 il = dp4a_u8(cl[r][1], xl.y, il);

@@ -1,9 +1,9 @@
-// matvec_common.cuh — what the decode matvec kernels share (matvec.cu: SIMT; matvec_i8.cu: the
-// integer-dot contract on int8 tensor cores; matvec_tc.cu: tensor cores on the float contract):
-// the tokens per launch, the block's warps and the threads that sum the rmsnorm statistic (the
-// staging of matvec.cu and matvec_i8.cu), the prologue / epilogue codes of their common contract
+// matvec_common.cuh — what the two decode matvec kernels share (matvec.cu: SIMT, matvec_tc.cu:
+// tensor cores): the tokens per launch, the prologue / epilogue codes of their common contract
 // (matvec.cu's header; cuda_linear.PROLOGUES / EPILOGUES / PRO_BF16 mirror them) and rmsnorm's
-// per-value step and statistic step.
+// per-value step; and the SIMT kernel's block (its warps, the threads that sum the rmsnorm
+// statistic) and statistic step, which its float path and its integer-dot staging
+// (matvec_a8.cuh) both read.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"

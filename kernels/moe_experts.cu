@@ -44,7 +44,7 @@
 //   loads), and the first window goes out before the block stages x.  The block copies the whole
 //   expert table (E x 40 B) to shared memory (cp.async, issued before its pdl_wait), then reads its
 //   row's k ids (and down's weights w): one L2 round trip between the router's ids and the first
-//   weight loads.  cuda_moe.MOE_TUNING holds the geometry; the grid fills the GPU's SMs at the
+//   weight loads.  tuning.MOE_TUNING holds the geometry; the grid fills the GPU's SMs at the
 //   wrapper's resident blocks per SM.
 //
 // Napkin math (Qwen3-30B-A3B: D 2048, F 768, k 8 of E 128, 48 layers; batch 1):

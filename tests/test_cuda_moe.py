@@ -4,7 +4,7 @@ the geometry table), format refusal, and the router reference's summation tree
 import numpy as np
 import pytest
 
-from bw24chat.backends import cuda_moe
+from bw24chat.backends import cuda_moe, tuning
 from bw24chat.backends.numpy_backend import warp_sum_rows
 
 
@@ -31,7 +31,7 @@ def test_every_format_has_a_geometry():
         for kern in ("gu", "down"):
             g = cuda_moe.geometry(kern, fmt)
             assert g["MOE_NW"] in (4, 8, 16) and 1 <= g["MOE_U"] <= 8 and g["MOE_MINB"] >= 1
-    assert cuda_moe.geometry("gu", "Q6_K") == cuda_moe.MOE_TUNING[("gu", "*")]
+    assert cuda_moe.geometry("gu", "Q6_K") == tuning.MOE_TUNING[("gu", "*")]
 
 
 def test_shared_memory_plans():

@@ -96,13 +96,14 @@ def test_wgp_geometry_fits_shared_memory(precise, w_lo, n_out):
     """gemm_wgp's ring always fits one block's shared memory (227 KB opt-in), has 3 or 4 stages
     (prefetch distance >= 1), and its bytes per stage match the tiles it holds."""
     from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends.tuning import GEMM_WIDE_ROWS
 
     bn, stages, stage = cl.wgp_geometry(n_out, precise, w_lo)
     assert bn in (128, 256) and stages in (3, 4)
     assert stage == ((2 if precise else 1) * 128 + (2 if w_lo else 1) * bn) * 64 * 2  # x tiles 128 rows, W tiles bn
     assert stages * stage + 1024 <= 227 * 1024
     wide_fits = 3 * ((2 if precise else 1) * 128 + (2 if w_lo else 1) * 256) * 128 + 1024 <= 227 * 1024
-    assert bn == (256 if n_out >= cl.WGP_WIDE_ROWS and wide_fits else 128)
+    assert bn == (256 if n_out >= GEMM_WIDE_ROWS and wide_fits else 128)
 
 
 def test_which_prefill_matrices_take_gemm_wra():

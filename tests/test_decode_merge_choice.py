@@ -46,3 +46,13 @@ def test_long_rows_take_whole_clusters():
         ms_ws = ops._decode_ws_layout(H, K, 128, ops.DECODE_MAX_ROWS, n_sm=132)[0]
         for cluster in (8, 16):
             assert ops.attn_decode_long_splits(H, K, cluster, n_sm=132) <= ms_ws
+
+
+def test_the_workspace_holds_whole_clusters_of_every_size():
+    """ATTN_DECODE_TUNING's cluster sizes divide the largest, to which the workspace rounds its
+    splits; its blocks per SM are at most the workspace's."""
+    from bw24chat.backends.tuning import ATTN_DECODE_TUNING
+
+    for e in ATTN_DECODE_TUNING.values():
+        assert e["cluster"] == 0 or ops._WS_CLUSTER % e["cluster"] == 0
+        assert e["blocks_per_sm"] <= ops._WS_BLOCKS_PER_SM

@@ -133,3 +133,20 @@ def test_info_plans_the_tiers_at_a_budget():
     assert tiers["fits"] and "decode" in tiers and tiers["lines"][0].startswith("experts:")
     assert describe(ck, tiers)["moe"]["tiers"] is tiers
     assert moe_tiers(ck, vram_budget_gb=1.0)["fits"] is False
+
+
+@pytest.mark.parametrize("fmt,card,resident", [("Q8_0", "24GB", False), ("Q8_0", "80GB", True), ("Q4_K", "24GB", True)])
+def test_hybrid_moe_35b_a3b_plans(fmt, card, resident):
+    """The Qwen3.5 / 3.6 hybrid MoE shape: its DeltaNet layers count as other weights and their KV
+    cache is only the attention layers' (one in four), 256 experts of 3 x 2048 x 512 per layer."""
+    shape = SHAPES["qwen3.5-35b-a3b"]
+    lay = et.layout_from_config(shape, fmt)
+    assert lay.n_layers == 40 and max(lay.n_experts) == 256 and lay.top_k == 8
+    experts = sum(lay.expert_bytes[i] * lay.n_experts[i] for i in range(lay.n_layers))
+    per_value = {"Q8_0": 34 / 32, "Q4_K": 144 / 256}[fmt]
+    assert experts == pytest.approx(40 * 256 * 3 * 2048 * 512 * per_value, rel=1e-6)  # 32.2 G values
+    kv = et.kv_cache_bytes(4096, 10, shape["num_key_value_heads"], shape["head_dim"])
+    plan = et.plan_tiers(lay, kv, CARDS[card], host_budget=64 * GiB)
+    assert plan.all_resident == resident
+    if not resident:
+        assert lay.top_k <= min(plan.vram_slots) < 256

@@ -14,7 +14,7 @@ def test_there_are_kernels():
     assert len(kb.families()) >= 1
 
 
-BARE_DEFINES = {"matvec_tc": {"FMT": 11, "TC_NW": 4, "TC_U": 2}, "matvec_i8": {"FMT": 3}}  # the defines a family cannot do without
+BARE_DEFINES = {"matvec_tc": {"FMT": 11, "TC_NW": 4, "TC_U": 2}}  # the defines a family cannot do without
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
@@ -49,9 +49,9 @@ class _Buffer:
 def production_matvec_builds() -> list[tuple[str, dict]]:
     """A cross-section of the decode matvec builds cuda_linear launches (no GPU: H100 resources):
     the Qwen3-8B qkv / gate|up (with QX) / down (prologue qx) / LM head of NVFP4, Q4_K, Q8_0 on
-    the integer-dot contract, Q6_K, BF16 at m = 1 and 3 (matvec_i8 at m > 1 for the integer-dot
-    formats), F16's and NVFP4's (float contract) tensor-core o projection, an MoE router in F32 and
-    BF16; every define is the wrapper's own choice."""
+    the integer-dot contract, Q6_K, BF16 at m = 1 and 3, F16's and NVFP4's (float contract)
+    tensor-core o projection, an MoE router in F32 and BF16; every define is the wrapper's own
+    choice."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
     from bw24chat.backends.cuda_weights import FORMATS
 
@@ -64,8 +64,7 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
         mp.setattr(cl, "resident_blocks", lambda k, t, s: 1)
         mp.setattr(kernel_build, "smem_block_limit", lambda: 227 * 1024)
         mp.delenv("BW24CHAT_A8", raising=False)
-        for fmt, ms in (("NVFP4", (1, 3)), ("Q4_K", (1, 4)), ("Q8_0", (1, 8)), ("Q6_K", (1, 5)), ("Q5_K", (2,)), ("BF16", (1, 3)),
-                        ("F16", (1,))):
+        for fmt, ms in (("NVFP4", (1, 3)), ("Q4_K", (1,)), ("Q8_0", (1, 8)), ("Q6_K", (1,)), ("BF16", (1, 3)), ("F16", (1,))):
             W = lambda o, i: cl.DeviceWeight(fmt, o, i, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1])  # noqa: E731
             for m in ms:
                 qx = cl.writes_qx(W(24576, 4096), m) and cl.takes_qx(W(4096, 12288), m)
@@ -157,46 +156,18 @@ def test_kernel_variant_compiles(family, defines, arch):
     assert "error" not in log.lower()
 
 
-def production_i8_builds() -> list[dict]:
-    """matvec_i8.cu's builds of MATVEC_ROWS_TUNING: every integer-dot format, m = 2, 5, 8, the
-    plain and the swiglu (QX) geometry."""
-    from bw24chat.backends import cuda_linear as cl
-    from bw24chat.backends.cuda_weights import FORMATS
-    from bw24chat.backends.kernel_refs import A8_FORMATS
-
-    out = []
-    for fmt in A8_FORMATS:
-        W = cl.DeviceWeight(fmt, 24576, 4096, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1])
-        for m in (2, 5, 8):
-            for swiglu in (False, True):
-                out.append({"FMT": W.fmt_id, "MV_M": m, **cl.i8_defines(W, m, swiglu)})
-    return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
-
-
-@pytest.mark.parametrize("defines", production_i8_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
-def test_matvec_i8_builds_do_not_spill(defines):
-    """ptxas's report on the sm_90a matvec_i8 builds the wrapper launches: no spills (the geometry
-    of MATVEC_ROWS_TUNING was chosen so: one block of 8 warps per SM, Q6_K with 2 super-steps in
-    flight)."""
-    _, log = kb.compile_cubin("matvec_i8", "sm_90a", defines, extra=("-Xptxas=-v",))
-    i = log.index("Function properties for matvec_i8")
-    props = log[i:log.index("\n", log.index("\n", i) + 1)]
-    assert " 0 bytes spill stores" in props, props
-
-
 def production_gemm_builds() -> list[dict]:
-    """The sm_90a GEMM builds of gemm_wgmma.cu the wrappers launch: gemm_wra per format, mode and
-    tile width, gemm_wgp per mode, W_lo and tile width."""
+    """The sm_90a GEMM builds of gemm_wgmma.cu the wrappers launch: gemm_wra per format and mode
+    (the wide matrices: cuda_linear.uses_gemm_wra), gemm_wgp per mode, W_lo and tile width."""
     from bw24chat.backends import cuda_linear as cl
 
     out = []
     for fmt, code in (("NVFP4", 11), ("Q4_K", 8), ("Q8_0", 3)):
         # precise f32 x, fast, and the bf16-activation contract (x one plane, W split: GEMM_WSPLIT)
         for precise, wsplit in ((True, None), (False, None), (False, fmt != "NVFP4")):
-            for n_out in (4096, 24576):
-                bt, stages, _ = cl.wra_geometry(n_out, precise, fmt, bool(wsplit))
-                out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages,
-                            **({"GEMM_WSPLIT": 1} if wsplit else {})})
+            bt, stages, _ = cl.wra_geometry(24576, precise, fmt, bool(wsplit))
+            out.append({"FMT": code, "GEMM_SPLIT": int(precise), "WRA_BT": bt, "WRA_STAGES": stages,
+                        **({"GEMM_WSPLIT": 1} if wsplit else {})})
     for precise in (True, False):
         for w_lo in (False, True):
             for n_out in (4096, 24576):

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from bw24chat.backends import cuda_linear as cl
+from bw24chat.backends import cuda_linear as cl, tuning
 
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
 def defs(fmt, shape, m=1, a8=True):
@@ -68,20 +68,18 @@ def test_wide_integer_dot_matrices_as_two_blocks_of_eight_warps_per_sm():
 
 
 def test_speculative_rows_take_their_own_table():
-    """m > 1 (verify / batched decode): the integer-dot formats on matvec_i8 (int8 tensor cores,
-    the SIMT kernel's bits; tests/gpu/test_matvec_i8.py), one row on SIMT; the float path's SIMT
-    builds keep the registers of 2 blocks per SM (MATVEC_ROWS_TUNING: BF16's 2-row step ran at one
-    block of 8 warps per SM and slower than its 3-row step)."""
+    """m > 1 (verify / batched decode): the integer-dot formats on the SIMT kernel at its defaults
+    (an int8 tensor-core kernel of the same bits measured slower, docs/performance.md); the float
+    path's SIMT builds keep the registers of 2 blocks per SM (MATVEC_ROWS_TUNING: BF16's 2-row step
+    ran at one block of 8 warps per SM and slower than its 3-row step); rows stay bit-equal to
+    m = 1 whatever the geometry (tests/gpu/test_matvec.py)."""
     W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
     for fmt in ("NVFP4", "Q4_K", "Q8_0", "Q5_K", "Q6_K"):
         for shape in (QKV, O, GATE_UP, DOWN, LM_HEAD):
-            assert cl.matvec_impl(W(fmt, shape), True, 1) == "simt", (fmt, shape)
+            assert cl.matvec_impl(W(fmt, shape), True) == "simt", (fmt, shape)
             for m in range(2, 9):
-                assert cl.matvec_impl(W(fmt, shape), True, m) == "i8", (fmt, shape, m)
-                assert "MV_R" not in defs(fmt, shape, m=m)
-        assert cl.i8_tile_rows(cl.i8_defines(W(fmt, GATE_UP), 4, swiglu=True)) == 64  # QX
-    assert cl.matvec_impl(W("Q4_0", O), True, 4) == "simt"  # matvec_i8 takes the integer-dot contract's formats
-    assert cl.matvec_impl(W("NVFP4", O), False, 4) == "tc"  # NVFP4's float contract stays on matvec_tc
+                assert defs(fmt, shape, m=m) == {}, (fmt, shape, m)
+    assert cl.matvec_impl(W("NVFP4", O), False) == "tc"  # NVFP4's float contract stays on matvec_tc
     for fmt in ("BF16", "F16", "F32"):
         for m in range(2, 9):
             assert defs(fmt, O, m=m, a8=False) == {"MV_MINB": 2}, (fmt, m)
@@ -116,26 +114,20 @@ def test_sixteen_warps_only_without_an_rmsnorm_statistic():
 def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     """The gate|up epilogue writes the down projection's x codes (matvec.cu qx_out) only where
     its tiles are 64 rows = 32 outputs = one 32-input block: the gate|up of NVFP4, Q8_0 and Q4_K
-    (16 warps x 4 rows) at m = 1, matvec_i8's swiglu build (4 passes of 16 rows) at m > 1;
-    BF16 and a geometry of 8 warps x 2 rows (or matvec_i8's 16-row tiles) keep the down
+    (16 warps x 4 rows) at m = 1; m > 1, BF16 and a geometry of 8 warps x 2 rows keep the down
     prologue's quantization."""
     W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
         assert cl.writes_qx(W(fmt, GATE_UP), 1), fmt
-        for m in range(2, 9):
-            assert cl.writes_qx(W(fmt, GATE_UP), m), (fmt, m)
-        assert not cl.writes_qx(W(fmt, GATE_UP), 3, impl="simt"), fmt  # the SIMT default at m > 1: 16-row tiles
+        assert not cl.writes_qx(W(fmt, GATE_UP), 2), fmt
     assert not cl.writes_qx(W("BF16", GATE_UP), 1)
-    with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp; matvec_i8 at 16-row tiles
+    with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp
         for fmt in ("Q8_0", "Q4_K"):
-            mp.setitem(cl.MATVEC_TUNING, (True, fmt, "wide"), {})
-            mp.setitem(cl.MATVEC_ROWS_TUNING, (True, fmt, "swiglu"), cl._i8_rows(fmt))
+            mp.setitem(tuning.MATVEC_TUNING, (True, fmt, "wide"), {})
         for fmt in ("Q8_0", "Q4_K"):
             assert not cl.writes_qx(W(fmt, GATE_UP), 1), fmt
-            assert not cl.writes_qx(W(fmt, GATE_UP), 4), fmt
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
-        for m in range(1, 7):  # matvec_i8 stages 6 rows of 12288 inputs per launch in 227 KB, as SIMT
-            assert cl.takes_qx(W(fmt, DOWN), m), (fmt, m)
+        assert cl.takes_qx(W(fmt, DOWN)), fmt
     assert not cl.takes_qx(W("BF16", DOWN))
 
 
@@ -218,6 +210,6 @@ def test_a_router_takes_one_row_per_warp():
     for fmt in ("F32", "BF16"):
         d = defs(fmt, (128, 2048), a8=False)
         assert (d["MV_R"], d["MV_U"], d["MV_MINB"]) == (1, 8, 2), fmt
-        assert defs(fmt, (128, 2048), m=2, a8=False) == cl.MATVEC_ROWS_TUNING[(False, fmt, "*")]
-        assert defs(fmt, (cl.FEW_ROWS + 1, 2048), a8=False).get("MV_R") != 1
+        assert defs(fmt, (128, 2048), m=2, a8=False) == tuning.MATVEC_ROWS_TUNING[(False, fmt, "*")]
+        assert defs(fmt, (tuning.FEW_ROWS + 1, 2048), a8=False).get("MV_R") != 1
     assert defs("Q8_0", (128, 2048)) == defs("Q8_0", O)

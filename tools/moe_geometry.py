@@ -6,7 +6,7 @@ geometry (device):
 The layer's 128 experts in each format (D 2048, F 768, top-8), COPIES launches of each kernel with
 their own random expert choices captured in one CUDA graph (so the L2 seldom holds a launch's
 experts, as in a decode step whose 48 layers read different experts), median of 7 timings of 10
-replays.  Candidates: cuda_moe.MOE_TUNING's pick (marked *) and other warps per block (MOE_NW),
+replays.  Candidates: tuning.MOE_TUNING's pick (marked *) and other warps per block (MOE_NW),
 load windows (MOE_U) and rows per down segment (MOE_R); the outputs are the same bits for every
 one (tests/gpu/test_moe.py).  Prints us per launch and GB/s of the expert bytes each launch reads;
 the roofline is the copy rate (bench).

@@ -13,10 +13,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import kernel_build
+from . import kernel_build, tuning
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
-from .kernel_refs import A8_FORMATS, FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
+from .kernel_refs import FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
+from .tuning import A8_SMALL_ROWS, FEW_ROWS, GEMM_TUNING, MATVEC_ROWS_TUNING, MATVEC_TUNING
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
@@ -47,19 +48,26 @@ def _gemm_smem(x_split: bool, w_split: bool, bufs: int = 2, bm: int = GM_TILE) -
 
 
 def gemm_bufs(x_split: bool, w_split: bool, bm: int = GM_TILE) -> int:
-    """The portable gemm's tile buffers (gemm_mma.cuh GM_BUFS): 2 (k tile i+1 stored while tile i
-    is used) where the block's shared memory holds them, else 1 (one more barrier per k tile; the
-    same order of MMAs per output, so the same bits).  The precise kernels need 108 KB (x split)
-    and 144 KB (x and W split) with two buffers at 128 tokens: above the 99 KB of sm_86 / sm_89 /
-    sm_120, whose prefill this kernel is."""
-    return 2 if _gemm_smem(x_split, w_split, 2, bm) <= kernel_build.smem_block_limit() else 1
+    """The portable gemm's tile buffers (gemm_mma.cuh GM_BUFS): the first of GEMM_TUNING's that
+    the block's shared memory holds, 2 (k tile i+1 stored while tile i is used) or 1 (one more
+    barrier per k tile; the same order of MMAs per output, so the same bits).  The precise kernels
+    need 108 KB (x split) and 144 KB (x and W split) with two buffers at 128 tokens: above the 99
+    KB of sm_86 / sm_89 / sm_120, whose prefill this kernel is."""
+    bufs, limit = GEMM_TUNING[("mma", "*", "*")]["bufs"], kernel_build.smem_block_limit()
+    return next((b for b in bufs if _gemm_smem(x_split, w_split, b, bm) <= limit), bufs[-1])
 
 
-def _wsplit_define(W: DeviceWeight | None, x_split: bool, w_split: bool) -> dict:
+def _wsplit_define(x_split: bool, w_split: bool) -> dict:
     """gemm_common.cuh GEMM_WSPLIT where it differs from its default (GEMM_SPLIT): W split with x
     as one bf16 plane (the bf16-activation contract on weights not exact in bf16).  The kernels
     derive W_SPLIT from it and the format, as w_split here (_W_EXACT_IN_BF16)."""
     return {"GEMM_WSPLIT": 1} if w_split and not x_split else {}
+
+
+def _mma_defines(fmt_id: int, x_split: bool, w_split: bool, bufs: int, **defines) -> dict:
+    """The defines of a kernel on gemm_mma.cuh's block for these splits and tile buffers."""
+    return dict(FMT=fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
+                **_wsplit_define(x_split, w_split), **defines)
 
 
 def _gemm_kernel(fmt_id: int, x_split: bool, w_split: bool, family: str = "gemm_mma", name: str = "gemm",
@@ -67,8 +75,7 @@ def _gemm_kernel(fmt_id: int, x_split: bool, w_split: bool, family: str = "gemm_
     """A kernel on gemm_mma.cuh's block (the portable gemm, or moe_group.cu's grouped one with
     tiles of bm tokens) for these splits, and its dynamic shared memory (set as its limit)."""
     bufs = gemm_bufs(x_split, w_split, bm)
-    k = get_kernel(family, name, FMT=fmt_id, GEMM_SPLIT=int(x_split), **({"GM_BUFS": 1} if bufs == 1 else {}),
-                   **_wsplit_define(None, x_split, w_split), **defines)
+    k = get_kernel(family, name, **_mma_defines(fmt_id, x_split, w_split, bufs, **defines))
     smem = _gemm_smem(x_split, w_split, bufs, bm)
     k.max_dynamic_shared_size_bytes = smem
     return k, smem
@@ -118,18 +125,15 @@ TC_FORMATS = ("NVFP4", "F16")  # the formats matvec_tc.cu decodes
 TC_FLOAT_MAX_ROWS = 4096  # F16: tensor cores up to this many rows, the SIMT kernel above
 
 
-def matvec_impl(W: DeviceWeight, a8: bool | None = None, m: int = 1) -> str:
-    """"tc" (matvec_tc.cu), "simt" (matvec.cu) or "i8" (matvec_i8.cu) for m rows, by measurement
-    (docs/performance.md, Qwen3-8B shapes): NVFP4 on the float contract always tc (~2
-    instructions per weight against ~6 in SIMT); F16 tc up to 4096 rows (their SIMT grids are
-    one partial wave), SIMT above; BF16 SIMT (16-warp SIMT blocks beat tc on every BF16 shape);
-    the integer-dot contract SIMT at one row (an int8 tensor-core kernel of its own reduction
-    order measured 10-50 % slower there) and matvec_i8 where MATVEC_ROWS_TUNING says so for m
-    rows (the same bits as SIMT).  a8: the integer-dot contract (None: act_q8)."""
-    a8 = act_q8(W.fmt) if a8 is None else a8
-    if a8 and W.fmt not in FLOAT_FORMATS and m > 1 and _rows_entry(W, a8).get("impl") == "i8":
-        return "i8"
-    if W.fmt not in TC_FORMATS or a8:
+def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
+    """"tc" (matvec_tc.cu) or "simt" (matvec.cu), by measurement (docs/performance.md, Qwen3-8B
+    shapes): NVFP4 on the float contract always tc (~2 instructions per weight against ~6 in
+    SIMT); F16 tc up to 4096 rows (their SIMT grids are one partial wave), SIMT above; BF16 and
+    every integer-dot build SIMT at every row count (16-warp SIMT blocks beat tc on every BF16
+    shape; int8 tensor-core matvecs measured slower: 10-50 % at one row, and the steps of m = 2..9
+    rows 1-37 % slower at 23 of 24 points, 2 % faster at one).  a8: the integer-dot contract (None:
+    act_q8)."""
+    if W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
         return "simt"
     return "tc" if W.fmt == "NVFP4" or W.out <= TC_FLOAT_MAX_ROWS else "simt"
 
@@ -181,73 +185,6 @@ def persistent_grid(k, threads: int, smem: int, ntiles: int) -> int:
     return -(-ntiles // per_block)
 
 
-A8_SMALL_ROWS = 4096  # the matvec shape classes' row / input bound (shape_class)
-
-
-# matvec.cu geometry at m = 1 (m > 1: MATVEC_ROWS_TUNING below), by (integer-dot contract,
-# weight format, shape class); "*" is any other format.  Each entry measured on the Qwen3-8B
-# shapes, us per launch and decode tok/s (docs/performance.md):
-# - integer dot, "o" / "down" (one partial wave of tiles): more loads in flight at 2 blocks per SM
-#   (MV_U 3, Q8_0 4), 16 warps for down and NVFP4's o (one prologue per SM), NVFP4's o 2 slots;
-# - integer dot, "mid" / "wide" (qkv, gate|up, LM head) of NVFP4 / Q4_K / Q8_0: 4 rows per warp,
-#   1 slot, 16 warps with the 8-warp rmsnorm statistic (MV_STAT8: rows bit-identical to 8 warps),
-#   a 64-row gate|up tile whose swiglu epilogue writes the down projection's x codes (QX);
-# - branch-free steady windows (MV_STEADY) for Q8_0, and Q4_K / NVFP4 but on the square o;
-# - BF16 (SIMT at every shape): steady windows; o / down 16 warps; gate|up / LM head as the wide
-#   integer-dot ones (qkv, "mid", loses at 4 rows).  Q5_K / Q6_K keep the kernel's defaults (their
-#   decoders need the registers).  MV_STAT8 means "allowed behind an rmsnorm" (_warps_per_block).
-# - "few" (at most FEW_ROWS rows, where an entry exists: an MoE router's F32 / BF16 logits, 128 x
-#   2048 for Qwen3-30B-A3B): a row is one warp's, so 2 rows per warp left 8 blocks for a 1 MB
-#   matrix (8.6 us a launch on the H100, docs/performance.md); one row per warp doubles the
-#   blocks and 8 slots per lane put half a lane's 16 chunks in flight at once.
-_WIDE = {"MV_R": 4, "MV_U": 1, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16, "MV_STAT8": 1}
-MATVEC_TUNING: dict[tuple[bool, str, str], dict] = {
-    (True, "Q8_0", "o"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1},
-    (True, "Q8_0", "down"): {"MV_U": 4, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "Q8_0", "mid"): _WIDE, (True, "Q8_0", "wide"): _WIDE,
-    (True, "Q4_K", "o"): {"MV_U": 3, "MV_MINB": 2},
-    (True, "Q4_K", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "Q4_K", "mid"): _WIDE, (True, "Q4_K", "wide"): _WIDE,
-    (True, "NVFP4", "o"): {"MV_U": 2, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "NVFP4", "down"): {"MV_U": 3, "MV_MINB": 2, "MV_STEADY": 1, "MV_NW": 16},
-    (True, "NVFP4", "mid"): _WIDE, (True, "NVFP4", "wide"): _WIDE,
-    **{(True, f, c): {} for f in ("Q5_K", "Q6_K") for c in ("o", "down", "mid", "wide")},
-    (True, "*", "o"): {"MV_U": 3, "MV_MINB": 2}, (True, "*", "down"): {"MV_U": 3, "MV_MINB": 2},
-    (False, "BF16", "o"): {"MV_STEADY": 1, "MV_NW": 16}, (False, "BF16", "down"): {"MV_STEADY": 1, "MV_NW": 16},
-    (False, "BF16", "mid"): {"MV_STEADY": 1}, (False, "BF16", "wide"): _WIDE,
-    **{(False, f, "few"): {"MV_R": 1, "MV_U": 8, "MV_MINB": 2, "MV_STEADY": 1} for f in ("F32", "BF16")},
-}
-FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
-
-
-# The decode matvecs of m >= 2 rows (speculative verify, batched decode), by (integer-dot contract,
-# weight format, "swiglu" for a gate|up build whose epilogue writes the down projection's QX codes,
-# else "*"); rows must equal the one-row step bit for bit, which every build below keeps.
-# - integer dot: matvec_i8.cu (int8 tensor cores, the SIMT kernel's reduction order): the m-row
-#   SIMT kernel repeats its dp4a work and shared-memory x reads per row (docs/performance.md, "What
-#   a speculative verify costs": 1.9x a one-row step at m = 2, 3.5-4.7x at m = 8).  Passes of 16
-#   rows by blocks of 8 warps (split K by super-step residue), 3 super-steps in flight (Q6_K 2),
-#   the registers of one block per SM: no spills at m = 2..8 (ptxas); the swiglu builds take
-#   tiles of 4 passes (64 rows) so that a tile's 32 outputs are one QX block.
-# - float path (BF16, F16, F32): the registers of 2 blocks per SM (MV_MINB 2: <= 128, no spills at
-#   m = 2..8); the kernel's default (1) let ptxas take 133-142 registers at m = 2 and 6-8, one
-#   block of 8 warps per SM: BF16's 2-row step (9.1 ms) ran slower than its 3-row step (7.1 ms,
-#   118 registers, 2 blocks).
-def _i8_rows(fmt: str, passes: int = 1) -> dict:
-    return {"impl": "i8", "I8_KW": 8, "I8_ST": 1, "I8_PH": passes, "I8_U": 2 if fmt == "Q6_K" else 3, "MV_MINB": 1}
-
-
-MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {
-    **{(True, f, "*"): _i8_rows(f) for f in A8_FORMATS},
-    **{(True, f, "swiglu"): _i8_rows(f, passes=4) for f in A8_FORMATS},
-    **{(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS},
-}
-
-
-def _rows_entry(W: DeviceWeight, a8: bool, swiglu: bool = False) -> dict:
-    """MATVEC_ROWS_TUNING's entry for W (m >= 2; {} where none)."""
-    kind = "swiglu" if swiglu and (a8, W.fmt, "swiglu") in MATVEC_ROWS_TUNING else "*"
-    return MATVEC_ROWS_TUNING.get((a8, W.fmt, kind), {})
 
 
 def shape_class(out: int, in_: int) -> str:
@@ -261,13 +198,12 @@ def shape_class(out: int, in_: int) -> str:
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False, swiglu: bool = False) -> dict:
     """matvec.cu's compile-time geometry for W at m rows: MATVEC_TUNING's entry at one row,
-    MATVEC_ROWS_TUNING's SIMT entry at more (a copy).  The "few" class (one row per warp) is a
+    MATVEC_ROWS_TUNING's at more (a copy).  The "few" class (one row per warp) is a
     plain output's only: a swiglu epilogue pairs rows inside a warp."""
     if W is None:
         return {}
     if m != 1:
-        e = _rows_entry(W, a8)
-        return {} if e.get("impl") else dict(e)
+        return dict(MATVEC_ROWS_TUNING.get((a8, W.fmt, "*"), {}))
     cls = shape_class(W.out, W.in_)
     if W.out <= FEW_ROWS and not swiglu and (a8, W.fmt, "few") in MATVEC_TUNING:
         cls = "few"
@@ -319,19 +255,13 @@ def _fill_rows(n_out: int, nw: int) -> int:
     return 4
 
 
-def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | None = None) -> bool:
+def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
     """Whether matvec(W, ..., epilogue="swiglu", qx_out=...) can write the next matvec's x codes
     (matvec.cu qx_out): the integer-dot contract, and tiles of 64 rows (32 outputs = one block of
-    32 inputs) over whole blocks, on the SIMT kernel or matvec_i8 (impl: as matvec's)."""
+    32 inputs) over whole blocks."""
     if not 1 <= m <= 8 or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
         return False
-    if (W.out // 2) % 32 or W.out % 2:
-        return False
-    impl = impl or matvec_impl(W, True, m)
-    if impl == "i8":
-        d = i8_defines(W, m, swiglu=True)
-        return i8_tile_rows(d) == 64 and m <= i8_rows_per_launch(W, d, qx_out=True)
-    if impl != "simt":
+    if (W.out // 2) % 32 or W.out % 2 or matvec_impl(W, True) != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
     return nw * rows == 64 and m <= a8_rows_per_launch(W, nw, True)
@@ -339,15 +269,9 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | No
 
 def takes_qx(W: DeviceWeight, m: int = 1) -> bool:
     """Whether W's matvec can read its x codes from a QX buffer (prologue "qx") for m rows: the
-    integer-dot contract on the SIMT kernel or matvec_i8, inputs in whole 32-blocks, and the m rows
-    staged by one launch (a8_rows_per_launch / i8_rows_per_launch: on a 99 KB GPU a 12288-input
-    down projection stages 2)."""
-    if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32:
-        return False
-    impl = matvec_impl(W, True, m)
-    if impl == "i8":
-        return m <= i8_rows_per_launch(W, i8_defines(W, m))
-    if impl != "simt":
+    integer-dot contract on the SIMT kernel, inputs in whole 32-blocks, and the m rows staged by
+    one launch (a8_rows_per_launch: on a 99 KB GPU a 12288-input down projection stages 2)."""
+    if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32 or matvec_impl(W, True) != "simt":
         return False
     _, _, nw = _simt_geometry(W, m, True, PROLOGUES["qx"])
     return m <= a8_rows_per_launch(W, nw)
@@ -367,62 +291,6 @@ def _a8_row_bytes(W: DeviceWeight, nw: int) -> int:
     return 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
 
 
-def i8_defines(W: DeviceWeight, m: int, swiglu: bool = False) -> dict:
-    """matvec_i8.cu's geometry for W at m rows (MATVEC_ROWS_TUNING; swiglu: the gate|up build)."""
-    d = dict(_rows_entry(W, True, swiglu))
-    d.pop("impl", None)
-    return d
-
-
-def i8_tile_rows(defines: dict) -> int:
-    """Rows per tile of matvec_i8 (I8_ROWS): passes of 16 * I8_ST rows, I8_PH of them."""
-    return 16 * defines["I8_ST"] * defines.get("I8_PH", 1)
-
-
-def _i8_row_bytes(W: DeviceWeight, defines: dict, qx_out: bool = False) -> int:
-    """Shared bytes per token of matvec_i8: the staged x (as matvec.cu ACT_Q8), the warps' chains
-    (one row's 32 lanes per warp) and, with qx_out, the tile's 32 outputs."""
-    nw = defines["I8_KW"] * defines["I8_ST"]
-    return 2 * W.in_ + 32 * (W.in_ // 32) + 128 * nw + (128 if qx_out else 0)
-
-
-def i8_rows_per_launch(W: DeviceWeight, defines: dict, qx_out: bool = False) -> int:
-    """Tokens one matvec_i8 launch stages (more run in groups, each equal to its one-row call)."""
-    nw = defines["I8_KW"] * defines["I8_ST"]
-    limit = min(WGP_SMEM_MAX, kernel_build.smem_block_limit()) - 1024 - 4 * nw
-    return max(1, limit // _i8_row_bytes(W, defines, qx_out))
-
-
-def _matvec_i8(W: DeviceWeight, x, out, m: int, prologue: str, epilogue: str, norm_w, eps: float, qx_in, qx_out,
-               act_bf16: bool) -> None:
-    """matvec() on matvec_i8.cu (the checks done): the m rows in one launch, or in groups where
-    their staged x does not fit one block's shared memory (each group picks its own kernel)."""
-    pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
-    ldx = 2 * W.in_ if pro == 2 else W.in_
-    n_y = W.out // 2 if epi == 2 else W.out
-    defs = i8_defines(W, m, swiglu=epi == EPILOGUES["swiglu"])
-    m_fit = i8_rows_per_launch(W, defs, qx_out is not None)
-    if m > m_fit:
-        if qx_in is not None or qx_out is not None:
-            raise ValueError("the QX buffers take at most the rows one launch stages")
-        xf, of = x.reshape(-1), out.reshape(-1)
-        for r0 in range(0, m, m_fit):
-            mm = min(m_fit, m - r0)
-            matvec(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, epilogue, norm_w, eps,
-                   None, True, act_bf16=act_bf16)
-        return
-    if qx_out is not None and i8_tile_rows(defs) != 64:
-        raise ValueError("matvec_i8 writes qx_out from 64-row tiles")
-    nw = defs["I8_KW"] * defs["I8_ST"]
-    smem = m * _i8_row_bytes(W, defs, qx_out is not None) + 4 * nw
-    k = get_kernel("matvec_i8", "matvec_i8", FMT=W.fmt_id, MV_M=m, **defs)
-    _ensure_smem(k, smem)
-    grid = (persistent_grid(k, 32 * nw, smem, -(-W.out // i8_tile_rows(defs))),)
-    k(grid, (32 * nw,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
-                         np.int32(pro | (PRO_BF16 if act_bf16 else 0)), np.int32(epi), np.float32(eps), _ptr(qx_in),
-                         _ptr(qx_out)), shared_mem=smem)
-
-
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
            norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None,
            qx_in=None, qx_out=None, act_bf16: bool = False) -> None:
@@ -436,19 +304,15 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     outputs' integer-dot codes (kernel_refs.qx_ref); prologue "qx" reads x's codes from qx_in
     instead of quantizing x (rows bit-identical to prologue "none" on the floats qx_in came from).
     act_bf16: the bf16-activation contract, x rounded to bf16 after the prologue (qx_out's codes
-    are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" | "i8" (default
-    matvec_impl: tests run the kernel production picks for another shape or row count)."""
+    are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" (default
+    matvec_impl: tests run the kernel production picks for another shape)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
     pro_arg = np.int32(pro | (PRO_BF16 if act_bf16 else 0))
     if (pro == PROLOGUES["qx"]) != (qx_in is not None):
         raise ValueError('prologue "qx" and qx_in go together')
-    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
-    if a8 and W.fmt in FLOAT_FORMATS:
-        raise ValueError("the integer-dot contract applies to the quantized formats")
-    impl = impl or matvec_impl(W, a8, m)
-    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue, impl)):
+    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue)):
         raise ValueError("qx_out: the swiglu epilogue of a matvec whose tiles cover whole 32-input blocks (writes_qx)")
     ldx = 2 * W.in_ if pro == 2 else W.in_
     n_y = W.out // 2 if epi == 2 else W.out
@@ -458,15 +322,14 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         raise ValueError("matvec: x and out must be float32 [m, in] / [m, out] ([m, out/2] for swiglu)")
     if pro == 1 and norm_w is None:
         raise ValueError("rmsnorm prologue needs norm_w")
+    a8 = act_q8(W.fmt) if act_quant is None else bool(act_quant)
     if (pro == PROLOGUES["qx"] or qx_out is not None) and not a8:
         raise ValueError("the QX buffers are the integer-dot contract's")
+    if a8 and W.fmt in FLOAT_FORMATS:
+        raise ValueError("the integer-dot contract applies to the quantized formats")
+    impl = impl or matvec_impl(W, a8)
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
-        raise ValueError("matvec_tc and the integer-dot matvecs read x as float4: 16-byte aligned rows")
-    if impl == "i8":
-        if not a8 or W.fmt not in A8_FORMATS:
-            raise ValueError(f"matvec_i8 is the integer-dot contract's ({', '.join(A8_FORMATS)}), not {W.fmt} (a8={a8})")
-        _matvec_i8(W, x, out, m, prologue, epilogue, norm_w, eps, qx_in, qx_out, act_bf16)
-        return
+        raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
     if impl == "tc":
         if a8 or W.fmt not in TC_FORMATS:
             raise ValueError(f"matvec_tc decodes {', '.join(TC_FORMATS)} on the float contract, not {W.fmt} (a8={a8})")
@@ -527,25 +390,74 @@ def gemm(W: DeviceWeight, x, out, T: int, epilogue: str = "store", precise: bool
         return
     impl = impl or gemm_impl()
     c = gemm_contract(W, precise, act_bf16, act_quant, impl)
+    g = gemm_geometry(W, c, impl)
     epi = np.int32(EPILOGUES[epilogue])
-    if c.i8:
-        _gemm_i8(W, x, out, T, epi, impl, c.xb16)
+    k = get_kernel(g.family, g.name, **g.defines)
+    _ensure_smem(k, g.smem)
+    if g.kernel == "i8":  # x quantized once into QX rows (gemm_act.cu act_quant_qx)
+        args = (W.q, W.s, _qx_rows(x, T, W.in_, c.xb16), out, np.int32(T), np.int32(W.out), np.int32(W.in_),
+                np.int32(W.out), epi)
+        k(g.grid(T, W.out), (256,), args, shared_mem=g.smem)
         return
+    if g.kernel == "mma":
+        x, xl = mma_operands(c, x, T, W.in_)
+        k(g.grid(T, W.out), (256,), (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl)),
+          shared_mem=g.smem)
+        return
+    alloc = -(-T // g.tokens) * g.tokens * W.in_ if g.kernel == "wra" else 0  # gemm_wra reads x in whole token tiles
+    if c.a8:
+        xh, xl = _act_quant(x, T * W.in_, c.x_split, alloc)
+    else:
+        xh, xl = _bf16_planes(x, T * W.in_, c.x_split, alloc)
+    if g.kernel == "wra":
+        k(g.grid(T, W.out), (256,), (W.q, W.s, _ptr(W.gscale), xh, _ptr(xl), out, np.int32(T), np.int32(W.out),
+                                     np.int32(W.in_), np.int32(W.out), epi), shared_mem=g.smem)
+        return
+    _gemm_wgp(W, k, g, xh, xl, out, T, epi, c.w_split)
+
+
+class GemmGeometry(NamedTuple):
+    """One prefill GEMM launch's geometry (gemm_geometry): the kernel (GEMM_TUNING's name for it),
+    its defines, and blocks of ``tokens`` x ``rows`` outputs with ``smem`` bytes."""
+    kernel: str  # "i8", "wra", "wgp" or "mma"
+    family: str
+    name: str
+    defines: dict
+    tokens: int
+    rows: int
+    smem: int
+
+    def grid(self, T: int, n_out: int) -> tuple[int, int]:
+        """The grid over T tokens and n_out weight rows (gemm_mma.cu: the rows on x)."""
+        tiles = (-(-T // self.tokens), -(-n_out // self.rows))
+        return tiles[::-1] if self.kernel == "mma" else tiles
+
+
+def gemm_geometry(W, c: "GemmContract", impl: str) -> GemmGeometry:
+    """Every launch decision of gemm for W under contract c on impl's kernels: the kernel
+    (GEMM_TUNING: c.i8 from uses_gemm_i8, then uses_gemm_wra), its tiles and ring (wra_geometry,
+    wgp_geometry, gemm_bufs) and shared memory."""
+    if c.i8:
+        if impl == "mma":
+            return GemmGeometry("i8", "gemm_i8", "gemm_i8_mma", {"FMT": W.fmt_id}, IM_BM, IM_BN, gemm_i8_mma_smem())
+        return GemmGeometry("i8", "gemm_i8", "gemm_i8", {"FMT": W.fmt_id}, WG_BM, I8_BN, gemm_i8_smem())
     # gemm_wgp copies 8-value (16-byte) units of rows that must start 16-byte aligned: n_in a
     # multiple of 8 (every format but F32 guarantees it; F32 rows of 4k+4 values take the
     # portable kernel, which compiles for sm_90a too)
     if impl == "wg" and W.in_ % 8 == 0:
-        alloc = -(-T // 256) * 256 * W.in_ if uses_gemm_wra(W) else 0  # gemm_wra reads x in whole tiles of up to 256 tokens
-        if c.a8:
-            xh, xl = _act_quant(x, T * W.in_, c.x_split, alloc)
-        else:
-            xh, xl = _bf16_planes(x, T * W.in_, c.x_split, alloc)
-        _gemm_wgp(W, xh, xl, out, T, epi, c.x_split, c.w_split)
-        return
-    x, xl = mma_operands(c, x, T, W.in_)
-    k, smem = _gemm_kernel(W.fmt_id, c.x_split, c.w_split, **({"GEMM_XPLANES": 1} if c.a8 else {}))
-    k((-(-W.out // GM_TILE), -(-T // GM_TILE)), (256,),
-      (*_wargs(W), x, out, np.int32(T), np.int32(W.out), np.int32(W.in_), epi, _ptr(xl)), shared_mem=smem)
+        if uses_gemm_wra(W):
+            bt, stages, stage = wra_geometry(W.out, c.x_split, W.fmt, c.w_split)
+            return GemmGeometry("wra", "gemm_wgmma", "gemm_wra",
+                                dict(FMT=W.fmt_id, GEMM_SPLIT=int(c.x_split), WRA_BT=bt, WRA_STAGES=stages,
+                                     **_wsplit_define(c.x_split, c.w_split)), bt, WRA_ROWS, wgp_smem(stages, stage))
+        bn, stages, stage = wgp_geometry(W.out, c.x_split, c.w_split)
+        return GemmGeometry("wgp", "gemm_wgmma", "gemm_wgp",
+                            dict(GEMM_SPLIT=int(c.x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(c.w_split)),
+                            WG_BM, bn, wgp_smem(stages, stage))
+    bufs = gemm_bufs(c.x_split, c.w_split)
+    return GemmGeometry("mma", "gemm_mma", "gemm",
+                        _mma_defines(W.fmt_id, c.x_split, c.w_split, bufs, **({"GEMM_XPLANES": 1} if c.a8 else {})),
+                        GM_TILE, GM_TILE, _gemm_smem(c.x_split, c.w_split, bufs))
 
 
 class GemmContract(NamedTuple):
@@ -585,9 +497,11 @@ def mma_operands(c: GemmContract, x, T: int, n_in: int, tag: str = "x", r0: int 
     return x, None
 
 
+I8_BN = 64  # gemm_i8.cu gemm_i8: out rows per block
+I8_BK = 128  # its k tile: four 32-blocks
 # gemm_i8.cu I8_STAGE_BYTES, same formula: x h and l tiles (2 x 128 x 128 B), the W tile (64 x 128 B),
 # the records (128 tokens x 4 blocks x 16 B), the scales (64 rows x 4 f16), rounded up to 1 KB = 49 KB
-I8_STAGE_BYTES = -(-(2 * WG_BM * 128 + 64 * 128 + WG_BM * 4 * 16 + 64 * 4 * 2) // 1024) * 1024
+I8_STAGE_BYTES = -(-(2 * WG_BM * I8_BK + I8_BN * I8_BK + WG_BM * 4 * 16 + I8_BN * 4 * 2) // 1024) * 1024
 I8_STAGES = 4
 
 
@@ -598,18 +512,11 @@ def gemm_i8_smem() -> int:
 
 
 def uses_gemm_i8(W: DeviceWeight, impl: str = "wg") -> bool:
-    """Whether the precise prefill of W runs on the integer-dot contract's own kernels: Q8_0's
-    code bytes against x's two code levels, exact int32 block dots (gemm_i8.cu).  impl "wg":
-    gemm_i8 on Hopper's int8 wgmma, rows whose width is a multiple of 128 that are not on
-    gemm_wra (the wide ones, uses_gemm_wra); measured faster than the bf16 split
-    (docs/performance.md).  impl "mma" (the portable path: sm_86 / sm_89 / sm_120): gemm_i8_mma,
-    every Q8_0 matrix of a multiple of 64 inputs — the same rows as gemm_i8, where the bf16 split
-    left them 1.6e-5 to 4.2e-5 from the decode's."""
-    if W.fmt != "Q8_0":
-        return False
-    if impl == "mma":
-        return W.in_ % IM_BK == 0
-    return W.in_ % 128 == 0 and not uses_gemm_wra(W)
+    """Whether the precise prefill of W on impl's kernels runs on the integer-dot contract's own
+    (GEMM_TUNING's "i8"): Q8_0's code bytes against x's two code levels, exact int32 block dots
+    (gemm_i8.cu: gemm_i8 on Hopper's int8 wgmma for rows of a multiple of 128 inputs that are not
+    on gemm_wra; gemm_i8_mma on the portable path, rows of a multiple of 64)."""
+    return _gemm_entry(W, impl)["kernel"] == "i8"
 
 
 IM_BM = 128  # gemm_i8.cu gemm_i8_mma: tokens per block, out rows per block, k tile (two 32-blocks)
@@ -632,6 +539,23 @@ def gemm_i8_mma_smem(bm: int = IM_BM) -> int:
     return IM_STAGES * im_stage_bytes(bm)
 
 
+# the inputs a GEMM kernel's rows come in (whole k tiles; gemm_wgp: 16-byte rows), by (kernels,
+# GEMM_TUNING's kernel)
+_GEMM_K_UNIT = {("wg", "wra"): 64, ("wg", "i8"): I8_BK, ("mma", "i8"): IM_BK, ("wg", "wgp"): 8}
+
+
+def _gemm_entry(W, impl: str) -> dict:
+    """GEMM_TUNING's entry for W on impl's kernels: the first that takes W's rows (_GEMM_K_UNIT)
+    of (impl, format, row class), (impl, format, any rows), (impl, any format, row class), (impl,
+    any, any); none on "wg" for rows of 8k + 4 values (F32): the portable kernel."""
+    cls = "wide" if W.out >= tuning.GEMM_WIDE_ROWS else "*"
+    for key in dict.fromkeys(((impl, W.fmt, cls), (impl, W.fmt, "*"), (impl, "*", cls), (impl, "*", "*"))):
+        e = GEMM_TUNING.get(key)
+        if e is not None and W.in_ % _GEMM_K_UNIT.get((impl, e["kernel"]), 1) == 0:
+            return e
+    return GEMM_TUNING[("mma", "*", "*")]
+
+
 def _qx_rows(x, T: int, n: int, xb16: bool, tag: str = "x", r0: int = 0):
     """x (f32 [T, n]; rounded to bf16 first with xb16) quantized into QX rows (gemm_act.cu
     act_quant_qx) in the scratch ``tag``_qx: rows [r0, T) (mma_operands)."""
@@ -645,25 +569,8 @@ def _qx_rows(x, T: int, n: int, xb16: bool, tag: str = "x", r0: int = 0):
     return qx
 
 
-def _gemm_i8(W: DeviceWeight, x, out, T: int, epi, impl: str = "wg", xb16: bool = False) -> None:
-    """x (f32 [T, W.in]; rounded to bf16 first with xb16) quantized once into QX rows
-    (gemm_act.cu act_quant_qx), then gemm_i8 (impl "wg") or gemm_i8_mma (the portable path):
-    the same rows."""
-    n = W.in_
-    qx = _qx_rows(x, T, n, xb16)
-    args = (W.q, W.s, qx, out, np.int32(T), np.int32(W.out), np.int32(n), np.int32(W.out), epi)
-    if impl == "mma":
-        k, smem, grid = get_kernel("gemm_i8", "gemm_i8_mma", FMT=W.fmt_id), gemm_i8_mma_smem(), (-(-T // IM_BM), -(-W.out // IM_BN))
-    else:
-        k, smem, grid = get_kernel("gemm_i8", "gemm_i8", FMT=W.fmt_id), gemm_i8_smem(), (-(-T // WG_BM), -(-W.out // 64))
-    _ensure_smem(k, smem)
-    k(grid, (256,), args, shared_mem=smem)
-
-
 WGP_SMEM_MAX = 227 * 1024  # opt-in shared memory per block (sm_90)
-WGP_DEQ_VALUES = 64 * 1024 * 1024  # row block dequantized per gemm_wgp launch (128 MB of bf16 per plane):
-# smaller blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
-WGP_SCRATCH_BYTES = 2 * 2 * WGP_DEQ_VALUES  # the dequantized weight planes (hi, lo) at their largest
+WGP_SCRATCH_BYTES = 2 * 2 * tuning.GEMM_DEQ_VALUES  # the dequantized weight planes (hi, lo) at their largest
 _scratch: dict = {}
 
 
@@ -672,6 +579,8 @@ def _scratch_u16(name: str, n: int):
     and each user runs on its stream right after filling the buffer; when another stream (another
     runner) takes it over, the previous owner's work is waited for first, so two streams never
     share it in flight."""
+    if kernel_build.planning_active():
+        return kernel_build.device_empty(name, (n,), np.uint16)
     import cupy as cp
 
     key = (name, cp.cuda.Device().id)
@@ -713,22 +622,23 @@ def _bf16_planes(x, n: int, with_lo: bool, alloc: int = 0):
     return _x_planes("split_bf16", x, n, with_lo, alloc)
 
 
-WGP_WIDE_ROWS = 6144  # gemm_wgp: 256-row tiles from this many rows (qkv, gate|up), 128 below
+def _wg_ring(tiles: tuple, max_stages: int, stage_bytes) -> tuple[int, int, int]:
+    """(tile, ring stages, bytes per stage) of a gemm_wgmma.cu kernel: the first of ``tiles``
+    whose 3-stage ring (prefetch distance 1) fits one block's shared memory (else the last), a
+    ring as deep as fits, at most max_stages; stage_bytes(tile) is one stage's bytes."""
+    for tile in tiles:
+        stage = stage_bytes(tile)
+        fit = (WGP_SMEM_MAX - 1024) // stage
+        if fit >= 3:
+            break
+    return tile, max(3, min(max_stages, fit)), stage
 
 
 def wgp_geometry(n_out: int, precise: bool, w_lo: bool) -> tuple[int, int, int]:
-    """(rows per block, ring stages, bytes per stage) of gemm_wgp: 256-row tiles on the wide
-    matrices, 128 on the 4096-row ones (256-row tiles leave SMs idle there); a ring as deep as
-    fits in one block's shared memory, at most 4 (measured, docs/performance.md); a tile width
-    whose 3-stage ring does not fit falls back to 128 rows."""
-    bn = 256 if n_out >= WGP_WIDE_ROWS else 128
-    while True:
-        stage = wg_stage_bytes(precise, w_lo, bn)
-        fit = (WGP_SMEM_MAX - 1024) // stage
-        if fit >= 3 or bn == 128:
-            break
-        bn = 128
-    return bn, max(3, min(4, fit)), stage
+    """(rows per block, ring stages, bytes per stage) of gemm_wgp for a matrix of n_out rows
+    (GEMM_TUNING's "wgp" entry of its row class: _wg_ring)."""
+    e = GEMM_TUNING[("wg", "*", "wide" if n_out >= tuning.GEMM_WIDE_ROWS else "*")]
+    return _wg_ring(e["tiles"], e["stages"], lambda bn: wg_stage_bytes(precise, w_lo, bn))
 
 
 def wgp_smem(stages: int, stage: int) -> int:
@@ -749,54 +659,33 @@ def wra_stage_bytes(precise: bool, bt: int, fmt: str = "NVFP4") -> int:
 
 
 def wra_geometry(n_out: int, precise: bool, fmt: str = "NVFP4", w_split: bool = False) -> tuple[int, int, int]:
-    """(tokens per block, ring stages, bytes per stage) of gemm_wra: 256 tokens on the wide
-    matrices when x or W is split (128 when both are one plane, and on the 4096-row matrices,
-    where 256 leaves half the SMs idle), a ring of up to 4 stages as fits (measured,
-    docs/performance.md)."""
-    bt = 256 if (precise or w_split) and n_out >= WGP_WIDE_ROWS else 128
-    stage = wra_stage_bytes(precise, bt, fmt)
-    return bt, max(3, min(4, (WGP_SMEM_MAX - 1024) // stage)), stage
+    """(tokens per block, ring stages, bytes per stage) of gemm_wra for a matrix of n_out rows
+    (GEMM_TUNING's "wra" entry of its format and row class: its tiles when x or W is split, its
+    tiles_one_plane when both are one bf16 plane; _wg_ring)."""
+    e = GEMM_TUNING.get(("wg", fmt, "wide" if n_out >= tuning.GEMM_WIDE_ROWS else "*"), {})
+    if e.get("kernel") != "wra":
+        raise ValueError(f"GEMM_TUNING puts no {n_out}-row {fmt} matrix on gemm_wra")
+    tiles = e["tiles"] if precise or w_split else e["tiles_one_plane"]
+    return _wg_ring(tiles, e["stages"], lambda bt: wra_stage_bytes(precise, bt, fmt))
 
 
 def uses_gemm_wra(W: DeviceWeight) -> bool:
-    """Prefill on gemm_wra (the codes decoded into wgmma's register operand, no dequantization
-    pass) for the wide matrices (>= WGP_WIDE_ROWS rows: qkv, gate|up) of NVFP4, Q4_K and Q8_0,
-    rows of a multiple of 64 inputs (whole k tiles).  The 4096-row ones stay on the pass, which
-    measured faster there (too little tensor work per k tile to hide the decoding;
-    docs/performance.md)."""
-    return W.fmt in WRA_FORMATS and W.in_ % 64 == 0 and W.out >= WGP_WIDE_ROWS
+    """Whether the prefill of W on the sm_90a kernels runs on gemm_wra (GEMM_TUNING's "wra": the
+    codes decoded into wgmma's register operand, no dequantization pass; rows of whole 64-input k
+    tiles)."""
+    return _gemm_entry(W, "wg")["kernel"] == "wra"
 
 
-def _gemm_wra(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_split: bool) -> None:
-    bt, stages, stage = wra_geometry(W.out, x_split, W.fmt, w_split)
-    k = get_kernel("gemm_wgmma", "gemm_wra", FMT=W.fmt_id, GEMM_SPLIT=int(x_split), WRA_BT=bt, WRA_STAGES=stages,
-                   **_wsplit_define(W, x_split, w_split))
-    smem = wgp_smem(stages, stage)
-    _ensure_smem(k, smem)
-    k((-(-T // bt), -(-W.out // WRA_ROWS)), (256,),
-      (W.q, W.s, _ptr(W.gscale), xh, _ptr(xl), out, np.int32(T), np.int32(W.out), np.int32(W.in_), np.int32(W.out), epi),
-      shared_mem=smem)
-
-
-def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bool) -> None:
-    """gemm_wgp on x as bf16 planes (xh, and xl when x_split).  BF16 weights are read in place;
-    the wide NVFP4 / Q4_K / Q8_0 matrices go to gemm_wra (uses_gemm_wra); other weights are
-    dequantized to bf16 (and W_lo when w_lo) one row block at a time into scratch (llama.cpp's
-    dequantize-then-GEMM prefill), each block's GEMM writing its columns of out (row blocks do not
-    change any output's k order)."""
-    if uses_gemm_wra(W):
-        _gemm_wra(W, xh, xl, out, T, epi, x_split, w_lo)
-        return
-    bn, stages, stage = wgp_geometry(W.out, x_split, w_lo)
-    k = get_kernel("gemm_wgmma", "gemm_wgp", GEMM_SPLIT=int(x_split), WG_BN=bn, WGP_STAGES=stages, WGP_WLO=int(w_lo))
-    smem = wgp_smem(stages, stage)
-    _ensure_smem(k, smem)
-
+def _gemm_wgp(W: DeviceWeight, k, g: GemmGeometry, xh, xl, out, T: int, epi, w_lo: bool) -> None:
+    """gemm_wgp (kernel k of geometry g) on x as bf16 planes (xh, and xl when x is split).  BF16
+    weights are read in place; other weights are dequantized to bf16 (and W_lo when w_lo) one row
+    block at a time into scratch (llama.cpp's dequantize-then-GEMM prefill), each block's GEMM
+    writing its columns of out (row blocks do not change any output's k order)."""
     def launch(wq, wl, r0: int, n: int) -> None:
         gs = _NULL if W.gscale is None else np.uint64(W.gscale.data.ptr + 4 * r0)
-        k((-(-T // WG_BM), -(-n // bn)), (256,),
+        k(g.grid(T, n), (256,),
           (wq, _ptr(wl), gs, xh, _ptr(xl), np.uint64(out.data.ptr + 4 * r0), np.int32(T), np.int32(n),
-           np.int32(W.in_), np.int32(W.out), epi), shared_mem=smem)
+           np.int32(W.in_), np.int32(W.out), epi), shared_mem=g.smem)
 
     if W.fmt == "BF16":
         launch(W.q, None, 0, W.out)
@@ -811,9 +700,9 @@ def _gemm_wgp(W: DeviceWeight, xh, xl, out, T: int, epi, x_split: bool, w_lo: bo
 
 
 def dequant_block_rows(W: DeviceWeight) -> int:
-    """Rows of W per dequantized row block of the prefill GEMM (WGP_DEQ_VALUES values, whole
+    """Rows of W per dequantized row block of the prefill GEMM (GEMM_DEQ_VALUES values, whole
     256-row tiles, at most W.out)."""
-    return min(W.out, max(256, WGP_DEQ_VALUES // W.in_ // 256 * 256))
+    return min(W.out, max(256, tuning.GEMM_DEQ_VALUES // W.in_ // 256 * 256))
 
 
 def dequant_block(W: DeviceWeight, r0: int, n: int, whi, wlo) -> None:

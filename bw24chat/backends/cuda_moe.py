@@ -32,6 +32,7 @@ from . import cuda_linear as lin, kernel_build
 from .cuda_weights import FORMATS, DeviceWeight, fmt_id, repack_host, vpc
 from .kernel_build import get_kernel
 from .kernel_refs import act_q8
+from .tuning import GROUPED_GEMM_TILES, MOE_TUNING
 
 PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu table_row; gscale: NVFP4 row scales)
 ALIGN = 256  # each plane of an expert image starts on a 256-byte boundary (the kernels' 16-byte loads)
@@ -264,19 +265,6 @@ def router(logits, bias, ids, w, T: int, spec) -> None:
 
 
 # ----------------------------------------------------------------------------- decode
-# moe_experts.cu geometry per (kernel, weight format); "*" is any other format: warps per block
-# (MOE_NW), 16-byte items in flight per lane (MOE_U: the most that compile without register
-# spills for sm_90a and sm_120a at MOE_MINB = 2 blocks per SM, tests/test_kernel_compile.py; the
-# decoders with more scale registers take fewer), rows per segment of moe_down (MOE_R, default 2).
-# No output depends on any of it (moe_experts.cu: exactness); the grids come from the GPU's SM
-# count and the blocks one SM holds (gu_blocks, down_rows).
-def _geo(u: int) -> dict:
-    return {"MOE_NW": 8, "MOE_U": u, "MOE_MINB": 2}
-
-
-_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
-           "Q4_K": 3, "Q5_K": 3, "*": 2}
-MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
 MOE_R = 2  # moe_experts.cu MOE_R's default: rows per segment of moe_down
 MAX_K = 32  # moe_experts.cu MOE_MAX_K
 STATIC_SMEM = 3 * 4 * MAX_K  # the kernels' static shared memory (ids, w, the rmsnorm statistic)
@@ -380,11 +368,9 @@ MG_NT = 256  # moe_group.cu: threads of moe_group
 
 def group_tile(n: int, E: int) -> int:
     """Tokens per tile of the grouped GEMMs (moe_group.cu GG_BM) for n assignments over E
-    experts: 64 while the mean rows per expert is at most two thirds of that (Qwen3-30B-A3B at
-    pp512: 32; the spread of the counts then leaves nearly every expert in one tile, whose weight
-    tiles are read once, and the tile's empty 16-row slices skip their MMAs), else 128.  The
-    rows' values do not depend on it."""
-    return 64 if 3 * n <= 2 * 64 * E else 128
+    experts: the first of GROUPED_GEMM_TILES that the mean rows per expert fill to at most two
+    thirds (else the last).  The rows' values do not depend on it."""
+    return next((t for t in GROUPED_GEMM_TILES if 3 * n <= 2 * t * E), GROUPED_GEMM_TILES[-1])
 
 
 @dataclass
@@ -407,12 +393,11 @@ class Groups:
 
 def group(ids, T: int, k: int, E: int, bm: int) -> Groups:
     """moe_group over the T rows of ids (T, k) int32 (the router's): no host access."""
-    import cupy as cp
-
     n = T * k
     if E > 1024:
         raise NotImplementedError(f"moe_group: E {E} <= 1024")
-    g = Groups(cp.empty(E + 1, cp.int32), cp.empty(E + 1, cp.int32), cp.empty(n, cp.int32), cp.empty(n, cp.int32), n, E, bm)
+    g = Groups(*(kernel_build.device_empty(name, size, np.int32) for name, size in
+                 (("moe_offs", E + 1), ("moe_toff", E + 1), ("moe_tok", n), ("moe_pos", n))), n, E, bm)
     get_kernel("moe_group", "moe_group")((E,), (MG_NT,), (ids, np.int32(n), np.int32(k), np.int32(E), np.int32(bm), g.offs,
                                                          g.toff, g.tok, g.pos))
     return g
@@ -456,8 +441,6 @@ def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, pre
     resident experts in one pass, then each other one streamed into a staging slot
     (cuda_tiers.CudaTiers.stream, the next copy overlapping this one's GEMMs) and run by itself
     through the same kernels: the resident run's bits."""
-    import cupy as cp
-
     from .kernel_refs import moe_group_ref
 
     if T <= 0:
@@ -465,10 +448,12 @@ def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, pre
     E, F, D = ex.gu.n_experts, ex.gu.out // 2, ex.gu.in_
     n = T * k
     g = group(ids, T, k, E, group_tile(n, E))
-    act = cp.empty((n, F), cp.float32)
-    Y = cp.empty((n, D), cp.float32)
+    act = kernel_build.device_empty("moe_act", (n, F), np.float32)
+    Y = kernel_build.device_empty("moe_y", (n, D), np.float32)
     streamed = ()
     if ex.tiers is not None:
+        import cupy as cp
+
         ids_h = cp.asnumpy(ids[:T])  # synchronizes (the router's ids): before the resident pass is queued
         offs = moe_group_ref(ids_h, E, g.bm)[0]
         streamed = ex.tiers.stream(ex, [int(e) for e in np.unique(ids_h)])

@@ -14,17 +14,18 @@ N cache positions (n_ctx), m decode rows, V vocabulary.  KV cache layouts: kerne
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from . import kernel_build
 from .kernel_build import get_kernel
-from .kernel_refs import KV_TYPES, kv_cache_shape
+from .kernel_refs import DECODE_TILE, KV_TYPES, kv_cache_shape
+from .tuning import ATTN_DECODE_TC_RINGS, ATTN_DECODE_TUNING, ATTN_PREFILL_STAGES, gpu_class
 
 KV_CODE = {"bf16": 0, "q8_0": 1, "fp8": 2, "f32": 3}
 KV_NONE = 255  # rope.cu: no cache write
 DECODE_MAX_ROWS = 8
-DECODE_TILE = 32
 SAMPLE_PARAM_WORDS = 16
 _M64 = (1 << 64) - 1
 
@@ -207,32 +208,36 @@ def _n_sm() -> int:
     return kernel_build.current_device_attribute("MultiProcessorCount")
 
 
-def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None, blocks_per_sm: int = 2) -> int:
+def _arch_number() -> int:
+    return int(kernel_build.active_arch()[3:].rstrip("a"))
+
+
+def _decode_tuning(tc: bool) -> dict:
+    """ATTN_DECODE_TUNING's entry of the tensor-core (tc) or FMA decode kernel on this GPU."""
+    return ATTN_DECODE_TUNING[("tc" if tc else "fma", gpu_class(_arch_number()))]
+
+
+# the decode workspace holds the most splits any decode launch takes: the larger blocks per SM,
+# rounded up to whole clusters of the largest size (every cluster size divides it)
+_WS_BLOCKS_PER_SM = max(e["blocks_per_sm"] for e in ATTN_DECODE_TUNING.values())
+_WS_CLUSTER = max(e["cluster"] for e in ATTN_DECODE_TUNING.values())
+
+
+def attn_decode_max_splits(n_heads: int, n_kv_heads: int, n_sm: int | None = None,
+                           blocks_per_sm: int = _WS_BLOCKS_PER_SM) -> int:
     """Splits per (row, kv head, head group): enough blocks for ~blocks_per_sm per SM at one row
-    (the FMA kernel 2; the tensor-core kernel 1, whose blocks stream 4x the bytes; measured,
-    docs/performance.md).  The workspace is sized for 2 (the larger count)."""
+    (ATTN_DECODE_TUNING's; the default, the largest, is what the workspace is sized for), at most 64."""
     nsg = (n_heads // n_kv_heads) // _decode_gq(n_heads // n_kv_heads)
     n_sm = n_sm or _n_sm()
     return max(1, min(64, -(-blocks_per_sm * n_sm // (n_kv_heads * nsg))))
 
 
-ATTN_CLUSTER_TC = 8  # the tensor-core decode's cluster size (attention_merge.cuh ATTN_CLUSTER)
-# The FMA decode's (q8_0 / fp8 / f32 caches): a cluster merge up to ATTN_HYBRID_TILES tiles, the
-# workspace merge beyond (ATTN_HYBRID).  16 is Hopper's non-portable cluster size; other GPUs take 8.
-ATTN_CLUSTER_FMA = {90: 16}
-ATTN_HYBRID_TILES = 64  # C * P: 2048 keys of DECODE_TILE
-
-
 def attn_decode_cluster(tc: bool) -> int:
     """Cluster size C of the decode's split merge through distributed shared memory
-    (attention_merge.cuh ATTN_CLUSTER: max_splits = C; 8 portable, 16 on Hopper with the
-    non-portable attribute), 0 for the merge through the global workspace (before sm_90: no
-    thread-block clusters).  The tensor-core kernel takes ATTN_CLUSTER_TC, the FMA kernel
-    ATTN_CLUSTER_FMA (measured faster than the workspace merge, docs/performance.md).  The
+    (attention_merge.cuh ATTN_CLUSTER: max_splits = C), 0 for the merge through the global
+    workspace: ATTN_DECODE_TUNING's for the tensor-core (tc) or FMA kernel on this GPU.  The
     cluster merge gives the same bits as the workspace merge with max_splits = C."""
-    if _arch_number() < 90:
-        return 0
-    return ATTN_CLUSTER_TC if tc else ATTN_CLUSTER_FMA.get(_arch_number(), 8)
+    return _decode_tuning(tc)["cluster"]
 
 
 def _decode_cluster_smem(hd: int, gq: int, nparts: int, cluster: int) -> int:
@@ -242,23 +247,24 @@ def _decode_cluster_smem(hd: int, gq: int, nparts: int, cluster: int) -> int:
 
 
 def attn_decode_hybrid(cluster: int) -> int:
-    """ATTN_HYBRID = P of the FMA decode under a cluster of C: rows of up to C * P tiles merge in
-    the cluster, longer ones over attn_decode_long_splits blocks through the workspace (the FMA
-    kernel needs more than 16 splits at long context).  The tensor-core decode takes the cluster
-    at every length."""
-    return max(1, ATTN_HYBRID_TILES // cluster)
+    """ATTN_HYBRID = P of the FMA decode under a cluster of C: rows of up to C * P tiles
+    (ATTN_DECODE_TUNING's cluster_tiles) merge in the cluster, longer ones over
+    attn_decode_long_splits blocks through the workspace.  The tensor-core decode takes the
+    cluster at every length."""
+    return max(1, _decode_tuning(False)["cluster_tiles"] // cluster)
 
 
-def attn_decode_long_splits(n_heads: int, n_kv_heads: int, cluster: int, n_sm: int | None = None) -> int:
+def attn_decode_long_splits(n_heads: int, n_kv_heads: int, cluster: int, n_sm: int | None = None,
+                            blocks_per_sm: int = _WS_BLOCKS_PER_SM) -> int:
     """Splits per (row, kv head, head group) of a hybrid launch's long rows (its grid y): the FMA
     kernel's max_splits rounded up to a whole number of clusters."""
-    return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm, blocks_per_sm=2) // cluster) * cluster
+    return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm, blocks_per_sm) // cluster) * cluster
 
 
 def _decode_ws_splits(n_heads, n_kv_heads, n_sm=None) -> int:
     """Splits per (row, kv head, head group) the decode workspace holds: max_splits rounded up to
-    a hybrid launch's cluster size (<= 16)."""
-    return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm) // 16) * 16
+    the largest cluster."""
+    return -(-attn_decode_max_splits(n_heads, n_kv_heads, n_sm) // _WS_CLUSTER) * _WS_CLUSTER
 
 
 def _decode_ws_layout(n_heads, n_kv_heads, head_dim, max_rows, n_sm=None):
@@ -286,23 +292,16 @@ def decode_on_tensor_cores(kv_type: str, hd: int) -> bool:
     return kv_type == "bf16" and 32 <= hd <= 128 and hd % 16 == 0 and _arch_number() >= 80
 
 
-def _arch_number() -> int:
-    return int(kernel_build.active_arch()[3:].rstrip("a"))
-
-
 def _decode_tc_stage_bytes(hd: int) -> int:
     return 2 * DECODE_TC_TILE * (hd + 8) * 2  # (K, V) x TCK x LDK bf16
 
 
 def decode_tc_config(hd: int) -> tuple[int, int]:
-    """(TC_HALVES, TCSTAGES) of attn_decode_tc: two four-warp halves per block, each computing
-    every other key tile, over a ring of 4 tiles (2 steps) where the shared memory holds it,
-    else one half over 3 tiles, or 2 (sm_120's 99 KB at hd = 128: 3 tiles need 102 KB).  Two
-    halves measured faster at long context (docs/performance.md)."""
+    """(TC_HALVES, TCSTAGES) of attn_decode_tc: the first of ATTN_DECODE_TC_RINGS whose ring the
+    block's shared memory holds (two four-warp halves, each computing every other key tile, over 4
+    tiles; else one half over 3, or 2: sm_120's 99 KB at hd = 128, where 3 tiles need 102 KB)."""
     stage, limit = _decode_tc_stage_bytes(hd), kernel_build.smem_block_limit()
-    if 4 * stage <= limit:
-        return 2, 4
-    return 1, 3 if 3 * stage <= limit else 2
+    return next((r for r in ATTN_DECODE_TC_RINGS if r[1] * stage <= limit), ATTN_DECODE_TC_RINGS[-1])
 
 
 def _decode_tc_smem(hd: int) -> int:
@@ -315,6 +314,48 @@ def _decode_smem(hd: int, gq: int, kv_type: str, cluster: int = 0) -> int:
     stage = 2 * DECODE_TILE * hd * es + 2 * DECODE_TILE * scb
     nsub = 4 * (32 // (hd // 8))
     return max(3 * stage, nsub * gq * (hd + 2) * 4, _decode_cluster_smem(hd, gq, nsub, cluster))
+
+
+class AttnDecodeGeometry(NamedTuple):
+    """One decode attention launch's geometry (attn_decode_geometry): the kernel, its defines, and
+    the grid (rows, splits, K x groups) of blocks of ``threads`` with ``smem`` bytes."""
+    family: str
+    kernel: str
+    defines: dict
+    splits: int  # blocks per (row, kv head, head group): the kernels' max_splits
+    groups: int  # head groups per kv head
+    threads: int
+    smem: int
+    cluster: int
+
+
+def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, qx: bool = False) -> AttnDecodeGeometry:
+    """Every launch decision of attn_decode for these heads over a kv_type cache on this GPU: the
+    kernel (decode_on_tensor_cores), heads per block (_decode_gq), the split count and merge
+    (ATTN_DECODE_TUNING: attn_decode_max_splits, attn_decode_cluster, attn_decode_hybrid), the
+    tensor-core ring (decode_tc_config), the shared memory; qx: the o projection's QX codes too."""
+    G = n_heads // n_kv_heads
+    gq = _decode_gq(G)
+    tc = decode_on_tensor_cores(kv_type, hd)
+    blocks_per_sm = _decode_tuning(tc)["blocks_per_sm"]
+    ms = attn_decode_max_splits(n_heads, n_kv_heads, blocks_per_sm=blocks_per_sm)  # the workspace merge's
+    extra = {"ATTN_QX": 1} if qx else {}
+    halves = 1
+    if tc:  # both always given: the defaults in the kernel serve the compile-only checks
+        halves, stages = decode_tc_config(hd)
+        extra.update(TC_HALVES=halves, TCSTAGES=stages)
+    cluster = attn_decode_cluster(tc)
+    if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (ATTN_CLUSTER)
+        extra["ATTN_CLUSTER"] = cluster
+        ms = cluster
+        if not tc:  # long rows take the workspace merge over more blocks, a whole number of clusters
+            extra["ATTN_HYBRID"] = attn_decode_hybrid(cluster)
+            ms = attn_decode_long_splits(n_heads, n_kv_heads, cluster, blocks_per_sm=blocks_per_sm)
+    if tc:
+        return AttnDecodeGeometry("attention_decode_tc", "attn_decode_tc", dict(HD=hd, GQ=gq, **extra), ms, G // gq,
+                                  128 * halves, _decode_tc_smem(hd), cluster)
+    return AttnDecodeGeometry("attention_decode", "attn_decode", dict(HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], **extra),
+                              ms, G // gq, 128, _decode_smem(hd, gq, kv_type, cluster), cluster)
 
 
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
@@ -332,45 +373,23 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     K = cache_k.shape[1]
     if not 1 <= m <= max_rows:
         raise ValueError(f"m={m} outside 1..{max_rows}")
-    G = H // K
-    gq = _decode_gq(G)
-    nsg = G // gq
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
     _, cnt_bytes, part_bytes = _decode_ws_layout(H, K, hd, max_rows)
     assert workspace.nbytes >= cnt_bytes + part_bytes, "decode workspace too small"
     ws_cnt = workspace[:cnt_bytes].view(np.int32)
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
-    tc = decode_on_tensor_cores(kv_type, hd)
-    ms = attn_decode_max_splits(H, K, blocks_per_sm=1 if tc else 2)  # the workspace merge's (no cluster)
-    extra = {}
-    halves = 1
-    if tc:  # both always given: the defaults in the kernel serve the compile-only checks
-        halves, stages = decode_tc_config(hd)
-        extra.update(TC_HALVES=halves, TCSTAGES=stages)
-    if qx_out is not None:
-        if (H * hd) % 32:
-            raise ValueError("the QX codes cover whole 32-value blocks")
-        extra["ATTN_QX"] = 1
-    cluster = attn_decode_cluster(tc)
-    if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (ATTN_CLUSTER)
-        extra["ATTN_CLUSTER"] = cluster
-        ms = cluster
-        if not tc:  # long rows take the workspace merge over more blocks, a whole number of clusters
-            extra["ATTN_HYBRID"] = attn_decode_hybrid(cluster)
-            ms = attn_decode_long_splits(H, K, cluster)
-    if tc:
-        kern = get_kernel("attention_decode_tc", "attn_decode_tc", HD=hd, GQ=gq, **extra)
-    else:
-        kern = get_kernel("attention_decode", "attn_decode", HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], **extra)
-    if cluster > 8:
+    if qx_out is not None and (H * hd) % 32:
+        raise ValueError("the QX codes cover whole 32-value blocks")
+    g = attn_decode_geometry(H, K, hd, kv_type, qx_out is not None)
+    kern = get_kernel(g.family, g.kernel, **g.defines)
+    if g.cluster > 8:
         from .kernel_build import allow_nonportable_clusters
 
         allow_nonportable_clusters(kern)
-    _launch(kern, (m, ms, K * nsg), (128 * halves,),
-            (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(ms), _i32(max_rows),
+    _launch(kern, (m, g.splits, K * g.groups), (g.threads,),
+            (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(g.splits), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt, qx_out if qx_out is not None else np.uint64(0),
-             _i32(int(act_bf16))),
-            smem=_decode_tc_smem(hd) if tc else _decode_smem(hd, gq, kv_type, cluster))
+             _i32(int(act_bf16))), smem=g.smem)
 
 
 def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True, stages: int = 2) -> int:
@@ -382,11 +401,23 @@ def prefill_smem_bytes(hd: int, kv_type: str, precise: bool = True, stages: int 
 
 
 def prefill_stages(hd: int, kv_type: str, precise: bool = True) -> int:
-    """attn_prefill's K/V stages (PREFILL_STAGES): 2 (the next key block fills while this one is
-    used) where the block's shared memory holds them, else 1 (fill, barrier, use: the same
-    arithmetic in the same order, so the same bits).  One stage is what a precise prefill over a
-    q8_0 / fp8 / f32 cache at head dim 128 fits in on the 99 KB GPUs (sm_86 / sm_89 / sm_120)."""
-    return 2 if prefill_smem_bytes(hd, kv_type, precise, 2) <= kernel_build.smem_block_limit() else 1
+    """attn_prefill's K/V stages (PREFILL_STAGES): the first of ATTN_PREFILL_STAGES that the
+    block's shared memory holds, 2 (the next key block fills while this one is used) or 1 (fill,
+    barrier, use: the same arithmetic in the same order, so the same bits).  One stage is what a
+    precise prefill over a q8_0 / fp8 / f32 cache at head dim 128 fits in on the 99 KB GPUs
+    (sm_86 / sm_89 / sm_120)."""
+    limit = kernel_build.smem_block_limit()
+    return next((s for s in ATTN_PREFILL_STAGES if prefill_smem_bytes(hd, kv_type, precise, s) <= limit),
+                ATTN_PREFILL_STAGES[-1])
+
+
+def attn_prefill_geometry(hd: int, gq: int, kv_type: str, precise: bool = True) -> tuple[dict, int]:
+    """attn_prefill's defines and shared memory for head dim hd, gq query heads per kv head, a
+    kv_type cache and the precise or fast contract (its K/V stages: prefill_stages)."""
+    stages = prefill_stages(hd, kv_type, precise)
+    defines = dict(HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], PREFILL_SPLIT=int(bool(precise)),
+                   **({"PREFILL_STAGES": 1} if stages == 1 else {}))
+    return defines, prefill_smem_bytes(hd, kv_type, precise, stages)
 
 
 def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: float, out,
@@ -405,15 +436,12 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
         return
     G = H // K
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
-    stages = prefill_stages(hd, kv_type, precise)
-    kern = get_kernel("attention_prefill", "attn_prefill", HD=hd, GQ=G, KV_TYPE=KV_CODE[kv_type],
-                      PREFILL_SPLIT=int(bool(precise)), **({"PREFILL_STAGES": 1} if stages == 1 else {}))
-    smem = prefill_smem_bytes(hd, kv_type, precise, stages)
+    defines, smem = attn_prefill_geometry(hd, G, kv_type, precise)
     limit = kernel_build.smem_block_limit()
     if smem > limit:
         raise ValueError(f"attn_prefill: hd={hd} kv={kv_type} precise={precise} needs {smem} B of shared memory "
                          f"(> {limit} B on this GPU)")
-    _launch(kern, (-(-(T * G) // 64), K), (128,),
+    _launch(get_kernel("attention_prefill", "attn_prefill", **defines), (-(-(T * G) // 64), K), (128,),
             (q, cache_k, cache_v, _i32(T), _i32(H), _i32(K), _i32(start), _i32(n_ctx),
              _f32(scale * math.log2(math.e)), out), smem=smem)
 

@@ -202,23 +202,26 @@ def _ue4m3_half(x: np.ndarray) -> np.ndarray:
     return ((x.astype(np.uint16) << 7).view("<f2").astype(np.float32) * np.float32(128.0)).astype(np.float32)
 
 
-def chunk_codes(hp: HostPlanes) -> tuple:
-    """The chunks of a quantized matrix's planes as formats.cuh decodes them: (q, a0, a1, b) with q
-    float32 [out, nck, VPC] the exact integer values in value order (Q8_0 the int8 codes; the
-    nibble family the codes minus QOFF, high bits merged; NVFP4 the doubled E2M1 values), a0 / a1
-    float32 [out, nck, 1] the scales of values 0-15 / 16-31 (chunk_scales: Q8_0 d; the K-quants
-    d * sc; Q6_K d * sc of each half; NVFP4 ue4m3 / 2) and b the additive min (HAS_MIN formats,
-    else None): w = a * q (+ b).  decode_planes and kernel_refs.matvec_a8_exact read them."""
+def decode_planes(hp: HostPlanes) -> np.ndarray:
+    """float32 [out, in] exactly as formats.cuh decode_exact computes it (global scale applied
+    per row for NVFP4, as the dequantize kernel does)."""
     fmt, out, in_ = hp.fmt, hp.out, hp.in_
-    nck = in_ // vpc(fmt)
+    V = vpc(fmt)
+    nck = in_ // V
+    if fmt == "F32":
+        return hp.q.view("<f4").reshape(out, in_).astype(np.float32)
+    if fmt == "F16":
+        return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
+    if fmt == "BF16":
+        return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
     words = hp.q.reshape(out, nck, 4, 4).view("<u4")[..., 0]  # (out, nck, 4) words g
     kc = np.arange(nck)
     if fmt == "Q8_0":
-        d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2, None]  # (out, nck, 1)
+        d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2]  # (out, nck)
         w = words ^ np.uint32(0x80808080)
         bytes_ = ((w[..., None] >> (8 * np.arange(4, dtype=np.uint32))) & 0xFF).reshape(out, nck, 16)
         q = (bytes_ | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + 128.0)
-        return q, d, d, None
+        return (q * d[..., None]).reshape(out, in_)
     # nibble family: code bytes lo (values 4g+j), hi (16+4g+j)
     if fmt == "NVFP4":  # selector words: nibble j of each half -> byte j
         spread = lambda v: sum(((v >> np.uint32(4 * jj)) & np.uint32(0xF)) << np.uint32(8 * jj) for jj in range(4))  # noqa: E731
@@ -249,7 +252,7 @@ def chunk_codes(hp: HostPlanes) -> tuple:
         off = {"Q4_0": 8.0, "Q5_0": 16.0, "Q6_K": 32.0}.get(fmt, 0.0)
         return ((c | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + off)).reshape(out, nck, 16)
 
-    q = np.concatenate([qvals(lo), qvals(hi)], axis=-1)
+    qlo, qhi = qvals(lo), qvals(hi)
     b = None
     if fmt in ("Q4_0", "Q5_0"):
         a0 = _f16(hp.s.reshape(out, nck, 2))
@@ -274,21 +277,7 @@ def chunk_codes(hp: HostPlanes) -> tuple:
     elif fmt == "NVFP4":
         sc = _ue4m3_half(hp.s.reshape(out, nck, 2))
         a0, a1 = sc[..., 0:1], sc[..., 1:2]
-    return q, a0, a1, b
-
-
-def decode_planes(hp: HostPlanes) -> np.ndarray:
-    """float32 [out, in] exactly as formats.cuh decode_exact computes it (global scale applied
-    per row for NVFP4, as the dequantize kernel does)."""
-    fmt, out, in_ = hp.fmt, hp.out, hp.in_
-    if fmt == "F32":
-        return hp.q.view("<f4").reshape(out, in_).astype(np.float32)
-    if fmt == "F16":
-        return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
-    if fmt == "BF16":
-        return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
-    q, a0, a1, b = chunk_codes(hp)
-    vlo, vhi = a0 * q[..., :16], a1 * q[..., 16:]  # Q8_0: 16 values, one scale
+    vlo, vhi = a0 * qlo, a1 * qhi
     if b is not None:
         vlo, vhi = vlo + b, vhi + b
     v = np.concatenate([vlo, vhi], axis=-1).reshape(out, in_)

@@ -371,6 +371,21 @@ def get_kernel(family: str, name: str, **defines) -> Kernel:
 _planning = None  # a plan.Planner while a plan is traced (plan.planning)
 
 
+def planning_active() -> bool:
+    """Whether a plan is being traced without a GPU (plan.planning)."""
+    return _planning is not None
+
+
+def device_empty(name: str, shape, dtype):
+    """cupy.empty(shape, dtype), or while planning a symbolic array labelled ``name`` (a buffer the
+    traced code allocates: prefill scratch, the MoE prefill's groups)."""
+    if _planning is not None:
+        return _planning.empty(name, shape, dtype)
+    import cupy
+
+    return cupy.empty(shape, dtype)
+
+
 def set_planning(planner) -> None:
     """Route device queries, kernel handles and launches to ``planner`` (None: the GPU)."""
     global _planning

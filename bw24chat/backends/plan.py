@@ -6,10 +6,14 @@ no memory) and with the launch wrappers' device queries answered by ``props``: e
 handle is a description (file, name, defines), every launch a record (grid, block, shared
 memory, arguments by buffer name).  Occupancy-dependent grids take the kernel's register count
 from ptxas (NVRTC, no GPU).  So the plan is a function of (model dims, weight formats per role,
-GPU properties, the tuning rules in cuda_linear / cuda_ops): tests/test_decode_plan.py prints it
+GPU properties, the tuning tables in backends/tuning.py): tests/test_decode_plan.py prints it
 for the Qwen3-8B shape per format and compares it with tests/data/decode_plan_*.txt.
+``prefill_plan`` does the same for a prefill chunk (CudaRunner.prefill_plan: the GEMMs, the
+attention over the cache) and ``attention_plan`` for one attention launch alone
+(tests/test_prefill_plan.py, tests/data/prefill_plan_*.txt and attention_plans.txt).
 
     python -m bw24chat.backends.plan qwen3-8b nvfp4 [--gpu H100] [--rows 1]
+    python -m bw24chat.backends.plan qwen3-8b nvfp4 --prefill 512     (a prefill chunk's launches)
 """
 from __future__ import annotations
 
@@ -50,11 +54,13 @@ class GpuProps:
                    a["MaxSharedMemoryPerBlockOptin"], a["MaxSharedMemoryPerMultiprocessor"], a["L2CacheSize"])
 
 
-# the CUDA C++ Programming Guide's figures for the GPUs the engine is tuned on
+# the CUDA C++ Programming Guide's figures for the GPUs the engine is tuned on, and one of the
+# sm_89 GPUs (no thread-block clusters: the decode attention's workspace merge)
 GPUS = {
     "H100": GpuProps("H100 SXM", 90, "sm_90a", 132, 227 * 1024, 228 * 1024, 50 << 20),
     "H200": GpuProps("H200", 90, "sm_90a", 132, 227 * 1024, 228 * 1024, 60 << 20),
     "RTX5090": GpuProps("RTX 5090", 120, "sm_120a", 170, 99 * 1024, 100 * 1024, 96 << 20),
+    "RTX4090": GpuProps("RTX 4090", 89, "sm_89", 128, 99 * 1024, 100 * 1024, 72 << 20),
 }
 
 
@@ -200,6 +206,10 @@ class Planner:
             self._kernels[key] = PlannedKernel(self, family, name, defines)
         return self._kernels[key]
 
+    def empty(self, name: str, shape, dtype) -> SymArray:
+        """A device array the traced code allocates (kernel_build.device_empty), symbolic."""
+        return SymArray(name, shape if isinstance(shape, tuple) else (shape,), dtype)
+
 
 @contextlib.contextmanager
 def planning(props: GpuProps):
@@ -296,12 +306,13 @@ class _Tensor:
 class PlanRunner:
     """What CudaOps reads of a CudaRunner, with symbolic buffers."""
 
-    def __init__(self, args, model_cls, tensors: dict, kv_type: str, n_ctx: int, activations: str):
+    def __init__(self, args, model_cls, tensors: dict, kv_type: str, n_ctx: int, activations: str,
+                 prefill_chunk: int = 512, precise: bool = True):
         from . import cuda_ops as ops
         from .cuda_deltanet import state_shapes
         from .runner import MAX_ROWS
 
-        self.args, self.kv_type, self.n_ctx, self.precise = args, kv_type, n_ctx, True
+        self.args, self.kv_type, self.n_ctx, self.precise = args, kv_type, n_ctx, precise
         self.act_bf16 = activations == "bf16"
         self.attn_qx = True
         self.loader = PlanLoader()
@@ -318,12 +329,15 @@ class PlanRunner:
         self.sample_ws = SymArray("sample_ws", (ops.sample_workspace_bytes(args.vocab_size),), np.uint8)
         io = SymArray("io", (4 * MAX_ROWS,), np.int32)
         self.d_tokens, self.d_pos, self.d_len, self.d_next = (io[i * MAX_ROWS:(i + 1) * MAX_ROWS] for i in range(4))
+        self.prefill_chunk, self.max_rows = prefill_chunk, MAX_ROWS
+        self.p_ids, self.p_pos = (SymArray(n, (prefill_chunk,), np.int32) for n in ("p_ids", "p_pos"))
         self._bufs: dict = {}
 
     def buffer(self, name: str, rows: int, *cols: int, dtype: str = "f4"):
         key = (name, cols, dtype)
         if key not in self._bufs:
-            self._bufs[key] = SymArray(name.split(":")[-1], (8, *cols), dtype)
+            cap = self.max_rows if name.startswith("d:") else self.prefill_chunk
+            self._bufs[key] = SymArray(name.split(":")[-1], (cap, *cols), dtype)
         return self._bufs[key][:rows]
 
     def rope_tables(self, table):
@@ -363,6 +377,44 @@ def decode_plan(config: dict, formats: dict, props: GpuProps, m: int = 1, kv_typ
         for i in range(m):
             ops.sample(r.d_logits[i], SymArray("params", (16,), np.uint64), r.d_next[i:i + 1],
                        SymArray("ring", (256,), np.int32), r.d_len[i:i + 1], r.sample_ws)
+    return planner.launches
+
+
+def prefill_plan(config: dict, formats: dict, props: GpuProps, T: int = 512, start: int = 0, kv_type: str = "bf16",
+                 activations: str = "f32", precise: bool = True, n_ctx: int = 4096) -> list[Launch]:
+    """The launches of one prefill chunk of ``T`` tokens at position ``start`` (CudaRunner.prefill_plan:
+    the GEMMs, their activation and weight preparation, the attention over the cache, the LM
+    head on the chunk's last row), as decode_plan plans a decode step."""
+    from ..models import get_family
+    from .cuda_runner import CudaOps
+
+    fam = get_family(config["model_type"])
+    args = fam.ModelArgs.from_dict(config)
+    with planning(props) as planner:
+        r = PlanRunner(args, fam.Model, _tensors(config, formats, fam.Model, args), kv_type, n_ctx, activations,
+                       prefill_chunk=T, precise=precise)
+        r.model.forward(CudaOps(r, T, decode=False, start=start), r.p_ids[:T])
+    return planner.launches
+
+
+def attention_plan(props: GpuProps, n_heads: int, n_kv_heads: int, head_dim: int, kv_type: str, m: int = 1,
+                   T: int = 0, precise: bool = True, n_ctx: int = 4096) -> list[Launch]:
+    """The attention launch alone: a decode of ``m`` rows (attn_decode; T = 0) or a prefill chunk
+    of ``T`` queries at position 0 (attn_prefill) for these heads over a ``kv_type`` cache, on a GPU
+    of ``props`` (the attention geometry across GPUs, caches and head shapes, without a model)."""
+    from . import cuda_ops as ops
+
+    with planning(props) as planner:
+        shape, dtype = ops.kv_cache_shape(kv_type, n_ctx, n_kv_heads, head_dim)
+        ck, cv = SymArray("cache_k", shape, dtype), SymArray("cache_v", shape, dtype)
+        rows = T or m
+        q = SymArray("q", (rows, n_heads, head_dim), np.float32)
+        out = SymArray("attn", (rows, n_heads, head_dim), np.float32)
+        if T:
+            ops.attn_prefill(q, ck, cv, kv_type, 0, T, head_dim ** -0.5, out, precise=precise)
+        else:
+            ws = SymArray("attn_ws", (ops.attn_decode_workspace_bytes(n_heads, n_kv_heads, head_dim),), np.uint8)
+            ops.attn_decode(q, ck, cv, kv_type, SymArray("lengths", (m,), np.int32), m, head_dim ** -0.5, out, ws)
     return planner.launches
 
 
@@ -417,10 +469,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("format", help="weight format of every matrix (bf16, q8_0, q4_k, nvfp4, ...)")
     p.add_argument("--gpu", choices=sorted(GPUS), default="H100")
     p.add_argument("--rows", type=int, default=1, help="decode rows m (1..8)")
+    p.add_argument("--prefill", type=int, metavar="T", help="the plan of a prefill chunk of T tokens instead")
     p.add_argument("--kv-cache", default="bf16")
+    p.add_argument("--activations", choices=("f32", "bf16"), default="f32")
+    p.add_argument("--fast", action="store_true", help="prefill: plain bf16 operands (precise=False)")
     a = p.parse_args(argv)
-    cfg = SHAPES[a.shape]
-    plan = decode_plan(cfg, {"default": a.format.upper()}, GPUS[a.gpu], a.rows, a.kv_cache)
+    cfg, formats, gpu = SHAPES[a.shape], {"default": a.format.upper()}, GPUS[a.gpu]
+    if a.prefill:
+        plan = prefill_plan(cfg, formats, gpu, a.prefill, kv_type=a.kv_cache, activations=a.activations,
+                            precise=not a.fast)
+    else:
+        plan = decode_plan(cfg, formats, gpu, a.rows, a.kv_cache, a.activations)
     print(format_plan(plan, cfg["num_hidden_layers"], layer_period(cfg)), end="")
     return 0
 

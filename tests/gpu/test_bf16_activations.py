@@ -139,7 +139,9 @@ def test_wide_gemm_bf16_contract_on_gemm_wra(cp, rng, fmt):
 
     if "wg" not in impls():
         pytest.skip("gemm_wra needs sm_90a")
-    rows = cl.WGP_WIDE_ROWS + int(rng.integers(1, 100))
+    from bw24chat.backends.tuning import GEMM_WIDE_ROWS
+
+    rows = GEMM_WIDE_ROWS + int(rng.integers(1, 100))
     ts, w = make_weight(rng, fmt, rows=(rows,), nblocks=512 // block_of(fmt) if block_of(fmt) <= 256 else 2)
     W = cw.upload(ts)
     assert cl.uses_gemm_wra(W)

@@ -1,6 +1,7 @@
 """The plan is what the runner launches: a CudaRunner's decode plan (runner.plan: the launches
 its steps walk) equals decode_plan() for the same model on this GPU (kernel, defines, grid,
-block, shared memory), for m = 1 and 4 rows; and the eager walk launches exactly the plan."""
+block, shared memory), for m = 1 and 4 rows, and its prefill chunk's plan (runner.prefill_plan)
+equals prefill_plan(); and the eager walk launches exactly the plan."""
 import numpy as np
 import pytest
 
@@ -23,6 +24,22 @@ def test_runner_plan_equals_the_plan(cp, fmt, m):
     assert LaunchCounter.count - before == len(got)  # the eager step launched the plan, nothing else
     plan = decode_plan(SHAPES["tiny"], {"default": fmt}, GpuProps.from_device(), m, n_ctx=1024)
     assert got == [L.key() for L in plan]
+
+
+@pytest.mark.parametrize("shape,fmt", [("tiny", "BF16"), ("tiny", "Q8_0"), ("tiny", "Q4_K"), ("tiny", "NVFP4"),
+                                       ("tiny-moe", "Q8_0"), ("tiny-moe", "BF16")])
+def test_runner_prefill_plan_equals_the_plan(cp, shape, fmt):
+    """A chunk off the GEMM tiles (200 tokens) after an earlier one: the runner's traced prefill
+    equals prefill_plan() for this GPU, the grouped MoE GEMMs included."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.backends.plan import GpuProps, prefill_plan
+    from bw24chat.synthetic import SHAPES, synthetic_checkpoint
+
+    r = CudaRunner(synthetic_checkpoint(shape, fmt), 1024, "bf16", prefill_chunk=256)
+    r.prefill(np.arange(16), 0)
+    got, _ = r.prefill_plan(200, 16)
+    plan = prefill_plan(SHAPES[shape], {"default": fmt}, GpuProps.from_device(), 200, 16, n_ctx=1024)
+    assert [L.key() for L in got] == [L.key() for L in plan]
 
 
 @pytest.mark.parametrize("shape,fmt", [("tiny", "Q8_0"), ("tiny", "NVFP4"), ("tiny-moe", "BF16")])

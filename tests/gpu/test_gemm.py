@@ -6,7 +6,7 @@ rows of a T=512 call bit for bit)."""
 import numpy as np
 import pytest
 
-from bw24chat.backends import cuda_weights as cw
+from bw24chat.backends import cuda_weights as cw, tuning
 from tests.gpu.test_dequant_embed import FMTS, block_of, make_weight
 
 
@@ -128,7 +128,7 @@ def test_gemm_wgp_geometries_agree(cp, rng, fmt, stages, bn, precise, monkeypatc
         pytest.skip("a ring this deep does not fit the shared memory (wgp_geometry never picks it)")
     base = run(cp, W, x, 259, impl="wg", precise=precise)
     monkeypatch.setattr(cl, "wgp_geometry", lambda n_out, p, w_lo: (bn, stages, cl.wg_stage_bytes(p, w_lo, bn)))
-    monkeypatch.setattr(cl, "WGP_DEQ_VALUES", 1)  # 256-row blocks: 623 rows take three
+    monkeypatch.setattr(tuning, "GEMM_DEQ_VALUES", 1)  # 256-row blocks: 623 rows take three
     got = run(cp, W, x, 259, impl="wg", precise=precise)
     assert_same_bits(base, got)
     res = rng.standard_normal((259, W.out)).astype(np.float32)
