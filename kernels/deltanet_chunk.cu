@@ -39,7 +39,7 @@
 //     cp.async into one of two slots while the previous phase computes: W (U = U~ - W S, the warp's
 //     16 rows) | Q (exp(gam) Q S) | M (O = that + M U; rows < T stored) | K (the state update).
 //
-// Workspace (cuda_deltanet.chunk_workspace_floats): records of (chunk, h) then of (chunk, kh),
+// Workspace (cuda_deltanet.chunk_workspace_shapes): records of (chunk, h) then of (chunk, kh),
 // float32; the pass's records are rewritten by each layer (layers run in order on one stream).
 //
 // Napkin math (Qwen3.5-9B: Hk 16, Hv 32, DK = DV = 128; a pass of 512 rows = 8 chunks):
@@ -54,11 +54,12 @@
 //   The recurrence instead walks the 512 rows one by one (~300 cycles a row, a dependent chain).
 //   Bound aimed at: the state pass's L2 reads and MMA issue, ~20-40 us a layer, < 1 ms for pp512.
 //
-// Shared memory: deltanet_chunk_prep PREP_SMEM_FLOATS (86 KB at DK = 128), deltanet_chunk_state
-// STATE_SMEM_FLOATS (95 KB at DK = 128, CH_BV = 16: within sm_120's 99 KB; two blocks an SM on
-// sm_90).  DK = 256 needs 148 KB / 166 KB: sm_90 only (cuda_deltanet.chunked_fits).
+// Shared memory: deltanet_chunk_prep PREP_SMEM_FLOATS (84 KB at DK = 128), deltanet_chunk_state
+// STATE_SMEM_FLOATS (93 KB at DK = 128, CH_BV = 16: within sm_120's 99 KB; two blocks an SM on
+// sm_90).  DK = 256 needs 148 KB / 165 KB: sm_90 only (cuda_deltanet.chunked_rows).
 //
-// Defines: DK (key head dim, <= 256), CH_BV (state columns per block: 8, 16 or 32).
+// Defines: DK (key head dim, <= 256), CH_BV (state columns per block: 8, 16 or 32; tuning.py
+// DELTANET_CHUNK_BV).
 #include "deltanet_common.cuh"
 
 #ifndef CH_BV

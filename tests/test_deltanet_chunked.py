@@ -88,12 +88,12 @@ def test_chunked_float32_accuracy():
 
 def test_prefill_rows_run_chunked():
     """cuda_deltanet.chunked_rows: a pass's whole chunks run chunked, its partial last chunk too from
-    CHUNKED_MIN_TAIL rows, else row by row; the chunked kernels' shared memory decides the GPUs
+    DELTANET_CHUNK_MIN_TAIL rows (tuning.py), else row by row; the chunked kernels' shared memory decides the GPUs
     (DK = 128 fits sm_120's 99 KB; DK = 256 needs sm_90's 227 KB)."""
     from bw24chat.backends import cuda_deltanet as dn
     from bw24chat.backends import kernel_build as kb
 
-    m = dn.CHUNKED_MIN_TAIL
+    m = dn.DELTANET_CHUNK_MIN_TAIL
     assert DELTA_CHUNK == dn.GDN_CHUNK
     for T, want in ((1, 0), (m - 1, 0), (m, m), (64, 64), (64 + m - 1, 64), (64 + m, 64 + m), (512, 512), (530, 512)):
         assert dn.chunked_rows(T, 128) == want, T
@@ -109,9 +109,6 @@ def test_chunk_workspace_shapes():
     from bw24chat.backends import cuda_deltanet as dn
 
     spec = DeltaNetSpec(16, 32, 128, 128, 4, 1e-6)
-    shapes = dn.chunk_workspace_shapes(spec, 512)
-    assert shapes == {"ws": (512, 32 * (128 + 128 + 64 + 2)), "qk": (512, 16 * 256)}
-    assert 4 * sum(r * c for r, c in shapes.values()) == 512 // 64 * 4 * 64 * (32 * (128 + 128 + 64 + 2) + 16 * 256)
-    assert dn.chunk_workspace_shapes(DeltaNetSpec(3, 3, 40, 17, 4, 1e-6), 64)["ws"] == (64, 3 * (64 + 32 + 66))
-    with pytest.raises(ValueError, match="multiple of 64"):
-        dn.chunk_workspace_shapes(spec, 100)
+    shapes = dn.chunk_workspace_shapes(spec, 8)
+    assert shapes == {"ws": (8, 32 * 64 * (128 + 128 + 64 + 2)), "qk": (8, 16 * 64 * 256)}
+    assert dn.chunk_workspace_shapes(DeltaNetSpec(3, 3, 40, 17, 4, 1e-6), 1)["ws"] == (1, 3 * 64 * (64 + 32 + 66))

@@ -3,7 +3,7 @@ rule's recurrence, the gated RMSNorm), kernels/deltanet_chunk.cu (the delta rule
 and the recurrent state's place on the device.
 
 Prefill passes (``prefill``) run the delta rule chunked, on tensor cores: every whole chunk of 64
-rows, and the pass's partial last chunk from CHUNKED_MIN_TAIL rows on; shorter tails (and short
+rows, and the pass's partial last chunk from DELTANET_CHUNK_MIN_TAIL rows on (tuning.py); shorter tails (and short
 prompts) and decode steps run the recurrence row by row.  Chunks are counted from the pass's first
 row; the runner starts passes at multiples of 64 rows from a prefill call's first row, so a call's
 results do not depend on how it is split into passes.
@@ -27,17 +27,14 @@ import numpy as np
 from ..ops import DeltaNetSpec
 from .cuda_ops import _launch
 from .kernel_build import get_kernel
+from .tuning import DELTANET_CHUNK_BV, DELTANET_CHUNK_MIN_TAIL
 
 # A verify of up to 8 drafts is 9 rows (speculative.MAX_K + 1, over passes of at most 8): every
 # row of one step keeps its own slot, so a rollback to any position the step covers is exact.
 STATE_SLOTS = 9
 GDN_TT = 32  # deltanet.cu: rows per shared-memory tile
 GDN_CHUNK = 64  # deltanet_chunk.cu: rows per chunk (numpy_backend.DELTA_CHUNK)
-CH_BV = 16  # deltanet_chunk.cu: state columns per block of the state pass (fits sm_120's 99 KB at DK = 128)
-# Planning: the shortest partial chunk (a prefill pass's last T % 64 rows, or a whole short prompt)
-# that runs chunked rather than row by row.  The chunked form costs two launches and one
-# sequential chunk step (~10 us) whatever the rows; the recurrence ~0.2-0.4 us a row.
-CHUNKED_MIN_TAIL = 32
+CH_BV = DELTANET_CHUNK_BV  # deltanet_chunk.cu CH_BV: state columns per block of the state pass
 _CB = 16  # deltanet.cu CB: columns of S per block
 _CONV_NT, _CONV_ROWS = 128, 64  # deltanet.cu: threads and rows per conv block
 
@@ -129,15 +126,14 @@ def _pad32(n: int) -> int:
     return -(-n // 32) * 32
 
 
-def chunk_workspace_shapes(spec: DeltaNetSpec, rows: int) -> dict[str, tuple[int, int]]:
-    """The chunked prefill's float32 workspace for passes of up to ``rows`` rows (a multiple of
-    GDN_CHUNK), as (rows, floats a row) buffers: "ws" the records of (chunk, value head): W (64 x
-    DKP) | U~ (64 x DVP) | M (64 x 64) | exp(gam) | exp(gam_last - gam) (64 each); "qk" those of
-    (chunk, key head): the normalized q | k (64 x DKP each) (deltanet_chunk.cu)."""
-    if rows % GDN_CHUNK:
-        raise ValueError(f"chunked prefill workspace: {rows} rows, a multiple of {GDN_CHUNK} expected")
+def chunk_workspace_shapes(spec: DeltaNetSpec, chunks: int) -> dict[str, tuple[int, int]]:
+    """The chunked prefill's float32 workspace for passes of up to ``chunks`` chunks, as (chunks,
+    floats a chunk) buffers: "ws" the records of (chunk, value head): W (64 x DKP) | U~ (64 x DVP)
+    | M (64 x 64) | exp(gam) | exp(gam_last - gam) (64 each); "qk" those of (chunk, key head): the
+    normalized q | k (64 x DKP each) (deltanet_chunk.cu)."""
     dkp, dvp = _pad32(spec.k_head_dim), _pad32(spec.v_head_dim)
-    return {"ws": (rows, spec.n_v_heads * (dkp + dvp + GDN_CHUNK + 2)), "qk": (rows, spec.n_k_heads * 2 * dkp)}
+    return {"ws": (chunks, spec.n_v_heads * GDN_CHUNK * (dkp + dvp + GDN_CHUNK + 2)),
+            "qk": (chunks, spec.n_k_heads * GDN_CHUNK * 2 * dkp)}
 
 
 def chunk_smem(dk: int) -> tuple[int, int]:
@@ -153,21 +149,21 @@ def chunk_smem(dk: int) -> tuple[int, int]:
 
 def chunked_rows(T: int, dk: int) -> int:
     """Rows of a prefill pass of T rows that run chunked (the first ones): its whole chunks, and
-    its partial last chunk when that has CHUNKED_MIN_TAIL rows or more; none where the GPU's
+    its partial last chunk when that has DELTANET_CHUNK_MIN_TAIL rows or more; none where the GPU's
     block shared memory cannot hold the chunked kernels (DK = 256 before sm_90)."""
     from .kernel_build import smem_block_limit
 
     if max(chunk_smem(dk)) > smem_block_limit():
         return 0
     tail = T % GDN_CHUNK
-    return T if tail >= CHUNKED_MIN_TAIL else T - tail
+    return T if tail >= DELTANET_CHUNK_MIN_TAIL else T - tail
 
 
 def chunked(qkv, b, a, A, dt_bias, spec: DeltaNetSpec, S, o, T: int, ws, qk) -> None:
     """The gated delta rule over T prefill rows in chunks of 64 from row 0 (kernels/deltanet_chunk.cu;
     numpy_backend.gated_delta_rule_chunked_ref): arguments as ``recurrent`` (no checkpoints), and
-    the workspace buffers ``ws`` and ``qk`` (chunk_workspace_shapes, at least T rows rounded up
-    to 64)."""
+    the workspace buffers ``ws`` and ``qk`` (chunk_workspace_shapes, at least T / 64 chunks
+    rounded up)."""
     Hk, Hv, dk, dv = spec.n_k_heads, spec.n_v_heads, spec.k_head_dim, spec.v_head_dim
     if S.shape != (Hv, dv, dk) or o.dtype != np.float32 or o.shape[1:] != (Hv * dv,) or o.strides[0] != 4 * Hv * dv:
         raise ValueError(f"chunked: S ({Hv}, {dv}, {dk}) and o (T, {Hv * dv}) contiguous, got {S.shape}, {o.shape}")
@@ -176,7 +172,7 @@ def chunked(qkv, b, a, A, dt_bias, spec: DeltaNetSpec, S, o, T: int, ws, qk) -> 
     if T == 0:
         return
     n = -(-T // GDN_CHUNK)
-    need = chunk_workspace_shapes(spec, n * GDN_CHUNK)
+    need = chunk_workspace_shapes(spec, n)
     for name, buf in (("ws", ws), ("qk", qk)):
         if buf.dtype != np.float32 or buf.size < need[name][0] * need[name][1] or buf.strides[-1] != 4 \
                 or buf.strides[0] != 4 * buf.shape[-1]:

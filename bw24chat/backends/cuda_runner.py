@@ -308,8 +308,8 @@ class CudaOps(Ops):
         if self.decode:
             dn.recurrent(*args, self.n, *self._slots("ssm_ckpt", layer))
         else:  # chunked on tensor cores, a short tail row by row (cuda_deltanet.prefill)
-            rows = -(-self.n // dn.GDN_CHUNK) * dn.GDN_CHUNK
-            ws = {k: self.r.buffer("p:dn_" + k, rows, cols) for k, (_, cols) in dn.chunk_workspace_shapes(spec, rows).items()}
+            chunks = -(-self.n // dn.GDN_CHUNK)
+            ws = {k: self.r.buffer("p:dn_" + k, chunks, cols) for k, (_, cols) in dn.chunk_workspace_shapes(spec, chunks).items()}
             dn.prefill(*args, self.n, ws["ws"], ws["qk"])
         return o
 

@@ -138,8 +138,7 @@ def test_recurrent_rows_are_single_steps(cp, rng, Hk, Hv, dk, dv, order):
 
 # ============================================================================ the chunked prefill
 def _workspace(cp, spec, T):
-    rows = -(-T // dn.GDN_CHUNK) * dn.GDN_CHUNK
-    return [cp.full(s, np.nan, cp.float32) for s in dn.chunk_workspace_shapes(spec, rows).values()]
+    return [cp.full(s, np.nan, cp.float32) for s in dn.chunk_workspace_shapes(spec, -(-T // dn.GDN_CHUNK)).values()]
 
 
 def _run_chunked(cp, spec, qkv, b, a, A, dt, S0, fn=None):
@@ -202,7 +201,7 @@ def test_chunked_passes_and_determinism(cp, rng, Hk, Hv, dk, dv, order):
 
 @pytest.mark.parametrize("T", [20, 40, 64, 70, 100, 130])
 def test_prefill_pass_then_decode(cp, rng, T):
-    """dn.prefill (whole chunks chunked; a tail chunked from CHUNKED_MIN_TAIL rows, else row by row)
+    """dn.prefill (whole chunks chunked; a tail chunked from DELTANET_CHUNK_MIN_TAIL rows, else row by row)
     then decode steps (the recurrence, from the state the prefill left) against the recurrence in
     float64 over all rows: the decode rows carry the prefill state's error, no more."""
     spec = DeltaNetSpec(16, 32, 128, 128, 4, 1e-6)
@@ -210,7 +209,7 @@ def test_prefill_pass_then_decode(cp, rng, T):
     qkv, b, a, A, dt, S0 = _deltanet_inputs(rng, spec, T + n_dec)
     ref, ref_S = gated_delta_rule_ref(*_f64(qkv, b, a, A, dt), spec, np.asarray(S0, np.float64))
     o, S = _run_chunked(cp, spec, qkv[:T], b[:T], a[:T], A, dt, S0, fn=dn.prefill)
-    assert dn.chunked_rows(T, spec.k_head_dim) == (T if T % 64 >= dn.CHUNKED_MIN_TAIL else T - T % 64)
+    assert dn.chunked_rows(T, spec.k_head_dim) == (T if T % 64 >= dn.DELTANET_CHUNK_MIN_TAIL else T - T % 64)
     outs = [o]
     for t in range(T, T + n_dec):
         o, S = _run_recurrent(cp, spec, qkv[t:t + 1], b[t:t + 1], a[t:t + 1], A, dt, S)
