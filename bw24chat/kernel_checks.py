@@ -287,9 +287,10 @@ def check_sampling(cp, rng) -> list[tuple]:
 
 
 def check_deltanet(cp, rng) -> list[tuple]:
-    """deltanet.cu at Qwen3.5-9B's heads (16 key, 32 value heads of 128) and an odd shape: conv1d
-    and the delta rule's recurrence against float64 over a pass that spans tiles, the pass's rows
-    bit-equal to one-row launches (decode = prefill), the gated RMSNorm."""
+    """deltanet.cu and deltanet_chunk.cu at Qwen3.5-9B's heads (16 key, 32 value heads of 128) and
+    an odd shape: conv1d and the delta rule's recurrence against float64 over a pass that spans
+    tiles, the pass's rows bit-equal to one-row launches (decode steps), the chunked prefill
+    against float64, the gated RMSNorm."""
     from .backends import cuda_deltanet as dn
     from .backends.numpy_backend import causal_conv1d_ref, gated_delta_rule_ref, gated_rmsnorm_ref
     from .ops import DeltaNetSpec
@@ -327,6 +328,17 @@ def check_deltanet(cp, rng) -> list[tuple]:
             np.array_equal(cp.asnumpy(S1).view(np.uint32), S.view(np.uint32))
         out.append((f"deltanet recurrence {tag} T={T}", f"rel {err:.1e}, rows {'bit-equal' if same else 'DIFFER'}",
                     "1e-4, equal", err <= 1e-4 and same))
+        # the chunked prefill (deltanet_chunk.cu) over 2 whole chunks and a partial one
+        Tc = 150
+        qc = rng.standard_normal((Tc, C)).astype(np.float32)
+        bc, ac = rng.standard_normal((Tc, Hv)).astype(np.float32), (3 * rng.standard_normal((Tc, Hv))).astype(np.float32)
+        ref_o, ref_S = gated_delta_rule_ref(f64(qc), f64(bc), f64(ac), f64(A), f64(dt), spec,
+                                            np.zeros((Hv, spec.k_head_dim, spec.v_head_dim)))
+        ws = [cp.empty(s, cp.float32) for s in dn.chunk_workspace_shapes(spec, 3).values()]
+        S, o = cp.zeros(shape, cp.float32), cp.full((Tc, Hv * spec.v_head_dim), np.nan, cp.float32)
+        dn.chunked(cp.asarray(qc), cp.asarray(bc), cp.asarray(ac), *args[2:], spec, S, o, Tc, *ws)
+        err = max(_rel(cp.asnumpy(o), ref_o), _rel(cp.asnumpy(S).transpose(0, 2, 1), ref_S))
+        out.append((f"deltanet chunked prefill {tag} T={Tc}", f"rel {err:.1e}", "5e-5", err <= 5e-5))
         z = rng.standard_normal((T, Hv * spec.v_head_dim)).astype(np.float32)
         nw = rng.uniform(0.5, 1.5, spec.v_head_dim).astype(np.float32)
         g = cp.full((T, Hv * spec.v_head_dim), np.nan, cp.float32)

@@ -2,7 +2,9 @@
 // arXiv:2412.06464; transformers modeling_qwen3_next.py Qwen3NextGatedDeltaNet): the causal
 // depthwise conv1d with its rolling state, the gated delta rule's recurrence, and the gated
 // RMSNorm of its output.  One pass runs T consecutive rows of one sequence: a decode step of
-// m = 1..8 rows, or a prefill chunk; the same kernels and the same per-row arithmetic serve both.
+// m = 1..8 rows, or a prefill chunk.  The conv and the norm serve both alike; the recurrence
+// serves decode steps and the rows of a prefill pass that deltanet_chunk.cu (the chunked form, on
+// tensor cores) leaves to it: a short prompt, a pass's short tail (cuda_deltanet.prefill).
 //
 // Shape legend: T rows, Hk key heads, Hv value heads (a multiple of Hk), DK key head dim, DV value
 // head dim, C = 2 Hk DK + Hv DV conv channels (q | k | v), KC conv taps.
@@ -56,17 +58,13 @@
 //   2 MiB checkpoint per row, against ~68 MB of the layer's Q8_0 weights (qkv 8192 x 4096, z and
 //   out 4096 x 4096): ~6-9 % more bytes than the matvecs read; ~3.7 Mflop per row.  256 blocks
 //   of 4 warps: each row's critical path is two 16-term sums and two 3-level butterflies.
-//   Prefill: the same recurrence, token by token (~300 cycles a row): 512 rows take ~0.1 ms per
-//   layer, ~2 ms of a pp512 whose GEMMs take ~20 ms at the 25k tok/s target.  The chunked (WY)
-//   form on tensor cores would cut that to a fraction, at the price of prefill rows that differ
-//   from decode rows by rounding; this form keeps prefill = decode exactly for these kernels.
+//   Rows of a prefill pass that run here: the same recurrence, token by token (~300 cycles a row,
+//   a dependent chain); whole 64-row chunks run deltanet_chunk.cu instead, whose rows differ from
+//   this kernel's by rounding (~1e-6 relative).
 //
 // Defines: DK (key head dim, <= 256), KC (conv taps, 2..8), GDN_TT (rows per shared-memory tile).
-#include "common.cuh"
+#include "deltanet_common.cuh"
 
-#ifndef DK
-#define DK 128
-#endif
 #ifndef KC
 #define KC 4
 #endif
@@ -80,12 +78,9 @@
 #define CPW (32 / LPC)                             // columns per warp
 #define GDN_WARPS 4
 #define CB (GDN_WARPS * CPW)                       // columns per block
-#define DKP ((DK + 4 * LPC - 1) / (4 * LPC) * (4 * LPC))  // DK padded to whole float4 groups of the 8 lanes
-#define RPL (DKP / (4 * LPC))                      // float4 groups a lane holds
-#define NRM (DKP / 32)                             // values a lane sums for S(q), S(k)
+#define RPL (DKP / (4 * LPC))                      // float4 groups a lane holds (DKP: whole float4 groups of the 8 lanes)
 #define GN_WARPS 4
 
-static_assert(DK >= 1 && DK <= 256, "DK: 1..256");
 static_assert(KC >= 2 && KC <= 8 && KC - 1 <= CONV_ROWS, "KC: 2..8");
 
 // ============================================================================ conv1d
@@ -137,22 +132,6 @@ deltanet_conv(const float* __restrict__ x, int ldx, const float* __restrict__ w,
 }
 
 // ============================================================================ the delta rule
-// dst[i] = (x[i] / sqrt(S(x) + 1e-6)) * scale for i < DK, zeros up to DKP (one warp).
-BW24_DEVICE void l2norm_row(const float* __restrict__ x, float* __restrict__ dst, float scale, int lane) {
-    float v[NRM];
-    float ss = 0.0f;
-#pragma unroll
-    for (int u = 0; u < NRM; ++u) {
-        const int i = lane + 32 * u;
-        v[u] = i < DK ? x[i] : 0.0f;
-        ss = __fadd_rn(ss, __fmul_rn(v[u], v[u]));
-    }
-    ss = warp_sum(ss);
-    const float nrm = __fsqrt_rn(__fadd_rn(ss, 1e-6f));
-#pragma unroll
-    for (int u = 0; u < NRM; ++u) dst[lane + 32 * u] = __fmul_rn(__fdiv_rn(v[u], nrm), scale);
-}
-
 // The sum over the 8 lanes of a column (xor 4, 2, 1): every lane gets the same bits.
 BW24_DEVICE float column_sum(float v) {
 #pragma unroll
@@ -231,9 +210,7 @@ deltanet_recurrent(const float* __restrict__ qkv, int ldq, const float* __restri
             if (lane == 0) {
                 const long long t = t0 + tt;
                 bts[tt] = sigmoid(bproj[t * ldb + h]);
-                const float x = __fadd_rn(aproj[t * lda + h], dtb);
-                const float sp = x > 20.0f ? x : log1pf(expf(fminf(x, 20.0f)));
-                egs[tt] = expf(__fmul_rn(A, sp));
+                egs[tt] = expf(gdn_log_decay(aproj[t * lda + h], dtb, A));
             }
         }
         __syncthreads();

@@ -146,6 +146,10 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("deltanet", {"DK": 256}),
     ("deltanet", {"DK": 40, "KC": 3}),
     ("deltanet", {"DK": 8, "KC": 2}),
+    # its chunked prefill (deltanet_chunk.cu): the production CH_BV and the other column counts
+    ("deltanet_chunk", {"DK": 256, "CH_BV": 16}),
+    ("deltanet_chunk", {"DK": 40, "CH_BV": 8}),
+    ("deltanet_chunk", {"DK": 128, "CH_BV": 32}),
     # MoE expert kernels (moe_experts.cu): every resident format at its production geometry
     *[("moe_experts", d) for d in production_moe_builds()],
     # the grouped MoE prefill (moe_group.cu): every format on its contract's planes, both tiles,
@@ -228,9 +232,15 @@ def test_moe_builds_do_not_spill(defines, arch):
                                      {"DK": 64, "KC": 8}], ids=lambda d: f"DK{d['DK']}-KC{d['KC']}")
 def test_deltanet_builds_do_not_spill(arch, defines):
     """ptxas's report on deltanet.cu's kernels: no spills (the recurrence keeps a lane's part of S,
-    DK / 8 values, in registers for the whole pass; the conv its KC taps and window)."""
-    _, log = kb.compile_cubin("deltanet", arch, defines, extra=("-Xptxas=-v",))
-    for fn in ("deltanet_conv", "deltanet_recurrent", "deltanet_gated_norm"):
-        i = log.index(f"Function properties for {fn}")
-        props = log[i:log.index("\n", log.index("\n", i) + 1)]
-        assert " 0 bytes spill stores" in props, (fn, props)
+    DK / 8 values, in registers for the whole pass; the conv its KC taps and window); and on
+    deltanet_chunk.cu's at the same DK (the state pass keeps its tiles of S and of Q S in registers)."""
+    from bw24chat.backends.cuda_deltanet import CH_BV
+
+    builds = (("deltanet", defines, ("deltanet_conv", "deltanet_recurrent", "deltanet_gated_norm")),
+              ("deltanet_chunk", {"DK": defines["DK"], "CH_BV": CH_BV}, ("deltanet_chunk_prep", "deltanet_chunk_state")))
+    for family, defs, fns in builds:
+        _, log = kb.compile_cubin(family, arch, defs, extra=("-Xptxas=-v",))
+        for fn in fns:
+            i = log.index(f"Function properties for {fn}")
+            props = log[i:log.index("\n", log.index("\n", i) + 1)]
+            assert " 0 bytes spill stores" in props, (fn, props)

@@ -3,7 +3,8 @@
 Each kernel that takes dynamic shared memory names its total in a macro next to its layout
 (gemm_mma.cu GM_SMEM_BYTES, gemm_wgmma.cu WGP_SMEM_BYTES / WRA_SMEM_BYTES, gemm_i8.cu
 I8_SMEM_BYTES / IM_SMEM_BYTES, moe_group.cu GG_SMEM_BYTES / GI_SMEM_BYTES; attention_decode.cu DECODE_SMEM, attention_decode_tc.cu
-DECODE_TC_SMEM, attention_prefill.cu PREFILL_SMEM); the Python launch code computes the size it
+DECODE_TC_SMEM, attention_prefill.cu PREFILL_SMEM, deltanet_chunk.cu PREP_SMEM_FLOATS /
+STATE_SMEM_FLOATS); the Python launch code computes the size it
 passes on its own.  Here each kernel is compiled (NVRTC, sm_90a, the wrapper's defines) with a
 static_assert that the two agree.  Why: a hand-summed stage size once overran a ring's
 allocation, which only a GPU run showed (illegal addresses).
@@ -83,7 +84,19 @@ def attention_cases():
     return out
 
 
-@pytest.mark.parametrize("family,defines,macro,host", gemm_cases() + attention_cases(),
+def deltanet_cases():
+    """deltanet_chunk.cu's two kernels at the key head dims the models use and odd ones."""
+    from bw24chat.backends import cuda_deltanet as dn
+
+    out = []
+    for dk in (128, 256, 40, 8):
+        prep, state = dn.chunk_smem(dk)
+        defs = {"DK": dk, "CH_BV": dn.CH_BV}
+        out += [("deltanet_chunk", defs, "4 * PREP_SMEM_FLOATS", prep), ("deltanet_chunk", defs, "4 * STATE_SMEM_FLOATS", state)]
+    return out
+
+
+@pytest.mark.parametrize("family,defines,macro,host", gemm_cases() + attention_cases() + deltanet_cases(),
                          ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
 def test_shared_memory_matches_the_wrapper(family, defines, macro, host):
     assert_equal(family, defines, macro, host)

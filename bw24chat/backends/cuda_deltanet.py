@@ -1,5 +1,12 @@
 """Launch wrappers for kernels/deltanet.cu (the gated DeltaNet: the causal conv1d, the gated delta
-rule's recurrence, the gated RMSNorm) and the recurrent state's place on the device.
+rule's recurrence, the gated RMSNorm), kernels/deltanet_chunk.cu (the delta rule's chunked prefill)
+and the recurrent state's place on the device.
+
+Prefill passes (``prefill``) run the delta rule chunked, on tensor cores: every whole chunk of 64
+rows, and the pass's partial last chunk from DELTANET_CHUNK_MIN_TAIL rows on (tuning.py); shorter tails (and short
+prompts) and decode steps run the recurrence row by row.  Chunks are counted from the pass's first
+row; the runner starts passes at multiples of 64 rows from a prefill call's first row, so a call's
+results do not depend on how it is split into passes.
 
 One sequence's state, float32, zeros at the sequence's start, one slab per DeltaNet layer (n):
   conv       (n, KC - 1, C)       the conv's last KC - 1 input rows (NumpyRecurrentState.conv)
@@ -20,11 +27,14 @@ import numpy as np
 from ..ops import DeltaNetSpec
 from .cuda_ops import _launch
 from .kernel_build import get_kernel
+from .tuning import DELTANET_CHUNK_BV, DELTANET_CHUNK_MIN_TAIL
 
 # A verify of up to 8 drafts is 9 rows (speculative.MAX_K + 1, over passes of at most 8): every
 # row of one step keeps its own slot, so a rollback to any position the step covers is exact.
 STATE_SLOTS = 9
 GDN_TT = 32  # deltanet.cu: rows per shared-memory tile
+GDN_CHUNK = 64  # deltanet_chunk.cu: rows per chunk (numpy_backend.DELTA_CHUNK)
+CH_BV = DELTANET_CHUNK_BV  # deltanet_chunk.cu CH_BV: state columns per block of the state pass
 _CB = 16  # deltanet.cu CB: columns of S per block
 _CONV_NT, _CONV_ROWS = 128, 64  # deltanet.cu: threads and rows per conv block
 
@@ -110,6 +120,82 @@ def recurrent(qkv, b, a, A, dt_bias, spec: DeltaNetSpec, S, o, T: int, positions
              np.int32(Hk), np.int32(Hv), np.int32(dv), np.int32(spec.v_head_order == "tiled"),
              np.float32(1.0 / np.sqrt(dk)), _ptr(positions), ck, stride, np.int32(STATE_SLOTS)),
             smem=recurrent_smem(dk))
+
+
+def _pad32(n: int) -> int:
+    return -(-n // 32) * 32
+
+
+def chunk_workspace_shapes(spec: DeltaNetSpec, chunks: int) -> dict[str, tuple[int, int]]:
+    """The chunked prefill's float32 workspace for passes of up to ``chunks`` chunks, as (chunks,
+    floats a chunk) buffers: "ws" the records of (chunk, value head): W (64 x DKP) | U~ (64 x DVP)
+    | M (64 x 64) | exp(gam) | exp(gam_last - gam) (64 each); "qk" those of (chunk, key head): the
+    normalized q | k (64 x DKP each) (deltanet_chunk.cu)."""
+    dkp, dvp = _pad32(spec.k_head_dim), _pad32(spec.v_head_dim)
+    return {"ws": (chunks, spec.n_v_heads * GDN_CHUNK * (dkp + dvp + GDN_CHUNK + 2)),
+            "qk": (chunks, spec.n_k_heads * GDN_CHUNK * 2 * dkp)}
+
+
+def chunk_smem(dk: int) -> tuple[int, int]:
+    """Dynamic shared memory (bytes) of deltanet_chunk_prep and deltanet_chunk_state
+    (deltanet_chunk.cu PREP_SMEM_FLOATS, STATE_SMEM_FLOATS x 4)."""
+    dkp = _pad32(dk)
+    ldk, ldm, ldu = dkp + 4, GDN_CHUNK + 4, CH_BV + 8
+    prep = 64 * ldk + max(64 * ldk, 64 * ldm + 768) + 64 * ldm + 5 * 64
+    main = 64 * max(ldk, ldm)
+    state = 2 * (main + 64 * ldu + 128) + 64 * ldu + CH_BV * ldk
+    return 4 * prep, 4 * state
+
+
+def chunked_rows(T: int, dk: int) -> int:
+    """Rows of a prefill pass of T rows that run chunked (the first ones): its whole chunks, and
+    its partial last chunk when that has DELTANET_CHUNK_MIN_TAIL rows or more; none where the GPU's
+    block shared memory cannot hold the chunked kernels (DK = 256 before sm_90)."""
+    from .kernel_build import smem_block_limit
+
+    if max(chunk_smem(dk)) > smem_block_limit():
+        return 0
+    tail = T % GDN_CHUNK
+    return T if tail >= DELTANET_CHUNK_MIN_TAIL else T - tail
+
+
+def chunked(qkv, b, a, A, dt_bias, spec: DeltaNetSpec, S, o, T: int, ws, qk) -> None:
+    """The gated delta rule over T prefill rows in chunks of 64 from row 0 (kernels/deltanet_chunk.cu;
+    numpy_backend.gated_delta_rule_chunked_ref): arguments as ``recurrent`` (no checkpoints), and
+    the workspace buffers ``ws`` and ``qk`` (chunk_workspace_shapes, at least T / 64 chunks
+    rounded up)."""
+    Hk, Hv, dk, dv = spec.n_k_heads, spec.n_v_heads, spec.k_head_dim, spec.v_head_dim
+    if S.shape != (Hv, dv, dk) or o.dtype != np.float32 or o.shape[1:] != (Hv * dv,) or o.strides[0] != 4 * Hv * dv:
+        raise ValueError(f"chunked: S ({Hv}, {dv}, {dk}) and o (T, {Hv * dv}) contiguous, got {S.shape}, {o.shape}")
+    ldq = _rows(qkv, T, spec.conv_dim, "chunked qkv")
+    ldb, lda = _rows(b, T, Hv, "chunked b"), _rows(a, T, Hv, "chunked a")
+    if T == 0:
+        return
+    n = -(-T // GDN_CHUNK)
+    need = chunk_workspace_shapes(spec, n)
+    for name, buf in (("ws", ws), ("qk", qk)):
+        if buf.dtype != np.float32 or buf.size < need[name][0] * need[name][1] or buf.strides[-1] != 4 \
+                or buf.strides[0] != 4 * buf.shape[-1]:
+            raise ValueError(f"chunked: workspace {name} of {need[name]} contiguous float32, got {buf.shape}")
+    prep_smem, state_smem = chunk_smem(dk)
+    _launch(get_kernel("deltanet_chunk", "deltanet_chunk_prep", DK=dk, CH_BV=CH_BV), (n, Hv), (128,),
+            (qkv, np.int32(ldq), b, np.int32(ldb), a, np.int32(lda), A, dt_bias, np.int32(T), np.int32(Hk),
+             np.int32(Hv), np.int32(dv), np.int32(spec.v_head_order == "tiled"), np.float32(1.0 / np.sqrt(dk)), ws, qk),
+            smem=prep_smem)
+    _launch(get_kernel("deltanet_chunk", "deltanet_chunk_state", DK=dk, CH_BV=CH_BV), (-(-dv // CH_BV), Hv), (128,),
+            (ws, qk, S, o, np.int32(Hv * dv), np.int32(T), np.int32(Hk), np.int32(Hv), np.int32(dv),
+             np.int32(spec.v_head_order == "tiled")),
+            smem=state_smem)
+
+
+def prefill(qkv, b, a, A, dt_bias, spec: DeltaNetSpec, S, o, T: int, ws, qk) -> None:
+    """The gated delta rule over a prefill pass of T rows: its first chunked_rows(T) rows chunked,
+    the rest (a short tail) row by row after them, on the state the chunks leave."""
+    n = chunked_rows(T, spec.k_head_dim)
+    if n:
+        chunked(qkv, b, a, A, dt_bias, spec, S, o, n, ws, qk)
+    if n < T:
+        recurrent(qkv[n:], b[n:], a[n:], A, dt_bias, spec, S, o[n:], T - n)
 
 
 def gated_norm(x, z, w, eps: float, out, spec: DeltaNetSpec, T: int) -> None:

@@ -39,7 +39,8 @@ step's kernels also write the state before each row into a checkpoint slot, so t
 any position the latest step covers restores it exactly (speculative verify); any other rollback
 recomputes it from the ids through the prefill path.  A DeltaNet layer decodes in 8 launches: the
 qkv, b and a matvecs (rmsnorm prologue), conv1d, the recurrence, the z matvec, the gated norm, the
-out matvec (+x).
+out matvec (+x).  Prefill runs the delta rule chunked (64-row chunks on tensor cores, a short tail
+row by row: cuda_deltanet.prefill), so a hybrid model's prefill passes are multiples of 64 rows.
 """
 from __future__ import annotations
 
@@ -325,8 +326,13 @@ class CudaOps(Ops):
 
     def gated_delta_rule(self, qkv, b, a, A, dt_bias, spec, layer: int):
         o = self.buf("ssm_o", spec.n_v_heads * spec.v_head_dim)
-        dn.recurrent(self._value(qkv), self._input(b)["x"], self._input(a)["x"], A, dt_bias, spec,
-                     self.r.dn_state["ssm"][layer], o, self.n, *self._slots("ssm_ckpt", layer))
+        args = (self._value(qkv), self._input(b)["x"], self._input(a)["x"], A, dt_bias, spec, self.r.dn_state["ssm"][layer], o)
+        if self.decode:
+            dn.recurrent(*args, self.n, *self._slots("ssm_ckpt", layer))
+        else:  # chunked on tensor cores, a short tail row by row (cuda_deltanet.prefill)
+            chunks = -(-self.n // dn.GDN_CHUNK)
+            ws = {k: self.r.buffer("p:dn_" + k, chunks, cols) for k, (_, cols) in dn.chunk_workspace_shapes(spec, chunks).items()}
+            dn.prefill(*args, self.n, ws["ws"], ws["qk"])
         return o
 
     def gated_rmsnorm(self, x, z, w, spec):
@@ -428,6 +434,10 @@ class CudaRunner:
         self.vocab_size = a.vocab_size
         self.kv_type = kv_type
         self.prefill_chunk = prefill_chunk
+        if hasattr(a, "deltanet_spec") and prefill_chunk % dn.GDN_CHUNK:
+            # passes start at the delta rule's chunk boundaries (cuda_deltanet.prefill): a call's
+            # results then do not depend on its passes
+            raise ValueError(f"prefill_chunk {prefill_chunk}: a multiple of {dn.GDN_CHUNK} for a hybrid model")
         self.use_graph = use_graph
         # the matmul inputs' contract, one for prefill and decode (the decode graphs are captured
         # with it): "f32" keeps them exact (prefill and decode logits ~1e-5 apart); "bf16" rounds
@@ -562,6 +572,8 @@ class CudaRunner:
         chunk = chunk or self.prefill_chunk
         if chunk > self.prefill_chunk:
             raise ValueError(f"chunk {chunk} > the buffers' {self.prefill_chunk}")
+        if self.dn_state is not None and chunk % dn.GDN_CHUNK:
+            raise ValueError(f"chunk {chunk}: a multiple of {dn.GDN_CHUNK} for a hybrid model (cuda_deltanet.prefill)")
         ids = np.asarray(ids)
         with self.stream:
             outs = [self._prefill_chunk(ids[s: s + chunk], start + s, True) for s in range(0, len(ids), chunk)]

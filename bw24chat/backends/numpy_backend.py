@@ -171,10 +171,11 @@ def causal_conv1d_ref(x: np.ndarray, w: np.ndarray, state: np.ndarray) -> tuple[
     return silu(acc), xs[T:]
 
 
-def gated_delta_rule_ref(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.ndarray, dt_bias: np.ndarray,
-                         spec: DeltaNetSpec, S: np.ndarray, states: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(o (T, Hv * dv), the new S) of ops.gated_delta_rule from the state S (Hv, dk, dv); ``states``
-    (a list) receives a copy of S before each row (the CUDA runner's checkpoints)."""
+def delta_rule_inputs(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.ndarray, dt_bias: np.ndarray,
+                      spec: DeltaNetSpec) -> tuple:
+    """(q, k (T, Hv, dk), v (T, Hv, dv), beta, g (T, Hv)) of ops.gated_delta_rule: q and k
+    l2-normalized (q scaled by 1 / sqrt(dk)) and repeated to the value heads, beta = sigmoid(b),
+    g = A * softplus(a + dt_bias) (the log of the row's decay)."""
     T, Hk, Hv, dk, dv = len(qkv), spec.n_k_heads, spec.n_v_heads, spec.k_head_dim, spec.v_head_dim
     f = qkv.dtype.type
     q = qkv[:, :Hk * dk].reshape(T, Hk, dk)
@@ -191,6 +192,15 @@ def gated_delta_rule_ref(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.nd
     beta = sigmoid(b)
     x = a + dt_bias  # softplus as torch's (threshold 20)
     g = A * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+    return q, k, v, beta, g
+
+
+def gated_delta_rule_ref(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.ndarray, dt_bias: np.ndarray,
+                         spec: DeltaNetSpec, S: np.ndarray, states: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(o (T, Hv * dv), the new S) of ops.gated_delta_rule from the state S (Hv, dk, dv); ``states``
+    (a list) receives a copy of S before each row (the CUDA runner's checkpoints)."""
+    T, Hv, dv = len(qkv), spec.n_v_heads, spec.v_head_dim
+    q, k, v, beta, g = delta_rule_inputs(qkv, b, a, A, dt_bias, spec)
     o = np.empty((T, Hv, dv), qkv.dtype)
     for t in range(T):
         if states is not None:
@@ -200,6 +210,50 @@ def gated_delta_rule_ref(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.nd
         delta = (v[t] - kv_mem) * beta[t][:, None]
         S = S + k[t][:, :, None] * delta[:, None, :]
         o[t] = (S * q[t][:, :, None]).sum(axis=1)
+    return o.reshape(T, Hv * dv), S
+
+
+DELTA_CHUNK = 64  # rows per chunk of the chunked form (kernels/deltanet_chunk.cu GDN_CHUNK)
+
+
+def gated_delta_rule_chunked_ref(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, A: np.ndarray,
+                                 dt_bias: np.ndarray, spec: DeltaNetSpec, S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """gated_delta_rule_ref's (o, new S) in the chunked (WY / UT-transform) form of the gated
+    delta rule (Yang, Kautz & Hatamizadeh 2024, "Gated Delta Networks", arXiv:2412.06464, sec. 3;
+    flash-linear-attention's chunk_gated_delta_rule): the same function of the inputs up to
+    rounding, computed per chunk of DELTA_CHUNK rows counted from the first row (the last chunk
+    may be shorter), in the inputs' dtype.  Per chunk and head, with S the state before it:
+      gam_t = g_1 + ... + g_t (within the chunk), last = the chunk's last row;
+      A[t, s] = beta_t exp(gam_t - gam_s) (k_t . k_s) for s < t, else 0;  Tm = (I + A)^-1;
+      W = Tm diag(beta exp(gam)) K,  U~ = Tm diag(beta) V        (the row-wise deltas are
+      U = U~ - W S: row t's beta_t (v_t - (exp(g_t) S_{t-1})^T k_t), as the recurrence's);
+      M[t, s] = exp(gam_t - gam_s) (q_t . k_s) for s <= t, else 0;
+      O = diag(exp(gam)) Q S + M U;   S = exp(gam_last) S + K^T diag(exp(gam_last - gam)) U.
+    Every exponent is a difference gam_t - gam_s with s <= t (or gam itself): <= 0, no overflow
+    however strong the decay.  kernels/deltanet_chunk.cu computes exactly these quantities."""
+    T, Hv, dv = len(qkv), spec.n_v_heads, spec.v_head_dim
+    q, k, v, beta, g = delta_rule_inputs(qkv, b, a, A, dt_bias, spec)
+    o = np.empty((T, Hv, dv), qkv.dtype)
+    for c0 in range(0, T, DELTA_CHUNK):
+        c1 = min(T, c0 + DELTA_CHUNK)
+        n = c1 - c0
+        # per head: (Hv, n, .)
+        qc, kc, vc = (x[c0:c1].transpose(1, 0, 2) for x in (q, k, v))
+        bc, gam = beta[c0:c1].T, np.cumsum(g[c0:c1].T, axis=1)
+        lower = np.tril(np.ones((n, n), bool))
+        diff = np.where(lower, gam[:, :, None] - gam[:, None, :], 0)  # gam_t - gam_s, s <= t
+        decay = np.where(lower, np.exp(diff), 0)
+        strict = decay * ~np.eye(n, dtype=bool)
+        Am = bc[:, :, None] * strict * (kc @ kc.transpose(0, 2, 1))
+        eye = np.eye(n, dtype=qkv.dtype)
+        eq = np.exp(gam)  # (Hv, n)
+        W = np.linalg.solve(eye + Am, (bc * eq)[:, :, None] * kc)
+        Ut = np.linalg.solve(eye + Am, bc[:, :, None] * vc)
+        U = Ut - W @ S
+        M = decay * (qc @ kc.transpose(0, 2, 1))
+        o[c0:c1] = (eq[:, :, None] * (qc @ S) + M @ U).transpose(1, 0, 2)
+        ek = np.exp(gam[:, -1:] - gam)
+        S = eq[:, -1, None, None] * S + kc.transpose(0, 2, 1) @ (ek[:, :, None] * U)
     return o.reshape(T, Hv * dv), S
 
 

@@ -153,3 +153,15 @@ GROUPED_GEMM_TILES = (64, 128)
 # rows of a weight dequantized per gemm_wgp launch, in values (128 MB of bf16 per plane): smaller
 # blocks split a 4096 x 12288 down projection into 80- and 48-block launches (SMs idle)
 GEMM_DEQ_VALUES = 64 * 1024 * 1024
+
+
+# ============================================================================ prefill: deltanet_chunk.cu
+# The gated delta rule's prefill (cuda_deltanet.chunked_rows, chunk_smem): a prefill pass runs its
+# whole 64-row chunks chunked on tensor cores, and its partial last chunk too when it has at least
+# DELTANET_CHUNK_MIN_TAIL rows; shorter tails (and prompts) run the recurrence row by row (~0.2-0.4
+# us a row, one launch) rather than pay the chunked form's two launches and sequential chunk step
+# (~10 us whatever the rows).  Estimated, not yet measured on a GPU.  DELTANET_CHUNK_BV: state
+# columns per block of the state pass (deltanet_chunk.cu CH_BV): 16 fits sm_120's 99 KB at key
+# head dim 128 and gives the 9B shape's 32 heads 256 blocks, two per SM on sm_90.
+DELTANET_CHUNK_MIN_TAIL = 32
+DELTANET_CHUNK_BV = 16

@@ -1,16 +1,20 @@
-"""kernels/deltanet.cu (cuda_deltanet.py) against float64 references (numpy_backend's DeltaNet
-functions on float64 inputs): the conv1d and its state, the gated delta rule's recurrence (decode
-rows and prefill passes: the same bits row for row; the checkpoint slots), the gated RMSNorm;
+"""kernels/deltanet.cu and deltanet_chunk.cu (cuda_deltanet.py) against float64 references
+(numpy_backend's DeltaNet functions on float64 inputs): the conv1d and its state, the gated delta
+rule's recurrence (decode rows and short passes: the same bits row for row; the checkpoint slots),
+its chunked prefill (against the recurrence in float64, passes at chunk multiples bit for bit,
+decode continuing from its state), the gated RMSNorm;
 the gated attention's output gate and gated q layout (elementwise.cu, rope.cu Q_GATED), the gated
 shared expert; and the hybrid models (synthetic "tiny-qwen3.5", "tiny-qwen3.5-moe") on the CUDA
 runner: against the NumPy runner, m-row steps = one-row steps, exact rollback, chunk invariance,
-the speculative gate.  Fresh random inputs, odd sizes (head counts, dims, T across the tiles)."""
+the speculative gate.  Fresh random inputs, odd sizes (head counts, dims, T across the tiles and
+the chunks)."""
 import numpy as np
 import pytest
 
 from bw24chat.api import SamplingParams
 from bw24chat.backends import cuda_deltanet as dn
-from bw24chat.backends.numpy_backend import causal_conv1d_ref, gated_delta_rule_ref, gated_rmsnorm_ref, sigmoid
+from bw24chat.backends.numpy_backend import (causal_conv1d_ref, gated_delta_rule_chunked_ref, gated_delta_rule_ref,
+                                             gated_rmsnorm_ref, sigmoid)
 from bw24chat.ops import DeltaNetSpec
 
 
@@ -132,6 +136,90 @@ def test_recurrent_rows_are_single_steps(cp, rng, Hk, Hv, dk, dv, order):
     assert np.isnan(got[(108 % dn.STATE_SLOTS), layer]).all() and np.isnan(got[:, 0]).all()
 
 
+# ============================================================================ the chunked prefill
+def _workspace(cp, spec, T):
+    return [cp.full(s, np.nan, cp.float32) for s in dn.chunk_workspace_shapes(spec, -(-T // dn.GDN_CHUNK)).values()]
+
+
+def _run_chunked(cp, spec, qkv, b, a, A, dt, S0, fn=None):
+    """(o, S in the reference's layout) of dn.chunked (or dn.prefill) over all rows from S0."""
+    T = len(qkv)
+    S = cp.asarray(np.ascontiguousarray(S0.transpose(0, 2, 1)))
+    o = cp.full((T, spec.n_v_heads * spec.v_head_dim), np.nan, cp.float32)
+    (fn or dn.chunked)(cp.asarray(qkv), cp.asarray(b), cp.asarray(a), cp.asarray(A), cp.asarray(dt), spec, S, o, T,
+                       *_workspace(cp, spec, T))
+    return o.get(), S.get().transpose(0, 2, 1)
+
+
+def _f64(*xs):
+    return [np.asarray(x, np.float64) for x in xs]
+
+
+@pytest.mark.parametrize("Hk,Hv,dk,dv,order", SPECS)
+@pytest.mark.parametrize("T", [1, 45, 64, 77, 200, 512])
+def test_chunked_matches_float64(cp, rng, Hk, Hv, dk, dv, order, T):
+    """o and the state of deltanet_chunk.cu against the recurrence in float64 (and its chunked form:
+    the same function); rows past a partial chunk leave nothing behind (NaN-filled workspace)."""
+    spec = DeltaNetSpec(Hk, Hv, dk, dv, 4, 1e-6, order)
+    qkv, b, a, A, dt, S0 = _deltanet_inputs(rng, spec, T)
+    ref, ref_S = gated_delta_rule_ref(*_f64(qkv, b, a, A, dt), spec, np.asarray(S0, np.float64))
+    ref_c, ref_cS = gated_delta_rule_chunked_ref(*_f64(qkv, b, a, A, dt), spec, np.asarray(S0, np.float64))
+    assert _rel(ref_c, ref) < 1e-10 and _rel(ref_cS, ref_S) < 1e-10
+    o, S = _run_chunked(cp, spec, qkv, b, a, A, dt, S0)
+    assert np.isfinite(o).all() and np.isfinite(S).all()
+    assert _rel(o, ref) < 5e-5, _rel(o, ref)
+    assert _rel(S, ref_S) < 5e-5, _rel(S, ref_S)
+    np.testing.assert_allclose(o, ref, rtol=1e-2, atol=2e-4 * np.abs(ref).max())
+
+
+def test_chunked_strong_decay(cp, rng):
+    """A decay that underflows over a chunk (g ~ -30 a row) and none at all: still the recurrence's."""
+    spec = DeltaNetSpec(2, 4, 128, 128, 4, 1e-6)
+    qkv, b, a, A, dt, S0 = _deltanet_inputs(rng, spec, 150)
+    for a_ in (np.abs(a) + 30, np.full_like(a, -40)):  # softplus(a + dt) ~ a / ~ 0
+        ref, ref_S = gated_delta_rule_ref(*_f64(qkv, b, a_, A, dt), spec, np.asarray(S0, np.float64))
+        o, S = _run_chunked(cp, spec, qkv, b, a_, A, dt, S0)
+        assert _rel(o, ref) < 5e-5 and _rel(S, ref_S) < 5e-5, (_rel(o, ref), _rel(S, ref_S))
+
+
+@pytest.mark.parametrize("Hk,Hv,dk,dv,order", SPECS[:3])
+def test_chunked_passes_and_determinism(cp, rng, Hk, Hv, dk, dv, order):
+    """Passes split at multiples of 64 rows (128 + 72, 64 + 64 + 72) equal one pass of 200 bit for
+    bit (outputs and state), and two runs of a pass give the same bits."""
+    spec = DeltaNetSpec(Hk, Hv, dk, dv, 4, 1e-6, order)
+    qkv, b, a, A, dt, S0 = _deltanet_inputs(rng, spec, 200)
+    one, S_one = _run_chunked(cp, spec, qkv, b, a, A, dt, S0)
+    again, S_again = _run_chunked(cp, spec, qkv, b, a, A, dt, S0)
+    assert _bits_equal(one, again) and _bits_equal(S_one, S_again)
+    for cuts in ((0, 128, 200), (0, 64, 128, 200)):
+        S, parts = S0, []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            o, S = _run_chunked(cp, spec, qkv[lo:hi], b[lo:hi], a[lo:hi], A, dt, S)
+            parts.append(o)
+        assert _bits_equal(np.concatenate(parts), one) and _bits_equal(S, S_one), cuts
+
+
+@pytest.mark.parametrize("T", [20, 40, 64, 70, 100, 130])
+def test_prefill_pass_then_decode(cp, rng, T):
+    """dn.prefill (whole chunks chunked; a tail chunked from DELTANET_CHUNK_MIN_TAIL rows, else row by row)
+    then decode steps (the recurrence, from the state the prefill left) against the recurrence in
+    float64 over all rows: the decode rows carry the prefill state's error, no more."""
+    spec = DeltaNetSpec(16, 32, 128, 128, 4, 1e-6)
+    n_dec = 8
+    qkv, b, a, A, dt, S0 = _deltanet_inputs(rng, spec, T + n_dec)
+    ref, ref_S = gated_delta_rule_ref(*_f64(qkv, b, a, A, dt), spec, np.asarray(S0, np.float64))
+    o, S = _run_chunked(cp, spec, qkv[:T], b[:T], a[:T], A, dt, S0, fn=dn.prefill)
+    assert dn.chunked_rows(T, spec.k_head_dim) == (T if T % 64 >= dn.DELTANET_CHUNK_MIN_TAIL else T - T % 64)
+    outs = [o]
+    for t in range(T, T + n_dec):
+        o, S = _run_recurrent(cp, spec, qkv[t:t + 1], b[t:t + 1], a[t:t + 1], A, dt, S)
+        outs.append(o)
+    got = np.concatenate(outs)
+    assert _rel(got[:T], ref[:T]) < 5e-5, _rel(got[:T], ref[:T])
+    assert _rel(got[T:], ref[T:]) < 5e-5, _rel(got[T:], ref[T:])
+    assert _rel(S, ref_S) < 5e-5, _rel(S, ref_S)
+
+
 @pytest.mark.parametrize("T,Hv,dv", [(1, 32, 128), (7, 6, 128), (5, 3, 17), (9, 5, 6), (3, 4, 100)])
 def test_gated_norm_matches_float64(cp, rng, T, Hv, dv):
     spec = DeltaNetSpec(1, Hv, 8, dv, 4, 1e-6)
@@ -227,9 +315,13 @@ def test_hybrid_runner_matches_numpy(cp, hybrid):
     from bw24chat.backends.numpy_backend import numpy_runner
 
     ids = np.random.default_rng().integers(0, 4096, 300)
-    ref = numpy_runner(hybrid, 1024).prefill_logits(ids, 0, chunk=256)
+    nr = numpy_runner(hybrid, 1024)
+    ref = nr.prefill_logits(ids, 0, chunk=256)
     r = _runner(hybrid)
-    pre = r.prefill_logits(ids, 0)
+    pre = r.prefill_logits(ids, 0)  # passes of 256 + 44 rows: the delta rule chunked
+    # the state the chunked prefill leaves, against the NumPy runner's (the recurrence)
+    ssm, ref_ssm = _state(r)["ssm"], nr.state.ssm.transpose(0, 1, 3, 2)
+    assert _rel(ssm, ref_ssm) < 1e-4, _rel(ssm, ref_ssm)
     dec = np.stack([r.decode_logits(int(t), i) for i, t in enumerate(ids)])
     assert _rel(pre, ref) < 1e-3, _rel(pre, ref)
     assert _rel(dec, ref) < 1e-3, _rel(dec, ref)
@@ -311,13 +403,18 @@ def test_hybrid_rollback(cp, hybrid):
     assert r.step([prompt[20]], 20, greedy, 0, []) == fresh.step([prompt[20]], 20, greedy, 0, [])
 
 
-def test_hybrid_chunk_invariance(cp, hybrid):
-    """Prefill logits do not depend on the chunking (passes of 256 vs 100 rows vs one pass)."""
-    ids = np.random.default_rng().integers(0, 4096, 300)
+@pytest.mark.parametrize("n", [300, 270])
+def test_hybrid_chunk_invariance(cp, hybrid, n):
+    """Prefill logits do not depend on the passes (of 256, 128 or 64 rows: multiples of the delta
+    rule's chunk), with a last chunk of 44 rows (chunked) or 14 (row by row); passes of other sizes
+    are refused."""
+    ids = np.random.default_rng().integers(0, 4096, n)
     r = _runner(hybrid, "bf16")
     a = r.prefill_logits(ids, 0, chunk=256)
-    b = r.prefill_logits(ids, 0, chunk=100)
-    assert _bits_equal(a, b)
+    for chunk in (128, 64):
+        assert _bits_equal(a, r.prefill_logits(ids, 0, chunk=chunk)), chunk
+    with pytest.raises(ValueError, match="a multiple of 64"):
+        r.prefill_logits(ids, 0, chunk=100)
 
 
 def test_hybrid_speculative_gate(cp):
