@@ -14,36 +14,14 @@ the roofline is the copy rate (bench).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import numpy as np
 
+from decode_floor import time_graph  # tools/ (this script's folder) is on sys.path
+
 E, F, D, K = 128, 768, 2048, 8
 COPIES = 16
-
-
-def time_graph(cp, stream, launch) -> float:
-    """us per launch of launch(0..COPIES-1) in one graph (launch(0) runs once first: compiles)."""
-    with stream:
-        launch(0)
-        stream.synchronize()
-        stream.begin_capture()
-        for c in range(COPIES):
-            launch(c)
-        g = stream.end_capture()
-    for _ in range(2):
-        g.launch(stream)
-    ts = []
-    for _ in range(7):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(stream)
-        for _ in range(10):
-            g.launch(stream)
-        b.record(stream)
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / (10 * COPIES))
-    return statistics.median(ts)
 
 
 def candidates(kern: str, fmt: str) -> list[dict]:
@@ -94,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                         run = lambda c, geo=geo: cuda_moe.experts_gu(ex, x, ids[c], act, m, K, norm_w=nw, geo=geo)  # noqa: E731
                     else:
                         run = lambda c, geo=geo: cuda_moe.experts_down(ex, act, ids[c], w, None, res, m, K, geo=geo)  # noqa: E731
-                    us = time_graph(cp, stream, run)
+                    us = time_graph(cp, stream, run, COPIES)
                     star = "*" if geo == cuda_moe.geometry(kern, fmt) else " "
                     desc = " ".join(f"{k[4:]}={v}" for k, v in sorted(geo.items()))
                     print(f"{fmt:5s} m={m} moe_{kern:4s} {star} {desc:32s} {us:7.2f} us {nbytes[kern] / us / 1e3:6.0f} GB/s",
