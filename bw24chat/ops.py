@@ -2,7 +2,7 @@
 
 A model file (``models/*.py``) writes its forward pass once, as calls on an ``Ops`` object; the
 NumPy backend (``backends/numpy_backend.py``, the reference) and the CUDA backend
-(``backends/cuda_runner.py``) each implement these ops.  A CUDA implementation may defer an op
+(``backends/cuda_opset.py``) each implement these ops.  A CUDA implementation may defer an op
 and fuse it into the next one (rmsnorm into the following matvec's prologue, swiglu into the
 gate|up matvec's epilogue, the residual add into the output projection's epilogue), so a model
 must use values only through further op calls, never look inside them.

@@ -1,6 +1,6 @@
 """Host-side planning of the CUDA runner (no GPU needed): the KV cache is sized to the VRAM budget."""
 import pytest
-from bw24chat.backends.cuda_runner import fit_context
+from bw24chat.backends.cuda_budget import fit_context
 
 
 def test_context_fits_the_budget():
@@ -164,7 +164,7 @@ def test_a_model_the_vram_budget_cannot_hold_is_refused_before_loading():
     would run instead; spilled MoE experts count with their VRAM slots only."""
     from types import SimpleNamespace
 
-    from bw24chat.backends.cuda_runner import RESERVE_BYTES, check_fits, resident_weight_bytes
+    from bw24chat.backends.cuda_budget import RESERVE_BYTES, check_fits, resident_weight_bytes
     from bw24chat.backends.expert_tiers import DoesNotFit, MoELayout, plan_tiers
 
     gib = 2**30

@@ -1,12 +1,12 @@
 """The memory accounting of batched decoding's paged KV pool, without a GPU: the pool takes what is
-left after the weights, the context's cache and the engine's reserve (cuda_runner.pool_room,
+left after the weights, the context's cache and the engine's reserve (cuda_budget.pool_room,
 engine.pool_plan), as many blocks as fit up to the wanted size; where not even one context fits
 the engine serves one request at a time and says why with the numbers, never crashes; a pool
 whose creation runs out of memory anyway falls back the same way; --max-batch 1 makes no pool."""
 import pytest
 
 from bw24chat.api import GenerationRequest, SamplingParams
-from bw24chat.backends.cuda_runner import RESERVE_BYTES, fit_context, kv_token_bytes, pool_room
+from bw24chat.backends.cuda_budget import RESERVE_BYTES, fit_context, kv_token_bytes, pool_room
 from bw24chat.backends.numpy_backend import numpy_runner
 from bw24chat.check import SPEC_SHAPE, word_tokenizer
 from bw24chat.engine import Engine, pool_plan

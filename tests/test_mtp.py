@@ -174,14 +174,14 @@ def test_a_head_that_copies_the_trunk_is_accepted(tmp_path):
 @pytest.mark.kernels  # the plan reads register counts from ptxas (NVRTC)
 @pytest.mark.parametrize("m,from_trunk", [(1, True), (5, True), (1, False)])
 def test_cuda_head_pass_planned(m, from_trunk):
-    """The CUDA head's decode pass (cuda_runner._HeadOps) traced without a GPU, as the decode plan
+    """The CUDA head's decode pass (cuda_mtp._HeadOps) traced without a GPU, as the decode plan
     traces the trunk's step (backends/plan.py): the embedding, the trunk's final norm of h (catch-up
     rows only), ONE launch for the concat of both normed halves, eh_proj as one matvec over 2D
     inputs, the block's six launches over the head's own cache, the LM head on the last row only;
     nothing written to the trunk's buffers."""
     from bw24chat.backends import cuda_ops
     from bw24chat.backends import plan as P
-    from bw24chat.backends.cuda_runner import _HeadOps
+    from bw24chat.backends.cuda_mtp import _HeadOps
     from bw24chat.models import get_family
     from bw24chat.models.mtp import load_mtp
     from bw24chat.synthetic import SHAPES
@@ -196,10 +196,10 @@ def test_cuda_head_pass_planned(m, from_trunk):
                                                   for n, (shape, req) in fam.Model.mtp_tensor_shapes(a, 1).items()
                                                   if req or n.endswith(("q_norm", "k_norm"))})
         shape, dtype = cuda_ops.kv_cache_shape("bf16", 4096, a.num_key_value_heads, a.head_dim)
-        r.mtp_cache_k, r.mtp_cache_v = P.SymArray("mtp_k", shape, dtype), P.SymArray("mtp_v", shape, dtype)
-        r.mtp_logits = P.SymArray("mtp_logits", (1, a.vocab_size), np.float32)
+        cache = P.SymArray("mtp_k", shape, dtype), P.SymArray("mtp_v", shape, dtype)
+        mtp_logits = P.SymArray("mtp_logits", (1, a.vocab_size), np.float32)
         io, hidden = P.SymArray("io", (24,), np.int32), P.SymArray("hidden", (8, D), np.float32)
-        ops = _HeadOps(r, m, io[0:m], io[8:8 + m], io[16:16 + m], logits=True)
+        ops = _HeadOps(r, m, io[0:m], io[8:8 + m], io[16:16 + m], cache, mtp_logits)
         logits, g = head.forward(ops, ops.tokens, hidden[:m], from_trunk)
     L = planner.launches
     names = [x.name for x in L]
@@ -210,7 +210,7 @@ def test_cuda_head_pass_planned(m, from_trunk):
     assert L[len(lead) - 1].args[5] == "mtp.concat" and "blk.3.nextn.eh_proj.q" in L[len(lead) - 1].args
     assert {"mtp_k", "mtp_v"} <= set(L[len(lead) + 1].args) and {"mtp_k", "mtp_v"} <= set(L[len(lead) + 2].args)
     assert L[-1].args[5] == "mtp.mtp_eh_proj" + (f"+{(m - 1) * D * 4}" if m > 1 else "")  # the LM head: the last row
-    assert logits is r.mtp_logits and g.shape == (m, D)
+    assert logits is mtp_logits and g.shape == (m, D)
     trunk = {"x", "h", "qkv", "q", "attn", "act", "logits"}  # the trunk's step buffers
     assert not any(arg.split("+")[0] in trunk for x in L for arg in x.args), "the head wrote the trunk's buffers"
 

@@ -89,6 +89,18 @@ def test_a_prefill_chunk_is_the_runners_walk():
     assert plan[-1].grid[0] > 0 and "MV_M=1" in plan[-1].line()
 
 
+def test_a_chunk_with_all_logits_ends_in_an_lm_head_gemm():
+    """prefill_logits' chunks (all_logits): the same layers, then the final norm and the LM head as
+    a GEMM over every row of the chunk, into logits the pass allocates (kernel_build.device_empty)."""
+    cfg, T = SHAPES["tiny"], 200
+    last = prefill_plan(cfg, {"default": "BF16"}, GPUS["H100"], T)
+    every = prefill_plan(cfg, {"default": "BF16"}, GPUS["H100"], T, all_logits=True)
+    assert [L.line() for L in every[:len(last) - 1]] == [L.line() for L in last[:-1]]
+    assert [L.name for L in every[len(last) - 1:]] == ["rmsnorm", "split_bf16", "gemm_wgp"]
+    head = every[-1]
+    assert head.args[0] == "output.q" and head.args[5] == "all_logits" and head.args[6:8] == (str(T), str(cfg["vocab_size"]))
+
+
 if __name__ == "__main__":
     for name, cases in PREFILL_CASES.items():
         (DATA / name).write_text(render_prefill(cases))

@@ -196,7 +196,7 @@ def test_speculation_needs_state_checkpoints(tiny):
 
 
 def test_a_backend_without_deltanet_ops_refuses_at_load(tiny):
-    from bw24chat.backends.cuda_runner import CudaLoader
+    from bw24chat.backends.cuda_opset import CudaLoader
     from bw24chat.backends.plan import PlanLoader
     from bw24chat.models import build_model
     from bw24chat.ops import Loader

@@ -28,11 +28,11 @@ import numpy as np
 
 from ..api import SamplingParams
 from ..ops import Ops
-from . import cuda_linear as lin
 from . import cuda_ops as ops
 from .kernel_build import eager_launches, tracing
 from .kernel_refs import kv_cache_nbytes, kv_cache_shape, paged_rows
-from .cuda_runner import _HDR_OUT, RING, CudaOps, sampling_rows
+from .cuda_opset import CudaOps
+from .cuda_runner import _HDR_OUT, RING, sampling_rows
 from .runner import MAX_ROWS, SeqWork
 
 MAX_BATCH = 64  # sequences one batch_step takes
@@ -198,10 +198,7 @@ class BatchStep:
                 return bat.buffer(name, *cols, dtype=dtype)[r0:r0 + m]
 
             def lm_head(self, x, W):
-                a = self._input(x, W, matvec=True)
-                out = bat.logits[r0:r0 + m]
-                lin.matvec(W, a.pop("x"), out, m, act_bf16=self.xb16, **a)
-                return out
+                return self._lm_head_matvec(x, W, bat.logits[r0:r0 + m], m)
 
         o = PassOps(self.r, m, decode=True)
         io = self.io

@@ -23,7 +23,7 @@ VRAM_BYTES_PER_S = 3.0e12  # H100 copy, measured ~2.9-3.0 TB/s (engine notes); t
 PCIE_BYTES_PER_S = 50e9  # PCIe 5.0 x16: 64 GB/s per direction by the spec, pinned copies ~80 % of it
 DISK_BYTES_PER_S = 3.0e9  # NVMe PCIe 4.0 x4: ~7 GB/s sequential by datasheets; MB-sized expert reads, half
 # VRAM kept back beyond the weights and the KV cache: activations, workspaces, the context's slack
-# (cuda_runner.RESERVE_BYTES is ~1.6 GiB; the slot copies' staging adds little)
+# (cuda_budget.RESERVE_BYTES is ~1.6 GiB; the slot copies' staging adds little)
 HEADROOM_BYTES = 2 * GiB
 
 
@@ -210,7 +210,7 @@ def tiers_for(ck, options, free_vram: int) -> ExpertTiers | None:
 
 
 def kv_cache_bytes(n_ctx: int, n_layers: int, n_kv: int, head_dim: int, kv_type: str = "bf16") -> int:
-    from .cuda_runner import KV_BYTES_PER_VALUE
+    from .cuda_budget import KV_BYTES_PER_VALUE
 
     return int(2 * n_layers * n_kv * head_dim * KV_BYTES_PER_VALUE[kv_type] * n_ctx)
 

@@ -367,7 +367,7 @@ def decode_plan(config: dict, formats: dict, props: GpuProps, m: int = 1, kv_typ
     rest), on a GPU of ``props``."""
     from ..models import get_family
     from . import cuda_ops as ops
-    from .cuda_runner import CudaOps
+    from .cuda_opset import CudaOps
 
     fam = get_family(config["model_type"])
     args = fam.ModelArgs.from_dict(config)
@@ -381,19 +381,20 @@ def decode_plan(config: dict, formats: dict, props: GpuProps, m: int = 1, kv_typ
 
 
 def prefill_plan(config: dict, formats: dict, props: GpuProps, T: int = 512, start: int = 0, kv_type: str = "bf16",
-                 activations: str = "f32", n_ctx: int = 4096) -> list[Launch]:
+                 activations: str = "f32", n_ctx: int = 4096, all_logits: bool = False) -> list[Launch]:
     """The launches of one prefill chunk of ``T`` tokens at position ``start`` (CudaRunner.prefill_plan:
     the GEMMs, their activation and weight preparation, the attention over the cache, the LM
-    head on the chunk's last row), as decode_plan plans a decode step."""
+    head on the chunk's last row, or with ``all_logits`` (prefill_logits) a GEMM over every row),
+    as decode_plan plans a decode step."""
     from ..models import get_family
-    from .cuda_runner import CudaOps
+    from .cuda_opset import CudaOps
 
     fam = get_family(config["model_type"])
     args = fam.ModelArgs.from_dict(config)
     with planning(props) as planner:
         r = PlanRunner(args, fam.Model, _tensors(config, formats, fam.Model, args), kv_type, n_ctx, activations,
                        prefill_chunk=T)
-        r.model.forward(CudaOps(r, T, decode=False, start=start), r.p_ids[:T])
+        r.model.forward(CudaOps(r, T, decode=False, start=start, all_logits=all_logits), r.p_ids[:T])
     return planner.launches
 
 

@@ -221,7 +221,8 @@ def test_step_bytes_bounds_what_the_batched_step_allocates(cp):
 def _engine_at_budget(extra: int, **kw):
     """An engine over the synthetic tiny model (make_cuda_runner, as open_engine loads one) at a
     --vram-budget of what the fit reserves for the model and a 512-token cache plus ``extra`` bytes."""
-    from bw24chat.backends.cuda_runner import RESERVE_BYTES, kv_token_bytes, make_cuda_runner
+    from bw24chat.backends.cuda_budget import RESERVE_BYTES, kv_token_bytes
+    from bw24chat.backends.cuda_runner import make_cuda_runner
     from bw24chat.check import word_tokenizer
     from bw24chat.engine import Engine
     from bw24chat.options import EngineOptions

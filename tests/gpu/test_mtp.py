@@ -69,7 +69,7 @@ def test_head_equals_the_numpy_head(cp, heads, name):
 def test_head_on_the_prefill_path(cp, heads):
     """ops.concat on the prefill path: the head's forward on CudaOps(decode=False) over its own
     cache (tensor-core GEMMs, FlashAttention) = the NumPy head, to the prefill's rounding."""
-    from bw24chat.backends.cuda_runner import CudaOps
+    from bw24chat.backends.cuda_opset import CudaOps
 
     ck, aq = heads["tiny/BF16"]
     cu, ref = _runners(ck, aq)
@@ -82,7 +82,7 @@ def test_head_on_the_prefill_path(cp, heads):
         cu.p_ids[:T].set(np.asarray(prompt[1:], np.int32), stream=cu.stream)
         cu.p_pos[:T].set(np.arange(T, dtype=np.int32), stream=cu.stream)
         ops = CudaOps(cu, T, decode=False, start=0)
-        ops.cache_k, ops.cache_v = [cu.mtp_cache_k], [cu.mtp_cache_v]
+        ops.cache_k, ops.cache_v = [cu.cuda_mtp.cache_k], [cu.cuda_mtp.cache_v]
         logits, g = cu.mtp.forward(ops, prompt[1:], cp.asarray(H[:-1]), True)
     cu.stream.synchronize()
     assert _rel(logits.get()[0], want[0]) < 1e-3 and _rel(g.get()[-1], want[1]) < 1e-3
@@ -129,7 +129,7 @@ def test_head_rows_equal_one_row_passes(cp, heads, graph):
 
 def _drafts_and_logits(r, ids, H, k, sp, seed, history):
     drafts = r.mtp_draft(ids, H, 0, k, sp, seed, history)
-    return drafts, r.mtp_logits.get(), r.mtp_g.get()
+    return drafts, r.cuda_mtp.logits.get(), r.cuda_mtp.g.get()
 
 
 def test_head_graph_equals_eager(cp, heads):
