@@ -421,6 +421,14 @@ def bench_spec(run, mode: str, ks: list[int], runs: int) -> list[dict]:
     return rows
 
 
+def oracle_errors(n: int, accept: float, seed: int = 0) -> set[int]:
+    """The output indices where the oracle drafts a wrong token: each one independently with
+    probability 1 - accept (a fixed seed: every K sees the same errors)."""
+    if not 0.0 <= accept <= 1.0:
+        raise ValueError(f"--accept {accept}: a probability in [0, 1]")
+    return {int(i) for i in np.flatnonzero(np.random.default_rng(seed).random(n) >= accept)}
+
+
 def _engine_run(engine, max_tokens: int):
     """bench_spec's ``run`` through the engine: the editing request, as a user sends it."""
     from .api import GenerationRequest, SamplingParams
@@ -443,7 +451,7 @@ def _synthetic_run(a):
     from .backends import pick_device
     from .check import spec_cases, word_tokenizer
     from .generate import Generator
-    from .speculative import make_drafter
+    from .speculative import OracleDrafter, make_drafter
     from .synthetic import synthetic_checkpoint
 
     ck = synthetic_checkpoint(a.synthetic, a.weights[0].upper(), mtp=a.spec == "mtp")
@@ -458,13 +466,19 @@ def _synthetic_run(a):
         from .backends.numpy_backend import numpy_runner
 
         runner, device = numpy_runner(ck, n_ctx), "CPU (NumPy)"
-    make_drafter(a.spec, runner)  # refuses here what it cannot run
     gen = Generator(runner, word_tokenizer(runner.vocab_size))
     prompt = next(c for c in spec_cases(runner.vocab_size, n_ctx, a.max_tokens) if c.name == "edit").prompt
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, seed=0)
+    if a.spec == "oracle":  # the plain run's tokens, wrong where an independent draw fails --accept
+        truth = gen.generate(prompt, sp).token_ids
+        errors = oracle_errors(len(truth), a.accept)
+        drafter = lambda spec: None if spec == "off" else OracleDrafter(truth, errors, runner.vocab_size)  # noqa: E731
+    else:
+        make_drafter(a.spec, runner)  # refuses here what it cannot run
+        drafter = lambda spec: make_drafter(spec, runner)  # noqa: E731
 
     def run(spec: str, k: int):
-        r = gen.generate(prompt, sp, drafter=make_drafter(spec, runner), spec_k=k)
+        r = gen.generate(prompt, sp, drafter=drafter(spec), spec_k=k)
         return r.decode_tps, r.stats, r.text, len(r.token_ids)
 
     return run, ck.name, device
@@ -480,6 +494,8 @@ def spec_main(a) -> int:
     try:
         if a.synthetic:
             run, name, device = _synthetic_run(a)
+        elif a.spec == "oracle":
+            raise ValueError("the oracle drafts a synthetic model's plain tokens: use it with --synthetic SHAPE")
         else:
             engine = open_engine(EngineOptions(model=a.model or "default", device=a.device, n_ctx=min(a.ctx, 4096),
                                                kv_cache=a.kv_cache))
@@ -495,11 +511,13 @@ def spec_main(a) -> int:
     finally:
         if engine is not None:
             engine.close()
-    result = {"device": device, "model": name, "workload": "edit, token ids (greedy)" if a.synthetic else "edit (greedy)",
-              "rows": rows}
+    workload = "edit, token ids (greedy)" if a.synthetic else "edit (greedy)"
+    if a.spec == "oracle":
+        workload += f", oracle drafts right with probability {a.accept}"
+    result = {"device": device, "model": name, "workload": workload, "rows": rows}
 
     def table():
-        print(f"\n{result['model']} on {result['device']}: editing workload, greedy, {rows[0]['tokens']} tokens")
+        print(f"\n{result['model']} on {result['device']}: {result['workload']}, {rows[0]['tokens']} tokens")
         print(f"{'spec':6} {'K':>4} {'tok/s':>8} {'speed-up':>8} {'accept':>7} {'tok/step':>8}  same tokens")
         for r in rows:
             acc = f"{100 * r['acceptance']:6.0f}%" if r["acceptance"] is not None else f"{'-':>7}"
@@ -546,8 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-rate", type=float, default=0.0, metavar="GB/s",
                    help="the disk's sequential read rate (measured apart, e.g. dd of the model file after "
                         "--drop-page-cache), for the file tier's bound")
-    p.add_argument("--spec", choices=["ngram", "mtp"],
-                   help="speculative decoding on an editing workload instead (either backend; mtp: the model's MTP head)")
+    p.add_argument("--spec", choices=["ngram", "mtp", "oracle"],
+                   help="speculative decoding on an editing workload instead (either backend; mtp: the model's MTP head; "
+                        "oracle, with --synthetic: drafts of the plain run's tokens, each right with probability --accept)")
+    p.add_argument("--accept", type=float, default=0.8, metavar="P",
+                   help="--spec oracle: the probability that each draft is right, independently (the alpha of "
+                        "Leviathan et al. 2023, so a round of K accepts P + ... + P^K drafts on average)")
     p.add_argument("--spec-k", default="auto,2,4,8", help="--spec: comma list of K (auto: adaptive)")
     p.add_argument("--max-tokens", type=int, default=320, help="--spec: tokens per generation")
     return p

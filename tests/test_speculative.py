@@ -214,3 +214,23 @@ def test_engine_request_with_speculation_on_smollm2(smollm2_engine):
     text2, spec = smollm2_engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec="ngram", spec_k=0)).result()
     assert text2 == text and spec.text == plain.text and "spec_rounds" not in plain.stats
     assert spec.stats["spec_accepted"] > 0 and spec.stats["spec_mean_len"] > 1.5
+
+
+def test_bench_oracle_accepts_at_the_rate_asked():
+    """bench --spec oracle: each draft is right with probability --accept, independently, so a
+    round of K drafts yields 1 + p + ... + p^K tokens on average; the output is plain decoding's."""
+    from bw24chat import bench
+
+    errs = bench.oracle_errors(20000, 0.8)
+    assert abs(len(errs) / 20000 - 0.2) < 0.01 and errs == bench.oracle_errors(20000, 0.8)
+    assert bench.oracle_errors(50, 1.0) == set() and bench.oracle_errors(50, 0.0) == set(range(50))
+    with pytest.raises(ValueError, match="probability"):
+        bench.oracle_errors(5, 1.5)
+    a = bench.build_parser().parse_args(["--spec", "oracle", "--synthetic", "tiny", "--device", "cpu", "--spec-k", "4",
+                                         "--runs", "1", "--max-tokens", "200"])
+    run, _, _ = bench._synthetic_run(a)
+    rows = bench.bench_spec(run, "oracle", [4], 1)
+    assert all(r["identical"] for r in rows)
+    want = 1 + sum(0.8 ** i for i in range(1, 5))  # 3.36
+    assert abs(rows[1]["mean_len"] - want) < 0.5, rows[1]
+    assert bench.main(["--spec", "oracle", "-m", "default"]) == 2  # the oracle needs a synthetic model
