@@ -599,15 +599,14 @@ def _bench_tiers(ck, a, cp):
     """The expert tiers at --vram-budget / --host-budget (None: dense, all resident, or no budget)."""
     if not a.vram_budget:
         return None
-    from .backends.expert_tiers import ExpertTiers, kv_cache_bytes, layout_of, plan_for
+    from .backends.expert_tiers import ExpertTiers, layout_of, model_kv_bytes, plan_for
     from .models import get_family
 
     lay = layout_of(ck)
     if lay is None:
         return None
     m = get_family(ck.arch).ModelArgs.from_dict(ck.config)
-    kv = kv_cache_bytes(min(a.ctx, m.max_position_embeddings), m.num_hidden_layers, m.num_key_value_heads, m.head_dim,
-                        a.kv_cache)
+    kv = model_kv_bytes(m, a.ctx, a.kv_cache)
     plan = plan_for(lay, cp.cuda.runtime.memGetInfo()[0], a.vram_budget, a.host_budget, kv)
     return None if plan.all_resident else ExpertTiers(lay, plan)
 

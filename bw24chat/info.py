@@ -46,7 +46,7 @@ def moe_tiers(ck, vram_budget_gb: float = 0.0, host_budget_gb: float | None = No
         return None
     a = get_family(ck.arch).ModelArgs.from_dict(ck.config)
     ctx = min(n_ctx or ESTIMATE_CTX, a.max_position_embeddings)
-    kv = et.kv_cache_bytes(ctx, a.num_hidden_layers, a.num_key_value_heads, a.head_dim)
+    kv = et.model_kv_bytes(a, ctx)
     try:
         plan = et.plan_for(layout, free, vram_budget_gb, host_budget_gb, kv)
     except et.DoesNotFit as exc:

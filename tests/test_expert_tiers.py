@@ -145,7 +145,10 @@ def test_hybrid_moe_35b_a3b_plans(fmt, card, resident):
     experts = sum(lay.expert_bytes[i] * lay.n_experts[i] for i in range(lay.n_layers))
     per_value = {"Q8_0": 34 / 32, "Q4_K": 144 / 256}[fmt]
     assert experts == pytest.approx(40 * 256 * 3 * 2048 * 512 * per_value, rel=1e-6)  # 32.2 G values
-    kv = et.kv_cache_bytes(4096, 10, shape["num_key_value_heads"], shape["head_dim"])
+    from bw24chat.models import get_family
+
+    kv = et.model_kv_bytes(get_family("qwen3_5_moe").ModelArgs.from_dict(shape), 4096)
+    assert kv == et.kv_cache_bytes(4096, 10, 2, 256)  # the 10 attention layers of 40
     plan = et.plan_tiers(lay, kv, CARDS[card], host_budget=64 * GiB)
     assert plan.all_resident == resident
     if not resident:

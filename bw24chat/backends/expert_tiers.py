@@ -203,16 +203,23 @@ def tiers_for(ck, options, free_vram: int) -> ExpertTiers | None:
     if layout is None:
         return None
     a = get_family(ck.arch).ModelArgs.from_dict(ck.config)
-    kv = kv_cache_bytes(min(options.n_ctx or ESTIMATE_CTX, a.max_position_embeddings), a.num_hidden_layers,
-                        a.num_key_value_heads, a.head_dim, options.kv_cache)
+    kv = model_kv_bytes(a, options.n_ctx or ESTIMATE_CTX, options.kv_cache)
     plan = plan_for(layout, free_vram, options.vram_budget_gb, options.host_budget_gb, kv)
     return None if plan.all_resident else ExpertTiers(layout, plan)
 
 
 def kv_cache_bytes(n_ctx: int, n_layers: int, n_kv: int, head_dim: int, kv_type: str = "bf16") -> int:
-    from .cuda_budget import KV_BYTES_PER_VALUE
+    from .cuda_budget import kv_token_bytes
 
-    return int(2 * n_layers * n_kv * head_dim * KV_BYTES_PER_VALUE[kv_type] * n_ctx)
+    return int(kv_token_bytes(n_layers, n_kv, head_dim, kv_type) * n_ctx)
+
+
+def model_kv_bytes(args, n_ctx: int, kv_type: str = "bf16") -> int:
+    """The KV cache of a model's attention layers at min(n_ctx, its maximum) positions (a hybrid's
+    DeltaNet layers keep a fixed-size state instead: ModelArgs.is_linear)."""
+    is_linear = getattr(args, "is_linear", None)
+    layers = sum(1 for i in range(args.num_hidden_layers) if not (is_linear and is_linear(i)))
+    return kv_cache_bytes(min(n_ctx, args.max_position_embeddings), layers, args.num_key_value_heads, args.head_dim, kv_type)
 
 
 @dataclass(frozen=True)
