@@ -451,7 +451,7 @@ def _synthetic_run(a):
     from .backends import pick_device
     from .check import spec_cases, word_tokenizer
     from .generate import Generator
-    from .speculative import OracleDrafter, make_drafter
+    from .speculative import OracleDrafter, check_verifies, make_drafter
     from .synthetic import synthetic_checkpoint
 
     ck = synthetic_checkpoint(a.synthetic, a.weights[0].upper(), mtp=a.spec == "mtp")
@@ -470,6 +470,7 @@ def _synthetic_run(a):
     prompt = next(c for c in spec_cases(runner.vocab_size, n_ctx, a.max_tokens) if c.name == "edit").prompt
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, seed=0)
     if a.spec == "oracle":  # the plain run's tokens, wrong where an independent draw fails --accept
+        check_verifies(runner)
         truth = gen.generate(prompt, sp).token_ids
         errors = oracle_errors(len(truth), a.accept)
         drafter = lambda spec: None if spec == "off" else OracleDrafter(truth, errors, runner.vocab_size)  # noqa: E731

@@ -150,14 +150,20 @@ class MTPDrafter(Drafter):
         return drafts
 
 
-def make_drafter(mode: str, runner=None) -> Drafter | None:
-    """The drafter of a ``--spec`` mode (None: off); ``mtp`` needs ``runner`` with a head."""
-    if mode == "off":
-        return None
+def check_verifies(runner) -> None:
+    """Refuse (ValueError) a runner that cannot take back a verify's rejected rows: a model with
+    gated DeltaNet layers needs its recurrent state checkpointed at each verified row."""
     if getattr(getattr(runner, "model", None), "deltanet", None) is not None and not getattr(runner, "state_checkpoints", False):
         raise ValueError("speculative decoding on a model with gated DeltaNet layers (Qwen3-Next / Qwen3.5) needs a "
                          "runner that checkpoints their recurrent state at each verified row, which this backend "
                          "does not do yet (--device cpu does); use --spec off")
+
+
+def make_drafter(mode: str, runner=None) -> Drafter | None:
+    """The drafter of a ``--spec`` mode (None: off); ``mtp`` needs ``runner`` with a head."""
+    if mode == "off":
+        return None
+    check_verifies(runner)
     if mode == "ngram":
         return NgramDrafter()
     if mode == "mtp":
