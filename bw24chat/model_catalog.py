@@ -120,10 +120,12 @@ class _DescriptionCache:
     def _path() -> Path:
         return cache_dir() / "model_catalog.json"
 
-    @staticmethod
-    def key(path: Path) -> str:
+    VERSION = 2  # of what describe_model reads: a description by an earlier one is read again (2: MoE layouts)
+
+    @classmethod
+    def key(cls, path: Path) -> str:
         stat = path.stat()
-        return f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+        return f"v{cls.VERSION}|{path}|{stat.st_size}|{stat.st_mtime_ns}"
 
     def _load(self) -> dict[str, dict]:
         if self._entries is None:
@@ -143,7 +145,10 @@ class _DescriptionCache:
             return None
 
     def put(self, key: str, model: LocalModel) -> None:
-        self._load()[key] = {**dataclasses.asdict(model), "path": str(model.path)}
+        entries = self._load()
+        for old in [k for k in entries if not k.startswith(f"v{self.VERSION}|")]:  # an earlier version's
+            del entries[old]
+        entries[key] = {**dataclasses.asdict(model), "path": str(model.path)}
         self._dirty = True
 
     def save(self) -> None:
@@ -217,7 +222,7 @@ def _describe_moe(model: LocalModel, gf, top_k, vocab, shape: ModelShape | None)
     shard's table is read here)."""
     from .backends.expert_tiers import layout_from_tensors
 
-    experts = [(t.name, t.shape[0], t.nbytes) for t in gf.tensors if t.name.endswith("_exps")]
+    experts = [(t.name, t.shape[0], t.nbytes) for t in gf.tensors if t.name.removesuffix(".weight").endswith("_exps")]
     if not experts or not top_k or split_gguf_name(model.path.name):
         return
     emb = next((t for t in gf.tensors if t.name == "token_embd.weight"), None)

@@ -244,6 +244,32 @@ async def test_local_models_are_listed_and_open_on_enter(make_app, private_dirs)
         assert load_config().recent_models == [str(gguf_path)]
 
 
+async def test_an_moe_models_expert_tiers_show_under_the_table(make_app, private_dirs, monkeypatch):
+    """Highlighting an MoE model in the model manager shows where its experts would land at the
+    app's budgets and the speed to expect (expert_tiers.describe_plan); a dense model shows none."""
+    from bw24chat import model_catalog
+    from tools.write_synthetic_gguf import write_synthetic_gguf
+
+    write_gguf(private_dirs["models"] / "acme--tiny" / "tiny-Q8_0.gguf", name="Tiny", file_type=7)
+    (private_dirs["models"] / "acme--moe").mkdir()
+    write_synthetic_gguf("tiny-moe", "Q8_0", private_dirs["models"] / "acme--moe" / "moe-Q8_0.gguf", report=lambda s: None)
+    monkeypatch.setattr(model_catalog, "gpu_memory", lambda: model_catalog.GpuMemory("G", free=8 * 2**30, total=8 * 2**30))
+    app = make_app(model=None)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), what="the model manager")
+        table = app.screen.query_one("#local-models")
+        await wait_for(pilot, lambda: table.row_count == 2, what="two local models")
+        fit = app.screen.query_one("#model-fit")
+        moe = next(i for i in range(2) if row_text(table, i)[1] == "qwen3moe")
+        table.focus()
+        table.move_cursor(row=moe)
+        await wait_for(pilot, lambda: fit.display, what="the MoE model's tier plan")
+        text = str(fit.render())
+        assert text.startswith("experts: all 16 experts x 3 layers in VRAM") and "decode <=" in text
+        table.move_cursor(row=1 - moe)
+        await wait_for(pilot, lambda: not fit.display, what="no plan for the dense model")
+
+
 async def test_a_path_typed_by_hand_opens(make_app, tmp_path):
     path = write_gguf(tmp_path / "elsewhere" / "mine.gguf")
     app = make_app(model=None)

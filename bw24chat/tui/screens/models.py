@@ -98,6 +98,7 @@ class ModelsScreen(Screen):
                     )
                     yield Button(f"Get {DEFAULT_MODEL_LABEL}", variant="primary", id="get-default")
                 yield DataTable(id="local-models", cursor_type="row", zebra_stripes=True)
+                yield Static("", id="model-fit")  # an MoE model's expert tiers at the budgets, and its speed
                 with Horizontal(classes="form-row"):
                     yield Input(placeholder="Path to a GGUF file or a Hugging Face model folder", id="model-path")
                     yield Button("Open", id="open-path")
@@ -166,6 +167,17 @@ class ModelsScreen(Screen):
                 if m.spec == self._select_after_scan:
                     table.move_cursor(row=index)
             self._select_after_scan = None
+
+    @on(DataTable.RowHighlighted, "#local-models")
+    def show_fit(self, event: DataTable.RowHighlighted) -> None:
+        """Under the table, for an MoE model: where its experts would land at the app's VRAM and
+        host budgets (VRAM slots, pinned host RAM, the file) and the decode speed to expect."""
+        fit = self.query_one("#model-fit", Static)
+        o = self.app.config.options
+        m = self.models[int(event.row_key.value)] if event.row_key.value is not None else None
+        lines = model_catalog.moe_fit(m, self.gpu.free, o.vram_budget_gb, o.host_budget_gb) if m and self.gpu else []
+        fit.update("\n".join(lines))
+        fit.display = bool(lines)
 
     @on(DataTable.RowSelected, "#local-models")
     def open_selected(self, event: DataTable.RowSelected) -> None:
