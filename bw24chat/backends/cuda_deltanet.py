@@ -55,8 +55,11 @@ def _ptr(a):
     return np.uint64(0) if a is None else a
 
 
-def _slots(ckpt, layer_slab) -> tuple:
-    """(checkpoint slab of the layer in slot 0, slot stride in floats) from ckpt[:, layer]."""
+def _slots(ckpt, layer_slab, positions, what: str) -> tuple:
+    """(checkpoint slab of the layer in slot 0, slot stride in floats) from ckpt[:, layer]; a
+    decode pass gives both ``positions`` and ``ckpt``, a prefill pass neither."""
+    if (positions is None) != (ckpt is None):
+        raise ValueError(f"{what}: positions and ckpt go together")
     if ckpt is None:
         return np.uint64(0), np.int64(0)
     if ckpt.shape[1:] != layer_slab.shape or ckpt.shape[0] != STATE_SLOTS:
@@ -82,11 +85,9 @@ def conv1d(x, w, state, out, T: int, positions=None, ckpt=None) -> None:
     _rows(out, T, C, "conv1d out")
     if out.strides[0] != 4 * C or state.shape != (Kc - 1, C):
         raise ValueError(f"conv1d: out (T, {C}) contiguous and state ({Kc - 1}, {C}), got {out.shape}, {state.shape}")
-    if (positions is None) != (ckpt is None):
-        raise ValueError("conv1d: positions and ckpt go together")
+    ck, stride = _slots(ckpt, state, positions, "conv1d")
     if T == 0:
         return
-    ck, stride = _slots(ckpt, state)
     k = get_kernel("deltanet", "deltanet_conv", KC=Kc)
     _launch(k, (-(-C // _CONV_NT), -(-T // _CONV_ROWS)), (_CONV_NT,),
             (x, np.int32(ldx), w, state, out, np.int32(T), np.int32(C), _ptr(positions), ck, stride, np.int32(STATE_SLOTS)))
@@ -109,11 +110,9 @@ def recurrent(qkv, b, a, A, dt_bias, spec: DeltaNetSpec, S, o, T: int, positions
         raise ValueError(f"recurrent: S ({Hv}, {dv}, {dk}) and o (T, {Hv * dv}) contiguous, got {S.shape}, {o.shape}")
     ldq = _rows(qkv, T, spec.conv_dim, "recurrent qkv")
     ldb, lda = _rows(b, T, Hv, "recurrent b"), _rows(a, T, Hv, "recurrent a")
-    if (positions is None) != (ckpt is None):
-        raise ValueError("recurrent: positions and ckpt go together")
+    ck, stride = _slots(ckpt, S, positions, "recurrent")
     if T == 0:
         return
-    ck, stride = _slots(ckpt, S)
     k = get_kernel("deltanet", "deltanet_recurrent", DK=dk)
     _launch(k, (-(-dv // _CB), Hv), (128,),
             (qkv, np.int32(ldq), b, np.int32(ldb), a, np.int32(lda), A, dt_bias, S, o, np.int32(Hv * dv), np.int32(T),
