@@ -335,9 +335,9 @@ def check_deltanet(cp, rng) -> list[tuple]:
         ref_o, ref_S = gated_delta_rule_ref(f64(qc), f64(bc), f64(ac), f64(A), f64(dt), spec,
                                             np.zeros((Hv, spec.k_head_dim, spec.v_head_dim)))
         ws = [cp.empty(s, cp.float32) for s in dn.chunk_workspace_shapes(spec, 3).values()]
-        S, o = cp.zeros(shape, cp.float32), cp.full((Tc, Hv * spec.v_head_dim), np.nan, cp.float32)
-        dn.chunked(cp.asarray(qc), cp.asarray(bc), cp.asarray(ac), *args[2:], spec, S, o, Tc, *ws)
-        err = max(_rel(cp.asnumpy(o), ref_o), _rel(cp.asnumpy(S).transpose(0, 2, 1), ref_S))
+        Sc, oc = cp.zeros(shape, cp.float32), cp.full((Tc, Hv * spec.v_head_dim), np.nan, cp.float32)
+        dn.chunked(cp.asarray(qc), cp.asarray(bc), cp.asarray(ac), *args[2:], spec, Sc, oc, Tc, *ws)
+        err = max(_rel(cp.asnumpy(oc), ref_o), _rel(cp.asnumpy(Sc).transpose(0, 2, 1), ref_S))
         out.append((f"deltanet chunked prefill {tag} T={Tc}", f"rel {err:.1e}", "5e-5", err <= 5e-5))
         z = rng.standard_normal((T, Hv * spec.v_head_dim)).astype(np.float32)
         nw = rng.uniform(0.5, 1.5, spec.v_head_dim).astype(np.float32)

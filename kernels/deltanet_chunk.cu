@@ -14,7 +14,7 @@
 // algebra): per chunk and value head h (key head kh = h / (Hv / Hk), or h % Hk "tiled"), with S the
 // state (DK x DV) before the chunk:
 //   q, k, beta, g of each row exactly as deltanet_recurrent computes them (deltanet_common.cuh);
-//   gam = the inclusive prefix sum of g over the chunk (a fixed shuffle scan);
+//   gam = the inclusive prefix sum of g over the chunk (a fixed shuffle scan, in float64);
 //   A[t, s] = beta_t exp(gam_t - gam_s) (k_t . k_s) (s < t);  Tm = (I + A)^-1;
 //   W = Tm diag(beta exp(gam)) K;  U~ = Tm diag(beta) V;  M[t, s] = exp(gam_t - gam_s) (q_t . k_s) (s <= t);
 //   U = U~ - W S;  O = diag(exp(gam)) (Q S) + M U;  S = exp(gam_last) S + K^T diag(exp(gam_last - gam)) U.
@@ -197,15 +197,19 @@ deltanet_chunk_prep(const float* __restrict__ qkv, int ldq, const float* __restr
         }
     }
     __syncthreads();
-    if (wp == 0) {  // gam: the inclusive prefix sum of g (a Hillis-Steele scan of each half, then the first half's total)
-        float x0 = gam[lane], x1 = gam[lane + 32];
+    // gam: the inclusive prefix sum of g (a Hillis-Steele scan of each half, then the first half's
+    // total) in float64: a strong decay (g ~ -30 a row) takes gam to ~-2000, where float32's ulp
+    // (1e-4) would be the relative error of every exp(gam_t - gam_s)
+    __shared__ double gamd[GDN_CHUNK];
+    if (wp == 0) {
+        double x0 = gam[lane], x1 = gam[lane + 32];
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            const float y0 = __shfl_up_sync(0xffffffffu, x0, o), y1 = __shfl_up_sync(0xffffffffu, x1, o);
-            if (lane >= o) x0 = __fadd_rn(x0, y0), x1 = __fadd_rn(x1, y1);
+            const double y0 = __shfl_up_sync(0xffffffffu, x0, o), y1 = __shfl_up_sync(0xffffffffu, x1, o);
+            if (lane >= o) x0 = __dadd_rn(x0, y0), x1 = __dadd_rn(x1, y1);
         }
-        x1 = __fadd_rn(x1, __shfl_sync(0xffffffffu, x0, 31));
-        gam[lane] = x0, gam[lane + 32] = x1;
+        x1 = __dadd_rn(x1, __shfl_sync(0xffffffffu, x0, 31));
+        gamd[lane] = x0, gamd[lane + 32] = x1;
     }
     if (writes_qk) {  // the normalized q | k of (chunk, kh)
         for (int e = tid; e < 64 * DKP / 4; e += CH_THREADS) {
@@ -216,7 +220,7 @@ deltanet_chunk_prep(const float* __restrict__ qkv, int ldq, const float* __restr
     }
     __syncthreads();
     if (tid < GDN_CHUNK) {  // rows past T have g = 0: gam[63] is the last row's
-        const float eq = expf(gam[tid]), ek = expf(__fsub_rn(gam[GDN_CHUNK - 1], gam[tid]));
+        const float eq = expf((float)gamd[tid]), ek = expf((float)__dsub_rn(gamd[GDN_CHUNK - 1], gamd[tid]));
         eqs[tid] = eq, eks[tid] = ek, sks[tid] = __fmul_rn(bet[tid], eq);
         Rg[tid] = eq, Rg[GDN_CHUNK + tid] = ek;
     }
@@ -237,7 +241,7 @@ deltanet_chunk_prep(const float* __restrict__ qkv, int ldq, const float* __restr
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = c_row(r0, e, lane), s = c_col(n0, e, lane);
-            const float d = s <= r ? expf(__fsub_rn(gam[r], gam[s])) : 0.0f;
+            const float d = s <= r ? expf((float)__dsub_rn(gamd[r], gamd[s])) : 0.0f;
             As[r * LDM + s] = s < r ? __fmul_rn(__fmul_rn(bet[r], d), cg[e]) : 0.0f;
             Rm[r * GDN_CHUNK + s] = __fmul_rn(d, cq[e]);
         }

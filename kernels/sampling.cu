@@ -28,8 +28,8 @@
 //   [7] seed bits 64..127, [8] hist_len (ids ever pushed to the ring), [9] flags
 //   (bit 0: push the sampled token to the ring and increment hist_len).
 // Ring: int32 [R]; id number n (0-based, n < hist_len) lives at ring[n % R].  The penalty uses
-//   the last min(repeat_last_n or all, hist_len, R) ids: R must be >= repeat_last_n for the
-//   reference's window.
+//   the last min(repeat_last_n, hist_len, R) ids (repeat_last_n 0: none, as sample_token): R must
+//   be >= repeat_last_n for the reference's window.
 // Position: pos_dev[0] (int32), the `position` argument of sample_token.
 // Launch geometry: sample: G blocks of SNT = 512 threads, G <= the SM count and <= MAX_GRID
 //   (cuda_ops.sample: about one block per 2048 logits), all resident at once: the passes are
@@ -314,13 +314,12 @@ sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__
     const unsigned long long flags = params[9];
 
     // 1. repetition penalty: bitmap of the distinct recent ids that fall in this block's slice
-    const bool use_pen = penalty != 1.0 && hist_len > 0 && ring_cap > 0;
+    const bool use_pen = penalty != 1.0 && last_n > 0 && hist_len > 0 && ring_cap > 0;
     const float pen = (float)penalty;
     if (use_pen) {
         for (int w = tid; w < (per + 31) / 32; w += SNT) bitmap[w] = 0;
         __syncthreads();
-        long long n = last_n > 0 ? min(last_n, hist_len) : hist_len;
-        n = min(n, (long long)ring_cap);
+        const long long n = min(min(last_n, hist_len), (long long)ring_cap);
         for (long long j = tid; j < n; j += SNT) {
             const int id = ring[(hist_len - 1 - j) % ring_cap];
             if (id >= s0 && id < s1) atomicOr(&bitmap[(id - s0) >> 5], 1u << ((id - s0) & 31));

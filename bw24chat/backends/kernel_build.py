@@ -23,6 +23,7 @@ import functools
 import glob
 import os
 import re
+import struct
 import sys
 
 import numpy as np
@@ -393,17 +394,43 @@ def set_planning(planner) -> None:
 
 
 def ptxas_registers(family: str, name: str, arch: str, defines: tuple) -> int:
-    """Registers per thread of kernel ``name`` built with ``defines`` for ``arch``, from ptxas'
-    own report (NVRTC, no GPU): what the occupancy of a persistent grid depends on."""
+    """Registers per thread of kernel ``name`` built with ``defines`` for ``arch``, as ptxas
+    assigned them (NVRTC, no GPU): what the occupancy of a persistent grid depends on.  Read from
+    the cubin, not from ptxas' -v report, which some NVRTC builds leave out of the program log."""
     key = (family, name, arch, defines)
     if key not in _registers:
-        _, log = compile_cubin(family, arch, dict(defines), extra=("-Xptxas=-v",))
-        found = re.findall(r"Function properties for (\w+)[\s\S]*?Used (\d+) registers", log)
-        regs = {fn: int(n) for fn, n in found}
+        cubin, _ = compile_cubin(family, arch, dict(defines))
+        regs = cubin_registers(cubin)
         if name not in regs:
-            raise KernelCompileError(family, (), f"ptxas reported no register count for {name}:\n{log[-2000:]}")
+            raise KernelCompileError(family, (), f"no register count for {name} in the cubin (kernels: {sorted(regs)})")
         _registers[key] = regs[name]
     return _registers[key]
+
+
+def cubin_registers(cubin: bytes) -> dict[str, int]:
+    """{kernel: registers per thread} of a cubin: the EIATTR_REGCOUNT (0x2f) records of its
+    .nv.info section, each (symbol index, count), named through .symtab / .strtab (ELF64)."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    # (name offset, type, flags, addr, offset, size, link, info, addralign, entsize)
+    sh = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(base: int, off: int) -> str:
+        return cubin[base + off:cubin.index(b"\0", base + off)].decode()
+
+    by_name = {cstr(sh[shstrndx][4], h[0]): h for h in sh}
+    symtab, info = by_name[".symtab"], by_name.get(".nv.info")
+    strtab = sh[symtab[6]][4]
+    names = [cstr(strtab, struct.unpack_from("<I", cubin, symtab[4] + 24 * i)[0]) for i in range(symtab[5] // 24)]
+    out, p, end = {}, info[4] if info else 0, info[4] + info[5] if info else 0
+    while p < end:
+        fmt, attr = cubin[p], cubin[p + 1]
+        size = struct.unpack_from("<H", cubin, p + 2)[0] if fmt == 0x04 else 0  # EIFMT_SVAL: sized payload
+        if attr == 0x2F and size == 8:
+            sym, n = struct.unpack_from("<II", cubin, p + 4)
+            out[names[sym]] = n
+        p += 4 + size
+    return out
 
 
 _registers: dict = {}

@@ -58,8 +58,9 @@ def test_head_equals_the_numpy_head(cp, heads, name):
     assert cu.last_hidden().shape == H.shape and _rel(cu.last_hidden(), H) < (5e-4 if aq else 1e-4)
     want = ref.mtp_forward(prompt[1:], H[:-1], 0, True)
     got = cu.mtp_forward(prompt[1:], H[:-1], 0, True)
+    tol = 5e-4 if aq else 1e-4  # the same code flips in the head's own rows and its KV cache
     for j in range(4):  # the catch-up's last row, then three chained rows on the same token and g
-        assert _rel(got[0], want[0]) < 1e-4 and _rel(got[1], want[1]) < 1e-4, j
+        assert _rel(got[0], want[0]) < tol and _rel(got[1], want[1]) < tol, (j, _rel(got[0], want[0]), _rel(got[1], want[1]))
         t = int(np.argmax(want[0]))
         g = want[1]
         want = ref.mtp_forward([t], g[None], len(prompt) - 1 + j, False)
