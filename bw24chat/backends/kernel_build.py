@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import functools
 import glob
+import hashlib
 import os
 import re
 import struct
@@ -128,18 +129,24 @@ def _real_arch(device_id: int, portable: bool) -> str:
 
 @functools.lru_cache(maxsize=None)
 def get_module(family: str, defines: tuple = ()):
-    """The compiled module for ``family`` with ``defines`` (a sorted tuple of (name, value))."""
+    """The compiled module for ``family`` with ``defines`` (a sorted tuple of (name, value)).
+    Compiled by compile_cubin and loaded as a cubin, not through cupy.RawModule(code=...): CuPy
+    appends -ftz=true to every compile, which would flush the subnormals the exactness contracts
+    keep (_options); and so the kernels that run are the ones the NVRTC checks build.  Cubins are
+    cached on disk by source, options and NVRTC version."""
     import cupy
 
-    os.environ.setdefault("CUPY_CACHE_DIR", str(kernel_cache_dir()))
-    options = _options(_device_arch(), dict(defines))
+    os.environ.setdefault("CUPY_CACHE_DIR", str(kernel_cache_dir()))  # CuPy's own kernels
+    arch = _device_arch()
     src = load_source(family)
-    try:
-        mod = cupy.RawModule(code=src, options=options, backend="nvrtc")
-        mod.compile()
-    except cupy.cuda.compiler.CompileException as exc:
-        raise KernelCompileError(family, options, exc.get_message() if hasattr(exc, "get_message") else str(exc)) from None
-    return mod
+    key = hashlib.sha256(repr((src, _options(arch, dict(defines)), nvrtc_version())).encode()).hexdigest()[:32]
+    path = kernel_cache_dir() / f"{family}-{arch}-{key}.cubin"
+    if not path.exists():
+        cubin, _ = compile_cubin(family, arch, dict(defines))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)  # atomic: concurrent processes compile the same bytes
+    return cupy.RawModule(path=str(path))
 
 
 class LaunchCounter:
