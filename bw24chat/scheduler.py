@@ -8,11 +8,16 @@ budget of ``step_tokens`` rows and the runner's ``max_batch`` sequences, in this
   2. one decode row of every other sequence past its prompt, oldest first;
   3. prefill chunks of the other sequences still in their prompt, oldest first (Agrawal et al.
      2024, "Sarathi-Serve": chunked prefills ride along with the decode rows).
-A prompt may thus be cut anywhere: prefill rows are chunk-invariant (backends/runner.py), so a
-sequence's tokens are the same whatever ran beside it.  A sequence with a drafter (speculative
-decoding, speculative.py) sends its current token and up to K drafts as decode rows sampled
-after every row; the drafts that equal what was sampled are kept (generate.Generator.speculate's
-rule), so its tokens are plain decoding's too.
+The budget keeps a long prompt from stalling the others' decode rows.  A step in which no
+sequence has a decode row waiting (one request alone, or all of them still in their prompts) has
+none to protect: its budget is the runner's own prefill chunk (runner.prefill_chunk), the rows a
+solo prefill runs at once, if that is larger.  Decode rows stay within ``step_tokens`` (the
+batched step's buffers are sized for that: engine._open_pool).  A prompt may thus be cut
+anywhere: prefill rows are chunk-invariant (backends/runner.py), so a sequence's tokens are the
+same whatever ran beside it.  A sequence with a drafter (speculative decoding, speculative.py)
+sends its current token and up to K drafts as decode rows sampled after every row; the drafts
+that equal what was sampled are kept (generate.Generator.speculate's rule), so its tokens are
+plain decoding's too.
 
 KV blocks come from kv_pages.KVPages.  A new sequence first takes the published blocks of its
 prompt's longest cached prefix (prefix sharing); blocks are reserved just before the rows that
@@ -34,9 +39,10 @@ from typing import Callable
 import numpy as np
 
 from .api import SamplingParams
-from .backends.runner import SeqWork, max_batch
+from .backends.runner import SeqWork, max_batch, prefill_chunk
 from .generate import Output
 from .kv_pages import KVPages, min_pool_blocks
+from .sampling import REPEAT_WINDOW_MAX
 from .speculative import Drafter, DraftLength, SpecCounters
 
 DEFAULT_STEP_TOKENS = 256
@@ -111,6 +117,7 @@ class Scheduler:
         runner.init_kv_pool(n_blocks)
         self.pages = KVPages(n_blocks, bs, share_prefixes)
         self.step_tokens = max(step_tokens, 1)
+        self.prefill_tokens = max(self.step_tokens, prefill_chunk(runner))  # a step's budget when no decode row waits
         self.seqs: list[Sequence] = []  # every unfinished sequence, waiting or admitted
         self._ids = itertools.count()
         self.steps = 0
@@ -212,7 +219,7 @@ class Scheduler:
                  [s for s in order if not s.interactive and s.opened and s.decoding],
                  [s for s in order if not s.interactive and not (s.opened and s.decoding)])
         plan: list[tuple[Sequence, SeqWork]] = []
-        budget = self.step_tokens
+        budget = self.step_tokens if any(s.opened and s.decoding for s in self.seqs) else self.prefill_tokens
         for seq in (s for tier in tiers for s in tier):
             if len(plan) == self.max_batch or budget == 0:
                 break
@@ -237,6 +244,7 @@ class Scheduler:
                 seq.cached_tokens = seq.computed
         seq.drafts = []
         if seq.decoding:  # the next token, or the already generated ones replayed after a preemption
+            budget = min(budget, self.step_tokens)  # decode rows never take a larger prefill budget
             n = min(len(seq.ids) - seq.computed, budget)
             if n == 1 and seq.drafter is not None:
                 # drafts + the bonus token never exceed what max_tokens and the context still allow
@@ -257,7 +265,8 @@ class Scheduler:
         sample = seq.computed + len(rows) >= len(seq.ids)
         return SeqWork(np.asarray(rows, np.int64), seq.computed, self.pages.table(seq.id),
                        prefill=not seq.decoding, params=seq.sampling if sample else None, seed=seq.seed,
-                       history=seq.ids[:seq.computed] if sample and seq.sampling.repeat_penalty != 1.0 else (),
+                       history=seq.ids[max(seq.computed - REPEAT_WINDOW_MAX, 0):seq.computed]
+                       if sample and seq.sampling.repeat_penalty != 1.0 else (),
                        sample_all=bool(seq.drafts))
 
     def _fits(self, seq: Sequence) -> bool:

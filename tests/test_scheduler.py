@@ -183,3 +183,98 @@ def test_speculative_sequences_in_a_batch_equal_plain_decoding(ck, tok, sp):
         oracle = [s for s in seqs if isinstance(s.drafter, OracleDrafter)]
         assert all(s.spec.accepted > 0 for s in oracle)
         assert sum(s.spec.accepted for s in seqs if s.drafter) > sum(s.spec.drafted for s in seqs if s.drafter) / 3
+
+
+def _stepped(sched, until=None):
+    """Step ``sched`` until it is idle (or ``until()``); per step that ran: whether a sequence had
+    a decode row waiting before it, and its items as (prefill, rows)."""
+    runner, log = sched.runner, []
+    inner = runner.batch_step
+
+    def batch_step(work):
+        log[-1][1].extend((w.prefill, len(w.ids)) for w in work)
+        return inner(work)
+
+    runner.batch_step = batch_step
+    try:
+        while not sched.idle() and not (until and until()):
+            log.append((any(s.opened and s.decoding for s in sched.seqs), []))
+            if not sched.step():
+                log.pop()
+    finally:
+        del runner.batch_step
+    return log
+
+
+def _chunked_runner(ck, chunk):
+    """A NumPy runner that declares a prefill chunk (runner.prefill_chunk), as the CUDA runner does."""
+    runner = numpy_runner(ck, N_CTX)
+    runner.prefill_chunk = chunk
+    return runner
+
+
+def test_a_step_with_no_decode_row_waiting_takes_the_prefill_chunk(ck, tok):
+    """A lone prompt is prefilled in the runner's chunks (48 rows), not the step budget (16); once
+    it decodes, prompts that join share the budget with its decode row; sequences that all
+    prefill share one chunk; every output equals its solo run."""
+    rng = np.random.default_rng(21)
+    a, b, c = ([int(t) for t in rng.integers(0, V, n)] for n in (100, 70, 30))
+    sched = Scheduler(_chunked_runner(ck, 48), 400, True, step_tokens=16)
+    seqs = [Sequence(list(p), GREEDY, Output(tok, GREEDY, len(p), N_CTX)) for p in (a, b, c)]
+    sched.add(seqs[0])
+    log = _stepped(sched, until=lambda: len(seqs[0].out.ids) == 4)
+    assert [items for _, items in log] == [[(True, 48)], [(True, 48)], [(True, 4)], [(False, 1)], [(False, 1)],
+                                           [(False, 1)]]
+    sched.add(seqs[1])
+    sched.add(seqs[2])
+    log = _stepped(sched)
+    assert log[0] == (True, [(False, 1), (True, 15)])  # a's decode row, then b's prompt within the budget
+    assert all(sum(n for _, n in items) <= 16 for waiting, items in log if waiting)
+    assert [s.out.ids for s in seqs] == [_solo(ck, tok, p, GREEDY)[0] for p in (a, b, c)]
+
+    sched = Scheduler(_chunked_runner(ck, 48), 400, True, step_tokens=16)
+    for p in (c, b):
+        sched.add(Sequence(list(p), GREEDY, Output(tok, GREEDY, len(p), N_CTX)))
+    assert _stepped(sched)[0] == (False, [(True, 30), (True, 18)])
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_decode_rows_stay_within_the_step_budget(ck, tok, share):
+    """With a prefill chunk larger than the step budget, a pool small enough to preempt (the
+    generated tokens replayed as decode rows) and n-gram drafts: no step runs more decode rows
+    than step_tokens, a step with a decode row waiting no more rows at all, any other step no more
+    than the chunk; every output is its solo run's."""
+    from bw24chat.speculative import NgramDrafter
+
+    sp = SamplingParams(**{**SAMPLED.__dict__, "max_tokens": 90})
+    prompts = _prompts(5, seed=4)
+    solo = [_solo(ck, tok, p, sp) for p in prompts]
+    sched = Scheduler(_chunked_runner(ck, 64), 1, share, step_tokens=24)
+    seqs = []
+    for i, p in enumerate(prompts):
+        seqs.append(Sequence(list(p), sp, Output(tok, sp, len(p), N_CTX), drafter=NgramDrafter() if i % 2 else None))
+        sched.add(seqs[-1])
+    log = _stepped(sched)
+    assert sched.preemptions > 0
+    for waiting, items in log:
+        assert sum(n for pre, n in items if not pre) <= 24
+        assert sum(n for _, n in items) <= (24 if waiting else 64)
+    assert any(not waiting and sum(n for _, n in items) > 24 for waiting, items in log)
+    assert [(s.out.ids, s.finish) for s in seqs] == [s[:2] for s in solo]
+
+
+def test_a_replay_alone_stays_within_the_step_budget(ck, tok):
+    """A preempted sequence whose whole prompt is still cached comes back decoding: its 40
+    generated tokens are replayed as decode rows, step_tokens (24) a step, though no other
+    sequence waits (the chunk, 64, is for prefill rows); it then goes on as its solo run."""
+    sp = SamplingParams(**{**GREEDY.__dict__, "max_tokens": 60})
+    prompt = [int(t) for t in np.random.default_rng(23).integers(0, V, 32)]  # two whole blocks
+    sched = Scheduler(_chunked_runner(ck, 64), 400, True, step_tokens=24)
+    seq = Sequence(list(prompt), sp, Output(tok, sp, len(prompt), N_CTX))
+    sched.add(seq)
+    _stepped(sched, until=lambda: len(seq.out.ids) == 40)
+    sched._preempt(seq)
+    log = _stepped(sched)
+    assert seq.cached_tokens == 0 and seq.preemptions == 1
+    assert log[:2] == [(False, [(False, 24)]), (True, [(False, 16)])]
+    assert seq.out.ids == _solo(ck, tok, prompt, sp)[0]

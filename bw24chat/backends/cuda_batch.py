@@ -37,6 +37,7 @@ from .runner import MAX_ROWS, SeqWork
 
 MAX_BATCH = 64  # sequences one batch_step takes
 PASS_ROWS = 64  # decode rows of one batched pass (more run in several passes)
+_GREEDY = SamplingParams(temperature=0)  # rows that sample nothing (their token is dropped); padding rows
 
 # The pass's step image (pinned on the host, mirrored on the device): int32 arrays of PASS_ROWS
 # (tokens, positions, lengths = position + 1, sampled tokens, cache rows), then one block per row:
@@ -64,7 +65,9 @@ def step_bytes(runner, rows: int = PASS_ROWS) -> int:
     """VRAM a BatchStep of ``runner`` takes beside its pool's blocks, for steps of up to ``rows``
     decode rows: the scratch block, the pass's buffers (the one-row step's decode buffers, which
     ``runner.warmup`` allocated, scaled to PASS_ROWS rows), logits, attention workspace and step
-    image, and the logits copies of all but a step's last pass."""
+    image, the logits copies of all but a step's last pass, and a prefill item's cache rows and
+    block table (its chunks of up to prefill_chunk rows run in the runner's own prefill buffers,
+    which the warm-up allocated at that size)."""
     a, V = runner.args, runner.args.vocab_size
     decode = sum(b.nbytes for (name, *_), b in runner._bufs.items() if name.startswith("d:") and not name.startswith("d:mtp."))
     image = _HDR + PASS_ROWS * (_TABLE + 4 * -(-runner.n_ctx // ops.KV_PAGE) + 16)
@@ -78,6 +81,18 @@ def bucket(rows: int) -> int:
     """The graph a pass of ``rows`` decode rows replays: exact up to MAX_ROWS, else the next
     multiple of MAX_ROWS (padding rows cost their compute, never a value of the others)."""
     return rows if rows <= MAX_ROWS else -(-rows // MAX_ROWS) * MAX_ROWS
+
+
+def _row_runs(picks) -> list:
+    """(logits array, row) of each sampled token, in order -> (array, rows) runs over one array
+    (CudaRunner.last_logits gathers them only if asked: logprobs)."""
+    runs: list = []
+    for a, i in picks:
+        if runs and runs[-1][0] is a:
+            runs[-1][1].append(i)
+        else:
+            runs.append((a, [i]))
+    return runs
 
 
 class _Rows:
@@ -171,6 +186,8 @@ class BatchStep:
         # a prefill item's cache rows and block table
         self.p_rows = self._zeros("bp_rows", (runner.prefill_chunk,), np.int32)
         self.p_table = self._zeros("bp_table", (self.max_blocks,), np.int32)
+        # a padding row's sampler image and block table (the scratch block)
+        self.pad_params, self.pad_table = ops.pack_sampling_params(_GREEDY, 0, 0), np.array([n_blocks], np.int32)
         self._bufs: dict = {}
         self.plans: dict = {}  # bucket -> the pass's launches
         self.graphs: dict = {}  # bucket -> the captured pass
@@ -207,8 +224,10 @@ class BatchStep:
         o.kv_tables = self.d_i32[(_HDR + r0 * self.row_bytes + _TABLE) // 4:]
         o.table_stride = self.row_bytes // 4
         # one workspace layout for every bucket (its arrival counters must stay where the last launch
-        # zeroed them); every key a pass writes is among each row's last PASS_ROWS
-        o.attn_ws, o.attn_rows = self.attn_ws, PASS_ROWS
+        # zeroed them); every key a pass writes is among each row's last ``rows`` (a sequence's
+        # rows in a pass are consecutive positions), the keys the attention fetches after the cache
+        # write (attention_decode_tc.cu: fresh)
+        o.attn_ws, o.attn_ws_rows, o.attn_rows = self.attn_ws, PASS_ROWS, rows
         return o
 
     def _prefill_ops(self, T: int, start: int):
@@ -292,18 +311,17 @@ class BatchStep:
     def warmup(self) -> None:
         """Compile the paged kernels and capture the one-row pass (positions 0..2 of block 0, which
         a sequence overwrites before it reads them)."""
-        greedy, t = SamplingParams(temperature=0), np.zeros(1, np.int32)
-        self.step([SeqWork(np.array([0, 1]), 0, t, True, greedy)])
-        self.step([SeqWork(np.array([0]), 2, t, False, greedy)])
+        t = np.zeros(1, np.int32)
+        self.step([SeqWork(np.array([0, 1]), 0, t, True, _GREEDY)])
+        self.step([SeqWork(np.array([0]), 2, t, False, _GREEDY)])
 
     # ------------------------------------------------------------------ the step
     def step(self, work: list[SeqWork]) -> list[list[int]]:
         r = self.r
         if not 1 <= len(work) <= max_batch(r):
             raise ValueError(f"a batched step of {len(work)} sequences; this runner takes 1..{max_batch(r)}")
-        greedy = SamplingParams(temperature=0)  # rows that sample nothing (their token is dropped)
         out: list[list[int]] = [[] for _ in work]
-        kept: list[list] = [[] for _ in work]  # per item, device rows of the logits it sampled from
+        kept: list[list] = [[] for _ in work]  # per item, (logits array, row) of each token it sampled
         rows = []  # the decode rows: (item, row index, token, position, cache row, table, params, ring)
         for j, w in enumerate(work):
             ids = [int(t) for t in w.ids]
@@ -316,28 +334,29 @@ class BatchStep:
                 self._prefill(j, w, ids, table, out, kept)
                 continue
             crows = paged_rows(table, np.arange(w.start, w.start + len(ids)), self.page)
-            samp = sampling_rows(ids, w.params or greedy, w.seed, list(w.history))
+            samp = sampling_rows(ids, w.params or _GREEDY, w.seed, w.history)
             for i, (t, (packed, ring)) in enumerate(zip(ids, samp)):
                 rows.append((j, i, t, w.start + i, int(crows[i]), table, packed, ring))
-        pad = ops.pack_sampling_params(greedy, 0, 0)
         for p0 in range(0, len(rows), PASS_ROWS):
             chunk = rows[p0:p0 + PASS_ROWS]
             n, nb = len(chunk), bucket(len(chunk))
             for i, (_, _, t, pos, crow, table, packed, ring) in enumerate(chunk):
                 self._write_row(i, t, pos, crow, table, packed, ring)
             for i in range(n, nb):  # padding rows: position 0 in the scratch block
-                self._write_row(i, 0, 0, self.scratch_row, np.array([self.n_blocks], np.int32), pad, [])
+                self._write_row(i, 0, 0, self.scratch_row, self.pad_table, self.pad_params, [])
             self._run_pass(nb)
-            with r.stream:  # the logits outlive the pass only where another pass follows
-                logits = self.logits if p0 + PASS_ROWS >= len(rows) else self.logits[:n].copy()
+            logits = self.logits
+            if p0 + PASS_ROWS < len(rows):  # the logits outlive the pass only where another pass follows
+                with r.stream:
+                    logits = self.logits[:n].copy()
             r.stream.synchronize()
             toks = self.h_i32[_OUT // 4:_OUT // 4 + n]
             for i, (j, k, *_rest) in enumerate(chunk):
                 w = work[j]
                 if w.params is not None and (w.sample_all or k == len(w.ids) - 1):
                     out[j].append(int(toks[i]))
-                    kept[j].append(logits[i:i + 1])
-        r._kept = [row for rs in kept for row in rs]
+                    kept[j].append((logits, i))
+        r._kept = _row_runs(p for rs in kept for p in rs)
         r._rows, r._hidden = 0, []
         return out
 
@@ -366,6 +385,6 @@ class BatchStep:
             r._h2d_io(1)
             r._sample_rows(1)
             r._d2h_tokens(1)
-            kept[j].append(r.d_logits[:1].copy())
+            kept[j].append((r.d_logits[:1].copy(), 0))
         r.stream.synchronize()  # (the next item rewrites the runner's step image)
         out[j].append(int(r.h_i32[_HDR_OUT // 4]))

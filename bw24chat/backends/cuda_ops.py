@@ -14,6 +14,7 @@ N cache positions (n_ctx), m decode rows, V vocabulary.  KV cache layouts: kerne
 from __future__ import annotations
 
 import math
+import struct
 from typing import NamedTuple
 
 import numpy as np
@@ -368,7 +369,7 @@ def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, q
 
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
                 max_rows: int = DECODE_MAX_ROWS, qx_out=None, act_bf16: bool = False, tables=None,
-                table_stride: int = 0) -> None:
+                table_stride: int = 0, ws_rows: int = 0) -> None:
     """Split-K decode attention for m (1..max_rows) query rows.
 
     q (m', H, hd) float32 with m' >= m (rows 0..m-1 used); row r attends keys 0..lengths_dev[r]-1
@@ -381,13 +382,17 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     row r's block table at r * table_stride): the cache is a paged pool of KV_PAGE-position
     blocks (attention_common.cuh KV_PAGE; kernel_refs.paged_rows); each row's bits are those of
     the contiguous cache holding the same keys (max_rows too changes only the workspace layout
-    and when the newest keys are fetched, never a value)."""
+    and when the newest keys are fetched, never a value).  ws_rows (default max_rows): the rows
+    the workspace is laid out for, >= max_rows: launches of different max_rows that share one
+    workspace find its arrival counters in one place (the split partials are rewritten by every
+    launch before they are read)."""
     _, H, hd = q.shape
     K = cache_k.shape[1]
-    if not 1 <= m <= max_rows:
-        raise ValueError(f"m={m} outside 1..{max_rows}")
+    ws_rows = ws_rows or max_rows
+    if not 1 <= m <= max_rows <= ws_rows:
+        raise ValueError(f"m={m}, max_rows={max_rows}, ws_rows={ws_rows}: need 1 <= m <= max_rows <= ws_rows")
     n_ctx = _cache_ctx(cache_k, kv_type, K, hd)
-    _, cnt_bytes, part_bytes = _decode_ws_layout(H, K, hd, max_rows)
+    _, cnt_bytes, part_bytes = _decode_ws_layout(H, K, hd, ws_rows)
     assert workspace.nbytes >= cnt_bytes + part_bytes, "decode workspace too small"
     ws_cnt = workspace[:cnt_bytes].view(np.int32)
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
@@ -462,22 +467,19 @@ def attn_prefill(q, cache_k, cache_v, kv_type: str, start: int, T: int, scale: f
 # ============================================================================ sampling.cu
 
 
+# the device params' words: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed
+# (low, high 64 bits), ring fill, push; float64 words hold the value's bits; the rest are zero
+_SAMPLE_PARAMS = struct.Struct(f"<dQdddQQQQQ{8 * (SAMPLE_PARAM_WORDS - 10)}x")
+
+
 def pack_sampling_params(p, seed: int, hist_len: int = 0, push: bool = False) -> np.ndarray:
     """SamplingParams + seed (int, up to 128 bits) + ring fill -> the uint64[16] host image of
-    the device params (copy it into a device array; a graph replays with new contents)."""
-    a = np.zeros(SAMPLE_PARAM_WORDS, np.uint64)
-    f64 = lambda x: np.float64(x).view(np.uint64)  # noqa: E731
-    a[0] = f64(p.temperature)
-    a[1] = np.uint64(max(int(p.top_k), 0))
-    a[2] = f64(p.top_p)
-    a[3] = f64(p.min_p)
-    a[4] = f64(p.repeat_penalty)
-    a[5] = np.uint64(max(int(p.repeat_last_n), 0))
-    a[6] = np.uint64(seed & _M64)
-    a[7] = np.uint64((seed >> 64) & _M64)
-    a[8] = np.uint64(hist_len)
-    a[9] = np.uint64(1 if push else 0)
-    return a
+    the device params (copy it into a device array; a graph replays with new contents).  One
+    struct.pack: every decode step packs a row's image on the host."""
+    words = _SAMPLE_PARAMS.pack(float(p.temperature), max(int(p.top_k), 0), float(p.top_p), float(p.min_p),
+                                float(p.repeat_penalty), max(int(p.repeat_last_n), 0), seed & _M64, (seed >> 64) & _M64,
+                                hist_len, 1 if push else 0)
+    return np.frombuffer(bytearray(words), np.uint64)
 
 
 SAMPLE_NT = 512  # sampling.cu SNT

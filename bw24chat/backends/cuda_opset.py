@@ -128,9 +128,10 @@ class CudaOps(Ops):
         self.cache_k, self.cache_v, self.lengths = runner.cache_k, runner.cache_v, runner.d_len[:rows]
         # a paged pool instead (the batched step, cuda_batch.py): each row's cache row, the block
         # tables (decode: row i's at i * table_stride; prefill: the sequence's), the decode
-        # attention's workspace and the rows it is laid out for
+        # attention's workspace, the rows it is laid out for and the rows its launches take
         self.kv_rows, self.kv_tables, self.table_stride = None, None, 0
-        self.attn_ws, self.attn_rows = runner.attn_ws, ops.DECODE_MAX_ROWS
+        self.attn_ws, self.attn_ws_rows = runner.attn_ws, ops.DECODE_MAX_ROWS
+        self.attn_rows = ops.DECODE_MAX_ROWS
         self._values: dict = {}  # id -> (deferred value, its buffer) once launched (_value)
 
     def buf(self, name: str, *cols: int, dtype: str = "f4"):
@@ -173,7 +174,7 @@ class CudaOps(Ops):
                 if qx_ok and r.attn_qx and (H * hd) % 32 == 0 else None
             ops.attn_decode(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.lengths, m, s.scale, out,
                             self.attn_ws, self.attn_rows, qx_out=qa, act_bf16=self.xb16, tables=self.kv_tables,
-                            table_stride=self.table_stride)
+                            table_stride=self.table_stride, ws_rows=self.attn_ws_rows)
             x = out.reshape(m, H * hd)
             return dict(x=x, prologue="qx", qx_in=qa) if qa is not None else dict(x=x)
         if isinstance(v, _Linear):

@@ -148,7 +148,9 @@ class CudaRunner:
         self.plans: dict = {}  # rows -> the decode step's launches (kernel_build.KernelLaunch / HostStep)
         self.graphs: dict = {}  # rows -> the captured decode step: [(graph, the HostStep after it or None)]
         self._rows = 1  # rows of the last pass (last_logits)
-        self._kept: list = []  # the logits of each pass of a step over more than MAX_ROWS rows
+        # the logits of each pass of a step over more than MAX_ROWS rows; a batched step's are
+        # (logits array, rows) pairs, gathered only if asked (cuda_batch.BatchStep.step)
+        self._kept: list = []
         self._hidden: list = []  # the trunk's last-layer rows of the last prefill / step, per pass (last_hidden)
         self.batch = None  # init_kv_pool: the paged pool and the batched step (cuda_batch.py)
         self.pool_budget: int | None = None  # kv_pool_room's cap: what the fit left of a VRAM budget
@@ -361,7 +363,7 @@ class CudaRunner:
     def last_logits(self) -> np.ndarray:
         self.stream.synchronize()
         if self._kept:
-            return np.concatenate([self.cp.asnumpy(k) for k in self._kept])
+            return np.concatenate([self.cp.asnumpy(k[0][k[1]] if isinstance(k, tuple) else k) for k in self._kept])
         return self.cp.asnumpy(self.d_logits[:self._rows])
 
     def rollback(self, n: int) -> None:

@@ -33,12 +33,16 @@ notion of text: ``generate.py`` drives it with token ids.
   ``rollback(n)``  positions >= n are no longer valid (after a rejected speculative draft)
   ``memory_info() -> dict``
 
-``history`` is always the ids at positions 0..start-1 (the sampler's repetition penalty window).
+``history`` is always the ids at positions 0..start-1 (the sampler's repetition penalty window),
+or only the last sampling.REPEAT_WINDOW_MAX of them: no draw looks further back.
 
 Batched steps (continuous batching: scheduler.py drives them; ``max_batch(runner)`` > 1 says a
 runner has them, else the engine serves one sequence at a time through prefill / step):
 
   ``max_batch``   the most sequences one ``batch_step`` takes
+  ``prefill_chunk`` (optional)  the rows of one pass of ``prefill`` (CUDA: what its prefill
+        buffers hold); a step with no decode row waiting takes that many prefill rows
+        (scheduler.py), as a solo prefill would
   ``block_size``  positions per KV block, a power of two (16 or 64: a block is the unit of the
         paged pool, of prefix sharing and of the attention kernel's key tiles)
   ``kv_block_bytes() -> int``  the bytes of one block over every layer (K and V): the engine
@@ -99,10 +103,15 @@ class SeqWork:
     prefill: bool  # prefill rows (chunk-invariant) or decode rows (each equals a one-row step)
     params: SamplingParams | None = None  # sample the token after the last row (position start + T)
     seed: int = 0
-    history: Sequence[int] = field(default=())  # the ids at positions 0 .. start - 1
+    history: Sequence[int] = field(default=())  # the ids at positions 0 .. start - 1 (or their last REPEAT_WINDOW_MAX)
     sample_all: bool = False  # sample after every row (speculative verify; decode rows)
 
 
 def max_batch(runner) -> int:
     """The sequences one batched step of ``runner`` takes (1: it has no batched step)."""
     return int(getattr(runner, "max_batch", 1))
+
+
+def prefill_chunk(runner) -> int:
+    """The rows of one prefill pass of ``runner`` (0: it prefills a prompt in one pass)."""
+    return int(getattr(runner, "prefill_chunk", 0))
