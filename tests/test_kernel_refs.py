@@ -125,8 +125,10 @@ def test_paged_pool_holds_a_sequence_as_the_contiguous_cache(rng, kv_type):
     pbuf = kr.kv_cache_pack(pcodes, pscales, kv_type)
     got = kr.kv_cache_gather(pbuf, kv_type, n_blocks * page, K, hd, rows)
     assert got.tobytes() == kr.kv_cache_pack(codes, scales, kv_type).tobytes()
-    with pytest.raises(ValueError):
-        kr.paged_rows(table, [len(table) * page], page)
+    assert [kr.paged_row(table, p, page) for p in range(L)] == rows.tolist()
+    for bad in (kr.paged_rows, kr.paged_row):
+        with pytest.raises(ValueError):
+            bad(table, [len(table) * page] if bad is kr.paged_rows else len(table) * page, page)
 
 
 def test_decode_splits_cover_and_bound():

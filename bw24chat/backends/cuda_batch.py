@@ -30,7 +30,7 @@ from ..api import SamplingParams
 from ..ops import Ops
 from . import cuda_ops as ops
 from .kernel_build import eager_launches, tracing
-from .kernel_refs import kv_cache_nbytes, kv_cache_shape, paged_rows
+from .kernel_refs import kv_cache_nbytes, kv_cache_shape, paged_row, paged_rows
 from .cuda_opset import CudaOps
 from .cuda_runner import _HDR_OUT, RING, sampling_rows
 from .runner import MAX_ROWS, SeqWork
@@ -333,10 +333,10 @@ class BatchStep:
             if w.prefill:
                 self._prefill(j, w, ids, table, out, kept)
                 continue
-            crows = paged_rows(table, np.arange(w.start, w.start + len(ids)), self.page)
             samp = sampling_rows(ids, w.params or _GREEDY, w.seed, w.history)
             for i, (t, (packed, ring)) in enumerate(zip(ids, samp)):
-                rows.append((j, i, t, w.start + i, int(crows[i]), table, packed, ring))
+                pos = w.start + i
+                rows.append((j, i, t, pos, paged_row(table, pos, self.page), table, packed, ring))
         for p0 in range(0, len(rows), PASS_ROWS):
             chunk = rows[p0:p0 + PASS_ROWS]
             n, nb = len(chunk), bucket(len(chunk))

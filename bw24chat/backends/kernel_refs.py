@@ -401,6 +401,15 @@ def paged_rows(table: np.ndarray, positions: np.ndarray, page: int) -> np.ndarra
     return table[p // page] * page + p % page
 
 
+def paged_row(table, position: int, page: int) -> int:
+    """paged_rows of one position, in Python ints: a decode row's cache row, which the batched
+    step computes on the host every step (NumPy's per-call cost would be most of it)."""
+    b = position // page
+    if not 0 <= b < len(table):
+        raise ValueError(f"position {position} beyond the table's {len(table)} blocks of {page}")
+    return int(table[b]) * page + position % page
+
+
 def kv_cache_gather(buf: np.ndarray, kv_type: str, n_rows: int, n_kv: int, hd: int, rows: np.ndarray) -> np.ndarray:
     """The contiguous cache buffer (kv_cache_pack's layout, len(rows) positions) that holds rows
     ``rows`` of the pool buffer ``buf`` (n_rows rows): what a paged attention reads equals the

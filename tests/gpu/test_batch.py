@@ -88,6 +88,36 @@ def test_paged_decode_equals_contiguous(cp, rng, monkeypatch, kv_type, tc, clust
         assert float(np.max(np.abs(got[i] - ref)) / np.max(np.abs(ref))) <= 2e-3
 
 
+@pytest.mark.parametrize("kv_type,tc,cluster", DECODE_KERNELS)
+def test_decode_rows_below_the_workspace_layout(cp, rng, monkeypatch, kv_type, tc, cluster):
+    """attn_decode with max_rows below the rows its workspace is laid out for (ws_rows: the batched
+    pass's bucket in a workspace of PASS_ROWS rows), launches of different max_rows taking turns
+    on one workspace: every row's bits are those of the default launch (max_rows moves only when
+    the newest keys are fetched), so the arrival counters stay where each launch finds them."""
+    _set_decode_kernel(monkeypatch, tc, cluster)
+    H, K, hd, ws_rows = 32, 8, 128, 64
+    scale = 1.0 / math.sqrt(hd)
+    lengths = [1, 63, 64, 65, 130, 3001, 7, 200]
+    pk, pv, _, tables = _scatter(rng, kv_type, lengths, sum(-(-L // PAGE) for L in lengths) + 5, K, hd)
+    pk, pv, tables = cp.asarray(pk), cp.asarray(pv), cp.asarray(tables)
+    q = cp.asarray((rng.standard_normal((len(lengths), H, hd)) * 2).astype(np.float32))
+    lens = cp.asarray(np.asarray(lengths, np.int32))
+
+    def run(m, max_rows, ws, ws_rows=0):
+        out = cp.full((m, H, hd), np.nan, cp.float32)
+        ops.attn_decode(q, pk, pv, kv_type, lens, m, scale, out, ws, max_rows, tables=tables,
+                        table_stride=tables.shape[1], ws_rows=ws_rows)
+        return out.get()
+
+    want = run(8, ops.DECODE_MAX_ROWS, cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd), cp.uint8))
+    ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd, ws_rows), cp.uint8)
+    for m, max_rows in [(8, 8), (1, 1), (8, 64), (3, 3), (8, 16), (1, 1), (8, 24), (8, 8)]:
+        got = run(m, max_rows, ws, ws_rows)
+        assert np.array_equal(got.view(np.uint32), want[:m].view(np.uint32)), (m, max_rows)
+    with pytest.raises(ValueError):
+        run(8, 64, ws, 16)
+
+
 @pytest.mark.parametrize("kv_type", kr.KV_TYPES)
 @pytest.mark.parametrize("H,K,hd", [(9, 3, 64), (32, 8, 128)])
 def test_paged_prefill_equals_contiguous(cp, rng, kv_type, H, K, hd):
@@ -172,6 +202,50 @@ def test_batched_graph_equals_eager(cp):
         outs.append((toks, r.last_logits()))
     assert outs[0][0] == outs[1][0]
     assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
+
+
+def test_a_lone_prompt_takes_the_prefill_chunk_and_a_joiner_changes_nothing(cp):
+    """A request alone is prefilled as the solo runner prefills it (its 450-token prompt in one
+    step: the runner's prefill chunk, not the 256-row step budget); a second request joining while
+    it decodes is prefilled in budget-sized chunks beside its decode rows; both equal their solo
+    runs bit for bit (tokens and the logits of every token)."""
+    from dataclasses import replace
+
+    from bw24chat.check import SPEC_SAMPLING, _same, batch_runner, solo_run
+    from bw24chat.generate import Output
+    from bw24chat.scheduler import DEFAULT_STEP_TOKENS, Scheduler, Sequence
+
+    make_runner, tok, _ = batch_runner("cuda", kv="bf16")
+    r = make_runner()
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(0, r.vocab_size, n)] for n in (450, 300)]
+    sp = [replace(SPEC_SAMPLING["sampled"], seed=7 + i, max_tokens=24) for i in range(2)]
+    solo = [solo_run(make_runner, p, sp[i], sp[i].seed, 24) for i, p in enumerate(prompts)]
+    sched = Scheduler(r, 64)
+    steps, inner = [], r.batch_step
+
+    def batch_step(work):
+        steps.append([(w.prefill, len(w.ids)) for w in work])
+        return inner(work)
+
+    r.batch_step = batch_step
+    seqs, rows = [], []
+    for i, p in enumerate(prompts):
+        out = Output(tok, sp[i], len(p), r.n_ctx)
+        rows.append([])
+        out.feed = lambda t, logits, feed=out.feed, got=rows[-1]: got.append(np.array(logits())) or feed(t, logits)
+        seqs.append(Sequence(list(p), sp[i], out))
+    sched.add(seqs[0])
+    while len(seqs[0].out.ids) < 5:
+        sched.step()
+    sched.add(seqs[1])
+    while not sched.idle():
+        sched.step()
+    assert r.prefill_chunk > DEFAULT_STEP_TOKENS and steps[0] == [(True, 450)]
+    joined = [s for s in steps if (True, DEFAULT_STEP_TOKENS - 1) in s]
+    assert joined and all((False, 1) in s for s in joined)
+    for i, s in enumerate(seqs):
+        assert _same((s.out.ids, rows[i]), solo[i]), i
 
 
 # ----------------------------------------------------------------------------- the pool's memory
