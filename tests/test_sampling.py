@@ -72,3 +72,21 @@ def test_repeat_window_is_the_device_samplers():
     add_engine_args(p)
     with pytest.raises(OptionError, match="repeat-last-n"):
         options_from_args(p.parse_args(["--repeat-last-n", str(REPEAT_WINDOW_MAX + 1)]))
+
+
+def test_device_params_image_holds_each_field():
+    """cuda_ops.pack_sampling_params: the words sampling.cu reads (params[0..9]: float64 bits of
+    temperature, top_p, min_p and the penalty; top_k, repeat_last_n, the seed's two halves, the
+    ring fill, the push flag), negative counts as 0, the rest of the 16 words zero."""
+    from bw24chat.backends import cuda_ops as ops
+
+    p = SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, repeat_last_n=300)
+    seed = (12345 << 64) | 0xFEDCBA9876543210
+    w = ops.pack_sampling_params(p, seed, 77, push=True)
+    assert w.dtype == np.uint64 and w.shape == (ops.SAMPLE_PARAM_WORDS,) and w.flags.writeable
+    f64 = w.view(np.float64)
+    assert (f64[0], f64[2], f64[3], f64[4]) == (0.7, 0.95, 0.05, 1.1)
+    assert w[1:2].tolist() + w[5:10].tolist() == [40, 300, 0xFEDCBA9876543210, 12345, 77, 1]
+    assert not w[10:].any()
+    w = ops.pack_sampling_params(SamplingParams(temperature=0, top_k=-1, repeat_last_n=-5), 3)
+    assert w[[1, 5, 6, 7, 8, 9]].tolist() == [0, 0, 3, 0, 0, 0] and w.view(np.float64)[0] == 0.0
