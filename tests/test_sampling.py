@@ -90,3 +90,23 @@ def test_device_params_image_holds_each_field():
     assert not w[10:].any()
     w = ops.pack_sampling_params(SamplingParams(temperature=0, top_k=-1, repeat_last_n=-5), 3)
     assert w[[1, 5, 6, 7, 8, 9]].tolist() == [0, 0, 3, 0, 0, 0] and w.view(np.float64)[0] == 0.0
+
+
+def test_device_rows_carry_the_repetition_window():
+    """cuda_runner.sampling_rows: row i's ring is the last n ids of history + tokens[:i + 1], n =
+    min(repeat_last_n, REPEAT_WINDOW_MAX, ids so far) with a penalty, else none; its params image
+    says n (the ring fill)."""
+    from bw24chat.backends.cuda_runner import sampling_rows
+    from bw24chat.sampling import REPEAT_WINDOW_MAX
+
+    rng = np.random.default_rng()
+    for _ in range(50):
+        hist = rng.integers(0, 1000, int(rng.integers(0, 2 * REPEAT_WINDOW_MAX)))
+        hist = hist if rng.random() < 0.5 else hist.tolist()
+        toks = rng.integers(0, 1000, int(rng.integers(1, 10))).tolist()
+        p = SamplingParams(repeat_penalty=float(rng.choice([1.0, 1.1])),
+                           repeat_last_n=int(rng.choice([0, 1, 64, REPEAT_WINDOW_MAX])))
+        for i, (image, ring) in enumerate(sampling_rows(toks, p, 5, hist)):
+            seen = [int(t) for t in hist] + toks[:i + 1]
+            n = min(p.repeat_last_n, REPEAT_WINDOW_MAX, len(seen)) if p.repeat_penalty != 1.0 else 0
+            assert ring == (seen[-n:] if n else []) and image[8] == n

@@ -64,7 +64,7 @@ def sampling_rows(tokens, params: SamplingParams, seed: int, history):
     and its ring of recent ids, oldest first: the repetition window of ``history`` (the ids
     before the rows) then tokens[:i + 1], at most repeat_last_n (capped at RING) of them."""
     n_hist = min(params.repeat_last_n, RING) if params.repeat_penalty != 1.0 else 0
-    recent = [int(t) for t in history[-RING:]]
+    recent = list(map(int, history[-n_hist:])) if n_hist > 0 else []
     for t in tokens:
         recent.append(int(t))
         n = min(len(recent), n_hist)
