@@ -1,6 +1,7 @@
-"""Speculative decoding (speculative.py, Generator.speculate) on the NumPy backend: the drafters,
-the adaptive K, and the gate of ``bw24chat check --spec`` on the dense gate model and on a hybrid
-one (gated DeltaNet + MTP head) (a reduced size here; the full tables are marked slow).  tests/gpu/test_speculative.py runs the same gate on CudaRunner."""
+"""Speculative decoding (speculative.py, Generator.speculate) on the NumPy backend: the drafters
+and the gate of ``bw24chat check --spec`` on the dense gate model and on a hybrid
+one (gated DeltaNet + MTP head) (a reduced size here; the full tables are marked slow).
+tests/gpu/test_speculative.py runs the same gate on CudaRunner; test_speculative_k.py tests the adaptive K."""
 import argparse
 
 import pytest
@@ -9,7 +10,7 @@ from bw24chat import check
 from bw24chat.api import SamplingParams
 from bw24chat.generate import Generator
 from bw24chat.options import add_engine_args, options_from_args
-from bw24chat.speculative import MAX_K, DraftLength, NgramDrafter, OracleDrafter, make_drafter
+from bw24chat.speculative import MAX_K, NgramDrafter, OracleDrafter, make_drafter
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +66,6 @@ def test_oracle_proposes_the_truth_with_errors():
     d.begin([1, 2])
     assert d.propose([1, 2, 10], 3) == [11, 13, 13]  # output index 2 is wrong: 12 + 1
     assert d.propose([1, 2, 10, 11, 12, 13, 14], 3) == []
-
-
-def test_adaptive_k_lowers_on_rejection_and_raises_on_full_acceptance():
-    k = DraftLength(0)
-    assert k.k == 4
-    k.update(4, 4)
-    k.update(6, 6)
-    assert k.k == MAX_K
-    for _ in range(10):
-        k.update(k.k, 0)
-    assert k.k == 1
-    fixed = DraftLength(3)
-    fixed.update(3, 0)
-    assert fixed.k == 3
 
 
 # ----------------------------------------------------------------------------- the generator
