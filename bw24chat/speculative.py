@@ -287,20 +287,20 @@ class DraftLength:
         it is cheap), which corrects the interpolated costs where they were wrong."""
         if not self.adaptive:
             return self.k
-        a, time, timed = self.acceptance, self.costs.time, self.costs.timed
-        best = probe = 0
-        best_rate = probe_rate = 0.0
-        e = p = 1.0
+        a, time = self.acceptance, self.costs.time
+        rates, e, p = [], 1.0, 1.0
         for k in range(1, MAX_K + 1):
             p *= a
             e += p
-            rate = (tokens + e) / time(rows + k + 1)
-            if rate > best_rate:
-                best, best_rate = k, rate
-            if rate > probe_rate and not timed(rows + k + 1):
-                probe, probe_rate = k, rate
-        if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1 and probe_rate >= (1 - EXPLORE_LOSS) * best_rate:
-            best = probe
+            rates.append((tokens + e) / time(rows + k + 1))
+        best_rate = max(rates)
+        best = rates.index(best_rate) + 1
+        if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            untimed = [(r, k) for k, r in enumerate(rates, 1) if not self.costs.timed(rows + k + 1)]
+            if untimed:
+                probe_rate, probe = max(untimed, key=lambda rk: (rk[0], -rk[1]))
+                if probe_rate >= (1 - EXPLORE_LOSS) * best_rate:
+                    best = probe
         self.k = best
         return best
 

@@ -90,7 +90,7 @@ def test_logprobs_and_stats_with_speculation(gate_model):
 # ----------------------------------------------------------------------------- the gate
 def test_gate_reduced(gate_model):
     runner, tok = gate_model
-    results = check.spec_gates(runner, tok, ks=(1, 3, MAX_K), n_gen=32)
+    results = check.spec_gates(runner, tok, ks=(1, 0, MAX_K), n_gen=32)  # 0: auto
     assert len(results) == 3 * 2 * 3  # K x sampling x drafter (n-gram, oracle, MTP head)
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
@@ -100,7 +100,7 @@ def test_gate_reduced(gate_model):
 def test_gate_full(gate_model):
     runner, tok = gate_model
     results = check.spec_gates(runner, tok) + [check.spec_fixed_gate(runner, tok)]
-    assert len(results) == MAX_K * 2 * 3 + 1
+    assert len(results) == (MAX_K + 1) * 2 * 3 + 1
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 
@@ -117,7 +117,7 @@ def test_gate_hybrid_reduced(hybrid_gate_model):
 def test_gate_hybrid_full(hybrid_gate_model):
     runner, tok = hybrid_gate_model
     results = check.spec_gates(runner, tok, label="spec/hybrid") + [check.spec_fixed_gate(runner, tok, "spec/hybrid")]
-    assert len(results) == MAX_K * 2 * 3 + 1
+    assert len(results) == (MAX_K + 1) * 2 * 3 + 1
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 
@@ -144,9 +144,10 @@ def test_fixed_configuration(gate_model):
 
 
 def test_check_spec_cli(capsys):
-    assert check.main(["--spec", "--device", "cpu", "--spec-k", "2"]) == 0
+    assert check.main(["--spec", "--device", "cpu", "--spec-k", "2,auto"]) == 0
     out = capsys.readouterr().out
-    assert "check --spec on NumPy" in out and "ngram  sampled K=2" in out and "0 failed" in out
+    assert "check --spec on NumPy" in out and "ngram  sampled K=2" in out and "oracle greedy  K=auto" in out
+    assert "0 failed" in out
     assert "spec/hybrid" in out and "mtp    greedy  K=2" in out
 
 
