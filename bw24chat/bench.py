@@ -507,7 +507,8 @@ EDIT_REQUEST = ("Repeat the paragraph above exactly, word for word, except: writ
 def bench_spec(run, mode: str, ks: list[int], runs: int) -> list[dict]:
     """Plain decoding, then ``mode`` at each K (0: adaptive), greedy; each configuration once to
     warm up (CUDA graphs per row count), then the median of ``runs``.  ``run(spec, k)`` generates
-    once: (decode tok/s, stats, text, tokens)."""
+    once: (decode tok/s, stats, text, tokens).  ``mean_k``: drafts per verify round (the K that
+    auto chose; a fixed K's rounds carry fewer where the drafter ran short or max_tokens cut it)."""
     rows, plain = [], None
     for spec, k in [("off", 0)] + [(mode, k) for k in ks]:
         done = [run(spec, k) for _ in range(runs + 1)][1:]
@@ -516,6 +517,7 @@ def bench_spec(run, mode: str, ks: list[int], runs: int) -> list[dict]:
         plain = plain or (tps, text)
         rows.append(dict(spec=spec, k="-" if spec == "off" else "auto" if k == 0 else k, tok_s=tps, speedup=tps / plain[0],
                          acceptance=st.get("spec_acceptance"), mean_len=st.get("spec_mean_len"),
+                         mean_k=st["spec_drafted"] / st["spec_rounds"] if st.get("spec_rounds") else None,
                          tokens=n, identical=text == plain[1]))
     return rows
 
@@ -618,11 +620,12 @@ def spec_main(a) -> int:
 
     def table():
         print(f"\n{result['model']} on {result['device']}: {result['workload']}, {rows[0]['tokens']} tokens")
-        print(f"{'spec':6} {'K':>4} {'tok/s':>8} {'speed-up':>8} {'accept':>7} {'tok/step':>8}  same tokens")
+        print(f"{'spec':6} {'K':>4} {'mean K':>6} {'tok/s':>8} {'speed-up':>8} {'accept':>7} {'tok/step':>8}  same tokens")
         for r in rows:
             acc = f"{100 * r['acceptance']:6.0f}%" if r["acceptance"] is not None else f"{'-':>7}"
             mlen = f"{r['mean_len']:8.2f}" if r["mean_len"] is not None else f"{'-':>8}"
-            print(f"{r['spec']:6} {r['k']!s:>4} {r['tok_s']:8.1f} {r['speedup']:8.2f} {acc} {mlen}  {r['identical']}")
+            mk = f"{r['mean_k']:6.2f}" if r["mean_k"] is not None else f"{'-':>6}"
+            print(f"{r['spec']:6} {r['k']!s:>4} {mk} {r['tok_s']:8.1f} {r['speedup']:8.2f} {acc} {mlen}  {r['identical']}")
 
     _emit(result, a, table)
     return 0 if all(r["identical"] for r in rows) else 1

@@ -14,7 +14,7 @@ the exactness gates on a model for every weight format x KV-cache type:
                       step logits bit for bit
 
 ``--spec`` runs only the speculative-decoding gate (spec_gates), on either backend
-(``--device cpu`` for the NumPy one): for K = 1..8, the n-gram, the oracle and the MTP-head
+(``--device cpu`` for the NumPy one): for K = auto, 1..8, the n-gram, the oracle and the MTP-head
 drafter (the gate's model carries a random NextN head), greedy and seeded sampling and nine
 prompts, the output equals plain decoding's token for token; also for a hybrid model (gated
 DeltaNet layers, whose recurrent state each verify checkpoints; gated attention; an MTP head);
@@ -278,7 +278,7 @@ class RecordingRunner:
         self.runner.rollback(n)
 
 
-def oracle_log(n_prompt: int, truth_len: int, n_out: int, k: int, max_tokens: int, n_ctx: int, errors) -> tuple[list, tuple]:
+def oracle_log(n_prompt: int, truth_len: int, n_out: int, k, max_tokens: int, n_ctx: int, errors) -> tuple[list, tuple]:
     """The steps and rollbacks the oracle must cause, worked out without the generator.  The
     prefill starts from an empty cache (rollback 0).  With c tokens out, a step feeds token c - 1
     at position n_prompt + c - 1 plus the drafts truth[c:c + n] (n capped as generate.py caps
@@ -286,9 +286,13 @@ def oracle_log(n_prompt: int, truth_len: int, n_out: int, k: int, max_tokens: in
     n_prompt + c + a positions; c grows by a + 1 (the bonus).  A step without drafts is a plain
     decode step (no rollback).  At the end the cache is cut to the prompt + the n_out tokens
     output, if it holds more (a stop inside an accepted run).  Also returns the (rounds, drafted,
-    accepted) counts those steps make."""
+    accepted) counts those steps make.  ``k``: K, or K per step (a list: an adaptive K's, 0 for a
+    plain step)."""
     log, c, cached, counts = [("rollback", 0)], 1, n_prompt, [0, 0, 0]
+    per_step = list(k) if not isinstance(k, int) else None
     while c < truth_len:
+        if per_step is not None:
+            k = per_step.pop(0) if per_step else 0
         n = min(k, max_tokens - c - 1, n_ctx - n_prompt - c - 1, truth_len - c)
         if n <= 0:
             log.append(("step", 1))
@@ -320,13 +324,14 @@ def _first_difference(a: list, b: list) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str = "spec") -> list[Result]:
+def spec_gates(runner, tok, ks=range(MAX_K + 1), n_gen: int = 48, label: str = "spec") -> list[Result]:
     """For every case, sampling mode, drafter (n-gram, oracle, and the MTP head where the runner
     has one: a random head drafts almost nothing that is accepted, so its rows check the head's
-    pairing and that its drafts never change the output) and K: the output (tokens, text,
-    finish reason) equals plain decoding's, else the first divergent position is reported; the
-    cache the run leaves gives the same probe logits; the oracle's runs step and roll back
-    exactly as oracle_log says (the accepted length of every round)."""
+    pairing and that its drafts never change the output) and K (0: adaptive, whose K changes
+    from round to round): the output (tokens, text, finish reason) equals plain decoding's, else
+    the first divergent position is reported; the cache the run leaves gives the same probe
+    logits; the oracle's runs step and roll back exactly as oracle_log says (the accepted length
+    of every round; for the adaptive K, at the K of each of its steps)."""
     from .speculative import MTPDrafter, NgramDrafter, OracleDrafter
 
     V = runner.vocab_size
@@ -361,7 +366,8 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
                     elif not np.array_equal(probe.view(np.uint32), probe2.view(np.uint32)):
                         bad = "the cache it left differs (probe logits)"
                     elif name == "oracle":
-                        want = oracle_log(len(case.prompt), len(truth), len(plain.token_ids), k, case.max_tokens,
+                        ks_run = [m - 1 for kind, m in log if kind == "step"] if k == 0 else k
+                        want = oracle_log(len(case.prompt), len(truth), len(plain.token_ids), ks_run, case.max_tokens,
                                           runner.n_ctx, ORACLE_ERRORS)[0]
                         if log != want:
                             i = _first_difference(log, want)
@@ -372,7 +378,7 @@ def spec_gates(runner, tok, ks=range(1, MAX_K + 1), n_gen: int = 48, label: str 
     for (name, mode, k), (fails, (rounds, drafted, accepted), runs) in table.items():
         value = (f"{runs - len(fails)}/{runs} identical, acc {100 * accepted / max(drafted, 1):3.0f}%, "
                  f"len {1 + accepted / max(rounds, 1):.2f}" + (f"; {fails[0]}" if fails else ""))
-        out.append(Result(label, f"{name:6} {mode:7} K={k}", value, "= plain" + (" + rounds" if name == "oracle" else ""),
+        out.append(Result(label, f"{name:6} {mode:7} K={k or 'auto'}", value, "= plain" + (" + rounds" if name == "oracle" else ""),
                           not fails))
     return out
 
@@ -629,7 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "its prefill-vs-decode rows are expected to show a few flips on random models)")
     p.add_argument("--spec", action="store_true",
                    help="only the speculative-decoding gate (every K x drafter x greedy/sampled = plain decoding)")
-    p.add_argument("--spec-k", default=",".join(map(str, range(1, MAX_K + 1))), help="--spec: comma list of K")
+    p.add_argument("--spec-k", default=",".join(["auto", *map(str, range(1, MAX_K + 1))]),
+                   help="--spec: comma list of K (auto: the adaptive K)")
     p.add_argument("--draft-head", metavar="FILE", help="--spec -m: the model's trained MTP head, if not the one beside "
                                                          "it (bw24chat train-draft)")
     p.add_argument("--batch", action="store_true",
@@ -674,7 +681,7 @@ def main(argv: list[str]) -> int:
             wheres.append(where)
         return report(results, f"bw24chat check --batch on {'; '.join(wheres)}, {time.time() - t0:.0f}s")
     if a.spec:
-        ks = [int(k) for k in a.spec_k.split(",")]
+        ks = [0 if k == "auto" else int(k) for k in a.spec_k.split(",")]
         runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)
         results = spec_gates(runner, tok, ks) + [spec_fixed_gate(runner, tok)]
         if not a.model:  # and a hybrid model (its state's rollback; its MTP head)

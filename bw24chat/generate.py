@@ -16,7 +16,7 @@ import numpy as np
 
 from .api import SamplingParams, TokenLogprob
 from .sampling import log_softmax
-from .speculative import Drafter, DraftLength, SpecCounters
+from .speculative import Drafter, DraftLength, SpecCounters, StepCosts
 from .stopping import LoopDetector, StopMatcher
 from .tokenizer import StreamDecoder, TokenizerInfo
 
@@ -114,6 +114,7 @@ class Generator:
         self.tok = tokenizer
         self.prefill_chunk = prefill_chunk
         self.cached: list[int] = []  # ids whose K/V sit in the runner's cache, positions 0..
+        self.costs = StepCosts()  # the runner's round time per row count, across requests (--spec-k auto)
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, ids: list[int], sp: SamplingParams, seed: int, hidden: list | None = None) -> tuple[int, int]:
@@ -198,7 +199,7 @@ class Generator:
         out = Output(self.tok, sp, len(prompt_ids), self.runner.n_ctx, on_text, logprobs)
         t_dec = t_first
         last_stats = t_first
-        k = DraftLength(spec_k)
+        k = DraftLength(spec_k, self.costs)
         spec = SpecCounters()
         if drafter:
             drafter.begin(prompt_ids)
@@ -217,8 +218,9 @@ class Generator:
                 continue
             # the history only feeds the repetition penalty: skip the copy when it is off
             before = history[:-1] if sp.repeat_penalty != 1.0 else []
+            t_round = time.perf_counter()
             # drafts + the bonus token never exceed what max_tokens and the context still allow
-            n = min(k.k, sp.max_tokens - len(out.ids) - 1, self.runner.n_ctx - len(history) - 1) if drafter else 0
+            n = min(k.choose(), sp.max_tokens - len(out.ids) - 1, self.runner.n_ctx - len(history) - 1) if drafter else 0
             drafts = drafter.propose(history, n) if n > 0 else []
             if drafts:
                 new = self.speculate(tok, drafts, sp, seed, before)
@@ -229,8 +231,9 @@ class Generator:
                 new = [self.decode(tok, sp, seed, before)]
                 if needs_hidden:  # the head pairs every trunk row, drafted or not
                     drafter.verified(0, len(self.cached), self.runner.last_hidden())
-            ready = list(enumerate(new))
             now = time.perf_counter()
+            self.costs.observe(1 + len(drafts), now - t_round)
+            ready = list(enumerate(new))
             if on_stats and now - last_stats > 0.25:
                 last_stats = now
                 on_stats({"decode_tps": (len(out.ids) - 1) / max(now - t_dec, 1e-9), "ctx_used": len(history), "generated_tokens": len(out.ids),

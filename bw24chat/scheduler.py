@@ -17,7 +17,10 @@ anywhere: prefill rows are chunk-invariant (backends/runner.py), so a sequence's
 same whatever ran beside it.  A sequence with a drafter (speculative decoding, speculative.py)
 sends its current token and up to K drafts as decode rows sampled after every row; the drafts
 that equal what was sampled are kept (generate.Generator.speculate's rule), so its tokens are
-plain decoding's too.
+plain decoding's too.  With an adaptive K, a step's time is known only
+as a whole, so the cost table is keyed by the step's total rows and nothing is attributed per
+sequence: each sequence picks the K that maximises the tokens per second of the rows planned so
+far plus its own (the rows planned after it are not known yet).
 
 KV blocks come from kv_pages.KVPages.  A new sequence first takes the published blocks of its
 prompt's longest cached prefix (prefix sharing); blocks are reserved just before the rows that
@@ -43,7 +46,7 @@ from .backends.runner import SeqWork, max_batch, prefill_chunk
 from .generate import Output
 from .kv_pages import KVPages, min_pool_blocks
 from .sampling import REPEAT_WINDOW_MAX
-from .speculative import Drafter, DraftLength, SpecCounters
+from .speculative import Drafter, DraftLength, SpecCounters, StepCosts
 
 DEFAULT_STEP_TOKENS = 256
 
@@ -125,6 +128,7 @@ class Scheduler:
         self.last_batch = 0  # sequences in the last step
         self.preemptions = 0
         self.failed: list[Sequence] = []  # the sequences of a step whose batch_step raised
+        self.costs = StepCosts()  # step time per total rows, planning included (its drafting; --spec-k auto)
 
     # ------------------------------------------------------------------ sequences
     def add(self, seq: Sequence) -> None:
@@ -136,7 +140,7 @@ class Scheduler:
         seq.seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(63)
         if seq.drafter is not None:
             seq.drafter.begin(seq.ids)
-            seq.draft_len = DraftLength(seq.spec_k)
+            seq.draft_len = DraftLength(seq.spec_k, self.costs)
         self.seqs.append(seq)
 
     @property
@@ -162,12 +166,15 @@ class Scheduler:
         """Drop cancelled sequences, run one batched step; returns the rows run (0: nothing to do)."""
         for s in [s for s in self.seqs if s.cancelled()]:
             self._end(s, "cancelled")
+        t0 = time.perf_counter()
         plan = self._plan()
         if not plan:
             return 0
         work = [w for _, w in plan]
         try:
             sampled = self.runner.batch_step(work)
+            now = time.perf_counter()
+            self.costs.observe(sum(len(w.ids) for w in work), now - t0)
         except Exception:
             # what the step's sequences hold is unknown: they end (``failed``; the caller tells
             # their clients), their blocks go back; the others are untouched
@@ -182,7 +189,6 @@ class Scheduler:
                 fetched.append(self.runner.last_logits())
             return fetched[0][i]
 
-        now = time.perf_counter()
         self.steps += 1
         self.last_batch = len(work)
         row = 0  # the logits row of each sampled token
@@ -220,18 +226,21 @@ class Scheduler:
                  [s for s in order if not s.interactive and not (s.opened and s.decoding)])
         plan: list[tuple[Sequence, SeqWork]] = []
         budget = self.step_tokens if any(s.opened and s.decoding for s in self.seqs) else self.prefill_tokens
+        tokens = 0.0  # the tokens the planned rows are expected to give
         for seq in (s for tier in tiers for s in tier):
             if len(plan) == self.max_batch or budget == 0:
                 break
-            w = self._work(seq, budget, {id(s) for s, _ in plan})
+            w = self._work(seq, budget, {id(s) for s, _ in plan}, tokens)
             if w is not None:
                 plan.append((seq, w))
                 budget -= len(w.ids)
+                tokens += seq.draft_len.expected(len(seq.drafts)) if seq.drafts else w.params is not None
         return plan
 
-    def _work(self, seq: Sequence, budget: int, planned: set[int]) -> SeqWork | None:
+    def _work(self, seq: Sequence, budget: int, planned: set[int], tokens: float) -> SeqWork | None:
         """``seq``'s rows for this step, its blocks reserved (preempting lower-ranked sequences
-        not in the step if need be); None if it cannot run now."""
+        not in the step if need be); None if it cannot run now.  ``tokens``: what the rows planned
+        before it are expected to give (an adaptive K weighs its drafts against them)."""
         if not seq.opened:
             if not seq.interactive and self.running and (not self._fits(seq) or self._prefix_in_flight(seq)):
                 return None  # admit it once its prompt fits beside the running ones / its prefix is published
@@ -248,8 +257,8 @@ class Scheduler:
             n = min(len(seq.ids) - seq.computed, budget)
             if n == 1 and seq.drafter is not None:
                 # drafts + the bonus token never exceed what max_tokens and the context still allow
-                k = min(seq.draft_len.k, seq.sampling.max_tokens - len(seq.out.ids) - 1,
-                        self.runner.n_ctx - len(seq.ids) - 1, budget - 1)
+                k = min(seq.draft_len.choose(self.step_tokens - budget, tokens),
+                        seq.sampling.max_tokens - len(seq.out.ids) - 1, self.runner.n_ctx - len(seq.ids) - 1, budget - 1)
                 seq.drafts = [int(d) for d in seq.drafter.propose(seq.ids, k)] if k > 0 else []
                 n += len(seq.drafts)
         else:

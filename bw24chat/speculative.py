@@ -9,10 +9,15 @@ is accepted exactly when it IS the token plain decoding would have produced: the
 token-identical to plain decoding for every seed and every K; drafts only change the speed.
 
 Drafters here: ``NgramDrafter`` (prompt lookup), ``OracleDrafter`` (the gate's) and
-``MTPDrafter`` (the model's multi-token-prediction head, models/mtp.py).
+``MTPDrafter`` (the model's multi-token-prediction head, models/mtp.py).  ``DraftLength`` picks K
+(fixed, or the one that maximises expected tokens per second) from the acceptance so far and the
+step times of ``StepCosts``.
 """
 from __future__ import annotations
 
+import bisect
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,19 +180,129 @@ def make_drafter(mode: str, runner=None) -> Drafter | None:
     raise ValueError(f"unknown speculative mode {mode!r} (off, ngram, mtp)")
 
 
-class DraftLength:
-    """K, the drafts per round.  Fixed (1..MAX_K), or adaptive (k=0, ``--spec-k auto``): the
-    schedule of transformers' assisted generation (``num_assistant_tokens_schedule=
-    "heuristic"``): K + 2 after a round that accepted every draft, K - 1 after one that did
-    not, within 1..MAX_K.  Only the speed depends on K, never the tokens."""
+STEP_SAMPLES = 9  # recent timings kept per row count: their median is its step time
+# a row count not timed yet costs 1 + 0.35 (m - 1) one-row steps (scaled to the nearest timed one): H100 verify
+# steps of Qwen3-8B cost 0.33-0.37 of a row per extra row in Q8_0, ~0.55 in NVFP4, less in BF16
+PRIOR_SLOPE = 0.35
+PRIOR_ACCEPT, PRIOR_TRIALS = 0.7, 2.0  # the acceptance before any round: 0.7, worth two drafts
+ACCEPT_DECAY = 0.9  # per round: the estimate follows the last ten rounds or so (a copy, then free text)
+EXPLORE_EVERY, EXPLORE_LOSS = 8, 0.15  # every 8th round may try an untimed K predicted within 15 % of the best
 
-    def __init__(self, k: int = 0):
+
+def prior_cost(rows: int) -> float:
+    return 1.0 + PRIOR_SLOPE * (rows - 1)
+
+
+class StepCosts:
+    """The wall time of a step of m rows, per m: the median of its last STEP_SAMPLES timings.
+
+    Fed once a step (``observe``) by the loop that runs the steps (Generator.generate: the round
+    from the draft to the verified tokens, so an MTP head's drafting is in it; Scheduler.step: the
+    whole step, keyed by its total rows).  The first timing of each m is dropped: that step may
+    have captured its CUDA graph.  A row count without a timing is interpolated between the timed
+    ones around it; above them extrapolated on the line through the two largest (optimistic where
+    the cost grows faster, which the policy then tries and times); otherwise prior_cost scaled to
+    the nearest timed one (nothing timed: prior_cost itself)."""
+
+    def __init__(self):
+        self._n: dict[int, int] = {}  # timings seen per row count
+        self._recent: dict[int, deque] = {}
+        self._est: dict[int, float] = {}  # the median of _recent
+        self._timed: list[int] = []  # the row counts in _est, sorted
+
+    def observe(self, rows: int, seconds: float) -> None:
+        n = self._n.get(rows, 0)
+        self._n[rows] = n + 1
+        if n == 0:
+            return
+        q = self._recent.get(rows)
+        if q is None:
+            q = self._recent[rows] = deque(maxlen=STEP_SAMPLES)
+            bisect.insort(self._timed, rows)
+        q.append(seconds)
+        self._est[rows] = statistics.median(q)
+
+    def timed(self, rows: int) -> bool:
+        return rows in self._est
+
+    def time(self, rows: int) -> float:
+        """Seconds (in one-row steps while nothing is timed)."""
+        t = self._est.get(rows)
+        if t is not None:
+            return t
+        ms = self._timed
+        if not ms:
+            return prior_cost(rows)
+        i = bisect.bisect(ms, rows)
+        if i == len(ms) and i > 1:  # beyond the largest: on the line through the two largest, never falling
+            i -= 1
+        if 0 < i < len(ms):
+            lo, hi = ms[i - 1], ms[i]
+            return self._est[lo] + max(self._est[hi] - self._est[lo], 0.0) * (rows - lo) / (hi - lo)
+        near = ms[0] if i == 0 else ms[-1]
+        return self._est[near] * prior_cost(rows) / prior_cost(near)
+
+
+class DraftLength:
+    """K, the drafts per round: fixed (1..MAX_K), or adaptive (k=0, ``--spec-k auto``): the K that
+    maximises the expected tokens per second, after Leviathan et al. 2023 (sec. 3.5): a round of
+    K drafts, each accepted with probability a once the ones before it were, gives
+    1 + a + ... + a^K tokens and costs the step time of its rows (StepCosts).  Only the speed
+    depends on K, never the tokens; K depends only on the rounds and the timings, so the same
+    timings give the same K sequence.
+
+    ``a`` is estimated for prefix acceptance: a round that accepted ``accepted`` of ``drafted``
+    drafts saw ``accepted`` successes and one failure if ``accepted < drafted`` (the drafts after
+    the first rejected one were never tried), so a = successes / trials, both exponentially
+    weighted per round (ACCEPT_DECAY) from a prior of PRIOR_ACCEPT worth PRIOR_TRIALS."""
+
+    def __init__(self, k: int = 0, costs: StepCosts | None = None):
         self.adaptive = k == 0
-        self.k = 4 if self.adaptive else k
+        self.costs = costs if costs is not None else StepCosts()
+        self.hits, self.trials = PRIOR_ACCEPT * PRIOR_TRIALS, PRIOR_TRIALS
+        self.rounds = 0
+        self.k = self.choose() if self.adaptive else k
+
+    @property
+    def acceptance(self) -> float:
+        return self.hits / self.trials
 
     def update(self, drafted: int, accepted: int) -> None:
+        """After a verify round: ``drafted`` is what the drafter returned (maybe fewer than K)."""
         if self.adaptive:
-            self.k = min(self.k + 2, MAX_K) if accepted == drafted else max(self.k - 1, 1)
+            self.hits = ACCEPT_DECAY * self.hits + accepted
+            self.trials = ACCEPT_DECAY * self.trials + accepted + (accepted < drafted)
+            self.rounds += 1
+
+    def expected(self, k: int) -> float:
+        """Tokens a round of k drafts gives: 1 + a + ... + a^k."""
+        a = self.acceptance
+        return sum(a ** i for i in range(k + 1))
+
+    def choose(self, rows: int = 0, tokens: float = 0.0) -> int:
+        """K for the next round, whose step also carries ``rows`` other rows that give ``tokens``
+        tokens (a batched step; 0 alone): the best (tokens + expected(K)) / time(rows + K + 1),
+        the smallest K on a tie.  Every EXPLORE_EVERY-th round the best K whose row count is not
+        timed yet is tried instead if its predicted rate is within EXPLORE_LOSS of the best (so
+        it is cheap), which corrects the interpolated costs where they were wrong."""
+        if not self.adaptive:
+            return self.k
+        a, time = self.acceptance, self.costs.time
+        rates, e, p = [], 1.0, 1.0
+        for k in range(1, MAX_K + 1):
+            p *= a
+            e += p
+            rates.append((tokens + e) / time(rows + k + 1))
+        best_rate = max(rates)
+        best = rates.index(best_rate) + 1
+        if self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            untimed = [(r, k) for k, r in enumerate(rates, 1) if not self.costs.timed(rows + k + 1)]
+            if untimed:
+                probe_rate, probe = max(untimed, key=lambda rk: (rk[0], -rk[1]))
+                if probe_rate >= (1 - EXPLORE_LOSS) * best_rate:
+                    best = probe
+        self.k = best
+        return best
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Speculative decoding (speculative.py, Generator.speculate) on the NumPy backend: the drafters,
-the adaptive K, and the gate of ``bw24chat check --spec`` on the dense gate model and on a hybrid
-one (gated DeltaNet + MTP head) (a reduced size here; the full tables are marked slow).  tests/gpu/test_speculative.py runs the same gate on CudaRunner."""
+"""Speculative decoding (speculative.py, Generator.speculate) on the NumPy backend: the drafters
+and the gate of ``bw24chat check --spec`` on the dense gate model and on a hybrid
+one (gated DeltaNet + MTP head) (a reduced size here; the full tables are marked slow).
+tests/gpu/test_speculative.py runs the same gate on CudaRunner; test_speculative_k.py tests the adaptive K."""
 import argparse
 
 import pytest
@@ -9,7 +10,7 @@ from bw24chat import check
 from bw24chat.api import SamplingParams
 from bw24chat.generate import Generator
 from bw24chat.options import add_engine_args, options_from_args
-from bw24chat.speculative import MAX_K, DraftLength, NgramDrafter, OracleDrafter, make_drafter
+from bw24chat.speculative import MAX_K, NgramDrafter, OracleDrafter, make_drafter
 
 
 @pytest.fixture(scope="module")
@@ -67,20 +68,6 @@ def test_oracle_proposes_the_truth_with_errors():
     assert d.propose([1, 2, 10, 11, 12, 13, 14], 3) == []
 
 
-def test_adaptive_k_lowers_on_rejection_and_raises_on_full_acceptance():
-    k = DraftLength(0)
-    assert k.k == 4
-    k.update(4, 4)
-    k.update(6, 6)
-    assert k.k == MAX_K
-    for _ in range(10):
-        k.update(k.k, 0)
-    assert k.k == 1
-    fixed = DraftLength(3)
-    fixed.update(3, 0)
-    assert fixed.k == 3
-
-
 # ----------------------------------------------------------------------------- the generator
 def test_logprobs_and_stats_with_speculation(gate_model):
     """The logprob of each token of an accepted run comes from its own row of the verify step."""
@@ -103,7 +90,7 @@ def test_logprobs_and_stats_with_speculation(gate_model):
 # ----------------------------------------------------------------------------- the gate
 def test_gate_reduced(gate_model):
     runner, tok = gate_model
-    results = check.spec_gates(runner, tok, ks=(1, 3, MAX_K), n_gen=32)
+    results = check.spec_gates(runner, tok, ks=(1, 0, MAX_K), n_gen=32)  # 0: auto
     assert len(results) == 3 * 2 * 3  # K x sampling x drafter (n-gram, oracle, MTP head)
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
@@ -113,7 +100,7 @@ def test_gate_reduced(gate_model):
 def test_gate_full(gate_model):
     runner, tok = gate_model
     results = check.spec_gates(runner, tok) + [check.spec_fixed_gate(runner, tok)]
-    assert len(results) == MAX_K * 2 * 3 + 1
+    assert len(results) == (MAX_K + 1) * 2 * 3 + 1
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 
@@ -130,7 +117,7 @@ def test_gate_hybrid_reduced(hybrid_gate_model):
 def test_gate_hybrid_full(hybrid_gate_model):
     runner, tok = hybrid_gate_model
     results = check.spec_gates(runner, tok, label="spec/hybrid") + [check.spec_fixed_gate(runner, tok, "spec/hybrid")]
-    assert len(results) == MAX_K * 2 * 3 + 1
+    assert len(results) == (MAX_K + 1) * 2 * 3 + 1
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]
     assert not bad, bad
 
@@ -157,9 +144,10 @@ def test_fixed_configuration(gate_model):
 
 
 def test_check_spec_cli(capsys):
-    assert check.main(["--spec", "--device", "cpu", "--spec-k", "2"]) == 0
+    assert check.main(["--spec", "--device", "cpu", "--spec-k", "2,auto"]) == 0
     out = capsys.readouterr().out
-    assert "check --spec on NumPy" in out and "ngram  sampled K=2" in out and "0 failed" in out
+    assert "check --spec on NumPy" in out and "ngram  sampled K=2" in out and "oracle greedy  K=auto" in out
+    assert "0 failed" in out
     assert "spec/hybrid" in out and "mtp    greedy  K=2" in out
 
 

@@ -1,5 +1,5 @@
 """The speculative-decoding gate (``bw24chat check --spec``, check.spec_gates) on CudaRunner: for
-K = 1..8 (K = 8 verifies in two passes), the n-gram, the oracle and the MTP-head drafter (a random
+K = auto, 1..8 (K = 8 verifies in two passes), the n-gram, the oracle and the MTP-head drafter (a random
 head: tests/gpu/test_mtp.py has one that is accepted), greedy and seeded sampling and nine prompts
 (one over 1k tokens, one reaching the context end), the output equals plain decoding's on the same
 runner, token for token; the oracle's rounds and rollbacks are exact; and the fixed configuration's
@@ -22,7 +22,7 @@ def gate_model(cp):
 
 def test_gate_on_cuda(gate_model):
     runner, tok = gate_model
-    results = check.spec_gates(runner, tok, ks=range(1, MAX_K + 1))
+    results = check.spec_gates(runner, tok, ks=range(MAX_K + 1))  # 0: auto
     for r in results:
         print(f"{'PASS' if r.ok else 'FAIL'}  {r.name:24} {r.value}")
     bad = [f"{r.name}: {r.value}" for r in results if not r.ok]

@@ -54,7 +54,7 @@ SETTINGS = (
     Setting("threads", "engine", "CPU threads", int, "BLAS threads of the NumPy backend", 1, 256),
     Setting("spec", "speculative", "Drafter", str, "off, or n-gram: draft from the prompt and reply so far",
             choices=tuple((SPEC_LABELS.get(m, m), m) for m in SPEC_MODES)),
-    Setting("spec_k", "speculative", "Drafts per step", int, "auto: fewer while drafts are rejected",
+    Setting("spec_k", "speculative", "Drafts per step", int, "auto: the fastest K for the acceptance and step times",
             choices=(("auto", 0), *((str(k), k) for k in range(1, MAX_K + 1)))),
 )
 
