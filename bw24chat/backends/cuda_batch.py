@@ -373,11 +373,8 @@ class BatchStep:
                 r.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=r.stream)
                 self.p_rows[:T].set(paged_rows(table, np.arange(start, start + T), self.page).astype(np.int32),
                                     stream=r.stream)
-                with tracing() as plan:
+                with eager_launches():  # launched as issued, as CudaRunner._prefill_chunk
                     r.model.forward(self._prefill_ops(T, start), r.p_ids[:T])
-                with eager_launches():
-                    for item in plan:
-                        item()
             if w.params is None:
                 return
             end = w.start + len(ids)  # the last row's logits are in d_logits[0] (CudaOps.lm_head)

@@ -195,20 +195,22 @@ class CudaRunner:
         return plan, out
 
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool, each=None):
-        """One prefill chunk: its ids and positions to the device, then a walk over its plan;
-        ``each(item)`` runs each item of the walk in place of ``item()`` (bench --profile times
-        every launch)."""
+        """One prefill chunk: its ids and positions to the device, then its launches (and host
+        steps) made as the forward pass issues them, so the GPU works through the chunk while
+        Python issues the rest (tracing the whole plan first left the GPU idle for the trace).
+        The launches are those of prefill_plan.  ``each(item)``: trace the plan, then run each
+        item through ``each`` (bench --profile times every launch)."""
         T = len(ids)
         self._advance(ids, start)
         self.p_ids[:T].set(np.asarray(ids, np.int32), stream=self.stream)
         self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=self.stream)
+        if each is None:
+            with self.stream, eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
+                return self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
         plan, out = self.prefill_plan(T, start, all_logits)
-        with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
+        with eager_launches():
             for item in plan:
-                if each is None:
-                    item()
-                else:
-                    each(item)
+                each(item)
         return out
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
