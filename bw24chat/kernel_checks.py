@@ -2,7 +2,8 @@
 reference on fresh random inputs (odd sizes included), with the limits of the issue:
 dequantization 0 bit mismatches; matvec / GEMM with f32 accumulation vs float64: relative error
 <= 1e-3 (prefill GEMM: <= 1e-4); attention <= 2e-3; RoPE bit-exact; the gated DeltaNet's
-recurrence <= 1e-4 with a pass's rows bit-equal to one-row launches; device sampling picks the
+recurrence <= 1e-4 with a pass's rows bit-equal to one-row launches; the MoE decode experts <= 1e-4
+against NumpyOps.experts with an m-row launch's rows bit-equal to one-row launches; device sampling picks the
 NumPy sampler's token.  The GPU pytest suite (tests/gpu) covers the same ground in more
 cases; this module is what a user runs on their own GPU.
 
@@ -262,6 +263,51 @@ def check_moe_prefill(cp, rng) -> list[tuple]:
     return out
 
 
+def check_moe_decode(cp, rng) -> list[tuple]:
+    """The decode experts (moe_gu with the rmsnorm staged, moe_down with the shared expert and the
+    residual) of every format against NumpyOps.experts (the integer-dot contract on both sides
+    where the format has it), m = 1..5 rows of fresh random ids, weights and inputs; and each row
+    of the m-row launches bit-equal to a one-row launch (speculative verify = plain decode)."""
+    from .backends import cuda_moe
+    from .backends.kernel_refs import act_q8
+    from .backends.numpy_backend import NumpyBackend
+    from .loaders.tensor import ExpertTensor
+    from .synthetic import random_experts
+
+    out = []
+    E, k, D, F = 11, 3, 512, 256  # moe_down's units: 8 chunks of the 32-value formats (16 of Q8_0) per 8 lanes
+    for fmt in [f for f in FORMATS if f != "F32"]:  # checkpoints store no F32 experts (and synthetic has none)
+        m = int(rng.integers(1, 6))
+        g, u, d = (ExpertTensor(nm, random_experts(fmt, E, r, c, rng)) for nm, r, c in (("g", F, D), ("u", F, D), ("d", D, F)))
+        ex = cuda_moe.load_experts(g, u, d)
+        x = rng.standard_normal((m, D)).astype(np.float32)
+        nw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+        ids = np.stack([rng.permutation(E)[:k] for _ in range(m)]).astype(np.int32)
+        w = rng.random((m, k)).astype(np.float32)
+        shared = rng.standard_normal((m, D)).astype(np.float32)
+        res = rng.standard_normal((m, D)).astype(np.float32)
+
+        def run(r0: int, r1: int) -> np.ndarray:
+            n = r1 - r0
+            act, o = cp.zeros((n, k, F), cp.float32), cp.asarray(res[r0:r1])
+            idd = cp.asarray(ids[r0:r1])
+            cuda_moe.experts_gu(ex, cp.asarray(x[r0:r1]), idd, act, n, k, norm_w=cp.asarray(nw), eps=1e-6)
+            cuda_moe.experts_down(ex, act, idd, cp.asarray(w[r0:r1]), cp.asarray(shared[r0:r1]), o, n, k)
+            return cp.asnumpy(o)
+
+        got = run(0, m)
+        nb = NumpyBackend(act_quant=act_q8(fmt))
+        ops = nb.ops(nb.new_kv_cache(1, 1, 16, 16), 0, m, 1e-6)
+        routed = ops.experts(ops.rmsnorm(x, nw), ids, w, nb.load_experts(g, u, d), np.zeros_like(res))
+        want = res + (routed + shared)  # the contract's order: routed sum, + shared, then the residual
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(routed))
+        rows = np.concatenate([run(i, i + 1) for i in range(m)])
+        same = np.array_equal(got.view(np.uint32), rows.view(np.uint32))
+        out.append((f"moe decode experts {fmt} m={m}", f"rel {err:.1e}, rows {'bit-equal' if same else 'DIFFER'} to 1-row",
+                    "1e-4, equal", err <= 1e-4 and same))
+    return out
+
+
 def check_sampling(cp, rng) -> list[tuple]:
     from .backends import cuda_ops as ops
     from .sampling import sample_token
@@ -353,7 +399,8 @@ def run_all() -> list[tuple]:
 
     rng = np.random.default_rng()
     res = []
-    for fn in (check_linear, check_norm_rope, check_attention, check_moe_prefill, check_deltanet, check_sampling):
+    for fn in (check_linear, check_norm_rope, check_attention, check_moe_decode, check_moe_prefill, check_deltanet,
+               check_sampling):
         try:
             res += fn(cp, rng)
         except Exception as exc:  # noqa: BLE001 - a crashing family is a failed check, reported

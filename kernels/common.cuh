@@ -22,9 +22,12 @@ typedef unsigned long long uint64_t;
 
 #define BW24_DEVICE __device__ __forceinline__
 
+// the sum over each aligned group of G lanes (G = 32: the warp), by the xor tree of offsets G/2 .. 1:
+// every lane of the group ends with the same bits
+template <int G = 32>
 BW24_DEVICE float warp_sum(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 

@@ -21,7 +21,7 @@
 //     NVFP4 q = four "selector words" instead of a nibble chunk: word g holds the E2M1 codes
 //           of values 4g+j at bits 4j..4j+3 and of values 16+4g+j at bits 16+4j.. (j = 0..3),
 //           so each 16-bit half is four PRMT selector nibbles as it stands (qwords, nvfp4_s4;
-//           matvec.cu nvfp4_weight_bytes);
+//           dot_a8.cuh nvfp4_weight_bytes);
 //           s = 4 ue4m3 scales per 64 values (u32); chunk kc uses bytes 2*(kc&1), +1 (values
 //           0-15, 16-31), stored with bit 7 clear and 0x7F as 0x00 (cuda_weights.
 //           nvfp4_scale_bytes: the same values), so (byte << 7) is f16 bits of E4M3 * 2^-8.

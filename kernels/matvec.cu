@@ -1,6 +1,6 @@
 // matvec.cu — the decode matvec (m = 1..8 tokens) on the repacked weights, SIMT: every format
 // on the float contract, and the quantized formats on the integer-dot contract (ACT_Q8,
-// matvec_a8.cuh).  matvec_tc.cu is the tensor-core kernel of NVFP4 (float contract) and F16;
+// matvec_a8.cuh, dot_a8.cuh).  matvec_tc.cu is the tensor-core kernel of NVFP4 (float contract) and F16;
 // cuda_linear.matvec picks the kernel and its geometry.
 //
 // Napkin math (Qwen3-8B, m = 1, H100 SXM 3.35 TB/s): the weight matrix is read once per launch
@@ -397,10 +397,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     else
         stage_a8(x, ldx, n_in, pro, eps, normw, xb16, xw, meta, red);
     __syncthreads();
-    // NVFP4's table word in a vector register (nvfp4_weight_bytes): a constant, or a shuffle of
-    // one from lane 0, went to a uniform register and was copied back before every PRMT; a
-    // lane-indexed shuffle's result is not provably uniform
-    const uint32_t nv_t0 = __shfl_sync(0xffffffffu, 0x03020100u + (uint32_t)lane, lane) - (uint32_t)lane;
+    const uint32_t nv_t0 = nv_table_word();  // NVFP4 / MXFP4 (dot_a8.cuh)
 #else
     float inv[MV_M];
     // 16-byte x reads where the rows allow them (the same values either way: load_group)
@@ -455,7 +452,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
             auto dot_window = [&](const Raw (&c)[MV_R], int i) {
                 const int kk = lane + 32 * i;
 #if ACT_Q8
-                chunk_dot_a8(c, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
+                chunk_dot_a8<MV_M, MV_R>(c, kk, nck, xw, n_in / 4, meta, n_in / 32, nv_t0, acc);
 #else
                 chunk_dot(c, kcb + kk, xs + i * WT + 4 * lane, tk, xsum + kk, tk / 32, acc);
 #endif

@@ -17,7 +17,8 @@ def test_gu_blocks_fill_the_gpu_once(F, k, m, want):
     assert gx <= -(-k * F // 8) and (gx * m >= 264 or gx == -(-k * F // 8))
 
 
-@pytest.mark.parametrize("D,m,r,want", [(2048, 1, 2, 8), (2048, 8, 2, 64), (2048, 3, 2, 24), (4096, 1, 4, 16), (96, 1, 2, 2)])
+@pytest.mark.parametrize("D,m,r,want", [(2048, 1, 2, 8), (2048, 1, 1, 8), (2048, 8, 2, 64), (2048, 3, 2, 24), (4096, 1, 4, 16),
+                                        (96, 1, 2, 2), (2048, 4, 3, 33)])
 def test_down_rows_fill_the_gpu_once(D, m, r, want):
     rb = cuda_moe.down_rows(D, m, r, resident=2, sms=132)
     assert rb == want and rb % r == 0
@@ -30,17 +31,24 @@ def test_every_format_has_a_geometry():
     for fmt in FORMATS:
         for kern in ("gu", "down"):
             g = cuda_moe.geometry(kern, fmt)
-            assert g["MOE_NW"] in (4, 8, 16) and 1 <= g["MOE_U"] <= 8 and g["MOE_MINB"] >= 1
+            assert g["MOE_NW"] in (4, 8, 16) and 1 <= g["MOE_U"] <= 12 and g["MOE_MINB"] >= 1
+            assert g["MOE_NW"] * 32 * g["MOE_MINB"] <= 1024  # 128 registers a thread at least
     assert cuda_moe.geometry("gu", "Q6_K") == tuning.MOE_TUNING[("gu", "*")]
 
 
-def test_shared_memory_plans():
-    """The expert table (5 pointers an expert, whole 16 bytes) ahead of the staged inputs."""
+def test_shared_memory_plans(monkeypatch):
+    """The expert table (5 pointers an expert, whole 16 bytes) ahead of the staged inputs: floats
+    padded to whole warp tiles, or the integer-dot contract's two int8 code planes and two 16-byte
+    records per 32 inputs (3 bytes an input); moe_down also holds the residual, shared and k
+    expert outputs of its outputs, in whole 16 bytes."""
+    monkeypatch.delenv("BW24CHAT_A8", raising=False)
     assert cuda_moe.gu_smem("BF16", 2048, 128) == 8 * 5 * 128 + 4 * 2048
     assert cuda_moe.gu_smem("BF16", 2048, 3) == 8 * 16 + 4 * 2048
-    # F padded to whole warp tiles (32 x 16 values), the partial sums of 8 outputs
-    assert cuda_moe.down_smem("Q8_0", 768, 8, 8, 128) == 8 * 5 * 128 + 4 * 8 * (1024 + 8)
-    assert cuda_moe.down_smem("NVFP4", 1408, 8, 64, 160) <= 227 * 1024  # GLM-4.5's expert width at m = 8
+    assert cuda_moe.gu_smem("Q8_0", 2048, 128) == 8 * 5 * 128 + 3 * 2048
+    assert cuda_moe.gu_smem("Q4_0", 2016, 3) == 8 * 16 + 4 * 2048  # exact activations: floats, 1024-value tiles
+    assert cuda_moe.down_smem("Q8_0", 768, 8, 16, 128) == 8 * 5 * 128 + 4 * (2 + 8) * 16 + 8 * 3 * 768
+    assert cuda_moe.down_smem("BF16", 768, 8, 6, 128) == 8 * 5 * 128 + 4 * (2 + 8) * 8 + 8 * 4 * 768
+    assert cuda_moe.down_smem("NVFP4", 1408, 8, 64, 160) <= 99 * 1024  # GLM-4.5's expert width at m = 8, sm_120's block
 
 
 def test_formats_refused_by_name():

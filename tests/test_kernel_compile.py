@@ -85,14 +85,16 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
             for f, d in [(f, dict(d))]]
 
 
-def production_moe_builds() -> list[dict]:
-    """The moe_experts.cu builds cuda_moe launches: every resident format (the integer-dot ones
-    with ACT_Q8, cuda_moe._defines) at its MOE_TUNING geometry for moe_gu and for moe_down."""
+def production_moe_builds() -> list[tuple[str, dict]]:
+    """The moe_experts.cu builds cuda_moe launches, (kernel, defines): every resident format (the
+    integer-dot ones with ACT_Q8, cuda_moe._defines) at its MOE_TUNING geometry for moe_gu and
+    for moe_down."""
     from bw24chat.backends import cuda_moe
     from bw24chat.backends.cuda_weights import FORMATS
 
-    out = [{**cuda_moe._defines(f), **cuda_moe.geometry(kern, f)} for f in FORMATS for kern in ("gu", "down")]
-    return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("BW24CHAT_A8", raising=False)
+        return [(f"moe_{kern}", {**cuda_moe._defines(f), **cuda_moe.geometry(kern, f)}) for f in FORMATS for kern in ("gu", "down")]
 
 
 VARIANTS = [  # compile-time variants the default build of a family does not reach
@@ -150,8 +152,8 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("deltanet_chunk", {"DK": 256, "CH_BV": 16}),
     ("deltanet_chunk", {"DK": 40, "CH_BV": 8}),
     ("deltanet_chunk", {"DK": 128, "CH_BV": 32}),
-    # MoE expert kernels (moe_experts.cu): every resident format at its production geometry
-    *[("moe_experts", d) for d in production_moe_builds()],
+    # MoE expert kernels (moe_experts.cu): every resident format at its production geometries
+    *[("moe_experts", dict(t)) for t in dict.fromkeys(tuple(sorted(d.items())) for _, d in production_moe_builds())],
     # the grouped MoE prefill (moe_group.cu): every format on its contract's planes, both tiles,
     # one buffer (99 KB GPUs), the bf16-activation contract, Q8_0 on gemm_i8_grouped
     *[("moe_group", {"FMT": FORMATS[f][0], "GG_BM": 64, **({"GEMM_XPLANES": 1} if f in A8_FORMATS else {})}) for f in FORMATS],
@@ -215,16 +217,16 @@ def test_integer_dot_matvec_builds_do_not_spill(defines):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
-@pytest.mark.parametrize("defines", production_moe_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
-def test_moe_builds_do_not_spill(defines, arch):
-    """ptxas's report on the production MoE expert builds: moe_gu and moe_down keep their window of
-    loads in registers (MOE_U is the most that fits at MOE_MINB blocks per SM; a spill would put
-    the in-flight loads through local memory)."""
+@pytest.mark.parametrize("fn,defines", production_moe_builds(),
+                         ids=[f"{fn}-" + "-".join(f"{k}{v}" for k, v in d.items()) for fn, d in production_moe_builds()])
+def test_moe_builds_do_not_spill(fn, defines, arch):
+    """ptxas's report on the production MoE expert builds: the kernel each build is for (moe_gu or
+    moe_down) keeps its window of loads in registers (MOE_U is the most that fits at MOE_MINB
+    blocks per SM; a spill would put the in-flight loads through local memory)."""
     _, log = kb.compile_cubin("moe_experts", arch, defines, extra=("-Xptxas=-v",))
-    for fn in ("moe_gu", "moe_down"):
-        i = log.index(f"Function properties for {fn}")
-        props = log[i:log.index("\n", log.index("\n", i) + 1)]
-        assert " 0 bytes spill stores" in props, (fn, props)
+    i = log.index(f"Function properties for {fn}")
+    props = log[i:log.index("\n", log.index("\n", i) + 1)]
+    assert " 0 bytes spill stores" in props, (fn, props)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])

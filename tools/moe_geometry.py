@@ -7,7 +7,7 @@ The layer's 128 experts in each format (D 2048, F 768, top-8), COPIES launches o
 their own random expert choices captured in one CUDA graph (so the L2 seldom holds a launch's
 experts, as in a decode step whose 48 layers read different experts), median of 7 timings of 10
 replays.  Candidates: tuning.MOE_TUNING's pick (marked *) and other warps per block (MOE_NW),
-load windows (MOE_U) and rows per down segment (MOE_R); the outputs are the same bits for every
+load windows (MOE_U) and outputs per down unit (MOE_R); the outputs are the same bits for every
 one (tests/gpu/test_moe.py).  Prints us per launch and GB/s of the expert bytes each launch reads;
 the roofline is the copy rate (bench).
 """
@@ -30,10 +30,10 @@ def candidates(kern: str, fmt: str) -> list[dict]:
     pick = cuda_moe.geometry(kern, fmt)
     out = [pick]
     for nw in (8, 16):
-        for u in (2, 4, 6, 8):
+        for u in (2, 4, 6, 8, 12):
             for r in ((2,) if kern == "gu" else (1, 2, 4)):
                 g = {"MOE_NW": nw, "MOE_U": u, "MOE_MINB": 1 if nw == 16 or r == 4 else 2}
-                if kern == "down" and r != 2:
+                if kern == "down" and r != cuda_moe.MOE_R:
                     g["MOE_R"] = r
                 if g != pick:
                     out.append(g)

@@ -13,7 +13,8 @@ capture time), the same bits wherever the expert came from.
 
 Decode (graph-captured, no host access): router matvec (rmsnorm prologue) -> moe_router ->
 moe_gu (rmsnorm staged in the block, SwiGLU epilogue) -> [shared expert: two dense matvecs] ->
-moe_down (k dot products per output, combined in ranking order, + shared, + residual).
+moe_down (k dot products per output, combined in ranking order, + shared, + residual);
+the quantized formats on the dense matvec's integer dot (dot_a8.cuh).
 Prefill (eager; kernels/moe_group.cu): moe_group sorts the chunk's (token, slot) assignments by
 expert on the device (counts, offsets, the permutation and its inverse), then one grouped GEMM per
 projection runs every expert's gathered rows (gate|up with the SwiGLU epilogue, then down into the
@@ -265,7 +266,7 @@ def router(logits, bias, ids, w, T: int, spec) -> None:
 
 
 # ----------------------------------------------------------------------------- decode
-MOE_R = 2  # moe_experts.cu MOE_R's default: rows per segment of moe_down
+MOE_R = 1  # moe_experts.cu MOE_R's default: outputs per unit of moe_down
 MAX_K = 32  # moe_experts.cu MOE_MAX_K
 STATIC_SMEM = 3 * 4 * MAX_K  # the kernels' static shared memory (ids, w, the rmsnorm statistic)
 
@@ -291,7 +292,7 @@ def gu_blocks(F: int, k: int, m: int, nw: int, resident: int, sms: int) -> int:
 
 
 def down_rows(D: int, m: int, r: int, resident: int, sms: int) -> int:
-    """Outputs per block of moe_down (a multiple of r, the rows of a segment): the blocks the GPU
+    """Outputs per block of moe_down (a multiple of r, the outputs of a unit): the blocks the GPU
     holds at once spread over the m rows' D outputs."""
     rb = -(-D // max(1, -(-sms * resident // m)))
     return -(-rb // r) * r
@@ -302,15 +303,21 @@ def _table_smem(E: int) -> int:
     return 8 * ((5 * E + 1) & ~1)
 
 
+def x_smem(fmt: str, n: int) -> int:
+    """One staged x segment of n inputs (moe_experts.cu XSeg): the integer-dot contract's two
+    code planes and two 16-byte records per 32 inputs (dot_a8.cuh), else the swizzled floats."""
+    return 3 * n if act_q8(fmt) else 4 * _padded(n, fmt)
+
+
 def down_smem(fmt: str, F: int, k: int, rb: int, E: int) -> int:
-    """moe_down's dynamic shared memory: the expert table, the k staged inputs and the k partial
-    sums of rb outputs."""
-    return _table_smem(E) + 4 * k * (_padded(F, fmt) + rb)
+    """moe_down's dynamic shared memory: the expert table, the residual and shared rows and the k
+    expert outputs y_j of its rb outputs (whole 16 bytes), and the k staged inputs."""
+    return _table_smem(E) + 4 * (2 + k) * (-(-rb // 4) * 4) + k * x_smem(fmt, F)
 
 
 def gu_smem(fmt: str, D: int, E: int) -> int:
     """moe_gu's dynamic shared memory: the expert table and the staged input."""
-    return _table_smem(E) + 4 * _padded(D, fmt)
+    return _table_smem(E) + x_smem(fmt, D)
 
 
 def _sms() -> int:
@@ -353,9 +360,10 @@ def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16
         raise NotImplementedError(f"moe_down stages k x F = {k} x {F} inputs and {E} experts' pointers: "
                                   f"{down_smem(d.fmt, F, k, r, E)} bytes of shared memory")
     kern = _expert_kernel("moe_down", d.fmt, k, geo)
-    # resident blocks at r outputs a block (the partial sums are a small share of the block's memory)
+    # resident blocks at r outputs a block (the outputs' rows are a small share of the block's memory)
     rb = down_rows(D, m, r, lin.resident_blocks(kern, nt, down_smem(d.fmt, F, k, r, E) + STATIC_SMEM), _sms())
-    rb = min(rb, (limit - down_smem(d.fmt, F, k, 0, E)) // (4 * k) // r * r)
+    room = (limit - down_smem(d.fmt, F, k, 0, E)) // (16 * (2 + k)) * 4  # outputs whose rows fit, whole 16 bytes
+    rb = min(rb, room // r * r)
     smem = down_smem(d.fmt, F, k, rb, E)
     lin._ensure_smem(kern, smem)
     kern((-(-D // rb), m), (nt,), (d.table, act, ids, w, lin._ptr(shared), res, np.int32(D), np.int32(F), np.int32(k),

@@ -62,20 +62,30 @@ MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {(False, f, "*"): {"MV_M
 
 
 # ============================================================================ decode: moe_experts.cu
-# moe_experts.cu geometry per (kernel, weight format), read by cuda_moe.geometry; "*" is any
-# other format: warps per block (MOE_NW), 16-byte items in flight per lane (MOE_U: the most that
-# compile without register spills for sm_90a and sm_120a at MOE_MINB = 2 blocks per SM,
-# tests/test_kernel_compile.py; the decoders with more scale registers take fewer), rows per
-# segment of moe_down (MOE_R, default 2).  No output depends on any of it (moe_experts.cu:
-# exactness); the grids come from the GPU's SM count and the blocks one SM holds (gu_blocks,
-# down_rows).
+# moe_experts.cu geometry per (kernel, weight format), read by cuda_moe.geometry; "*" is any other
+# format.  No output depends on any of it (moe_experts.cu: exactness); the grids come from the GPU's
+# SM count and the blocks one SM holds (gu_blocks, down_rows).  Starting values for the integer-dot
+# kernels, to be measured (tools/moe_geometry.py):
+# - MOE_NW 16 warps, MOE_MINB 1 block per SM (the same 16 warps and 128 registers a thread as two
+#   blocks of 8): a block stages and quantizes its whole x (moe_down: k*F = 6144 inputs at
+#   Qwen3-30B-A3B, ~0.7 us of an SM's issue), so one block per SM does it once, not twice (the
+#   dense matvec's 16-warp entries, for its prologue);
+# - MOE_U, 16-byte items in flight per lane: the most that compile without register spills for
+#   sm_90a and sm_120a (tests/test_kernel_compile.py); moe_gu's items are 2 rows (twice the
+#   registers), and the decoders with more scale state take fewer.  At m = 1 a lane has ~12 items
+#   in all (Q8_0; 24 BF16, 6 the 32-value formats);
+# - MOE_R (moe_down's outputs per unit): the kernel's 1, as a block's 16 outputs at m = 1 give each
+#   warp one.
 def _geo(u: int) -> dict:
-    return {"MOE_NW": 8, "MOE_U": u, "MOE_MINB": 2}
+    return {"MOE_NW": 16, "MOE_U": u, "MOE_MINB": 1}
 
 
-_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "NVFP4": 4, "MXFP4": 4, "Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4,
-           "Q2_K": 4, "Q4_K": 3, "Q5_K": 3, "Q3_K": 3, "*": 2}
-MOE_TUNING: dict[tuple[str, str], dict] = {(kern, f): _geo(u) for kern in ("gu", "down") for f, u in _WINDOW.items()}
+_GU_WINDOW = {"BF16": 8, "F16": 8, "F32": 8, "Q8_0": 6, "Q4_0": 8, "Q4_1": 8, "Q5_0": 6, "Q5_1": 6, "NVFP4": 5,
+              "MXFP4": 6, "Q4_K": 4, "Q2_K": 4, "Q5_K": 3, "Q3_K": 3, "*": 2}
+_DOWN_WINDOW = {"BF16": 12, "F16": 12, "F32": 12, "Q8_0": 12, "Q4_0": 8, "Q4_1": 8, "Q5_0": 8, "Q5_1": 8, "NVFP4": 8,
+                "MXFP4": 8, "Q4_K": 8, "Q2_K": 8, "Q5_K": 6, "Q3_K": 6, "Q6_K": 5, "*": 4}
+MOE_TUNING: dict[tuple[str, str], dict] = {**{("gu", f): _geo(u) for f, u in _GU_WINDOW.items()},
+                                           **{("down", f): _geo(u) for f, u in _DOWN_WINDOW.items()}}
 
 
 # ============================================================================ attention: attention_*.cu

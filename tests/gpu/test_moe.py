@@ -1,8 +1,8 @@
 """MoE on the GPU (kernels/moe_router.cu, moe_experts.cu, backends/cuda_moe.py) against the NumPy
 reference (numpy_backend.route_logits, NumpyOps.experts): router ids and weights bit for bit on
 fresh random logits (ties included), the decode experts to f32 rounding (BF16 with f32
-activations; the integer-dot formats under their contract on both sides), m-row invariance bit for
-bit, one Qwen3-30B-A3B-shaped layer, and whole tiny models (greedy tokens vs the NumPy runner;
+activations; the integer-dot formats under their contract on both sides) in every format, odd
+sizes included, m-row invariance bit for bit, one Qwen3-30B-A3B-shaped layer, and whole tiny models (greedy tokens vs the NumPy runner;
 prefill argmax = decode argmax), and the grouped prefill (moe_group.cu) against the per-expert GEMMs
 bit for bit."""
 import numpy as np
@@ -48,9 +48,15 @@ def _experts(fmt, E, F, D, rng):
     return [ExpertTensor(n, random_experts(fmt, E, r, c, rng)) for n, r, c in (("g", F, D), ("u", F, D), ("d", D, F))]
 
 
+# (format, E, F, D, k): every format's decoder and dot; one Qwen3-30B-A3B layer (F / VPC = 24 or 48
+# chunks: moe_down's 8-lane units whole); odd sizes: F / VPC not a multiple of 8 (idle lanes in a
+# unit's last round: Q8_0 F 96 and 224, Q4_0 160, F16 104), k not a multiple of the 4 units of a
+# warp's segment (3, 5, 6: segments straddle outputs), E odd
 SHAPES = [("BF16", 8, 96, 256, 3), ("Q8_0", 8, 96, 256, 3), ("NVFP4", 8, 64, 256, 3),
-          ("BF16", 128, 768, 2048, 8), ("Q8_0", 128, 768, 2048, 8),  # one Qwen3-30B-A3B layer
-          ("MXFP4", 8, 96, 256, 3), ("MXFP4", 128, 768, 2048, 8), ("Q2_K", 8, 256, 256, 3), ("Q3_K", 8, 256, 256, 3)]
+          ("BF16", 128, 768, 2048, 8), ("Q8_0", 128, 768, 2048, 8), ("NVFP4", 128, 768, 2048, 8),  # one Qwen3-30B-A3B layer
+          ("MXFP4", 8, 96, 256, 3), ("MXFP4", 128, 768, 2048, 8), ("Q2_K", 8, 256, 256, 3), ("Q3_K", 8, 256, 256, 3),
+          ("Q4_K", 9, 256, 512, 5), ("Q5_K", 9, 256, 512, 5), ("Q6_K", 9, 256, 512, 5), ("Q4_K", 128, 768, 2048, 8),
+          ("Q8_0", 11, 224, 352, 6), ("Q4_0", 7, 160, 224, 5), ("Q5_1", 7, 96, 288, 3), ("F16", 7, 104, 96, 5)]
 
 
 @pytest.mark.parametrize("fmt,E,F,D,k", SHAPES)
@@ -95,21 +101,24 @@ def test_moe_experts_decode(cp, rng, fmt, E, F, D, k):
     assert err <= 2e-5, err  # f32 sums in another order than NumPy over k x (F or D) terms: a few 1e-6, tails to 1e-5
     single = run([(i, i + 1) for i in range(m)])
     assert np.array_equal(got.view(np.uint32), single.view(np.uint32))
-    mid = run([(0, 3), (3, 8)])
-    assert np.array_equal(got.view(np.uint32), mid.view(np.uint32))
+    for split in ([(0, 3), (3, 8)], [(0, 1), (1, 6), (6, 8)], [(0, 7), (7, 8)]):  # verify steps of 3, 5, 7 rows
+        assert np.array_equal(got.view(np.uint32), run(split).view(np.uint32)), split
 
 
-GEOMETRIES = [  # moe_experts.cu defines other than MOE_TUNING's: warps, window, rows per down segment
+GEOMETRIES = [  # moe_experts.cu defines other than MOE_TUNING's: warps, window, outputs per down unit
     {"MOE_NW": 4, "MOE_U": 1, "MOE_MINB": 1},
     {"MOE_NW": 16, "MOE_U": 3, "MOE_MINB": 1, "MOE_R": 1},
     {"MOE_NW": 8, "MOE_U": 2, "MOE_MINB": 1, "MOE_R": 4},
+    {"MOE_NW": 16, "MOE_U": 5, "MOE_MINB": 1, "MOE_R": 3},
+    {"MOE_NW": 8, "MOE_U": 7, "MOE_MINB": 1, "MOE_R": 2},
 ]
 
 
-@pytest.mark.parametrize("fmt,E,F,D,k", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4], SHAPES[5], SHAPES[7], SHAPES[8]])
+@pytest.mark.parametrize("fmt,E,F,D,k", [sh for sh in SHAPES if sh[1] < 128] + [("Q8_0", 128, 768, 2048, 8),
+                                                                                ("NVFP4", 128, 768, 2048, 8)])
 def test_moe_experts_do_not_depend_on_the_geometry(cp, rng, fmt, E, F, D, k):
     """moe_gu's act and moe_down's residual rows are the same bits at every block size, window and
-    segment height (each output's sum: one warp, its lanes' chunk order fixed; down's experts
+    unit height (each output's sum: one lane group, its lanes' chunk order fixed; down's experts
     combined in ranking order), at m = 1 and m = 5."""
     from bw24chat.backends import cuda_moe
 
