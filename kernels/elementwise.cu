@@ -75,5 +75,5 @@ extern "C" __global__ void vocab_expand_rows(const float* __restrict__ sub, cons
     const int t = blockIdx.y;
     if (j >= V) return;
     const int i = vmap[j];
-    out[(long long)t * V + j] = i >= 0 ? sub[(long long)t * n + i] : -INFINITY;
+    out[(long long)t * V + j] = i >= 0 ? sub[(long long)t * n + i] : __int_as_float(0xff800000);  // -inf
 }

@@ -157,7 +157,7 @@ def attach_head(ckpt, path: Path | None = None) -> None:
         vocab = next((tensors.pop(n) for n in list(tensors) if n.endswith(".nextn.draft_vocab")), None)
         _check_head(ckpt, path, tensors)
         if vocab is not None:
-            tensors.update(_draft_vocab(ckpt, path, vocab))
+            tensors.update(draft_vocab_tensors(ckpt, path, vocab))
     except ModelFileError as exc:
         if explicit:
             raise
@@ -168,7 +168,7 @@ def attach_head(ckpt, path: Path | None = None) -> None:
     ckpt.draft_head = path
 
 
-def _draft_vocab(ckpt, path: Path, vocab: QTensor) -> dict:
+def draft_vocab_tensors(ckpt, path, vocab: QTensor) -> dict:
     """The head's reduced vocabulary and the trunk's LM head rows of those ids (the draft's LM
     head, in the trunk's format: QTensor.take_rows), under the head's canonical names."""
     from .checks import check_config
