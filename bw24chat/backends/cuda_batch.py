@@ -32,7 +32,7 @@ from . import cuda_ops as ops
 from .kernel_build import eager_launches, tracing
 from .kernel_refs import kv_cache_nbytes, kv_cache_shape, paged_row, paged_rows
 from .cuda_opset import CudaOps
-from .cuda_runner import _HDR_OUT, RING, sampling_rows
+from .cuda_runner import _HDR_OUT, RING, write_sampling_rows
 from .runner import MAX_ROWS, SeqWork
 
 MAX_BATCH = 64  # sequences one batch_step takes
@@ -84,14 +84,14 @@ def bucket(rows: int) -> int:
 
 
 def _row_runs(picks) -> list:
-    """(logits array, row) of each sampled token, in order -> (array, rows) runs over one array
-    (CudaRunner.last_logits gathers them only if asked: logprobs)."""
+    """(logits array, rows) of the tokens each item sampled, items in order -> (array, rows) runs
+    over one array (CudaRunner.last_logits gathers them only if asked: logprobs)."""
     runs: list = []
-    for a, i in picks:
+    for a, rows in picks:
         if runs and runs[-1][0] is a:
-            runs[-1][1].append(i)
+            runs[-1][1].extend(rows)
         else:
-            runs.append((a, [i]))
+            runs.append((a, list(rows)))
     return runs
 
 
@@ -188,12 +188,14 @@ class BatchStep:
         self.p_table = self._zeros("bp_table", (self.max_blocks,), np.int32)
         # a padding row's sampler image and block table (the scratch block)
         self.pad_params, self.pad_table = ops.pack_sampling_params(_GREEDY, 0, 0), np.array([n_blocks], np.int32)
+        self._padded = PASS_ROWS  # image rows _padded.. hold a padding row (rows a pass skips keep theirs)
         self._bufs: dict = {}
         self.plans: dict = {}  # bucket -> the pass's launches
         self.graphs: dict = {}  # bucket -> the captured pass
         if not self.symbolic:
             self.h_img = runner.cp.cuda.alloc_pinned_memory(n)
             self.h_i32 = np.frombuffer(self.h_img, np.int32, n // 4)
+            self.h_rows = self.h_i32[_HDR // 4:].reshape(PASS_ROWS, self.row_bytes // 4)  # a row's block
             runner.cp.cuda.runtime.deviceSynchronize()  # the zeroed pool and workspace before the runner's stream uses them
 
     def buffer(self, name: str, *cols: int, dtype: str = "f4"):
@@ -299,14 +301,33 @@ class BatchStep:
                     launch()
                 self._d2h(rows)
 
-    def _write_row(self, i: int, token: int, pos: int, crow: int, table, packed, ring) -> None:
-        h = self.h_i32
-        h[_TOK // 4 + i], h[_POS // 4 + i], h[_LEN // 4 + i], h[_CROW // 4 + i] = token, pos, pos + 1, crow
-        base = _HDR + i * self.row_bytes
-        np.frombuffer(self.h_img, np.uint64, ops.SAMPLE_PARAM_WORDS, base)[:] = packed
-        if len(ring):
-            h[(base + _RING) // 4:(base + _RING) // 4 + len(ring)] = ring
-        h[(base + _TABLE) // 4:(base + _TABLE) // 4 + len(table)] = table
+    def _write_rows(self, i: int, ids, start: int, table, params: SamplingParams, seed: int, history) -> None:
+        """Image rows i.. = decode rows ids at positions start.. of one sequence (its block table,
+        its sampling): a few slice writes per sequence, not per row."""
+        h, m, page = self.h_i32, len(ids), self.page
+        h[_TOK // 4 + i:_TOK // 4 + i + m] = ids
+        h[_POS // 4 + i:_POS // 4 + i + m] = range(start, start + m)
+        h[_LEN // 4 + i:_LEN // 4 + i + m] = range(start + 1, start + m + 1)
+        h[_CROW // 4 + i:_CROW // 4 + i + m] = [paged_row(table, p, page) for p in range(start, start + m)]
+        rows = self.h_rows[i:i + m]
+        write_sampling_rows(rows, ids, params, seed, history)
+        rows[:, _TABLE // 4:_TABLE // 4 + len(table)] = table
+
+    def _pad(self, lo: int, hi: int) -> None:
+        """Image rows lo..hi-1 = padding rows (position 0 of the scratch block, greedy): written
+        only where a real row was since (a K = 8 verify pads 9 rows to 16 every step)."""
+        if lo < min(hi, self._padded):
+            a, n = lo, min(hi, self._padded) - lo
+            h = self.h_i32
+            for off in (_TOK, _POS):
+                h[off // 4 + a:off // 4 + a + n] = 0
+            h[_LEN // 4 + a:_LEN // 4 + a + n] = 1
+            h[_CROW // 4 + a:_CROW // 4 + a + n] = self.scratch_row
+            rows = self.h_rows[a:a + n]
+            rows[:, :_PARAMS // 4] = self.pad_params.view(np.int32)
+            rows[:, _TABLE // 4] = self.pad_table[0]
+            if hi >= self._padded:
+                self._padded = lo
 
     def warmup(self) -> None:
         """Compile the paged kernels and capture the one-row pass (positions 0..2 of block 0, which
@@ -321,41 +342,51 @@ class BatchStep:
         if not 1 <= len(work) <= max_batch(r):
             raise ValueError(f"a batched step of {len(work)} sequences; this runner takes 1..{max_batch(r)}")
         out: list[list[int]] = [[] for _ in work]
-        kept: list[list] = [[] for _ in work]  # per item, (logits array, row) of each token it sampled
-        rows = []  # the decode rows: (item, row index, token, position, cache row, table, params, ring)
+        kept: list[list] = [[] for _ in work]  # per item, (logits array, rows) of the tokens it sampled
+        passes: list[list] = []  # per pass of decode rows, its items' rows: (item, first row, rows, image row)
+        tables, n_rows = {}, 0
         for j, w in enumerate(work):
-            ids = [int(t) for t in w.ids]
             table = np.asarray(w.table, np.int32)
-            if not ids:
+            if not len(w.ids):
                 raise ValueError("a work item runs at least one row")
             if len(table) > self.max_blocks or (len(table) and int(table.max()) >= self.n_blocks):
                 raise ValueError(f"block table {table.tolist()} outside the pool's {self.n_blocks} blocks")
             if w.prefill:
-                self._prefill(j, w, ids, table, out, kept)
+                self._prefill(j, w, [int(t) for t in w.ids], table, out, kept)
                 continue
-            samp = sampling_rows(ids, w.params or _GREEDY, w.seed, w.history)
-            for i, (t, (packed, ring)) in enumerate(zip(ids, samp)):
-                pos = w.start + i
-                rows.append((j, i, t, pos, paged_row(table, pos, self.page), table, packed, ring))
-        for p0 in range(0, len(rows), PASS_ROWS):
-            chunk = rows[p0:p0 + PASS_ROWS]
-            n, nb = len(chunk), bucket(len(chunk))
-            for i, (_, _, t, pos, crow, table, packed, ring) in enumerate(chunk):
-                self._write_row(i, t, pos, crow, table, packed, ring)
-            for i in range(n, nb):  # padding rows: position 0 in the scratch block
-                self._write_row(i, 0, 0, self.scratch_row, self.pad_table, self.pad_params, [])
-            self._run_pass(nb)
+            tables[j], k, T = table, 0, len(w.ids)
+            while k < T:
+                i = n_rows % PASS_ROWS
+                if i == 0:
+                    passes.append([])
+                m = min(T - k, PASS_ROWS - i)
+                passes[-1].append((j, k, m, i))
+                k, n_rows = k + m, n_rows + m
+        for p, segs in enumerate(passes):
+            n = min(n_rows - p * PASS_ROWS, PASS_ROWS)
+            for j, k, m, i in segs:
+                w = work[j]
+                hist = w.history if k == 0 else [*w.history, *w.ids[:k]]  # (a sequence cut by a pass boundary)
+                self._write_rows(i, w.ids[k:k + m], w.start + k, tables[j], w.params or _GREEDY, w.seed, hist)
+            self._padded = max(self._padded, n)
+            self._pad(n, bucket(n))
+            self._run_pass(bucket(n))
             logits = self.logits
-            if p0 + PASS_ROWS < len(rows):  # the logits outlive the pass only where another pass follows
+            if p + 1 < len(passes):  # the logits outlive the pass only where another pass follows
                 with r.stream:
                     logits = self.logits[:n].copy()
             r.stream.synchronize()
-            toks = self.h_i32[_OUT // 4:_OUT // 4 + n]
-            for i, (j, k, *_rest) in enumerate(chunk):
+            toks = self.h_i32[_OUT // 4:_OUT // 4 + n].tolist()
+            for j, k, m, i in segs:
                 w = work[j]
-                if w.params is not None and (w.sample_all or k == len(w.ids) - 1):
-                    out[j].append(int(toks[i]))
-                    kept[j].append((logits, i))
+                if w.params is None:
+                    continue
+                if w.sample_all:
+                    out[j] += toks[i:i + m]
+                    kept[j].append((logits, range(i, i + m)))
+                elif k + m == len(w.ids):
+                    out[j].append(toks[i + m - 1])
+                    kept[j].append((logits, (i + m - 1,)))
         r._kept = _row_runs(p for rs in kept for p in rs)
         r._rows, r._hidden = 0, []
         return out
@@ -382,6 +413,6 @@ class BatchStep:
             r._h2d_io(1)
             r._sample_rows(1)
             r._d2h_tokens(1)
-            kept[j].append((r.d_logits[:1].copy(), 0))
+            kept[j].append((r.d_logits[:1].copy(), (0,)))
         r.stream.synchronize()  # (the next item rewrites the runner's step image)
         out[j].append(int(r.h_i32[_HDR_OUT // 4]))

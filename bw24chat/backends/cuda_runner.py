@@ -71,6 +71,20 @@ def sampling_rows(tokens, params: SamplingParams, seed: int, history):
         yield ops.pack_sampling_params(params, seed, n), (recent[-n:] if n else [])
 
 
+def write_sampling_rows(rows: np.ndarray, tokens, params: SamplingParams, seed: int, history) -> None:
+    """Write sampling_rows' images and rings into ``rows``, an int32 view (len(tokens), words) of
+    the rows' blocks of a step image (params image, then ring).  Without a repetition penalty
+    every row has the same image and no ring: one pack, one broadcast write (every decode step and
+    speculative verify writes these)."""
+    words = _ROW_PARAMS // 4
+    if params.repeat_penalty == 1.0 or min(params.repeat_last_n, RING) <= 0:
+        rows[:, :words] = ops.pack_sampling_params(params, seed, 0).view(np.int32)
+        return
+    for row, (packed, ring) in zip(rows, sampling_rows(tokens, params, seed, history)):
+        row[:words] = packed.view(np.int32)
+        row[words:words + len(ring)] = ring
+
+
 class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
@@ -315,15 +329,12 @@ class CudaRunner:
     def _write_io(self, tokens, start: int, params: SamplingParams, seed: int, history):
         """Rows tokens[i] at positions start + i; each row's params and ring (its history:
         ``history`` then tokens[:i+1])."""
-        h = self.h_i32
-        for i, (t, (packed, ring)) in enumerate(zip(tokens, sampling_rows(tokens, params, seed, history))):
-            h[_HDR_TOKEN // 4 + i] = int(t)
-            h[_HDR_POS // 4 + i] = start + i
-            h[_HDR_LEN // 4 + i] = start + i + 1
-            base = _HDR_BYTES + i * _ROW_BYTES
-            np.frombuffer(self.h_io, np.uint64, ops.SAMPLE_PARAM_WORDS, base)[:] = packed
-            if ring:
-                h[(base + _ROW_PARAMS) // 4:(base + _ROW_PARAMS) // 4 + len(ring)] = ring
+        h, m = self.h_i32, len(tokens)
+        h[_HDR_TOKEN // 4:_HDR_TOKEN // 4 + m] = tokens
+        h[_HDR_POS // 4:_HDR_POS // 4 + m] = range(start, start + m)
+        h[_HDR_LEN // 4:_HDR_LEN // 4 + m] = range(start + 1, start + m + 1)
+        rows = h[_HDR_BYTES // 4:(_HDR_BYTES + m * _ROW_BYTES) // 4].reshape(m, _ROW_BYTES // 4)
+        write_sampling_rows(rows, tokens, params, seed, history)
 
     def step(self, tokens, start: int, params: SamplingParams, seed: int, history) -> list[int]:
         tokens = [int(t) for t in tokens]
@@ -341,7 +352,7 @@ class CudaRunner:
                 kept.append(self._pass(rows, start + s, params, seed, hist, keep=True))
             else:
                 self._pass(rows, start + s, params, seed, hist)
-            out += [int(t) for t in self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + len(rows)]]
+            out += self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + len(rows)].tolist()
             hist += rows
             hidden.append(self._hidden_rows("d", len(rows), s + P < len(tokens)))
         self._kept, self._hidden = kept, hidden
@@ -361,9 +372,10 @@ class CudaRunner:
         else:
             with self.stream:
                 self._step_body(m)
-        self._rows = m
-        with self.stream:  # the copy follows the step on the runner's stream
-            kept = self.d_logits[:m].copy() if keep else None
+        self._rows, kept = m, None
+        if keep:
+            with self.stream:  # the copy follows the step on the runner's stream
+                kept = self.d_logits[:m].copy()
         self.stream.synchronize()
         return kept
 
@@ -500,11 +512,10 @@ class CudaRunner:
         """The trunk's last-layer rows of the pass just run: its embedding buffer "x", the
         residual stream every block adds into; a copy where a later pass of the same call
         overwrites the buffer."""
-        x = self.buffer(kind + ":x", rows, self.args.hidden_size)
-        if not copy:
-            return x
+        if not copy:  # last_hidden slices the buffer (a CuPy slice each step is host time nobody may need)
+            return kind, rows
         with self.stream:
-            return x.copy()
+            return self.buffer(kind + ":x", rows, self.args.hidden_size).copy()
 
     def last_hidden(self) -> np.ndarray:
         """(T, D): the trunk's last-layer output (before the final norm) of every row of the last
@@ -512,7 +523,9 @@ class CudaRunner:
         self.stream.synchronize()
         if not self._hidden:
             return np.zeros((0, self.args.hidden_size), np.float32)
-        return np.concatenate([self.cp.asnumpy(h) for h in self._hidden])
+        D = self.args.hidden_size
+        return np.concatenate([self.cp.asnumpy(self.buffer(h[0] + ":x", h[1], D) if isinstance(h, tuple) else h)
+                               for h in self._hidden])
 
     # ==================================================================== the MTP head (cuda_mtp.py)
     def mtp_forward(self, ids, hidden, start: int, from_trunk: bool) -> tuple[np.ndarray, np.ndarray]:
