@@ -188,14 +188,14 @@ class BatchStep:
         self.p_table = self._zeros("bp_table", (self.max_blocks,), np.int32)
         # a padding row's sampler image and block table (the scratch block)
         self.pad_params, self.pad_table = ops.pack_sampling_params(_GREEDY, 0, 0), np.array([n_blocks], np.int32)
-        self._padded = PASS_ROWS  # image rows _padded.. hold a padding row (rows a pass skips keep theirs)
+        self._pads = (0, 0)  # image rows pads[0]..pads[1]-1 hold padding rows (a pass's rows leave the others as they are)
         self._bufs: dict = {}
         self.plans: dict = {}  # bucket -> the pass's launches
         self.graphs: dict = {}  # bucket -> the captured pass
+        self.h_img = bytearray(n) if self.symbolic else runner.cp.cuda.alloc_pinned_memory(n)
+        self.h_i32 = np.frombuffer(self.h_img, np.int32, n // 4)
+        self.h_rows = self.h_i32[_HDR // 4:].reshape(PASS_ROWS, self.row_bytes // 4)  # each row's block
         if not self.symbolic:
-            self.h_img = runner.cp.cuda.alloc_pinned_memory(n)
-            self.h_i32 = np.frombuffer(self.h_img, np.int32, n // 4)
-            self.h_rows = self.h_i32[_HDR // 4:].reshape(PASS_ROWS, self.row_bytes // 4)  # a row's block
             runner.cp.cuda.runtime.deviceSynchronize()  # the zeroed pool and workspace before the runner's stream uses them
 
     def buffer(self, name: str, *cols: int, dtype: str = "f4"):
@@ -314,20 +314,20 @@ class BatchStep:
         rows[:, _TABLE // 4:_TABLE // 4 + len(table)] = table
 
     def _pad(self, lo: int, hi: int) -> None:
-        """Image rows lo..hi-1 = padding rows (position 0 of the scratch block, greedy): written
-        only where a real row was since (a K = 8 verify pads 9 rows to 16 every step)."""
-        if lo < min(hi, self._padded):
-            a, n = lo, min(hi, self._padded) - lo
-            h = self.h_i32
-            for off in (_TOK, _POS):
-                h[off // 4 + a:off // 4 + a + n] = 0
-            h[_LEN // 4 + a:_LEN // 4 + a + n] = 1
-            h[_CROW // 4 + a:_CROW // 4 + a + n] = self.scratch_row
-            rows = self.h_rows[a:a + n]
-            rows[:, :_PARAMS // 4] = self.pad_params.view(np.int32)
-            rows[:, _TABLE // 4] = self.pad_table[0]
-            if hi >= self._padded:
-                self._padded = lo
+        """Image rows lo..hi-1 = padding rows (position 0 of the scratch block, greedy), written only
+        if a real row was in one of them since they last were (a K = 8 verify pads 9 rows to 16)."""
+        a, b = self._pads
+        if lo >= hi or a <= lo and hi <= b:
+            return
+        h, n = self.h_i32, hi - lo
+        for off in (_TOK, _POS):
+            h[off // 4 + lo:off // 4 + hi] = 0
+        h[_LEN // 4 + lo:_LEN // 4 + hi] = 1
+        h[_CROW // 4 + lo:_CROW // 4 + hi] = self.scratch_row
+        rows = self.h_rows[lo:hi]
+        rows[:, :_PARAMS // 4] = self.pad_params.view(np.int32)
+        rows[:, _TABLE // 4] = self.pad_table[0]
+        self._pads = (min(a, lo), max(b, hi)) if a < b and lo <= b and a <= hi else (lo, hi)
 
     def warmup(self) -> None:
         """Compile the paged kernels and capture the one-row pass (positions 0..2 of block 0, which
@@ -368,7 +368,7 @@ class BatchStep:
                 w = work[j]
                 hist = w.history if k == 0 else [*w.history, *w.ids[:k]]  # (a sequence cut by a pass boundary)
                 self._write_rows(i, w.ids[k:k + m], w.start + k, tables[j], w.params or _GREEDY, w.seed, hist)
-            self._padded = max(self._padded, n)
+            self._pads = (max(self._pads[0], n), self._pads[1])  # rows 0..n-1 are real rows now
             self._pad(n, bucket(n))
             self._run_pass(bucket(n))
             logits = self.logits
