@@ -600,7 +600,7 @@ def spec_main(a) -> int:
             raise ValueError("the oracle drafts a synthetic model's plain tokens: use it with --synthetic SHAPE")
         else:
             engine = open_engine(EngineOptions(model=a.model or "default", device=a.device, n_ctx=min(a.ctx, 4096),
-                                               kv_cache=a.kv_cache))
+                                               kv_cache=a.kv_cache, max_batch=a.max_batch))
             run, name, device = _engine_run(engine, a.max_tokens), engine.info.name, engine.info.device_name
             make_drafter(a.spec, engine.runner)  # mtp on a model without a head: refused with the reason
     except ValueError as exc:
@@ -677,6 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "Leviathan et al. 2023, so a round of K accepts P + ... + P^K drafts on average)")
     p.add_argument("--spec-k", default="auto,2,4,8", help="--spec: comma list of K (auto: adaptive)")
     p.add_argument("--max-tokens", type=int, default=320, help="--spec: tokens per generation")
+    p.add_argument("--max-batch", type=int, default=0, metavar="N",
+                   help="--spec with a model: the engine's --max-batch (default 0: the batched path; 1: the "
+                        "one-sequence loop)")
     return p
 
 

@@ -204,15 +204,21 @@ class StreamDecoder:
         self.ids: list[int] = []
         self._prefix = 0  # window start
         self._read = 0  # ids before this are already emitted
+        self._prefix_text = None  # ids[_prefix:_read] decoded (None: not yet, or the window moved)
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        prefix_text = self.tok.decode(self.ids[self._prefix : self._read], self.skip_special)
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = self._prefix_text = self.tok.decode(self.ids[self._prefix : self._read], self.skip_special)
         full = self.tok.decode(self.ids[self._prefix :], self.skip_special)
         if full.endswith("\ufffd") or len(full) <= len(prefix_text):
             return ""
         new = full[len(prefix_text) :]
-        self._prefix = max(self._read - 4, 0) if self._read - self._prefix > 8 else self._prefix
+        if self._read - self._prefix > 8:
+            self._prefix, self._prefix_text = max(self._read - 4, 0), None
+        else:  # the same window: what was just decoded is the next push's prefix
+            self._prefix_text = full
         self._read = len(self.ids)
         return new
 
@@ -220,5 +226,5 @@ class StreamDecoder:
         """At the end: whatever is still held (an incomplete character decodes as U+FFFD)."""
         prefix_text = self.tok.decode(self.ids[self._prefix : self._read], self.skip_special)
         full = self.tok.decode(self.ids[self._prefix :], self.skip_special)
-        self._read = len(self.ids)
+        self._read, self._prefix_text = len(self.ids), None
         return full[len(prefix_text) :] if len(full) > len(prefix_text) else ""
