@@ -3,7 +3,8 @@
 // (stage_a8, or stage_qx from a QX buffer), and the chunk products as exact integer dots (dp4a)
 // scaled once per chunk (chunk_dot_a8).  Contract and exactness: matvec.cu's header; NumPy
 // reference: kernel_refs.matvec_ref with act_quant_ref.  Included by matvec.cu after its
-// geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; matvec.cu: MV_R, MV_MINB).
+// geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; matvec.cu: MV_MINB) and by matvec_mma.cu,
+// which stages x by the same code (stage_a8, stage_qx) into planes of its own layout (the sink).
 #pragma once
 
 // Q4_K, NVFP4 and MXFP4 join both code levels in one integer per dot (256 dot_h + dot_l < 2^24 for
@@ -63,18 +64,37 @@ BW24_DEVICE void a8_records(uint4* metam, int nb, int b, int e, int sh0, int sh1
 #endif
 }
 
+// Where the integer-dot staging writes (the sink of stage_a8 and stage_qx): token m's codes of level
+// h as u32 words at a8_word positions from codes(m) (16-byte aligned), those of level l at
+// codes(m) + lstride; and the records of 32-input block b from its exponent and code sums, by
+// record(recs(m), b, e, sh0, sh1, sl0, sl1).  The SIMT kernel's (A8Planes): planes of wpm = n_in/4
+// words back to back (token m's h plane at xw + 2m*wpm, then its l plane), a8_records' uint4s at
+// meta + 2m*nb.
+struct A8Planes {
+    uint32_t* xw;
+    uint4* meta;
+    int wpm, nb;
+    int lstride;  // = wpm
+    BW24_DEVICE uint32_t* codes(int m) const { return xw + 2 * m * wpm; }
+    BW24_DEVICE uint4* recs(int m) const { return meta + 2 * m * nb; }
+    BW24_DEVICE void record(uint4* r, int b, int e, int sh0, int sh1, int sl0, int sl1) const {
+        a8_records(r, nb, b, e, sh0, sh1, sl0, sl1);
+    }
+};
+
 // Prologue 3 (qx): the MV_M tokens' words and records from the QX buffer (layout: contract at the
 // top), one 32-input block per thread and pass: its 2 x 32 code bytes and record are one L2 round
 // trip, written to the staged positions (a8_word: 32-value chunks keep inputs 0-15 of chunk kc at
 // words 4kc.., 16-31 at 4(nck+kc)..; Q8_0's 16-value chunks are in natural order).
-BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* xw, uint4* meta) {
+template <class Sink>
+BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, const Sink& sink) {
     const int nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
     for (int m = 0; m < MV_M; ++m) {
         const uint32_t* q = qx + (long)m * qx_row_words(n_in);
         const uint4* q4 = reinterpret_cast<const uint4*>(q);
         const int4* rec = reinterpret_cast<const int4*>(q + n_in / 2);
-        uint32_t* xwm = xw + 2 * m * wpm;
-        uint4* metam = meta + 2 * m * nb;
+        uint32_t* xwm = sink.codes(m);
+        auto* metam = sink.recs(m);
         for (int b = threadIdx.x; b < nb; b += MV_NT) {
             const uint4 h0 = q4[2 * b], h1 = q4[2 * b + 1];
             const uint4 l0 = q4[wpm / 4 + 2 * b], l1 = q4[wpm / 4 + 2 * b + 1];
@@ -82,25 +102,26 @@ BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* x
             uint4* dst = reinterpret_cast<uint4*>(xwm);
             dst[a8_word(32 * b, nck) / 4] = h0;
             dst[a8_word(32 * b + 16, nck) / 4] = h1;
-            dst[(wpm + a8_word(32 * b, nck)) / 4] = l0;
-            dst[(wpm + a8_word(32 * b + 16, nck)) / 4] = l1;
-            a8_records(metam, nb, b, r.x, r.y, r.z, (int)(short)(r.w & 0xFFFF), r.w >> 16);
+            dst[(sink.lstride + a8_word(32 * b, nck)) / 4] = l0;
+            dst[(sink.lstride + a8_word(32 * b + 16, nck)) / 4] = l1;
+            sink.record(metam, b, r.x, r.y, r.z, (int)(short)(r.w & 0xFFFF), r.w >> 16);
         }
     }
 }
 
 #define A8_NR (MV_MINB >= 3 ? 2 : 4)  // float4 groups per thread and batch (4 spills at 80 registers)
+template <class Sink>
 BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pro, float eps,
-                          const float* __restrict__ normw, bool xb16, uint32_t* xw, uint4* meta, float* red) {
+                          const float* __restrict__ normw, bool xb16, const Sink& sink, float* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n4 = n_in / 4, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
+    const int n4 = n_in / 4, nck = n_in / VPC;
     const float4* w4 = reinterpret_cast<const float4*>(normw);
     const bool cached = pro == PRO_RMS && n4 <= STAT_NT * A8_NR;  // the statistic's loads serve the staging
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int m = 0; m < MV_M; ++m) {
         const float4* x4 = reinterpret_cast<const float4*>(x + (long)m * ldx);
-        uint32_t* xwm = xw + 2 * m * wpm;
-        uint4* metam = meta + 2 * m * nb;
+        uint32_t* xwm = sink.codes(m);
+        auto* metam = sink.recs(m);
         float4 v[A8_NR];
         float4 wc[A8_NR];  // the norm weights of the groups in v (cached)
         float inv = 1.0f;
@@ -139,9 +160,9 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
             const int sh_other = __shfl_xor_sync(0xffffffffu, sh, 4), sl_other = __shfl_xor_sync(0xffffffffu, sl, 4);
             if (!ok) return;
             xwm[a8_word(4 * f, nck)] = qh;
-            xwm[wpm + a8_word(4 * f, nck)] = ql;
+            xwm[sink.lstride + a8_word(4 * f, nck)] = ql;
             if ((lane & 7) == 0)  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
-                a8_records(metam, nb, f >> 3, e, sh, sh_other, sl, sl_other);
+                sink.record(metam, f >> 3, e, sh, sh_other, sl, sl_other);
         };
         if (cached) {  // one batch held the row: its threads stage their own groups (whole warps: shuffles)
             if (tid < STAT_NT)
@@ -225,7 +246,7 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 }
 #endif
 
-// One chunk of MV_R rows against MV_M quantized x rows.  Per row, token and plane (h, then l):
+// One chunk of R rows (matvec.cu: MV_R) against MV_M quantized x rows.  Per row, token and plane (h, then l):
 // the integer dots of the chunk's halves (values 0-15, 16-31; Q8_0: the 16 values), the code
 // offset removed through the dp4a seed (-offset * code sum, exact), then in this order
 //   TWO_SCALES: acc += dot_lo * (a0 * s); acc += dot_hi * (a1 * s); TWO_MINS (Q2_K) then
@@ -239,11 +260,12 @@ BW24_DEVICE void nvfp4_scales_f16(uint32_t sw, int kc, float& a0, float& a1) {
 // (a * 2^(e-8)); acc += b * xsum (the record's exact block sum).  MXFP4: D over the whole chunk
 // (NVFP4's weight bytes and seeds), acc += float(D) * (a * 2^(e-8)), a = e8m0 / 2 (|D| <= 32 x 12
 // x 32896 < 2^24: exact).
-BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
-                              uint32_t nv_t0, float (&acc)[MV_M][MV_R]) {
-    float a0[MV_R], a1[MV_R], b[MV_R], b1[MV_R];
+template <int R>
+BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[R], int kc, int nck, const uint32_t* xw, int wpm, const uint4* meta, int nb,
+                              uint32_t nv_t0, float (&acc)[MV_M][R]) {
+    float a0[R], a1[R], b[R], b1[R];
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r], b1[r]);
+    for (int r = 0; r < R; ++r) chunk_scales(raw[r], kc, a0[r], a1[r], b[r], b1[r]);
     (void)b1;
 #if !E2M1_FMT
     (void)nv_t0;
@@ -257,7 +279,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             const uint4 xv = *reinterpret_cast<const uint4*>(xw + (2 * m + p) * wpm + 4 * kc);
             const float dx = __uint_as_float(meta[(2 * m + p) * nb + (kc >> 1)].x);
 #pragma unroll
-            for (int r = 0; r < MV_R; ++r) {
+            for (int r = 0; r < R; ++r) {
                 int s = dp4a_s8(raw[r].q.x, xv.x, 0);
                 s = dp4a_s8(raw[r].q.y, xv.y, s);
                 s = dp4a_s8(raw[r].q.z, xv.z, s);
@@ -266,15 +288,15 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             }
         }
 #elif A8_JOIN  // NVFP4, MXFP4, Q4_K
-    uint32_t cl[MV_R][4], ch[MV_R][4];
+    uint32_t cl[R][4], ch[R][4];
 #if E2M1_FMT
     (void)a1; (void)b;
 #if FMT == F_NVFP4
     (void)a0;
-    float s0[MV_R], s1[MV_R];
+    float s0[R], s1[R];
 #endif
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r) {
+    for (int r = 0; r < R; ++r) {
 #if FMT == F_NVFP4
         nvfp4_scales_f16(raw[r].s.x, kc, s0[r], s1[r]);
 #endif
@@ -284,7 +306,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
 #else
     (void)a1;
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
 #endif
@@ -300,7 +322,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
         // the weight bytes' offset (E2M1: 128) removed through the l chains' seeds; Q4_K has none
         const int seed_lo = E2M1_FMT ? (int)mt.y : 0, seed_hi = E2M1_FMT ? (int)mt.z : 0;
 #pragma unroll
-        for (int r = 0; r < MV_R; ++r) {
+        for (int r = 0; r < R; ++r) {
             // per half (values 0-15: il, 16-31: ih): the h chain, then the l chain seeded with it * 256
             int il = dp4a_u8(cl[r][0], hl.x, 0), ih = dp4a_u8(ch[r][0], hh.x, 0);
             il = dp4a_u8(cl[r][1], hl.y, il);
@@ -329,9 +351,9 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
         }
     }
 #else
-    uint32_t cl[MV_R][4], ch[MV_R][4];
+    uint32_t cl[R][4], ch[R][4];
 #pragma unroll
-    for (int r = 0; r < MV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int g = 0; g < 4; ++g) qwords(raw[r], g, cl[r][g], ch[r][g]);
 #pragma unroll
@@ -344,7 +366,7 @@ BW24_DEVICE void chunk_dot_a8(const Raw (&raw)[MV_R], int kc, int nck, const uin
             const uint4 mt = meta[(2 * m + p) * nb + kc];
             const float dx = __uint_as_float(mt.x);
 #pragma unroll
-            for (int r = 0; r < MV_R; ++r) {
+            for (int r = 0; r < R; ++r) {
                 int il = -A8_OFF * (int)mt.y, ih = -A8_OFF * (int)mt.z;
                 il = dp4a_u8(cl[r][0], xl.x, il);
                 il = dp4a_u8(cl[r][1], xl.y, il);
