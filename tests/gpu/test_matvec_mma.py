@@ -140,28 +140,6 @@ def test_qx_buffers(cp, rng, producer, consumer, m, blocks, monkeypatch):
     same_bits(got, one_row_steps(cp, W_d, act_h, m, epi="add", init=res), "(down over the QX codes)")
 
 
-def random_planes(rng, fmt, out, in_):
-    """A DeviceWeight of random repacked planes (any code bytes; scales as repack_host writes them:
-    Q8_0 f16 d per 32 inputs, NVFP4 ue4m3 bytes without bit 7 or 0x7F and a per-row global scale,
-    Q4_K superblock records {f16 d, f16 dmin, 12 bytes of packed 6-bit scales and mins}): the
-    Qwen3-8B shapes without quantizing half a billion random weights."""
-    import cupy as cp
-
-    f16 = lambda n: (rng.uniform(1e-3, 1e-1, n) * rng.choice([-1.0, 1.0], n)).astype(np.float16).view(np.uint8)  # noqa: E731
-    if fmt == "Q8_0":
-        q, s = rng.integers(0, 256, (out, in_), dtype=np.uint8), f16(out * in_ // 32).reshape(out, -1)
-    elif fmt == "NVFP4":
-        q, s = rng.integers(0, 256, (out, in_ // 2), dtype=np.uint8), rng.integers(0, 0x7F, (out, in_ // 16), dtype=np.uint8)
-    else:
-        q = rng.integers(0, 256, (out, in_ // 2), dtype=np.uint8)
-        s = rng.integers(0, 256, (out, in_ // 256, 16), dtype=np.uint8)
-        s[..., 0:4] = f16(2 * out * in_ // 256).reshape(out, -1, 4)
-        s = s.reshape(out, -1)
-    gs = cp.asarray(rng.uniform(0.01, 1.0, out).astype(np.float32)) if fmt == "NVFP4" else None
-    fid, vpc = cw.FORMATS[fmt]
-    return cw.DeviceWeight(fmt, out, in_, cp.asarray(q), None, cp.asarray(s), None, gs, fmt_id=fid, vpc=vpc)
-
-
 QWEN3_8B = [  # (name, rows, inputs, prologue, epilogue)
     ("o", 4096, 4096, "qx", "add"), ("qkv", 6144, 4096, "rmsnorm", "store"), ("gate|up", 24576, 4096, "rmsnorm", "swiglu"),
     ("down", 4096, 12288, "qx", "add"), ("lm_head", 151936, 4096, "rmsnorm", "store")]
@@ -171,19 +149,19 @@ QWEN3_8B = [  # (name, rows, inputs, prologue, epilogue)
 @pytest.mark.parametrize("shape", QWEN3_8B, ids=[s[0] for s in QWEN3_8B])
 def test_qwen3_8b_shapes(cp, rng, fmt, shape):
     """Every row of the m-row calls at m = 2..8 equals the one-row SIMT steps (the production
-    geometry of each shape) bit for bit; prologue qx over codes quantized from the same floats
-    (the one-row steps take the floats), and where one launch cannot stage m rows (down at m > 6)
-    prologue none in groups of rows."""
-    from bw24chat.backends.kernel_refs import qx_ref as qx_of
+    geometry of each shape) bit for bit, on synthetic weights (bw24chat.synthetic); prologue qx
+    over codes quantized from the same floats (the one-row steps take the floats), and where one
+    launch cannot stage m rows (down at m > 6) prologue none in groups of rows."""
+    from bw24chat.synthetic import random_matrix
 
     name, rows, in_, pro, epi = shape
-    W = random_planes(rng, fmt, rows, in_)
+    W = cw.upload([random_matrix(fmt, rows, in_, rng)])
     x = (rng.standard_normal((8, in_)) * rng.uniform(0.5, 4.0, (8, 1))).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, in_).astype(np.float32) if pro == "rmsnorm" else None
     init = rng.standard_normal((8, rows)).astype(np.float32) if epi == "add" else None
     one = one_row_steps(cp, W, x, 8, pro="none" if pro == "qx" else pro, epi=epi, norm_w=norm_w, init=init)
     for m in range(2, 9):
         use_qx = pro == "qx" and cl.mma_plan(W, m).m_fit >= m
-        qx_in = cp.asarray(qx_of(x[:m])) if use_qx else None
+        qx_in = cp.asarray(qx_ref(x[:m])) if use_qx else None
         got = call(cp, W, x, m, "mma", "qx" if use_qx else ("none" if pro == "qx" else pro), epi, norm_w, init=init, qx_in=qx_in)
         same_bits(got, one[:m], f"({name}, m = {m})")
