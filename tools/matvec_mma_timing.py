@@ -120,7 +120,7 @@ def main() -> int:
                 print(f"{fmt:5s} {name:8s} {n_out:6d} x {n_in:5d} m={m}  " + "  ".join(res[:2]), flush=True)
                 for r in res[2:]:
                     print(f"{'':38s}{r}", flush=True)
-            del Ws, W0
+            Ws = W0 = None  # this shape's weights freed before the next one's
             cp.get_default_memory_pool().free_all_blocks()
         base = step.get(("simt", 1))
         print(f"{fmt}: the matvec part of one decode step ({LAYERS} layers + LM head), ms (x the SIMT one-row step):")
