@@ -413,6 +413,8 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         if not (a8 and takes_mma(W)):
             raise ValueError(f"matvec_mma runs {', '.join(MMA_FORMATS)} under the integer-dot contract, rows of a multiple "
                              f"of 256 inputs, not {W.fmt} x {W.in_} (a8={a8})")
+        if W.q.data.ptr % 16 or W.s.data.ptr % 16:
+            raise ValueError("matvec_mma copies 16-byte pieces of the q and s planes: 16-byte aligned planes")
         _matvec_mma(W, x, out, m, pro_arg, epi, ldx, n_y, norm_w, eps, qx_in, qx_out)
         return
     if impl == "tc":
