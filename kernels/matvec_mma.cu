@@ -270,16 +270,24 @@ BW24_DEVICE void mq_pair(float (&acc)[2][2][MQ_NT], uint32_t qaddr, const unsign
     for (int c = 0; c < 2; ++c)
 #pragma unroll
         for (int j = 0; j < MQ_NT; ++j) mma_k32(d[c][j], lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1], b[j][c][0], b[j][c][1]);
-    Raw r[2];
-    r[0].s = *reinterpret_cast<const uint4*>(srow0 + 16 * (c0 >> 3));
-    r[1].s = *reinterpret_cast<const uint4*>(srow1 + 16 * (c0 >> 3));
+    // chunk_scales of (row g + 8 rr, chunk c0 + c): lane t of the row group decodes rr = t / 2, c =
+    // t % 2 once (its sub-block's 6-bit scale and min: the bit work is most of a Q4_K pair), and
+    // the group's four lanes exchange them (chunks c0, c0 + 1 lie in one half of the superblock:
+    // chunk_scales' branch is warp-uniform)
+    float a_own, b_own;
+    {
+        Raw r;
+        r.s = *reinterpret_cast<const uint4*>(((t >> 1) ? srow1 : srow0) + 16 * (c0 >> 3));
+        float a1;
+        chunk_scales(r, kc0 + (t & 1), a_own, a1, b_own);
+    }
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
         float a[2], bm[2];
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-            float a1;
-            chunk_scales(r[rr], kc0 + c, a[rr], a1, bm[rr]);
+            a[rr] = __shfl_sync(0xffffffffu, a_own, (lane & ~3) | (rr << 1) | c);
+            bm[rr] = __shfl_sync(0xffffffffu, b_own, (lane & ~3) | (rr << 1) | c);
         }
 #pragma unroll
         for (int j = 0; j < MQ_NT; ++j) {

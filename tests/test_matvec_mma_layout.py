@@ -201,18 +201,19 @@ def emulate(hp, x: np.ndarray, nw: int, kw: int) -> np.ndarray:
                                             v = (dd[:, 2 * rr] * 256 + dd[:, 2 * rr + 1]).astype(F32)  # exact: |v| < 2^24
                                             acc[ip, c, rr, j] = fma32(v, s[rr][hh] * dx, acc[ip, c, rr, j])
                         else:  # Q4_K: the superblock record (d, dmin, packed 6-bit scales / mins)
-                            recs = [[stage[s + 16 * (c0 >> 3):s + 16 * (c0 >> 3) + 16] for s in srows] for srows in (srow0, srow1)]
+                            # lane t decodes (row g + 8 (t >> 1), chunk c0 + (t & 1)); the group's lanes exchange
+                            own = np.where(T >> 1, srow1, srow0) + 16 * (c0 >> 3)
+                            recs = np.stack([stage[o:o + 16] for o in own])
+                            dd, dm = recs[:, 0:2].copy().view("<f2")[:, 0].astype(F32), recs[:, 2:4].copy().view("<f2")[:, 0].astype(F32)
+                            scs, mns = quants.k_scale_min(recs[:, 4:16])
+                            sub = (kc0 + (T & 1)) & 7
+                            a_own = dd * scs[LANES, sub].astype(F32)
+                            b_own = -(dm * mns[LANES, sub].astype(F32))
                             for c in range(2):
                                 d = [mma([lo[:, 2 * c], lo[:, 2 * c + 1], hi[:, 2 * c], hi[:, 2 * c + 1]], [b[j][c][0], b[j][c][1]], 0)
                                      for j in range(nt)]
-                                sub = (kc0 + c) & 7
-                                a, bm = [], []
-                                for rr in range(2):
-                                    dd = np.array([F32(r[0:2].view("<f2")[0]) for r in recs[rr]], F32)
-                                    dm = np.array([F32(r[2:4].view("<f2")[0]) for r in recs[rr]], F32)
-                                    scs, mns = quants.k_scale_min(np.stack([r[4:16] for r in recs[rr]]))
-                                    a.append(dd * scs[:, sub].astype(F32))
-                                    bm.append(-(dm * mns[:, sub].astype(F32)))
+                                a = [a_own[(LANES & ~3) | (rr << 1) | c] for rr in range(2)]
+                                bm = [b_own[(LANES & ~3) | (rr << 1) | c] for rr in range(2)]
                                 for j in range(nt):
                                     dx = sc[kc0 + c, tok[j]]
                                     for rr in range(2):

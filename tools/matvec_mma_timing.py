@@ -1,7 +1,7 @@
 """The integer-dot decode matvec of m rows on this GPU (device): the SIMT kernel (matvec.cu, what
 decode and verify run today) against the tensor-core one (matvec_mma.cu, cuda_linear impl "mma"):
 
-    python3 tools/matvec_mma_timing.py [--formats q8_0,nvfp4,q4_k] [--rows 1-8] [--sweep]
+    python3 tools/matvec_mma_timing.py [--formats q8_0,nvfp4,q4_k] [--rows 1-8] [--shapes o,gate|up] [--sweep]
 
 Qwen3-8B's decode matrices on synthetic weights (bw24chat.synthetic): qkv 6144 x 4096 (rmsnorm),
 o 4096 x 4096 (x codes from a QX buffer, add), gate|up 24576 x 4096 (rmsnorm, swiglu, writing the
@@ -11,7 +11,8 @@ down projection's QX codes), down 4096 x 12288 (QX codes, add), the LM head 1519
 us per call, the median of 7 timings of 10 replays of one CUDA graph of COPIES launches over
 copies of the weights (so that a graph reads more than the L2 holds; decode_floor.time_graph),
 after one warm-up launch and two warm-up replays.  Then the matvec part of one decode step (36
-layers of qkv + o + gate|up + down, one LM head) in ms, and its ratio to the SIMT one-row step.
+layers of qkv + o + gate|up + down, one LM head) in ms, and its ratio to the SIMT one-row step
+(with --shapes, of the shapes timed).
 --sweep: matvec_mma's other geometries too (MV_NW, MQ_KW, MQ_STAGES; MATVEC_MMA_TUNING's pick
 marked *).  Every kernel and geometry gives the same bits (tests/gpu/test_matvec_mma.py).
 """
@@ -58,6 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default="q8_0,nvfp4,q4_k")
     ap.add_argument("--rows", default="1-8", help="m values: a range 1-8 or a list 1,2,4,8")
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="a subset of " + ",".join(s[0] for s in SHAPES))
     ap.add_argument("--sweep", action="store_true", help="time matvec_mma's other geometries too")
     args = ap.parse_args()
 
@@ -76,7 +78,7 @@ def main() -> int:
           f"us per call (median of 7 x 10 graph replays)", flush=True)
     for fmt in [f.strip().upper() for f in args.formats.split(",")]:
         step = {}  # (kernel, m) -> us of the matvec part of a decode step
-        for name, n_out, n_in, per_step in SHAPES:
+        for name, n_out, n_in, per_step in [sh for sh in SHAPES if sh[0] in args.shapes.split(",")]:
             W0 = cw.upload([random_matrix(fmt, n_out, n_in, rng)])
             copies = max(1, min(8, math.ceil(GRAPH_BYTES / W0.nbytes)))
             Ws = [W0] + [cw.DeviceWeight(W0.fmt, W0.out, W0.in_, *(None if a is None else a.copy() for a in (W0.q, W0.h, W0.s, W0.d, W0.gscale)),
