@@ -365,29 +365,30 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
     // The copies of one item into its stage: lane L copies chunk L of the k-tile of rows warp +
     // MV_NW u (u < MQ_NP: MQ_RB * 32 pieces), threads below MQ_RB * MQ_SB / 16 one 16-byte scale
     // piece each; rows past n_out read the last row, chunks past nck nothing.  One commit group
-    // per item (an empty one past the block's last item).  Indices in 32 bits: a plane has fewer
-    // than 2^31 16-byte pieces.
+    // per item (an empty one past the block's last item).  The sources of a pass's rows are set
+    // when its first k-tile is issued (rebase); a k-tile adds its offset.
+    constexpr int SPR = MQ_SB / 16;  // scale pieces per row
+    const bool s_copier = tid < MQ_RB * SPR;
+    const int s_row = tid / SPR, s_piece = tid % SPR;
+    const uint4* qsrc[MQ_NP];
+    const unsigned char* ssrc = nullptr;
     MqCursor iss = first;
     int issued = 0;
+    auto rebase = [&]() {
+#pragma unroll
+        for (int u = 0; u < MQ_NP; ++u) qsrc[u] = wq + (long)min(iss.row0 + warp + MV_NW * u, n_out - 1) * nck + lane;
+        if (s_copier)
+            ssrc = reinterpret_cast<const unsigned char*>(ws) + (long)min(iss.row0 + s_row, n_out - 1) * srow_bytes + 16 * s_piece;
+    };
     auto issue = [&]() {
         if (issued < n_items) {
             unsigned char* stg = ring + (issued % MQ_STAGES) * MQ_STAGE;
-            const int kc = iss.kt * MQ_KT + lane;
-            if (kc < nck)
+            if (iss.kt == 0) rebase();
+            if (iss.kt * MQ_KT + lane < nck)
 #pragma unroll
-                for (int u = 0; u < MQ_NP; ++u) {
-                    const int r = warp + MV_NW * u;
-                    const unsigned row = (unsigned)min(iss.row0 + r, n_out - 1);
-                    cp_async16(stg + r * MQ_QP + lane * 16, wq + (row * (unsigned)nck + (unsigned)kc), 16);
-                }
-            constexpr int SPR = MQ_SB / 16;  // scale pieces per row
-            if (tid < MQ_RB * SPR) {
-                const int r = tid / SPR, h = tid % SPR, off = iss.kt * MQ_SB + 16 * h;
-                const unsigned row = (unsigned)min(iss.row0 + r, n_out - 1);
-                if (off < srow_bytes)
-                    cp_async16(stg + MQ_RB * MQ_QP + r * MQ_SP + 16 * h,
-                               reinterpret_cast<const unsigned char*>(ws) + (row * (unsigned)srow_bytes + (unsigned)off), 16);
-            }
+                for (int u = 0; u < MQ_NP; ++u) cp_async16(stg + (warp + MV_NW * u) * MQ_QP + lane * 16, qsrc[u] + iss.kt * MQ_KT, 16);
+            if (s_copier && iss.kt * MQ_SB + 16 * s_piece < srow_bytes)
+                cp_async16(stg + MQ_RB * MQ_QP + s_row * MQ_SP + 16 * s_piece, ssrc + iss.kt * MQ_SB, 16);
             iss.next(nkt, ph, tile_rows);
             if (++issued == n_items) pdl_trigger();  // the block's weight stream is issued
         }
