@@ -11,6 +11,9 @@ All timings: CUDA events after warm-up, medians of >= 5 runs.
 The decode rows end with what a step of m rows costs (speculative verify) and the aggregate
 speed of B = 1, 2, 8, 32 sequences decoded together by the batched step (batch{B}@512: wall time,
 host included; each sequence's tokens equal its solo run's, backends/cuda_batch.py).
+``--profile`` instead says where the time goes, per kernel role: the decode step's (each role's
+launches replayed as a graph, profile_decode) and a prefill chunk's (CUDA events around every
+launch of its eager walk, profile_prefill).
 
 ``--spec ngram|mtp`` instead measures speculative decoding on either backend (``--device``): an
 editing workload (a paragraph of ~250 tokens, then a request to repeat it with small changes),
@@ -25,13 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from .backends.kernel_build import PDL_OFF, pdl_supported
+from .backends.kernel_build import PDL_OFF, HostStep, pdl_supported
 
 
 def _events_ms(cp, fn, runs: int, warmup: int = 2, stream=None) -> list[float]:
@@ -296,18 +300,57 @@ def verify_costs(runner, runs: int, label: str, ctx: int = 512, reps: int = 32) 
     return rows
 
 
+def profile_role(item) -> tuple:
+    """A plan item's role: a launch's key() (kernel, defines, grid, block, shared memory: what the
+    plan decides of it), a host step's label (spilled experts) with the layer numbers dropped."""
+    return ("host", re.sub(r"\d+", "N", item.label)) if isinstance(item, HostStep) else item.key()
+
+
+def profile_groups(items) -> dict:
+    """A plan's items (a runner's KernelLaunch / HostStep, or plan.Launch records) by role, in order
+    of first appearance.  Every item is in exactly one group."""
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(profile_role(item), []).append(item)
+    return groups
+
+
+def profile_rows(groups: dict, us: dict, per: str, totals=()) -> list[dict]:
+    """The profile table: one row a group of ``groups`` (``us``: its microseconds per ``per``,
+    "step" or "chunk"), slowest first; then the sum of the groups and ``totals`` ((label, us):
+    the whole step or chunk, timed apart)."""
+    col = f"us_per_{per}"
+    rows = []
+    for key, items in groups.items():
+        host = isinstance(items[0], HostStep)
+        kernel = f"host: {key[1]}" if host else key[1] + "".join(f" {k}={v}" for k, v in key[2])
+        rows.append({"kernel": kernel, "grid": [] if host else list(key[3]), "launches": len(items), col: us[key],
+                     "us_per_launch": us[key] / len(items)})
+    rows.sort(key=lambda r: -r[col])
+    n = sum(len(items) for items in groups.values())
+    for label, t in (("(sum of groups)", sum(us.values())), *totals):
+        rows.append({"kernel": label, "grid": [], "launches": n, col: t, "us_per_launch": 0.0})
+    return rows
+
+
+def print_profile(title: str, rows: list[dict], per: str) -> None:
+    print(f"\n{title}")
+    for r in rows:
+        print(f"  {r['kernel'][:80]:80} grid {str(r['grid']):16} x{r['launches']:<4} {r[f'us_per_{per}']:9.1f} us"
+              + (f"  ({r['us_per_launch']:.2f} us each)" if r['us_per_launch'] else ""))
+
+
 def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list[dict]:
     """Where one decode step's GPU time goes, measured inside CUDA graphs.
 
-    The launches of the runner's one-row plan (runner.plan) are grouped by kernel (with its
-    compile-time defines), grid and shared memory, i.e. by role: qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler.  Each
+    The launches of the runner's one-row plan (runner.plan) are grouped by role (profile_groups:
+    qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler).  Each
     group (e.g. the 36 attention launches of one step, over 36 different caches, so the L2 holds
     no more than it would in the real step) is captured as its own graph and replayed `inner`
     times between CUDA events; medians of `reps`.  The full step graph is timed the same way:
     its time minus the sum of the groups is what the joins between kernels cost (launch gaps,
     tails), since groups run their launches back to back just as the step does."""
     from .api import SamplingParams
-    from .backends.kernel_build import KernelLaunch
 
     rng = np.random.default_rng(1)
     ids = rng.integers(0, runner.args.vocab_size, ctx)
@@ -337,11 +380,8 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
     if len(runner.graphs[1]) > 1:
         raise ValueError("--profile times the one-graph decode step (all experts resident)")
     step_us = time_graph(runner.graphs[1][0][0])
-    launches = [L for L in runner.plan(1) if isinstance(L, KernelLaunch)]
-    groups: dict = {}
-    for L in launches:
-        groups.setdefault((id(L.kernel), L.grid, L.block, L.smem), []).append(L)
-    rows = []
+    groups = profile_groups(runner.plan(1))
+    us = {}
     for key, ls in groups.items():
         with stream:
             stream.begin_capture()
@@ -350,14 +390,73 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
                     L()
             finally:
                 g = stream.end_capture()
-        us = time_graph(g)
-        rows.append(dict(kernel=ls[0].kernel.label, grid=list(ls[0].grid), launches=len(ls), us_per_step=us,
-                         us_per_launch=us / len(ls)))
-    rows.sort(key=lambda r: -r["us_per_step"])
-    total = sum(r["us_per_step"] for r in rows)
-    rows.append(dict(kernel="(sum of groups)", grid=[], launches=len(launches), us_per_step=total, us_per_launch=0.0))
-    rows.append(dict(kernel="(whole step graph)", grid=[], launches=len(launches), us_per_step=step_us, us_per_launch=0.0))
-    return rows
+        us[key] = time_graph(g)
+    return profile_rows(groups, us, "step", [("(whole step graph)", step_us)])
+
+
+def profile_prefill(runner, cp, runs: int = 5) -> dict:
+    """Where one prefill chunk's time goes: a chunk of ``runner.prefill_chunk`` tokens at position
+    0 (the pp512 row), walked eagerly over its traced plan as prefill walks it, with a CUDA event
+    pair around every launch; per launch the median of ``runs`` chunks after warm-up, grouped by
+    role as the decode profile is (profile_groups).  A host step (spilled experts) is timed on the
+    host between stream synchronizations, so its own copies and launches count in its row.
+
+    The events between launches perturb the chunk a little: the chunk is also timed without them
+    (CUDA events around prefill, as the pp rows; that time includes tracing the plan, which the
+    host does before the chunk's first launch and which is timed apart: trace_us).  Where the GPU
+    waits for the host (launch-bound stretches), a launch's time includes part of that wait."""
+    T = runner.prefill_chunk
+    ids = np.random.default_rng(4).integers(0, runner.args.vocab_size, T)
+    stream = runner.stream
+
+    def walk() -> tuple[list, list[float], float]:
+        """One instrumented chunk: its items, each one's microseconds, and the walk's."""
+        items, marks, ends = [], [], (cp.cuda.Event(), cp.cuda.Event())
+
+        def timed(item):
+            if not items:
+                ends[0].record(stream)
+            items.append(item)
+            if isinstance(item, HostStep):
+                stream.synchronize()
+                t0 = time.perf_counter()
+                item()
+                stream.synchronize()
+                marks.append(1e6 * (time.perf_counter() - t0))
+            else:
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                a.record(stream)
+                item()
+                b.record(stream)
+                marks.append((a, b))
+
+        with stream:
+            runner._prefill_chunk(ids, 0, False, each=timed)
+            ends[1].record(stream)
+        ends[1].synchronize()
+        us = [m if isinstance(m, float) else 1e3 * cp.cuda.get_elapsed_time(*m) for m in marks]
+        return items, us, 1e3 * cp.cuda.get_elapsed_time(*ends)
+
+    chunk_us = 1e3 * statistics.median(_events_ms(cp, lambda: runner.prefill(ids, 0), runs, warmup=2, stream=stream))
+    traces = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        runner.prefill_plan(T, 0)
+        traces.append(1e6 * (time.perf_counter() - t0))
+    walk()  # warm-up
+    done = [walk() for _ in range(runs)]
+    plan = done[-1][0]
+    if any(list(map(profile_role, d[0])) != list(map(profile_role, plan)) for d in done):
+        raise RuntimeError("the chunk's plan changed between runs")
+    per_item = {id(item): statistics.median(ts) for item, ts in zip(plan, zip(*(d[1] for d in done)))}
+    groups = profile_groups(plan)
+    us = {key: sum(per_item[id(item)] for item in items) for key, items in groups.items()}
+    walk_us, trace_us = statistics.median(d[2] for d in done), statistics.median(traces)
+    rows = profile_rows(groups, us, "chunk", [("(chunk walk with the events)", walk_us),
+                                             ("(chunk without events, tracing included)", chunk_us),
+                                             ("(host: tracing the chunk's plan)", trace_us)])
+    return dict(tokens=T, profile=rows, sum_us=sum(us.values()), walk_us=walk_us, chunk_us=chunk_us, trace_us=trace_us,
+                host_steps=sum(isinstance(item, HostStep) for item in plan))
 
 
 def bench_numpy(ck, threads: list[int], runs: int, prompt: int = 128, gen: int = 32) -> list[dict]:
@@ -553,7 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
     p.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
     p.add_argument("--profile", action="store_true",
-                   help="only the per-kernel decode profile (in-graph times of each role) at context 512 and 8192")
+                   help="only the per-kernel profiles: the decode step's (in-graph times of each role) at context 512 "
+                        "and 8192, and a prefill chunk's (CUDA events around every launch); --decode-only / "
+                        "--prefill-only keep one")
     p.add_argument("--vram-budget", type=float, default=0.0, metavar="GB",
                    help="MoE: VRAM the weights may take; experts beyond it are spilled (decode rows then report "
                         "hits per tier, bytes moved per token and the tier bound)")
@@ -641,7 +742,7 @@ def main(argv: list[str]) -> int:
         if tiers is not None:
             label += f"/{min(tiers.plan.vram_slots)}of{max(tiers.layout.n_experts)}vram"
         if a.profile:
-            _print_profile(runner, cp, label, a.ctx)
+            _print_profile(runner, cp, label, a.ctx, a.runs, decode=not a.prefill_only, prefill=not a.decode_only)
             return []
         cold = (lambda: drop_page_cache(str(ck.path))) if a.drop_page_cache and getattr(ck, "path", None) else None
         return bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, label, a.decode_only, a.prefill_only, h2d_bw,
@@ -727,16 +828,21 @@ def _main_cpu(a) -> int:
     return 0
 
 
-def _print_profile(runner, cp, label: str, max_ctx: int) -> None:
-    for ctx in (512, 8192):
+def _print_profile(runner, cp, label: str, max_ctx: int, runs: int, decode: bool = True, prefill: bool = True) -> None:
+    for ctx in (512, 8192) if decode else ():
         if ctx + 8 >= min(runner.n_ctx, max_ctx):
             continue
         rows = profile_decode(runner, cp, ctx)
         print(json.dumps(dict(model=label, ctx=ctx, profile=rows)))
-        print(f"\n{label} decode step at context {ctx}: in-graph GPU time per role")
-        for r in rows:
-            print(f"  {r['kernel'][:70]:70} grid {str(r['grid']):16} x{r['launches']:<4} {r['us_per_step']:9.1f} us"
-                  + (f"  ({r['us_per_launch']:.2f} us each)" if r['us_per_launch'] else ""))
+        print_profile(f"{label} decode step at context {ctx}: in-graph GPU time per role", rows, "step")
+    if prefill and runner.prefill_chunk < runner.n_ctx:
+        p = profile_prefill(runner, cp, runs)
+        print(json.dumps(dict(model=label, test=f"pp{p['tokens']}", **p)))
+        host = "; host steps: host time between stream synchronizations" if p["host_steps"] else ""
+        print_profile(f"{label} prefill chunk of {p['tokens']} tokens at position 0: GPU time per role, CUDA events "
+                      f"around every launch of the eager walk (medians of {runs} chunks; the events perturb the times "
+                      f"slightly: the chunk takes {p['chunk_us'] / 1e3:.2f} ms without them, tracing its plan on the "
+                      f"host {p['trace_us'] / 1e3:.2f} ms of it{host})", p["profile"], "chunk")
 
 
 if __name__ == "__main__":

@@ -192,8 +192,10 @@ class CudaRunner:
             out = self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
         return plan, out
 
-    def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
-        """One prefill chunk: its ids and positions to the device, then a walk over its plan."""
+    def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool, each=None):
+        """One prefill chunk: its ids and positions to the device, then a walk over its plan;
+        ``each(item)`` runs each item of the walk in place of ``item()`` (bench --profile times
+        every launch)."""
         T = len(ids)
         self._advance(ids, start)
         self.p_ids[:T].set(np.asarray(ids, np.int32), stream=self.stream)
@@ -201,7 +203,10 @@ class CudaRunner:
         plan, out = self.prefill_plan(T, start, all_logits)
         with eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
             for item in plan:
-                item()
+                if each is None:
+                    item()
+                else:
+                    each(item)
         return out
 
     def prefill(self, ids, start: int, params: SamplingParams | None = None, seed: int = 0,
