@@ -51,28 +51,31 @@
 // buffer per pass parity; with qx_out (64-row tiles) warp 0 quantizes a tile one item after its
 // last pass is combined (matvec_a8.cuh qx_write_tile), through a buffer per tile parity.
 //
-// Napkin math (Qwen3-8B, H100 SXM: ~3 TB/s, 132 SMs at ~1.75 GHz: ~13 bytes per cycle per SM;
-// mma.sync int8 m16n8k16 = 2048 MACs).  Q8_0: a k-tile stage of 16 rows is 8.5 KB + 0.5 KB of
-// scales, ~700 SM cycles of bandwidth.  Per warp and k-tile (MQ_KW 8: 2 pairs): 2 ldmatrix A,
-// MQ_NT ldmatrix B, 4 MQ_NT MMAs and per MMA the chain steps of 16 rows x 4 tokens x 2 levels
-// (1 FADD + 1 FFMA per value, 1 FMUL per value and block): ~40 + ~45 MQ_NT warp instructions,
-// 8 warps: ~700 (m <= 4) / ~1100 (m <= 8) per ~700 cycles against an issue capacity of ~2800:
-// the weight stream bounds it at every m <= 8 (the SIMT kernel issues ~9 dp4a / FMA instructions
-// per row, chunk and token: ~5x this at m = 4), and the MMAs (4 MQ_NT per warp and k-tile) use a
-// few % of the tensor cores.  NVFP4 adds the code decoding (~11 instructions per lane and chunk,
-// m-independent) and 4 chain instructions per row, half chunk and token: ~1500 (m <= 4) / ~2300
-// (m <= 8) per ~750 cycles (a stage of 16 rows x 32 NVFP4 chunks is 9 KB): near the issue bound
-// at m = 8.  The floor is the weight bytes over the bandwidth, as at m = 1: Q8_0 gate|up 24576 x
-// 4096 = 107 MB -> 36 us.  Costs that grow with m: the staged x (2.25 n_in bytes per token: a
-// 12288-input down projection holds 6 tokens in 227 KB with the ring; more run as groups of rows,
-// cuda_linear) and its prologue (every block quantizes all of x, as the SIMT kernel).
+// Napkin math (Qwen3-8B, H100 SXM: ~3 TB/s, 132 SMs at ~1.75 GHz: ~13 bytes per cycle per SM; an
+// SM issues 4 warp instructions per cycle).  A k-tile stage of a 16-row pass is 8.5 KB of q +
+// 0.5 (Q8_0) / 1 KB (NVFP4, Q4_K) of scales: ~700-750 SM cycles of bandwidth.  SASS per warp and
+// chunk pair (sm_90a): Q8_0 ~40 at m <= 4 (one n-tile: 2 ldmatrix, 2 MMAs, per MMA value 1 FADD
+// + 1 FFMA, per block and value 1 FMUL), ~70 at m <= 8; NVFP4 ~115 / ~155 (the E2M1 decoding,
+// ~11 per 8 codes as in the SIMT kernel, and the scale conversions are m-independent); Q4_K ~90
+// (the scale bits, shared by the row group's lanes); plus ~35 per item and warp (copies, barrier,
+// loop).  So per stage: Q8_0 ~900 (m <= 4, 8 warps x 2 pairs) / ~2700 per 32-row stage (m <= 8,
+// 16 warps) -> ~1.3 / ~2.0 of the 4 instructions a cycle: the weight stream bounds it; NVFP4
+// ~2100 / ~5600 -> ~2.8 / ~3.7 a cycle: near the issue bound (at m <= 8 at it), Q4_K ~1750 / m <=
+// 4.  (The SIMT kernel issues ~9 dp4a / FMA / LDS instructions per row, chunk and token: Q8_0 ~350
+// per 16-row stage at m = 1, ~4x that at m = 4; its m-row steps are bound by registers and
+// latency, docs/performance.md.)  The MMAs use a few % of the tensor cores.  The bytes in flight
+// are the ring's (MQ_STAGES - 1 stages per block: 45-90 KB per SM), not registers.  The floor is
+// the weight bytes over the bandwidth, as at m = 1: Q8_0 gate|up 24576 x 4096 = 107 MB -> 36 us.
+// Costs that grow with m: the staged x (2.25 n_in bytes per token: a 12288-input down projection
+// holds 6 tokens in 227 KB with the ring; more run as groups of rows, cuda_linear.mma_plan) and its
+// prologue (every block quantizes all of x, as the SIMT kernel).
 //
 // Limits: n_in a multiple of 256 (every scale plane's row 16-byte aligned: the ring copies whole
 // 16-byte pieces), n_out any (rows past it clamped to the last and not stored).  Dynamic shared
 // memory: cuda_linear.mma_smem (the ring, then the staged x, the scales, the pass buffers).
 
 #include "matvec_common.cuh"
-#ifndef MV_MINB  // blocks per SM the register budget must allow (cuda_linear.mma_geometry)
+#ifndef MV_MINB  // blocks per SM the register budget must allow (cuda_linear.mma_plan)
 #define MV_MINB 1
 #endif
 #include "matvec_a8.cuh"
@@ -98,7 +101,6 @@
 #define MQ_SB (2 * VPC)             // scale bytes per row and k-tile (n_in / 16 per row)
 #define MQ_SP (MQ_SB + 16)          // scale tile row pitch
 #define MQ_STAGE (MQ_RB * (MQ_QP + MQ_SP))
-#define MQ_HALVES (VPC / 16)        // 16-value halves per chunk (B fragments per chunk and n-tile)
 #define MQ_QX_ROWS 64               // a qx_out tile: 32 outputs = one 32-input block of the next x
 
 BW24_DEVICE void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
