@@ -41,8 +41,9 @@ def same_bits(a, b, what=""):
 
 
 def odd_weight(rng, fmt, rows=None, interleave=False):
-    """Random weights of an odd row count and 256 k inputs (k = 1..6: rows that end in a partial
-    32-chunk k-tile for every format), repacked; and the host planes."""
+    """Random weights of an odd row count (two tensors of it, rows interleaved, with interleave)
+    and 256 k inputs (k = 1..6: rows that end in a partial 32-chunk k-tile for every format),
+    uploaded; with the host planes and the reference weights."""
     in_ = 256 * int(rng.integers(1, 7))
     nb = in_ // block_of(fmt)
     n = rows or int(rng.integers(1, 60)) * 2 + 1
