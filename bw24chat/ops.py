@@ -122,6 +122,11 @@ class Loader:
         raise NotImplementedError(f"{type(self).__name__}: gated DeltaNet layers (Qwen3-Next / Qwen3.5) have no "
                                   "kernels on this backend; use --device cpu")
 
+    def load_vocab_map(self, ids, vocab_size: int):
+        """A reduced draft vocabulary (``ops.vocab_expand``): ``ids`` (n,), ascending token ids,
+        as the int32 (vocab_size,) map of each token id to its index in ``ids``, -1 for the rest."""
+        raise NotImplementedError
+
 
 class Ops:
     """One forward pass over T rows.  Values are backend objects; see the module docstring."""
@@ -221,4 +226,11 @@ class Ops:
 
     def lm_head(self, x, w):
         """Logits (T, V) of the final hidden states (already normed)."""
+        raise NotImplementedError
+
+    def vocab_expand(self, logits, vmap):
+        """(T, V) logits of a reduced vocabulary's (T, n) logits (FR-Spec, Zhao et al. 2025: a
+        draft LM head over the n most frequent tokens only): out[t, j] = logits[t, vmap[j]], -inf
+        where vmap[j] = -1 (``Loader.load_vocab_map``), so the sampler draws among the n tokens
+        by their ids and a greedy draft is the first id of the maximum, as over the full head."""
         raise NotImplementedError

@@ -5,8 +5,9 @@ The head is DeepSeek-V3's NextN module (models/mtp.py): enorm / hnorm / eh_proj,
 of the model's own architecture, the model's LM head.  Row t pairs the trunk's hidden state h_t
 with the embedding of token t+1 and predicts token t+2.
 
-  data      the model writes it: a continuation of each built-in prompt (draft_prompts.json,
-            ``train``; its chat template applied), greedy and sampled, on the PyTorch backend
+  data      the model writes it: continuations of each built-in prompt (draft_prompts.json,
+            ``train``; its chat template applied), one greedy and ``samples - 1`` sampled at
+            temperatures cycling through ``temperatures`` (varied text), on the PyTorch backend
             (backends/torch_backend.py: the model files' own blocks) in batches.  Nothing is
             downloaded.  The ``heldout`` prompts, never trained on, measure the head.
   loss      KL(trunk's next-token distribution at t+1 || head's distribution at row t): the head
@@ -22,7 +23,13 @@ with the embedding of token t+1 and predicts token t+2.
   measure   on held-out texts (the model's greedy continuations of the held-out prompts):
             the share of rows where the head's greedy draft at each depth is the trunk's greedy
             token, and from it the mean accepted length per round at K = depth (1 + expected
-            accepted drafts); the same on training texts shows overfitting.
+            accepted drafts); the same on training texts shows overfitting.  Training stops
+            early once ``patience`` measurements in a row did not improve the held-out accepted
+            length, and the head saved is the best one measured.
+  vocab     the head drafts over the ``draft_vocab`` tokens most frequent in the generated
+            training texts (FR-Spec, Zhao et al. 2025): its LM head is the trunk's rows of those
+            ids only, a fraction of the full head's cost per draft; the verify keeps the full
+            head, so the output is unchanged (models/mtp.py).  The ids are saved with the head.
 
 Only the head trains (the trunk is frozen, its dequantized weights in bf16 on a GPU, float32 on
 the CPU).  The run can be resumed: every ``--save-every`` steps the head, the optimizer and the
@@ -85,10 +92,12 @@ class TrainConfig:
     lr: float = 5e-4  # AdamW; linear warm-up over `warmup` steps, then cosine to lr / 10
     warmup: int = 30
     gen_tokens: int = 256  # continuation tokens per prompt (fewer where the model stops)
-    samples: int = 4  # continuations per training prompt: the greedy one, then sampled ones
-    temperature: float = 0.8  # of the sampled continuations
+    samples: int = 16  # continuations per training prompt: the greedy one, then sampled ones
+    temperatures: tuple = (0.5, 0.7, 0.9, 1.1)  # of the sampled continuations, in turn
     max_len: int = 512  # prompt + continuation, tokens
-    gen_batch: int = 128  # texts generated side by side
+    gen_batch: int = 256  # texts generated side by side
+    draft_vocab: int = 8192  # tokens the head drafts over (the most frequent in its texts); 0: all
+    patience: int = 4  # held-out measurements without improvement before training stops
     loss_chunk: int = 2048  # rows whose V-wide logits are formed at a time
     save_every: int = 100
     eval_every: int = 50
@@ -179,6 +188,20 @@ def initial_head_tensors(ckpt, args, hidden_rms: float = 1.0) -> dict:
     return out
 
 
+def choose_draft_vocab(texts: list[list[int]], n: int, vocab_size: int, keep=()) -> np.ndarray:
+    """The ``n`` token ids most frequent in ``texts`` (ties: the lower id first) with the ids in
+    ``keep`` (the stop tokens) always among them, ascending (FR-Spec's frequency-ranked draft
+    vocabulary); fewer where the texts use fewer distinct tokens; every id when n is 0."""
+    counts = np.bincount(np.concatenate([np.asarray(t, np.int64) for t in texts] or [np.zeros(0, np.int64)]),
+                         minlength=vocab_size)[:vocab_size]
+    keep = [int(k) for k in keep if 0 <= int(k) < vocab_size]
+    counts[keep] = counts.max(initial=0) + 1
+    if n <= 0:
+        return np.arange(vocab_size, dtype=np.int32)
+    order = np.argsort(-counts, kind="stable")[:n]
+    return np.sort(order[counts[order] > 0]).astype(np.int32)
+
+
 def _shift(x, k: int, T: int):
     """Rows k .. k + T - 1 of x (B, L, ...) along axis 1, zero past the end."""
     import torch
@@ -225,15 +248,29 @@ class DraftTrainer:
         self.hb = TorchBackend(self.device, dtype, trainable=True)
         self.head = MTPHead(self.trunk, self.hb, initial_head_tensors(ckpt, self.args, rms))
         self.params = [p for p, _ in self.hb.sources]
+        self.vocab, self.vocab_mask = None, None  # the draft vocabulary (set_vocab)
+
+    def set_vocab(self, texts: list[list[int]]) -> None:
+        """The draft vocabulary from the training texts (choose_draft_vocab; None: all tokens)."""
+        import torch
+
+        V = self.args.vocab_size
+        ids = choose_draft_vocab(texts, self.cfg.draft_vocab, V, self.tok.stop_ids)
+        if len(ids) == V:
+            self.vocab, self.vocab_mask = None, None
+            return
+        self.vocab = ids
+        self.vocab_mask = torch.zeros(V, dtype=torch.bool, device=self.tb.device)
+        self.vocab_mask[torch.as_tensor(ids, dtype=torch.long, device=self.tb.device)] = True
 
     # ------------------------------------------------------------------ data
     def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
         keep = self.cfg.max_len - 16  # room for a continuation
         return [self.tok.encode(self.formatter.render([{"role": "user", "content": p}]))[-keep:] for p in prompts]
 
-    def generate(self, prompts: list[list[int]], greedy: list[bool], seed: int, report=None) -> list[list[int]]:
-        """Each prompt followed by the model's continuation (greedy or sampled at the config's
-        temperature), up to and including a stop token, within max_len tokens."""
+    def generate(self, prompts: list[list[int]], temps: list[float], seed: int, report=None) -> list[list[int]]:
+        """Each prompt followed by the model's continuation (greedy where its temperature is 0,
+        else sampled at it), up to and including a stop token, within max_len tokens."""
         import torch
 
         from .backends.torch_backend import TorchKVCache, TorchOps
@@ -251,14 +288,15 @@ class DraftTrainer:
                 pad = torch.tensor([P - len(prompts[i]) for i in rows])
                 ids = torch.tensor([[0] * (P - len(prompts[i])) + prompts[i] for i in rows], device=self.tb.device)
                 cache = TorchKVCache(self.tb, a.num_hidden_layers, pad, P + n_new, a.num_key_value_heads, a.head_dim)
-                is_greedy = torch.tensor([greedy[i] for i in rows], device=self.tb.device)
+                temp = torch.tensor([temps[i] for i in rows], device=self.tb.device)
+                is_greedy = temp <= 0
                 done = torch.zeros(len(rows), dtype=torch.bool, device=self.tb.device)
                 new, start = [], 0
                 for step in range(n_new):
                     ops = TorchOps(self.tb, self.eps, cache=cache, start=start)
                     h = self.trunk.trunk(ops, ids)
                     z = self.trunk.logits(ops, h[:, -1:]).logits(self.tb)[:, 0]
-                    drawn = torch.multinomial(torch.softmax(z / cfg.temperature, -1), 1, generator=gen)[:, 0]
+                    drawn = torch.multinomial(torch.softmax(z / torch.where(is_greedy, 1.0, temp)[:, None], -1), 1, generator=gen)[:, 0]
                     t = torch.where(is_greedy, z.argmax(-1), drawn)
                     new.append(torch.where(done, -1, t))
                     done |= torch.isin(t, stop)
@@ -355,6 +393,8 @@ class DraftTrainer:
                 for xs, xt, valid in rows:
                     same = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
                     zs, zt = self.tb_linear(xs[valid], self.trunk.output), self.tb_linear(xt[valid], self.trunk.output)
+                    if self.vocab_mask is not None:  # the draft's argmax over its vocabulary only
+                        zs = zs.masked_fill(~self.vocab_mask, float("-inf"))
                     same[valid] = zs.argmax(-1) == zt.argmax(-1)
                     ok.append(same)
                 chained = torch.cumprod(torch.stack(ok).int(), 0)  # (depth, B, T): drafts 0..d all accepted
@@ -380,25 +420,30 @@ class DraftTrainer:
         opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         state_file, step, elapsed = resume_path(out), 0, 0.0
         if resume and state_file.exists():
-            texts, heldout, step, elapsed = self._load_state(state_file, opt, sha)
+            texts, heldout, step, elapsed, best = self._load_state(state_file, opt, sha)
             generate_s = 0.0
         else:
             p = builtin_prompts()
             train_ids, held_ids = self.prompt_ids(p["train"]), self.prompt_ids(p["heldout"])
             prompts = [ids for ids in train_ids for _ in range(cfg.samples)] + held_ids
-            greedy = [j == 0 for _ in train_ids for j in range(cfg.samples)] + [True] * len(held_ids)
+            temps = [0.0 if j == 0 else cfg.temperatures[(j - 1) % len(cfg.temperatures)]
+                     for _ in train_ids for j in range(cfg.samples)] + [0.0] * len(held_ids)
             report = lambda done, total: self.progress(TrainProgress("generating", done, total))  # noqa: E731
             t0 = time.perf_counter()
-            made = self.generate(prompts, greedy, cfg.seed, report)
+            made = self.generate(prompts, temps, cfg.seed, report)
             generate_s = time.perf_counter() - t0
             texts, heldout = made[:len(train_ids) * cfg.samples], made[len(train_ids) * cfg.samples:]
+            best = None
+        self.set_vocab(texts)
         train, held = self.hidden(texts), self.hidden(heldout)
         greedy_train = list(range(0, len(texts), cfg.samples))[:len(heldout)]  # like the held-out texts: greedy
         sched = lambda i: min(1.0, (i + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(i / cfg.steps, 1))))  # noqa: E731
         measured, ema, t0 = None, None, time.perf_counter() - elapsed
+        best = best or {"mean_len": -1.0, "step": 0, "since": 0, "params": None}  # the best held-out head so far
+        steps_run = step
         for i in range(step, cfg.steps):
             if self.cancel is not None and self.cancel.is_set():
-                self._save_state(state_file, opt, i, time.perf_counter() - t0, sha, texts, heldout)
+                self._save_state(state_file, opt, i, time.perf_counter() - t0, sha, texts, heldout, best)
                 raise TrainCancelled(f"cancelled at step {i}; resume with --resume ({state_file})")
             for group in opt.param_groups:
                 group["lr"] = cfg.lr * sched(i)
@@ -412,33 +457,55 @@ class DraftTrainer:
             opt.step()
             value = loss.item()
             ema = value if ema is None else 0.9 * ema + 0.1 * value
+            steps_run = i + 1
+            stop = False
             if (i + 1) % cfg.eval_every == 0 or i + 1 == cfg.steps:
                 measured = self.measure(held, list(range(len(heldout))))
-            if (i + 1) % cfg.save_every == 0 and i + 1 < cfg.steps:
-                self._save_state(state_file, opt, i + 1, time.perf_counter() - t0, sha, texts, heldout)
+                if measured["mean_len"] > best["mean_len"]:
+                    best = {"mean_len": measured["mean_len"], "measured": measured, "step": i + 1, "since": 0,
+                            "params": [p.detach().clone() for p in self.params]}
+                else:
+                    best["since"] += 1
+                    stop = best["since"] >= cfg.patience  # early stopping on held-out acceptance
+            if (i + 1) % cfg.save_every == 0 and i + 1 < cfg.steps and not stop:
+                self._save_state(state_file, opt, i + 1, time.perf_counter() - t0, sha, texts, heldout, best)
             self.progress(TrainProgress("training", i + 1, cfg.steps, ema, measured, time.perf_counter() - t0))
+            if stop:
+                break
         train_s = time.perf_counter() - t0
+        if best["params"] is not None:  # the best head measured, not the last
+            with torch.no_grad():
+                for p, b in zip(self.params, best["params"]):
+                    p.copy_(b)
+            measured = best["measured"]
         measured = measured or self.measure(held, list(range(len(heldout))))
         on_train = self.measure(train, greedy_train)
         peak = int(torch.cuda.max_memory_allocated()) if on_gpu else None
         self.progress(TrainProgress("saving", 0, 1))
-        result = TrainResult(out, cfg.steps, str(self.tb.device), len(texts), sum(map(len, texts)), generate_s, train_s,
+        result = TrainResult(out, steps_run, str(self.tb.device), len(texts), sum(map(len, texts)), generate_s, train_s,
                              peak, measured, on_train)
         a = self.args
-        write_head(out, self.hb.unfuse(), dict(
+        tensors = self.hb.unfuse()
+        if self.vocab is not None:
+            tensors[f"blk.{a.num_hidden_layers}.nextn.draft_vocab"] = self.vocab
+        write_head(out, tensors, dict(
             trunk_sha256=sha, trunk=self.ckpt.name, arch=self.ckpt.arch, hidden_size=a.hidden_size, vocab_size=a.vocab_size,
             num_hidden_layers=a.num_hidden_layers, config=dataclasses.asdict(cfg), device=result.device, texts=result.texts,
             tokens=result.tokens, generate_s=round(generate_s, 1), train_s=round(train_s, 1), peak_gpu_bytes=peak,
-            heldout=measured, train=on_train))
+            heldout=measured, train=on_train, best_step=best["step"] or steps_run,
+            draft_vocab=len(self.vocab) if self.vocab is not None else a.vocab_size))
         state_file.unlink(missing_ok=True)
         return result
 
-    def _save_state(self, path: Path, opt, step: int, elapsed: float, sha: str, texts, heldout) -> None:
-        """The head's parameters, AdamW's moments and the generated texts (safetensors)."""
+    def _save_state(self, path: Path, opt, step: int, elapsed: float, sha: str, texts, heldout, best: dict) -> None:
+        """The head's parameters, AdamW's moments, the generated texts and the best head measured
+        so far (early stopping) (safetensors)."""
         import torch
         from safetensors.torch import save_file
 
         t = {f"param.{i}": p.detach().float().cpu() for i, p in enumerate(self.params)}
+        if best["params"] is not None:
+            t.update({f"best.{i}": p.float().cpu() for i, p in enumerate(best["params"])})
         for i, p in enumerate(self.params):
             st = opt.state.get(p)
             if st:
@@ -449,7 +516,8 @@ class DraftTrainer:
             for j, ids in enumerate(group):
                 arr[j, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
             t[f"texts.{name}"] = arr
-        meta = {"step": str(step), "elapsed_s": repr(elapsed), "trunk_sha256": sha, "config": json.dumps(dataclasses.asdict(self.cfg))}
+        meta = {"step": str(step), "elapsed_s": repr(elapsed), "trunk_sha256": sha, "config": json.dumps(dataclasses.asdict(self.cfg)),
+                "best": json.dumps({k: v for k, v in best.items() if k != "params"})}
         tmp = path.with_name(path.name + ".part")
         save_file(t, str(tmp), metadata=meta)
         tmp.replace(path)
@@ -475,7 +543,12 @@ class DraftTrainer:
                                     "exp_avg_sq": t[f"adam.{i}.exp_avg_sq"].to(p.device)}
         texts = [[int(v) for v in row if v >= 0] for row in t["texts.train"].tolist()]
         heldout = [[int(v) for v in row if v >= 0] for row in t["texts.heldout"].tolist()]
-        return texts, heldout, step, float(meta.get("elapsed_s", 0.0))
+        best = json.loads(meta["best"]) if "best" in meta else None
+        if best is not None:
+            n = len(self.params)
+            best["params"] = ([t[f"best.{i}"].to(p.device, p.dtype) for i, p in enumerate(self.params)]
+                              if f"best.{n - 1}" in t else None)
+        return texts, heldout, step, float(meta.get("elapsed_s", 0.0)), best
 
 
 def train_draft(ckpt, out: Path | None = None, config: TrainConfig | None = None, device: str | None = None,
@@ -537,6 +610,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=c.gen_tokens, help="continuation tokens the model writes per prompt")
     p.add_argument("--samples", type=int, default=c.samples,
                    help="continuations per training prompt (the first greedy, the others sampled)")
+    p.add_argument("--draft-vocab", type=int, default=c.draft_vocab,
+                   help="tokens the head drafts over, the most frequent in its training texts (0: all)")
+    p.add_argument("--patience", type=int, default=c.patience,
+                   help="held-out measurements without improvement before training stops early")
     p.add_argument("--seed", type=int, default=c.seed, help="seed of the sampled texts and the batches")
     return p
 
@@ -547,12 +624,15 @@ def main(argv: list[str]) -> int:
 
     a = build_parser().parse_args(argv)
     for flag, v in (("--steps", a.steps), ("--depth", a.depth), ("--batch", a.batch), ("--gen-tokens", a.gen_tokens),
-                    ("--samples", a.samples)):
+                    ("--samples", a.samples), ("--patience", a.patience)):
         if v < 1:
             sys.stderr.write(f"bw24chat train-draft: {flag} {v}: expected 1 or more\n")
             return 2
+    if a.draft_vocab < 0:
+        sys.stderr.write(f"bw24chat train-draft: --draft-vocab {a.draft_vocab}: expected 0 or more\n")
+        return 2
     cfg = TrainConfig(steps=a.steps, depth=a.depth, batch=a.batch, lr=a.lr, gen_tokens=a.gen_tokens, samples=a.samples,
-                      seed=a.seed)
+                      seed=a.seed, draft_vocab=a.draft_vocab, patience=a.patience)
     try:
         import_torch()
         ckpt = open_checkpoint(a.model or "default", print_downloads("bw24chat train-draft"))

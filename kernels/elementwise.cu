@@ -22,6 +22,14 @@
 //   j = i, i + 256, ... in order (each product rounded), then common.cuh warp_sum, then the 8 warp
 //   partials in order; every row alike, so prefill and decode rows agree.  s, x: float32 [T, D]
 //   contiguous.  Launch: grid T, block 256.
+//
+// vocab_expand_rows: out[t, j] = vmap[j] >= 0 ? sub[t, vmap[j]] : -inf (ops.vocab_expand): a reduced
+//   draft vocabulary's logits put back at their token ids (FR-Spec, Zhao et al. 2025), so the
+//   sampler draws among those ids.  sub: float32 [T, n]; vmap: int32 [V] (the index of id j among
+//   the n, -1 outside); out: float32 [T, V].  A gather, no arithmetic: bit-exact to
+//   numpy_backend.vocab_expand_ref.  Napkin math: V = 151,936 reads 4 B of vmap + writes 4 B per id
+//   (~1.2 MB, < 1 us at H100 bandwidth); the n-row LM head before it is what the reduced vocabulary
+//   saves (V / n times fewer weight bytes).  Launch: grid (ceil(V / 256), T), block 256.
 #include "common.cuh"
 
 extern "C" __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ act, int T, int F) {
@@ -58,4 +66,14 @@ shared_gate_rows(float* __restrict__ s, const float* __restrict__ x, const float
     for (int w = 0; w < 8; ++w) dot = __fadd_rn(dot, part[w]);
     const float gate = sigmoid(dot);
     for (int j = threadIdx.x; j < D; j += 256) s[row + j] = __fmul_rn(s[row + j], gate);
+}
+
+extern "C" __global__ void vocab_expand_rows(const float* __restrict__ sub, const int* __restrict__ vmap,
+                                             float* __restrict__ out, int n, int V) {
+    PDL_ENTRY();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t = blockIdx.y;
+    if (j >= V) return;
+    const int i = vmap[j];
+    out[(long long)t * V + j] = i >= 0 ? sub[(long long)t * n + i] : __int_as_float(0xff800000);  // -inf
 }

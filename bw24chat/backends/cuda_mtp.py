@@ -39,7 +39,9 @@ class _HeadOps(CudaOps):
     positions and lengths from the head's step image (``tokens``: a catch-up pass's, or the
     draft a chained row embeds), the head's one-layer KV cache (``cache``: its K and V), buffers
     of its own (the trunk's rows stay readable: last_hidden), and the LM head on the last row
-    only, into ``logits`` (None: none at all, for a pass that only fills the head's cache)."""
+    only, into ``logits`` (None: none at all, for a pass that only fills the head's cache); a head
+    over a reduced vocabulary (models/mtp.py) has its n logits in a buffer of its own, expanded
+    into ``logits``."""
 
     def __init__(self, runner: CudaRunner, rows: int, tokens, positions, lengths, cache: tuple, logits=None):
         super().__init__(runner, rows, decode=True)
@@ -53,7 +55,12 @@ class _HeadOps(CudaOps):
     def lm_head(self, x, W: DeviceWeight):
         if self.logits is None:
             return None
-        return self._lm_head_matvec(self._last_row(x), W, self.logits, 1)
+        out = self.logits if W.out == self.logits.shape[1] else self.buf("draft_logits", W.out)[:1]
+        return self._lm_head_matvec(self._last_row(x), W, out, 1)
+
+    def vocab_expand(self, logits, vmap):
+        ops.vocab_expand(logits, vmap, self.logits)
+        return self.logits
 
 
 def load_head(runner: CudaRunner, checkpoint) -> CudaMTP | None:

@@ -575,6 +575,19 @@ def output_gate(o, q, H: int, hd: int) -> None:
                 (o, q, _i32(q.strides[0] // 4), _i32(T), _i32(H), _i32(hd)))
 
 
+def vocab_expand(sub, vmap, out) -> None:
+    """out (T, V) = a reduced vocabulary's logits sub (T, n) at their ids, -inf elsewhere
+    (ops.vocab_expand; elementwise.cu vocab_expand_rows).  float32 contiguous rows; vmap int32 (V,)."""
+    T, n = sub.shape
+    V = int(vmap.shape[0])
+    if sub.dtype != np.float32 or sub.strides != (4 * n, 4) or vmap.dtype != np.int32:
+        raise ValueError(f"vocab_expand: sub float32 (T, n) contiguous and vmap int32, got {sub.dtype} {vmap.dtype}")
+    if out.dtype != np.float32 or out.shape[0] < T or out.shape[1] != V or out.strides[1] != 4 or out.strides[0] != 4 * V:
+        raise ValueError(f"vocab_expand: out float32 (>= {T}, {V}) contiguous, got {out.dtype} {out.shape}")
+    if T:
+        _launch(get_kernel("elementwise", "vocab_expand_rows"), (-(-V // 256), T), (256,), (sub, vmap, out, _i32(n), _i32(V)))
+
+
 def shared_gate(s, x, gate) -> None:
     """s (T, D) *= sigmoid(x[t] . gate) per row, in place: a gated shared expert (ops.experts;
     elementwise.cu shared_gate_rows).  s, x: float32 (T, D) contiguous rows; gate (D,)."""

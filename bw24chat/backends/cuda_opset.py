@@ -74,6 +74,11 @@ class CudaLoader(Loader):
         w.role = "embed"
         return w
 
+    def load_vocab_map(self, ids, vocab_size: int):
+        from .numpy_backend import vocab_map_ref
+
+        return self.cp.asarray(vocab_map_ref(ids, vocab_size))
+
     def load_conv(self, tensor):
         w = self.cp.asarray(np.ascontiguousarray(tensor.dequantize(), np.float32).reshape(tensor.shape[0], -1))
         self.convs.append(w)

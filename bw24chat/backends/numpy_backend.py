@@ -135,6 +135,26 @@ class NumpyRecurrentState:
         return self.conv.nbytes + self.ssm.nbytes
 
 
+def vocab_map_ref(ids, vocab_size: int) -> np.ndarray:
+    """Loader.load_vocab_map: (vocab_size,) int32, the index of each id in ``ids``, else -1."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    if len(ids) and (ids[0] < 0 or ids[-1] >= vocab_size or np.any(np.diff(ids) <= 0)):
+        raise ValueError(f"a draft vocabulary is ascending token ids below {vocab_size}")
+    out = np.full(vocab_size, -1, np.int32)
+    out[ids] = np.arange(len(ids), dtype=np.int32)
+    return out
+
+
+def vocab_expand_ref(logits: np.ndarray, vmap: np.ndarray) -> np.ndarray:
+    """ops.vocab_expand (elementwise.cu vocab_expand_rows): (T, n) -> (T, V), -inf outside."""
+    logits = np.asarray(logits, np.float32)
+    lead = logits.shape[:-1]
+    out = np.full((*lead, len(vmap)), -np.inf, np.float32)
+    keep = vmap >= 0
+    out[..., keep] = logits[..., vmap[keep]]
+    return out
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
 
@@ -366,6 +386,9 @@ class NumpyBackend(Loader):
     def load_embedding(self, t: QTensor) -> np.ndarray:
         return self.load_linear([t])  # (V, D)
 
+    def load_vocab_map(self, ids, vocab_size: int) -> np.ndarray:
+        return vocab_map_ref(ids, vocab_size)
+
     def load_experts(self, gate, up, down, role: str = "experts") -> NumpyExperts:
         E = gate.shape[0]
         self.moe_layers += 1
@@ -582,6 +605,9 @@ class NumpyOps(Ops):
             return self.linear(x, w)
         rows = [i for sp in self.spans for i in (range(sp.lo, sp.hi) if sp.all_logits else [sp.hi - 1])]
         return one_row_products(x[rows], w)
+
+    def vocab_expand(self, logits: np.ndarray, vmap: np.ndarray) -> np.ndarray:
+        return vocab_expand_ref(logits, vmap)
 
 
 class NumpyRunner:

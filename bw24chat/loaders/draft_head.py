@@ -3,7 +3,10 @@
 
 The file holds one NextN layer under the canonical names (names.py: ``blk.{N}.nextn.eh_proj``,
 ``.enorm``, ``.hnorm``, ``.shared_head_norm`` and the decoder layer's ``blk.{N}.attn_q`` ...,
-N = the trunk's layer count; the embedding and LM head are the trunk's) and, in the header's
+N = the trunk's layer count; the embedding and LM head are the trunk's), optionally
+``blk.{N}.nextn.draft_vocab`` (I32, ascending token ids: the reduced vocabulary the head drafts
+over, FR-Spec; at load the trunk's LM head rows of those ids become the head's
+``shared_head_head``, in the trunk's own format) and, in the header's
 ``__metadata__``, ``bw24chat.draft_head``: a JSON object with the format version, the trunk's
 architecture and shape, how it was trained and ``trunk_sha256``, the digest of the weights it was
 trained on (``trunk_sha256`` below).  A head whose digest is not the model's is refused: a head
@@ -94,13 +97,18 @@ def _save_digest(key: str, digest: str) -> None:
 
 
 def write_head(path: Path, tensors: dict[str, np.ndarray], info: dict) -> None:
-    """Save a head: float32 ``tensors`` by canonical name (matrices stored as BF16, vectors as
-    F32) and ``info`` (the trainer's: trunk_sha256, arch, shape, training figures)."""
+    """Save a head: ``tensors`` by canonical name (float matrices stored as BF16, float vectors as
+    F32, integer ones (draft_vocab) as I32) and ``info`` (the trainer's: trunk_sha256, arch,
+    shape, training figures)."""
     from ..quants import f32_to_bf16_bits
     from .hf_loader import write_safetensors
 
-    stored = {n: ("BF16", f32_to_bf16_bits(a)) if a.ndim >= 2 else ("F32", np.ascontiguousarray(a, np.float32))
-              for n, a in sorted(tensors.items())}
+    def stored_as(a: np.ndarray):
+        if np.issubdtype(a.dtype, np.integer):
+            return "I32", np.ascontiguousarray(a, np.int32)
+        return ("BF16", f32_to_bf16_bits(a)) if a.ndim >= 2 else ("F32", np.ascontiguousarray(a, np.float32))
+
+    stored = {n: stored_as(np.asarray(a)) for n, a in sorted(tensors.items())}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
     write_safetensors(tmp, stored, {FORMAT: json.dumps({"version": VERSION, **info})})
@@ -146,7 +154,10 @@ def attach_head(ckpt, path: Path | None = None) -> None:
             raise ModelFileError(path, f"this draft head was trained for another model (its trunk's sha256 is "
                                        f"{info['trunk_sha256'][:16]}…, {ckpt.name}'s is {want[:16]}…); train one for "
                                        f"this model with: bw24chat train-draft -m {ckpt.path}")
+        vocab = next((tensors.pop(n) for n in list(tensors) if n.endswith(".nextn.draft_vocab")), None)
         _check_head(ckpt, path, tensors)
+        if vocab is not None:
+            tensors.update(draft_vocab_tensors(ckpt, path, vocab))
     except ModelFileError as exc:
         if explicit:
             raise
@@ -155,6 +166,23 @@ def attach_head(ckpt, path: Path | None = None) -> None:
     ckpt.mtp = tensors
     ckpt.config["num_nextn_predict_layers"] = 1
     ckpt.draft_head = path
+
+
+def draft_vocab_tensors(ckpt, path, vocab: QTensor) -> dict:
+    """The head's reduced vocabulary and the trunk's LM head rows of those ids (the draft's LM
+    head, in the trunk's format: QTensor.take_rows), under the head's canonical names."""
+    from .checks import check_config
+
+    a = check_config(ckpt, ckpt.config_fields)
+    ids = np.asarray(vocab.raw)
+    if vocab.fmt != "I32" or ids.ndim != 1 or not 0 < len(ids) <= a.vocab_size or ids[0] < 0 \
+            or ids[-1] >= a.vocab_size or np.any(np.diff(ids) <= 0):
+        raise ModelFileError(path, f"its draft vocabulary is not ascending token ids below {a.vocab_size} "
+                                   f"({vocab.fmt} {list(vocab.shape)})", f"tensor {vocab.name}")
+    p = vocab.name[:-len("draft_vocab")]
+    tied = getattr(a, "tie_word_embeddings", False) or "output" not in ckpt.tensors  # as models/dense.py loads it
+    trunk_head = ckpt.tensors["tok_embd" if tied else "output"]
+    return {vocab.name: vocab, p + "shared_head_head": trunk_head.take_rows(ids, p + "shared_head_head")}
 
 
 def _check_head(ckpt, path: Path, tensors: dict) -> None:

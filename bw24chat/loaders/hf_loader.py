@@ -44,7 +44,7 @@ ARCH_FAMILY = {
 }
 
 _ST_DTYPES = {"F32": (np.float32, "F32"), "F16": (np.float16, "F16"), "BF16": (np.uint16, "BF16"),
-              "U8": (np.uint8, "U8"), "I8": (np.int8, "I8"), "F8_E4M3": (np.uint8, "F8_E4M3")}
+              "U8": (np.uint8, "U8"), "I8": (np.int8, "I8"), "I32": (np.int32, "I32"), "F8_E4M3": (np.uint8, "F8_E4M3")}
 # bytes per element of every safetensors dtype (safetensors/src/tensor.rs Dtype), to check the
 # offsets of tensors bw24chat does not read as well as of those it does
 _ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,

@@ -8,6 +8,12 @@ Row at position t takes the embedding of token t+1 and a hidden state h_t and pr
                                num_hidden_layers: dense or MoE as the family says), its own KV cache
     out = head(shared_head_norm(g))                                # logits (T, V)
 
+A trained head may draft over a reduced vocabulary (FR-Spec, Zhao et al. 2025, "Accelerating
+Large-Vocabulary Language Models via Frequency-Ranked Speculative Sampling"): ``head`` is then the
+trunk's LM head rows of the n most frequent tokens only and ``ops.vocab_expand`` puts its n logits
+back at their ids (-inf elsewhere), so the draft is drawn by the same sampler; the verify runs the
+trunk's full head, which keeps the output exact.
+
 Followed: vLLM ``model_executor/models/deepseek_mtp.py`` (and glm4_moe_mtp.py, the same layer):
 the concat order is [embedding, hidden]; the chained hidden state is g (the block's output,
 before shared_head.norm).  h_t from the trunk is the trunk's *final-normed* output there (vLLM's
@@ -65,6 +71,10 @@ class MTPHead:
         has = lambda name: f"blk.{n}.nextn.{name}" in tensors  # noqa: E731
         self.embd = L.load_embedding(t("embed_tokens")) if has("embed_tokens") else model.tok_embd
         self.head = L.load_linear([t("shared_head_head")], role="mtp_head") if has("shared_head_head") else model.output
+        # a reduced draft vocabulary (a trained head's draft_vocab; loaders/draft_head.py gathers the
+        # trunk's LM head rows of those ids as shared_head_head): FR-Spec, Zhao et al. 2025
+        self.vocab_map = (L.load_vocab_map(t("draft_vocab").raw, model.args.vocab_size) if has("draft_vocab")
+                          else None)
 
     def forward(self, ops: Ops, ids, hidden, from_trunk: bool):
         """(logits of the rows the Ops object keeps, g (T, D)) of rows pairing ``ids`` (token t+1)
@@ -78,7 +88,10 @@ class MTPHead:
                        self.eh_proj)
         g = m.block(ops, 0, self.layer, x)
         normed = ops.rmsnorm(g, self.norm)
-        return ops.lm_head(normed, self.head), (normed if m.mtp_chains_normed else g)
+        logits = ops.lm_head(normed, self.head)
+        if self.vocab_map is not None and logits is not None:
+            logits = ops.vocab_expand(logits, self.vocab_map)
+        return logits, (normed if m.mtp_chains_normed else g)
 
 
 def load_mtp(model, loader: Loader, mtp_tensors: dict) -> MTPHead | None:

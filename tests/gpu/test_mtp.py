@@ -5,7 +5,10 @@ GLM-4.5-style MoE head shipping its own LM head), on the decode passes and on th
 the host's drafting loop over the CUDA head's own logits (greedy and seeded sampling with a
 repetition penalty); --spec mtp token-identical to plain decoding for K = 1..8 with a head built to
 copy the trunk (accepted most of the time: catch-ups of up to K + 1 rows, rolled-back chains).
-The random-head gate over the nine prompts is tests/gpu/test_speculative.py (check.spec_gates)."""
+The random-head gate over the nine prompts is tests/gpu/test_speculative.py (check.spec_gates).
+A head over a reduced draft vocabulary (FR-Spec; loaders/draft_head.py) the same way: the
+vocab_expand kernel = its reference bit for bit, its logits and drafts = NumPy's, the chain = the
+host loop, --spec mtp = plain decoding."""
 from dataclasses import replace
 
 import numpy as np
@@ -196,3 +199,100 @@ def test_spec_mtp_identical_with_a_head_that_copies_the_trunk(cp, tmp_path):
         print(f"{mode:8} K={k}  acceptance {s['spec_acceptance']:.2f}  tokens/round {s['spec_mean_len']:.2f}")
     # the NumPy backend on this model (bf16 weights): greedy 1.00; sampled 0.81-0.90 (K = 1) .. 0.52 (K = 8)
     assert all(s["spec_acceptance"] > (0.9 if mode == "greedy" else 0.3) for mode, _, s in stats)
+
+
+def _reduced(ck, n: int, seed: int = 5):
+    """``ck`` with its MTP head drafting over n random token ids (the trunk's LM head rows of those
+    ids, as loading a trained head's draft_vocab gathers them)."""
+    from bw24chat.loaders.draft_head import draft_vocab_tensors
+    from bw24chat.loaders.tensor import QTensor
+
+    V, L = ck.config["vocab_size"], ck.config["num_hidden_layers"]
+    ids = np.sort(np.random.default_rng(seed).choice(V, n, replace=False)).astype(np.int32)
+    vocab = QTensor(f"blk.{L}.nextn.draft_vocab", "I32", ids.shape, ids)
+    return replace(ck, mtp={**ck.mtp, **draft_vocab_tensors(ck, None, vocab)}), ids
+
+
+@pytest.mark.parametrize("T,n,V", [(1, 1000, 4096), (3, 37, 1001), (2, 8192, 49152)])
+def test_vocab_expand_equals_its_reference(cp, T, n, V):
+    from bw24chat.backends import cuda_ops
+    from bw24chat.backends.numpy_backend import vocab_expand_ref, vocab_map_ref
+
+    rng = np.random.default_rng()
+    vmap = vocab_map_ref(np.sort(rng.choice(V, n, replace=False)), V)
+    sub = rng.standard_normal((T, n)).astype(np.float32)
+    out = cp.full((T, V), 7.0, cp.float32)
+    cuda_ops.vocab_expand(cp.asarray(sub), cp.asarray(vmap), out)
+    want = vocab_expand_ref(sub, vmap)
+    assert np.array_equal(cp.asnumpy(out).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["tiny/BF16", "tiny/Q8_0"])
+def test_reduced_vocabulary_head_equals_the_numpy_head(cp, heads, name):
+    """The head's draft logits over its vocabulary (-inf elsewhere) and g against NumPy's; the
+    drafts are the argmax over the gathered rows, mapped back to token ids."""
+    ck, aq = heads[name]
+    ck, ids = _reduced(ck, 1000)
+    cu, ref = _runners(ck, aq)
+    assert cu.mtp.vocab_map is not None
+    V = ck.config["vocab_size"]
+    rng = np.random.default_rng()
+    prompt = [int(t) for t in rng.integers(0, V, 22)]
+    for r in (cu, ref):
+        r.prefill(prompt, 0)
+    H = ref.last_hidden()
+    want = ref.mtp_forward(prompt[1:], H[:-1], 0, True)
+    got = cu.mtp_forward(prompt[1:], H[:-1], 0, True)
+    tol = 5e-4 if aq else 1e-4
+    outside = np.setdiff1d(np.arange(V), ids)
+    for j in range(4):
+        assert np.isneginf(got[0][outside]).all() and np.isfinite(got[0][ids]).all()
+        assert _rel(got[0][ids], want[0][ids]) < tol and _rel(got[1], want[1]) < tol, j
+        t = int(ids[np.argmax(want[0][ids])])
+        assert t == int(np.argmax(want[0]))
+        g = want[1]
+        want = ref.mtp_forward([t], g[None], len(prompt) - 1 + j, False)
+        got = cu.mtp_forward([t], g[None], len(prompt) - 1 + j, False)
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=0), SAMPLED], ids=["greedy", "sampled"])
+def test_reduced_vocabulary_chain_equals_the_host_loop(cp, heads, sp):
+    """As test_device_chain_equals_the_host_loop, the sampler drawing over the expanded logits."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+
+    ck, ids = _reduced(heads["tiny/BF16"][0], 600)
+    r = CudaRunner(ck, 512, "bf16")
+    rng = np.random.default_rng()
+    prompt = [int(t) for t in rng.choice(ids, 17)]  # tokens of the vocabulary: the penalty's ring meets them
+    r.prefill(prompt, 0)
+    H = r.last_hidden()
+    history = prompt + [int(rng.choice(ids))]
+    for k in range(1, MAX_K + 1):
+        got = r.mtp_draft(history[1:], H, 0, k, sp, 11, history)
+        logits, g = r.mtp_forward(history[1:], H, 0, True)
+        p, want = len(history), []
+        for j in range(k):
+            want.append(sample_token(logits, sp, 11, p + j, history + want))
+            if j + 1 < k:
+                logits, g = r.mtp_forward([want[-1]], g[None], p - 1 + j, False)
+        assert got == want and set(got) <= set(ids.tolist()), k
+
+
+def test_spec_mtp_identical_with_a_reduced_vocabulary_head(cp, tmp_path):
+    """--spec mtp on CUDA = plain decoding, K = 1..8, greedy and sampled, the head (copying the
+    trunk) drafting over half the vocabulary: drafts outside it are never proposed."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.loaders import load_checkpoint
+    from tests.model_factory import make_hf_dir
+    from tests.test_mtp import _copy_trunk, _identical
+
+    d, _ = make_hf_dir(tmp_path / "m", "glm4_moe", dtype="BF16", num_hidden_layers=1, first_k_dense_replace=0,
+                       num_nextn_predict_layers=1, head_dim=32, edit=_copy_trunk)
+    ck = load_checkpoint(d)
+    ck, _ = _reduced(ck, ck.config["vocab_size"] // 2)
+    runner = CudaRunner(ck, 256, "f32")
+    stats = _identical(runner, replace(ck.tokenizer, stop_ids=set()), range(1, MAX_K + 1),
+                       [[5, 77, 120, 3, 9, 200, 31], [1, 2, 3]], n_gen=40)
+    for mode, k, s in stats:
+        print(f"{mode:8} K={k}  acceptance {s['spec_acceptance']:.2f}  tokens/round {s['spec_mean_len']:.2f}")
+    assert all(s["spec_rounds"] > 0 for _, _, s in stats)
