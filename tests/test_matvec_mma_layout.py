@@ -243,13 +243,6 @@ def emulate(hp, x: np.ndarray, nw: int, kw: int) -> np.ndarray:
     return y
 
 
-@pytest.fixture
-def rng():
-    seed = np.random.SeedSequence().entropy % (2**32)
-    print(f"rng seed {seed}")
-    return np.random.default_rng(seed)
-
-
 @pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
 @pytest.mark.parametrize("nw,kw", [(8, 8), (8, 4), (16, 8), (16, 4)])
 @pytest.mark.parametrize("m", [1, 3, 6])

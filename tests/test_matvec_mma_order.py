@@ -12,13 +12,6 @@ from bw24chat.backends.kernel_refs import act_quant_ref, matvec_a8_exact, matvec
 from tests.test_repack import random_qtensor
 
 
-@pytest.fixture
-def rng():
-    seed = np.random.SeedSequence().entropy % (2**32)
-    print(f"rng seed {seed}")
-    return np.random.default_rng(seed)
-
-
 @pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
 @pytest.mark.parametrize("in_", [256, 768, 1280])  # 16, 48, 80 Q8_0 chunks; 8, 24, 40 of the 32-value formats
 def test_mma_schedule_gives_the_contract_bits(rng, fmt, in_):
