@@ -114,8 +114,10 @@ def model_gates(runner, label: str, n_prompt: int = 512, n_gen: int = 32) -> lis
     # per 256 positions is allowed (the "decode step over prefill cache" row stays exact)
     allowed = len(prompt) // 256 if getattr(runner.args, "num_experts", 0) else 0
     # a gross error shows as rel L2 ~1; MoE routers turn tiny differences into another expert on a
-    # few rows (GLM-4.5's sigmoid groups over a rounding cache: 1.3e-2), hence the loose bound
-    rel_limit = 1e-2 if runner.kv_type == "f32" else 5e-2
+    # few rows (GLM-4.5's sigmoid groups over a rounding cache: 1.3e-2), hence the loose bound; and
+    # a flip early in the prompt moves the K / V that every later position attends to (tiny-moe
+    # Q8_0 on an H100: 2.6e-4 to 5.3e-2 over four random prompts), hence MoE's looser one
+    rel_limit = (1e-2 if runner.kv_type == "f32" else 5e-2) * (2 if allowed else 1)
     # how close the mismatches were: the prefill's top-2 margin at each (a few)
     margins = "".join(f", margin {m:.1e} at {i}" for i, m in zip(np.flatnonzero(mism)[:3], margin[mism][:3]))
     res.append(Result(label, "prefill argmax = decode argmax",

@@ -1,10 +1,10 @@
-// dot_a8.cuh — the integer-dot contract's device pieces (ACT_Q8 = 1, the quantized formats),
-// shared by the decode matvec (matvec.cu through matvec_a8.cuh) and the MoE expert kernels
-// (moe_experts.cu): the shared-memory layout of the quantized x (two int8 code planes and the
-// per-32-input block records), the staging of one float4 group into it, and the chunk products as
-// exact integer dots (dp4a) scaled once per chunk (chunk_dot_a8).  Contract: matvec.cu's header
-// (ACT_Q8); NumPy reference: kernel_refs.act_quant_ref.  No geometry: the callers pass the tokens
-// (M) and rows (R) per call.
+// dot_a8.cuh — the integer-dot contract's device pieces (ACT_Q8 = 1, the quantized formats): the
+// shared-memory layout of the quantized x (two int8 code planes and the per-32-input block records;
+// A8Planes), the staging of one float4 group through a sink (a8_stage_group: A8Planes, or another
+// kernel's layout), and the chunk products as exact integer dots (dp4a) scaled once per chunk
+// (chunk_dot_a8).  Included by matvec_a8.cuh (for matvec.cu and matvec_mma.cu) and by
+// moe_experts.cu.  Contract: matvec.cu's header (ACT_Q8); NumPy reference: kernel_refs.act_quant_ref.
+// No geometry: the callers pass the tokens (M) and rows (R) per call.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
@@ -54,21 +54,41 @@ BW24_DEVICE void a8_records(uint4* metam, int nb, int b, int e, int sh0, int sh1
 #endif
 }
 
+// Where the integer-dot staging writes (the sink of a8_stage_group, matvec_a8.cuh's stage_a8 and
+// stage_qx): token m's codes of level h as u32 words at a8_word positions from codes(m) (16-byte
+// aligned), those of level l at codes(m) + lstride; and the records of 32-input block b from its
+// exponent and code sums, by record(recs(m), b, e, sh0, sh1, sl0, sl1).  A8Planes is the layout
+// above (chunk_dot_a8 reads it): planes of wpm = n_in/4 words back to back (token m's h plane at
+// xw + 2m*wpm, then its l plane), a8_records' uint4s at meta + 2m*nb; matvec_mma.cu has its own.
+struct A8Planes {
+    uint32_t* xw;
+    uint4* meta;
+    int wpm, nb;
+    int lstride;  // = wpm
+    BW24_DEVICE uint32_t* codes(int m) const { return xw + 2 * m * wpm; }
+    BW24_DEVICE uint4* recs(int m) const { return meta + 2 * m * nb; }
+    BW24_DEVICE void record(uint4* r, int b, int e, int sh0, int sh1, int sl0, int sl1) const {
+        a8_records(r, nb, b, e, sh0, sh1, sl0, sl1);
+    }
+};
+
 // One float4 group f (inputs 4f..4f+3 of an x row, xin final: prologue and bf16 rounding applied)
 // quantized (act_quant_lane) into its code words and, by the block's first lane, the block's
-// record(s): x row at words xwm (plane h; plane l at + wpm) and records metam.  Whole warps call
-// it, an aligned group of 8 lanes holding one 32-input block (the group reductions are
-// shuffles); `ok` false: take part in the shuffles only.
-BW24_DEVICE void a8_stage_group(int f, float4 a, bool ok, uint32_t* xwm, uint4* metam, int wpm, int nck, int nb) {
+// record(s), through the sink: the token's words at xwm = sink.codes(m), its records at recm =
+// sink.recs(m) (the callers hoist both).  Whole warps call it, an aligned group of 8 lanes holding
+// one 32-input block (the group reductions are shuffles); `ok` false: take part in the shuffles
+// only.
+template <class Sink, class Rec>
+BW24_DEVICE void a8_stage_group(int f, float4 a, bool ok, uint32_t* xwm, Rec* recm, int nck, const Sink& sink) {
     int e, sh, sl;
     uint32_t ql;
     const uint32_t qh = act_quant_lane(a, e, ql, sh, sl);
     const int sh_other = __shfl_xor_sync(0xffffffffu, sh, 4), sl_other = __shfl_xor_sync(0xffffffffu, sl, 4);
     if (!ok) return;
     xwm[a8_word(4 * f, nck)] = qh;
-    xwm[wpm + a8_word(4 * f, nck)] = ql;
+    xwm[sink.lstride + a8_word(4 * f, nck)] = ql;
     if ((threadIdx.x & 7) == 0)  // lanes 0-3 hold inputs 0-15, lanes 4-7 inputs 16-31
-        a8_records(metam, nb, f >> 3, e, sh, sh_other, sl, sl_other);
+        sink.record(recm, f >> 3, e, sh, sh_other, sl, sl_other);
 }
 
 // NVFP4's / MXFP4's table word 0x03020100 (nvfp4_weight_bytes) in a vector register: a constant,

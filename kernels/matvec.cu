@@ -392,10 +392,11 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
 #if ACT_Q8
+    const A8Planes sink{xw, meta, n_in / 4, n_in / 32, n_in / 4};
     if (pro == PRO_QX)
-        stage_qx(qx_in, n_in, xw, meta);
+        stage_qx(qx_in, n_in, sink);
     else
-        stage_a8(x, ldx, n_in, pro, eps, normw, xb16, xw, meta, red);
+        stage_a8(x, ldx, n_in, pro, eps, normw, xb16, sink, red);
     __syncthreads();
     const uint32_t nv_t0 = nv_table_word();  // NVFP4 / MXFP4 (dot_a8.cuh)
 #else

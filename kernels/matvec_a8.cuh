@@ -1,9 +1,10 @@
 // matvec_a8.cuh — the integer-dot path of matvec.cu (ACT_Q8 = 1, the quantized formats): x's
 // prologue quantized into two int8 code levels per 32-input block and staged in shared memory
-// (stage_a8, or stage_qx from a QX buffer), then dot_a8.cuh's chunk products.  Contract and
-// exactness: matvec.cu's header; NumPy reference: kernel_refs.matvec_ref with act_quant_ref.
-// Included by matvec.cu after its geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; matvec.cu:
-// MV_R, MV_MINB).
+// (stage_a8, or stage_qx from a QX buffer) through a sink (dot_a8.cuh: A8Planes, the layout of
+// dot_a8.cuh's chunk products), and qx_out's tiles (qx_write_tile).  Contract and exactness:
+// matvec.cu's header; NumPy reference: kernel_refs.matvec_ref with act_quant_ref.  Included after
+// the geometry (matvec_common.cuh: MV_M, MV_NT, STAT_NT; MV_MINB) by matvec.cu and by
+// matvec_mma.cu, which stages x by the same code into planes of its own layout (its sink).
 #pragma once
 #include "dot_a8.cuh"
 
@@ -11,14 +12,15 @@
 // top), one 32-input block per thread and pass: its 2 x 32 code bytes and record are one L2 round
 // trip, written to the staged positions (a8_word: 32-value chunks keep inputs 0-15 of chunk kc at
 // words 4kc.., 16-31 at 4(nck+kc)..; Q8_0's 16-value chunks are in natural order).
-BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* xw, uint4* meta) {
+template <class Sink>
+BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, const Sink& sink) {
     const int nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
     for (int m = 0; m < MV_M; ++m) {
         const uint32_t* q = qx + (long)m * qx_row_words(n_in);
         const uint4* q4 = reinterpret_cast<const uint4*>(q);
         const int4* rec = reinterpret_cast<const int4*>(q + n_in / 2);
-        uint32_t* xwm = xw + 2 * m * wpm;
-        uint4* metam = meta + 2 * m * nb;
+        uint32_t* xwm = sink.codes(m);
+        auto* metam = sink.recs(m);
         for (int b = threadIdx.x; b < nb; b += MV_NT) {
             const uint4 h0 = q4[2 * b], h1 = q4[2 * b + 1];
             const uint4 l0 = q4[wpm / 4 + 2 * b], l1 = q4[wpm / 4 + 2 * b + 1];
@@ -26,15 +28,15 @@ BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* x
             uint4* dst = reinterpret_cast<uint4*>(xwm);
             dst[a8_word(32 * b, nck) / 4] = h0;
             dst[a8_word(32 * b + 16, nck) / 4] = h1;
-            dst[(wpm + a8_word(32 * b, nck)) / 4] = l0;
-            dst[(wpm + a8_word(32 * b + 16, nck)) / 4] = l1;
-            a8_records(metam, nb, b, r.x, r.y, r.z, (int)(short)(r.w & 0xFFFF), r.w >> 16);
+            dst[(sink.lstride + a8_word(32 * b, nck)) / 4] = l0;
+            dst[(sink.lstride + a8_word(32 * b + 16, nck)) / 4] = l1;
+            sink.record(metam, b, r.x, r.y, r.z, (int)(short)(r.w & 0xFFFF), r.w >> 16);
         }
     }
 }
 
 // The integer-dot prologue of the MV_M tokens: xin (prologue applied) quantized per 32-block into
-// the two planes' words and records (token m: xw + 2m*wpm, meta + 2m*nb).  Thread tid takes the
+// the two planes' words and records (through the sink: token m's at sink.codes(m), sink.recs(m)).  Thread tid takes the
 // float4 groups f = b0 + tid + MV_NT*i (i < A8_NR) of each batch b0, all its loads issued before
 // any use, so a row of up to MV_NT*A8_NR*4 = 4096 inputs costs one round trip to L2 and, with
 // rmsnorm, stays in registers between the statistic and the staging: where one batch of the
@@ -46,17 +48,18 @@ BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, uint32_t* x
 // the same for every MV_M.  Every thread runs the same trip count (the group reductions are
 // shuffles).  red: MV_NW floats.  (Copying the row to shared memory by cp.async measured slower.)
 #define A8_NR (MV_MINB >= 3 ? 2 : 4)  // float4 groups per thread and batch (4 spills at 80 registers)
+template <class Sink>
 BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pro, float eps,
-                          const float* __restrict__ normw, bool xb16, uint32_t* xw, uint4* meta, float* red) {
+                          const float* __restrict__ normw, bool xb16, const Sink& sink, float* red) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n4 = n_in / 4, nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
+    const int n4 = n_in / 4, nck = n_in / VPC;
     const float4* w4 = reinterpret_cast<const float4*>(normw);
     const bool cached = pro == PRO_RMS && n4 <= STAT_NT * A8_NR;  // the statistic's loads serve the staging
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int m = 0; m < MV_M; ++m) {
         const float4* x4 = reinterpret_cast<const float4*>(x + (long)m * ldx);
-        uint32_t* xwm = xw + 2 * m * wpm;
-        uint4* metam = meta + 2 * m * nb;
+        uint32_t* xwm = sink.codes(m);
+        auto* metam = sink.recs(m);
         float4 v[A8_NR];
         float4 wc[A8_NR];  // the norm weights of the groups in v (cached)
         float inv = 1.0f;
@@ -89,7 +92,7 @@ BW24_DEVICE void stage_a8(const float* __restrict__ x, int ldx, int n_in, int pr
                 a = make_float4(swiglu_act(a.x, w.x), swiglu_act(a.y, w.y), swiglu_act(a.z, w.z), swiglu_act(a.w, w.w));
             if (!ok) a = zero;
             if (xb16) a = bf16_round4(a);
-            a8_stage_group(f, a, ok, xwm, metam, wpm, nck, nb);
+            a8_stage_group(f, a, ok, xwm, metam, nck, sink);
         };
         if (cached) {  // one batch held the row: its threads stage their own groups (whole warps: shuffles)
             if (tid < STAT_NT)

@@ -175,8 +175,9 @@ BW24_DEVICE void stage(void* xs, const float* __restrict__ x, int nseg, int n, i
             const int sg = min(i, tot - 1) / n, p = i - sg * n;
 #if ACT_Q8
             uint32_t* w = reinterpret_cast<uint32_t*>(xs);
-            a8_stage_group(p / 4, a, i < tot, w + sg * (n / 2), reinterpret_cast<uint4*>(w + nseg * (n / 2)) + sg * 2 * (n / 32),
-                           n / 4, n / VPC, n / 32);
+            uint4* meta = reinterpret_cast<uint4*>(w + nseg * (n / 2));
+            // segment sg is A8Planes' token sg (its codes(sg), recs(sg), as xseg computes them)
+            a8_stage_group(p / 4, a, i < tot, w + sg * (n / 2), meta + sg * 2 * (n / 32), n / VPC, A8Planes{w, meta, n / 4, n / 32, n / 4});
 #else
             if (i < tot) *reinterpret_cast<float4*>(reinterpret_cast<float*>(xs) + sg * padded(n) + swz(p)) = a;
 #endif

@@ -78,3 +78,13 @@ def _isolated_dirs(tmp_path, monkeypatch):
     for env, sub in (("BW24CHAT_CONFIG_DIR", "config"), ("BW24CHAT_DATA_DIR", "data"), ("BW24CHAT_CACHE_DIR", "cache")):
         if env not in os.environ:
             monkeypatch.setenv(env, str(tmp_path / sub))
+
+
+@pytest.fixture
+def rng():
+    """Fresh random inputs every run (the seed printed, so a failure can be replayed)."""
+    import numpy as np
+
+    seed = np.random.SeedSequence().entropy % (2**32)
+    print(f"rng seed {seed}")
+    return np.random.default_rng(seed)

@@ -16,7 +16,7 @@ def test_there_are_kernels():
     assert len(kb.families()) >= 1
 
 
-BARE_DEFINES = {"matvec_tc": {"FMT": 11, "TC_NW": 4, "TC_U": 2}}  # the defines a family cannot do without
+BARE_DEFINES = {"matvec_tc": {"FMT": 11, "TC_NW": 4, "TC_U": 2}, "matvec_mma": {"FMT": 3}}  # the defines a family cannot do without
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
@@ -212,6 +212,41 @@ def test_integer_dot_matvec_builds_do_not_spill(defines):
     MV_MINB blocks per SM the wrapper asks for; matvec.cu's MV_U / MV_MINB defaults)."""
     _, log = kb.compile_cubin("matvec", "sm_90a", defines, extra=("-Xptxas=-v",))
     i = log.index("Function properties for matvec")
+    props = log[i:log.index("\n", log.index("\n", i) + 1)]
+    assert " 0 bytes spill stores" in props, props
+
+
+def mma_matvec_builds() -> list[dict]:
+    """The matvec_mma.cu builds cuda_linear.mma_plan picks (H100 resources: the ring depth follows
+    the shared memory) for Q8_0, NVFP4, Q4_K at m = 1..8 on the Qwen3-8B widths (4096 and 12288
+    inputs), and the other K split (4 warps per sub-tile) at both block sizes."""
+    from bw24chat.backends import cuda_linear as cl, kernel_build
+
+    out = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cl, "_sm_resources", lambda: (132, 228 * 1024))
+        mp.setattr(kernel_build, "smem_block_limit", lambda: 227 * 1024)
+        mp.delenv("BW24CHAT_A8", raising=False)
+        for fmt in cl.MMA_FORMATS:
+            fid, vpc = FORMATS[fmt]
+            for in_ in (4096, 12288):
+                W = cl.DeviceWeight(fmt, 4096, in_, None, fmt_id=fid, vpc=vpc)
+                for m in range(1, 9):
+                    p = cl.mma_plan(W, m)
+                    out.append({"FMT": fid, "MV_M": p.m_fit, **p.defines})
+            out += [{"FMT": fid, "MV_M": m, "MV_NW": nw, "MQ_KW": 4, "MQ_STAGES": 3, "MV_MINB": 2 if nw == 8 else 1,
+                     **({"MV_STAT8": 1} if nw == 16 else {})} for m, nw in ((3, 8), (8, 16))]
+    return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+@pytest.mark.parametrize("defines", mma_matvec_builds(), ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_mma_matvec_builds_do_not_spill(defines, arch):
+    """ptxas's report on the tensor-core integer-dot matvec builds: no spills at the registers of
+    MV_MINB blocks per SM (its chains, fragments and MMA results stay in registers; the weight
+    bytes in flight live in the shared-memory ring, not in registers)."""
+    _, log = kb.compile_cubin("matvec_mma", arch, defines, extra=("-Xptxas=-v",))
+    i = log.index("Function properties for matvec_mma")
     props = log[i:log.index("\n", log.index("\n", i) + 1)]
     assert " 0 bytes spill stores" in props, props
 

@@ -8,13 +8,6 @@ from bw24chat.ops import AttentionSpec
 from bw24chat.sampling import philox_uniform
 
 
-@pytest.fixture
-def rng():
-    seed = np.random.SeedSequence().entropy % (2**32)
-    print(f"rng seed {seed}")
-    return np.random.default_rng(seed)
-
-
 def test_philox_first_raw_equals_numpy(rng):
     cases = [(0, 0), (1, 0), (2**64 - 1, 2**64 - 1), (2**127 + 12345, 7), (42, 2**63)]
     cases += [(int(rng.integers(0, 2**63)) << int(rng.integers(0, 65)), int(rng.integers(0, 2**40))) for _ in range(50)]

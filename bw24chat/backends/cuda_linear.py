@@ -17,7 +17,7 @@ from . import kernel_build, tuning
 from .cuda_weights import DeviceWeight
 from .kernel_build import get_kernel
 from .kernel_refs import FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_row_words: the runner's QX buffers)
-from .tuning import A8_SMALL_ROWS, FEW_ROWS, GEMM_TUNING, MATVEC_ROWS_TUNING, MATVEC_TUNING
+from .tuning import A8_SMALL_ROWS, FEW_ROWS, GEMM_TUNING, MATVEC_MMA_TUNING, MATVEC_ROWS_TUNING, MATVEC_TUNING
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
@@ -284,6 +284,91 @@ def _a8_row_bytes(W: DeviceWeight, nw: int) -> int:
     return 2 * W.in_ + 32 * (W.in_ // 32) + 4 * nw
 
 
+MMA_FORMATS = ("Q8_0", "NVFP4", "Q4_K")  # the weights matvec_mma.cu decodes (integer-dot contract)
+MMA_QX_ROWS = 64  # matvec_mma.cu MQ_QX_ROWS: a qx_out tile (32 outputs: one 32-input block of the next x)
+
+
+class MmaPlan(NamedTuple):
+    """One matvec_mma launch's geometry (mma_plan): its defines, threads per block, rows per pass
+    (16 x sub-tiles), dynamic shared bytes, and the x rows one launch stages (more run in groups)."""
+    defines: dict
+    threads: int
+    rows: int
+    smem: int
+    m_fit: int
+
+
+def takes_mma(W: DeviceWeight) -> bool:
+    """Whether matvec_mma.cu can run W: its formats under the integer-dot contract, rows of a
+    multiple of 256 inputs (every scale plane's row 16-byte aligned: its ring copies whole 16-byte
+    pieces)."""
+    return W.fmt in MMA_FORMATS and W.in_ % 256 == 0 and act_q8(W.fmt)
+
+
+def mma_smem(W: DeviceWeight, m: int, defines: dict) -> int:
+    """matvec_mma.cu's dynamic shared bytes (its header's layout): the ring (MQ_STAGES k-tiles of
+    16 MV_NW / MQ_KW rows: q at a 528-byte pitch, 2 VPC + 16 scale bytes), x's code planes (2 m
+    planes of n_in + 16 bytes), x's scales (a float2 per 32-input block and token), the pass
+    partials (2 parities x 2 MQ_KW residues x rows x m floats), the statistic (MV_NW floats) and
+    qx_out's tile buffers (2 x m x 32 floats)."""
+    nw, kw = defines["MV_NW"], defines["MQ_KW"]
+    rows = 16 * (nw // kw)
+    ring = defines["MQ_STAGES"] * rows * (32 * 16 + 16 + 2 * W.vpc + 16)
+    return ring + 2 * m * (W.in_ + 16) + (W.in_ // 32) * m * 8 + 2 * 2 * kw * rows * m * 4 + nw * 4 + 2 * m * 32 * 4
+
+
+def mma_plan(W: DeviceWeight, m: int) -> MmaPlan:
+    """matvec_mma's geometry for W at m rows: MATVEC_MMA_TUNING's entry (format, else "*"; one n-tile
+    at m <= 4, two above); its ring as deep as the entry allows and the shared memory holds with
+    the entry's blocks per SM resident, else with one, at least 2 stages; where even that does not
+    hold m rows of x (a 12288-input down projection at m > 6 on a 227 KB GPU), the rows that
+    fit run per launch (each row equals its m = 1 call whatever the grouping)."""
+    cls = "one_tile" if m <= 4 else "two_tiles"
+    defs = dict(MATVEC_MMA_TUNING.get((W.fmt, cls), MATVEC_MMA_TUNING[("*", cls)]))
+    nw, deepest = defs["MV_NW"], defs["MQ_STAGES"]
+    if nw == 16:
+        defs["MV_STAT8"] = 1  # the 8-warp rmsnorm statistic (the SIMT kernel's order)
+    limit = min(WGP_SMEM_MAX, kernel_build.smem_block_limit())
+    _, smem_sm = _sm_resources()
+    for mm in range(m, 0, -1):
+        for budget in (min(limit, smem_sm // defs.get("MV_MINB", 1) - 1024), limit):
+            fixed = mma_smem(W, mm, {**defs, "MQ_STAGES": 0})
+            stage = mma_smem(W, mm, {**defs, "MQ_STAGES": 1}) - fixed
+            stages = min(deepest, (budget - fixed) // stage)
+            if stages >= 2:
+                defs["MQ_STAGES"] = stages
+                return MmaPlan(defs, 32 * nw, 16 * (nw // defs["MQ_KW"]), fixed + stages * stage, mm)
+    raise ValueError(f"matvec_mma: one row of {W.in_} inputs does not fit the shared memory")
+
+
+def mma_writes_qx(W: DeviceWeight, m: int) -> bool:
+    """Whether matvec(W, ..., impl="mma", epilogue="swiglu", qx_out=...) can write the next
+    matvec's x codes: takes_mma, 32 outputs per 64-row tile over whole 32-input blocks, and the m
+    rows in one launch."""
+    return takes_mma(W) and W.out % 2 == 0 and (W.out // 2) % 32 == 0 and 1 <= m <= 8 and mma_plan(W, m).m_fit >= m
+
+
+def _matvec_mma(W: DeviceWeight, x, out, m: int, pro_arg, epi: int, ldx: int, n_y: int, norm_w, eps: float,
+                qx_in, qx_out) -> None:
+    """matvec_mma.cu on W (takes_mma) for m rows, in groups of mma_plan's m_fit."""
+    plan = mma_plan(W, m)
+    if plan.m_fit < m:
+        if qx_in is not None or qx_out is not None:
+            raise ValueError("the QX buffers take at most the rows one launch stages")
+        xf, of = x.reshape(-1), out.reshape(-1)
+        for r0 in range(0, m, plan.m_fit):
+            mm = min(plan.m_fit, m - r0)
+            _matvec_mma(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, pro_arg, epi, ldx, n_y,
+                        norm_w, eps, None, None)
+        return
+    k = get_kernel("matvec_mma", "matvec_mma", FMT=W.fmt_id, MV_M=m, **plan.defines)
+    _ensure_smem(k, plan.smem)
+    tile_rows = MMA_QX_ROWS if qx_out is not None else plan.rows
+    grid = (persistent_grid(k, plan.threads, plan.smem, -(-W.out // tile_rows)),)
+    k(grid, (plan.threads,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
+                              pro_arg, np.int32(epi), np.float32(eps), _ptr(qx_in), _ptr(qx_out)), shared_mem=plan.smem)
+
+
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
            norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None,
            qx_in=None, qx_out=None, act_bf16: bool = False) -> None:
@@ -297,15 +382,16 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     outputs' integer-dot codes (kernel_refs.qx_ref); prologue "qx" reads x's codes from qx_in
     instead of quantizing x (rows bit-identical to prologue "none" on the floats qx_in came from).
     act_bf16: the bf16-activation contract, x rounded to bf16 after the prologue (qx_out's codes
-    are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" (default
-    matvec_impl: tests run the kernel production picks for another shape)."""
+    are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" | "mma" (default
+    matvec_impl: tests run the kernel production picks for another shape; "mma": matvec_mma.cu,
+    the integer-dot contract on int8 tensor cores, where takes_mma; qx_out where mma_writes_qx)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
     pro_arg = np.int32(pro | (PRO_BF16 if act_bf16 else 0))
     if (pro == PROLOGUES["qx"]) != (qx_in is not None):
         raise ValueError('prologue "qx" and qx_in go together')
-    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue)):
+    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and (mma_writes_qx(W, m) if impl == "mma" else writes_qx(W, m, prologue))):
         raise ValueError("qx_out: the swiglu epilogue of a matvec whose tiles cover whole 32-input blocks (writes_qx)")
     ldx = 2 * W.in_ if pro == 2 else W.in_
     n_y = W.out // 2 if epi == 2 else W.out
@@ -323,6 +409,14 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     impl = impl or matvec_impl(W, a8)
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
         raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
+    if impl == "mma":
+        if not (a8 and takes_mma(W)):
+            raise ValueError(f"matvec_mma runs {', '.join(MMA_FORMATS)} under the integer-dot contract, rows of a multiple "
+                             f"of 256 inputs, not {W.fmt} x {W.in_} (a8={a8})")
+        if W.q.data.ptr % 16 or W.s.data.ptr % 16:
+            raise ValueError("matvec_mma copies 16-byte pieces of the q and s planes: 16-byte aligned planes")
+        _matvec_mma(W, x, out, m, pro_arg, epi, ldx, n_y, norm_w, eps, qx_in, qx_out)
+        return
     if impl == "tc":
         if a8 or W.fmt not in TC_FORMATS:
             raise ValueError(f"matvec_tc decodes {', '.join(TC_FORMATS)} on the float contract, not {W.fmt} (a8={a8})")

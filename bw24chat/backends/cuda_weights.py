@@ -227,26 +227,24 @@ def _ue4m3_half(x: np.ndarray) -> np.ndarray:
     return ((x.astype(np.uint16) << 7).view("<f2").astype(np.float32) * np.float32(128.0)).astype(np.float32)
 
 
-def decode_planes(hp: HostPlanes) -> np.ndarray:
-    """float32 [out, in] exactly as formats.cuh decode_exact computes it (global scale applied
-    per row for NVFP4, as the dequantize kernel does)."""
+def chunk_codes(hp: HostPlanes) -> tuple:
+    """The chunks of a quantized matrix's planes as formats.cuh decodes them: (q, a0, a1, b0, b1)
+    with q float32 [out, nck, VPC] the exact integer values in value order (Q8_0 the int8 codes;
+    the nibble and 2-bit families the codes minus QOFF, high bits merged; NVFP4 / MXFP4 the
+    doubled E2M1 values), a0 / a1 float32 [out, nck, 1] the scales of values 0-15 / 16-31
+    (chunk_scales: Q8_0 d; the K-quants d * sc; NVFP4 ue4m3 / 2) and b0 / b1 the additive mins
+    of the halves (HAS_MIN formats, else None): w = a * q (+ b).  decode_planes and
+    kernel_refs.matvec_a8_exact read them."""
     fmt, out, in_ = hp.fmt, hp.out, hp.in_
-    V = vpc(fmt)
-    nck = in_ // V
-    if fmt == "F32":
-        return hp.q.view("<f4").reshape(out, in_).astype(np.float32)
-    if fmt == "F16":
-        return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
-    if fmt == "BF16":
-        return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
+    nck = in_ // vpc(fmt)
     words = hp.q.reshape(out, nck, -1, 4).view("<u4")[..., 0]  # (out, nck, 4) words g (2-bit: 2 words)
     kc = np.arange(nck)
     if fmt == "Q8_0":
-        d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2]  # (out, nck)
+        d = _f16(hp.s.reshape(out, -1, 2))[..., 0][:, kc // 2, None]  # (out, nck, 1)
         w = words ^ np.uint32(0x80808080)
         bytes_ = ((w[..., None] >> (8 * np.arange(4, dtype=np.uint32))) & 0xFF).reshape(out, nck, 16)
         q = (bytes_ | np.uint32(0x4B000000)).view(np.float32) - np.float32(8388608.0 + 128.0)
-        return (q * d[..., None]).reshape(out, in_)
+        return q, d, d, None, None
 
     def sh(v, s):
         return (v << np.uint32(s)) if s >= 0 else (v >> np.uint32(-s))
@@ -318,7 +316,23 @@ def decode_planes(hp: HostPlanes) -> np.ndarray:
     elif fmt == "MXFP4":  # formats.cuh e8m0_half: the bits quants.e8m0_to_f32_half builds
         a0 = quants.e8m0_to_f32_half(hp.s.reshape(out, nck, 1))
         a1 = a0
-    vlo, vhi = a0 * qlo, a1 * qhi
+    return np.concatenate([qlo, qhi], axis=-1), a0, a1, b0, b1
+
+
+def decode_planes(hp: HostPlanes) -> np.ndarray:
+    """float32 [out, in] exactly as formats.cuh decode_exact computes it (global scale applied
+    per row for NVFP4, as the dequantize kernel does)."""
+    fmt, out, in_ = hp.fmt, hp.out, hp.in_
+    if fmt == "F32":
+        return hp.q.view("<f4").reshape(out, in_).astype(np.float32)
+    if fmt == "F16":
+        return hp.q.view("<f2").astype(np.float32).reshape(out, in_)
+    if fmt == "BF16":
+        return (hp.q.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(out, in_)
+    q, a0, a1, b0, b1 = chunk_codes(hp)
+    if fmt == "Q8_0":  # 16 values, one scale
+        return (q * a0).reshape(out, in_)
+    vlo, vhi = a0 * q[..., :16], a1 * q[..., 16:]
     if b0 is not None:
         vlo, vhi = vlo + b0, vhi + b1
     v = np.concatenate([vlo, vhi], axis=-1).reshape(out, in_)

@@ -207,6 +207,128 @@ def act_quant_ref(x: np.ndarray) -> np.ndarray:
     return (hb + lb).reshape(h.shape).astype(np.float32)
 
 
+def fma32(a, b, c) -> np.ndarray:
+    """float32 a * b + c with one rounding (CUDA __fmaf_rn): the product is exact in float64 (24 + 24
+    bits), the sum is rounded to odd in float64 (TwoSum's error term sets the last bit), and the
+    float32 rounding of that is the correctly rounded result (53 >= 24 + 2 bits; Boldo and
+    Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to
+    odd", IEEE Trans. Computers 2008).  Finite inputs."""
+    p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32).astype(np.float64)
+    c64 = np.asarray(c, np.float32).astype(np.float64)
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)  # the exact p + c - s
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+A8_EXACT_FORMATS = ("Q8_0", "NVFP4", "Q4_K")  # the formats matvec_a8_exact (and matvec_mma.cu) take
+
+
+def _a8_chain_steps(hp, x: np.ndarray) -> tuple[list, int]:
+    """The integer-dot matvec's per-chunk chain steps (dot_a8.cuh chunk_dot_a8) of x float32
+    [m, in] against the repacked weights hp: a list of (d, s) float32 [m, out, nck], each step
+    acc = fma(d[kc], s[kc], acc) in list order per chunk; and nck.  x quantized per 32 inputs
+    (act_quant_codes); d the exact integer dots (Q8_0 per level p = h, l: dot_p; NVFP4 per half:
+    256 dot_h + dot_l; Q4_K 256 dot_h + dot_l, then the min step), s the scale products as
+    float32 rounds them (Q8_0 d * 2^e_p; NVFP4 (E4M3 * 2^-8) * 2^(e-1); Q4_K (d sc) * 2^(e-8),
+    then the min -dmin mn against the block's exact x sum 2^(e-8) (256 sum h + sum l)), e_h = e,
+    e_l = e - 8."""
+    from .cuda_weights import chunk_codes, vpc
+
+    fmt, out, n = hp.fmt, hp.out, hp.in_
+    if fmt not in A8_EXACT_FORMATS:
+        raise ValueError(f"the exact integer-dot rows are modelled for {A8_EXACT_FORMATS}, not {fmt}")
+    x = np.atleast_2d(np.asarray(x, np.float32))
+    m, V = x.shape[0], vpc(fmt)
+    nck = n // V
+    h, l, e = act_quant_codes(x)
+    q, a0, a1, b0, _ = chunk_codes(hp)
+    qi = q.astype(np.int64)  # [out, nck, V]
+    codes = {"h": h.astype(np.int64).reshape(m, nck, V), "l": l.astype(np.int64).reshape(m, nck, V)}
+    eb = e[:, np.arange(nck) // (32 // V)]  # [m, nck]: each chunk's activation block exponent
+    f = lambda v: np.asarray(v, np.float64).astype(np.float32)  # noqa: E731  (exact: integers < 2^24)
+    dot = lambda p, sl=slice(None): np.einsum("mkv,okv->mok", codes[p][..., sl], qi[..., sl])  # noqa: E731
+    csum = lambda p: codes[p].sum(-1)[:, None, :]  # noqa: E731  [m, 1, nck]
+    scale = lambda a, k: a[None, :, :, 0] * _pow2(eb + k)[:, None, :]  # noqa: E731  float32 [m, out, nck]
+    lo, hi = slice(0, 16), slice(16, 32)
+    if fmt == "Q8_0":
+        return [(f(dot("h")), scale(a0, 0)), (f(dot("l")), scale(a0, -8))], nck
+    if fmt == "NVFP4":  # E4M3 * 2^-8 = (ue4m3 / 2) * 2^-7, against 2^(e-1)
+        s0, s1 = a0 * np.float32(2.0**-7), a1 * np.float32(2.0**-7)
+        return [(f(256 * dot("h", sl) + dot("l", sl)), scale(sc, -1)) for sl, sc in ((lo, s0), (hi, s1))], nck
+    xsum = f(256 * csum("h") + csum("l")) * _pow2(eb - 8)[:, None, :]
+    return [(f(256 * dot("h") + dot("l")), scale(a0, -8)), (np.broadcast_to(b0[None, :, :, 0], (m, out, nck)), xsum)], nck
+
+
+def _a8_chains(steps: list, nck: int, lanes_of) -> np.ndarray:
+    """The chains' f32 accumulators [m, out, K] after every step: chunk kc feeds chain
+    lanes_of(kc) (an int array over kc), each chain's chunks in increasing order, from +0."""
+    m, out, _ = steps[0][0].shape
+    kc = np.arange(nck)
+    chain = lanes_of(kc)
+    acc = np.zeros((m, out, int(chain.max()) + 1 if nck else 1), np.float32)
+    for i in range(-(-nck // 32)):  # a chain takes at most one chunk of each 32
+        sel = kc[32 * i:32 * i + 32]
+        for d, s in steps:
+            d, s = np.broadcast_to(d, (m, out, nck)), np.broadcast_to(s, (m, out, nck))
+            acc[..., chain[sel]] = fma32(d[..., sel], s[..., sel], acc[..., chain[sel]])
+    return acc
+
+
+def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
+    """The integer-dot decode matvec's rows bit for bit (matvec.cu ACT_Q8; prologue none, store):
+    y float32 [m, out] from x float32 [m, in] and the repacked weights hp (cuda_weights.repack_host;
+    A8_EXACT_FORMATS).  The kernels' reduction order, which is their contract: 32 chains L take
+    the chunks kc = L, L + 32, ... in increasing order (_a8_chain_steps), each an f32 accumulator
+    from +0; then the xor tree of warp_sum over L (levels 16, 8, 4, 2, 1: v[L] + v[L + o] for
+    L < o) and NVFP4's per-row global scale.  float32 products and sums as NumPy rounds them,
+    FMAs by fma32."""
+    steps, nck = _a8_chain_steps(hp, x)
+    acc = np.zeros(steps[0][0].shape[:2] + (32,), np.float32)
+    got = _a8_chains(steps, nck, lambda kc: kc % 32)
+    acc[..., :got.shape[-1]] = got
+    for o in (16, 8, 4, 2, 1):
+        acc = acc[..., :o] + acc[..., o:2 * o]
+    y = acc[..., 0]
+    return y * hp.gscale[None, :] if hp.gscale is not None else y
+
+
+def matvec_a8_mma_order(hp, x: np.ndarray, kw: int = 8) -> np.ndarray:
+    """matvec_mma.cu's schedule of the same rows (its header): warp kw' of a 16-row sub-tile (kw
+    warps) keeps chains (i, c) for the chunk pairs (2 kw' + 2 kw i, +1), i < 16 / kw, of every
+    32-chunk k-tile; at a pass's end it adds its chains i and i + h (h = 8 / kw, ..., 1: the xor
+    tree's levels 16 .. 2 kw), leaving the residue r = 2 kw' + c; the block adds the residues
+    r and r + o for o = kw, ..., 1.  Equal to matvec_a8_exact bit for bit: the same pairs are
+    added (tests/test_matvec_mma_order.py)."""
+    if kw not in (4, 8):
+        raise ValueError("matvec_mma.cu: 4 or 8 warps per 16-row sub-tile")
+    steps, nck = _a8_chain_steps(hp, x)
+    npairs = 16 // kw
+
+    def chain_of(kc):  # chunk kc -> (warp, pair, chunk in pair) flattened
+        local = kc % 32
+        warp, pair, c = (local // 2) % kw, local // (2 * kw), local % 2
+        return (warp * npairs + pair) * 2 + c
+
+    acc = np.zeros(steps[0][0].shape[:2] + (kw * npairs * 2,), np.float32)
+    got = _a8_chains(steps, nck, chain_of)
+    acc[..., :got.shape[-1]] = got
+    ch = acc.reshape(acc.shape[:2] + (kw, npairs, 2))  # [m, out, warp, pair, c]
+    h = npairs // 2
+    while h >= 1:  # the warp's own levels: pairs i, i + h
+        ch = ch[..., :h, :] + ch[..., h:2 * h, :]
+        h //= 2
+    v = ch[..., 0, :].reshape(acc.shape[:2] + (2 * kw,))  # residue r = 2 warp + c
+    o = kw
+    while o >= 1:  # the block's levels over the residues
+        v = v[..., :o] + v[..., o:2 * o]
+        o //= 2
+    y = v[..., 0]
+    return y * hp.gscale[None, :] if hp.gscale is not None else y
+
+
 def e4m3_round(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest E4M3 value (ties to even), saturated to +-448 (cvt.rn.satfinite)."""
     x = np.asarray(x, dtype=np.float32).astype(np.float64)

@@ -31,13 +31,3 @@ def cp():
     import cupy
 
     return cupy
-
-
-@pytest.fixture
-def rng(request):
-    """Fresh random inputs every run (seeded from the test id + a fresh draw; printed on failure)."""
-    import numpy as np
-
-    seed = np.random.SeedSequence().entropy % (2**32)
-    print(f"rng seed {seed}")
-    return np.random.default_rng(seed)

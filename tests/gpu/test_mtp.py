@@ -156,6 +156,18 @@ def test_head_graph_equals_eager(cp, heads):
         assert np.array_equal(a[2].view(np.uint32), b[2].view(np.uint32))
 
 
+def _host_chain(r, history, H, k, sp, seed=11):
+    """The draft chain as a host loop: mtp_forward, then sampling.sample_token at position p + j
+    after the history and the drafts before it."""
+    logits, g = r.mtp_forward(history[1:], H, 0, True)
+    p, want = len(history), []
+    for j in range(k):
+        want.append(sample_token(logits, sp, seed, p + j, history + want))
+        if j + 1 < k:
+            logits, g = r.mtp_forward([want[-1]], g[None], p - 1 + j, False)
+    return want
+
+
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=0), SAMPLED], ids=["greedy", "sampled"])
 def test_device_chain_equals_the_host_loop(cp, heads, sp):
     """The device draft chain (sampler pushing each draft to its ring, chained rows embedding the
@@ -171,14 +183,7 @@ def test_device_chain_equals_the_host_loop(cp, heads, sp):
     H = r.last_hidden()
     history = prompt + [int(rng.integers(0, 4096))]  # the token after the prompt: its input row is the last
     for k in range(1, MAX_K + 1):
-        got = r.mtp_draft(history[1:], H, 0, k, sp, 11, history)
-        logits, g = r.mtp_forward(history[1:], H, 0, True)
-        p, want = len(history), []
-        for j in range(k):
-            want.append(sample_token(logits, sp, 11, p + j, history + want))
-            if j + 1 < k:
-                logits, g = r.mtp_forward([want[-1]], g[None], p - 1 + j, False)
-        assert got == want, k
+        assert r.mtp_draft(history[1:], H, 0, k, sp, 11, history) == _host_chain(r, history, H, k, sp), k
 
 
 def test_spec_mtp_identical_with_a_head_that_copies_the_trunk(cp, tmp_path):
@@ -269,13 +274,7 @@ def test_reduced_vocabulary_chain_equals_the_host_loop(cp, heads, sp):
     history = prompt + [int(rng.choice(ids))]
     for k in range(1, MAX_K + 1):
         got = r.mtp_draft(history[1:], H, 0, k, sp, 11, history)
-        logits, g = r.mtp_forward(history[1:], H, 0, True)
-        p, want = len(history), []
-        for j in range(k):
-            want.append(sample_token(logits, sp, 11, p + j, history + want))
-            if j + 1 < k:
-                logits, g = r.mtp_forward([want[-1]], g[None], p - 1 + j, False)
-        assert got == want and set(got) <= set(ids.tolist()), k
+        assert got == _host_chain(r, history, H, k, sp) and set(got) <= set(ids.tolist()), k
 
 
 def test_spec_mtp_identical_with_a_reduced_vocabulary_head(cp, tmp_path):
