@@ -22,29 +22,41 @@
 //   unless u*total falls within ~1e-15 of a cumulative boundary (or an element's p within an
 //   ulp of a min_p / top_p threshold): never observed in the randomized tests.
 //   NaN logits are not supported (the reference's argsort would place them first).
-// Params (device, uint64[16], built by cuda_ops.pack_sampling_params; a CUDA graph replays with
-//   new values without recapture): [0] temperature f64 bits, [1] top_k, [2] top_p f64,
-//   [3] min_p f64, [4] repeat_penalty f64, [5] repeat_last_n, [6] seed bits 0..63,
-//   [7] seed bits 64..127, [8] hist_len (ids ever pushed to the ring), [9] flags
-//   (bit 0: push the sampled token to the ring and increment hist_len).
-// Ring: int32 [R]; id number n (0-based, n < hist_len) lives at ring[n % R].  The penalty uses
-//   the last min(repeat_last_n, hist_len, R) ids (repeat_last_n 0: none, as sample_token): R must
-//   be >= repeat_last_n for the reference's window.
-// Position: pos_dev[0] (int32), the `position` argument of sample_token.
-// Launch geometry: sample: G blocks of SNT = 512 threads, G <= the SM count and <= MAX_GRID
-//   (cuda_ops.sample: about one block per 2048 logits), all resident at once: the passes are
-//   separated by grid-wide barriers (spinning on a counter in the workspace).  Block b owns the
+// Rows: one launch samples R rows, each from its own logits row, params, ring, position and
+//   output word (a decode step's m rows, a batched pass's rows); row r's token is exactly what a
+//   launch of that row alone gives: every row runs the same G-block arithmetic below (the same
+//   slices, the same block order of the S sum), whatever R and however rows share the grid.
+// Params (device, uint64[16] per row at params + r * params_stride words, built by
+//   cuda_ops.pack_sampling_params; a CUDA graph replays with new values without recapture):
+//   [0] temperature f64 bits, [1] top_k, [2] top_p f64, [3] min_p f64, [4] repeat_penalty f64,
+//   [5] repeat_last_n, [6] seed bits 0..63, [7] seed bits 64..127, [8] hist_len (ids ever pushed
+//   to the ring), [9] flags (bit 0: push the sampled token to the ring and increment hist_len).
+// Ring: int32 [C] per row at ring + r * ring_stride; id number n (0-based, n < hist_len) lives at
+//   ring[n % C].  The penalty uses the last min(repeat_last_n, hist_len, C) ids (repeat_last_n 0:
+//   none, as sample_token): C must be >= repeat_last_n for the reference's window.
+// Position: pos_dev[r] (int32), the `position` argument of sample_token; token to out_token[r].
+// Launch geometry: sample: a grid (G, S) of SNT = 512-thread blocks, G <= MAX_GRID and G * S <=
+//   the SM count (cuda_ops.sample_grid: about one block per 2048 logits; cuda_ops.sample_slots),
+//   all resident at once: the passes are separated by grid-wide barriers among the G blocks of a
+//   slot (spinning on a counter in the slot's workspace); a block's 512 threads take over 64
+//   registers each (ptxas), so one block per SM is what the SM count guarantees resident.
+//   Slot y (blockIdx.y) samples rows y, y + S, y + 2S, ... in turn.  Block b of a slot owns the
 //   slice [b*per, (b+1)*per) of the vocabulary (per = ceil(V/G)) and thread t its elements
 //   s0 + t, s0 + t + SNT, ... in every pass, so e / fx / keys are read back only by the thread
-//   that wrote them.  Cross-block sums are integer atomics (order-free) or, for S, the block
-//   sums added in block order by every block alike; so the token does not depend on timing.
+//   that wrote them (in every row: a slot's rows reuse its arrays without a barrier).
+//   Cross-block sums are integer atomics (order-free) or, for S, the block sums added in block
+//   order by every block alike; so the token does not depend on timing, S or the row's slot.
 //   Dynamic smem = SampleShared + the slice's penalty bitmap (ceil(per/32) words).
-//   Workspace: keys uint32 [V], e float64 [V], fixed-point weights uint64 [V], SampleState
-//   (zeroed at allocation; each launch leaves it zeroed).
+//   Workspace: S slots (sample_slot_bytes apart) of keys uint32 [V], e float64 [V], fixed-point
+//   weights uint64 [V], SampleState [2] (zeroed at allocation; the last block out of a row
+//   zeroes its state again).  A slot's rows alternate between its two states: the last block out
+//   of row k zeroes state k % 2 while the others may already be in row k + 1 on the other one;
+//   none reaches row k + 2 before that block has passed row k + 1's first barrier.
 //   Why grid-wide: a single block (one SM) makes up to 8 radix passes per select over the whole
 //   vocabulary, with every element of the first pass piling onto the few bins of the float's
 //   exponent byte (measured ~150 us at V = 49152, docs/performance.md).  Here the first pass starts below the bits
-//   that every key shares, and each pass is spread over the SMs.
+//   that every key shares, and each pass is spread over the SMs.  Why one launch for R rows: a
+//   K = 2 verify (3 rows) or a batched pass (up to 64) paid one launch and its tail per row.
 //   argmax: one block of ANT = 1024 threads (first index of the maximum, no penalty).
 #include "common.cuh"
 
@@ -289,14 +301,12 @@ BW24_DEVICE float scored(const float* __restrict__ logits, int i, int s0, const 
     return scale ? __fdiv_rn(l, temp) : l;
 }
 
-extern "C" __global__ void __launch_bounds__(SNT, 1)
-sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__ params, const int* __restrict__ pos_dev,
-       int* __restrict__ ring, int ring_cap, uint32_t* __restrict__ keys, double* __restrict__ e,
-       unsigned long long* __restrict__ fx, SampleState* __restrict__ st, int* __restrict__ out_token) {
-    PDL_ENTRY();
-    extern __shared__ __align__(16) uint8_t dyn[];
-    SampleShared& sh = *reinterpret_cast<SampleShared*>(dyn);
-    uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn + sizeof(SampleShared));  // the slice's penalized ids
+// One row: the G blocks of a slot (blockIdx.y) sample it; the last block out writes the token,
+// pushes it to the ring and zeroes the row's state `st`.
+BW24_DEVICE void sample_row(const float* __restrict__ logits, int V, unsigned long long* __restrict__ params,
+                            int pos, int* __restrict__ ring, int ring_cap, uint32_t* __restrict__ keys,
+                            double* __restrict__ e, unsigned long long* __restrict__ fx, SampleState* __restrict__ st,
+                            SampleShared& sh, uint32_t* bitmap, int* __restrict__ out_token) {
     const int tid = threadIdx.x;
     const int per = (V + (int)gridDim.x - 1) / (int)gridDim.x;
     const int s0 = min(V, (int)blockIdx.x * per), s1 = min(V, s0 + per);
@@ -396,32 +406,56 @@ sample(const float* __restrict__ logits, int V, unsigned long long* __restrict__
         const unsigned long long total = __ldcg(&st->total);
         // 7./8. the draw
         if (total > 0) {
-            const uint64_t x = philox_first_raw(seed0, seed1, (uint64_t)(long long)pos_dev[0]);
+            const uint64_t x = philox_first_raw(seed0, seed1, (uint64_t)(long long)pos);
             const double u = (double)(x >> 11) * (1.0 / 9007199254740992.0);
             const unsigned long long tt = (unsigned long long)floor(u * (double)total) + 1ull;
             token = (int)(uint32_t)radix_select(keys, s0, s1, first, lo_top, tt, kept, fixp, st, sh, bar, pass, 2);
         }  // else nothing kept (min_p > 1): the reference keeps the first candidate
     }
-    // leave: the last block out writes the token and resets the state for the next launch
+    // leave: the last block out writes the token and zeroes the state for the slot's row after next
     __syncthreads();
     if (tid == 0) {
         __threadfence();
         sh.last_block = atomicAdd(&st->leave, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (!sh.last_block) return;
-    __threadfence();
-    for (int b = tid; b < 3 * NBIN; b += SNT) { (&st->cnt[0][0])[b] = 0; (&st->mass[0][0])[b] = 0; }
-    if (tid == 0) {
-        st->first_c = 0; st->last = 0; st->total = 0;
-        for (int j = 0; j < 4; ++j) st->found_c[j] = 0;
-        st->arrive = 0; st->leave = 0;
-        out_token[0] = token;
-        if ((flags & 1ull) && ring_cap > 0) {
-            ring[hist_len % ring_cap] = token;
-            params[8] = (unsigned long long)(hist_len + 1);
+    if (sh.last_block) {
+        __threadfence();
+        for (int b = tid; b < 3 * NBIN; b += SNT) { (&st->cnt[0][0])[b] = 0; (&st->mass[0][0])[b] = 0; }
+        if (tid == 0) {
+            st->first_c = 0; st->last = 0; st->total = 0;
+            for (int j = 0; j < 4; ++j) st->found_c[j] = 0;
+            st->arrive = 0; st->leave = 0;
+            out_token[0] = token;
+            if ((flags & 1ull) && ring_cap > 0) {
+                ring[hist_len % ring_cap] = token;
+                params[8] = (unsigned long long)(hist_len + 1);
+            }
         }
     }
+    // the zeroed state before this block's next barrier (whose thread 0 fences first); sh.* free again
+    __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(SNT, 1)
+sample(const float* __restrict__ logits, int V, long long logits_stride, int R, unsigned long long* __restrict__ params,
+       int params_stride, const int* __restrict__ pos_dev, int* __restrict__ ring, int ring_stride, int ring_cap,
+       uint8_t* __restrict__ ws, long long slot_bytes, int* __restrict__ out_token) {
+    PDL_ENTRY();
+    extern __shared__ __align__(16) uint8_t dyn[];
+    SampleShared& sh = *reinterpret_cast<SampleShared*>(dyn);
+    uint32_t* bitmap = reinterpret_cast<uint32_t*>(dyn + sizeof(SampleShared));  // the slice's penalized ids
+    // the slot's workspace: keys [V] | e [V] | fx [V] | SampleState [2] (cuda_ops._sample_layout)
+    uint8_t* base = ws + (long long)blockIdx.y * slot_bytes;
+    const long long e_off = ((long long)V * 4 + 7) / 8 * 8, fx_off = e_off + (long long)V * 8, st_off = fx_off + (long long)V * 8;
+    uint32_t* keys = reinterpret_cast<uint32_t*>(base);
+    double* e = reinterpret_cast<double*>(base + e_off);
+    unsigned long long* fx = reinterpret_cast<unsigned long long*>(base + fx_off);
+    SampleState* st = reinterpret_cast<SampleState*>(base + st_off);
+    int k = 0;
+    for (int r = blockIdx.y; r < R; r += gridDim.y, ++k)
+        sample_row(logits + r * logits_stride, V, params + (long long)r * params_stride, pos_dev[r],
+                   ring + (long long)r * ring_stride, ring_cap, keys, e, fx, st + (k & 1), sh, bitmap, out_token + r);
 }
 
 // First index of the maximum of x[0..V) (np.argmax without NaNs), one block of ANT threads.

@@ -52,11 +52,14 @@ def test_the_plan_reads_the_gpu_it_is_made_for():
 
 def test_rows_change_only_what_depends_on_them():
     """m = 4 rows: the same kernels in the same order (the row count is a define or grid axis),
-    and one sampler launch per row."""
+    and one sampler launch over the rows: the one-row step's blocks per row (sample_grid), as many
+    rows at once as the SMs hold (sample_slots)."""
     one, _ = _plan("q8_0")
     four, _ = _plan("q8_0", m=4)
-    assert [L.name for L in four[:-4]] == [L.name for L in one[:-1]]
-    assert [L.name for L in four[-4:]] == ["sample"] * 4
+    assert [L.name for L in four] == [L.name for L in one]
+    s1, s4 = one[-1], four[-1]
+    assert s1.name == "sample" and s1.grid[1] == 1 and s1.args[3] == "1"
+    assert s4.grid == (s1.grid[0], min(4, GPUS["H100"].sm_count // s1.grid[0])) and s4.args[3] == "4"
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_k", "nvfp4"])

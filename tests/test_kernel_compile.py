@@ -281,3 +281,12 @@ def test_deltanet_builds_do_not_spill(arch, defines):
             i = log.index(f"Function properties for {fn}")
             props = log[i:log.index("\n", log.index("\n", i) + 1)]
             assert " 0 bytes spill stores" in props, (fn, props)
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_sampler_does_not_spill(arch):
+    """ptxas's report on sampling.cu's sample: no spills (its rows loop keeps a row's sums, keys
+    and select state in registers at one 512-thread block per SM: __launch_bounds__(SNT, 1))."""
+    _, log = kb.compile_cubin("sampling", arch, {}, extra=("-Xptxas=-v",))
+    i = log.index("Function properties for sample\n")
+    props = log[i:log.index("\n", log.index("\n", i) + 1)]
+    assert " 0 bytes spill stores" in props, props

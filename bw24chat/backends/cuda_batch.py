@@ -14,11 +14,12 @@ A step runs
   * each prefill item as the solo prefill does (tensor-core GEMMs, chunk-invariant rows; the
     paged prefill attention), eagerly; one that samples draws its token as ``prefill`` does;
   * every decode row of the step in passes of up to PASS_ROWS rows, each pass one CUDA graph per
-    batch-size bucket (``bucket``: 1..8, then multiples of 8; padding rows write and read only
+    batch-size bucket (``bucket``: 1..16, then multiples of 8; padding rows write and read only
     the scratch block): the model's forward over groups of at most MAX_ROWS rows (every op of a
     layer launched once per group, ``_GroupedOps``), whose matvecs are the m-row-invariant
-    kernels (each row the one-row step's arithmetic), then the sampler on every row with its own
-    parameters, seed and ring.  Weights are thus read once per group of 8 rows and step.
+    kernels (each row the one-row step's arithmetic), then one sampler launch over every row,
+    each with its own parameters, seed and ring.  Weights are thus read once per group of 8
+    rows and step.
 Hybrid models (a recurrent state per sequence) and spilled MoE experts (host steps inside the
 pass) decode one sequence at a time (``max_batch`` 1).
 """
@@ -32,7 +33,7 @@ from . import cuda_ops as ops
 from .kernel_build import eager_launches, tracing
 from .kernel_refs import kv_cache_nbytes, kv_cache_shape, paged_row, paged_rows
 from .cuda_opset import CudaOps
-from .cuda_runner import _HDR_OUT, RING, write_sampling_rows
+from .cuda_runner import _HDR_OUT, _ROW_PARAMS, RING, sampler_rows, write_sampling_rows
 from .runner import MAX_ROWS, SeqWork
 
 MAX_BATCH = 64  # sequences one batch_step takes
@@ -41,12 +42,12 @@ _GREEDY = SamplingParams(temperature=0)  # rows that sample nothing (their token
 
 # The pass's step image (pinned on the host, mirrored on the device): int32 arrays of PASS_ROWS
 # (tokens, positions, lengths = position + 1, sampled tokens, cache rows), then one block per row:
-# its sampling params, its ring, its block table.  A pass of R rows copies the header and R blocks.
+# its sampling params and ring (the runner's row block: cuda_runner.sampler_rows), its block
+# table.  A pass of R rows copies the header and R blocks.
 _TOK, _POS, _LEN, _OUT, _CROW = (i * 4 * PASS_ROWS for i in range(5))
 _HDR = 5 * 4 * PASS_ROWS
-_PARAMS = 8 * ops.SAMPLE_PARAM_WORDS
-_RING = _PARAMS
-_TABLE = _RING + 4 * RING
+_PARAMS = _ROW_PARAMS
+_TABLE = _PARAMS + 4 * RING
 
 
 def max_batch(runner) -> int:
@@ -65,7 +66,7 @@ def step_bytes(runner, rows: int = PASS_ROWS) -> int:
     """VRAM a BatchStep of ``runner`` takes beside its pool's blocks, for steps of up to ``rows``
     decode rows: the scratch block, the pass's buffers (the one-row step's decode buffers, which
     ``runner.warmup`` allocated, scaled to PASS_ROWS rows), logits, attention workspace and step
-    image, the logits copies of all but a step's last pass, and a prefill item's cache rows and
+    image and sampler workspace, the logits copies of all but a step's last pass, and a prefill item's cache rows and
     block table (its chunks of up to prefill_chunk rows run in the runner's own prefill buffers,
     which the warm-up allocated at that size)."""
     a, V = runner.args, runner.args.vocab_size
@@ -74,13 +75,16 @@ def step_bytes(runner, rows: int = PASS_ROWS) -> int:
     copies = (max(rows, 1) - 1) // PASS_ROWS * PASS_ROWS
     return (block_bytes(runner) + decode * PASS_ROWS // MAX_ROWS + (PASS_ROWS + copies) * V * 4 + image
             + ops.attn_decode_workspace_bytes(a.num_attention_heads, a.num_key_value_heads, a.head_dim, PASS_ROWS)
+            + ops.sample_workspace_bytes(V, PASS_ROWS)
             + 4 * (runner.prefill_chunk + -(-runner.n_ctx // ops.KV_PAGE)))
 
 
 def bucket(rows: int) -> int:
-    """The graph a pass of ``rows`` decode rows replays: exact up to MAX_ROWS, else the next
-    multiple of MAX_ROWS (padding rows cost their compute, never a value of the others)."""
-    return rows if rows <= MAX_ROWS else -(-rows // MAX_ROWS) * MAX_ROWS
+    """The graph a pass of ``rows`` decode rows replays: exact up to 2 * MAX_ROWS (a K <= 15 verify
+    of one sequence, two sequences' K <= 7 verifies), else the next multiple of MAX_ROWS: at most
+    22 graphs.  A padding row costs its compute (a group's rows and a sampler row), never a value
+    of the others."""
+    return rows if rows <= 2 * MAX_ROWS else -(-rows // MAX_ROWS) * MAX_ROWS
 
 
 def _row_runs(picks) -> list:
@@ -183,6 +187,7 @@ class BatchStep:
         self.logits = self._zeros("blogits", (PASS_ROWS, a.vocab_size), np.float32)
         self.attn_ws = self._zeros("battn_ws", (ops.attn_decode_workspace_bytes(a.num_attention_heads, K, hd, PASS_ROWS),),
                                    np.uint8)
+        self.sample_ws = self._zeros("bsample_ws", (ops.sample_workspace_bytes(a.vocab_size, PASS_ROWS),), np.uint8)
         # a prefill item's cache rows and block table
         self.p_rows = self._zeros("bp_rows", (runner.prefill_chunk,), np.int32)
         self.p_table = self._zeros("bp_table", (self.max_blocks,), np.int32)
@@ -241,18 +246,15 @@ class BatchStep:
     # ------------------------------------------------------------------ a decode pass
     def forward(self, rows: int) -> None:
         """A pass of ``rows`` (a bucket) decode rows, as launches: the forward over groups of at most
-        MAX_ROWS rows, then the sampler on every row."""
+        MAX_ROWS rows, then one sampler launch over every row."""
         r = self.r
         groups = [self._pass_ops(g0, min(MAX_ROWS, rows - g0), rows) for g0 in range(0, rows, MAX_ROWS)]
         if len(groups) == 1:
             r.model.forward(groups[0], groups[0].tokens)
         else:
             r.model.forward(_GroupedOps(groups), _Rows([g.tokens for g in groups]))
-        for i in range(rows):
-            base = (_HDR + i * self.row_bytes) // 4
-            params = self.d_i32[base:base + _PARAMS // 4].view(np.uint64)
-            ring = self.d_i32[base + _RING // 4:base + _RING // 4 + RING]
-            ops.sample(self.logits[i], params, self.io["out"][i:i + 1], ring, self.io["len"][i:i + 1], r.sample_ws)
+        params, rings = sampler_rows(self.d_img[_HDR:], rows, self.row_bytes)
+        ops.sample(self.logits[:rows], params, self.io["out"][:rows], rings, self.io["len"][:rows], self.sample_ws)
 
     def plan(self, rows: int) -> list:
         """The launches of a pass of ``rows`` decode rows, traced once (as CudaRunner.plan)."""

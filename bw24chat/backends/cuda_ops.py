@@ -485,7 +485,7 @@ def pack_sampling_params(p, seed: int, hist_len: int = 0, push: bool = False) ->
 SAMPLE_NT = 512  # sampling.cu SNT
 SAMPLE_MAX_GRID = 256  # sampling.cu MAX_GRID
 _SAMPLE_NBIN = 256
-# sampling.cu SampleState: arrive, leave (u32), first_c, last, total, found_c[4] (u64), cnt[3][256]
+# sampling.cu SampleState (two per workspace slot): arrive, leave (u32), first_c, last, total, found_c[4] (u64), cnt[3][256]
 # (u32), mass[3][256] (u64), partial[MAX_GRID] (f64)
 _SAMPLE_STATE = 8 + 8 * 7 + 3 * _SAMPLE_NBIN * 4 + 3 * _SAMPLE_NBIN * 8 + SAMPLE_MAX_GRID * 8
 # sampling.cu SampleShared: cnt (u32), mass, scan (u64) [256]; red_u64, red_f64 [SNT/32]; sum_part[MAX_GRID]; 2 ints
@@ -493,49 +493,67 @@ _SAMPLE_SHARED = _SAMPLE_NBIN * (4 + 8 + 8) + 2 * (SAMPLE_NT // 32) * 8 + SAMPLE
 
 
 def _sample_layout(vocab: int) -> tuple[int, int, int, int]:
-    """Byte offsets of the sampler workspace parts: keys uint32 [V], e float64 [V], fixed-point
-    weights uint64 [V], SampleState; and the total."""
+    """Byte offsets of the parts of one slot of the sampler workspace: keys uint32 [V], e float64
+    [V], fixed-point weights uint64 [V], SampleState [2]; and the slot's bytes (sampling.cu)."""
     e_off = -(-vocab * 4 // 8) * 8
     fx_off = e_off + vocab * 8
     st_off = fx_off + vocab * 8
-    return e_off, fx_off, st_off, st_off + _SAMPLE_STATE
-
-
-def sample_workspace_bytes(vocab: int) -> int:
-    """Bytes of the sampler workspace (allocate it zeroed: its SampleState must start at zero,
-    and every launch leaves it so)."""
-    return _sample_layout(vocab)[3]
+    return e_off, fx_off, st_off, st_off + 2 * _SAMPLE_STATE
 
 
 def sample_grid(vocab: int, n_sm: int | None = None) -> int:
-    """Blocks of the grid-wide sampler: about one per 2048 logits, at most one per SM (they
-    must all be resident: sampling.cu waits at grid barriers) and MAX_GRID."""
+    """Blocks that sample one row: about one per 2048 logits, at most one per SM (they must all
+    be resident: sampling.cu waits at grid barriers) and MAX_GRID.  A function of the vocabulary
+    and the GPU alone: a row's token does not depend on how many rows a launch samples."""
     n_sm = _n_sm() if n_sm is None else n_sm
     return max(1, min(n_sm, SAMPLE_MAX_GRID, -(-vocab // 2048)))
 
 
+def sample_slots(vocab: int, rows: int, n_sm: int | None = None) -> int:
+    """Rows a launch over ``rows`` rows samples at once (sampling.cu: slots, each sample_grid(V)
+    blocks taking its rows in turn): as many as the SMs hold whole grids of, one block per SM
+    (a block takes more than half an SM's registers)."""
+    if rows <= 1:
+        return 1
+    n_sm = _n_sm() if n_sm is None else n_sm
+    return max(1, min(rows, n_sm // sample_grid(vocab, n_sm)))
+
+
+def sample_workspace_bytes(vocab: int, rows: int = 1) -> int:
+    """Bytes of the workspace of a sampler launch over up to ``rows`` rows (allocate it zeroed:
+    its states must start at zero, and every launch leaves them so)."""
+    return sample_slots(vocab, rows) * _sample_layout(vocab)[3]
+
+
 def sample(logits, params_dev, out_token_dev, recent_ids_dev, pos_dev, workspace) -> None:
-    """One token from logits (V,) float32 per bw24chat/sampling.py.  params_dev: uint64[16]
-    device (pack_sampling_params); out_token_dev: int32 device (>= 1 element); recent_ids_dev:
-    int32 device ring [R] (R >= repeat_last_n; may be size 0 when no penalty); pos_dev: int32
-    device, element 0 = the position keying the Philox draw; workspace: zero-initialised uint8
-    device buffer of sample_workspace_bytes(V), used by one launch at a time."""
-    V = logits.shape[-1]
-    e_off, fx_off, st_off, end = _sample_layout(V)
-    if workspace.size < end:
-        raise ValueError(f"sampler workspace of {workspace.size} bytes, {end} needed")
-    keys = workspace[: V * 4].view(np.uint32)
-    e = workspace[e_off: fx_off].view(np.float64)
-    fx = workspace[fx_off: st_off].view(np.uint64)
-    state = workspace[st_off: end]
+    """Tokens per bw24chat/sampling.py for R rows in one launch: row r from logits[r] (logits
+    (R, V) float32; (V,): R = 1) with its params image params_dev[r] (uint64, pack_sampling_params;
+    (R, 16) rows of any stride, e.g. a step image's rows; (16,) for R = 1), its ring
+    recent_ids_dev[r] (int32 (R, C) or (C,); C >= repeat_last_n; C = 0: no penalty) and position
+    pos_dev[r] (int32 (R,), keys the Philox draw), into out_token_dev[r] (int32 (R,)).  Row r's
+    token is the one a launch of that row alone draws.  workspace: zero-initialised uint8 device
+    buffer of at least sample_workspace_bytes(V, R), used by one launch at a time."""
+    R = 1 if logits.ndim == 1 else int(logits.shape[0])
+    V = int(logits.shape[-1])
+    slots = sample_slots(V, R)
+    slot_bytes = _sample_layout(V)[3]
+    if workspace.size < slots * slot_bytes:
+        raise ValueError(f"sampler workspace of {workspace.size} bytes, {slots * slot_bytes} needed for {R} rows")
+    for name, a in (("out_token_dev", out_token_dev), ("pos_dev", pos_dev)):
+        if a.size < R or a.strides[0] != 4:
+            raise ValueError(f"sample: {name} needs {R} contiguous int32")
     G = sample_grid(V)
     per = -(-V // G)
     smem = _SAMPLE_SHARED + 16 + ((per + 31) // 32) * 4
     kern = get_kernel("sampling", "sample")
-    ring_cap = int(recent_ids_dev.size)
+    ring_cap = int(recent_ids_dev.shape[-1])
     ring = recent_ids_dev if ring_cap else out_token_dev
-    _launch(kern, (G,), (SAMPLE_NT,),
-            (logits, _i32(V), params_dev, pos_dev, ring, _i32(ring_cap), keys, e, fx, state, out_token_dev), smem=smem)
+    l_stride = logits.strides[0] // 4 if logits.ndim == 2 else 0
+    p_stride = params_dev.strides[0] // 8 if params_dev.ndim == 2 else 0
+    r_stride = recent_ids_dev.strides[0] // 4 if ring_cap and recent_ids_dev.ndim == 2 else 0
+    _launch(kern, (G, slots), (SAMPLE_NT,),
+            (logits, _i32(V), np.int64(l_stride), _i32(R), params_dev, _i32(p_stride), pos_dev, ring, _i32(r_stride),
+             _i32(ring_cap), workspace, np.int64(slot_bytes), out_token_dev), smem=smem)
 
 
 def argmax(x, out_token_dev) -> None:

@@ -85,6 +85,22 @@ def write_sampling_rows(rows: np.ndarray, tokens, params: SamplingParams, seed: 
         row[words:words + len(ring)] = ring
 
 
+def sampler_rows(img, m: int, row_bytes: int) -> tuple:
+    """The sampler's view of m rows of a step image (``img``: uint8 device bytes from the first
+    row's block on, blocks ``row_bytes`` apart, each opening with its params image and ring):
+    (params (m, SAMPLE_PARAM_WORDS) uint64, rings (m, RING) int32), rows strided."""
+    b = img[:m * row_bytes]
+    return (b.view(np.uint64).reshape(m, row_bytes // 8)[:, :ops.SAMPLE_PARAM_WORDS],
+            b.view(np.int32).reshape(m, row_bytes // 4)[:, _ROW_PARAMS // 4:_ROW_PARAMS // 4 + RING])
+
+
+def sample_step_rows(r, m: int) -> None:
+    """The sampler of a decode step of m rows of runner ``r`` (CudaRunner, or plan.PlanRunner):
+    one launch over its step image's rows, each row's logits, params, ring and position."""
+    params, rings = sampler_rows(r.d_io[_HDR_BYTES:], m, _ROW_BYTES)
+    ops.sample(r.d_logits[:m], params, r.d_next[:m], rings, r.d_len[:m], r.sample_ws)
+
+
 class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
@@ -151,7 +167,7 @@ class CudaRunner:
         self._bufs: dict = {}
         self.d_logits = cp.zeros((MAX_ROWS, a.vocab_size), cp.float32)
         self.attn_ws = cp.zeros(ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS), cp.uint8)
-        self.sample_ws = cp.zeros(ops.sample_workspace_bytes(a.vocab_size), cp.uint8)
+        self.sample_ws = cp.zeros(ops.sample_workspace_bytes(a.vocab_size, MAX_ROWS), cp.uint8)
         self.p_ids, self.p_pos = cp.zeros(prefill_chunk, cp.int32), cp.zeros(prefill_chunk, cp.int32)
         self.h_io = cp.cuda.alloc_pinned_memory(_IO_BYTES)
         self.h_i32 = np.frombuffer(self.h_io, np.int32, _IO_BYTES // 4)
@@ -276,10 +292,7 @@ class CudaRunner:
                        self.stream.ptr)
 
     def _sample_rows(self, m: int):
-        for i in range(m):
-            row = self.d_io[_HDR_BYTES + i * _ROW_BYTES:_HDR_BYTES + (i + 1) * _ROW_BYTES]
-            ops.sample(self.d_logits[i], row[:_ROW_PARAMS].view(self.cp.uint64), self.d_next[i:i + 1],
-                       row[_ROW_PARAMS:].view(self.cp.int32), self.d_len[i:i + 1], self.sample_ws)
+        sample_step_rows(self, m)
 
     def plan(self, m: int = 1) -> list:
         """The launches of a decode step of m rows, in order: the model's forward on CudaOps and

@@ -310,6 +310,7 @@ class PlanRunner:
                  prefill_chunk: int = 512):
         from . import cuda_ops as ops
         from .cuda_deltanet import state_shapes
+        from .cuda_runner import _IO_BYTES
         from .runner import MAX_ROWS
 
         self.args, self.kv_type, self.n_ctx = args, kv_type, n_ctx
@@ -326,8 +327,9 @@ class PlanRunner:
             {k: SymArray(k, s, np.float32) for k, s in state_shapes(spec, self.model.n_state_layers).items()}
         self.d_logits = SymArray("logits", (MAX_ROWS, args.vocab_size), np.float32)
         self.attn_ws = SymArray("attn_ws", (ops.attn_decode_workspace_bytes(H, K, hd, MAX_ROWS),), np.uint8)
-        self.sample_ws = SymArray("sample_ws", (ops.sample_workspace_bytes(args.vocab_size),), np.uint8)
-        io = SymArray("io", (4 * MAX_ROWS,), np.int32)
+        self.sample_ws = SymArray("sample_ws", (ops.sample_workspace_bytes(args.vocab_size, MAX_ROWS),), np.uint8)
+        self.d_io = SymArray("io", (_IO_BYTES,), np.uint8)  # the step image (cuda_runner)
+        io = self.d_io.view(np.int32)
         self.d_tokens, self.d_pos, self.d_len, self.d_next = (io[i * MAX_ROWS:(i + 1) * MAX_ROWS] for i in range(4))
         self.prefill_chunk, self.max_rows = prefill_chunk, MAX_ROWS
         self.p_ids, self.p_pos = (SymArray(n, (prefill_chunk,), np.int32) for n in ("p_ids", "p_pos"))
@@ -366,17 +368,15 @@ def decode_plan(config: dict, formats: dict, props: GpuProps, m: int = 1, kv_typ
     ``config`` (HF-style) whose matrices are in ``formats`` (role -> format, "default" for the
     rest), on a GPU of ``props``."""
     from ..models import get_family
-    from . import cuda_ops as ops
     from .cuda_opset import CudaOps
+    from .cuda_runner import sample_step_rows
 
     fam = get_family(config["model_type"])
     args = fam.ModelArgs.from_dict(config)
     with planning(props) as planner:
         r = PlanRunner(args, fam.Model, _tensors(config, formats, fam.Model, args), kv_type, n_ctx, activations)
         r.model.forward(CudaOps(r, m, decode=True), r.d_tokens[:m])
-        for i in range(m):
-            ops.sample(r.d_logits[i], SymArray("params", (16,), np.uint64), r.d_next[i:i + 1],
-                       SymArray("ring", (256,), np.int32), r.d_len[i:i + 1], r.sample_ws)
+        sample_step_rows(r, m)
     return planner.launches
 
 
