@@ -2,7 +2,7 @@
 (backends/plan.batch_plan), each group of at most 8 rows launches exactly the kernels of the solo
 m-row decode step (backends/plan.decode_plan) -- the same builds, grids, blocks and shared memory,
 so each row runs the one-row step's arithmetic -- with the attention kernels reading the paged
-pool (KV_PAGE) and the sampler once per row."""
+pool (KV_PAGE), and one sampler launch over the pass's rows."""
 from collections import Counter
 
 import pytest
@@ -28,8 +28,15 @@ def test_each_group_launches_the_solo_steps_kernels(shape, fmt, kv, rows):
     got = batch_plan(cfg, {"default": fmt}, GPUS["H100"], rows, kv)
     want = Counter()
     for g0 in range(0, rows, 8):
-        want += _keys(decode_plan(cfg, {"default": fmt}, GPUS["H100"], min(8, rows - g0), kv))
-    assert _keys(got) == want
+        want += _keys(L for L in decode_plan(cfg, {"default": fmt}, GPUS["H100"], min(8, rows - g0), kv)
+                      if L.name != "sample")
+    samplers = [L for L in got if L.name == "sample"]
+    assert _keys(L for L in got if L.name != "sample") == want
+    # one sampler launch over the pass's rows, each row on the one-row step's blocks
+    one = decode_plan(cfg, {"default": fmt}, GPUS["H100"], 1, kv)[-1]
+    n_sm = GPUS["H100"].sm_count
+    assert len(samplers) == 1 and samplers[0].args[3] == str(rows)
+    assert samplers[0].grid == (one.grid[0], min(rows, n_sm // one.grid[0])) and samplers[0].smem == one.smem
     attn = [L for L in got if L.family.startswith("attention")]
     assert attn and all(("KV_PAGE", 64) in L.defines for L in attn)
     rope = [L for L in got if L.family == "rope"]
@@ -37,4 +44,6 @@ def test_each_group_launches_the_solo_steps_kernels(shape, fmt, kv, rows):
 
 
 def test_buckets():
-    assert [bucket(n) for n in (1, 5, 8, 9, 16, 17, 63, 64)] == [1, 5, 8, 16, 16, 24, 64, 64]
+    """Exact up to 16 rows (a K = 8 verify's 9 rows pay for no padding), then multiples of 8."""
+    assert [bucket(n) for n in (1, 5, 8, 9, 15, 16, 17, 24, 25, 63, 64)] == [1, 5, 8, 9, 15, 16, 24, 24, 32, 64, 64]
+    assert len({bucket(n) for n in range(1, 65)}) == 22
