@@ -312,12 +312,14 @@ def check_sampling(cp, rng) -> list[tuple]:
     from .backends import cuda_ops as ops
     from .sampling import sample_token
 
-    V = 151936
+    V, n = 151936, 40
     same = total = 0
     ws = cp.zeros(ops.sample_workspace_bytes(V), cp.uint8)
     tok = cp.zeros(1, cp.int32)
     ring = cp.zeros(256, cp.int32)
-    for i in range(40):
+    rows = [cp.zeros((n, V), cp.float32), cp.zeros((n, 16), cp.uint64), cp.zeros((n, 256), cp.int32), np.zeros(n, np.int32)]
+    singles = []
+    for i in range(n):
         logits = (rng.standard_normal(V) * rng.uniform(0.5, 4)).astype(np.float32)
         p = SamplingParams(temperature=float(rng.choice([0.0, 0.7, 1.0, 1.3])), top_k=int(rng.choice([0, 1, 40])),
                            top_p=float(rng.choice([1.0, 0.9, 0.5])), min_p=float(rng.choice([0.0, 0.05])),
@@ -326,10 +328,17 @@ def check_sampling(cp, rng) -> list[tuple]:
         hist = [int(h) for h in rng.integers(0, V, 64)]
         ring[:64] = cp.asarray(np.asarray(hist, np.int32))
         params = cp.asarray(ops.pack_sampling_params(p, seed, 64 if p.repeat_penalty != 1.0 else 0))
+        rows[0][i], rows[1][i], rows[2][i], rows[3][i] = cp.asarray(logits), params, ring, pos
         ops.sample(cp.asarray(logits), params, tok, ring, cp.asarray(np.array([pos], np.int32)), ws)
-        same += int(int(tok.get()[0]) == sample_token(logits, p, seed, pos, hist))
+        singles.append(int(tok.get()[0]))
+        same += int(singles[-1] == sample_token(logits, p, seed, pos, hist))
         total += 1
-    return [("device sampler = NumPy sampler", f"{same}/{total} equal", "all", same == total)]
+    # the same rows in one launch (a verify's or a batched pass's rows): each row's token as alone
+    out = cp.full(n, -1, cp.int32)
+    ops.sample(rows[0], rows[1], out, rows[2], cp.asarray(rows[3]), cp.zeros(ops.sample_workspace_bytes(V, n), cp.uint8))
+    rows_same = int((out.get() == np.asarray(singles)).sum())
+    return [("device sampler = NumPy sampler", f"{same}/{total} equal", "all", same == total),
+            (f"device sampler: {n} rows in one launch = one-row launches", f"{rows_same}/{n} equal", "all", rows_same == n)]
 
 
 def check_deltanet(cp, rng) -> list[tuple]:

@@ -100,10 +100,10 @@ def test_a_steps_rows_are_each_rows_image(batch):
 
 
 def test_padding_rows_stay_padding(batch):
-    """9 rows (a K = 8 verify: bucket 16), then 12 over the same image rows, then 9 again: rows
-    9..11 must be padding again; the bucket's other rows stay padding."""
+    """17 rows (bucket 24), then 20 over the same image rows, then 17 again: rows 17..19 must be
+    padding again; the bucket's other rows stay padding."""
     rng = np.random.default_rng(2)
-    for n in (9, 12, 9, 3, 9):
+    for n in (17, 20, 17, 3, 17):
         w = SeqWork(np.arange(n) + 40, 100 + n, _table(rng, 3), False, GREEDY, n, sample_all=True)
         assert batch.step([w]) == [[1000 + 100 + n + i for i in range(n)]]
         rows, image = batch.images[-1]

@@ -317,7 +317,7 @@ class BatchStep:
 
     def _pad(self, lo: int, hi: int) -> None:
         """Image rows lo..hi-1 = padding rows (position 0 of the scratch block, greedy), written only
-        if a real row was in one of them since they last were (a K = 8 verify pads 9 rows to 16)."""
+        if a real row was in one of them since they last were (a pass of 17 rows pads to 24)."""
         a, b = self._pads
         if lo >= hi or a <= lo and hi <= b:
             return

@@ -1,5 +1,6 @@
 """sampling.cu against bw24chat/sampling.py: raw Philox outputs, argmax, and the same token as
-sample_token over many random logits / params / seeds / positions / histories."""
+sample_token over many random logits / params / seeds / positions / histories, one row per
+launch and many rows in one launch."""
 import numpy as np
 import pytest
 
@@ -98,3 +99,59 @@ def test_sample_pushes_to_ring(cp, rng):
     assert tok == sample_token(logits, p, 99, 7, hist)
     assert int(params.get()[8]) == len(hist) + 1
     assert int(ring.get()[len(hist) % cap]) == tok
+
+
+@pytest.mark.parametrize("R", [1, 2, 3, 8, 9, 32])
+@pytest.mark.parametrize("V", [1000, 49152, 151936])
+def test_rows_in_one_launch_equal_one_row_launches(cp, rng, V, R):
+    """R rows in one launch (rows strided in a step image as the decode step and the batched pass
+    lay them out: cuda_runner.sampler_rows), each with its own params, seed, position, ring and
+    push flag: every row's token equals a launch of that row alone and sample_token, every pushing
+    row's ring and fill advance; three rounds over the same workspace (its states left zeroed,
+    a slot's rows alternating between its two)."""
+    from bw24chat.backends.cuda_runner import _ROW_BYTES, RING, sampler_rows
+
+    img = cp.zeros(R * _ROW_BYTES, cp.uint8)
+    params, rings = sampler_rows(img, R, _ROW_BYTES)
+    ws = cp.zeros(ops.sample_workspace_bytes(V, R), cp.uint8)
+    ws1 = cp.zeros(ops.sample_workspace_bytes(V), cp.uint8)
+    out, out1 = cp.full(R, -1, cp.int32), cp.full(1, -1, cp.int32)
+    for _ in range(3):
+        logits = np.stack([_logits(rng, V) for _ in range(R)])
+        cases = []
+        for r in range(R):
+            p = _random_params(rng)
+            hist = rng.integers(0, V, int(rng.integers(0, 300))).tolist()
+            if hist and r % 3 == 0:
+                hist[-5:] = [int(np.argmax(logits[r]))] * min(5, len(hist))  # penalize the top token
+            ring_host = np.full(RING, -1, np.int32)
+            for n, t in enumerate(hist):
+                ring_host[n % RING] = t
+            seed, push = int(rng.integers(0, 2**63)), bool(rng.integers(0, 2))
+            cases.append((p, seed, int(rng.integers(0, 2**31 - 1)), hist, ring_host, push))
+            params[r] = cp.asarray(ops.pack_sampling_params(p, seed, hist_len=len(hist), push=push))
+            rings[r] = cp.asarray(ring_host)
+        pos = np.array([c[2] for c in cases], np.int32)
+        d_logits = cp.asarray(logits)
+        # each row alone first (its own params / ring copies: a push rewrites them)
+        alone = []
+        for r, (p, seed, position, hist, ring_host, push) in enumerate(cases):
+            pr = params[r].copy()
+            ops.sample(d_logits[r], pr, out1, cp.asarray(ring_host), cp.asarray(pos[r:r + 1]), ws1)
+            alone.append(int(out1.get()[0]))
+        out.fill(-1)
+        ops.sample(d_logits, params, out, rings, cp.asarray(pos), ws)
+        got = out.get().tolist()
+        want = [sample_token(logits[r], c[0], c[1], c[2], c[3]) for r, c in enumerate(cases)]
+        assert got == alone, [(r, g, a) for r, (g, a) in enumerate(zip(got, alone)) if g != a][:5]
+        assert got == want, [(r, g, w) for r, (g, w) in enumerate(zip(got, want)) if g != w][:5]
+        fills, ring_now = params[:, 8].get(), rings.get()
+        for r, (p, seed, position, hist, ring_host, push) in enumerate(cases):
+            assert int(fills[r]) == len(hist) + push
+            expect = ring_host.copy()
+            if push:
+                expect[len(hist) % RING] = got[r]
+            assert np.array_equal(ring_now[r], expect)
+    _, _, st_off, slot = ops._sample_layout(V)
+    states = ws.get().reshape(-1, slot)[:, st_off:]
+    assert not states.any()  # every launch leaves its slots' states zeroed
