@@ -412,7 +412,7 @@ class DraftTrainer:
 
         from .loaders.draft_head import trunk_sha256, write_head
 
-        cfg, t_start = self.cfg, time.perf_counter()
+        cfg = self.cfg
         on_gpu = self.tb.device.type == "cuda"
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()

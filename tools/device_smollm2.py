@@ -7,7 +7,6 @@ for every KV cache type.
 import sys
 import time
 
-import numpy as np
 
 
 def greedy(runner, tok, prompt_ids, n=64):

@@ -321,7 +321,7 @@ class BatchStep:
         a, b = self._pads
         if lo >= hi or a <= lo and hi <= b:
             return
-        h, n = self.h_i32, hi - lo
+        h = self.h_i32
         for off in (_TOK, _POS):
             h[off // 4 + lo:off // 4 + hi] = 0
         h[_LEN // 4 + lo:_LEN // 4 + hi] = 1

@@ -8,7 +8,6 @@ passed as a null 64-bit value.  Contracts: kernels/matvec.cu, matvec_tc.cu, gemm
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import numpy as np

@@ -175,7 +175,7 @@ def _open_shards(model_dir: Path) -> dict[str, SafetensorsFile]:
         files = {f: SafetensorsFile(model_dir / f) for f in sorted(set(weight_map.values()))}
         for name, f in weight_map.items():
             if name not in files[f].header:
-                raise ModelFileError(model_dir / f, f"the index says it is here, but it is not", f"tensor {name}")
+                raise ModelFileError(model_dir / f, "the index says it is here, but it is not", f"tensor {name}")
         return {name: files[f] for name, f in weight_map.items()}
     from .draft_head import FOLDER_FILE  # a trained draft head kept in the folder, not a weight shard
 
