@@ -422,6 +422,7 @@ BW24_DEVICE void sample_row(const float* __restrict__ logits, int V, unsigned lo
     if (sh.last_block) {
         __threadfence();
         for (int b = tid; b < 3 * NBIN; b += SNT) { (&st->cnt[0][0])[b] = 0; (&st->mass[0][0])[b] = 0; }
+        for (int b = tid; b < MAX_GRID; b += SNT) st->partial[b] = 0.0;
         if (tid == 0) {
             st->first_c = 0; st->last = 0; st->total = 0;
             for (int j = 0; j < 4; ++j) st->found_c[j] = 0;

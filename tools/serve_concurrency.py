@@ -14,13 +14,15 @@ import time
 import httpx
 
 
-def one_stream(url: str, i: int, max_tokens: int, out: list) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": f"Write a long story number {i} about the sea."}],
+def one_stream(url: str, model: str, i: int, max_tokens: int, out: list) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": f"Write a long story number {i} about the sea."}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first = None
     n = 0
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"stream {i}: HTTP {r.status_code}: {r.read().decode()[:300]}")
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 if '"usage":{' in line.replace(" ", ""):
@@ -34,15 +36,17 @@ def one_stream(url: str, i: int, max_tokens: int, out: list) -> None:
     out.append(dict(tokens=n, seconds=time.perf_counter() - t0, ttft=(first or t0) - t0))
 
 
-def run(url: str, streams: int, max_tokens: int) -> dict:
+def run(url: str, model: str, streams: int, max_tokens: int) -> dict:
     res: list = []
-    threads = [threading.Thread(target=one_stream, args=(url, i, max_tokens, res)) for i in range(streams)]
+    threads = [threading.Thread(target=one_stream, args=(url, model, i, max_tokens, res)) for i in range(streams)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if len(res) != streams:
+        raise SystemExit(f"{streams - len(res)} of {streams} streams failed (their errors are above)")
     toks = sum(r["tokens"] for r in res)
     return dict(streams=streams, tokens=toks, wall_s=wall, aggregate_tok_s=toks / wall,
                 median_stream_tok_s=statistics.median(r["tokens"] / r["seconds"] for r in res),
@@ -63,8 +67,9 @@ def main() -> int:
     engine = open_engine(EngineOptions(model=a.model, device=a.device))
     server, thread = start_in_thread(engine)
     try:
-        run(server.url, 1, 8)  # warm-up (kernel compiles, graph capture)
-        rows = [run(server.url, 1, a.max_tokens), run(server.url, a.streams, a.max_tokens)]
+        model = engine.info.model_id
+        run(server.url, model, 1, 8)  # warm-up (kernel compiles, graph capture)
+        rows = [run(server.url, model, 1, a.max_tokens), run(server.url, model, a.streams, a.max_tokens)]
     finally:
         server.should_exit = True
         thread.join()

@@ -84,7 +84,7 @@ def soak_server(engine, minutes: float, clients: int) -> list[dict]:
         rng = random.Random(i)
         with httpx.Client(base_url=server.url, timeout=120) as http:
             while time.monotonic() < end:
-                body = {"model": "m", "messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 100)))}],
+                body = {"model": engine.info.model_id, "messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 100)))}],
                         "max_tokens": rng.randint(1, 128), "seed": rng.randrange(1 << 30)}
                 t0 = time.monotonic()
                 r = http.post("/v1/chat/completions", json=body)
