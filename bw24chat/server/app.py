@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import hmac
 import ipaddress
 import json
@@ -72,7 +73,7 @@ from ..console import load_reporter
 from ..options import EngineOptions, add_engine_args, options_from_args, parser
 from ..sampling_defaults import effective_sampling
 from .metrics import Metrics
-from .protocol import APIError, Limits, ParsedRequest, Responder, check_model, parse_chat, parse_completion
+from .protocol import APIError, Limits, ParsedRequest, Responder, check_model, parse_chat, parse_completion, sse
 
 log = logging.getLogger("bw24chat.server")
 
@@ -177,33 +178,59 @@ async def _read_json(request: Request, limit: int) -> dict:
     return data
 
 
-def _sse(obj: dict | str) -> bytes:
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
-
-
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
+class _Inbox:
+    """Engine events hopped onto the event loop in batches.  The engine thread appends and asks
+    for one wake-up (``call_soon_threadsafe``: a write to the loop's self-pipe) only when none is
+    pending, so a step's events for every stream, or several steps' while the loop is busy, cross
+    in one hop.  ``armed`` is cleared before the queue is drained, so an event appended after the
+    drain finds it clear and arms a new wake-up: none is ever left behind."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.items: collections.deque = collections.deque()
+        self.armed = False
+
+    def put(self, target: "_Generation", i: int, ev) -> None:  # engine thread
+        self.items.append((target, i, ev))
+        if not self.armed:
+            self.armed = True
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop is gone (server shut down): nobody is listening
+                pass
+
+    def _deliver(self) -> None:  # event loop
+        self.armed = False
+        items = self.items
+        touched = set()
+        while items:
+            target, i, ev = items.popleft()
+            target.ready.append((i, ev))
+            touched.add(target)
+        for target in touched:
+            target.wake()
+
+
 class _Generation:
     """A request's submitted choices (one engine request each), whose engine events arrive on the
-    event loop as (choice index, event), each choice's in order."""
+    event loop as (choice index, event), each choice's in order, in batches of those ready."""
 
-    def __init__(self, engine: EngineAPI, requests: list[GenerationRequest], metrics: Metrics):
-        loop = asyncio.get_running_loop()
-        self._events: asyncio.Queue = asyncio.Queue()
+    def __init__(self, engine: EngineAPI, requests: list[GenerationRequest], metrics: Metrics, inbox: _Inbox):
+        self.ready: list = []  # (index, event) arrived, not yet taken
+        self._waiter: asyncio.Future | None = None
         self.n = len(requests)
         self.handles = []
         t0 = time.monotonic()
 
         def on_event(i, ev):  # engine thread
-            metrics.observe(ev, time.monotonic() - t0)
-            try:
-                loop.call_soon_threadsafe(self._events.put_nowait, (i, ev))
-            except RuntimeError:  # the loop is gone (server shut down): nobody is listening
-                pass
+            if not isinstance(ev, TokenEvent):  # tokens are counted from the DoneEvent's usage
+                metrics.observe(ev, time.monotonic() - t0)
+            inbox.put(self, i, ev)
 
         try:
             for i, r in enumerate(requests):
@@ -212,14 +239,25 @@ class _Generation:
             self.cancel()  # the choices already submitted
             raise
 
-    async def events(self):
-        """(index, event) until every choice has its DoneEvent or ErrorEvent."""
+    def wake(self) -> None:  # event loop (_Inbox)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def batches(self):
+        """Lists of (index, event), as they arrive, until every choice has its DoneEvent or
+        ErrorEvent."""
         left = self.n
         while left:
-            i, ev = await self._events.get()
-            yield i, ev
-            if isinstance(ev, (DoneEvent, ErrorEvent)):
-                left -= 1
+            while not self.ready:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            batch, self.ready = self.ready, []
+            left -= sum(1 for _, ev in batch if isinstance(ev, (DoneEvent, ErrorEvent)))
+            yield batch
 
     def cancel(self) -> None:
         for h in self.handles:
@@ -239,6 +277,7 @@ class _Service:
         self.model_name = model_name
         self.fingerprint = f"bw24chat-{__version__}-{engine.info.backend}"
         self.metrics = Metrics()
+        self._inbox: _Inbox | None = None  # made on the serving loop, at the first request
 
     # -- small endpoints
     async def health(self, request: Request) -> Response:
@@ -268,24 +307,31 @@ class _Service:
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, parse_completion)
 
-    async def _check_context(self, parsed: ParsedRequest) -> None:
-        g = parsed.generation
+    def _prompt_tokens(self, g: GenerationRequest) -> int:
+        """The prompt's tokens, its messages rendered first (a worker thread: a long prompt's
+        template and tokenizer stay off the event loop, in one hop)."""
         text = g.prompt
         if text is None:
             try:
-                text = await anyio.to_thread.run_sync(self.engine.render_prompt, g.messages, g.add_generation_prompt)
+                text = self.engine.render_prompt(g.messages, g.add_generation_prompt)
             except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
                 raise APIError(400, f"The messages do not fit the model's chat template: {exc}", "messages",
                                "invalid_value") from None
-        n = await anyio.to_thread.run_sync(self.engine.count_tokens, text)
+        return self.engine.count_tokens(text)
+
+    async def _check_context(self, parsed: ParsedRequest) -> None:
+        n = await anyio.to_thread.run_sync(self._prompt_tokens, parsed.generation)
         n_ctx = self.engine.info.n_ctx
         if n_ctx and n >= n_ctx:
             raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the "
                                 f"{parsed.prompt_param} take {n} tokens.", parsed.prompt_param, "context_length_exceeded")
 
     def _submit(self, parsed: ParsedRequest) -> _Generation:
+        loop = asyncio.get_running_loop()
+        if self._inbox is None or self._inbox.loop is not loop:
+            self._inbox = _Inbox(loop)
         try:
-            return _Generation(self.engine, parsed.choices(), self.metrics)
+            return _Generation(self.engine, parsed.choices(), self.metrics, self._inbox)
         except EngineBusy as exc:
             wait = self.metrics.retry_after_s()
             raise APIError(429, f"The server is busy ({exc}); retry in {wait} s.", code="queue_full",
@@ -321,38 +367,49 @@ class _Service:
         parts = [[] for _ in range(gen.n)]
         lps = [[] for _ in range(gen.n)]
         dones = [None] * gen.n
-        async for i, ev in gen.events():
-            if isinstance(ev, TokenEvent):
-                parts[i].append(ev.text)
-                lps[i].extend(ev.logprobs or [])
-            elif isinstance(ev, DoneEvent):
-                dones[i] = ev
-            elif isinstance(ev, ErrorEvent):
-                gen.cancel()
-                raise APIError(500, f"The generation failed: {ev.message}", code="generation_failed")
+        async for batch in gen.batches():
+            for i, ev in batch:
+                if isinstance(ev, TokenEvent):
+                    parts[i].append(ev.text)
+                    if ev.logprobs:
+                        lps[i].extend(ev.logprobs)
+                elif isinstance(ev, DoneEvent):
+                    dones[i] = ev
+                elif isinstance(ev, ErrorEvent):
+                    gen.cancel()
+                    raise APIError(500, f"The generation failed: {ev.message}", code="generation_failed")
         return responder.body(["".join(p) for p in parts], lps, dones)
 
     @staticmethod
     async def _stream(responder: Responder, gen: _Generation):
         # Starlette cancels this generator when the client disconnects: the finally cancels the
-        # generation (a no-op once it has finished).
+        # generation (a no-op once it has finished).  The events that arrived together go out in
+        # one write: a chunk each, as SSE frames them, but one trip through Starlette, uvicorn
+        # and the socket.
         try:
-            for chunk in responder.opening_chunks():
-                yield _sse(chunk)
-            dones = []
-            async for i, ev in gen.events():
-                if isinstance(ev, TokenEvent):
-                    if ev.text or ev.logprobs:
-                        yield _sse(responder.piece_chunk(ev.text, ev.logprobs, i))
-                elif isinstance(ev, DoneEvent):
-                    dones.append((i, ev))
-                    yield _sse(responder.finish_chunk(ev, i))
-                elif isinstance(ev, ErrorEvent):
-                    yield _sse(APIError(500, f"The generation failed: {ev.message}", code="generation_failed").body())
+            opening = responder.opening_chunks()
+            if opening:  # at once: the client sees the stream open before the first token
+                yield b"".join(sse(chunk) for chunk in opening)
+            out, dones = [], []
+            async for batch in gen.batches():
+                for i, ev in batch:
+                    if isinstance(ev, TokenEvent):
+                        if ev.logprobs:
+                            out.append(sse(responder.piece_chunk(ev.text, ev.logprobs, i)))
+                        elif ev.text:
+                            out.append(responder.piece_sse(ev.text, i))
+                    elif isinstance(ev, DoneEvent):
+                        dones.append((i, ev))
+                        out.append(sse(responder.finish_chunk(ev, i)))
+                    elif isinstance(ev, ErrorEvent):
+                        out.append(sse(APIError(500, f"The generation failed: {ev.message}", code="generation_failed").body()))
+                if out:
+                    yield b"".join(out)
+                    out = []
             if len(dones) == gen.n:
-                for chunk in responder.usage_chunks([d for _, d in sorted(dones, key=lambda x: x[0])]):
-                    yield _sse(chunk)
-            yield _sse("[DONE]")
+                out.extend(sse(chunk) for chunk in responder.usage_chunks([d for _, d in sorted(dones, key=lambda x: x[0])]))
+            out.append(sse("[DONE]"))
+            yield b"".join(out)
         finally:
             gen.cancel()
 
@@ -409,7 +466,10 @@ def create_app(
 # ----------------------------------------------------------------------------- running it
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio sets TCP_NODELAY only on connections whose socket says IPPROTO_TCP
+    # (base_events._set_nodelay), and accepted ones inherit it; with proto 0, Nagle held every
+    # response's body behind the client's delayed ACK of its headers (~40 ms a request)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

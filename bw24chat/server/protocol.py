@@ -23,6 +23,7 @@ the completion tokens of every choice.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 import uuid
@@ -36,6 +37,9 @@ MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_PIECE = "\x00piece\x00"  # stands for a token's text in a chunk's template (JSON-escaped: never in a model id)
 
 # engine finish reasons -> OpenAI's ("context_full" is a length limit to a client)
 FINISH_REASONS = {"stop": "stop", "length": "length", "context_full": "length", "cancelled": "stop"}
@@ -312,6 +316,12 @@ def usage_body(dones: list[DoneEvent]) -> dict:
     return out
 
 
+def sse(obj: dict | str) -> bytes:
+    """One server-sent event: ``data: {json}`` (or ``data: [DONE]``) and the blank line."""
+    data = obj if isinstance(obj, str) else _JSON.encode(obj)
+    return f"data: {data}\n\n".encode()
+
+
 def _token_bytes(s: str) -> list[int]:
     return list(s.encode("utf-8", errors="replace"))
 
@@ -329,6 +339,7 @@ class Responder:
         self.fingerprint = fingerprint
         self.echo_text = parsed.generation.prompt if parsed.echo else ""
         self._offset = [len(self.echo_text)] * parsed.n
+        self._piece_sse: dict[int, list[bytes]] = {}  # choice -> its text chunk's event around the text
 
     # -- logprobs
     def _logprobs(self, lps: list[TokenLogprob] | None, index: int) -> dict | None:
@@ -391,6 +402,16 @@ class Responder:
 
     def piece_chunk(self, text: str, lps: list[TokenLogprob] | None, index: int = 0) -> dict:
         return self.chunk([self._choice(text, self._logprobs(lps, index), None, True, index)])
+
+    def piece_sse(self, text: str, index: int = 0) -> bytes:
+        """``sse(piece_chunk(text, None, index))``, byte for byte, from a template made once per
+        choice: only the text is JSON-escaped per token."""
+        parts = self._piece_sse.get(index)
+        if parts is None:
+            parts = self._piece_sse[index] = sse(self.piece_chunk(_PIECE, None, index)).split(_JSON.encode(_PIECE).encode())
+        if len(parts) != 2:  # the model id holds the placeholder after all
+            return sse(self.piece_chunk(text, None, index))
+        return parts[0] + _JSON.encode(text).encode() + parts[1]
 
     def finish_chunk(self, done: DoneEvent, index: int = 0) -> dict:
         return self.chunk([self._choice(None, None, FINISH_REASONS.get(done.finish_reason, "stop"), True, index)])

@@ -95,3 +95,38 @@ def test_the_speculative_extension(served):
             client.chat.completions.create(**chat, extra_body=body)
         assert err.value.body["param"] == param
     assert len(engine.requests) == n
+
+
+@pytest.mark.parametrize("kind", ["chat", "text"])
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_text_chunks_from_the_template_equal_the_dict_path(kind, include_usage, logprobs):
+    """``piece_sse`` (a template, the text escaped per token) is byte for byte ``sse(piece_chunk)``."""
+    from bw24chat.server.protocol import ParsedRequest, Responder, sse
+    from bw24chat.api import GenerationRequest
+
+    gen = GenerationRequest(prompt="p") if kind == "text" else GenerationRequest(messages=[{"role": "user", "content": "x"}])
+    parsed = ParsedRequest(kind, gen, stream=True, include_usage=include_usage, logprobs=logprobs, n=3)
+    r = Responder(parsed, 'my "model"\\ é', "fp")
+    texts = ["", " hello", 'quote " backslash \\ slash /', "new\nline\ttab\r", "\x00\x1f\x7f", "é — 漢字 🙂",
+             "\u2028\u2029", "\ud7ff\ue000", "</script>"]
+    for i in range(3):
+        for t in texts:
+            assert r.piece_sse(t, i) == sse(r.piece_chunk(t, None, i))
+
+
+def test_kept_alive_connections_answer_without_delay(served):
+    """Responses go out at once (TCP_NODELAY on accepted connections: with Nagle, a response's
+    body waited for the client's delayed ACK of its headers, ~40 ms a request)."""
+    import statistics
+    import time
+
+    _, url = served
+    with httpx.Client(base_url=url) as http:
+        http.get("/health")
+        times = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            assert http.get("/health").status_code == 200
+            times.append(time.perf_counter() - t0)
+    assert statistics.median(times) < 0.02
