@@ -225,14 +225,16 @@ class Scheduler:
                  [s for s in order if not s.interactive and s.opened and s.decoding],
                  [s for s in order if not s.interactive and not (s.opened and s.decoding)])
         plan: list[tuple[Sequence, SeqWork]] = []
+        planned: set[int] = set()  # id() of the sequences in plan
         budget = self.step_tokens if any(s.opened and s.decoding for s in self.seqs) else self.prefill_tokens
         tokens = 0.0  # the tokens the planned rows are expected to give
         for seq in (s for tier in tiers for s in tier):
             if len(plan) == self.max_batch or budget == 0:
                 break
-            w = self._work(seq, budget, {id(s) for s, _ in plan}, tokens)
+            w = self._work(seq, budget, planned, tokens)
             if w is not None:
                 plan.append((seq, w))
+                planned.add(id(seq))
                 budget -= len(w.ids)
                 tokens += seq.draft_len.expected(len(seq.drafts)) if seq.drafts else w.params is not None
         return plan
