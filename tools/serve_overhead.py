@@ -60,8 +60,6 @@ class InstantRunner:
         self.block_size = 16
         self.step_s = step_s
         self._rows = 1
-        self.args = None
-        self.mtp = None
 
     def kv_block_bytes(self) -> int:
         return self.block_size * 2 * 30 * 3 * 64 * 2  # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16
