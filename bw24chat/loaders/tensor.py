@@ -69,6 +69,23 @@ class QTensor:
             return QTensor(name, "F32", tuple(w.shape), w)
         return QTensor(name, self.fmt, (len(rows), *self.shape[1:]), self.raw[rows], self.global_scale)
 
+    def take_cols(self, lo: int, hi: int, name: str) -> "QTensor":
+        """Columns lo..hi-1 of a matrix as a tensor named ``name`` (a GPU's share of a
+        row-parallel weight, parallel.py): a view of the same bytes where lo and hi fall on the
+        format's block boundaries, float32 where block scales span columns (FP8); a boundary
+        inside a block is refused (parallel.partition checks it first, naming the tensor)."""
+        if self.scale is not None:
+            w = np.ascontiguousarray(self.dequantize()[:, lo:hi])
+            return QTensor(name, "F32", tuple(w.shape), w)
+        bs, ts = quants.block_info(T[self.fmt])
+        if lo % bs or hi % bs:
+            raise ValueError(f"{self.name}: columns {lo}..{hi} split a {self.fmt} block of {bs} values")
+        size = self.raw.dtype.itemsize
+        a, b = lo // bs * ts, hi // bs * ts  # byte offsets within a row
+        if a % size or b % size:
+            raise ValueError(f"{self.name}: columns {lo}..{hi} are not whole {self.raw.dtype} elements")
+        return QTensor(name, self.fmt, (self.shape[0], hi - lo), self.raw[:, a // size:b // size], self.global_scale)
+
 
 @dataclass
 class ExpertTensor:
