@@ -32,7 +32,8 @@ same bits (one addition, and addition commutes).
 
 A dimension that must be shared equally (heads, KV heads, FFN width, DeltaNet key heads) and
 does not divide is refused, naming it (PartitionError); vocabulary and expert ranges may be
-uneven (the last GPU's shorter), as nothing is summed across them.
+uneven (the last GPU's shorter), as nothing is summed across them.  One GPU's plan is the same
+rules with one piece each (what the reference runs to show it is the unsplit pass, bit for bit).
 
 Shape legend: D width, H query heads, K KV heads, hd head dim, F FFN width, V vocabulary,
 E routed experts, Hk / Hv DeltaNet key / value heads, N GPUs (the world).
@@ -289,9 +290,7 @@ def partition(model_cls, args, world: int, formats: dict[str, str] | None = None
     for name, (shape, _) in shapes.items():
         role = name.split(".", 2)[-1] if name.startswith("blk.") else name
         role = role.removeprefix("nextn.")
-        if N == 1:
-            kind, ranges = REPLICATE, ()
-        elif role in ("tok_embd", "output", "embed_tokens", "shared_head_head"):
+        if role in ("tok_embd", "output", "embed_tokens", "shared_head_head"):
             kind, ranges = VOCAB, tuple(_uneven(shape[0], N))
         elif role in ("attn_q", "attn_q_bias"):
             kind, ranges = ROWS, attn_rows("q", shape[0] // H)
@@ -315,6 +314,8 @@ def partition(model_cls, args, world: int, formats: dict[str, str] | None = None
         elif role in ("ffn_down", "ffn_down_shexp"):
             kind, ranges = COLS, tuple(_even(shape[1], N))
         elif role in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            if shape[0] < N:
+                raise PartitionError(f"--gpus {N}: num_experts = {shape[0]} is fewer than the GPUs (each holds whole experts)")
             kind, ranges = EXPERTS, tuple(_uneven(shape[0], N))
         else:  # norms, the router and its selection bias, the shared expert's gate, ssm_norm, eh_proj
             kind, ranges = REPLICATE, ()
