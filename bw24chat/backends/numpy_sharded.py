@@ -97,13 +97,15 @@ class ShardedState:
 
 
 class ShardedBackend(Loader):
-    """Loads each weight as the plan splits it (by its canonical name) onto N NumPy backends."""
+    """Loads each weight as the plan splits it (by its canonical name) onto N NumPy backends, or
+    onto the given per-GPU loaders ``ranks`` (the ops below then need NumPy ones: a GPU test
+    uploads each GPU's pieces through CudaLoader to weigh them)."""
 
     name = "numpy-sharded"
 
-    def __init__(self, plan: PartitionPlan, act_quant: bool = False, act_bf16: bool = False):
+    def __init__(self, plan: PartitionPlan, act_quant: bool = False, act_bf16: bool = False, ranks: list | None = None):
         self.plan, self.world = plan, plan.world
-        self.ranks = [NumpyBackend(act_quant, act_bf16) for _ in range(plan.world)]
+        self.ranks = ranks or [NumpyBackend(act_quant, act_bf16) for _ in range(plan.world)]
         self.device_name = f"CPU (NumPy, {plan.world} shards)"
 
     def _kind(self, tensors: list) -> str:
@@ -117,10 +119,10 @@ class ShardedBackend(Loader):
         return t.take_cols(s.ranges[r], t.name) if s.kind == COLS else t.take_rows(s.indices(r), t.name)
 
     def _load(self, tensors: list, load) -> ShardedWeight:
-        """``load(rank backend, its tensors)`` on every GPU (once for a replicated weight)."""
+        """``load(rank backend, its tensors)`` on every GPU (a replicated weight whole on each)."""
         kind = self._kind(tensors)
         if kind == REPLICATE:
-            return ShardedWeight(kind, [load(self.ranks[0], tensors)] * self.world, [0] * self.world)
+            return ShardedWeight(kind, [load(b, tensors) for b in self.ranks], [0] * self.world)
         s = self.plan.splits[tensors[0].name]
         return ShardedWeight(kind, [load(b, [self._piece(t, r) for t in tensors]) for r, b in enumerate(self.ranks)],
                              [rr[0][0] for rr in s.ranges])
