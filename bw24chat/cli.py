@@ -60,6 +60,9 @@ def _dispatch(argv: list[str]) -> int:
 
     a = build_parser().parse_args(argv)
     options = options_from_args(a)
+    from .backends import check_gpus
+
+    check_gpus(options.gpus, options.device)  # before the TUI opens: a --gpus the host lacks is exit code 2
     if a.headless or a.multi_turn or a.json:
         from .console import load_reporter
         from .engine import open_engine

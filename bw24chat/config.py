@@ -85,6 +85,7 @@ def with_cli_overrides(config: Config, cli: EngineOptions) -> Config:
     merged.options.sampling_set = config.options.sampling_set | cli.sampling_set
     merged.options.sampling.stop = list(cli.sampling.stop)
     merged.options.quantize = cli.quantize
+    merged.options.gpus = cli.gpus
     merged.options.draft_head = cli.draft_head
     merged.options.max_queue = cli.max_queue
     return merged

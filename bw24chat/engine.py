@@ -10,7 +10,7 @@ import traceback
 from typing import Callable
 
 from .api import DoneEvent, ErrorEvent, LoadProgress, ModelInfo, RequestHandle, StatsEvent, TokenEvent, Usage
-from .backends import pick_device
+from .backends import check_gpus, pick_device
 from .console import download_reporter
 from .chat_template import ChatFormatter, ChatTemplateError
 from .backends.runner import max_batch
@@ -20,7 +20,7 @@ from .loaders import load_checkpoint
 from .model_store import model_aliases, resolve_model
 from .sampling_defaults import model_sampling
 from .kv_pages import min_pool_blocks, pool_blocks
-from .options import EngineOptions, batching
+from .options import EngineOptions, OptionError, batching
 from .scheduler import DEFAULT_STEP_TOKENS, Scheduler, Sequence
 from .speculative import make_drafter
 
@@ -280,6 +280,7 @@ def out_of_memory(exc: BaseException) -> bool:
 def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None] | None = None) -> Engine:
     """Resolve, load and start.  Blocking; call from a worker thread in UIs."""
     report = progress or (lambda p: None)
+    check_gpus(options.gpus, options.device)
     path = resolve_model(options.model, download_reporter(report))
     report(LoadProgress("reading", 0.0, str(path)))
     t0 = time.perf_counter()
@@ -289,6 +290,13 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         from .quantize import requantize_checkpoint
 
         requantize_checkpoint(ckpt, options.quantize, lambda f: report(LoadProgress("quantizing", f, options.quantize)))
+    if len(options.gpus) > 1:  # the plan refuses a model that does not split, naming the dimension
+        from .parallel import plan_for
+
+        per = plan_for(ckpt, len(options.gpus)).weight_bytes(ckpt.tensors)
+        raise OptionError(f"--gpus {','.join(map(str, options.gpus))}: {ckpt.name} splits into {max(per) / 2**30:.2f} "
+                          "GiB of weights per GPU, but the engine over several GPUs is not built yet (the plan and its "
+                          "CPU reference are: docs/engine.md, Several GPUs)")
     device, note = pick_device(options.device)
     from .backends.expert_tiers import GiB, tiers_for
     from .model_catalog import gpu_memory

@@ -64,10 +64,28 @@ def comma_ints(text: str) -> list[int]:
     return items
 
 
+def gpu_ids(text: str) -> tuple[int, ...]:
+    """An argparse type for --gpus: a count N (devices 0..N-1) or distinct device ids separated by
+    commas (0,1)."""
+    try:
+        if "," in text:
+            ids = tuple(int(s) for s in text.split(",") if s.strip())
+            ok = bool(ids) and min(ids) >= 0 and len(set(ids)) == len(ids)
+        else:
+            ids = tuple(range(int(text)))
+            ok = bool(ids)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a GPU count (2) or distinct device ids separated by commas (0,1)")
+    return ids
+
+
 @dataclass
 class EngineOptions:
     model: str | None = None  # GGUF path, HF directory, HF repo id in the local cache, or "default"
     device: str = "auto"  # auto | cpu | cuda
+    gpus: tuple[int, ...] = ()  # CUDA devices one model is split over (parallel.py); (): the one default GPU
     n_ctx: int = 0  # 0: the model's own maximum (capped by memory on the device)
     kv_cache: str = "bf16"  # bf16 | q8_0 | fp8 | f32   (CUDA backend)
     activations: str = "f32"  # f32 | bf16: matmul inputs exact, or rounded to bf16 (CUDA backend)
@@ -96,6 +114,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     add_model_arg(g, help=MODEL_HELP + " (default: none: the app opens its model manager; --headless and serve use 'default')")
     add_device_arg(g)
+    g.add_argument("--gpus", type=gpu_ids, default=(), metavar="N|IDS",
+                   help="split the model over N GPUs of this host, or the devices listed (0,1): attention heads, MLP "
+                        "units, experts and vocabulary divided among them (default: one GPU; 1 is the same)")
     g.add_argument("--ctx", dest="n_ctx", type=int, default=0, help="context length in tokens (default: 0, the model's)")
     g.add_argument("--kv-cache", choices=KV_CACHE_TYPES, default="bf16",
                    help="KV cache type on the GPU (f32: exact, 2x the bytes of bf16)")
@@ -202,6 +223,7 @@ def options_from_args(a: argparse.Namespace) -> EngineOptions:
     return EngineOptions(
         model=a.model,
         device=a.device,
+        gpus=a.gpus,
         n_ctx=a.n_ctx,
         kv_cache=a.kv_cache,
         activations=a.activations,

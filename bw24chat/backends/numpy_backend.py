@@ -163,10 +163,12 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
 
 
-def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float, ms: np.ndarray | None = None) -> np.ndarray:
     """x * rsqrt(mean(x^2) + eps) * w over the last axis (Zhang & Sennrich 2019), in x's dtype
-    (float32 in the engine; float64 where a check wants an exact reference)."""
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=x.dtype if x.dtype == np.float64 else np.float32)
+    (float32 in the engine; float64 where a check wants an exact reference); ``ms``: the mean
+    square where it spans more than x (a QK-norm over heads split among GPUs: numpy_sharded.py)."""
+    if ms is None:
+        ms = np.mean(x * x, axis=-1, keepdims=True, dtype=x.dtype if x.dtype == np.float64 else np.float32)
     one, e = (1.0, eps) if x.dtype == np.float64 else (np.float32(1.0), np.float32(eps))
     return (x * (one / np.sqrt(ms + e))) * w
 
@@ -297,6 +299,7 @@ class NumpyExperts:
     down: list  # E x (D, F)
     layer: int = 0  # among the MoE layers: the tiers' index
     tiers: object = None  # expert_tiers.ExpertTiers simulating the CUDA tiers' accounting, or None
+    first: int = 0  # the layer's index of gu[0]: a GPU holds experts first.. (numpy_sharded.py)
 
 
 def top_k_by_index(s: np.ndarray, k: int) -> np.ndarray:
@@ -584,11 +587,15 @@ class NumpyOps(Ops):
                 tiers.route(layer, ids, T)
             else:
                 tiers.lookup(layer, np.unique(ids).tolist(), set(tiers.cache.resident(layer)))
-        y = np.empty((T, k, x.shape[-1]), np.float32)  # y[t, j]: expert ids[t, j] on row t
-        for e in np.unique(ids):  # the rows each selected expert serves, in one product
+        # y[t, j]: expert ids[t, j] on row t; zeros where another GPU holds it (numpy_sharded.py),
+        # which the ranking-order sum below then passes over exactly (acc + w * 0 = acc)
+        y = np.zeros((T, k, x.shape[-1]), np.float32)
+        here = ids[(ids >= experts.first) & (ids < experts.first + len(experts.gu))]
+        for e in np.unique(here):  # the rows each selected expert serves, in one product
             rows, slots = np.nonzero(ids == e)
             pre = self.prefill_rows[rows]
-            y[rows, slots] = self.products(self.swiglu(self.products(x[rows], experts.gu[e], pre)), experts.down[e], pre)
+            i = e - experts.first
+            y[rows, slots] = self.products(self.swiglu(self.products(x[rows], experts.gu[i], pre)), experts.down[i], pre)
         acc = weights[:, 0:1] * y[:, 0]
         for j in range(1, k):  # ranking order; each product rounded before its add (NumPy never fuses)
             acc = acc + weights[:, j:j + 1] * y[:, j]

@@ -69,6 +69,25 @@ class QTensor:
             return QTensor(name, "F32", tuple(w.shape), w)
         return QTensor(name, self.fmt, (len(rows), *self.shape[1:]), self.raw[rows], self.global_scale)
 
+    def take_cols(self, ranges, name: str) -> "QTensor":
+        """The columns of ``ranges`` ((lo, hi), ... in that order) of a matrix as a tensor named
+        ``name`` (a GPU's share of a row-parallel weight, parallel.py): the same bytes where every
+        edge falls on the format's block boundaries, float32 where block scales span columns
+        (FP8); an edge inside a block is refused (parallel.partition checks it first, naming
+        the tensor)."""
+        if self.scale is not None:
+            w = np.concatenate([self.dequantize()[:, lo:hi] for lo, hi in ranges], axis=1)
+            return QTensor(name, "F32", tuple(w.shape), w)
+        bs, ts = quants.block_info(T[self.fmt])
+        size, cols = self.raw.dtype.itemsize, []
+        for lo, hi in ranges:
+            a, b = lo // bs * ts, hi // bs * ts  # byte offsets within a row
+            if lo % bs or hi % bs or a % size or b % size:
+                raise ValueError(f"{self.name}: columns {lo}..{hi} split a {self.fmt} block of {bs} values")
+            cols.append(self.raw[:, a // size:b // size])
+        raw = cols[0] if len(cols) == 1 else np.concatenate(cols, axis=1)
+        return QTensor(name, self.fmt, (self.shape[0], sum(hi - lo for lo, hi in ranges)), raw, self.global_scale)
+
 
 @dataclass
 class ExpertTensor:
