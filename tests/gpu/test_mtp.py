@@ -45,17 +45,21 @@ def _runners(ck, act_quant: bool, graph: bool = True):
     return CudaRunner(ck, 512, "f32", use_graph=graph), numpy_runner(ck, 512, NumpyBackend(act_quant=act_quant))
 
 
-@pytest.mark.parametrize("name", ["tiny/BF16", "tiny/Q8_0", "glm4_moe/BF16"])
-def test_head_equals_the_numpy_head(cp, heads, name):
-    """Catch-up passes of 8 + 8 + 5 rows, then chained rows, on the same inputs both sides."""
-    ck, aq = heads[name]
+def _prefilled(ck, aq, rng):
+    """The CUDA and NumPy runners of a head's checkpoint after the same random 22-token prompt,
+    and NumPy's trunk hidden states over it."""
     cu, ref = _runners(ck, aq)
-    V = ck.config["vocab_size"]
-    rng = np.random.default_rng()
-    prompt = [int(t) for t in rng.integers(0, V, 22)]
+    prompt = [int(t) for t in rng.integers(0, ck.config["vocab_size"], 22)]
     for r in (cu, ref):
         r.prefill(prompt, 0)
-    H = ref.last_hidden()
+    return cu, ref, prompt, ref.last_hidden()
+
+
+@pytest.mark.parametrize("name", ["tiny/BF16", "tiny/Q8_0", "glm4_moe/BF16"])
+def test_head_equals_the_numpy_head(cp, heads, name, rng):
+    """Catch-up passes of 8 + 8 + 5 rows, then chained rows, on the same inputs both sides."""
+    ck, aq = heads[name]
+    cu, ref, prompt, H = _prefilled(ck, aq, rng)
     # the tensor-core prefill against NumPy: under the integer-dot contract (Q8_0) an activation at
     # a rounding boundary takes the neighbouring int8 code on one side (check: ~1.5e-4 rel L2)
     assert cu.last_hidden().shape == H.shape and _rel(cu.last_hidden(), H) < (5e-4 if aq else 1e-4)
@@ -70,14 +74,14 @@ def test_head_equals_the_numpy_head(cp, heads, name):
         got = cu.mtp_forward([t], g[None], len(prompt) - 1 + j, False)
 
 
-def test_head_on_the_prefill_path(cp, heads):
+def test_head_on_the_prefill_path(cp, heads, rng):
     """ops.concat on the prefill path: the head's forward on CudaOps(decode=False) over its own
     cache (tensor-core GEMMs, FlashAttention) = the NumPy head, to the prefill's rounding."""
     from bw24chat.backends.cuda_opset import CudaOps
 
     ck, aq = heads["tiny/BF16"]
     cu, ref = _runners(ck, aq)
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 4096, 40)]
+    prompt = [int(t) for t in rng.integers(0, 4096, 40)]
     ref.prefill(prompt, 0)
     H = ref.last_hidden()
     want = ref.mtp_forward(prompt[1:], H[:-1], 0, True)
@@ -93,11 +97,10 @@ def test_head_on_the_prefill_path(cp, heads):
 
 
 @pytest.mark.parametrize("name", ["tiny/BF16", "glm4_moe/BF16"])
-def test_last_hidden_of_steps(cp, heads, name):
+def test_last_hidden_of_steps(cp, heads, name, rng):
     """last_hidden after a step of 3 and of 9 rows (two passes: the first pass's rows kept)."""
     ck, aq = heads[name]
     cu, ref = _runners(ck, aq)
-    rng = np.random.default_rng()
     prompt = [int(t) for t in rng.integers(0, ck.config["vocab_size"], 30)]
     rows = [int(t) for t in rng.integers(0, ck.config["vocab_size"], 9)]
     for m in (3, 9):
@@ -109,14 +112,13 @@ def test_last_hidden_of_steps(cp, heads, name):
 
 
 @pytest.mark.parametrize("graph", [True, False])
-def test_head_rows_equal_one_row_passes(cp, heads, graph):
+def test_head_rows_equal_one_row_passes(cp, heads, graph, rng):
     """The head over m rows (one or two passes) = m one-row passes, bit for bit: logits, g, and the
     head's cache the passes leave (a further chained row)."""
     ck, _ = heads["tiny/BF16"]
     from bw24chat.backends.cuda_runner import CudaRunner
 
     r = CudaRunner(ck, 512, "bf16", use_graph=graph)
-    rng = np.random.default_rng()
     prompt = [int(t) for t in rng.integers(0, 4096, 20)]
     r.prefill(prompt, 0)
     H = r.last_hidden()
@@ -136,12 +138,11 @@ def _drafts_and_logits(r, ids, H, k, sp, seed, history):
     return drafts, r.cuda_mtp.logits.get(), r.cuda_mtp.g.get()
 
 
-def test_head_graph_equals_eager(cp, heads):
+def test_head_graph_equals_eager(cp, heads, rng):
     """mtp_draft's passes and chains as CUDA graphs = the same launches run eagerly, for every K."""
     from bw24chat.backends.cuda_runner import CudaRunner
 
     ck, _ = heads["tiny/BF16"]
-    rng = np.random.default_rng()
     prompt = [int(t) for t in rng.integers(0, 4096, 13)]
     out = {}
     for graph in (True, False):
@@ -169,7 +170,7 @@ def _host_chain(r, history, H, k, sp, seed=11):
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=0), SAMPLED], ids=["greedy", "sampled"])
-def test_device_chain_equals_the_host_loop(cp, heads, sp):
+def test_device_chain_equals_the_host_loop(cp, heads, sp, rng):
     """The device draft chain (sampler pushing each draft to its ring, chained rows embedding the
     sampled token on the device) = the reference loop on the host: mtp_forward, then
     sampling.sample_token at position p + j after the history and the drafts before it."""
@@ -177,7 +178,6 @@ def test_device_chain_equals_the_host_loop(cp, heads, sp):
 
     ck, _ = heads["tiny/BF16"]
     r = CudaRunner(ck, 512, "bf16")
-    rng = np.random.default_rng()
     prompt = [int(t) for t in rng.integers(0, 4096, 17)]
     r.prefill(prompt, 0)
     H = r.last_hidden()
@@ -219,11 +219,10 @@ def _reduced(ck, n: int, seed: int = 5):
 
 
 @pytest.mark.parametrize("T,n,V", [(1, 1000, 4096), (3, 37, 1001), (2, 8192, 49152)])
-def test_vocab_expand_equals_its_reference(cp, T, n, V):
+def test_vocab_expand_equals_its_reference(cp, T, n, V, rng):
     from bw24chat.backends import cuda_ops
     from bw24chat.backends.numpy_backend import vocab_expand_ref, vocab_map_ref
 
-    rng = np.random.default_rng()
     vmap = vocab_map_ref(np.sort(rng.choice(V, n, replace=False)), V)
     sub = rng.standard_normal((T, n)).astype(np.float32)
     out = cp.full((T, V), 7.0, cp.float32)
@@ -233,19 +232,14 @@ def test_vocab_expand_equals_its_reference(cp, T, n, V):
 
 
 @pytest.mark.parametrize("name", ["tiny/BF16", "tiny/Q8_0"])
-def test_reduced_vocabulary_head_equals_the_numpy_head(cp, heads, name):
+def test_reduced_vocabulary_head_equals_the_numpy_head(cp, heads, name, rng):
     """The head's draft logits over its vocabulary (-inf elsewhere) and g against NumPy's; the
     drafts are the argmax over the gathered rows, mapped back to token ids."""
     ck, aq = heads[name]
     ck, ids = _reduced(ck, 1000)
-    cu, ref = _runners(ck, aq)
+    cu, ref, prompt, H = _prefilled(ck, aq, rng)
     assert cu.mtp.vocab_map is not None
     V = ck.config["vocab_size"]
-    rng = np.random.default_rng()
-    prompt = [int(t) for t in rng.integers(0, V, 22)]
-    for r in (cu, ref):
-        r.prefill(prompt, 0)
-    H = ref.last_hidden()
     want = ref.mtp_forward(prompt[1:], H[:-1], 0, True)
     got = cu.mtp_forward(prompt[1:], H[:-1], 0, True)
     tol = 5e-4 if aq else 1e-4
@@ -261,13 +255,12 @@ def test_reduced_vocabulary_head_equals_the_numpy_head(cp, heads, name):
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=0), SAMPLED], ids=["greedy", "sampled"])
-def test_reduced_vocabulary_chain_equals_the_host_loop(cp, heads, sp):
+def test_reduced_vocabulary_chain_equals_the_host_loop(cp, heads, sp, rng):
     """As test_device_chain_equals_the_host_loop, the sampler drawing over the expanded logits."""
     from bw24chat.backends.cuda_runner import CudaRunner
 
     ck, ids = _reduced(heads["tiny/BF16"][0], 600)
     r = CudaRunner(ck, 512, "bf16")
-    rng = np.random.default_rng()
     prompt = [int(t) for t in rng.choice(ids, 17)]  # tokens of the vocabulary: the penalty's ring meets them
     r.prefill(prompt, 0)
     H = r.last_hidden()
