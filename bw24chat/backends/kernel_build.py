@@ -26,9 +26,10 @@ import os
 import re
 import struct
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
 
 from ..paths import kernel_cache_dir
 
@@ -141,12 +142,51 @@ def get_module(family: str, defines: tuple = ()):
     src = load_source(family)
     key = hashlib.sha256(repr((src, _options(arch, dict(defines)), nvrtc_version())).encode()).hexdigest()[:32]
     path = kernel_cache_dir() / f"{family}-{arch}-{key}.cubin"
-    if not path.exists():
+    try:
+        os.utime(path)  # a hit: its mtime is its last use, which prune_kernel_cache keeps by
+    except FileNotFoundError:
         cubin, _ = compile_cubin(family, arch, dict(defines))
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(cubin)
         os.replace(tmp, path)  # atomic: concurrent processes compile the same bytes
+        prune_kernel_cache(path.parent)
     return cupy.RawModule(path=str(path))
+
+
+KERNEL_CACHE_BYTES = 1 << 30  # the cubins kept on disk: every build of two versions and GPUs fits
+
+
+def prune_kernel_cache(directory, limit: int = KERNEL_CACHE_BYTES) -> int:
+    """Keep the kernel cache under ``limit`` bytes: past it, delete the least recently used
+    cubins (get_module touches a cubin at each load) down to 3/4 of it, and temporary files
+    a crashed compile left over an hour ago.  Every new source, option set or NVRTC version
+    compiles new files; without this the cache grows with each update.  Only our own files
+    (FAMILY-ARCH-KEY.cubin) are touched: CuPy keeps its cache in the same folder.  Returns the
+    bytes deleted; files another process deletes first are skipped."""
+    entries, now, freed = [], time.time(), 0
+    for p in Path(directory).iterdir():
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if p.suffix == ".tmp" and now - st.st_mtime > 3600:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        elif _CUBIN_NAME.fullmatch(p.name):
+            entries.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in entries)
+    if total <= limit:
+        return 0
+    for _, size, p in sorted(entries, key=lambda e: e[0]):
+        if total - freed <= limit * 3 // 4:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            freed += size
+    return freed
+
+
+_CUBIN_NAME = re.compile(r"[a-z0-9_]+-sm_\d+a?-[0-9a-f]{32}\.cubin")
 
 
 class LaunchCounter:
