@@ -53,11 +53,13 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
-    """Either ``messages`` (chat, rendered through the model's chat template) or ``prompt``
-    (raw text, tokenized as is, for completions)."""
+    """One of ``messages`` (chat, rendered through the model's chat template), ``prompt`` (raw
+    text, tokenized as is, for completions) or ``prompt_ids`` (token ids as they are: the OpenAI
+    completions' token-array prompt, and load generators that want prompts of an exact length)."""
 
     messages: list[dict] | None = None
     prompt: str | None = None
+    prompt_ids: list[int] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     add_generation_prompt: bool = True
     logprobs: int = 0  # top-N log-probabilities per generated token (0: none)
@@ -69,8 +71,8 @@ class GenerationRequest:
     interactive: bool = False
 
     def __post_init__(self):
-        if (self.messages is None) == (self.prompt is None):
-            raise ValueError("GenerationRequest takes exactly one of messages= or prompt=")
+        if sum(x is not None for x in (self.messages, self.prompt, self.prompt_ids)) != 1:
+            raise ValueError("GenerationRequest takes exactly one of messages=, prompt= or prompt_ids=")
 
 
 # ----------------------------------------------------------------------------- events

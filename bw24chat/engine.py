@@ -3,6 +3,7 @@ on its own thread (see api.py for the client side)."""
 from __future__ import annotations
 
 import gc
+import numbers
 import os
 import sys
 import time
@@ -170,6 +171,15 @@ class Engine(EngineThread):
     def _prompt_ids(self, handle: RequestHandle) -> list[int] | None:
         """The request's prompt ids (None: it ended with an ErrorEvent)."""
         req = handle.request
+        if req.prompt_ids is not None:
+            V = self.runner.vocab_size
+            bad = next((t for t in req.prompt_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < V), None)
+            if bad is not None:
+                handle.emit(ErrorEvent(f"prompt token {bad!r} is not a token id of this model (0 to {V - 1})"))
+                return None
+            if req.echo:
+                handle.emit(TokenEvent(self.tokenizer.decode(req.prompt_ids), []))
+            return [int(t) for t in req.prompt_ids]
         try:
             text = req.prompt if req.prompt is not None else self.render_prompt(req.messages, req.add_generation_prompt)
         except ChatTemplateError as exc:
@@ -297,6 +307,17 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         raise OptionError(f"--gpus {','.join(map(str, options.gpus))}: {ckpt.name} splits into {max(per) / 2**30:.2f} "
                           "GiB of weights per GPU, but the engine over several GPUs is not built yet (the plan and its "
                           "CPU reference are: docs/engine.md, Several GPUs)")
+    engine = engine_for(ckpt, options, report, model_aliases(path, options.model))
+    done = f"{engine.note}; loaded in {time.perf_counter() - t0:.1f}s"
+    report(LoadProgress("ready", 1.0, f"{done}; {engine.load_note}" if engine.load_note else done))
+    return engine
+
+
+def engine_for(ckpt, options: EngineOptions, report: Callable[[LoadProgress], None] = lambda p: None,
+               aliases: tuple = ()) -> Engine:
+    """The engine over a checkpoint already in memory (open_engine's file, or a random-weight
+    shape: synthetic.synthetic_checkpoint for load tests): the backend picked, the experts' tiers
+    decided, the weights uploaded, the engine thread started."""
     device, note = pick_device(options.device)
     from .backends.expert_tiers import GiB, tiers_for
     from .model_catalog import gpu_memory
@@ -320,9 +341,6 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         threadpool_limits(limits=options.threads, user_api="blas")
         runner = numpy_runner(ckpt, options.n_ctx, NumpyBackend(tiers=tiers), progress=lambda f: report(LoadProgress("uploading", f)))
         device_name = "CPU (NumPy)"
-    engine = Engine(ckpt, runner, device, device_name, note, options.max_queue, model_aliases(path, options.model),
-                    spec=options.spec, spec_k=options.spec_k, batch=options.max_batch, kv_pool=options.kv_pool)
-    done = f"{note}; loaded in {time.perf_counter() - t0:.1f}s"
-    report(LoadProgress("ready", 1.0, f"{done}; {engine.load_note}" if engine.load_note else done))
-    return engine
+    return Engine(ckpt, runner, device, device_name, note, options.max_queue, aliases,
+                  spec=options.spec, spec_k=options.spec_k, batch=options.max_batch, kv_pool=options.kv_pool)
 

@@ -99,8 +99,11 @@ class FakeEngine(EngineThread):
         req = handle.request
         self.requests.append(req)
         sp = req.sampling
-        prompt = req.prompt if req.prompt is not None else self.render_prompt(req.messages or [], req.add_generation_prompt)
-        n_prompt = self.count_tokens(prompt)
+        if req.prompt_ids is not None:  # the fake tokenizer's "ids" are its words
+            prompt = " ".join(map(str, req.prompt_ids))
+        else:
+            prompt = req.prompt if req.prompt is not None else self.render_prompt(req.messages or [], req.add_generation_prompt)
+        n_prompt = len(req.prompt_ids) if req.prompt_ids is not None else self.count_tokens(prompt)
         reply = self._reply_for(req)
         pieces = _WORDS.findall(reply)
         delay = self.token_delay * (10 if "[[slow]]" in prompt else 1)

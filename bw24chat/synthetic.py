@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from . import quants
 from .loaders import Checkpoint
@@ -231,7 +231,9 @@ def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, em
                 out[p + "nextn." + k] = ones(D)
     for n, t in (*tensors.items(), *mtp.items()):
         t.name = n
-    tk = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    # a word per id ("t17"), so generated ids come out as text (engine-level load tests stream it)
+    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg["vocab_size"])}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return Checkpoint(path=f"<synthetic {shape} {fmt}>", source="synthetic",
                       name=f"synthetic-{shape}-{fmt.lower()}" + ("-mtp" if n_mtp else ""),
                       config=cfg, tensors=tensors, tokenizer=TokenizerInfo(tk), mtp=mtp)
