@@ -8,7 +8,11 @@ budget of ``step_tokens`` rows and the runner's ``max_batch`` sequences, in this
   2. one decode row of every other sequence past its prompt, oldest first;
   3. prefill chunks of the other sequences still in their prompt, oldest first (Agrawal et al.
      2024, "Sarathi-Serve": chunked prefills ride along with the decode rows).
-The budget keeps a long prompt from stalling the others' decode rows.  A step in which no
+The budget keeps a long prompt from stalling the others' decode rows.  While an interactive
+sequence is decoding, the prefill rows of 3. are cut further, to what keeps the step's expected
+time (StepCosts, the measured time per total rows) within INTERACTIVE_STEP times that of the
+rows of 1. and 2.: the user's reply streams at nearly its solo pace under server load, and new
+prompts wait for cheap room (or for the reply's end).  A step in which no
 sequence has a decode row waiting (one request alone, or all of them still in their prompts) has
 none to protect: its budget is the runner's own prefill chunk (runner.prefill_chunk), the rows a
 solo prefill runs at once, if that is larger.  Decode rows stay within ``step_tokens`` (the
@@ -49,6 +53,9 @@ from .sampling import REPEAT_WINDOW_MAX
 from .speculative import Drafter, DraftLength, SpecCounters, StepCosts
 
 DEFAULT_STEP_TOKENS = 256
+# a step that carries the interactive sequence's decode row may cost this many times the step of
+# its decode rows alone (the TUI's inter-token latency under server load: within 2x of alone)
+INTERACTIVE_STEP = 1.5
 
 
 @dataclass
@@ -228,16 +235,32 @@ class Scheduler:
         planned: set[int] = set()  # id() of the sequences in plan
         budget = self.step_tokens if any(s.opened and s.decoding for s in self.seqs) else self.prefill_tokens
         tokens = 0.0  # the tokens the planned rows are expected to give
-        for seq in (s for tier in tiers for s in tier):
-            if len(plan) == self.max_batch or budget == 0:
-                break
-            w = self._work(seq, budget, planned, tokens)
-            if w is not None:
-                plan.append((seq, w))
-                planned.add(id(seq))
-                budget -= len(w.ids)
-                tokens += seq.draft_len.expected(len(seq.drafts)) if seq.drafts else w.params is not None
+        # while the user's reply streams, others' prompts ride along only as far as the step stays
+        # within INTERACTIVE_STEP of a step without them (its inter-token latency)
+        guard = any(s.interactive and s.opened and s.decoding for s in self.seqs)
+        for t, tier in enumerate(tiers):
+            if t == 2 and guard and tier:
+                rows = sum(len(w.ids) for _, w in plan)
+                budget = min(budget, self._rows_within(rows, INTERACTIVE_STEP) - rows)
+            for seq in tier:
+                if len(plan) == self.max_batch or budget <= 0:
+                    return plan
+                w = self._work(seq, budget, planned, tokens)
+                if w is not None:
+                    plan.append((seq, w))
+                    planned.add(id(seq))
+                    budget -= len(w.ids)
+                    tokens += seq.draft_len.expected(len(seq.drafts)) if seq.drafts else w.params is not None
         return plan
+
+    def _rows_within(self, rows: int, factor: float) -> int:
+        """The most rows (from ``rows`` up to step_tokens) a step may take for its expected time
+        (StepCosts) to stay within ``factor`` times that of ``rows`` rows."""
+        limit = factor * self.costs.time(rows)
+        best, extra = rows, 1
+        while rows + extra <= self.step_tokens and self.costs.time(rows + extra) <= limit:
+            best, extra = rows + extra, extra * 2
+        return best
 
     def _work(self, seq: Sequence, budget: int, planned: set[int], tokens: float) -> SeqWork | None:
         """``seq``'s rows for this step, its blocks reserved (preempting lower-ranked sequences

@@ -127,6 +127,43 @@ def test_interactive_sequence_runs_every_step(ck, tok):
     assert s.out.ids == _solo(ck, tok, prompt, GREEDY)[0]
 
 
+def test_prompts_ride_with_the_interactive_reply_only_as_far_as_its_step_allows(ck, tok):
+    """While the interactive sequence decodes, others' prompt rows join a step only up to what the
+    measured step costs say keeps it within INTERACTIVE_STEP of its decode rows alone: here a step
+    of r rows costs 1 + (r - 1) / 8 (so 5 rows stay within 1.5x of one); without an interactive
+    reply the prompts take the whole budget.  The tokens are the solo runs' either way."""
+    from bw24chat.scheduler import INTERACTIVE_STEP
+
+    sched = Scheduler(numpy_runner(ck, N_CTX), 400, True, step_tokens=32)
+    for r in range(1, 33):  # the cost table as two timings of each row count give it
+        sched.costs.observe(r, 0.0)
+        sched.costs.observe(r, 1.0 + (r - 1) / 8)
+    sched.costs.observe = lambda rows, seconds: None  # and kept: the NumPy steps' own timings stay out
+    prompt = _prompts(1, seed=5)[0]
+    s = Sequence(list(prompt), GREEDY, Output(tok, GREEDY, len(prompt), N_CTX), interactive=True)
+    sched.add(s)
+    while not s.decoding:
+        sched.step()
+    others = [[int(t) for t in np.random.default_rng(i).integers(0, V, 40)] for i in range(2)]
+    seqs = [Sequence(list(p), GREEDY, Output(tok, GREEDY, len(p), N_CTX)) for p in others]
+    for o in seqs:
+        sched.add(o)
+    t = sched.costs.time
+    while s.finish is None:
+        decode = 1 + sum(o.opened and o.decoding for o in seqs)  # the rows of tiers 1 and 2 (no drafts)
+        prompt_left = sum(o.n_prompt - o.computed for o in seqs if not o.decoding)
+        before = sched.rows
+        sched.step()
+        rows = sched.rows - before
+        assert t(rows) <= INTERACTIVE_STEP * t(decode) and rows == min(sched._rows_within(decode, INTERACTIVE_STEP),
+                                                                       decode + prompt_left)
+    assert sched._rows_within(1, INTERACTIVE_STEP) == 5  # 1 + 4 prompt rows while both prompts wait
+    while not sched.idle():
+        sched.step()
+    assert s.out.ids == _solo(ck, tok, prompt, GREEDY)[0]
+    assert [o.out.ids for o in seqs] == [_solo(ck, tok, p, GREEDY)[0] for p in others]
+
+
 def test_cancel_frees_blocks_at_once(ck, tok):
     runner = numpy_runner(ck, N_CTX)
     sched = Scheduler(runner, 400, False, step_tokens=64)
