@@ -149,6 +149,7 @@ class ModelInfo:
     aliases: tuple[str, ...] = ()  # other ids a client may use for this model
     sampling_defaults: dict = field(default_factory=dict)  # model_sampling(): what unset values take
     sampling_source: str = ""
+    vocab_size: int = 0  # token ids run 0 .. vocab_size - 1 (0: not known)
 
     @property
     def model_id(self) -> str:

@@ -94,6 +94,7 @@ class Engine(EngineThread):
             chat_template=self.formatter.has_template,
             id=ids[0] if ids else "",
             aliases=tuple(ids[1:]),
+            vocab_size=runner.vocab_size,
         )
         self.info.sampling_defaults, self.info.sampling_source = model_sampling(checkpoint)
         self.scheduler = None

@@ -271,6 +271,7 @@ class _Service:
         info = engine.info
         limits.model_id = model_name
         limits.models = frozenset({model_name, info.model_id, info.name, *info.aliases})
+        limits.vocab_size = info.vocab_size
         self.engine = engine
         self.max_body = max_body_bytes
         self.limits = limits
@@ -310,6 +311,8 @@ class _Service:
     def _prompt_tokens(self, g: GenerationRequest) -> int:
         """The prompt's tokens, its messages rendered first (a worker thread: a long prompt's
         template and tokenizer stay off the event loop, in one hop)."""
+        if g.prompt_ids is not None:
+            return len(g.prompt_ids)
         text = g.prompt
         if text is None:
             try:
@@ -630,6 +633,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 def _echo_reply(request: GenerationRequest) -> str:
     if request.prompt is not None:
         return f"You said: {request.prompt}"
+    if request.prompt_ids is not None:
+        return f"You said: {' '.join(map(str, request.prompt_ids))}"
     users = [m["content"] for m in request.messages or [] if m["role"] == "user"]
     return f"You said: {users[-1] if users else ''}"
 

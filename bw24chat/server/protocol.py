@@ -119,6 +119,7 @@ class Limits:
 
     max_tokens_cap: int = 4096
     defaults: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    vocab_size: int = 0  # token-array prompts are checked against it (0: not known)
     model_id: str = ""  # the served model's id
     models: frozenset[str] = frozenset()  # the ids a request's "model" may name: model_id and its aliases (empty: any)
 
@@ -277,23 +278,32 @@ def parse_completion(data: dict, limits: Limits) -> ParsedRequest:
     b = _Body(data)
     _model(b, limits)
     prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        raise APIError(400, "Only a single string prompt is supported on this server (no batches or token ids).",
-                       "prompt", "unsupported_value")
-    if not isinstance(prompt, str):
-        raise APIError(400, "'prompt' is required and must be a string.", "prompt",
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one prompt
+    ids = None
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids, prompt = prompt, None  # OpenAI's token-array prompt
+        V = limits.vocab_size
+        bad = next((t for t in ids if t < 0 or (V and t >= V)), None)
+        if bad is not None:
+            raise APIError(400, f"Token {bad} in 'prompt' is not a token id of this model"
+                                + (f" (0 to {V - 1})." if V else "."), "prompt", "invalid_value")
+    elif isinstance(prompt, list):
+        raise APIError(400, "Only a single prompt, a string or an array of token ids, is supported on this server "
+                            "(no batches).", "prompt", "unsupported_value")
+    elif not isinstance(prompt, str):
+        raise APIError(400, "'prompt' is required and must be a string or an array of token ids.", "prompt",
                        "missing_required_parameter" if prompt is None else "invalid_type")
     b.refuse_unless("suffix", not data.get("suffix"), "is not supported")
     b.refuse_unless("best_of", b.get("best_of", "integer", 1, lo=1) == 1, "other than 1 is not supported")
     logprobs = b.get("logprobs", "integer", None, lo=0, hi=MAX_TOP_LOGPROBS)
     echo = b.get("echo", "boolean", False)
+    b.refuse_unless("echo", not (echo and ids is not None), "with a token-array prompt is not supported")
     sampling = _sampling(b, limits, ("max_tokens",))
     stream, include_usage = _stream_flags(b)
     # echo is done here, not by the engine: the prompt text is prepended to the reply
-    gen = GenerationRequest(prompt=prompt, sampling=sampling, logprobs=0 if logprobs is None else max(logprobs, 1),
-                            **_speculative(b))
+    gen = GenerationRequest(prompt=prompt, prompt_ids=ids, sampling=sampling,
+                            logprobs=0 if logprobs is None else max(logprobs, 1), **_speculative(b))
     return ParsedRequest("text", gen, stream, include_usage, logprobs, echo, n=_choices(b))
 
 

@@ -100,7 +100,7 @@ def test_a_thousand_invalid_requests_leave_the_server_up_with_flat_memory(fake_s
         lambda: fake_server.http.post(CHAT, json={"model": "fake-model", "messages": msg("x"), "stop": [1, 2]}),
         lambda: fake_server.http.post(CHAT, json=[1, 2, 3]),
         lambda: fake_server.http.post(CHAT, content=b"x" * 70_000),  # over the test server's 64 KiB limit
-        lambda: fake_server.http.post("/v1/completions", json={"model": "fake-model", "prompt": [1, 2]}),
+        lambda: fake_server.http.post("/v1/completions", json={"model": "fake-model", "prompt": [1, -2]}),
         lambda: fake_server.http.get("/v1/nowhere"),
         lambda: fake_server.http.delete(CHAT),
     ]

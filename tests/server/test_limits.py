@@ -76,7 +76,9 @@ def test_invalid_chat_parameters(fake_server, patch, param):
 
 @pytest.mark.parametrize(
     "patch, param",
-    [({}, "prompt"), ({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2]}, "prompt"),
+    [({}, "prompt"), ({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [[1], [2]]}, "prompt"),
+     ({"prompt": [-1, 2]}, "prompt"), ({"prompt": [1, 2.5]}, "prompt"), ({"prompt": [True]}, "prompt"), ({"prompt": []}, "prompt"),
+     ({"prompt": [1, 2], "echo": True}, "echo"),
      ({"prompt": "x", "logprobs": True}, "logprobs"), ({"prompt": "x", "echo": 1}, "echo"),
      ({"prompt": "x", "best_of": 3}, "best_of"), ({"prompt": "x", "suffix": "end"}, "suffix")],
 )

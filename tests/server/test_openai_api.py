@@ -118,6 +118,9 @@ def test_completions(fake_server, counter):
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "stop"
     assert streamed[-1].usage.completion_tokens == 5
 
+    ids = client.completions.create(model="fake-model", prompt=[5, 6, 7])  # a token-array prompt, as is
+    assert ids.choices[0].text == "You said: 5 6 7" and ids.usage.prompt_tokens == 3
+
     echoed = client.completions.create(model="fake-model", prompt="Echo", echo=True)
     assert echoed.choices[0].text == "EchoYou said: Echo"
     streamed = list(client.completions.create(model="fake-model", prompt="Echo", echo=True, stream=True))

@@ -57,3 +57,20 @@ def test_real_engine_usage_and_seed(real_server):
     assert 1 <= a.usage.completion_tokens <= 8
     assert a.usage.prompt_tokens >= 5  # at least the words of the message
     assert a.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.slow
+def test_token_array_prompts(real_server, smollm2):
+    """A completion's prompt as token ids gives the reply of the same text as a string prompt;
+    an id past the vocabulary is a 400 naming it."""
+    import openai
+
+    client = real_server.client(timeout=600)
+    text = "The capital of France is"
+    ids = smollm2.tokenizer.encode(text)
+    kw = dict(model="default", max_tokens=6, temperature=0)
+    by_text, by_ids = client.completions.create(prompt=text, **kw), client.completions.create(prompt=ids, **kw)
+    assert by_ids.choices[0].text == by_text.choices[0].text and by_ids.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(prompt=[1, 49152], **kw)
+    assert "49152" in str(e.value) and "0 to 49151" in str(e.value)
