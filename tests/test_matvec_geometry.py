@@ -7,6 +7,7 @@ import types
 import pytest
 
 from bw24chat.backends import cuda_linear as cl, tuning
+from bw24chat.backends.cuda_weights import FORMATS
 
 QKV, O, GATE_UP, DOWN, LM_HEAD = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (49152, 4096)
 def defs(fmt, shape, m=1, a8=True):
@@ -68,17 +69,20 @@ def test_wide_integer_dot_matrices_as_two_blocks_of_eight_warps_per_sm():
 
 
 def test_speculative_rows_take_their_own_table():
-    """m > 1 (verify / batched decode): the integer-dot formats on the SIMT kernel at its defaults
-    (an int8 tensor-core kernel of the same bits measured slower, docs/performance.md); the float
-    path's SIMT builds keep the registers of 2 blocks per SM (MATVEC_ROWS_TUNING: BF16's 2-row step
-    ran at one block of 8 warps per SM and slower than its 3-row step); rows stay bit-equal to
-    m = 1 whatever the geometry (tests/gpu/test_matvec.py)."""
+    """m > 1 (verify / batched decode): Q8_0, NVFP4 and Q4_K under the integer-dot contract on
+    matvec_mma (the same bits as the SIMT kernel, its m-row steps faster: docs/performance.md), the
+    other integer-dot formats on the SIMT kernel at its defaults; the float path's SIMT builds keep
+    the registers of 2 blocks per SM (MATVEC_ROWS_TUNING: BF16's 2-row step ran at one block of 8
+    warps per SM and slower than its 3-row step); rows stay bit-equal to m = 1 whatever the kernel
+    or geometry (tests/gpu/test_matvec.py, tests/gpu/test_matvec_mma.py)."""
     W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
     for fmt in ("NVFP4", "Q4_K", "Q8_0", "Q5_K", "Q6_K"):
         for shape in (QKV, O, GATE_UP, DOWN, LM_HEAD):
             assert cl.matvec_impl(W(fmt, shape), True) == "simt", (fmt, shape)
             for m in range(2, 9):
+                assert cl.matvec_impl(W(fmt, shape), True, m) == ("mma" if fmt in cl.MMA_FORMATS else "simt"), (fmt, m)
                 assert defs(fmt, shape, m=m) == {}, (fmt, shape, m)
+    assert cl.matvec_impl(W("Q8_0", (4096, 4000)), True, 4) == "simt"  # matvec_mma takes rows of 256k inputs
     assert cl.matvec_impl(W("NVFP4", O), False) == "tc"  # NVFP4's float contract stays on matvec_tc
     for fmt in ("BF16", "F16", "F32"):
         for m in range(2, 9):
@@ -114,12 +118,18 @@ def test_sixteen_warps_only_without_an_rmsnorm_statistic():
 def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     """The gate|up epilogue writes the down projection's x codes (matvec.cu qx_out) only where
     its tiles are 64 rows = 32 outputs = one 32-input block: the gate|up of NVFP4, Q8_0 and Q4_K
-    (16 warps x 4 rows) at m = 1; m > 1, BF16 and a geometry of 8 warps x 2 rows keep the down
-    prologue's quantization."""
-    W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1])  # noqa: E731
+    (16 warps x 4 rows) at m = 1, and matvec_mma's 64-row qx tiles at m = 2..8 (where its launch
+    stages the m rows: not the 12288-input down projection's 7 and 8 on an H100); the SIMT kernel
+    at m > 1, BF16 and a geometry of 8 warps x 2 rows keep the down prologue's quantization."""
+    W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1], vpc=FORMATS[fmt][1])  # noqa: E731
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 228 * 1024))
+    monkeypatch.setattr(cl.kernel_build, "smem_block_limit", lambda: 227 * 1024)
     for fmt in ("NVFP4", "Q8_0", "Q4_K"):
         assert cl.writes_qx(W(fmt, GATE_UP), 1), fmt
-        assert not cl.writes_qx(W(fmt, GATE_UP), 2), fmt
+        assert not cl.writes_qx(W(fmt, GATE_UP), 2, impl="simt"), fmt
+        for m in range(2, 9):
+            assert cl.writes_qx(W(fmt, GATE_UP), m), (fmt, m)
+            assert cl.takes_qx(W(fmt, DOWN), m) == (m <= 6), (fmt, m)
     assert not cl.writes_qx(W("BF16", GATE_UP), 1)
     with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp
         for fmt in ("Q8_0", "Q4_K"):

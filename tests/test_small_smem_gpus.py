@@ -85,8 +85,26 @@ def test_integer_dot_matvec_rows_fit(small_gpu, fmt, n_in):
                 fit = cl.a8_rows_per_launch(W, nw, qx_out)
                 per_row = 2 * n_in + 32 * (n_in // 32) + 4 * nw + (256 if qx_out else 0)
                 assert min(m, fit) * per_row <= LIMIT
-        if cl.takes_qx(W, m):
+        if cl.takes_qx(W, m, impl="simt"):
             _, _, nw = cl._simt_geometry(W, m, True, cl.PROLOGUES["qx"])
             assert m <= cl.a8_rows_per_launch(W, nw)
     if n_in == 12288:  # Qwen3-8B's down projection: 2 rows per launch in 99 KB, so no QX for m = 3
+        assert not cl.takes_qx(W, 3, impl="simt")
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
+@pytest.mark.parametrize("n_in", [2048, 4096, 5120, 12288, 14336, 25600])
+def test_tensor_core_matvec_rows_fit(small_gpu, monkeypatch, fmt, n_in):
+    """The m-row steps' matvec_mma (m = 2..8): its ring, staged rows and buffers fit 99 KB; more
+    rows than fit go in groups, and a QX hand-off only where one launch takes them all."""
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (84, 100 * 1024))
+    W = types.SimpleNamespace(fmt=fmt, out=4096, in_=n_in, vpc=FORMATS[fmt][1])
+    for m in range(2, 9):
+        assert cl.matvec_impl(W, True, m) == "mma"
+        plan = cl.mma_plan(W, m)
+        assert plan.smem <= LIMIT and 1 <= plan.m_fit <= m and plan.defines["MQ_STAGES"] >= 2
+        assert cl.takes_qx(W, m) == (plan.m_fit >= m)
+    if n_in == 12288:
         assert not cl.takes_qx(W, 3)

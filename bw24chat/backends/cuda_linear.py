@@ -117,14 +117,18 @@ TC_FORMATS = ("NVFP4", "F16")  # the formats matvec_tc.cu decodes
 TC_FLOAT_MAX_ROWS = 4096  # F16: tensor cores up to this many rows, the SIMT kernel above
 
 
-def matvec_impl(W: DeviceWeight, a8: bool | None = None) -> str:
-    """"tc" (matvec_tc.cu) or "simt" (matvec.cu), by measurement (docs/performance.md, Qwen3-8B
-    shapes): NVFP4 on the float contract always tc (~2 instructions per weight against ~6 in
-    SIMT); F16 tc up to 4096 rows (their SIMT grids are one partial wave), SIMT above; BF16 and
-    every integer-dot build SIMT at every row count (16-warp SIMT blocks beat tc on every BF16
-    shape; int8 tensor-core matvecs measured slower: 10-50 % at one row, and the steps of m = 2..9
-    rows 1-37 % slower at 23 of 24 points, 2 % faster at one).  a8: the integer-dot contract (None:
-    act_q8)."""
+def matvec_impl(W: DeviceWeight, a8: bool | None = None, m: int = 1) -> str:
+    """"tc" (matvec_tc.cu), "simt" (matvec.cu) or "mma" (matvec_mma.cu), by measurement
+    (docs/performance.md, Qwen3-8B shapes): NVFP4 on the float contract always tc (~2 instructions
+    per weight against ~6 in SIMT); F16 tc up to 4096 rows (their SIMT grids are one partial wave),
+    SIMT above; BF16 SIMT at every row count (16-warp SIMT blocks beat tc on every BF16 shape).  The
+    integer-dot contract: SIMT at one row (1.2-1.6x faster than matvec_mma there), matvec_mma for
+    m = 2..8 where takes_mma (its m-row steps 1.03-1.69x faster at every point measured: the SIMT
+    kernel's m-row dots are bound by issue and registers, the MMA's by the weight stream).  The two
+    give the same bits (matvec_mma.cu: contract), so a row's value does not depend on m.  a8: the
+    integer-dot contract (None: act_q8)."""
+    if W.fmt not in FLOAT_FORMATS and (act_q8(W.fmt) if a8 is None else a8):
+        return "mma" if m >= 2 and takes_mma(W) and _planes_aligned(W) else "simt"
     if W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
         return "simt"
     return "tc" if W.fmt == "NVFP4" or W.out <= TC_FLOAT_MAX_ROWS else "simt"
@@ -247,23 +251,32 @@ def _fill_rows(n_out: int, nw: int) -> int:
     return 4
 
 
-def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
-    """Whether matvec(W, ..., epilogue="swiglu", qx_out=...) can write the next matvec's x codes
-    (matvec.cu qx_out): the integer-dot contract, and tiles of 64 rows (32 outputs = one block of
-    32 inputs) over whole blocks."""
+def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | None = None) -> bool:
+    """Whether matvec(W, ..., epilogue="swiglu", qx_out=..., impl=impl) can write the next matvec's
+    x codes (matvec.cu / matvec_mma.cu qx_out): the integer-dot contract, and tiles of 64 rows (32
+    outputs = one block of 32 inputs) over whole blocks (impl None: matvec_impl's pick)."""
     if not 1 <= m <= 8 or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
         return False
-    if (W.out // 2) % 32 or W.out % 2 or matvec_impl(W, True) != "simt":
+    impl = impl or matvec_impl(W, True, m)
+    if impl == "mma":
+        return mma_writes_qx(W, m)
+    if (W.out // 2) % 32 or W.out % 2 or impl != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
     return nw * rows == 64 and m <= a8_rows_per_launch(W, nw, True)
 
 
-def takes_qx(W: DeviceWeight, m: int = 1) -> bool:
-    """Whether W's matvec can read its x codes from a QX buffer (prologue "qx") for m rows: the
-    integer-dot contract on the SIMT kernel, inputs in whole 32-blocks, and the m rows staged by
-    one launch (a8_rows_per_launch: on a 99 KB GPU a 12288-input down projection stages 2)."""
-    if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32 or matvec_impl(W, True) != "simt":
+def takes_qx(W: DeviceWeight, m: int = 1, impl: str | None = None) -> bool:
+    """Whether W's matvec (impl None: matvec_impl's pick) can read its x codes from a QX buffer
+    (prologue "qx") for m rows: the integer-dot contract, inputs in whole 32-blocks, and the m rows
+    staged by one launch (a8_rows_per_launch / mma_plan's m_fit: on a 99 KB GPU a 12288-input down
+    projection stages 2)."""
+    if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32:
+        return False
+    impl = impl or matvec_impl(W, True, m)
+    if impl == "mma":
+        return mma_plan(W, m).m_fit >= m
+    if impl != "simt":
         return False
     _, _, nw = _simt_geometry(W, m, True, PROLOGUES["qx"])
     return m <= a8_rows_per_launch(W, nw)
@@ -302,6 +315,12 @@ def takes_mma(W: DeviceWeight) -> bool:
     multiple of 256 inputs (every scale plane's row 16-byte aligned: its ring copies whole 16-byte
     pieces)."""
     return W.fmt in MMA_FORMATS and W.in_ % 256 == 0 and act_q8(W.fmt)
+
+
+def _planes_aligned(W: DeviceWeight) -> bool:
+    """W's q and s planes start on 16 bytes (matvec_mma's ring copies 16-byte pieces); planes not
+    on the device (planning without a GPU) count as aligned."""
+    return not any(getattr(getattr(p, "data", None), "ptr", 0) % 16 for p in (getattr(W, "q", None), getattr(W, "s", None)))
 
 
 def mma_smem(W: DeviceWeight, m: int, defines: dict) -> int:
@@ -390,7 +409,7 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     pro_arg = np.int32(pro | (PRO_BF16 if act_bf16 else 0))
     if (pro == PROLOGUES["qx"]) != (qx_in is not None):
         raise ValueError('prologue "qx" and qx_in go together')
-    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and (mma_writes_qx(W, m) if impl == "mma" else writes_qx(W, m, prologue))):
+    if qx_out is not None and not (epi == EPILOGUES["swiglu"] and writes_qx(W, m, prologue, impl)):
         raise ValueError("qx_out: the swiglu epilogue of a matvec whose tiles cover whole 32-input blocks (writes_qx)")
     ldx = 2 * W.in_ if pro == 2 else W.in_
     n_y = W.out // 2 if epi == 2 else W.out
@@ -405,14 +424,14 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         raise ValueError("the QX buffers are the integer-dot contract's")
     if a8 and W.fmt in FLOAT_FORMATS:
         raise ValueError("the integer-dot contract applies to the quantized formats")
-    impl = impl or matvec_impl(W, a8)
+    impl = impl or matvec_impl(W, a8, m)
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
         raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
     if impl == "mma":
         if not (a8 and takes_mma(W)):
             raise ValueError(f"matvec_mma runs {', '.join(MMA_FORMATS)} under the integer-dot contract, rows of a multiple "
                              f"of 256 inputs, not {W.fmt} x {W.in_} (a8={a8})")
-        if W.q.data.ptr % 16 or W.s.data.ptr % 16:
+        if not _planes_aligned(W):
             raise ValueError("matvec_mma copies 16-byte pieces of the q and s planes: 16-byte aligned planes")
         _matvec_mma(W, x, out, m, pro_arg, epi, ldx, n_y, norm_w, eps, qx_in, qx_out)
         return
