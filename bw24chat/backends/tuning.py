@@ -61,15 +61,15 @@ FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS}
 
 
-# matvec_mma.cu (the integer-dot matvec on int8 tensor cores, m = 1..8 rows; cuda_linear.mma_plan,
-# launched with matvec(impl="mma"), not yet the planner's pick), by (weight format, "*": any; rows
+# matvec_mma.cu (the integer-dot matvec on int8 tensor cores, m = 1..8 rows; cuda_linear.mma_plan;
+# the m-row steps' pick at m = 2..8, cuda_linear.matvec_impl), by (weight format, "*": any; rows
 # class "one_tile" (m <= 4: one n-tile of 4 tokens x 2 code levels) / "two_tiles"): warps per block
 # (MV_NW; 16 sum the rmsnorm statistic in the 8-warp order, MV_STAT8), warps per 16-row sub-tile
 # (MQ_KW: the K split; MV_NW / MQ_KW sub-tiles per pass), the deepest weight ring (MQ_STAGES; fewer
 # where the staged x leaves less room) and the blocks per SM the registers must allow (MV_MINB;
 # <= 128 registers either way).  No row depends on any of it (matvec_mma.cu: the f32 order is the
-# SIMT kernel's).  Estimated (napkin math in matvec_mma.cu), not yet measured:
-# tools/matvec_mma_timing.py --sweep times the alternatives.
+# SIMT kernel's).  From the napkin math in matvec_mma.cu; tools/matvec_mma_timing.py --sweep times
+# the alternatives.
 MATVEC_MMA_TUNING: dict[tuple[str, str], dict] = {
     ("*", "one_tile"): {"MV_NW": 8, "MQ_KW": 8, "MQ_STAGES": 6, "MV_MINB": 2},
     ("*", "two_tiles"): {"MV_NW": 16, "MQ_KW": 8, "MQ_STAGES": 6, "MV_MINB": 1},
