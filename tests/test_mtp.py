@@ -203,8 +203,9 @@ def test_cuda_head_pass_planned(m, from_trunk):
         logits, g = head.forward(ops, ops.tokens, hidden[:m], from_trunk)
     L = planner.launches
     names = [x.name for x in L]
-    lead = ["dequant_rows"] + (["rmsnorm"] if from_trunk else []) + ["rmsnorm_concat", "matvec"]
-    assert names == lead + ["matvec", "qk_norm_rope_kv_write", "attn_decode_tc", "matvec", "matvec", "matvec", "matvec"]
+    mv = "matvec_mma" if m > 1 else "matvec"  # the m-row matvecs (cuda_linear.matvec_impl); the LM head takes one row
+    lead = ["dequant_rows"] + (["rmsnorm"] if from_trunk else []) + ["rmsnorm_concat", mv]
+    assert names == lead + [mv, "qk_norm_rope_kv_write", "attn_decode_tc", mv, mv, mv, "matvec"]
     concat = L[len(lead) - 2]
     assert concat.grid == (m, 2) and concat.args[3] == ("mtp.hn" if from_trunk else "hidden")
     assert L[len(lead) - 1].args[5] == "mtp.concat" and "blk.3.nextn.eh_proj.q" in L[len(lead) - 1].args
