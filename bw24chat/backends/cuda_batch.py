@@ -20,6 +20,9 @@ A step runs
     kernels (each row the one-row step's arithmetic), then one sampler launch over every row,
     each with its own parameters, seed and ring.  Weights are thus read once per group of 8
     rows and step.
+``bw24chat bench`` also times a non-invariant variant of the pass, what the invariance is
+measured against (``gemm_rows``, _GemmRowsOps): every linear one prefill GEMM over all of the
+pass's rows (each weight read once a step), the rest per group as above.  Nothing else runs it.
 Hybrid models (a recurrent state per sequence) and spilled MoE experts (host steps inside the
 pass) decode one sequence at a time (``max_batch`` 1).
 """
@@ -161,6 +164,44 @@ class _GroupedOps(Ops):
         return self._each("lm_head", x, w)
 
 
+class _GemmRowsOps(CudaOps):
+    """The "gemm rows" pass (bench's non-invariant variant, BatchStep.gemm_rows): every linear
+    (the LM head and the MoE router, shared and routed experts included) one prefill-path GEMM
+    over all the pass's rows (cuda_linear.gemm: each weight read once a step, each row rounded in
+    the GEMM's order, so not its solo value); the rope / K/V write and the paged decode attention
+    per group of at most MAX_ROWS rows, on the invariant pass's group op sets, and the sampler
+    after it as there.  Values are the pass buffers' first ``rows`` rows (the groups' row slices
+    of the same buffers)."""
+
+    def __init__(self, bat: "BatchStep", groups: list, rows: int):
+        super().__init__(bat.r, rows, decode=False)
+        self.bat, self.spans = bat, []
+        for g in groups:
+            self.spans.append((sum(h.n for _, h in self.spans), g))
+        self.tokens, self.positions = bat.io["tok"][:rows], bat.io["pos"][:rows]
+
+    def buf(self, name, *cols, dtype="f4"):
+        return self.bat.buffer(name, *cols, dtype=dtype)[:self.n]
+
+    def rope_kv(self, qkv, spec, layer, bias=None, q_norm=None, k_norm=None):
+        qkv = self._value(qkv)  # the qkv GEMM over every row, then each group's rope + K/V write
+        for r0, g in self.spans:
+            g.rope_kv(qkv[r0:r0 + g.n], spec, layer, bias, q_norm, k_norm)
+        return self.buf("q", spec.n_heads, spec.head_dim)  # (the groups wrote their rows of it)
+
+    def attention(self, q, spec, layer):
+        # each group's paged decode attention into its rows of "attn", without QX codes (the o
+        # projection's GEMM takes the float outputs)
+        for r0, g in self.spans:
+            g._value(g.attention(q[r0:r0 + g.n], spec, layer))
+        return self.buf("attn", spec.n_heads, spec.head_dim).reshape(self.n, -1)
+
+    def lm_head(self, x, W):
+        out = self.bat.logits[:self.n]
+        self._linear(x, W, out)
+        return out
+
+
 class BatchStep:
     """The paged pool, the pass's step image and buffers, and the batched step of a CudaRunner."""
 
@@ -195,8 +236,11 @@ class BatchStep:
         self.pad_params, self.pad_table = ops.pack_sampling_params(_GREEDY, 0, 0), np.array([n_blocks], np.int32)
         self._pads = (0, 0)  # image rows pads[0]..pads[1]-1 hold padding rows (a pass's rows leave the others as they are)
         self._bufs: dict = {}
-        self.plans: dict = {}  # bucket -> the pass's launches
-        self.graphs: dict = {}  # bucket -> the captured pass
+        self.plans: dict = {}  # (bucket, gemm_rows) -> the pass's launches
+        self.graphs: dict = {}  # (bucket, gemm_rows) -> the captured pass
+        # bench's non-invariant variant of the pass (_GemmRowsOps) instead of the invariant one;
+        # its plans keep the prefill GEMM's scratch they were traced with alive (launch arguments)
+        self.gemm_rows = False
         self.h_img = bytearray(n) if self.symbolic else runner.cp.cuda.alloc_pinned_memory(n)
         self.h_i32 = np.frombuffer(self.h_img, np.int32, n // 4)
         self.h_rows = self.h_i32[_HDR // 4:].reshape(PASS_ROWS, self.row_bytes // 4)  # each row's block
@@ -246,10 +290,14 @@ class BatchStep:
     # ------------------------------------------------------------------ a decode pass
     def forward(self, rows: int) -> None:
         """A pass of ``rows`` (a bucket) decode rows, as launches: the forward over groups of at most
-        MAX_ROWS rows, then one sampler launch over every row."""
+        MAX_ROWS rows (with gemm_rows: its linears one GEMM over every row, _GemmRowsOps), then
+        one sampler launch over every row."""
         r = self.r
         groups = [self._pass_ops(g0, min(MAX_ROWS, rows - g0), rows) for g0 in range(0, rows, MAX_ROWS)]
-        if len(groups) == 1:
+        if self.gemm_rows:
+            o = _GemmRowsOps(self, groups, rows)
+            r.model.forward(o, o.tokens)
+        elif len(groups) == 1:
             r.model.forward(groups[0], groups[0].tokens)
         else:
             r.model.forward(_GroupedOps(groups), _Rows([g.tokens for g in groups]))
@@ -258,11 +306,12 @@ class BatchStep:
 
     def plan(self, rows: int) -> list:
         """The launches of a pass of ``rows`` decode rows, traced once (as CudaRunner.plan)."""
-        p = self.plans.get(rows)
+        key = (rows, self.gemm_rows)
+        p = self.plans.get(key)
         if p is None:
             with self.r.stream, tracing() as p:
                 self.forward(rows)
-            self.plans[rows] = p
+            self.plans[key] = p
         return p
 
     def _h2d(self, rows: int):
@@ -281,7 +330,8 @@ class BatchStep:
         r = self.r
         plan = self.plan(rows)
         with r.stream:
-            graph = self.graphs.get(rows) if r.use_graph else None
+            key = (rows, self.gemm_rows)
+            graph = self.graphs.get(key) if r.use_graph else None
             if graph is None and r.use_graph:
                 self._h2d(rows)
                 for launch in plan:
@@ -294,7 +344,7 @@ class BatchStep:
                         launch()
                     self._d2h(rows)
                 finally:
-                    graph = self.graphs[rows] = r.stream.end_capture()
+                    graph = self.graphs[key] = r.stream.end_capture()
             if graph is not None:
                 graph.launch(r.stream)
             else:

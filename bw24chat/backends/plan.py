@@ -450,9 +450,10 @@ def _strip(line: str) -> str:
 
 
 def batch_plan(config: dict, formats: dict, props: GpuProps, rows: int, kv_type: str = "bf16",
-               activations: str = "f32", n_ctx: int = 4096, n_blocks: int = 64) -> list[Launch]:
+               activations: str = "f32", n_ctx: int = 4096, n_blocks: int = 64, gemm_rows: bool = False) -> list[Launch]:
     """The launches of one pass of the batched step (cuda_batch.BatchStep.forward) over ``rows``
-    decode rows (a bucket) on the paged pool: what the pass's graph replays."""
+    decode rows (a bucket) on the paged pool: what the pass's graph replays (gemm_rows: bench's
+    non-invariant variant of it)."""
     from ..models import get_family
     from .cuda_batch import BatchStep
 
@@ -461,7 +462,9 @@ def batch_plan(config: dict, formats: dict, props: GpuProps, rows: int, kv_type:
     with planning(props) as planner:
         r = PlanRunner(args, fam.Model, _tensors(config, formats, fam.Model, args), kv_type, n_ctx, activations)
         r.prefill_chunk = 512
-        BatchStep(r, n_blocks, zeros=lambda name, shape, dtype: SymArray(name, shape, dtype)).forward(rows)
+        bat = BatchStep(r, n_blocks, zeros=lambda name, shape, dtype: SymArray(name, shape, dtype))
+        bat.gemm_rows = gemm_rows
+        bat.forward(rows)
     return planner.launches
 
 
