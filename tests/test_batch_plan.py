@@ -2,13 +2,14 @@
 (backends/plan.batch_plan), each group of at most 8 rows launches exactly the kernels of the solo
 m-row decode step (backends/plan.decode_plan) -- the same builds, grids, blocks and shared memory,
 so each row runs the one-row step's arithmetic -- with the attention kernels reading the paged
-pool (KV_PAGE), and one sampler launch over the pass's rows."""
+pool (KV_PAGE), and one sampler launch over the pass's rows.  bench's non-invariant variant of the
+pass (gemm rows) instead runs each linear once over all the rows, as a prefill chunk does."""
 from collections import Counter
 
 import pytest
 
 from bw24chat.backends.cuda_batch import bucket
-from bw24chat.backends.plan import GPUS, batch_plan, decode_plan
+from bw24chat.backends.plan import GPUS, batch_plan, decode_plan, prefill_plan
 from bw24chat.synthetic import SHAPES
 
 pytestmark = pytest.mark.kernels  # register counts from ptxas (NVRTC)
@@ -47,3 +48,39 @@ def test_buckets():
     """Exact up to 16 rows (a K = 8 verify's 9 rows pay for no padding), then multiples of 8."""
     assert [bucket(n) for n in (1, 5, 8, 9, 15, 16, 17, 24, 25, 63, 64)] == [1, 5, 8, 9, 15, 16, 24, 24, 32, 64, 64]
     assert len({bucket(n) for n in range(1, 65)}) == 22
+
+
+# the prefill path's launches of a linear: the GEMMs (MoE: grouped), their activation preparation
+# and a quantized weight's dequantized row blocks (cuda_linear.gemm, cuda_moe.prefill_experts)
+_GEMM_PATH = ("gemm_wgmma", "gemm_i8", "gemm_mma", "gemm_act", "moe_group")
+
+
+def _on_gemm_path(L) -> bool:
+    return L.family in _GEMM_PATH or (L.family, L.name) == ("dequant", "dequant_bf16")
+
+
+@pytest.mark.parametrize("shape,fmt,kv,rows", [("qwen3-8b", "Q8_0", "bf16", 13), ("qwen3-8b", "BF16", "q8_0", 24),
+                                               ("qwen3-8b", "Q4_K", "fp8", 3), ("qwen3-30b-a3b", "Q8_0", "bf16", 10)])
+def test_the_gemm_rows_pass_runs_each_linear_once_over_all_rows(shape, fmt, kv, rows):
+    """bench's non-invariant variant of the pass (cuda_batch._GemmRowsOps): every linear (the LM
+    head, the MoE router and experts included) is the prefill's GEMM over all the pass's rows --
+    exactly the launches a prefill chunk of that many rows makes for them, no matvec -- while the
+    rope / K/V writes and the paged attention run per group of at most 8 rows as in the invariant
+    pass, and the one sampler launch is the same."""
+    cfg, formats = SHAPES[shape], {"default": fmt}
+    got = batch_plan(cfg, formats, GPUS["H100"], rows, kv, gemm_rows=True)
+    inv = batch_plan(cfg, formats, GPUS["H100"], rows, kv)
+    chunk = prefill_plan(cfg, formats, GPUS["H100"], T=rows, kv_type=kv, all_logits=True)
+    assert _keys(L for L in got if _on_gemm_path(L)) == _keys(L for L in chunk if _on_gemm_path(L))
+    assert not any(L.family.startswith(("matvec", "moe_experts")) and L.name != "moe_combine" for L in got)
+    if fmt in ("Q8_0", "BF16") and shape == "qwen3-8b":  # GEMMs on the codes: one launch reads each matrix
+        reads = Counter(a for L in got if _on_gemm_path(L) for a in L.args if a.endswith(".q"))
+        solo = Counter(a for L in inv if L.family.startswith("matvec") for a in L.args if a.endswith(".q"))
+        assert set(reads) == set(solo) and set(reads.values()) == {1}
+        assert min(solo.values()) >= -(-rows // 8)  # the invariant pass: at least once per group
+    # per group as in the invariant pass; the attention writes no QX codes (the o projection's
+    # GEMM takes its float outputs)
+    per_group = lambda plan: Counter((k[0], k[1], tuple(d for d in k[2] if d[0] != "ATTN_QX"), *k[3:])
+                                     for k in _keys(L for L in plan if L.family.startswith("attention") or L.family == "rope").elements())
+    assert per_group(got) == per_group(inv)
+    assert [L.key() for L in got if L.name == "sample"] == [L.key() for L in inv if L.name == "sample"]
