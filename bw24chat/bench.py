@@ -10,7 +10,9 @@ bf16 and fp16 tensor-core rates are equal).
 All timings: CUDA events after warm-up, medians of >= 5 runs.
 The decode rows end with what a step of m rows costs (speculative verify) and the aggregate
 speed of B = 1, 2, 8, 32 sequences decoded together by the batched step (batch{B}@512: wall time,
-host included; each sequence's tokens equal its solo run's, backends/cuda_batch.py).
+host included; each sequence's tokens equal its solo run's, backends/cuda_batch.py), each beside
+the same steps on a non-invariant variant of the pass (batch{B}@512 gemm: every linear one prefill
+GEMM over all the rows) and what the invariance costs (invariant step time / variant's - 1).
 ``--profile`` instead says where the time goes, per kernel role: the decode step's (each role's
 launches replayed as a graph, profile_decode) and a prefill chunk's (CUDA events around every
 launch of its eager walk, profile_prefill).
@@ -238,7 +240,10 @@ def batch_throughput(runner, runs: int, label: str, ctx: int = 512, steps: int =
     """Aggregate decode speed of B sequences stepped together by the batched step (backends/
     cuda_batch.py, the paged pool), each at ``ctx`` keys, greedy: B x steps tokens over the wall
     time of ``steps`` batched steps (host included, as a server runs them), against B = 1.
-    Medians of runs; each run decodes positions ctx.. again."""
+    Medians of runs; each run decodes positions ctx.. again.  Each B also on the non-invariant
+    variant of the pass (cuda_batch.BatchStep.gemm_rows: every linear one prefill GEMM over all
+    the rows, each weight read once a step, rows rounded unlike their solo runs): its row
+    ``batch{B}@{ctx} gemm`` and the cost of invariance, invariant step time / variant's - 1."""
     from .api import SamplingParams
     from .backends.runner import SeqWork, max_batch
 
@@ -268,6 +273,14 @@ def batch_throughput(runner, runs: int, label: str, ctx: int = 512, steps: int =
         tps = B * steps / wall
         base = base or tps
         rows.append(dict(model=label, test=f"batch{B}@{ctx}", tok_s=tps, vs_one_seq=tps / base, ms_per_step=1e3 * wall / steps))
+        runner.batch.gemm_rows = True
+        try:
+            run()  # captures the variant's graph
+            gemm = statistics.median(run() for _ in range(runs))
+        finally:
+            runner.batch.gemm_rows = False
+        rows.append(dict(model=label, test=f"batch{B}@{ctx} gemm", tok_s=B * steps / gemm, ms_per_step=1e3 * gemm / steps,
+                         invariance_cost=wall / gemm - 1))
     runner.batch = None  # the pool's memory back
     return rows
 
@@ -793,6 +806,10 @@ def main(argv: list[str]) -> int:
         for r in rows:
             if "vs_one_row" in r:  # verify_costs: a step of m rows against one row
                 print(f"{r['model']:24} {r['test']:18} {r['ms']:8.3f} ms  {r['vs_one_row']:5.2f} x one row")
+                continue
+            if "invariance_cost" in r:  # batch_throughput: the same steps on the non-invariant pass
+                print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} tok/s aggregate, one GEMM per linear, "
+                      f"{r['ms_per_step']:.3f} ms per step; invariance costs {100 * r['invariance_cost']:+.1f} %")
                 continue
             if "vs_one_seq" in r:  # batch_throughput: B sequences' aggregate against one
                 print(f"{r['model']:24} {r['test']:18} {r['tok_s']:10.1f} tok/s aggregate, {r['vs_one_seq']:5.2f} x one "
