@@ -175,9 +175,7 @@ class _GemmRowsOps(CudaOps):
 
     def __init__(self, bat: "BatchStep", groups: list, rows: int):
         super().__init__(bat.r, rows, decode=False)
-        self.bat, self.spans = bat, []
-        for g in groups:
-            self.spans.append((sum(h.n for _, h in self.spans), g))
+        self.bat, self.spans = bat, [(i * MAX_ROWS, g) for i, g in enumerate(groups)]  # (first row, group)
         self.tokens, self.positions = bat.io["tok"][:rows], bat.io["pos"][:rows]
 
     def buf(self, name, *cols, dtype="f4"):
@@ -238,8 +236,9 @@ class BatchStep:
         self._bufs: dict = {}
         self.plans: dict = {}  # (bucket, gemm_rows) -> the pass's launches
         self.graphs: dict = {}  # (bucket, gemm_rows) -> the captured pass
-        # bench's non-invariant variant of the pass (_GemmRowsOps) instead of the invariant one;
-        # its plans keep the prefill GEMM's scratch they were traced with alive (launch arguments)
+        # bench's non-invariant variant of the pass (_GemmRowsOps) instead of the invariant one.
+        # Its graphs use the prefill GEMM's grow-only scratch (cuda_linear._scratch_u16) as traced:
+        # the plan's launch arguments keep those buffers alive should a later prefill grow it
         self.gemm_rows = False
         self.h_img = bytearray(n) if self.symbolic else runner.cp.cuda.alloc_pinned_memory(n)
         self.h_i32 = np.frombuffer(self.h_img, np.int32, n // 4)
