@@ -193,7 +193,7 @@ def test_batched_graph_equals_eager(cp):
         r.use_graph = graph
         r.init_kv_pool(64)
         prompts = batch_prompts(13, r.vocab_size, system_len=3 * r.block_size)
-        work, pos = [], []
+        work = []
         for i, p in enumerate(prompts):
             table = np.arange(4 * i, 4 * i + 4, dtype=np.int32)
             r.batch_step([SeqWork(np.asarray(p), 0, table, True)])
