@@ -447,14 +447,17 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
 #pragma unroll
     for (int j = 0; j < MQ_NT; ++j) x_lane[j] = xw_s + (uint32_t)(min(8 * j + (lane & 7), 2 * MV_M - 1) * 4 * xps);
     float acc[MQ_NP][2][2][MQ_NT];
+    auto zero_chains = [&]() {  // every chain starts from +0 (the contract's acc)
 #pragma unroll
-    for (int i = 0; i < MQ_NP; ++i)
+        for (int i = 0; i < MQ_NP; ++i)
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
+            for (int c = 0; c < 2; ++c)
 #pragma unroll
-            for (int rr = 0; rr < 2; ++rr)
+                for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-                for (int j = 0; j < MQ_NT; ++j) acc[i][c][rr][j] = 0.0f;
+                    for (int j = 0; j < MQ_NT; ++j) acc[i][c][rr][j] = 0.0f;
+    };
+    zero_chains();
     MqCursor cur = first, done = first;  // the item computed; the pass whose partials await their combine
     int pass = 0;                        // cur's pass ordinal (the partial buffers' parity)
     bool pend_pass = false;
@@ -500,14 +503,7 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
 #pragma unroll
                     for (int j = 0; j < MQ_NT; ++j)
                         if (4 * j + t < MV_M) rb[((2 * kw + c) * MQ_RB + st * 16 + g + 8 * rr) * MV_M + 4 * j + t] = acc[0][c][rr][j];
-#pragma unroll
-            for (int ip = 0; ip < MQ_NP; ++ip)
-#pragma unroll
-                for (int c = 0; c < 2; ++c)
-#pragma unroll
-                    for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-                        for (int j = 0; j < MQ_NT; ++j) acc[ip][c][rr][j] = 0.0f;
+            zero_chains();
             done = cur;
             pend_pass = true;
             ++pass;
