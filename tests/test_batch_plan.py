@@ -84,3 +84,32 @@ def test_the_gemm_rows_pass_runs_each_linear_once_over_all_rows(shape, fmt, kv, 
                                      for k in _keys(L for L in plan if L.family.startswith("attention") or L.family == "rope").elements())
     assert per_group(got) == per_group(inv)
     assert [L.key() for L in got if L.name == "sample"] == [L.key() for L in inv if L.name == "sample"]
+
+
+@pytest.mark.parametrize("shape,fmt", [("tiny", "Q8_0"), ("qwen3-8b", "Q8_0"), ("qwen3-8b", "NVFP4"), ("qwen3-8b", "BF16")])
+def test_step_bytes_counts_the_passes_qx_buffers(shape, fmt):
+    """cuda_batch.step_bytes scales the one-row step's decode buffers to a pass; the QX buffers
+    that only the m-row steps' matvec_mma hands over (none at one row on the tiny model) are
+    counted too (_qx_unallocated): every pass buffer the one-row step lacks is within that."""
+    from bw24chat.backends import cuda_batch
+    from bw24chat.backends.cuda_batch import BatchStep, PASS_ROWS
+    from bw24chat.backends.cuda_opset import CudaOps
+    from bw24chat.backends.plan import PlanRunner, SymArray, _tensors, planning
+    from bw24chat.backends.runner import MAX_ROWS
+    from bw24chat.models import get_family
+
+    cfg = SHAPES[shape]
+    fam = get_family(cfg["model_type"])
+    args = fam.ModelArgs.from_dict(cfg)
+    with planning(GPUS["H100"]):
+        r = PlanRunner(args, fam.Model, _tensors(cfg, {"default": fmt}, fam.Model, args), "bf16", 4096, "f32")
+        r.prefill_chunk = 512
+        r.model.forward(CudaOps(r, 1, decode=True), r.d_tokens[:1])  # what the warm-up's one-row step allocates
+        one_row = {(name[2:], cols) for name, cols, _ in r._bufs if name.startswith("d:")}
+        bat = BatchStep(r, 64, zeros=lambda name, shape, dtype: SymArray(name, shape, dtype))
+        for rows in (PASS_ROWS, 8, 5, 2):
+            bat.forward(rows)
+    lacking = sum(4 * PASS_ROWS * cols[0] for name, cols, _ in bat._bufs if name.startswith("qx_") and (name, cols) not in one_row)
+    assert lacking <= cuda_batch._qx_unallocated(r) * PASS_ROWS // MAX_ROWS
+    if (shape, fmt) == ("tiny", "Q8_0"):
+        assert lacking > 0  # the case this guards: gate|up's codes for down at m >= 2 only

@@ -68,18 +68,39 @@ def block_bytes(runner) -> int:
 def step_bytes(runner, rows: int = PASS_ROWS) -> int:
     """VRAM a BatchStep of ``runner`` takes beside its pool's blocks, for steps of up to ``rows``
     decode rows: the scratch block, the pass's buffers (the one-row step's decode buffers, which
-    ``runner.warmup`` allocated, scaled to PASS_ROWS rows), logits, attention workspace and step
+    ``runner.warmup`` allocated, and the QX buffers only m-row steps use, scaled to PASS_ROWS
+    rows), logits, attention workspace and step
     image and sampler workspace, the logits copies of all but a step's last pass, and a prefill item's cache rows and
     block table (its chunks of up to prefill_chunk rows run in the runner's own prefill buffers,
     which the warm-up allocated at that size)."""
     a, V = runner.args, runner.args.vocab_size
     decode = sum(b.nbytes for (name, *_), b in runner._bufs.items() if name.startswith("d:") and not name.startswith("d:mtp."))
+    decode += _qx_unallocated(runner)
     image = _HDR + PASS_ROWS * (_TABLE + 4 * -(-runner.n_ctx // ops.KV_PAGE) + 16)
     copies = (max(rows, 1) - 1) // PASS_ROWS * PASS_ROWS
     return (block_bytes(runner) + decode * PASS_ROWS // MAX_ROWS + (PASS_ROWS + copies) * V * 4 + image
             + ops.attn_decode_workspace_bytes(a.num_attention_heads, a.num_key_value_heads, a.head_dim, PASS_ROWS)
             + ops.sample_workspace_bytes(V, PASS_ROWS)
             + 4 * (runner.prefill_chunk + -(-runner.n_ctx // ops.KV_PAGE)))
+
+
+def _qx_unallocated(runner) -> int:
+    """Bytes at MAX_ROWS rows (as the decode buffers) of the QX buffers (x codes a producer hands
+    its consumer: gate|up's for down, the attention's for o) that the one-row warm-up did not
+    allocate and a pass may: the m-row steps' matvec_mma hands codes where the one-row SIMT
+    kernel may not (cuda_linear.writes_qx / takes_qx).  Counted wherever the integer-dot contract
+    could use them: a bound, not the pass's exact set."""
+    from . import cuda_linear as lin
+    from .kernel_refs import FLOAT_FORMATS, act_q8
+
+    if not any(w.fmt not in FLOAT_FORMATS and act_q8(w.fmt) for w in runner.loader.linears):
+        return 0
+    a = runner.args
+    want = {("d:qx_act", (lin.qx_row_words(w.out // 2 - w.out // 2 % 32),)) for w in runner.loader.linears
+            if w.role in ("gu", "shexp_gu")}
+    want.add(("d:qx_attn", (lin.qx_row_words(a.num_attention_heads * a.head_dim),)))
+    have = {(name, tuple(cols)) for name, cols, *_ in runner._bufs}
+    return sum(4 * MAX_ROWS * cols[0] for _, cols in want - have)
 
 
 def bucket(rows: int) -> int:

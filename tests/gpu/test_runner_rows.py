@@ -1,7 +1,8 @@
 """CudaRunner.step over m = 1..9 rows of one sequence: each row's logits and sampled token equal
 a one-row step at its position, bit for bit, graph and eager (what speculative verify relies
-on), for BF16 and the integer-dot formats (the SIMT kernel at every m: the plan says so), both
-activation contracts; and the runner equals the NumPy runner's greedy tokens on a tiny model."""
+on), for BF16 (the SIMT kernel at every m) and the integer-dot formats (the SIMT kernel, or at m >= 2
+matvec_mma of the same bits: the plan says which), both activation contracts; and the runner
+equals the NumPy runner's greedy tokens on a tiny model."""
 import numpy as np
 import pytest
 
@@ -47,8 +48,11 @@ def test_rows_equal_single_steps(cp, models, fmt, graph):
     rows = [int(t) for t in rng.integers(0, 4096, 9)]
     r = CudaRunner(models[fmt], 1024, "bf16", use_graph=graph)
     _rows_equal_single_steps(r, rows, prompt)
+    from bw24chat.backends.cuda_linear import MMA_FORMATS
+
     for m in (1, 2, 5, 8):
-        assert _matvec_kernels(r, m) == {"matvec"}, (fmt, m)
+        want = "matvec_mma" if m >= 2 and fmt in MMA_FORMATS else "matvec"
+        assert _matvec_kernels(r, m) == {want}, (fmt, m)
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
