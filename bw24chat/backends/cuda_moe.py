@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cuda_linear as lin, kernel_build
-from .cuda_weights import FORMATS, DeviceWeight, fmt_id, repack_host, vpc
+from .cuda_weights import FORMATS, DeviceWeight, RepackMemo, fmt_id, repack_host, vpc
 from .kernel_build import get_kernel
 from .kernel_refs import act_q8
 from .tuning import GROUPED_GEMM_TILES, MOE_TUNING
@@ -167,23 +167,15 @@ class ExpertSource:
     model file, or arrays): the repacked resident planes at their ImageLayout places."""
 
     def __init__(self, gate, up, down, gu_layout: ImageLayout, down_layout: ImageLayout, image_bytes: int,
-                 memo: dict | None = None):
+                 memo: RepackMemo | None = None):
         self.gate, self.up, self.down = gate.parts, up.parts, down.parts
         self.layouts, self.image_bytes, self.memo = (gu_layout, down_layout), image_bytes, memo
 
     def planes(self, e: int):
-        """(gate|up HostPlanes, down HostPlanes) of expert e (memoized on the source arrays:
-        random-weight models share arrays across layers)."""
-        out = []
-        for src, inter in (([self.gate[e], self.up[e]], True), ([self.down[e]], False)):
-            key = tuple(id(x.raw) for x in src) + (inter,)
-            hp = self.memo.get(key) if self.memo is not None else None
-            if hp is None:
-                hp = repack_host(src, interleave=inter)
-                if self.memo is not None:
-                    self.memo[key] = hp
-            out.append(hp)
-        return out
+        """(gate|up HostPlanes, down HostPlanes) of expert e (through the loader's RepackMemo
+        while the model loads: random-weight models share arrays across layers)."""
+        return [self.memo.repack(src, inter) if self.memo is not None else repack_host(src, interleave=inter)
+                for src, inter in (([self.gate[e], self.up[e]], True), ([self.down[e]], False))]
 
     def image(self, e: int, out: np.ndarray | None = None) -> np.ndarray:
         """Expert e's image (u8 [image_bytes]) written into ``out`` (e.g. a pinned buffer)."""
@@ -207,7 +199,7 @@ def check_format(fmt: str, F: int, D: int) -> None:
             raise NotImplementedError(f"MoE experts in {fmt}: {name} {n} is not a multiple of {unit}")
 
 
-def load_experts(gate, up, down, memo: dict | None = None, slots: int | None = None) -> CudaExperts:
+def load_experts(gate, up, down, memo: RepackMemo | None = None, slots: int | None = None) -> CudaExperts:
     """ops.Loader.load_experts: gate, up (E, F, D) and down (E, D, F) ExpertTensors, into
     ``slots`` VRAM slots (default all E: every expert resident) holding experts 0 .. slots-1."""
     import cupy as cp

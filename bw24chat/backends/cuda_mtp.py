@@ -68,7 +68,9 @@ def load_head(runner: CudaRunner, checkpoint) -> CudaMTP | None:
     of their own, so that the runner's decode_weight_bytes stays the trunk's."""
     from ..models.mtp import load_mtp
 
-    head = load_mtp(runner.model, CudaLoader(), checkpoint.mtp)
+    loader = CudaLoader()
+    head = load_mtp(runner.model, loader, checkpoint.mtp)
+    loader.finish()
     return None if head is None else CudaMTP(runner, head)
 
 

@@ -33,7 +33,7 @@ from . import cuda_linear as lin
 from . import cuda_moe as moe
 from . import cuda_ops as ops
 from . import kernel_build
-from .cuda_weights import DeviceWeight, repack_host
+from .cuda_weights import DeviceWeight, RepackMemo, repack_host
 from .cuda_weights import upload as upload_planes
 from .kernel_build import host_step
 
@@ -52,15 +52,10 @@ class CudaLoader(Loader):
         self.experts: list = []  # cuda_moe.CudaExperts of each MoE layer
         self.convs: list = []  # the gated DeltaNet layers' conv1d taps
         self.tiers = tiers  # cuda_tiers.CudaTiers when the experts are spilled from VRAM
-        self._planes: dict = {}
+        self._memo = RepackMemo()  # while loading (each layer still gets its own device copy)
 
     def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight:
-        # the host repack is memoized on the source arrays: random-weight benchmark models share
-        # one set of arrays across layers (each layer still gets its own device copy)
-        key = tuple(id(x.raw) for x in tensors) + (interleave,)
-        if key not in self._planes:
-            self._planes[key] = repack_host(tensors, interleave)
-        w = upload_planes(tensors, self._planes[key])
+        w = upload_planes(tensors, self._memo.repack(tensors, interleave))
         w.role = role
         self.linears.append(w)
         return w
@@ -87,12 +82,18 @@ class CudaLoader(Loader):
     def load_experts(self, gate, up, down, role: str = "experts") -> moe.CudaExperts:
         # VRAM slots of expert images + pointer tables (cuda_moe); spilled: the tier plan's slot count
         slots = self.tiers.tiers.plan.vram_slots[len(self.experts)] if self.tiers is not None else None
-        ex = moe.load_experts(gate, up, down, memo=self._planes, slots=slots)
+        ex = moe.load_experts(gate, up, down, memo=self._memo, slots=slots)
         ex.layer = len(self.experts)
         if self.tiers is not None:
             self.tiers.load(ex)
         self.experts.append(ex)
         return ex
+
+    def finish(self) -> None:
+        """The model is loaded: the repack memo and the expert sources' use of it end here."""
+        self._memo.close()
+        for ex in self.experts:
+            ex.source.memo = None
 
 
 class _Normed:  # rmsnorm(x) * w, not yet computed

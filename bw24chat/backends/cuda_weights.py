@@ -367,6 +367,37 @@ class DeviceWeight:
         return self.in_ // self.vpc
 
 
+class RepackMemo:
+    """repack_host of source tensors that recur while a model loads.  Random-weight models
+    (synthetic.py) share one set of arrays across layers: each is repacked on its second sighting
+    and kept, not repacked per layer.  A checkpoint's tensors never recur, so nothing of theirs
+    is kept but references to the source arrays: a key is the arrays' ids, and an id stays its
+    array's while the memo holds it (temporaries such as one GPU's share of a matrix are freed
+    and their ids reused otherwise).  For loading only: ``close`` drops everything, and the
+    expert file tier builds its images without it (a memo there would keep every expert it ever
+    fetched in host memory)."""
+
+    def __init__(self):
+        self._seen: dict = {}  # key -> the source arrays
+        self._planes: dict = {}  # key -> HostPlanes, from a key's second sighting
+
+    def repack(self, qtensors: list, interleave: bool = False) -> HostPlanes:
+        raws = tuple(t.raw for t in qtensors)
+        key = tuple(id(a) for a in raws) + (interleave,)
+        hp = self._planes.get(key)
+        if hp is None:
+            hp = repack_host(list(qtensors), interleave)
+            if key in self._seen:
+                self._planes[key] = hp
+            else:
+                self._seen[key] = raws
+        return hp
+
+    def close(self) -> None:
+        self._seen.clear()
+        self._planes.clear()
+
+
 def upload(qtensors: list, host: HostPlanes | None = None) -> DeviceWeight:
     """QTensors (one format, one width) -> DeviceWeight of their rows concatenated."""
     import cupy as cp
