@@ -144,7 +144,7 @@ def test_repack_memo_is_not_fooled_by_reused_ids():
 
 def test_expert_source_without_memo_keeps_nothing():
     """After loading, the file tier builds images from the file each time: a source whose memo
-    ended (CudaLoader.finish) repacks and holds no planes of what it served."""
+    was closed (CudaLoader.finish) repacks and holds no planes of what it served."""
     from bw24chat.backends.cuda_moe import ExpertSource
     from bw24chat.loaders.tensor import ExpertTensor
     from bw24chat.synthetic import random_experts
@@ -159,9 +159,8 @@ def test_expert_source_without_memo_keeps_nothing():
     held = len(memo._planes)
     assert held == 8  # gate|up and down of each expert, from the second pass
     memo.close()
-    src.memo = None
     for _ in range(3):
         for e in range(4):
             gu, dn = src.planes(e)
             assert _same_planes(gu, cw.repack_host([g.parts[e], u.parts[e]], True))
-    assert not memo._planes
+    assert not memo._planes and not memo._seen

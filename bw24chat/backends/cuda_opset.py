@@ -90,10 +90,9 @@ class CudaLoader(Loader):
         return ex
 
     def finish(self) -> None:
-        """The model is loaded: the repack memo and the expert sources' use of it end here."""
+        """The model is loaded: the repack memo keeps nothing from here on (the expert sources
+        hold it for the file tier)."""
         self._memo.close()
-        for ex in self.experts:
-            ex.source.memo = None
 
 
 class _Normed:  # rmsnorm(x) * w, not yet computed

@@ -373,15 +373,18 @@ class RepackMemo:
     and kept, not repacked per layer.  A checkpoint's tensors never recur, so nothing of theirs
     is kept but references to the source arrays: a key is the arrays' ids, and an id stays its
     array's while the memo holds it (temporaries such as one GPU's share of a matrix are freed
-    and their ids reused otherwise).  For loading only: ``close`` drops everything, and the
-    expert file tier builds its images without it (a memo there would keep every expert it ever
-    fetched in host memory)."""
+    and their ids reused otherwise).  For loading only: after ``close`` it keeps nothing and
+    repacks every call (the expert file tier's images: a memo there would keep every expert it
+    ever fetched in host memory)."""
 
     def __init__(self):
         self._seen: dict = {}  # key -> the source arrays
         self._planes: dict = {}  # key -> HostPlanes, from a key's second sighting
+        self._open = True
 
     def repack(self, qtensors: list, interleave: bool = False) -> HostPlanes:
+        if not self._open:
+            return repack_host(list(qtensors), interleave)
         raws = tuple(t.raw for t in qtensors)
         key = tuple(id(a) for a in raws) + (interleave,)
         hp = self._planes.get(key)
@@ -394,6 +397,7 @@ class RepackMemo:
         return hp
 
     def close(self) -> None:
+        self._open = False
         self._seen.clear()
         self._planes.clear()
 
