@@ -394,7 +394,7 @@ matvec(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __
 #if ACT_Q8
     const A8Planes sink{xw, meta, n_in / 4, n_in / 32, n_in / 4};
     if (pro == PRO_QX)
-        stage_qx(qx_in, n_in, sink);
+        stage_qx(qx_in, n_in, 0, n_in, sink);
     else
         stage_a8(x, ldx, n_in, pro, eps, normw, xb16, sink, red);
     __syncthreads();

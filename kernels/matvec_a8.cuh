@@ -8,23 +8,26 @@
 #pragma once
 #include "dot_a8.cuh"
 
-// Prologue 3 (qx): the MV_M tokens' words and records from the QX buffer (layout: contract at the
-// top), one 32-input block per thread and pass: its 2 x 32 code bytes and record are one L2 round
-// trip, written to the staged positions (a8_word: 32-value chunks keep inputs 0-15 of chunk kc at
-// words 4kc.., 16-31 at 4(nck+kc)..; Q8_0's 16-value chunks are in natural order).
+// Prologue 3 (qx): the MV_M tokens' words and records of the n_in inputs from input 32 b0 of QX
+// rows of n_row inputs (layout: contract at the top; matvec.cu stages whole rows, b0 = 0, n_in =
+// n_row; matvec_mma.cu one K range of them: a block's codes and record are its own), staged as a
+// row of n_in inputs; one 32-input block per thread and pass: its 2 x 32 code bytes and record are
+// one L2 round trip, written to the staged positions (a8_word: 32-value chunks keep inputs 0-15 of
+// chunk kc at words 4kc.., 16-31 at 4(nck+kc)..; Q8_0's 16-value chunks are in natural order).
 template <class Sink>
-BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_in, const Sink& sink) {
-    const int nck = n_in / VPC, wpm = n_in / 4, nb = n_in / 32;
+BW24_DEVICE void stage_qx(const uint32_t* __restrict__ qx, int n_row, int b0, int n_in, const Sink& sink) {
+    const int nck = n_in / VPC, wpm = n_row / 4, nb = n_in / 32;
     for (int m = 0; m < MV_M; ++m) {
-        const uint32_t* q = qx + (long)m * qx_row_words(n_in);
+        const uint32_t* q = qx + (long)m * qx_row_words(n_row);
         const uint4* q4 = reinterpret_cast<const uint4*>(q);
-        const int4* rec = reinterpret_cast<const int4*>(q + n_in / 2);
+        const int4* rec = reinterpret_cast<const int4*>(q + n_row / 2);
         uint32_t* xwm = sink.codes(m);
         auto* metam = sink.recs(m);
         for (int b = threadIdx.x; b < nb; b += MV_NT) {
-            const uint4 h0 = q4[2 * b], h1 = q4[2 * b + 1];
-            const uint4 l0 = q4[wpm / 4 + 2 * b], l1 = q4[wpm / 4 + 2 * b + 1];
-            const int4 r = rec[b];
+            const int bq = b0 + b;
+            const uint4 h0 = q4[2 * bq], h1 = q4[2 * bq + 1];
+            const uint4 l0 = q4[wpm / 4 + 2 * bq], l1 = q4[wpm / 4 + 2 * bq + 1];
+            const int4 r = rec[bq];
             uint4* dst = reinterpret_cast<uint4*>(xwm);
             dst[a8_word(32 * b, nck) / 4] = h0;
             dst[a8_word(32 * b + 16, nck) / 4] = h1;

@@ -38,6 +38,18 @@
 // own tree levels (16 .. 2 MQ_KW: chains i, i + MQ_NP / 2, ...), leaving residue r = 2 kw + c
 // (the subtree of L = r mod 2 MQ_KW), and the block finishes the tree over the residues in
 // shared memory (o = MQ_KW .. 1: v[r] += v[r + o]).  The same pairs are added, so the same bits.
+// K ranges (cuda_linear.mma_plan: where the m tokens' codes of the whole row do not fit beside
+// the ring; prologues none and qx, whose staging is per 32-input block): the row's k-tiles run as R
+// contiguous ranges [kt0, kt1), one launch each over the same rows, in k order; a launch stages x
+// for its range alone (a block's codes and record do not depend on the other blocks).  A launch
+// with kt0 > 0 starts each chain at the value the launch before left in part (a global f32
+// scratch, [global pass][value][thread]: by pass row0 / MQ_RB, not by block, so the grids need
+// not agree) instead of +0; one that ends before the row's last k-tile stores its chains there as
+// they are instead of folding them; only the last folds, finishes the tree, applies gs and the
+// epilogue (and qx_out).  A chain's f32 is stored and loaded exactly, and its chunks still come in
+// increasing order (launch r + 1 reads part after its pdl_wait, so after launch r completed), so
+// every chain holds the one-launch value at every step and the tree adds the same values: the
+// same bits as one launch, and as the SIMT kernel (kernel_refs.matvec_a8_mma_order's ranges).
 //
 // Layout.  The weights stream through a ring of MQ_STAGES stages (cp.async, 16-byte pieces, no
 // register cost for the bytes in flight): per stage one k-tile (32 chunks) of a pass's MQ_RB rows,
@@ -68,12 +80,20 @@
 // are the ring's (MQ_STAGES - 1 stages per block: 45-90 KB per SM), not registers.  The floor is
 // the weight bytes over the bandwidth, as at m = 1: Q8_0 gate|up 24576 x 4096 = 107 MB -> 36 us.
 // Costs that grow with m: the staged x (2.25 n_in bytes per token: a 12288-input down projection
-// holds 6 tokens in 227 KB with the ring; more run as groups of rows, cuda_linear.mma_plan) and its
-// prologue (every block quantizes all of x, as the SIMT kernel).
+// holds 6 tokens in 227 KB with the ring) and its prologue (every block quantizes all of x, as the
+// SIMT kernel).  Past that K ranges: they stage 2.25 (kt1 - kt0) 32 VPC bytes per token,
+// and the chains cross each range boundary through part once, written and read: per pass MV_NT x
+// MQ_NV floats (MQ_NV = MQ_NP * 2 * 2 * MQ_NT: the 32 chains of MQ_RB rows x 4 MQ_NT token
+// columns).  Qwen3-8B down at m = 8 (16 warps, MQ_KW 8: 512 x 16 floats = 32 KB per 32-row pass,
+// 128 passes, R = 2): 4.2 MB written + 4.2 MB read against 53.5 MB of Q8_0 weights (16 %) or 28.3
+// MB of NVFP4 (30 %), much of it from L2 (written by one launch, read by the next); the groups of rows
+// it replaces read all the weights once per group (+100 % at 6 + 2 rows).  The chain loads of a
+// pass are issued at the end of the one before, their latency under the next item's barrier.
 //
 // Limits: n_in a multiple of 256 (every scale plane's row 16-byte aligned: the ring copies whole
-// 16-byte pieces), n_out any (rows past it clamped to the last and not stored).  Dynamic shared
-// memory: cuda_linear.mma_smem (the ring, then the staged x, the scales, the pass buffers).
+// 16-byte pieces; a K range of whole k-tiles keeps it so), n_out any (rows past it clamped to the
+// last and not stored).  Dynamic shared memory: cuda_linear.mma_smem (the ring, then the staged x
+// of the widest range, the scales, the pass buffers).  part: cuda_linear.mma_part_floats.
 
 #include "matvec_common.cuh"
 #ifndef MV_MINB  // blocks per SM the register budget must allow (cuda_linear.mma_plan)
@@ -98,6 +118,7 @@
 #define MQ_NP (16 / MQ_KW)          // chunk pairs per warp and k-tile
 #define MQ_NT ((MV_M + 3) / 4)      // n-tiles of 4 tokens x 2 levels
 #define MQ_KT 32                    // chunks per k-tile: one step of every chain
+#define MQ_NV (MQ_NP * 2 * 2 * MQ_NT)  // chains per thread (acc)
 #define MQ_QP (MQ_KT * 16 + 16)     // q tile row pitch (bytes)
 #define MQ_SB (2 * VPC)             // scale bytes per row and k-tile (n_in / 16 per row)
 #define MQ_SP (MQ_SB + 16)          // scale tile row pitch
@@ -342,11 +363,17 @@ extern "C" __global__ void __launch_bounds__(MV_NT, MV_MINB)
 matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
            const void* __restrict__ wd, const float* __restrict__ gscale, const float* __restrict__ x,
            float* __restrict__ out, const float* __restrict__ normw, int n_out, int n_in, int ldx,
-           int pro, int epi, float eps, const uint32_t* __restrict__ qx_in, uint32_t* __restrict__ qx_out) {
+           int pro, int epi, float eps, const uint32_t* __restrict__ qx_in, uint32_t* __restrict__ qx_out,
+           float* __restrict__ part, int kt0, int kt1) {
     (void)wh; (void)wd;
     extern __shared__ float4 smem4[];
     unsigned char* ring = reinterpret_cast<unsigned char*>(smem4);          // [MQ_STAGES][MQ_STAGE]
-    const int xps = n_in / 4 + 4, nb = n_in / 32, nck = n_in / VPC;
+    // this launch's K range: k-tiles [kt0, kt1) of the row's nkt_all, chunks [kb, kb + nck_r),
+    // staged as x of n_r inputs (the ring's k-tiles, x's planes and records are the range's)
+    const int nck = n_in / VPC, nkt_all = (nck + MQ_KT - 1) / MQ_KT;
+    const bool from_part = kt0 > 0, to_part = kt1 < nkt_all;
+    const int kb = kt0 * MQ_KT, nck_r = min(kt1 * MQ_KT, nck) - kb, n_r = nck_r * VPC;
+    const int xps = n_r / 4 + 4, nb = n_r / 32;
     uint32_t* xw = reinterpret_cast<uint32_t*>(ring + MQ_STAGES * MQ_STAGE);  // [MV_M][2][xps] code words
     float2* sc = reinterpret_cast<float2*>(xw + 2 * MV_M * xps);              // [nb][MV_M] x scales
     float* red = reinterpret_cast<float*>(sc + nb * MV_M);                    // [2][2 MQ_KW][MQ_RB][MV_M] pass partials
@@ -356,43 +383,44 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
     const int st = warp / MQ_KW, kw = warp % MQ_KW, g = lane >> 2, t = lane & 3;
     const bool xb16 = (pro & PRO_BF16) != 0;
     pro &= ~PRO_BF16;
-    const bool qx = qx_out != nullptr && epi == EPI_SWIGLU;
+    const bool qx = qx_out != nullptr && epi == EPI_SWIGLU && !to_part;
     const int tile_rows = qx ? MQ_QX_ROWS : MQ_RB, ph = tile_rows / MQ_RB;  // passes per tile
     const int ntiles = (n_out + tile_rows - 1) / tile_rows;
     if ((int)blockIdx.x >= ntiles) return;
     const int my_tiles = (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
-    const int nkt = (nck + MQ_KT - 1) / MQ_KT;
+    const int nkt = kt1 - kt0;
     const int n_items = my_tiles * ph * nkt;
-    const int srow_bytes = n_in / 16;  // a row of the scale plane
+    const int srow_bytes = n_in / 16, srow_r = n_r / 16;  // a row of the scale plane; the range's part of it
     const MqCursor first{0, 0, 0, (int)blockIdx.x * tile_rows};
 
     // The copies of one item into its stage: lane L copies chunk L of the k-tile of rows warp +
     // MV_NW u (u < MQ_NP: MQ_RB * 32 pieces), threads below MQ_RB * MQ_SB / 16 one 16-byte scale
-    // piece each; rows past n_out read the last row, chunks past nck nothing.  One commit group
+    // piece each; rows past n_out read the last row, chunks past the range's nothing.  One commit group
     // per item (an empty one past the block's last item).  The sources of a pass's rows are set
-    // when its first k-tile is issued (rebase); a k-tile adds its offset.
+    // when its first k-tile is issued (rebase: 32-bit offsets, the planes having fewer than 2^32
+    // pieces: registers); a k-tile adds its offset.
     constexpr int SPR = MQ_SB / 16;  // scale pieces per row
     const bool s_copier = tid < MQ_RB * SPR;
     const int s_row = tid / SPR, s_piece = tid % SPR;
-    const uint4* qsrc[MQ_NP];
-    const unsigned char* ssrc = nullptr;
+    unsigned qsrc[MQ_NP], ssrc = 0;  // uint4s from wq, bytes from ws
     MqCursor iss = first;
     int issued = 0;
     auto rebase = [&]() {
 #pragma unroll
-        for (int u = 0; u < MQ_NP; ++u) qsrc[u] = wq + (long)min(iss.row0 + warp + MV_NW * u, n_out - 1) * nck + lane;
-        if (s_copier)
-            ssrc = reinterpret_cast<const unsigned char*>(ws) + (long)min(iss.row0 + s_row, n_out - 1) * srow_bytes + 16 * s_piece;
+        for (int u = 0; u < MQ_NP; ++u) qsrc[u] = (unsigned)min(iss.row0 + warp + MV_NW * u, n_out - 1) * nck + kb + lane;
+        if (s_copier) ssrc = (unsigned)min(iss.row0 + s_row, n_out - 1) * srow_bytes + kt0 * MQ_SB + 16 * s_piece;
     };
     auto issue = [&]() {
         if (issued < n_items) {
             unsigned char* stg = ring + (issued % MQ_STAGES) * MQ_STAGE;
             if (iss.kt == 0) rebase();
-            if (iss.kt * MQ_KT + lane < nck)
+            if (iss.kt * MQ_KT + lane < nck_r)
 #pragma unroll
-                for (int u = 0; u < MQ_NP; ++u) cp_async16(stg + (warp + MV_NW * u) * MQ_QP + lane * 16, qsrc[u] + iss.kt * MQ_KT, 16);
-            if (s_copier && iss.kt * MQ_SB + 16 * s_piece < srow_bytes)
-                cp_async16(stg + MQ_RB * MQ_QP + s_row * MQ_SP + 16 * s_piece, ssrc + iss.kt * MQ_SB, 16);
+                for (int u = 0; u < MQ_NP; ++u)
+                    cp_async16(stg + (warp + MV_NW * u) * MQ_QP + lane * 16, wq + (qsrc[u] + iss.kt * MQ_KT), 16);
+            if (s_copier && iss.kt * MQ_SB + 16 * s_piece < srow_r)
+                cp_async16(stg + MQ_RB * MQ_QP + s_row * MQ_SP + 16 * s_piece,
+                           reinterpret_cast<const unsigned char*>(ws) + (ssrc + iss.kt * MQ_SB), 16);
             iss.next(nkt, ph, tile_rows);
             if (++issued == n_items) pdl_trigger();  // the block's weight stream is issued
         }
@@ -402,11 +430,11 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
     for (int s = 0; s < MQ_STAGES - 1; ++s) issue();
     pdl_wait();  // x (and out, for the add epilogue) come from the previous kernel
 
-    const MmaPlanes sink{xw, sc, xps, xps};
+    const MmaPlanes sink{xw, sc, xps, xps};  // the range's inputs (prologues none / qx: per 32-input block)
     if (pro == PRO_QX)
-        stage_qx(qx_in, n_in, sink);
+        stage_qx(qx_in, n_in, kb * VPC / 32, n_r, sink);
     else
-        stage_a8(x, ldx, n_in, pro, eps, normw, xb16, sink, stat);
+        stage_a8(x + (long)kb * VPC, ldx, n_r, pro, eps, normw, xb16, sink, stat);
     const uint32_t nv_t0 = nv_table_word();  // NVFP4 (dot_a8.cuh)
 
     // the outputs of the pass at cursor c from its partial sums (red[par]): tree, gs, epilogue
@@ -447,17 +475,17 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
 #pragma unroll
     for (int j = 0; j < MQ_NT; ++j) x_lane[j] = xw_s + (uint32_t)(min(8 * j + (lane & 7), 2 * MV_M - 1) * 4 * xps);
     float acc[MQ_NP][2][2][MQ_NT];
-    auto zero_chains = [&]() {  // every chain starts from +0 (the contract's acc)
+    // The chains between the launches over K ranges: part[global pass][value][thread] (value v: acc's
+    // own order, ((i * 2 + c) * 2 + rr) * MQ_NT + j; the global pass row0 / MQ_RB: any grid), each
+    // f32 stored and loaded as it is
+    float* const chains = &acc[0][0][0][0];
+    auto part_at = [&](int row0) { return part + (long)(row0 / MQ_RB) * (MQ_NV * MV_NT) + tid; };
+    auto begin_chains = [&](int row0) {  // a pass's chains at its range's first k-tile: +0 (the contract's acc), or
+        const float* p = from_part ? part_at(row0) : nullptr;  // where the range before left them
 #pragma unroll
-        for (int i = 0; i < MQ_NP; ++i)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-                    for (int j = 0; j < MQ_NT; ++j) acc[i][c][rr][j] = 0.0f;
+        for (int v = 0; v < MQ_NV; ++v) chains[v] = p ? __ldcg(p + v * MV_NT) : 0.0f;
     };
-    zero_chains();
+    begin_chains(first.row0);
     MqCursor cur = first, done = first;  // the item computed; the pass whose partials await their combine
     int pass = 0;                        // cur's pass ordinal (the partial buffers' parity)
     bool pend_pass = false;
@@ -480,10 +508,15 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
 #pragma unroll
         for (int ip = 0; ip < MQ_NP; ++ip) {
             const int c0 = 2 * kw + 2 * MQ_KW * ip, kc0 = cur.kt * MQ_KT + c0;
-            if (kc0 < nck)  // warp-uniform; nck is even (n_in % 256 == 0)
-                mq_pair(acc[ip], qbase + c0 * 16, srow0, srow0 + 8 * MQ_SP, x_lane, c0, kc0, nck, sc, nv_t0);
+            if (kc0 < nck_r)  // warp-uniform; nck_r is even (n_in % 256 == 0); kc0: the chunk in the range (x's)
+                mq_pair(acc[ip], qbase + c0 * 16, srow0, srow0 + 8 * MQ_SP, x_lane, c0, kc0, nck_r, sc, nv_t0);
         }
-        if (cur.kt == nkt - 1) {  // the pass's last k-tile: the warp's tree levels, its partials out, chains reset
+        const bool pass_end = cur.kt == nkt - 1;
+        if (pass_end && to_part) {  // the range's last k-tile, not the row's: the chains out as they are
+            float* p = part_at(cur.row0);
+#pragma unroll
+            for (int v = 0; v < MQ_NV; ++v) __stcg(p + v * MV_NT, chains[v]);
+        } else if (pass_end) {  // the row's last k-tile: the warp's tree levels, its partials out
 #pragma unroll
             for (int h = MQ_NP / 2; h >= 1; h >>= 1)
 #pragma unroll
@@ -503,13 +536,14 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
 #pragma unroll
                     for (int j = 0; j < MQ_NT; ++j)
                         if (4 * j + t < MV_M) rb[((2 * kw + c) * MQ_RB + st * 16 + g + 8 * rr) * MV_M + 4 * j + t] = acc[0][c][rr][j];
-            zero_chains();
             done = cur;
             pend_pass = true;
             ++pass;
         }
         cur.next(nkt, ph, tile_rows);
+        if (pass_end && i + 1 < n_items) begin_chains(cur.row0);  // the next pass's (loads in flight over the next barrier)
     }
+    if (to_part) return;  // the next range's launch continues the chains
     __syncthreads();  // the last pass's partials (and the last combine's tile outputs) are in
     if (pend_tile >= 0) quantize(pend_tile);
     combine(done, (pass - 1) & 1);

@@ -7,6 +7,7 @@ or a hand-off shows here as a diff to review; regenerate with
 
     python -m bw24chat.backends.plan qwen3-8b FORMAT > tests/data/decode_plan_qwen3-8b_FORMAT.txt
     python -m bw24chat.backends.plan qwen3-8b FORMAT --rows 4 > tests/data/decode_plan_qwen3-8b_FORMAT_rows4.txt
+    python -m bw24chat.backends.plan qwen3-8b q8_0 --rows 8 > tests/data/decode_plan_qwen3-8b_q8_0_rows8.txt
 """
 from pathlib import Path
 
@@ -68,6 +69,23 @@ def test_qwen3_8b_verify_plan_matches_the_golden_file(fmt):
     """The step of 4 rows (a verify of 3 drafts): its golden file, as the one-row step's."""
     plan, layers = _plan(fmt, m=4)
     assert format_plan(plan, layers) == (DATA / f"decode_plan_qwen3-8b_{fmt}_rows4.txt").read_text()
+
+
+def test_eight_rows_run_the_down_projection_over_k_ranges():
+    """The step of 8 rows (its golden file): the 12288-input down projection's 8 rows of x codes do
+    not fit one matvec_mma launch beside its ring, so it runs as two launches over the k-tiles
+    [0, 12) and [12, 24) of the same rows (matvec_mma.cu: K ranges), the chains carried through
+    one scratch (mma_part), both reading the gate|up epilogue's QX codes; every other matvec is one
+    launch over all its k-tiles."""
+    plan, layers = _plan("q8_0", m=8)
+    assert format_plan(plan, layers) == (DATA / "decode_plan_qwen3-8b_q8_0_rows8.txt").read_text()
+    mma = [L for L in plan if L.name == "matvec_mma"]  # args: (q, h, s, d, gs, x, out, ..., qx_in, qx_out, part, kt0, kt1)
+    down = [L for L in mma if L.args[0].endswith("ffn_down.q")]
+    assert len(down) == 2 * layers
+    for a, b in zip(down[::2], down[1::2]):
+        assert a.args[0] == b.args[0] and a.key() == b.key() and a.args[14] == b.args[14] == "qx_act"
+        assert a.args[-3:] == ("mma_part", "0", "12") and b.args[-3:] == ("mma_part", "12", "24")
+    assert all(L.args[-3:-1] == ("0", "0") for L in mma if L not in down)
 
 
 def test_hybrid_plan_matches_the_golden_file():

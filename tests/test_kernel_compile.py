@@ -64,6 +64,7 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
         mp.setattr(cl, "get_kernel", rec)
         mp.setattr(cl, "_sm_resources", lambda: (132, 228 * 1024))
         mp.setattr(cl, "resident_blocks", lambda k, t, s: 1)
+        mp.setattr(cl, "_mma_part", arr)  # the K ranges' chain scratch (the down projection at m = 8)
         mp.setattr(kernel_build, "smem_block_limit", lambda: 227 * 1024)
         mp.delenv("BW24CHAT_A8", raising=False)
         for fmt, ms in (("NVFP4", (1, 3)), ("Q4_K", (1,)), ("Q8_0", (1, 8)), ("Q6_K", (1,)), ("BF16", (1, 3)), ("F16", (1,)),
@@ -219,7 +220,9 @@ def test_integer_dot_matvec_builds_do_not_spill(defines):
 def mma_matvec_builds() -> list[dict]:
     """The matvec_mma.cu builds cuda_linear.mma_plan picks (H100 resources: the ring depth follows
     the shared memory) for Q8_0, NVFP4, Q4_K at m = 1..8 on the Qwen3-8B widths (4096 and 12288
-    inputs), and the other K split (4 warps per sub-tile) at both block sizes."""
+    inputs) and the Llama-3-8B down projection's (14336), under prologue qx (the
+    launches over K ranges from m = 7 at 12288) and rmsnorm (rows in groups), and the other
+    warps per sub-tile (4) at both block sizes."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
 
     out = []
@@ -229,11 +232,12 @@ def mma_matvec_builds() -> list[dict]:
         mp.delenv("BW24CHAT_A8", raising=False)
         for fmt in cl.MMA_FORMATS:
             fid, vpc = FORMATS[fmt]
-            for in_ in (4096, 12288):
+            for in_ in (4096, 12288, 14336):
                 W = cl.DeviceWeight(fmt, 4096, in_, None, fmt_id=fid, vpc=vpc)
                 for m in range(1, 9):
-                    p = cl.mma_plan(W, m)
-                    out.append({"FMT": fid, "MV_M": p.m_fit, **p.defines})
+                    for pro in ("qx", "rmsnorm"):
+                        p = cl.mma_plan(W, m, pro)
+                        out.append({"FMT": fid, "MV_M": p.m_fit, **p.defines})
             out += [{"FMT": fid, "MV_M": m, "MV_NW": nw, "MQ_KW": 4, "MQ_STAGES": 3, "MV_MINB": 2 if nw == 8 else 1,
                      **({"MV_STAT8": 1} if nw == 16 else {})} for m, nw in ((3, 8), (8, 16))]
     return [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in out)]

@@ -118,9 +118,10 @@ def test_sixteen_warps_only_without_an_rmsnorm_statistic():
 def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
     """The gate|up epilogue writes the down projection's x codes (matvec.cu qx_out) only where
     its tiles are 64 rows = 32 outputs = one 32-input block: the gate|up of NVFP4, Q8_0 and Q4_K
-    (16 warps x 4 rows) at m = 1, and matvec_mma's 64-row qx tiles at m = 2..8 (where its launch
-    stages the m rows: not the 12288-input down projection's 7 and 8 on an H100); the SIMT kernel
-    at m > 1, BF16 and a geometry of 8 warps x 2 rows keep the down prologue's quantization."""
+    (16 warps x 4 rows) at m = 1, and matvec_mma's 64-row qx tiles at m = 2..8, which the down
+    projection takes at every m (at 7 and 8 on an H100 in two K ranges: its x does not fit one
+    launch); the SIMT kernel at m > 1, BF16 and a geometry of 8 warps x 2 rows keep the down
+    prologue's quantization."""
     W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1], vpc=FORMATS[fmt][1])  # noqa: E731
     monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 228 * 1024))
     monkeypatch.setattr(cl.kernel_build, "smem_block_limit", lambda: 227 * 1024)
@@ -129,7 +130,10 @@ def test_qx_is_written_where_tiles_cover_whole_input_blocks(monkeypatch):
         assert not cl.writes_qx(W(fmt, GATE_UP), 2, impl="simt"), fmt
         for m in range(2, 9):
             assert cl.writes_qx(W(fmt, GATE_UP), m), (fmt, m)
-            assert cl.takes_qx(W(fmt, DOWN), m) == (m <= 6), (fmt, m)
+            assert cl.takes_qx(W(fmt, DOWN), m), (fmt, m)
+            nkt = cl.mma_k_tiles(W(fmt, DOWN))  # 24 Q8_0, 12 NVFP4 / Q4_K
+            assert cl.mma_plan(W(fmt, DOWN), m, "qx").kt_bounds == ((0, nkt) if m <= 6 else (0, nkt // 2, nkt)), (fmt, m)
+            assert cl.mma_plan(W(fmt, DOWN), m, "rmsnorm").m_fit == min(m, 6), (fmt, m)
     assert not cl.writes_qx(W("BF16", GATE_UP), 1)
     with monkeypatch.context() as mp:  # Q8_0 / Q4_K at 2 rows per warp
         for fmt in ("Q8_0", "Q4_K"):

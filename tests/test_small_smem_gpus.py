@@ -95,16 +95,20 @@ def test_integer_dot_matvec_rows_fit(small_gpu, fmt, n_in):
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
 @pytest.mark.parametrize("n_in", [2048, 4096, 5120, 12288, 14336, 25600])
 def test_tensor_core_matvec_rows_fit(small_gpu, monkeypatch, fmt, n_in):
-    """The m-row steps' matvec_mma (m = 2..8): its ring, staged rows and buffers fit 99 KB; more
-    rows than fit go in groups, and a QX hand-off only where one launch takes them all."""
+    """The m-row steps' matvec_mma (m = 2..8): its ring, staged rows and buffers fit 99 KB; under
+    prologue qx / none launches over K ranges take every row (the QX hand-off at every m), under rmsnorm more
+    rows than fit go in groups."""
     from bw24chat.backends.cuda_weights import FORMATS
 
     monkeypatch.setattr(cl, "_sm_resources", lambda: (84, 100 * 1024))
     W = types.SimpleNamespace(fmt=fmt, out=4096, in_=n_in, vpc=FORMATS[fmt][1])
     for m in range(2, 9):
         assert cl.matvec_impl(W, True, m) == "mma"
-        plan = cl.mma_plan(W, m)
-        assert plan.smem <= LIMIT and 1 <= plan.m_fit <= m and plan.defines["MQ_STAGES"] >= 2
-        assert cl.takes_qx(W, m) == (plan.m_fit >= m)
+        plan, grouped = cl.mma_plan(W, m, "qx"), cl.mma_plan(W, m, "rmsnorm")
+        for p in (plan, grouped):
+            assert p.smem <= LIMIT and 1 <= p.m_fit <= m and p.defines["MQ_STAGES"] >= 2
+        assert plan.m_fit == m and cl.takes_qx(W, m) and grouped.ranges == 1
+        assert plan.kt_bounds[0] == 0 and plan.kt_bounds[-1] == cl.mma_k_tiles(W)
+        assert (plan.ranges > 1) == (grouped.m_fit < m)
     if n_in == 12288:
-        assert not cl.takes_qx(W, 3)
+        assert cl.mma_plan(W, 3, "qx").ranges == 2

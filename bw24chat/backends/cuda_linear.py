@@ -259,7 +259,7 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | No
         return False
     impl = impl or matvec_impl(W, True, m)
     if impl == "mma":
-        return mma_writes_qx(W, m)
+        return mma_writes_qx(W, m, prologue)
     if (W.out // 2) % 32 or W.out % 2 or impl != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
@@ -269,13 +269,13 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | No
 def takes_qx(W: DeviceWeight, m: int = 1, impl: str | None = None) -> bool:
     """Whether W's matvec (impl None: matvec_impl's pick) can read its x codes from a QX buffer
     (prologue "qx") for m rows: the integer-dot contract, inputs in whole 32-blocks, and the m rows
-    staged by one launch (a8_rows_per_launch / mma_plan's m_fit: on a 99 KB GPU a 12288-input down
-    projection stages 2)."""
+    staged by one launch (the SIMT kernel's a8_rows_per_launch: on a 99 KB GPU a 12288-input down
+    projection stages 2) or by launches over K ranges (matvec_mma: mma_plan's m_fit is m)."""
     if W.fmt in FLOAT_FORMATS or not act_q8(W.fmt) or W.in_ % 32:
         return False
     impl = impl or matvec_impl(W, True, m)
     if impl == "mma":
-        return mma_plan(W, m).m_fit >= m
+        return mma_plan(W, m, "qx").m_fit >= m
     if impl != "simt":
         return False
     _, _, nw = _simt_geometry(W, m, True, PROLOGUES["qx"])
@@ -298,16 +298,25 @@ def _a8_row_bytes(W: DeviceWeight, nw: int) -> int:
 
 MMA_FORMATS = ("Q8_0", "NVFP4", "Q4_K")  # the weights matvec_mma.cu decodes (integer-dot contract)
 MMA_QX_ROWS = 64  # matvec_mma.cu MQ_QX_ROWS: a qx_out tile (32 outputs: one 32-input block of the next x)
+MMA_KT = 32  # matvec_mma.cu MQ_KT: chunks per k-tile (one step of every chain)
+MMA_SPLIT_PROLOGUES = ("none", "qx")  # the prologues whose staging is per 32-input block: the K ranges'
 
 
 class MmaPlan(NamedTuple):
-    """One matvec_mma launch's geometry (mma_plan): its defines, threads per block, rows per pass
-    (16 x sub-tiles), dynamic shared bytes, and the x rows one launch stages (more run in groups)."""
+    """One matvec_mma call's geometry (mma_plan): its defines, threads per block, rows per pass
+    (16 x sub-tiles), dynamic shared bytes, the x rows one launch stages (more run in groups), and
+    the K ranges: the k-tile bounds (0, ..., all k-tiles) of its ranges, one launch each (one range:
+    (0, nkt), no split)."""
     defines: dict
     threads: int
     rows: int
     smem: int
     m_fit: int
+    kt_bounds: tuple
+
+    @property
+    def ranges(self) -> int:
+        return len(self.kt_bounds) - 1
 
 
 def takes_mma(W: DeviceWeight) -> bool:
@@ -323,24 +332,47 @@ def _planes_aligned(W: DeviceWeight) -> bool:
     return not any(getattr(getattr(p, "data", None), "ptr", 0) % 16 for p in (getattr(W, "q", None), getattr(W, "s", None)))
 
 
-def mma_smem(W: DeviceWeight, m: int, defines: dict) -> int:
+def mma_smem(W: DeviceWeight, m: int, defines: dict, inputs: int | None = None) -> int:
     """matvec_mma.cu's dynamic shared bytes (its header's layout): the ring (MQ_STAGES k-tiles of
     16 MV_NW / MQ_KW rows: q at a 528-byte pitch, 2 VPC + 16 scale bytes), x's code planes (2 m
-    planes of n_in + 16 bytes), x's scales (a float2 per 32-input block and token), the pass
-    partials (2 parities x 2 MQ_KW residues x rows x m floats), the statistic (MV_NW floats) and
-    qx_out's tile buffers (2 x m x 32 floats)."""
+    planes of inputs + 16 bytes; inputs: those of the widest K range, default the row's), x's
+    scales (a float2 per 32-input block and token), the pass partials (2 parities x 2 MQ_KW
+    residues x rows x m floats), the statistic (MV_NW floats) and qx_out's tile buffers (2 x m x
+    32 floats)."""
     nw, kw = defines["MV_NW"], defines["MQ_KW"]
     rows = 16 * (nw // kw)
+    n = W.in_ if inputs is None else inputs
     ring = defines["MQ_STAGES"] * rows * (32 * 16 + 16 + 2 * W.vpc + 16)
-    return ring + 2 * m * (W.in_ + 16) + (W.in_ // 32) * m * 8 + 2 * 2 * kw * rows * m * 4 + nw * 4 + 2 * m * 32 * 4
+    return ring + 2 * m * (n + 16) + (n // 32) * m * 8 + 2 * 2 * kw * rows * m * 4 + nw * 4 + 2 * m * 32 * 4
 
 
-def mma_plan(W: DeviceWeight, m: int) -> MmaPlan:
+def mma_k_tiles(W: DeviceWeight) -> int:
+    """matvec_mma's k-tiles per row: 32 chunks each, the last possibly partial."""
+    return -(-(W.in_ // W.vpc) // MMA_KT)
+
+
+def mma_ranges(nkt: int, r: int) -> tuple[int, ...]:
+    """The k-tile bounds of r contiguous K ranges over nkt k-tiles, as even as possible (their
+    sizes differ by at most one k-tile)."""
+    return tuple(i * nkt // r for i in range(r + 1))
+
+
+def _range_inputs(W: DeviceWeight, bounds: tuple) -> int:
+    """The inputs of the widest K range of these bounds (the last k-tile may be partial)."""
+    nck = W.in_ // W.vpc
+    return max((min(b * MMA_KT, nck) - a * MMA_KT) * W.vpc for a, b in zip(bounds, bounds[1:]))
+
+
+def mma_plan(W: DeviceWeight, m: int, prologue: str = "none", ranges: int | None = None) -> MmaPlan:
     """matvec_mma's geometry for W at m rows: MATVEC_MMA_TUNING's entry (format, else "*"; one n-tile
     at m <= 4, two above); its ring as deep as the entry allows and the shared memory holds with
-    the entry's blocks per SM resident, else with one, at least 2 stages; where even that does not
-    hold m rows of x (a 12288-input down projection at m > 6 on a 227 KB GPU), the rows that
-    fit run per launch (each row equals its m = 1 call whatever the grouping)."""
+    the entry's blocks per SM resident, else with one, at least 2 stages.  Where even that does not
+    hold m rows of x (a 12288-input down projection at m > 6 on a 227 KB GPU): under prologue none or
+    qx (MMA_SPLIT_PROLOGUES: the down and o projections) launches over K ranges, the fewest
+    (mma_ranges) whose x fits (the same bits: matvec_mma.cu's contract); under rmsnorm or swiglu,
+    whose prologue reads all of x (the statistic; the up half), the rows that fit run per launch
+    (each row equals its m = 1 call whatever the grouping).  ranges: that many K ranges instead
+    (tests, tools/matvec_mma_timing.py; none / qx only)."""
     cls = "one_tile" if m <= 4 else "two_tiles"
     defs = dict(MATVEC_MMA_TUNING.get((W.fmt, cls), MATVEC_MMA_TUNING[("*", cls)]))
     nw, deepest = defs["MV_NW"], defs["MQ_STAGES"]
@@ -348,48 +380,101 @@ def mma_plan(W: DeviceWeight, m: int) -> MmaPlan:
         defs["MV_STAT8"] = 1  # the 8-warp rmsnorm statistic (the SIMT kernel's order)
     limit = min(WGP_SMEM_MAX, kernel_build.smem_block_limit())
     _, smem_sm = _sm_resources()
-    for mm in range(m, 0, -1):
+    nkt = mma_k_tiles(W)
+    split = prologue in MMA_SPLIT_PROLOGUES
+
+    def fit(mm: int, r: int) -> MmaPlan | None:
+        bounds = mma_ranges(nkt, r)
+        inputs = _range_inputs(W, bounds)
         for budget in (min(limit, smem_sm // defs.get("MV_MINB", 1) - 1024), limit):
-            fixed = mma_smem(W, mm, {**defs, "MQ_STAGES": 0})
-            stage = mma_smem(W, mm, {**defs, "MQ_STAGES": 1}) - fixed
+            fixed = mma_smem(W, mm, {**defs, "MQ_STAGES": 0}, inputs)
+            stage = mma_smem(W, mm, {**defs, "MQ_STAGES": 1}, inputs) - fixed
             stages = min(deepest, (budget - fixed) // stage)
             if stages >= 2:
-                defs["MQ_STAGES"] = stages
-                return MmaPlan(defs, 32 * nw, 16 * (nw // defs["MQ_KW"]), fixed + stages * stage, mm)
-    raise ValueError(f"matvec_mma: one row of {W.in_} inputs does not fit the shared memory")
+                return MmaPlan({**defs, "MQ_STAGES": stages}, 32 * nw, 16 * (nw // defs["MQ_KW"]), fixed + stages * stage,
+                               mm, bounds)
+        return None
+
+    if ranges is not None:
+        if not (1 <= ranges <= nkt) or (ranges > 1 and not split):
+            raise ValueError(f"matvec_mma: {ranges} K ranges of {nkt} k-tiles under prologue {prologue!r}")
+        tries = [(m, ranges)]
+    else:
+        tries = [(m, r) for r in range(1, nkt + 1)] if split else [(mm, 1) for mm in range(m, 0, -1)]
+    for mm, r in tries:
+        plan = fit(mm, r)
+        if plan is not None:
+            return plan
+    raise ValueError(f"matvec_mma: {W.in_} inputs of {m} rows do not fit the shared memory in {tries[-1][1]} K ranges")
 
 
-def mma_writes_qx(W: DeviceWeight, m: int) -> bool:
-    """Whether matvec(W, ..., impl="mma", epilogue="swiglu", qx_out=...) can write the next
-    matvec's x codes: takes_mma, 32 outputs per 64-row tile over whole 32-input blocks, and the m
-    rows in one launch."""
-    return takes_mma(W) and W.out % 2 == 0 and (W.out // 2) % 32 == 0 and 1 <= m <= 8 and mma_plan(W, m).m_fit >= m
+def mma_part_floats(W: DeviceWeight, m: int, plan: MmaPlan) -> int:
+    """Floats of matvec_mma's chain scratch (part) for K ranges of W at m rows: per pass of
+    plan.rows rows, every thread's MQ_NV = MQ_NP * 2 * 2 * MQ_NT chains (MQ_NP = 16 / MQ_KW chunk
+    pairs, 2 chunks, rows g and g + 8, MQ_NT = ceil(m / 4) n-tiles), over the passes of whole
+    64-row qx_out tiles (the last launch's tiles may pass the others' last pass; such a pass's
+    chains are read and never stored)."""
+    tile = max(plan.rows, MMA_QX_ROWS)
+    passes = -(-W.out // tile) * tile // plan.rows
+    return passes * plan.threads * (16 // plan.defines["MQ_KW"]) * 4 * -(-m // 4)
 
 
-def _matvec_mma(W: DeviceWeight, x, out, m: int, pro_arg, epi: int, ldx: int, n_y: int, norm_w, eps: float,
-                qx_in, qx_out) -> None:
-    """matvec_mma.cu on W (takes_mma) for m rows, in groups of mma_plan's m_fit."""
-    plan = mma_plan(W, m)
+_parts: dict = {}
+
+
+def _mma_part(n: int):
+    """The chain scratch of n floats for K ranges (mma_part_floats), one per (device, stream,
+    size): the launches of one stream run in order (each reads it after its pdl_wait), those of
+    two streams never share it.  Allocated on first use: when a decode plan is traced (before any
+    graph is captured), or by an eager call (tools time a graph after one)."""
+    if kernel_build.planning_active():
+        return kernel_build.device_empty("mma_part", (n,), np.float32)
+    import cupy as cp
+
+    key = (cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, n)
+    if key not in _parts:
+        _parts[key] = cp.empty(n, cp.float32)
+    return _parts[key]
+
+
+def mma_writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
+    """Whether matvec(W, ..., impl="mma", prologue=prologue, epilogue="swiglu", qx_out=...) can write
+    the next matvec's x codes: takes_mma, 32 outputs per 64-row tile over whole 32-input blocks,
+    and the m rows in one launch (or over K ranges: the last range's launch writes them)."""
+    return takes_mma(W) and W.out % 2 == 0 and (W.out // 2) % 32 == 0 and 1 <= m <= 8 and \
+        mma_plan(W, m, prologue).m_fit >= m
+
+
+def _matvec_mma(W: DeviceWeight, x, out, m: int, prologue: str, pro_arg, epi: int, ldx: int, n_y: int, norm_w,
+                eps: float, qx_in, qx_out, ranges: int | None = None) -> None:
+    """matvec_mma.cu on W (takes_mma) for m rows: one launch per K range of mma_plan's (the chains
+    carried between them in a scratch: _mma_part), or in groups of its m_fit rows."""
+    plan = mma_plan(W, m, prologue, ranges)
     if plan.m_fit < m:
         if qx_in is not None or qx_out is not None:
             raise ValueError("the QX buffers take at most the rows one launch stages")
         xf, of = x.reshape(-1), out.reshape(-1)
         for r0 in range(0, m, plan.m_fit):
             mm = min(plan.m_fit, m - r0)
-            _matvec_mma(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, pro_arg, epi, ldx, n_y,
-                        norm_w, eps, None, None)
+            _matvec_mma(W, xf[r0 * ldx:(r0 + mm) * ldx], of[r0 * n_y:(r0 + mm) * n_y], mm, prologue, pro_arg, epi, ldx,
+                        n_y, norm_w, eps, None, None)
         return
     k = get_kernel("matvec_mma", "matvec_mma", FMT=W.fmt_id, MV_M=m, **plan.defines)
     _ensure_smem(k, plan.smem)
-    tile_rows = MMA_QX_ROWS if qx_out is not None else plan.rows
-    grid = (persistent_grid(k, plan.threads, plan.smem, -(-W.out // tile_rows)),)
-    k(grid, (plan.threads,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
-                              pro_arg, np.int32(epi), np.float32(eps), _ptr(qx_in), _ptr(qx_out)), shared_mem=plan.smem)
+    part = _mma_part(mma_part_floats(W, m, plan)) if plan.ranges > 1 else None
+    bounds = plan.kt_bounds
+    for kt0, kt1 in zip(bounds, bounds[1:]):
+        qo = qx_out if kt1 == bounds[-1] else None  # the last range's launch combines the passes
+        tile_rows = MMA_QX_ROWS if qo is not None else plan.rows
+        grid = (persistent_grid(k, plan.threads, plan.smem, -(-W.out // tile_rows)),)
+        k(grid, (plan.threads,), (*_wargs(W), x, out, _ptr(norm_w), np.int32(W.out), np.int32(W.in_), np.int32(ldx),
+                                  pro_arg, np.int32(epi), np.float32(eps), _ptr(qx_in), _ptr(qo), _ptr(part),
+                                  np.int32(kt0), np.int32(kt1)), shared_mem=plan.smem)
 
 
 def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: str = "store",
            norm_w=None, eps: float = 1e-6, impl: str | None = None, act_quant: bool | None = None,
-           qx_in=None, qx_out=None, act_bf16: bool = False) -> None:
+           qx_in=None, qx_out=None, act_bf16: bool = False, k_ranges: int | None = None) -> None:
     """out[m, W.out] (=|+=) prologue(x)[m, W.in] @ W.T; epilogue "swiglu" (W's rows interleaved
     gate_i, up_i): out[m, W.out/2] = silu(y[:, 0::2]) * y[:, 1::2].
 
@@ -402,7 +487,9 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     act_bf16: the bf16-activation contract, x rounded to bf16 after the prologue (qx_out's codes
     are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" | "mma" (default
     matvec_impl: tests run the kernel production picks for another shape; "mma": matvec_mma.cu,
-    the integer-dot contract on int8 tensor cores, where takes_mma; qx_out where mma_writes_qx)."""
+    the integer-dot contract on int8 tensor cores, where takes_mma; qx_out where mma_writes_qx).
+    k_ranges: matvec_mma over that many K ranges instead of mma_plan's (tests and tools:
+    every split gives the same bits; prologues none and qx)."""
     if not 1 <= m <= 8:
         raise ValueError(f"matvec handles 1..8 rows, got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
@@ -427,13 +514,15 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     impl = impl or matvec_impl(W, a8, m)
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
         raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
+    if k_ranges is not None and impl != "mma":
+        raise ValueError("k_ranges: matvec_mma's K ranges (impl \"mma\")")
     if impl == "mma":
         if not (a8 and takes_mma(W)):
             raise ValueError(f"matvec_mma runs {', '.join(MMA_FORMATS)} under the integer-dot contract, rows of a multiple "
                              f"of 256 inputs, not {W.fmt} x {W.in_} (a8={a8})")
         if not _planes_aligned(W):
             raise ValueError("matvec_mma copies 16-byte pieces of the q and s planes: 16-byte aligned planes")
-        _matvec_mma(W, x, out, m, pro_arg, epi, ldx, n_y, norm_w, eps, qx_in, qx_out)
+        _matvec_mma(W, x, out, m, prologue, pro_arg, epi, ldx, n_y, norm_w, eps, qx_in, qx_out, k_ranges)
         return
     if impl == "tc":
         if a8 or W.fmt not in TC_FORMATS:

@@ -226,7 +226,7 @@ def fma32(a, b, c) -> np.ndarray:
 A8_EXACT_FORMATS = ("Q8_0", "NVFP4", "Q4_K")  # the formats matvec_a8_exact (and matvec_mma.cu) take
 
 
-def _a8_chain_steps(hp, x: np.ndarray) -> tuple[list, int]:
+def _a8_chain_steps(hp, x: np.ndarray, kc0: int = 0, kc1: int | None = None) -> tuple[list, int]:
     """The integer-dot matvec's per-chunk chain steps (dot_a8.cuh chunk_dot_a8) of x float32
     [m, in] against the repacked weights hp: a list of (d, s) float32 [m, out, nck], each step
     acc = fma(d[kc], s[kc], acc) in list order per chunk; and nck.  x quantized per 32 inputs
@@ -234,7 +234,9 @@ def _a8_chain_steps(hp, x: np.ndarray) -> tuple[list, int]:
     256 dot_h + dot_l; Q4_K 256 dot_h + dot_l, then the min step), s the scale products as
     float32 rounds them (Q8_0 d * 2^e_p; NVFP4 (E4M3 * 2^-8) * 2^(e-1); Q4_K (d sc) * 2^(e-8),
     then the min -dmin mn against the block's exact x sum 2^(e-8) (256 sum h + sum l)), e_h = e,
-    e_l = e - 8."""
+    e_l = e - 8.  kc0, kc1: the steps of chunks [kc0, kc1) only (nck = kc1 - kc0, the chunks
+    counted from kc0; kc0 on a 32-input block), their inputs quantized by themselves as a K range
+    of matvec_mma.cu stages them."""
     from .cuda_weights import chunk_codes, vpc
 
     fmt, out, n = hp.fmt, hp.out, hp.in_
@@ -242,9 +244,11 @@ def _a8_chain_steps(hp, x: np.ndarray) -> tuple[list, int]:
         raise ValueError(f"the exact integer-dot rows are modelled for {A8_EXACT_FORMATS}, not {fmt}")
     x = np.atleast_2d(np.asarray(x, np.float32))
     m, V = x.shape[0], vpc(fmt)
-    nck = n // V
-    h, l, e = act_quant_codes(x)
+    kc1 = n // V if kc1 is None else kc1
+    nck = kc1 - kc0
+    h, l, e = act_quant_codes(x[:, kc0 * V:kc1 * V])
     q, a0, a1, b0, _ = chunk_codes(hp)
+    q, a0, a1, b0 = (None if a is None else a[:, kc0:kc1] for a in (q, a0, a1, b0))
     qi = q.astype(np.int64)  # [out, nck, V]
     codes = {"h": h.astype(np.int64).reshape(m, nck, V), "l": l.astype(np.int64).reshape(m, nck, V)}
     eb = e[:, np.arange(nck) // (32 // V)]  # [m, nck]: each chunk's activation block exponent
@@ -262,13 +266,17 @@ def _a8_chain_steps(hp, x: np.ndarray) -> tuple[list, int]:
     return [(f(256 * dot("h") + dot("l")), scale(a0, -8)), (np.broadcast_to(b0[None, :, :, 0], (m, out, nck)), xsum)], nck
 
 
-def _a8_chains(steps: list, nck: int, lanes_of) -> np.ndarray:
+def _a8_chains(steps: list, nck: int, lanes_of, acc: np.ndarray | None = None) -> np.ndarray:
     """The chains' f32 accumulators [m, out, K] after every step: chunk kc feeds chain
-    lanes_of(kc) (an int array over kc), each chain's chunks in increasing order, from +0."""
+    lanes_of(kc) (an int array over kc), each chain's chunks in increasing order, from +0 (or
+    from acc, a copy: the chains a K range before left)."""
     m, out, _ = steps[0][0].shape
     kc = np.arange(nck)
     chain = lanes_of(kc)
-    acc = np.zeros((m, out, int(chain.max()) + 1 if nck else 1), np.float32)
+    if acc is None:
+        acc = np.zeros((m, out, int(chain.max()) + 1 if nck else 1), np.float32)
+    else:
+        acc = np.array(acc, np.float32)
     for i in range(-(-nck // 32)):  # a chain takes at most one chunk of each 32
         sel = kc[32 * i:32 * i + 32]
         for d, s in steps:
@@ -295,32 +303,40 @@ def matvec_a8_exact(hp, x: np.ndarray) -> np.ndarray:
     return y * hp.gscale[None, :] if hp.gscale is not None else y
 
 
-def matvec_a8_mma_order(hp, x: np.ndarray, kw: int = 8) -> np.ndarray:
+def matvec_a8_mma_order(hp, x: np.ndarray, kw: int = 8, kt_bounds: tuple | None = None) -> np.ndarray:
     """matvec_mma.cu's schedule of the same rows (its header): warp kw' of a 16-row sub-tile (kw
     warps) keeps chains (i, c) for the chunk pairs (2 kw' + 2 kw i, +1), i < 16 / kw, of every
     32-chunk k-tile; at a pass's end it adds its chains i and i + h (h = 8 / kw, ..., 1: the xor
     tree's levels 16 .. 2 kw), leaving the residue r = 2 kw' + c; the block adds the residues
-    r and r + o for o = kw, ..., 1.  Equal to matvec_a8_exact bit for bit: the same pairs are
-    added (tests/test_matvec_mma_order.py)."""
+    r and r + o for o = kw, ..., 1.  kt_bounds: its K ranges (cuda_linear.mma_ranges: k-tile
+    bounds 0, ..., all k-tiles), one launch per range, each staging its range's inputs alone
+    (quantized by themselves) and continuing the chains the range before stored as float32; the
+    last range's chains folded.  Equal to matvec_a8_exact bit for bit, split or not: the same
+    chain steps in the same order, the same pairs added (tests/test_matvec_mma_order.py)."""
     if kw not in (4, 8):
         raise ValueError("matvec_mma.cu: 4 or 8 warps per 16-row sub-tile")
-    steps, nck = _a8_chain_steps(hp, x)
+    from .cuda_weights import vpc
+
+    nck = hp.in_ // vpc(hp.fmt)
+    bounds = (0, -(-nck // 32)) if kt_bounds is None else tuple(kt_bounds)
     npairs = 16 // kw
 
-    def chain_of(kc):  # chunk kc -> (warp, pair, chunk in pair) flattened
+    def chain_of(kc):  # chunk kc (of a range starting on a k-tile) -> (warp, pair, chunk in pair) flattened
         local = kc % 32
         warp, pair, c = (local // 2) % kw, local // (2 * kw), local % 2
         return (warp * npairs + pair) * 2 + c
 
-    acc = np.zeros(steps[0][0].shape[:2] + (kw * npairs * 2,), np.float32)
-    got = _a8_chains(steps, nck, chain_of)
-    acc[..., :got.shape[-1]] = got
-    ch = acc.reshape(acc.shape[:2] + (kw, npairs, 2))  # [m, out, warp, pair, c]
+    x = np.atleast_2d(np.asarray(x, np.float32))
+    part = np.zeros((x.shape[0], hp.out, kw * npairs * 2), np.float32)  # the chains between the ranges' launches
+    for kt0, kt1 in zip(bounds, bounds[1:]):
+        steps, n = _a8_chain_steps(hp, x, 32 * kt0, min(32 * kt1, nck))
+        part = _a8_chains(steps, n, chain_of, part)
+    ch = part.reshape(part.shape[:2] + (kw, npairs, 2))  # [m, out, warp, pair, c]
     h = npairs // 2
     while h >= 1:  # the warp's own levels: pairs i, i + h
         ch = ch[..., :h, :] + ch[..., h:2 * h, :]
         h //= 2
-    v = ch[..., 0, :].reshape(acc.shape[:2] + (2 * kw,))  # residue r = 2 warp + c
+    v = ch[..., 0, :].reshape(part.shape[:2] + (2 * kw,))  # residue r = 2 warp + c
     o = kw
     while o >= 1:  # the block's levels over the residues
         v = v[..., :o] + v[..., o:2 * o]

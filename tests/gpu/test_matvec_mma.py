@@ -3,9 +3,9 @@ every row of its m-row call (m = 1..8) equals the SIMT kernel's one-row call on 
 bit (so a speculative verify or a batched step on it equals plain decoding), and its m-row call;
 for Q8_0, NVFP4 and Q4_K, every prologue (none, rmsnorm, swiglu, qx; the bf16-activation flag),
 every epilogue (store, add, swiglu, qx_out), odd row counts and rows that end in a partial k-tile,
-the geometry alternatives (warps, K split, ring depth, grid) and the Qwen3-8B shapes (o, qkv,
-gate|up, down, the 151936-row LM head); the contract's NumPy bits (kernel_refs.matvec_a8_exact)
-on small matrices.  Fresh random data every run."""
+the geometry alternatives (warps, K split, ring depth, grid), launches over K ranges (the wide
+down projections) and the Qwen3-8B shapes (o, qkv, gate|up, down, the 151936-row LM head); the
+contract's NumPy bits (kernel_refs.matvec_a8_exact) on small matrices.  Fresh random data every run."""
 import numpy as np
 import pytest
 
@@ -18,13 +18,14 @@ from tests.gpu.test_matvec import EPS, check_close, ref_input, tiles_per_block
 FMTS = list(cl.MMA_FORMATS)
 
 
-def call(cp, W, x, m, impl, pro="none", epi="store", norm_w=None, init=None, act_bf16=False, qx_in=None, qx_out=None):
+def call(cp, W, x, m, impl, pro="none", epi="store", norm_w=None, init=None, act_bf16=False, qx_in=None, qx_out=None,
+         k_ranges=None):
     """out (numpy) of one matvec call on rows x[:m] (a host array, or a device one taken as it is)."""
     n_y = W.out // 2 if epi == "swiglu" else W.out
     out = cp.full((m, n_y), cp.nan, dtype=cp.float32) if init is None else cp.asarray(np.ascontiguousarray(init[:m]))
     xd = x if isinstance(x, cp.ndarray) else cp.asarray(np.ascontiguousarray(x[:m]))
     cl.matvec(W, xd, out, m, prologue=pro, epilogue=epi, norm_w=None if norm_w is None else cp.asarray(norm_w), eps=EPS,
-              impl=impl, act_bf16=act_bf16, qx_in=qx_in, qx_out=qx_out)
+              impl=impl, act_bf16=act_bf16, qx_in=qx_in, qx_out=qx_out, k_ranges=k_ranges)
     return cp.asnumpy(out)
 
 
@@ -141,6 +142,57 @@ def test_qx_buffers(cp, rng, producer, consumer, m, blocks, monkeypatch):
     same_bits(got, one_row_steps(cp, W_d, act_h, m, epi="add", init=res), "(down over the QX codes)")
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("in_", [12288, 14336])
+@pytest.mark.parametrize("blocks", [None, 3])
+def test_k_ranges_rows_equal_the_one_row_simt_step(cp, rng, fmt, in_, blocks, monkeypatch):
+    """K ranges (one launch per range of k-tiles, the chains carried through the scratch) on
+    12288- and 14336-input matrices (the Qwen3-8B and Llama-3-8B down projections) of odd row
+    counts: at m = 1..8, prologue qx and none, epilogue store and add, in mma_plan's ranges (a
+    split from m = 7 / 6 on an H100) and in 2 and 3, every row equals the SIMT kernel's one-row
+    step bit for bit.  Grids of 3 blocks: dozens of passes per block, any block's chains in part."""
+    from bw24chat.synthetic import random_matrix
+
+    if blocks:
+        tiles_per_block(monkeypatch, blocks)
+    rows = int(rng.integers(100, 300)) * 2 + 1
+    W = cw.upload([random_matrix(fmt, rows, in_, rng)])
+    x = (rng.standard_normal((8, in_)) * rng.uniform(0.5, 4.0, (8, 1))).astype(np.float32)
+    res = rng.standard_normal((8, rows)).astype(np.float32)
+    one = one_row_steps(cp, W, x, 8)
+    one_add = one_row_steps(cp, W, x, 8, epi="add", init=res)
+    for m in range(1, 9):
+        qx_in = cp.asarray(qx_ref(x[:m]))
+        for r in (None, 2, 3):
+            what = f"(m = {m}, {r or cl.mma_plan(W, m, 'qx').ranges} ranges)"
+            same_bits(call(cp, W, x, m, "mma", k_ranges=r), one[:m], "none / store " + what)
+            same_bits(call(cp, W, x, m, "mma", "qx", "add", init=res, qx_in=qx_in, k_ranges=r), one_add[:m], "qx / add " + what)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("blocks", [None, 2])
+def test_k_ranges_write_qx(cp, rng, fmt, m, blocks, monkeypatch):
+    """qx_out behind K ranges (prologue none, swiglu epilogue): the last range's launch combines
+    the passes into 64-row tiles and quantizes them; the outputs equal the SIMT kernel's one-row
+    steps and the QX words qx_ref of them, in 2 and 3 ranges (the grids of the ranges' launches
+    differ: passes of MQ_RB rows before, qx tiles in the last)."""
+    if blocks:
+        tiles_per_block(monkeypatch, blocks)
+    F = 32 * int(rng.integers(3, 12))
+    ts, _ = make_weight(rng, fmt, rows=(F, F), nblocks=3072 // block_of(fmt))
+    W = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    x = rng.standard_normal((m, W.in_)).astype(np.float32)
+    one = one_row_steps(cp, W, x, m, epi="swiglu")
+    for r in (2, 3):
+        act = cp.full((m, F), cp.nan, dtype=cp.float32)
+        qx = cp.zeros((m, qx_row_words(F)), dtype=cp.uint32)
+        cl.matvec(W, cp.asarray(x), act, m, epilogue="swiglu", qx_out=qx, impl="mma", k_ranges=r)
+        act_h = cp.asnumpy(act)
+        same_bits(act_h, one, f"(swiglu with qx_out, {r} ranges)")
+        assert np.array_equal(cp.asnumpy(qx), qx_ref(act_h)), f"the QX words differ from qx_ref of the outputs ({r} ranges)"
+
+
 QWEN3_8B = [  # (name, rows, inputs, prologue, epilogue)
     ("o", 4096, 4096, "qx", "add"), ("qkv", 6144, 4096, "rmsnorm", "store"), ("gate|up", 24576, 4096, "rmsnorm", "swiglu"),
     ("down", 4096, 12288, "qx", "add"), ("lm_head", 151936, 4096, "rmsnorm", "store")]
@@ -151,8 +203,8 @@ QWEN3_8B = [  # (name, rows, inputs, prologue, epilogue)
 def test_qwen3_8b_shapes(cp, rng, fmt, shape):
     """Every row of the m-row calls at m = 2..8 equals the one-row SIMT steps (the production
     geometry of each shape) bit for bit, on synthetic weights (bw24chat.synthetic); prologue qx
-    over codes quantized from the same floats (the one-row steps take the floats), and where one
-    launch cannot stage m rows (down at m > 6) prologue none in groups of rows."""
+    over codes quantized from the same floats (the one-row steps take the floats): the down
+    projection at m = 7, 8 over K ranges (its x does not fit one launch beside the ring)."""
     from bw24chat.synthetic import random_matrix
 
     name, rows, in_, pro, epi = shape
@@ -162,7 +214,7 @@ def test_qwen3_8b_shapes(cp, rng, fmt, shape):
     init = rng.standard_normal((8, rows)).astype(np.float32) if epi == "add" else None
     one = one_row_steps(cp, W, x, 8, pro="none" if pro == "qx" else pro, epi=epi, norm_w=norm_w, init=init)
     for m in range(2, 9):
-        use_qx = pro == "qx" and cl.mma_plan(W, m).m_fit >= m
+        use_qx = pro == "qx" and cl.takes_qx(W, m, impl="mma")
         qx_in = cp.asarray(qx_ref(x[:m])) if use_qx else None
         got = call(cp, W, x, m, "mma", "qx" if use_qx else ("none" if pro == "qx" else pro), epi, norm_w, init=init, qx_in=qx_in)
         same_bits(got, one[:m], f"({name}, m = {m})")

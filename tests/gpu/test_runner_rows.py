@@ -67,6 +67,30 @@ def test_rows_equal_single_steps_bf16_activations(cp, models, fmt):
     _rows_equal_single_steps(CudaRunner(models[fmt], 1024, "bf16", activations="bf16"), rows, prompt)
 
 
+@pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4"])
+@pytest.mark.parametrize("graph", [True, False])
+def test_rows_equal_single_steps_over_k_ranges(cp, fmt, graph):
+    """An FFN of 12288 (the Qwen3-8B down projection's inputs): at m = 7, 8 on an H100 (sooner on
+    a 99 KB GPU) the down matvec runs as launches over K ranges (cuda_linear.mma_plan), the chains
+    carried through a scratch allocated when the plan is traced, before any capture; the m-row
+    steps, captured and eager, equal the one-row steps bit for bit."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.backends.kernel_build import KernelLaunch
+    from bw24chat.synthetic import SHAPES, synthetic_checkpoint
+
+    rng = np.random.default_rng()
+    prompt = [int(t) for t in rng.integers(0, 4096, 45)]
+    rows = [int(t) for t in rng.integers(0, 4096, 9)]
+    r = CudaRunner(synthetic_checkpoint({**SHAPES["tiny"], "intermediate_size": 12288}, fmt), 1024, "bf16",
+                   use_graph=graph)
+    _rows_equal_single_steps(r, rows, prompt)
+    layers = SHAPES["tiny"]["num_hidden_layers"]
+    for m in (7, 8):  # args (..., qx_in, qx_out, part, kt0, kt1): every layer's down over K ranges, on the QX codes
+        later = [L for L in r.plan(m) if isinstance(L, KernelLaunch) and L.kernel.name == "matvec_mma" and int(L.args[-2]) > 0]
+        assert later and len(later) % layers == 0, m
+        assert all(not isinstance(L.args[14], np.uint64) for L in later), m
+
+
 def greedy_tokens_cuda_and_numpy(ck, n: int = 16) -> dict:
     """16 greedy tokens after a 40-token prompt on the CudaRunner (f32 cache) and the NumPy runner."""
     from bw24chat.backends.cuda_runner import CudaRunner
