@@ -2,19 +2,24 @@
 decode and verify run today) against the tensor-core one (matvec_mma.cu, cuda_linear impl "mma"):
 
     python3 tools/matvec_mma_timing.py [--formats q8_0,nvfp4,q4_k] [--rows 1-8] [--shapes o,gate|up] [--sweep]
+                                       [--ranges 2,3]
 
 Qwen3-8B's decode matrices on synthetic weights (bw24chat.synthetic): qkv 6144 x 4096 (rmsnorm),
 o 4096 x 4096 (x codes from a QX buffer, add), gate|up 24576 x 4096 (rmsnorm, swiglu, writing the
 down projection's QX codes), down 4096 x 12288 (QX codes, add), the LM head 151936 x 4096
 (rmsnorm), each prologue / QX use as the decode step makes it for that kernel and row count
-(cuda_linear.takes_qx / writes_qx, mma_plan / mma_writes_qx).  Per matrix, format, m and kernel:
+(cuda_linear.takes_qx / writes_qx, mma_plan / mma_writes_qx).  Each matvec_mma line names its
+plan: its K ranges (k-tile bounds; the down projection splits at m = 7, 8 on an H100),
+the ring depth and, where the rows run in groups, the rows per launch.  Per matrix, format, m and kernel:
 us per call, the median of 7 timings of 10 replays of one CUDA graph of COPIES launches over
 copies of the weights (so that a graph reads more than the L2 holds; decode_floor.time_graph),
 after one warm-up launch and two warm-up replays.  Then the matvec part of one decode step (36
 layers of qkv + o + gate|up + down, one LM head) in ms, and its ratio to the SIMT one-row step
 (with --shapes, of the shapes timed).
 --sweep: matvec_mma's other geometries too (MV_NW, MQ_KW, MQ_STAGES; MATVEC_MMA_TUNING's pick
-marked *).  Every kernel and geometry gives the same bits (tests/gpu/test_matvec_mma.py).
+marked *).  --ranges: matvec_mma over these numbers of K ranges too (the shapes of prologue qx / none: o, down;
+mma_plan's ring depth for each).  Every kernel, geometry and split gives the same bits
+(tests/gpu/test_matvec_mma.py).
 """
 from __future__ import annotations
 
@@ -55,13 +60,22 @@ def sweep_geometries(m: int) -> list[dict]:
     return out
 
 
+def plan_label(cl, W, m: int, prologue: str, ranges: int | None = None) -> str:
+    """matvec_mma's plan for this call, in words: its K ranges, ring stages, rows per launch."""
+    p = cl.mma_plan(W, m, prologue, ranges)
+    split = f"{p.ranges} K ranges {'/'.join(map(str, p.kt_bounds))}" if p.ranges > 1 else "1 range"
+    return f"[{split}, {p.defines['MQ_STAGES']} stages" + (f", {p.m_fit} rows a launch]" if p.m_fit < m else "]")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default="q8_0,nvfp4,q4_k")
     ap.add_argument("--rows", default="1-8", help="m values: a range 1-8 or a list 1,2,4,8")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="a subset of " + ",".join(s[0] for s in SHAPES))
     ap.add_argument("--sweep", action="store_true", help="time matvec_mma's other geometries too")
+    ap.add_argument("--ranges", default="", help="time matvec_mma over these numbers of K ranges too (o, down): 2,3")
     args = ap.parse_args()
+    extra_ranges = [int(v) for v in args.ranges.split(",") if v]
 
     import cupy as cp
 
@@ -91,10 +105,14 @@ def main() -> int:
                 qx_in = cp.asarray(qx_ref(cp.asnumpy(x))) if name in ("o", "down") else None
                 qx_out = cp.zeros((m, qx_row_words(n_out // 2)), cp.uint32) if swiglu else None
 
-                def launcher(impl: str):
+                takes_qx = {impl: name in ("o", "down") and cl.takes_qx(W0, m, impl=impl) for impl in ("simt", "mma")}
+                prologue = "qx" if takes_qx["mma"] else "none" if name in ("o", "down") else "rmsnorm"
+
+                def launcher(impl: str, k_ranges: int | None = None):
                     if name in ("o", "down"):  # x codes from the producer where this kernel takes them
-                        takes = cl.takes_qx(W0, m) if impl == "simt" else cl.mma_plan(W0, m).m_fit >= m
-                        kw = dict(prologue="qx", qx_in=qx_in) if takes else {}
+                        kw = dict(prologue="qx", qx_in=qx_in) if takes_qx[impl] else {}
+                        if impl == "mma":
+                            kw["k_ranges"] = k_ranges
                         return lambda c: cl.matvec(Ws[c], x, out, m, epilogue="add", impl=impl, **kw)
                     if swiglu:
                         writes = cl.writes_qx(W0, m) if impl == "simt" else cl.mma_writes_qx(W0, m)
@@ -118,7 +136,12 @@ def main() -> int:
                         if gi == 0:
                             step[(impl, m)] = step.get((impl, m), 0.0) + per_step * us
                         label = impl if geo is None else "mma " + " ".join(f"{k}={v}" for k, v in geo.items()) + (" *" if gi == 0 else "")
+                        if impl == "mma" and geo is None:
+                            label += " " + plan_label(cl, W0, m, prologue)
                         res.append(f"{label} {us:8.2f} us {W0.nbytes / us / 1e3:5.0f} GB/s")
+                for r in [r for r in extra_ranges if name in ("o", "down") and 1 <= r <= cl.mma_k_tiles(W0)]:
+                    us = time_graph(cp, stream, launcher("mma", r), copies)
+                    res.append(f"mma {plan_label(cl, W0, m, prologue, r)} {us:8.2f} us {W0.nbytes / us / 1e3:5.0f} GB/s")
                 print(f"{fmt:5s} {name:8s} {n_out:6d} x {n_in:5d} m={m}  " + "  ".join(res[:2]), flush=True)
                 for r in res[2:]:
                     print(f"{'':38s}{r}", flush=True)
