@@ -113,3 +113,22 @@ def test_step_bytes_counts_the_passes_qx_buffers(shape, fmt):
     assert lacking <= cuda_batch._qx_unallocated(r) * PASS_ROWS // MAX_ROWS
     if (shape, fmt) == ("tiny", "Q8_0"):
         assert lacking > 0  # the case this guards: gate|up's codes for down at m >= 2 only
+
+
+def test_step_bytes_counts_the_k_ranges_scratch():
+    """The Qwen3-8B down projection splits K at 7 and 8 rows: the pass's chain scratch is in
+    step_bytes (one per size); the tiny model splits nothing."""
+    from bw24chat.backends import cuda_batch
+    from bw24chat.backends.plan import PlanRunner, _tensors, planning
+    from bw24chat.models import get_family
+
+    got = {}
+    for shape in ("qwen3-8b", "tiny"):
+        cfg = SHAPES[shape]
+        fam = get_family(cfg["model_type"])
+        args = fam.ModelArgs.from_dict(cfg)
+        with planning(GPUS["H100"]):
+            r = PlanRunner(args, fam.Model, _tensors(cfg, {"default": "Q8_0"}, fam.Model, args), "bf16", 4096, "f32")
+            got[shape] = cuda_batch._mma_part_bytes(r)
+    assert got["tiny"] == 0
+    assert 1 << 20 < got["qwen3-8b"] < 16 << 20

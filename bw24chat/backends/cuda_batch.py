@@ -76,12 +76,13 @@ def step_bytes(runner, rows: int = PASS_ROWS) -> int:
     a, V = runner.args, runner.args.vocab_size
     decode = sum(b.nbytes for (name, *_), b in runner._bufs.items() if name.startswith("d:") and not name.startswith("d:mtp."))
     decode += _qx_unallocated(runner)
+    parts = _mma_part_bytes(runner)
     image = _HDR + PASS_ROWS * (_TABLE + 4 * -(-runner.n_ctx // ops.KV_PAGE) + 16)
     copies = (max(rows, 1) - 1) // PASS_ROWS * PASS_ROWS
     return (block_bytes(runner) + decode * PASS_ROWS // MAX_ROWS + (PASS_ROWS + copies) * V * 4 + image
             + ops.attn_decode_workspace_bytes(a.num_attention_heads, a.num_key_value_heads, a.head_dim, PASS_ROWS)
             + ops.sample_workspace_bytes(V, PASS_ROWS)
-            + 4 * (runner.prefill_chunk + -(-runner.n_ctx // ops.KV_PAGE)))
+            + 4 * (runner.prefill_chunk + -(-runner.n_ctx // ops.KV_PAGE)) + parts)
 
 
 def _qx_unallocated(runner) -> int:
@@ -101,6 +102,23 @@ def _qx_unallocated(runner) -> int:
     want.add(("d:qx_attn", (lin.qx_row_words(a.num_attention_heads * a.head_dim),)))
     have = {(name, tuple(cols)) for name, cols, *_ in runner._bufs}
     return sum(4 * MAX_ROWS * cols[0] for _, cols in want - have)
+
+
+def _mma_part_bytes(runner) -> int:
+    """The chain scratch of matvec_mma's K ranges (cuda_linear._mma_part: one per size on the
+    pass's stream) for the matrices whose m-row steps split K, at any m <= MAX_ROWS."""
+    from . import cuda_linear as lin
+
+    sizes, shapes = set(), {}
+    for W in runner.loader.linears:
+        shapes.setdefault((W.fmt, W.out, W.in_), W)
+    for W in shapes.values():
+        for m in range(2, MAX_ROWS + 1):
+            if lin.matvec_impl(W, None, m) == "mma":
+                plan = lin.mma_plan(W, m, "qx")
+                if plan.ranges > 1:
+                    sizes.add(lin.mma_part_floats(W, m, plan))
+    return 4 * sum(sizes)
 
 
 def bucket(rows: int) -> int:
