@@ -8,7 +8,7 @@
 #include "common.cuh"
 #include "formats.cuh"
 
-#ifndef MV_M  // tokens (rows of x) per launch, 1..8
+#ifndef MV_M  // tokens (rows of x) per launch, 1..8 (matvec_mma.cu: 1..16)
 #define MV_M 1
 #endif
 

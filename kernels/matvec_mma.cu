@@ -1,5 +1,5 @@
 // matvec_mma.cu — the decode matvec of the integer-dot contract (ACT_Q8) on int8 tensor cores for
-// m = 1..8 tokens: the K + 1 rows of a speculative verify and the rows of a batched decode read
+// m = 1..16 tokens: the K + 1 rows of a speculative verify and the rows of a batched decode read
 // each weight once, and the integer dots of all m tokens come from one MMA per 16 rows and 16
 // inputs.  Formats Q8_0, NVFP4, Q4_K.  cuda_linear.matvec(impl="mma") launches it.
 //
@@ -74,21 +74,28 @@
 // loop).  So per stage: Q8_0 ~900 (m <= 4, 8 warps x 2 pairs) / ~2700 per 32-row stage (m <= 8,
 // 16 warps) -> ~1.3 / ~2.0 of the 4 instructions a cycle: the weight stream bounds it; NVFP4
 // ~2100 / ~5600 -> ~2.8 / ~3.7 a cycle: near the issue bound (at m <= 8 at it), Q4_K ~1750 / m <=
-// 4.  (The SIMT kernel issues ~9 dp4a / FMA / LDS instructions per row, chunk and token: Q8_0 ~350
+// 4.  At m = 9..16 (three or four n-tiles; 8 warps, one 16-row sub-tile per pass: MV_NW 16 would
+// need 128 registers and NVFP4 spills there) each n-tile adds ~30 (Q8_0) / ~40 (NVFP4) per pair:
+// Q8_0 ~2400 per 16-row stage at m = 16 -> ~3.4 a cycle, NVFP4 ~3800 -> past the issue bound by
+// ~1.3x; either way one launch for 16 tokens against two of 8, each streaming the weights.
+// (The SIMT kernel issues ~9 dp4a / FMA / LDS instructions per row, chunk and token: Q8_0 ~350
 // per 16-row stage at m = 1, ~4x that at m = 4; its m-row steps are bound by registers and
 // latency, docs/performance.md.)  The MMAs use a few % of the tensor cores.  The bytes in flight
 // are the ring's (MQ_STAGES - 1 stages per block: 45-90 KB per SM), not registers.  The floor is
 // the weight bytes over the bandwidth, as at m = 1: Q8_0 gate|up 24576 x 4096 = 107 MB -> 36 us.
-// Costs that grow with m: the staged x (2.25 n_in bytes per token: a 12288-input down projection
-// holds 6 tokens in 227 KB with the ring) and its prologue (every block quantizes all of x, as the
-// SIMT kernel).  Past that K ranges: they stage 2.25 (kt1 - kt0) 32 VPC bytes per token,
-// and the chains cross each range boundary through part once, written and read: per pass MV_NT x
-// MQ_NV floats (MQ_NV = MQ_NP * 2 * 2 * MQ_NT: the 32 chains of MQ_RB rows x 4 MQ_NT token
-// columns).  Qwen3-8B down at m = 8 (16 warps, MQ_KW 8: 512 x 16 floats = 32 KB per 32-row pass,
-// 128 passes, R = 2): 4.2 MB written + 4.2 MB read against 53.5 MB of Q8_0 weights (16 %) or 28.3
-// MB of NVFP4 (30 %), much of it from L2 (written by one launch, read by the next); the groups of rows
-// it replaces read all the weights once per group (+100 % at 6 + 2 rows).  The chain loads of a
-// pass are issued at the end of the one before, their latency under the next item's barrier.
+// Costs that grow with m: the staged x (2.25 n_in bytes per token: a 4096-input matrix holds 16
+// tokens in ~148 KB, a 12288-input down projection 6 in 227 KB with the ring) and its prologue
+// (every block quantizes all of x, as the SIMT kernel).  Past that K ranges: they stage 2.25 (kt1 -
+// kt0) 32 VPC bytes per token, and the chains cross each range boundary through part once, written
+// and read: per pass MV_NT x MQ_NV floats (MQ_NV = MQ_NP * 2 * 2 * MQ_NT: the 32 chains of MQ_RB
+// rows x 4 MQ_NT token columns).  Qwen3-8B down at m = 8 (16 warps, MQ_KW 8: 512 x 16 floats = 32
+// KB per 32-row pass, 128 passes, R = 2): 4.2 MB written + 4.2 MB read against 53.5 MB of Q8_0
+// weights (16 %) or 28.3 MB of NVFP4 (30 %), much of it from L2 (written by one launch, read by the
+// next); the groups of rows it replaces read all the weights once per group (+100 % at 6 + 2 rows).
+// At m = 16 (8 warps, MQ_KW 8: 256 x 32 floats = 32 KB per 16-row pass, 256 passes, R = 3): 8.4 MB
+// per boundary, 16.8 MB written + 16.8 MB read (63 % of Q8_0's bytes, 119 % of NVFP4's), against
+// +200 % for groups of 6 + 6 + 4 rows.  The chain loads of a pass are issued at the end of the one
+// before, their latency under the next item's barrier.
 //
 // Limits: n_in a multiple of 256 (every scale plane's row 16-byte aligned: the ring copies whole
 // 16-byte pieces; a K range of whole k-tiles keeps it so), n_out any (rows past it clamped to the
@@ -196,18 +203,19 @@ BW24_DEVICE void mq_pair(float (&acc)[2][2][MQ_NT], uint32_t qaddr, const unsign
 #if FMT == F_Q8_0
     // B: chunk c's 16 code bytes of the 8 planes of n-tile j (x4: (j, c) = (0,0), (0,1), (1,0), (1,1))
     uint32_t b[MQ_NT][2];
-#if MQ_NT == 1
+    // (n-tiles j, j + 1 per x4; an odd last one by x2, lanes 0-15's rows)
+#pragma unroll
+    for (int j = 0; j + 1 < MQ_NT; j += 2) {
+        uint32_t r4[4];
+        ldsm_x4(r4, ((lane >> 4) ? xaddr[j + 1] : xaddr[j]) + 16 * (kc0 + ((lane >> 3) & 1)));
+        b[j][0] = r4[0]; b[j][1] = r4[1]; b[j + 1][0] = r4[2]; b[j + 1][1] = r4[3];
+    }
+#if MQ_NT % 2
     {
         uint32_t r2[2];
-        ldsm_x2(r2, xaddr[0] + 16 * (kc0 + ((lane >> 3) & 1)));
-        b[0][0] = r2[0];
-        b[0][1] = r2[1];
-    }
-#else
-    {
-        uint32_t r4[4];
-        ldsm_x4(r4, ((lane >> 4) ? xaddr[1] : xaddr[0]) + 16 * (kc0 + ((lane >> 3) & 1)));
-        b[0][0] = r4[0]; b[0][1] = r4[1]; b[1][0] = r4[2]; b[1][1] = r4[3];
+        ldsm_x2(r2, xaddr[MQ_NT - 1] + 16 * (kc0 + ((lane >> 3) & 1)));
+        b[MQ_NT - 1][0] = r2[0];
+        b[MQ_NT - 1][1] = r2[1];
     }
 #endif
     int d[2][MQ_NT][4];

@@ -1,5 +1,6 @@
 """Launch wrappers for the linear-algebra kernels on repacked weights (DeviceWeight):
-``matvec`` (decode, m = 1..8 rows, fused rmsnorm/swiglu prologue and store/add epilogue),
+``matvec`` (decode, m = 1..8 rows, 1..16 on matvec_mma, fused rmsnorm/swiglu prologue and
+store/add epilogue),
 ``gemm`` (prefill on tensor cores), ``embed`` (row gather) and ``dequantize`` (whole tensor).
 
 All take preallocated CuPy outputs, launch on the current stream and neither allocate nor
@@ -19,6 +20,8 @@ from .kernel_refs import FLOAT_FORMATS, act_q8, qx_row_words  # noqa: F401 (qx_r
 from .tuning import A8_SMALL_ROWS, FEW_ROWS, GEMM_TUNING, MATVEC_MMA_TUNING, MATVEC_ROWS_TUNING, MATVEC_TUNING
 
 MV_R = 2  # rows per warp in matvec.cu (MV_R); 8 warps per block
+MV_MAX_ROWS = 8  # tokens one matvec.cu / matvec_tc.cu launch takes (MV_M)
+MMA_MAX_ROWS = 16  # tokens one matvec_mma.cu launch takes (MV_M: four n-tiles of 4)
 MV_SMEM_FLOATS = 16384  # x staging budget per block (64 KB), split over the m rows: at m = 1 x stays
 # resident up to 16k inputs (down 12288 no longer re-stages a second k-tile behind a barrier)
 GM_TILE = 128  # gemm_mma.cu: tokens and out rows per block (gemm_mma.cuh GM_BN: the grouped GEMM's out rows too)
@@ -124,9 +127,9 @@ def matvec_impl(W: DeviceWeight, a8: bool | None = None, m: int = 1) -> str:
     SIMT above; BF16 SIMT at every row count (16-warp SIMT blocks beat tc on every BF16 shape).  The
     integer-dot contract: SIMT at one row (1.2-1.6x faster than matvec_mma there), matvec_mma for
     m = 2..8 where takes_mma (its m-row steps 1.03-1.69x faster at every point measured: the SIMT
-    kernel's m-row dots are bound by issue and registers, the MMA's by the weight stream).  The two
-    give the same bits (matvec_mma.cu: contract), so a row's value does not depend on m.  a8: the
-    integer-dot contract (None: act_q8)."""
+    kernel's m-row dots are bound by issue and registers, the MMA's by the weight stream), and
+    at m = 9..16, which only it takes.  The two give the same bits (matvec_mma.cu: contract), so a
+    row's value does not depend on m.  a8: the integer-dot contract (None: act_q8)."""
     if W.fmt not in FLOAT_FORMATS and (act_q8(W.fmt) if a8 is None else a8):
         return "mma" if m >= 2 and takes_mma(W) and _planes_aligned(W) else "simt"
     if W.fmt not in TC_FORMATS or (act_q8(W.fmt) if a8 is None else a8):
@@ -255,12 +258,12 @@ def writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm", impl: str | No
     """Whether matvec(W, ..., epilogue="swiglu", qx_out=..., impl=impl) can write the next matvec's
     x codes (matvec.cu / matvec_mma.cu qx_out): the integer-dot contract, and tiles of 64 rows (32
     outputs = one block of 32 inputs) over whole blocks (impl None: matvec_impl's pick)."""
-    if not 1 <= m <= 8 or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
+    if not 1 <= m <= MMA_MAX_ROWS or W.fmt in FLOAT_FORMATS or not act_q8(W.fmt):
         return False
     impl = impl or matvec_impl(W, True, m)
     if impl == "mma":
         return mma_writes_qx(W, m, prologue)
-    if (W.out // 2) % 32 or W.out % 2 or impl != "simt":
+    if m > MV_MAX_ROWS or (W.out // 2) % 32 or W.out % 2 or impl != "simt":
         return False
     _, rows, nw = _simt_geometry(W, m, True, PROLOGUES[prologue], swiglu=True)
     return nw * rows == 64 and m <= a8_rows_per_launch(W, nw, True)
@@ -275,8 +278,8 @@ def takes_qx(W: DeviceWeight, m: int = 1, impl: str | None = None) -> bool:
         return False
     impl = impl or matvec_impl(W, True, m)
     if impl == "mma":
-        return mma_plan(W, m, "qx").m_fit >= m
-    if impl != "simt":
+        return 1 <= m <= MMA_MAX_ROWS and mma_plan(W, m, "qx").m_fit >= m
+    if impl != "simt" or not 1 <= m <= MV_MAX_ROWS:
         return False
     _, _, nw = _simt_geometry(W, m, True, PROLOGUES["qx"])
     return m <= a8_rows_per_launch(W, nw)
@@ -346,6 +349,13 @@ def mma_smem(W: DeviceWeight, m: int, defines: dict, inputs: int | None = None) 
     return ring + 2 * m * (n + 16) + (n // 32) * m * 8 + 2 * 2 * kw * rows * m * 4 + nw * 4 + 2 * m * 32 * 4
 
 
+def mma_class(m: int) -> str:
+    """MATVEC_MMA_TUNING's rows class of an m-row matvec_mma launch: its n-tiles of 4 tokens."""
+    if not 1 <= m <= MMA_MAX_ROWS:
+        raise ValueError(f"matvec_mma takes 1..{MMA_MAX_ROWS} rows a launch, got {m}")
+    return "one_tile" if m <= 4 else "two_tiles" if m <= 8 else "four_tiles"
+
+
 def mma_k_tiles(W: DeviceWeight) -> int:
     """matvec_mma's k-tiles per row: 32 chunks each, the last possibly partial."""
     return -(-(W.in_ // W.vpc) // MMA_KT)
@@ -364,26 +374,29 @@ def _range_inputs(W: DeviceWeight, bounds: tuple) -> int:
 
 
 def mma_plan(W: DeviceWeight, m: int, prologue: str = "none", ranges: int | None = None) -> MmaPlan:
-    """matvec_mma's geometry for W at m rows: MATVEC_MMA_TUNING's entry (format, else "*"; one n-tile
-    at m <= 4, two above); its ring as deep as the entry allows and the shared memory holds with
-    the entry's blocks per SM resident, else with one, at least 2 stages.  Where even that does not
-    hold m rows of x (a 12288-input down projection at m > 6 on a 227 KB GPU): under prologue none or
-    qx (MMA_SPLIT_PROLOGUES: the down and o projections) launches over K ranges, the fewest
+    """matvec_mma's geometry for W at m rows: MATVEC_MMA_TUNING's entry (format, else "*"; the
+    rows class of the launch's rows, mma_class); its ring as deep as the entry allows and the
+    shared memory holds with the entry's blocks per SM resident, else with one, at least 2 stages.
+    Where even that does not hold m rows of x (a 12288-input down projection at m > 6 on a 227 KB
+    GPU, a 4096-input one at m > 4 on a 99 KB GPU): under prologue none or qx
+    (MMA_SPLIT_PROLOGUES: the down and o projections) launches over K ranges, the fewest
     (mma_ranges) whose x fits (the same bits: matvec_mma.cu's contract); under rmsnorm or swiglu,
-    whose prologue reads all of x (the statistic; the up half), the rows that fit run per launch
-    (each row equals its m = 1 call whatever the grouping).  ranges: that many K ranges instead
-    (tests, tools/matvec_mma_timing.py; none / qx only)."""
-    cls = "one_tile" if m <= 4 else "two_tiles"
-    defs = dict(MATVEC_MMA_TUNING.get((W.fmt, cls), MATVEC_MMA_TUNING[("*", cls)]))
-    nw, deepest = defs["MV_NW"], defs["MQ_STAGES"]
-    if nw == 16:
-        defs["MV_STAT8"] = 1  # the 8-warp rmsnorm statistic (the SIMT kernel's order)
+    whose prologue reads all of x (the statistic; the up half), the plan of the most rows that fit
+    in their own class's geometry (m_fit: so that each full group's launch is mma_plan(W, m_fit)),
+    and the rows run per launch of that many (each row equals its m = 1 call whatever the
+    grouping).  ranges: that many K ranges instead (tests, tools/matvec_mma_timing.py; none / qx
+    only)."""
     limit = min(WGP_SMEM_MAX, kernel_build.smem_block_limit())
     _, smem_sm = _sm_resources()
     nkt = mma_k_tiles(W)
     split = prologue in MMA_SPLIT_PROLOGUES
 
     def fit(mm: int, r: int) -> MmaPlan | None:
+        cls = mma_class(mm)
+        defs = dict(MATVEC_MMA_TUNING.get((W.fmt, cls), MATVEC_MMA_TUNING[("*", cls)]))
+        nw, deepest = defs["MV_NW"], defs["MQ_STAGES"]
+        if nw == 16:
+            defs["MV_STAT8"] = 1  # the 8-warp rmsnorm statistic (the SIMT kernel's order)
         bounds = mma_ranges(nkt, r)
         inputs = _range_inputs(W, bounds)
         for budget in (min(limit, smem_sm // defs.get("MV_MINB", 1) - 1024), limit):
@@ -411,9 +424,9 @@ def mma_plan(W: DeviceWeight, m: int, prologue: str = "none", ranges: int | None
 def mma_part_floats(W: DeviceWeight, m: int, plan: MmaPlan) -> int:
     """Floats of matvec_mma's chain scratch (part) for K ranges of W at m rows: per pass of
     plan.rows rows, every thread's MQ_NV = MQ_NP * 2 * 2 * MQ_NT chains (MQ_NP = 16 / MQ_KW chunk
-    pairs, 2 chunks, rows g and g + 8, MQ_NT = ceil(m / 4) n-tiles), over the passes of whole
-    64-row qx_out tiles (the last launch's tiles may pass the others' last pass; such a pass's
-    chains are read and never stored)."""
+    pairs, 2 chunks, rows g and g + 8, MQ_NT = ceil(m / 4) n-tiles: 1, 2 or, in the four-tile
+    class, up to 4), over the passes of whole 64-row qx_out tiles (the last launch's tiles may pass
+    the others' last pass; such a pass's chains are read and never stored)."""
     tile = max(plan.rows, MMA_QX_ROWS)
     passes = -(-W.out // tile) * tile // plan.rows
     return passes * plan.threads * (16 // plan.defines["MQ_KW"]) * 4 * -(-m // 4)
@@ -441,8 +454,8 @@ def mma_writes_qx(W: DeviceWeight, m: int, prologue: str = "rmsnorm") -> bool:
     """Whether matvec(W, ..., impl="mma", prologue=prologue, epilogue="swiglu", qx_out=...) can write
     the next matvec's x codes: takes_mma, 32 outputs per 64-row tile over whole 32-input blocks,
     and the m rows in one launch (or over K ranges: the last range's launch writes them)."""
-    return takes_mma(W) and W.out % 2 == 0 and (W.out // 2) % 32 == 0 and 1 <= m <= 8 and \
-        mma_plan(W, m, prologue).m_fit >= m
+    return (takes_mma(W) and W.out % 2 == 0 and (W.out // 2) % 32 == 0 and 1 <= m <= MMA_MAX_ROWS
+            and mma_plan(W, m, prologue).m_fit >= m)
 
 
 def _matvec_mma(W: DeviceWeight, x, out, m: int, prologue: str, pro_arg, epi: int, ldx: int, n_y: int, norm_w,
@@ -487,11 +500,11 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     act_bf16: the bf16-activation contract, x rounded to bf16 after the prologue (qx_out's codes
     are of the rounded outputs; kernel_refs.bf16_round).  impl: "tc" | "simt" | "mma" (default
     matvec_impl: tests run the kernel production picks for another shape; "mma": matvec_mma.cu,
-    the integer-dot contract on int8 tensor cores, where takes_mma; qx_out where mma_writes_qx).
-    k_ranges: matvec_mma over that many K ranges instead of mma_plan's (tests and tools:
-    every split gives the same bits; prologues none and qx)."""
-    if not 1 <= m <= 8:
-        raise ValueError(f"matvec handles 1..8 rows, got {m}")
+    the integer-dot contract on int8 tensor cores, where takes_mma, the only one past 8 rows;
+    qx_out where mma_writes_qx).  k_ranges: matvec_mma over that many K ranges instead of
+    mma_plan's (tests and tools: every split gives the same bits; prologues none and qx)."""
+    if not 1 <= m <= MMA_MAX_ROWS:
+        raise ValueError(f"matvec handles 1..{MV_MAX_ROWS} rows ({MMA_MAX_ROWS} on matvec_mma), got {m}")
     pro, epi = PROLOGUES[prologue], EPILOGUES[epilogue]
     pro_arg = np.int32(pro | (PRO_BF16 if act_bf16 else 0))
     if (pro == PROLOGUES["qx"]) != (qx_in is not None):
@@ -512,6 +525,9 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
     if a8 and W.fmt in FLOAT_FORMATS:
         raise ValueError("the integer-dot contract applies to the quantized formats")
     impl = impl or matvec_impl(W, a8, m)
+    if impl != "mma" and m > MV_MAX_ROWS:
+        raise ValueError(f"matvec: {m} rows take matvec_mma ({', '.join(MMA_FORMATS)} under the integer-dot contract, "
+                         f"rows of a multiple of 256 inputs), not {impl} on {W.fmt} x {W.in_} (1..{MV_MAX_ROWS} rows)")
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
         raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
     if k_ranges is not None and impl != "mma":

@@ -61,9 +61,10 @@ FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS}
 
 
-# matvec_mma.cu (the integer-dot matvec on int8 tensor cores, m = 1..8 rows; cuda_linear.mma_plan;
-# the m-row steps' pick at m = 2..8, cuda_linear.matvec_impl), by (weight format, "*": any; rows
-# class "one_tile" (m <= 4: one n-tile of 4 tokens x 2 code levels) / "two_tiles"): warps per block
+# matvec_mma.cu (the integer-dot matvec on int8 tensor cores, m = 1..16 rows; cuda_linear.mma_plan;
+# the m-row steps' pick at m = 2..16, cuda_linear.matvec_impl), by (weight format, "*": any; rows
+# class "one_tile" (m <= 4: one n-tile of 4 tokens x 2 code levels) / "two_tiles" (m <= 8) /
+# "four_tiles" (m <= 16: 8 warps, as 16 would hold 128 registers and NVFP4 spills)): warps per block
 # (MV_NW; 16 sum the rmsnorm statistic in the 8-warp order, MV_STAT8), warps per 16-row sub-tile
 # (MQ_KW: the K split; MV_NW / MQ_KW sub-tiles per pass), the deepest weight ring (MQ_STAGES; fewer
 # where the staged x leaves less room) and the blocks per SM the registers must allow (MV_MINB;
@@ -73,6 +74,7 @@ MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {(False, f, "*"): {"MV_M
 MATVEC_MMA_TUNING: dict[tuple[str, str], dict] = {
     ("*", "one_tile"): {"MV_NW": 8, "MQ_KW": 8, "MQ_STAGES": 6, "MV_MINB": 2},
     ("*", "two_tiles"): {"MV_NW": 16, "MQ_KW": 8, "MQ_STAGES": 6, "MV_MINB": 1},
+    ("*", "four_tiles"): {"MV_NW": 8, "MQ_KW": 8, "MQ_STAGES": 6, "MV_MINB": 1},
 }
 
 
