@@ -219,10 +219,10 @@ def test_integer_dot_matvec_builds_do_not_spill(defines):
 
 def mma_matvec_builds() -> list[dict]:
     """The matvec_mma.cu builds cuda_linear.mma_plan picks (H100 resources: the ring depth follows
-    the shared memory) for Q8_0, NVFP4, Q4_K at m = 1..8 on the Qwen3-8B widths (4096 and 12288
-    inputs) and the Llama-3-8B down projection's (14336), under prologue qx (the
-    launches over K ranges from m = 7 at 12288) and rmsnorm (rows in groups), and the other
-    warps per sub-tile (4) at both block sizes."""
+    the shared memory) for Q8_0, NVFP4, Q4_K at m = 1..16 (MMA_MAX_ROWS: the batched pass's
+    16-row linears) on the Qwen3-8B widths (4096 and 12288 inputs) and the Llama-3-8B down
+    projection's (14336), under prologue qx (the launches over K ranges from m = 7 at 12288) and
+    rmsnorm (rows in groups), and the other warps per sub-tile (4) at both block sizes."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
 
     out = []
@@ -234,7 +234,7 @@ def mma_matvec_builds() -> list[dict]:
             fid, vpc = FORMATS[fmt]
             for in_ in (4096, 12288, 14336):
                 W = cl.DeviceWeight(fmt, 4096, in_, None, fmt_id=fid, vpc=vpc)
-                for m in range(1, 9):
+                for m in range(1, cl.MMA_MAX_ROWS + 1):
                     for pro in ("qx", "rmsnorm"):
                         p = cl.mma_plan(W, m, pro)
                         out.append({"FMT": fid, "MV_M": p.m_fit, **p.defines})

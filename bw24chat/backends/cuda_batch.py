@@ -19,7 +19,10 @@ A step runs
     layer launched once per group, ``_GroupedOps``), whose matvecs are the m-row-invariant
     kernels (each row the one-row step's arithmetic), then one sampler launch over every row,
     each with its own parameters, seed and ring.  Weights are thus read once per group of 8
-    rows and step.
+    rows and step; where matvec_mma runs every linear of the model (``wide_rows``: a dense
+    model's Q8_0 / NVFP4 / Q4_K weights) the linears run over spans of up to WIDE_ROWS = 16 rows
+    instead (_SpanOps; the rope / K/V write and the attention still per group), reading each
+    weight once per 16 rows, each row still the one-row step's arithmetic.
 ``bw24chat bench`` also times a non-invariant variant of the pass, what the invariance is
 measured against (``gemm_rows``, _GemmRowsOps): every linear one prefill GEMM over all of the
 pass's rows (each weight read once a step), the rest per group as above.  Nothing else runs it.
@@ -32,14 +35,17 @@ import numpy as np
 
 from ..api import SamplingParams
 from ..ops import Ops
+from . import cuda_linear as lin
 from . import cuda_ops as ops
+from .cuda_linear import MMA_MAX_ROWS
 from .kernel_build import eager_launches, tracing
 from .kernel_refs import kv_cache_nbytes, kv_cache_shape, paged_row, paged_rows
-from .cuda_opset import CudaOps
+from .cuda_opset import CudaOps, _Attention
 from .cuda_runner import _HDR_OUT, _ROW_PARAMS, RING, sampler_rows, write_sampling_rows
 from .runner import MAX_ROWS, SeqWork
 
 MAX_BATCH = 64  # sequences one batch_step takes
+WIDE_ROWS = MMA_MAX_ROWS  # rows per linear launch of the invariant pass where matvec_mma runs every linear (wide_rows)
 PASS_ROWS = 64  # decode rows of one batched pass (more run in several passes)
 _GREEDY = SamplingParams(temperature=0)  # rows that sample nothing (their token is dropped); padding rows
 
@@ -106,14 +112,13 @@ def _qx_unallocated(runner) -> int:
 
 def _mma_part_bytes(runner) -> int:
     """The chain scratch of matvec_mma's K ranges (cuda_linear._mma_part: one per size on the
-    pass's stream) for the matrices whose m-row steps split K, at any m <= MAX_ROWS."""
-    from . import cuda_linear as lin
-
-    sizes, shapes = set(), {}
+    pass's stream) for the matrices whose m-row launches split K, at any m up to the rows a pass's
+    linear launch takes (wide_rows: MAX_ROWS, or WIDE_ROWS where its spans run the linears)."""
+    sizes, shapes, rows = set(), {}, wide_rows(runner)
     for W in runner.loader.linears:
         shapes.setdefault((W.fmt, W.out, W.in_), W)
     for W in shapes.values():
-        for m in range(2, MAX_ROWS + 1):
+        for m in range(2, rows + 1):
             if lin.matvec_impl(W, None, m) == "mma":
                 plan = lin.mma_plan(W, m, "qx")
                 if plan.ranges > 1:
@@ -156,8 +161,9 @@ def _part(v, i: int):
 
 class _GroupedOps(Ops):
     """The op set over a pass of more rows than one matvec launch takes: each op runs on every
-    group's CudaOps in turn (groups of at most MAX_ROWS rows, each with its own row slice of the
-    pass's buffers), so a layer's launches for all the rows follow each other; values are _Rows."""
+    group's CudaOps in turn (groups of at most MAX_ROWS rows, or spans of WIDE_ROWS, each with its
+    own row slice of the pass's buffers), so a layer's launches for all the rows follow each
+    other; values are _Rows."""
 
     def __init__(self, groups: list):
         self.groups = groups
@@ -203,40 +209,78 @@ class _GroupedOps(Ops):
         return self._each("lm_head", x, w)
 
 
-class _GemmRowsOps(CudaOps):
-    """The "gemm rows" pass (bench's non-invariant variant, BatchStep.gemm_rows): every linear
-    (the LM head and the MoE router, shared and routed experts included) one prefill-path GEMM
-    over all the pass's rows (cuda_linear.gemm: each weight read once a step, each row rounded in
-    the GEMM's order, so not its solo value); the rope / K/V write and the paged decode attention
-    per group of at most MAX_ROWS rows, on the invariant pass's group op sets, and the sampler
-    after it as there.  Values are the pass buffers' first ``rows`` rows (the groups' row slices
-    of the same buffers)."""
+class _PassOps(CudaOps):
+    """Rows r0..r0+n-1 of a pass: a CudaOps (decode: matvecs; else GEMMs) bound to the image's rows
+    and to those rows of the pass's buffers (every op set of a pass takes its row slices of the
+    same buffers), with its LM head into those rows of the pass's logits."""
 
-    def __init__(self, bat: "BatchStep", groups: list, rows: int):
-        super().__init__(bat.r, rows, decode=False)
-        self.bat, self.spans = bat, [(i * MAX_ROWS, g) for i, g in enumerate(groups)]  # (first row, group)
-        self.tokens, self.positions = bat.io["tok"][:rows], bat.io["pos"][:rows]
+    def __init__(self, bat: "BatchStep", r0: int, n: int, decode: bool = True):
+        super().__init__(bat.r, n, decode=decode)
+        self.bat, self.r0 = bat, r0
+        self.tokens, self.positions, self.lengths, self.kv_rows = (bat.io[k][r0:r0 + n] for k in ("tok", "pos", "len", "crow"))
 
     def buf(self, name, *cols, dtype="f4"):
-        return self.bat.buffer(name, *cols, dtype=dtype)[:self.n]
+        return self.bat.buffer(name, *cols, dtype=dtype)[self.r0:self.r0 + self.n]
+
+    def lm_head(self, x, W):
+        return self._lm_head_matvec(x, W, self.bat.logits[self.r0:self.r0 + self.n], self.n)
+
+
+class _SpanOps(_PassOps):
+    """Consecutive groups' rows of a pass whose linears each run once over all of them, while the
+    rope / K/V write and the paged decode attention run per group of at most MAX_ROWS rows on the
+    groups' own op sets (their launches exactly the invariant pass's).  Decode: up to WIDE_ROWS
+    rows of the invariant pass where wide_rows says every linear runs on matvec_mma, each linear
+    one m-row launch over them (each weight read once per WIDE_ROWS rows; each row the one-row
+    step's arithmetic, as matvec_mma.cu's rows do not depend on m); else the gemm rows pass."""
+
+    def __init__(self, bat: "BatchStep", groups: list, decode: bool):
+        super().__init__(bat, groups[0].r0, sum(g.n for g in groups), decode)
+        self.spans = [(g.r0 - self.r0, g) for g in groups]  # (first row here, group)
 
     def rope_kv(self, qkv, spec, layer, bias=None, q_norm=None, k_norm=None):
-        qkv = self._value(qkv)  # the qkv GEMM over every row, then each group's rope + K/V write
+        qkv = self._value(qkv)  # the qkv linear over every row, then each group's rope + K/V write
         for r0, g in self.spans:
             g.rope_kv(qkv[r0:r0 + g.n], spec, layer, bias, q_norm, k_norm)
         return self.buf("q", spec.n_heads, spec.head_dim)  # (the groups wrote their rows of it)
 
+    def _attn_decode(self, v, out, qx_out) -> None:
+        for r0, g in self.spans:  # each group's attention into its rows of out (and of the QX codes)
+            g._attn_decode(_Attention(v.q[r0:r0 + g.n], v.spec, v.layer), out[r0:r0 + g.n],
+                           None if qx_out is None else qx_out[r0:r0 + g.n])
+
+
+class _GemmRowsOps(_SpanOps):
+    """The "gemm rows" pass (bench's non-invariant variant, BatchStep.gemm_rows): every linear
+    (the LM head and the MoE router, shared and routed experts included) one prefill-path GEMM
+    over all the pass's rows (cuda_linear.gemm: each weight read once a step, each row rounded in
+    the GEMM's order, so not its solo value); the rope / K/V write and the paged decode attention
+    per group as in the invariant pass, and the sampler after it as there."""
+
+    def __init__(self, bat: "BatchStep", groups: list):
+        super().__init__(bat, groups, decode=False)
+
     def attention(self, q, spec, layer):
-        # each group's paged decode attention into its rows of "attn", without QX codes (the o
-        # projection's GEMM takes the float outputs)
-        for r0, g in self.spans:
-            g._value(g.attention(q[r0:r0 + g.n], spec, layer))
-        return self.buf("attn", spec.n_heads, spec.head_dim).reshape(self.n, -1)
+        # at once, without QX codes (the o projection's GEMM takes the float outputs)
+        out = self.buf("attn", spec.n_heads, spec.head_dim)
+        self._attn_decode(_Attention(q, spec, layer), out, None)
+        return out.reshape(self.n, -1)
 
     def lm_head(self, x, W):
-        out = self.bat.logits[:self.n]
+        out = self.bat.logits[self.r0:self.r0 + self.n]
         self._linear(x, W, out)
         return out
+
+
+def wide_rows(runner) -> int:
+    """Rows of the invariant pass that one launch of each linear takes: WIDE_ROWS where every linear
+    of the model (the LM head included) runs on matvec_mma at that many rows (Q8_0 / NVFP4 / Q4_K
+    weights of a dense model: cuda_linear.matvec_impl), else MAX_ROWS (MoE experts, other formats:
+    the groups' own launches)."""
+    ws = [*runner.loader.linears, runner.model.output]
+    if runner.loader.experts or any(lin.matvec_impl(W, None, WIDE_ROWS) != "mma" for W in ws):
+        return MAX_ROWS
+    return WIDE_ROWS
 
 
 class BatchStep:
@@ -297,18 +341,7 @@ class BatchStep:
     def _pass_ops(self, r0: int, m: int, rows: int):
         """Group rows r0..r0+m-1 of a pass of ``rows`` (bucket) rows: a decode CudaOps bound to
         the image's rows, the pool, the tables, the pass's buffers and logits."""
-        bat = self
-
-        class PassOps(CudaOps):
-            def buf(self, name, *cols, dtype="f4"):
-                return bat.buffer(name, *cols, dtype=dtype)[r0:r0 + m]
-
-            def lm_head(self, x, W):
-                return self._lm_head_matvec(x, W, bat.logits[r0:r0 + m], m)
-
-        o = PassOps(self.r, m, decode=True)
-        io = self.io
-        o.tokens, o.positions, o.lengths, o.kv_rows = (io[k][r0:r0 + m] for k in ("tok", "pos", "len", "crow"))
+        o = _PassOps(self, r0, m)
         o.cache_k, o.cache_v = self.pool_k, self.pool_v
         o.kv_tables = self.d_i32[(_HDR + r0 * self.row_bytes + _TABLE) // 4:]
         o.table_stride = self.row_bytes // 4
@@ -333,12 +366,15 @@ class BatchStep:
         r = self.r
         groups = [self._pass_ops(g0, min(MAX_ROWS, rows - g0), rows) for g0 in range(0, rows, MAX_ROWS)]
         if self.gemm_rows:
-            o = _GemmRowsOps(self, groups, rows)
-            r.model.forward(o, o.tokens)
-        elif len(groups) == 1:
-            r.model.forward(groups[0], groups[0].tokens)
+            sets = [_GemmRowsOps(self, groups)]
+        else:  # the groups, or spans of wide_rows rows over them
+            k = wide_rows(r) // MAX_ROWS
+            sets = [gs[0] if len(gs) == 1 else _SpanOps(self, gs, decode=True)
+                    for gs in (groups[i:i + k] for i in range(0, len(groups), k))]
+        if len(sets) == 1:
+            r.model.forward(sets[0], sets[0].tokens)
         else:
-            r.model.forward(_GroupedOps(groups), _Rows([g.tokens for g in groups]))
+            r.model.forward(_GroupedOps(sets), _Rows([o.tokens for o in sets]))
         params, rings = sampler_rows(self.d_img[_HDR:], rows, self.row_bytes)
         ops.sample(self.logits[:rows], params, self.io["out"][:rows], rings, self.io["len"][:rows], self.sample_ws)
 

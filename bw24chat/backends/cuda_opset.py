@@ -177,9 +177,7 @@ class CudaOps(Ops):
                 return dict(x=out.reshape(m, H * hd))
             qa = self.buf("qx_attn", lin.qx_row_words(H * hd), dtype="u4") \
                 if qx_ok and r.attn_qx and (H * hd) % 32 == 0 else None
-            ops.attn_decode(v.q, self.cache_k[v.layer], self.cache_v[v.layer], r.kv_type, self.lengths, m, s.scale, out,
-                            self.attn_ws, self.attn_rows, qx_out=qa, act_bf16=self.xb16, tables=self.kv_tables,
-                            table_stride=self.table_stride, ws_rows=self.attn_ws_rows)
+            self._attn_decode(v, out, qa)
             x = out.reshape(m, H * hd)
             return dict(x=x, prologue="qx", qx_in=qa) if qa is not None else dict(x=x)
         if isinstance(v, _Linear):
@@ -187,6 +185,12 @@ class CudaOps(Ops):
             self._linear(v.x, v.W, out)
             return dict(x=out)
         return dict(x=v)
+
+    def _attn_decode(self, v: _Attention, out, qx_out) -> None:
+        """The decode attention of v's rows into out (qx_out: also its outputs' integer-dot codes)."""
+        ops.attn_decode(v.q, self.cache_k[v.layer], self.cache_v[v.layer], self.r.kv_type, self.lengths, self.n,
+                        v.spec.scale, out, self.attn_ws, self.attn_rows, qx_out=qx_out, act_bf16=self.xb16,
+                        tables=self.kv_tables, table_stride=self.table_stride, ws_rows=self.attn_ws_rows)
 
     def _value(self, v):
         """v's values in a buffer: what a deferred value still owes is launched, once (a value may

@@ -249,6 +249,7 @@ class PlanLoader:
 
     def __init__(self):
         self.linears: list = []
+        self.experts: list = []
 
     def _weight(self, tensors, role: str):
         from .cuda_weights import DeviceWeight, fmt_id, vpc
@@ -293,7 +294,9 @@ class PlanLoader:
         name = gate.name.rsplit(".", 1)[0]
         store = lambda proj, out, in_: SimpleNamespace(  # noqa: E731
             fmt=gate.fmt, n_experts=E, out=out, in_=in_, table=SymArray(f"{name}.{proj}_table", (E, len(PLANES)), np.uint64))
-        return SimpleNamespace(gu=store("gu", 2 * F, D), down=store("down", D, F), tiers=None, layer=0, n_experts=E)
+        ex = SimpleNamespace(gu=store("gu", 2 * F, D), down=store("down", D, F), tiers=None, layer=0, n_experts=E)
+        self.experts.append(ex)
+        return ex
 
 
 @dataclass
