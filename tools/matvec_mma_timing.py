@@ -4,6 +4,8 @@ decode and verify run today) against the tensor-core one (matvec_mma.cu, cuda_li
     python3 tools/matvec_mma_timing.py [--formats q8_0,nvfp4,q4_k] [--rows 1-8] [--shapes o,gate|up] [--sweep]
                                        [--ranges 2,3]
 
+Rows past 8 (up to 16: the batched pass's spans) run on matvec_mma only (the SIMT kernel takes 8).
+
 Qwen3-8B's decode matrices on synthetic weights (bw24chat.synthetic): qkv 6144 x 4096 (rmsnorm),
 o 4096 x 4096 (x codes from a QX buffer, add), gate|up 24576 x 4096 (rmsnorm, swiglu, writing the
 down projection's QX codes), down 4096 x 12288 (QX codes, add), the LM head 151936 x 4096
@@ -49,7 +51,7 @@ def sweep_geometries(m: int) -> list[dict]:
     """MATVEC_MMA_TUNING's entry for m rows first, then the alternatives."""
     from bw24chat.backends import cuda_linear as cl
 
-    pick = cl.MATVEC_MMA_TUNING[("*", "one_tile" if m <= 4 else "two_tiles")]
+    pick = cl.MATVEC_MMA_TUNING[("*", cl.mma_class(m))]
     out = [pick]
     for nw in (8, 16):
         for kw in (4, 8):
@@ -70,7 +72,7 @@ def plan_label(cl, W, m: int, prologue: str, ranges: int | None = None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default="q8_0,nvfp4,q4_k")
-    ap.add_argument("--rows", default="1-8", help="m values: a range 1-8 or a list 1,2,4,8")
+    ap.add_argument("--rows", default="1-8", help="m values (1..16): a range 1-8 or a list 1,2,4,8")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="a subset of " + ",".join(s[0] for s in SHAPES))
     ap.add_argument("--sweep", action="store_true", help="time matvec_mma's other geometries too")
     ap.add_argument("--ranges", default="", help="time matvec_mma over these numbers of K ranges too (o, down): 2,3")
@@ -121,13 +123,12 @@ def main() -> int:
                     return lambda c: cl.matvec(Ws[c], x, out, m, "rmsnorm", norm_w=norm_w, impl=impl)
 
                 res = []
-                for impl in ("simt", "mma"):
+                for impl in ("simt", "mma") if m <= cl.MV_MAX_ROWS else ("mma",):
                     geos = sweep_geometries(m) if impl == "mma" and args.sweep else [None]
                     for gi, geo in enumerate(geos):
                         saved = dict(cl.MATVEC_MMA_TUNING)
                         if geo is not None:
-                            for cls in ("one_tile", "two_tiles"):
-                                cl.MATVEC_MMA_TUNING[("*", cls)] = geo
+                            cl.MATVEC_MMA_TUNING[("*", cl.mma_class(m))] = geo
                         try:
                             us = time_graph(cp, stream, launcher(impl), copies)
                         finally:
@@ -150,7 +151,8 @@ def main() -> int:
         base = step.get(("simt", 1))
         print(f"{fmt}: the matvec part of one decode step ({LAYERS} layers + LM head), ms (x the SIMT one-row step):")
         for m in rows_list:
-            cells = [f"{impl} {step[(impl, m)] / 1e3:7.3f}" + (f" ({step[(impl, m)] / base:4.2f}x)" if base else "") for impl in ("simt", "mma")]
+            cells = [f"{impl} {step[(impl, m)] / 1e3:7.3f}" + (f" ({step[(impl, m)] / base:4.2f}x)" if base else "")
+                     for impl in ("simt", "mma") if (impl, m) in step]
             print(f"  m={m}  " + "  ".join(cells), flush=True)
     return 0
 

@@ -4,7 +4,8 @@ Kernels: the paged attention variants (KV_PAGE: block tables) and rope.cu's cach
 contiguous-cache kernels bit for bit on the same keys, scattered through random block tables
 (kernel_refs.paged_rows / kv_cache_gather state the mapping), for every KV type and decode kernel.
 The runner: every sequence of a batch equals its solo run (prefill, then one-row steps, on a fresh
-runner) bit for bit -- tokens and the logits of every token -- at B = 1, 2, 8, 32, greedy and
+runner) bit for bit -- tokens and the logits of every token -- at B = 1, 2, 8, 16, 32 (the linears
+per 8 rows, and per 16 where matvec_mma runs them all), greedy and
 seeded, prefix sharing on and off, mixed lengths, sequences joining and leaving between steps, a
 pool small enough to preempt, n-gram speculation in the batch (check.batch_gates), every KV type."""
 import math
@@ -175,6 +176,20 @@ def test_batched_equals_solo(cp, kv):
 
     make_runner, tok, _ = batch_runner("cuda", kv=kv)
     bad = [r for r in batch_gates(make_runner, tok) if not r.ok]
+    assert not bad, "\n".join(f"{r.name}: {r.value}" for r in bad)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
+def test_the_wide_pass_equals_solo(cp, fmt):
+    """Where matvec_mma runs every linear (cuda_batch.wide_rows: 16), the pass's linears are one
+    launch per 16 rows (three and four n-tiles) and the rope / attention per 8: every sequence at
+    B = 16 and 32 still equals its solo run bit for bit (check.batch_gates)."""
+    from bw24chat.backends.cuda_batch import WIDE_ROWS, wide_rows
+    from bw24chat.check import batch_gates, batch_runner
+
+    make_runner, tok, _ = batch_runner("cuda", fmt=fmt, kv="bf16")
+    assert wide_rows(make_runner()) == WIDE_ROWS == 16
+    bad = [r for r in batch_gates(make_runner, tok, sizes=(16, 32)) if not r.ok]
     assert not bad, "\n".join(f"{r.name}: {r.value}" for r in bad)
 
 

@@ -1,6 +1,7 @@
 """The integer-dot matvec on int8 tensor cores (kernels/matvec_mma.cu, cuda_linear.matvec(impl="mma")):
-every row of its m-row call (m = 1..8) equals the SIMT kernel's one-row call on that row bit for
-bit (so a speculative verify or a batched step on it equals plain decoding), and its m-row call;
+every row of its m-row call (m = 1..16) equals the SIMT kernel's one-row call on that row bit for
+bit (so a speculative verify or a batched step on it equals plain decoding), and its m-row call
+(m <= 8, the SIMT kernel's rows);
 for Q8_0, NVFP4 and Q4_K, every prologue (none, rmsnorm, swiglu, qx; the bf16-activation flag),
 every epilogue (store, add, swiglu, qx_out), odd row counts and rows that end in a partial k-tile,
 the geometry alternatives (warps, K split, ring depth, grid), launches over K ranges (the wide
@@ -58,13 +59,15 @@ def odd_weight(rng, fmt, rows=None, interleave=False):
 def test_rows_equal_the_one_row_simt_step(cp, rng, fmt, pro):
     W, hp, w = odd_weight(rng, fmt)
     ldx = 2 * W.in_ if pro == "swiglu" else W.in_
-    x = (rng.standard_normal((8, ldx)) * rng.uniform(0.1, 10.0, (8, 1))).astype(np.float32)
+    R = cl.MMA_MAX_ROWS
+    x = (rng.standard_normal((R, ldx)) * rng.uniform(0.1, 10.0, (R, 1))).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32) if pro == "rmsnorm" else None
-    one = one_row_steps(cp, W, x, 8, pro=pro, norm_w=norm_w)
-    for m in range(1, 9):
+    one = one_row_steps(cp, W, x, R, pro=pro, norm_w=norm_w)
+    for m in range(1, R + 1):  # 9..16: three and four n-tiles (the batched pass's spans)
         got = call(cp, W, x, m, "mma", pro, norm_w=norm_w)
         same_bits(got, one[:m], f"from the one-row SIMT steps at m = {m}")
-        same_bits(got, call(cp, W, x, m, "simt", pro, norm_w=norm_w), f"from the SIMT {m}-row step")
+        if m <= cl.MV_MAX_ROWS:
+            same_bits(got, call(cp, W, x, m, "simt", pro, norm_w=norm_w), f"from the SIMT {m}-row step")
     check_close(one, ref_input(x, pro, W.in_, norm_w, fmt), w)
     if pro == "none":
         same_bits(one, matvec_a8_exact(hp, x), "from kernel_refs.matvec_a8_exact")
@@ -76,12 +79,13 @@ def test_add_and_swiglu_epilogues(cp, rng, fmt, act_bf16):
     """The add epilogue (the residual) and the swiglu epilogue (gate / up rows interleaved), behind
     the rmsnorm prologue, under both activation contracts."""
     W, _, _ = odd_weight(rng, fmt, interleave=True)
-    x = rng.standard_normal((8, W.in_)).astype(np.float32)
+    R = cl.MMA_MAX_ROWS
+    x = rng.standard_normal((R, W.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
-    res = rng.standard_normal((8, W.out)).astype(np.float32)
-    one_add = one_row_steps(cp, W, x, 8, pro="rmsnorm", epi="add", norm_w=norm_w, init=res, act_bf16=act_bf16)
-    one_sw = one_row_steps(cp, W, x, 8, pro="rmsnorm", epi="swiglu", norm_w=norm_w, act_bf16=act_bf16)
-    for m in (2, 3, 4, 5, 8):
+    res = rng.standard_normal((R, W.out)).astype(np.float32)
+    one_add = one_row_steps(cp, W, x, R, pro="rmsnorm", epi="add", norm_w=norm_w, init=res, act_bf16=act_bf16)
+    one_sw = one_row_steps(cp, W, x, R, pro="rmsnorm", epi="swiglu", norm_w=norm_w, act_bf16=act_bf16)
+    for m in (2, 3, 4, 5, 8, 9, 13, 16):
         same_bits(call(cp, W, x, m, "mma", "rmsnorm", "add", norm_w, init=res, act_bf16=act_bf16), one_add[:m], f"(add, m = {m})")
         same_bits(call(cp, W, x, m, "mma", "rmsnorm", "swiglu", norm_w, act_bf16=act_bf16), one_sw[:m], f"(swiglu, m = {m})")
 
@@ -97,23 +101,26 @@ def test_geometries_and_grids_give_the_same_bits(cp, rng, fmt, geo, blocks, monk
     """Warps per block, warps per sub-tile (the K split: the chains' warps and the tree's split
     between registers and shared memory), ring depth and persistent grids of 3 blocks (dozens of
     passes per block, the pass buffers reused) change no bit: rmsnorm / store and swiglu."""
-    for cls in ("one_tile", "two_tiles"):
+    for cls in ("one_tile", "two_tiles", "four_tiles"):
         monkeypatch.setitem(cl.MATVEC_MMA_TUNING, ("*", cls), {**cl.MATVEC_MMA_TUNING[("*", cls)], "MV_MINB": 1, **geo})
     if blocks:
         tiles_per_block(monkeypatch, blocks)
     W, _, _ = odd_weight(rng, fmt, rows=int(rng.integers(150, 400)) * 2 + 1)
-    x = rng.standard_normal((6, W.in_)).astype(np.float32)
+    x = rng.standard_normal((14, W.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
     W2, _, _ = odd_weight(rng, fmt, interleave=True)
-    x2 = rng.standard_normal((6, W2.in_)).astype(np.float32)
+    x2 = rng.standard_normal((14, W2.in_)).astype(np.float32)
     for m in (3, 6):
         same_bits(call(cp, W, x, m, "mma", "rmsnorm", norm_w=norm_w), call(cp, W, x, m, "simt", "rmsnorm", norm_w=norm_w), f"(m = {m})")
         same_bits(call(cp, W2, x2, m, "mma", epi="swiglu"), call(cp, W2, x2, m, "simt", epi="swiglu"), f"(swiglu, m = {m})")
+    # 14 rows (four n-tiles, the last one partial) against the one-row SIMT steps
+    same_bits(call(cp, W, x, 14, "mma", "rmsnorm", norm_w=norm_w), one_row_steps(cp, W, x, 14, pro="rmsnorm", norm_w=norm_w), "(m = 14)")
+    same_bits(call(cp, W2, x2, 14, "mma", epi="swiglu"), one_row_steps(cp, W2, x2, 14, epi="swiglu"), "(swiglu, m = 14)")
 
 
 @pytest.mark.parametrize("producer", FMTS)
 @pytest.mark.parametrize("consumer", FMTS)
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 16])
 @pytest.mark.parametrize("blocks", [None, 2, 3])
 def test_qx_buffers(cp, rng, producer, consumer, m, blocks, monkeypatch):
     """qx_out: the gate|up matvec's swiglu epilogue (64-row tiles of passes, tile buffers by
@@ -201,19 +208,20 @@ QWEN3_8B = [  # (name, rows, inputs, prologue, epilogue)
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("shape", QWEN3_8B, ids=[s[0] for s in QWEN3_8B])
 def test_qwen3_8b_shapes(cp, rng, fmt, shape):
-    """Every row of the m-row calls at m = 2..8 equals the one-row SIMT steps (the production
+    """Every row of the m-row calls at m = 2..16 equals the one-row SIMT steps (the production
     geometry of each shape) bit for bit, on synthetic weights (bw24chat.synthetic); prologue qx
     over codes quantized from the same floats (the one-row steps take the floats): the down
-    projection at m = 7, 8 over K ranges (its x does not fit one launch beside the ring)."""
+    projection at m = 7..16 over K ranges (its x does not fit one launch beside the ring)."""
     from bw24chat.synthetic import random_matrix
 
     name, rows, in_, pro, epi = shape
     W = cw.upload([random_matrix(fmt, rows, in_, rng)])
-    x = (rng.standard_normal((8, in_)) * rng.uniform(0.5, 4.0, (8, 1))).astype(np.float32)
+    R = cl.MMA_MAX_ROWS
+    x = (rng.standard_normal((R, in_)) * rng.uniform(0.5, 4.0, (R, 1))).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, in_).astype(np.float32) if pro == "rmsnorm" else None
-    init = rng.standard_normal((8, rows)).astype(np.float32) if epi == "add" else None
-    one = one_row_steps(cp, W, x, 8, pro="none" if pro == "qx" else pro, epi=epi, norm_w=norm_w, init=init)
-    for m in range(2, 9):
+    init = rng.standard_normal((R, rows)).astype(np.float32) if epi == "add" else None
+    one = one_row_steps(cp, W, x, R, pro="none" if pro == "qx" else pro, epi=epi, norm_w=norm_w, init=init)
+    for m in range(2, R + 1):
         use_qx = pro == "qx" and cl.takes_qx(W, m, impl="mma")
         qx_in = cp.asarray(qx_ref(x[:m])) if use_qx else None
         got = call(cp, W, x, m, "mma", "qx" if use_qx else ("none" if pro == "qx" else pro), epi, norm_w, init=init, qx_in=qx_in)
