@@ -1,11 +1,11 @@
 """The tensor-core integer-dot matvec's schedule (kernels/matvec_mma.cu) on the CPU: its chains split
 over the warps of a sub-tile, their own tree levels and the block's residue levels
 (kernel_refs.matvec_a8_mma_order) give the contract's rows (kernel_refs.matvec_a8_exact, the SIMT
-kernel's 32 chains and xor tree) bit for bit, for 4 and 8 warps per sub-tile, rows that end in a
-partial 32-chunk k-tile and rows shorter than one, and over K ranges (the chains carried from
-one range's launch to the next as float32, each range's inputs quantized by themselves) for every
-range count; and those rows are the quantized product within the f32 accumulation's rounding.
-Fresh random weights and activations every run."""
+kernel's 32 chains and xor tree) bit for bit, for 4 and 8 warps per sub-tile, 3 and 16 rows of x,
+rows that end in a partial 32-chunk k-tile and rows shorter than one, and over K ranges (the
+chains carried from one range's launch to the next as float32, each range's inputs quantized by
+themselves) for every range count; and those rows are the quantized product within the f32
+accumulation's rounding.  Fresh random weights and activations every run."""
 import numpy as np
 import pytest
 
@@ -17,11 +17,12 @@ from tests.test_repack import random_qtensor
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
 @pytest.mark.parametrize("in_", [256, 768, 1280])  # 16, 48, 80 Q8_0 chunks; 8, 24, 40 of the 32-value formats
-def test_mma_schedule_gives_the_contract_bits(rng, fmt, in_):
+@pytest.mark.parametrize("m", [3, 16])  # one n-tile; four (cuda_linear.MMA_MAX_ROWS)
+def test_mma_schedule_gives_the_contract_bits(rng, fmt, in_, m):
     out = int(rng.integers(3, 40))
     t = random_qtensor(rng, fmt, out, in_, global_scale=0.37 if fmt == "NVFP4" else 1.0)
     hp = cw.repack_host([t])
-    x = (rng.standard_normal((3, in_)) * rng.uniform(0.1, 10.0, (3, 1))).astype(np.float32)
+    x = (rng.standard_normal((m, in_)) * rng.uniform(0.1, 10.0, (m, 1))).astype(np.float32)
     want = matvec_a8_exact(hp, x)
     for kw in (4, 8):
         got = matvec_a8_mma_order(hp, x, kw)

@@ -95,20 +95,67 @@ def test_integer_dot_matvec_rows_fit(small_gpu, fmt, n_in):
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
 @pytest.mark.parametrize("n_in", [2048, 4096, 5120, 12288, 14336, 25600])
 def test_tensor_core_matvec_rows_fit(small_gpu, monkeypatch, fmt, n_in):
-    """The m-row steps' matvec_mma (m = 2..8): its ring, staged rows and buffers fit 99 KB; under
-    prologue qx / none launches over K ranges take every row (the QX hand-off at every m), under rmsnorm more
-    rows than fit go in groups."""
+    """The m-row steps' matvec_mma (m = 2..8, and 9..16 of the batched pass's spans): its ring,
+    staged rows and buffers fit 99 KB; under prologue qx / none launches over K ranges take every
+    row (the QX hand-off at every m), under rmsnorm more rows than fit go in groups of m_fit, each
+    group's launch the plan of its own rows."""
     from bw24chat.backends.cuda_weights import FORMATS
 
     monkeypatch.setattr(cl, "_sm_resources", lambda: (84, 100 * 1024))
     W = types.SimpleNamespace(fmt=fmt, out=4096, in_=n_in, vpc=FORMATS[fmt][1])
-    for m in range(2, 9):
+    for m in range(2, cl.MMA_MAX_ROWS + 1):
         assert cl.matvec_impl(W, True, m) == "mma"
         plan, grouped = cl.mma_plan(W, m, "qx"), cl.mma_plan(W, m, "rmsnorm")
         for p in (plan, grouped):
             assert p.smem <= LIMIT and 1 <= p.m_fit <= m and p.defines["MQ_STAGES"] >= 2
         assert plan.m_fit == m and cl.takes_qx(W, m) and grouped.ranges == 1
         assert plan.kt_bounds[0] == 0 and plan.kt_bounds[-1] == cl.mma_k_tiles(W)
+        assert plan.smem == cl.mma_smem(W, m, plan.defines, cl._range_inputs(W, plan.kt_bounds))
         assert (plan.ranges > 1) == (grouped.m_fit < m)
+        assert grouped.smem == cl.mma_smem(W, grouped.m_fit, grouped.defines)
+        assert cl.mma_plan(W, grouped.m_fit, "rmsnorm") == grouped
     if n_in == 12288:
         assert cl.mma_plan(W, 3, "qx").ranges == 2
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "NVFP4"])
+def test_sixteen_rows_of_a_4096_input_matrix_fit_one_launch_on_hopper(monkeypatch, fmt):
+    """The batched pass's 16-row spans (cuda_batch.wide_rows) on a 227 KB GPU: matvec_mma's four
+    n-tile class (8 warps, one 16-row sub-tile a pass) stages 16 rows of a 4096-input x (qkv, o,
+    gate|up, the LM head of Qwen3-8B) in one launch with a ring of at least 2 stages, so QX codes
+    pass between them; the 12288-input down projection takes its 16 rows (and their QX codes) over
+    3 K ranges, where a prologue that reads all of x would run them in groups of at most 8."""
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    monkeypatch.setattr(kb, "smem_block_limit", lambda: kb.SMEM_BLOCK_SM90)
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 228 * 1024))
+    vpc = FORMATS[fmt][1]
+    W = types.SimpleNamespace(fmt=fmt, out=4096, in_=4096, vpc=vpc)
+    for m in range(9, cl.MMA_MAX_ROWS + 1):
+        plan = cl.mma_plan(W, m)
+        assert plan.m_fit == m and plan.ranges == 1 and plan.smem <= kb.SMEM_BLOCK_SM90 and plan.defines["MQ_STAGES"] >= 2
+        assert cl.mma_class(m) == "four_tiles" and plan.defines["MV_NW"] == 8 and plan.rows == 16
+        assert cl.takes_qx(W, m) and cl.mma_writes_qx(types.SimpleNamespace(fmt=fmt, out=24576, in_=4096, vpc=vpc), m)
+    down = types.SimpleNamespace(fmt=fmt, out=4096, in_=12288, vpc=vpc)
+    split = cl.mma_plan(down, 16, "qx")
+    assert split.m_fit == 16 and split.ranges == 3 and split.defines["MV_NW"] == 8 and cl.takes_qx(down, 16)
+    assert 1 < cl.mma_plan(down, 16, "rmsnorm").m_fit <= 8
+
+
+def test_only_matvec_mma_takes_more_than_8_rows():
+    """m = 9..16: matvec_mma's formats under the integer-dot contract; every other path refuses
+    them with an error that says so (before touching the arrays)."""
+    import numpy as np
+
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    for fmt in ("BF16", "Q6_K"):
+        W = types.SimpleNamespace(fmt=fmt, out=64, in_=256, vpc=FORMATS[fmt][1], q=None, s=None)
+        assert not cl.takes_qx(W, 12) and not cl.writes_qx(W, 12)
+        x, out = np.zeros((12, 256), np.float32), np.zeros((12, 64), np.float32)
+        with pytest.raises(ValueError, match="take matvec_mma"):
+            cl.matvec(W, x, out, 12)
+    W = types.SimpleNamespace(fmt="Q8_0", out=64, in_=256, vpc=FORMATS["Q8_0"][1])
+    assert cl.matvec_impl(W, True, 12) == "mma"
+    with pytest.raises(ValueError, match="1..16 rows"):
+        cl.mma_class(17)
