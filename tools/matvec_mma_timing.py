@@ -11,8 +11,8 @@ o 4096 x 4096 (x codes from a QX buffer, add), gate|up 24576 x 4096 (rmsnorm, sw
 down projection's QX codes), down 4096 x 12288 (QX codes, add), the LM head 151936 x 4096
 (rmsnorm), each prologue / QX use as the decode step makes it for that kernel and row count
 (cuda_linear.takes_qx / writes_qx, mma_plan / mma_writes_qx).  Each matvec_mma line names its
-plan: its K ranges (k-tile bounds; the down projection splits at m = 7, 8 on an H100),
-the ring depth and, where the rows run in groups, the rows per launch.  Per matrix, format, m and kernel:
+plan: its K ranges (k-tile bounds; the down projection splits at m = 7..16 on an H100, in 3 from
+m = 14), the ring depth and, where the rows run in groups, the rows per launch.  Per matrix, format, m and kernel:
 us per call, the median of 7 timings of 10 replays of one CUDA graph of COPIES launches over
 copies of the weights (so that a graph reads more than the L2 holds; decode_floor.time_graph),
 after one warm-up launch and two warm-up replays.  Then the matvec part of one decode step (36
@@ -20,8 +20,8 @@ layers of qkv + o + gate|up + down, one LM head) in ms, and its ratio to the SIM
 (with --shapes, of the shapes timed).
 --sweep: matvec_mma's other geometries too (MV_NW, MQ_KW, MQ_STAGES; MATVEC_MMA_TUNING's pick
 marked *).  --ranges: matvec_mma over these numbers of K ranges too (the shapes of prologue qx / none: o, down;
-mma_plan's ring depth for each).  Every kernel, geometry and split gives the same bits
-(tests/gpu/test_matvec_mma.py).
+mma_plan's ring depth for each; a count whose ranges' x does not fit at m is left out).  Every kernel,
+geometry and split gives the same bits (tests/gpu/test_matvec_mma.py).
 """
 from __future__ import annotations
 
@@ -67,6 +67,15 @@ def plan_label(cl, W, m: int, prologue: str, ranges: int | None = None) -> str:
     p = cl.mma_plan(W, m, prologue, ranges)
     split = f"{p.ranges} K ranges {'/'.join(map(str, p.kt_bounds))}" if p.ranges > 1 else "1 range"
     return f"[{split}, {p.defines['MQ_STAGES']} stages" + (f", {p.m_fit} rows a launch]" if p.m_fit < m else "]")
+
+
+def fits(cl, W, m: int, prologue: str, ranges: int) -> bool:
+    """Whether matvec_mma can run m rows of W over this many K ranges (their x beside the ring)."""
+    try:
+        cl.mma_plan(W, m, prologue, ranges)
+    except ValueError:
+        return False
+    return True
 
 
 def main() -> int:
@@ -140,7 +149,7 @@ def main() -> int:
                         if impl == "mma" and geo is None:
                             label += " " + plan_label(cl, W0, m, prologue)
                         res.append(f"{label} {us:8.2f} us {W0.nbytes / us / 1e3:5.0f} GB/s")
-                for r in [r for r in extra_ranges if name in ("o", "down") and 1 <= r <= cl.mma_k_tiles(W0)]:
+                for r in [r for r in extra_ranges if name in ("o", "down") and fits(cl, W0, m, prologue, r)]:
                     us = time_graph(cp, stream, launcher("mma", r), copies)
                     res.append(f"mma {plan_label(cl, W0, m, prologue, r)} {us:8.2f} us {W0.nbytes / us / 1e3:5.0f} GB/s")
                 print(f"{fmt:5s} {name:8s} {n_out:6d} x {n_in:5d} m={m}  " + "  ".join(res[:2]), flush=True)

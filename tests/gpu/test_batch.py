@@ -5,8 +5,8 @@ contiguous-cache kernels bit for bit on the same keys, scattered through random 
 (kernel_refs.paged_rows / kv_cache_gather state the mapping), for every KV type and decode kernel.
 The runner: every sequence of a batch equals its solo run (prefill, then one-row steps, on a fresh
 runner) bit for bit -- tokens and the logits of every token -- at B = 1, 2, 8, 16, 32 (the linears
-per 8 rows, and per 16 where matvec_mma runs them all), greedy and
-seeded, prefix sharing on and off, mixed lengths, sequences joining and leaving between steps, a
+per 8 rows, and per 16 where matvec_mma runs them all, a 12288-input down projection over K
+ranges), greedy and seeded, prefix sharing on and off, mixed lengths, sequences joining and leaving between steps, a
 pool small enough to preempt, n-gram speculation in the batch (check.batch_gates), every KV type."""
 import math
 
@@ -191,6 +191,28 @@ def test_the_wide_pass_equals_solo(cp, fmt):
     assert wide_rows(make_runner()) == WIDE_ROWS == 16
     bad = [r for r in batch_gates(make_runner, tok, sizes=(16, 32)) if not r.ok]
     assert not bad, "\n".join(f"{r.name}: {r.value}" for r in bad)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4"])
+def test_the_wide_pass_over_k_ranges_equals_solo(cp, fmt):
+    """An FFN of 12288 (the Qwen3-8B down projection's inputs): in the wide pass's spans the down
+    matvec takes its 9..16 rows over K ranges (cuda_linear.mma_plan; 3 at 16 rows on an H100),
+    on gate|up's QX codes, the chains carried in the pass's scratch (cuda_batch.step_bytes); every
+    sequence at B = 16 still equals its solo run bit for bit (check.batch_gates)."""
+    from bw24chat.backends import cuda_linear as cl
+    from bw24chat.backends.cuda_batch import WIDE_ROWS, wide_rows
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.check import batch_gates, word_tokenizer
+    from bw24chat.synthetic import SHAPES, synthetic_checkpoint
+
+    ck = synthetic_checkpoint({**SHAPES["tiny"], "intermediate_size": 12288}, fmt)
+    make_runner = lambda: CudaRunner(ck, 512, "bf16", prefill_chunk=512)  # noqa: E731
+    r = make_runner()
+    assert wide_rows(r) == WIDE_ROWS
+    down = [W for W in r.loader.linears if W.in_ == 12288]
+    assert down and all(cl.mma_plan(W, WIDE_ROWS, "qx").ranges > 1 and cl.takes_qx(W, WIDE_ROWS) for W in down)
+    bad = [x for x in batch_gates(make_runner, word_tokenizer(SHAPES["tiny"]["vocab_size"]), sizes=(16,)) if not x.ok]
+    assert not bad, "\n".join(f"{x.name}: {x.value}" for x in bad)
 
 
 def test_batched_graph_equals_eager(cp):

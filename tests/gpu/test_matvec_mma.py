@@ -155,29 +155,32 @@ def test_qx_buffers(cp, rng, producer, consumer, m, blocks, monkeypatch):
 def test_k_ranges_rows_equal_the_one_row_simt_step(cp, rng, fmt, in_, blocks, monkeypatch):
     """K ranges (one launch per range of k-tiles, the chains carried through the scratch) on
     12288- and 14336-input matrices (the Qwen3-8B and Llama-3-8B down projections) of odd row
-    counts: at m = 1..8, prologue qx and none, epilogue store and add, in mma_plan's ranges (a
-    split from m = 7 / 6 on an H100) and in 2 and 3, every row equals the SIMT kernel's one-row
-    step bit for bit.  Grids of 3 blocks: dozens of passes per block, any block's chains in part."""
+    counts: at m = 1..16, prologue qx and none, epilogue store and add, in mma_plan's ranges (a
+    split from m = 7 / 6 on an H100; at 9..16 the four-tile class's chains, 3 and 4 n-tiles) and
+    in 2 and 3 (past 8 rows: one more than mma_plan's, where 2 do not fit), every row equals the
+    SIMT kernel's one-row step bit for bit.  Grids of 3 blocks: dozens of passes per block, any
+    block's chains in part."""
     from bw24chat.synthetic import random_matrix
 
     if blocks:
         tiles_per_block(monkeypatch, blocks)
     rows = int(rng.integers(100, 300)) * 2 + 1
     W = cw.upload([random_matrix(fmt, rows, in_, rng)])
-    x = (rng.standard_normal((8, in_)) * rng.uniform(0.5, 4.0, (8, 1))).astype(np.float32)
-    res = rng.standard_normal((8, rows)).astype(np.float32)
-    one = one_row_steps(cp, W, x, 8)
-    one_add = one_row_steps(cp, W, x, 8, epi="add", init=res)
-    for m in range(1, 9):
+    R = cl.MMA_MAX_ROWS
+    x = (rng.standard_normal((R, in_)) * rng.uniform(0.5, 4.0, (R, 1))).astype(np.float32)
+    res = rng.standard_normal((R, rows)).astype(np.float32)
+    one = one_row_steps(cp, W, x, R)
+    one_add = one_row_steps(cp, W, x, R, epi="add", init=res)
+    for m in range(1, R + 1):
         qx_in = cp.asarray(qx_ref(x[:m]))
-        for r in (None, 2, 3):
+        for r in (None, 2, 3) if m <= cl.MV_MAX_ROWS else (None, cl.mma_plan(W, m, "qx").ranges + 1):
             what = f"(m = {m}, {r or cl.mma_plan(W, m, 'qx').ranges} ranges)"
             same_bits(call(cp, W, x, m, "mma", k_ranges=r), one[:m], "none / store " + what)
             same_bits(call(cp, W, x, m, "mma", "qx", "add", init=res, qx_in=qx_in, k_ranges=r), one_add[:m], "qx / add " + what)
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 12, 16])
 @pytest.mark.parametrize("blocks", [None, 2])
 def test_k_ranges_write_qx(cp, rng, fmt, m, blocks, monkeypatch):
     """qx_out behind K ranges (prologue none, swiglu epilogue): the last range's launch combines
