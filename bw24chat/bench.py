@@ -353,10 +353,11 @@ def print_profile(title: str, rows: list[dict], per: str) -> None:
               + (f"  ({r['us_per_launch']:.2f} us each)" if r['us_per_launch'] else ""))
 
 
-def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list[dict]:
+def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10, rows: int = 1) -> list[dict]:
     """Where one decode step's GPU time goes, measured inside CUDA graphs.
 
-    The launches of the runner's one-row plan (runner.plan) are grouped by role (profile_groups:
+    The launches of the runner's ``rows``-row plan (runner.plan: 1, a decode step; more, a verify
+    of rows - 1 drafts, one pass of at most runner.max_rows) are grouped by role (profile_groups:
     qkv / o / gate-up / down matvec, rope+kv-write, attention, LM head, sampler).  Each
     group (e.g. the 36 attention launches of one step, over 36 different caches, so the L2 holds
     no more than it would in the real step) is captured as its own graph and replayed `inner`
@@ -365,14 +366,16 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
     tails), since groups run their launches back to back just as the step does."""
     from .api import SamplingParams
 
+    if not 1 <= rows <= runner.max_rows:
+        raise ValueError(f"--profile-rows {rows}: one pass takes 1..{runner.max_rows} rows")
     rng = np.random.default_rng(1)
     ids = rng.integers(0, runner.args.vocab_size, ctx)
     runner.prefill(ids, 0)
     sp = SamplingParams(temperature=0)
-    tok = int(ids[-1])
+    toks = [int(t) for t in rng.integers(0, runner.args.vocab_size, rows)]
     for i in range(3):  # captures the step graph
-        tok = runner.step([tok], ctx + i, sp, 0, [])[0]
-    runner._write_io([tok], ctx, sp, 0, [])
+        runner.step(toks, ctx + i * rows, sp, 0, [])
+    runner._write_io(toks, ctx + 3 * rows, sp, 0, [])
     stream = runner.stream
 
     def time_graph(graph) -> float:
@@ -390,10 +393,10 @@ def profile_decode(runner, cp, ctx: int, reps: int = 7, inner: int = 10) -> list
             ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / inner)
         return statistics.median(ts)
 
-    if len(runner.graphs[1]) > 1:
+    if len(runner.graphs[rows]) > 1:
         raise ValueError("--profile times the one-graph decode step (all experts resident)")
-    step_us = time_graph(runner.graphs[1][0][0])
-    groups = profile_groups(runner.plan(1))
+    step_us = time_graph(runner.graphs[rows][0][0])
+    groups = profile_groups(runner.plan(rows))
     us = {}
     for key, ls in groups.items():
         with stream:
@@ -671,6 +674,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the per-kernel profiles: the decode step's (in-graph times of each role) at context 512 "
                         "and 8192, and a prefill chunk's (CUDA events around every launch); --decode-only / "
                         "--prefill-only keep one")
+    p.add_argument("--profile-rows", type=comma_ints, default="1", metavar="M,...",
+                   help="--profile: the decode steps to profile by rows (1: one token; m: a verify of m - 1 drafts)")
     p.add_argument("--vram-budget", type=float, default=0.0, metavar="GB",
                    help="MoE: VRAM the weights may take; experts beyond it are spilled (decode rows then report "
                         "hits per tier, bytes moved per token and the tier bound)")
@@ -761,7 +766,8 @@ def main(argv: list[str]) -> int:
         if tiers is not None:
             label += f"/{min(tiers.plan.vram_slots)}of{max(tiers.layout.n_experts)}vram"
         if a.profile:
-            _print_profile(runner, cp, label, a.ctx, a.runs, decode=not a.prefill_only, prefill=not a.decode_only)
+            _print_profile(runner, cp, label, a.ctx, a.runs, decode=not a.prefill_only, prefill=not a.decode_only,
+                           step_rows=a.profile_rows)
             return []
         cold = (lambda: drop_page_cache(str(ck.path))) if a.drop_page_cache and getattr(ck, "path", None) else None
         return bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, label, a.decode_only, a.prefill_only, h2d_bw,
@@ -851,13 +857,16 @@ def _main_cpu(a) -> int:
     return 0
 
 
-def _print_profile(runner, cp, label: str, max_ctx: int, runs: int, decode: bool = True, prefill: bool = True) -> None:
+def _print_profile(runner, cp, label: str, max_ctx: int, runs: int, decode: bool = True, prefill: bool = True,
+                   step_rows=(1,)) -> None:
     for ctx in (512, 8192) if decode else ():
-        if ctx + 8 >= min(runner.n_ctx, max_ctx):
+        if ctx + 8 + 4 * max(step_rows) >= min(runner.n_ctx, max_ctx):
             continue
-        rows = profile_decode(runner, cp, ctx)
-        print(json.dumps(dict(model=label, ctx=ctx, profile=rows)))
-        print_profile(f"{label} decode step at context {ctx}: in-graph GPU time per role", rows, "step")
+        for m in step_rows:
+            rows = profile_decode(runner, cp, ctx, rows=m)
+            print(json.dumps(dict(model=label, ctx=ctx, rows=m, profile=rows)))
+            what = "decode step" if m == 1 else f"{m}-row step (a verify of {m - 1} drafts)"
+            print_profile(f"{label} {what} at context {ctx}: in-graph GPU time per role", rows, "step")
     if prefill and runner.prefill_chunk < runner.n_ctx:
         p = profile_prefill(runner, cp, runs)
         print(json.dumps(dict(model=label, test=f"pp{p['tokens']}", **p)))

@@ -1,7 +1,9 @@
-"""bench --profile's prefill chunk (bench.profile_prefill) on tiny random-weight models: the table lists
-every item of the chunk's plan once, every group took time, and the groups' sum lies within the
+"""bench --profile on tiny random-weight models.  The prefill chunk (bench.profile_prefill): the table
+lists every item of the chunk's plan once, every group took time, and the groups' sum lies within the
 instrumented walk (each launch's event pair, each host step's synchronized interval, all disjoint
-inside the walk's first and last event); for spilled MoE experts the host steps are one row."""
+inside the walk's first and last event); for spilled MoE experts the host steps are one row.  The
+decode step of 1 and of m rows (bench.profile_decode): every launch of that step's plan in one
+group, each group timed."""
 import pytest
 
 
@@ -45,3 +47,20 @@ def test_spilled_experts_are_host_rows(cp):
     _check(p, plan)
     host = [row for row in p["profile"] if row["kernel"].startswith("host: ")]
     assert len(host) == 1 and host[0]["launches"] == p["host_steps"] == ck.config["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_decode_profile_covers_the_step_of_its_rows(cp, rows):
+    from bw24chat import bench
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.synthetic import synthetic_checkpoint
+
+    r = CudaRunner(synthetic_checkpoint("tiny", "Q8_0"), 1024, "bf16")
+    table = bench.profile_decode(r, cp, 64, reps=3, inner=2, rows=rows)
+    body = [t for t in table if not t["kernel"].startswith("(")]
+    assert sum(t["launches"] for t in body) == len(r.plan(rows))
+    assert all(t["us_per_step"] > 0 for t in body)
+    whole = next(t for t in table if t["kernel"] == "(whole step graph)")
+    assert whole["us_per_step"] > 0
+    with pytest.raises(ValueError, match="one pass"):
+        bench.profile_decode(r, cp, 64, rows=r.max_rows + 1)
