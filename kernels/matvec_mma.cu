@@ -50,6 +50,8 @@
 // increasing order (launch r + 1 reads part after its pdl_wait, so after launch r completed), so
 // every chain holds the one-launch value at every step and the tree adds the same values: the
 // same bits as one launch, and as the SIMT kernel (kernel_refs.matvec_a8_mma_order's ranges).
+// Only the launches over several ranges are built with the range code (MQ_SPLIT 1, mma_plan); a
+// one-range build ignores kt0, kt1 and part (fewer registers: 110 against 117 at Q8_0 m = 2).
 //
 // Layout.  The weights stream through a ring of MQ_STAGES stages (cp.async, 16-byte pieces, no
 // register cost for the bytes in flight): per stage one k-tile (32 chunks) of a pass's MQ_RB rows,
@@ -116,6 +118,9 @@
 #endif
 #ifndef MQ_STAGES  // weight k-tiles in the ring
 #define MQ_STAGES 4
+#endif
+#ifndef MQ_SPLIT  // 1: a launch over one of several K ranges (kt0, kt1, part); 0: the whole row, the range code compiled out
+#define MQ_SPLIT 0
 #endif
 #if MQ_KW != 4 && MQ_KW != 8
 #error "MQ_KW: 4 or 8 warps per sub-tile"
@@ -379,7 +384,12 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
     // this launch's K range: k-tiles [kt0, kt1) of the row's nkt_all, chunks [kb, kb + nck_r),
     // staged as x of n_r inputs (the ring's k-tiles, x's planes and records are the range's)
     const int nck = n_in / VPC, nkt_all = (nck + MQ_KT - 1) / MQ_KT;
-    const bool from_part = kt0 > 0, to_part = kt1 < nkt_all;
+#if !MQ_SPLIT
+    (void)part;
+    kt0 = 0;
+    kt1 = nkt_all;
+#endif
+    const bool from_part = MQ_SPLIT && kt0 > 0, to_part = MQ_SPLIT && kt1 < nkt_all;
     const int kb = kt0 * MQ_KT, nck_r = min(kt1 * MQ_KT, nck) - kb, n_r = nck_r * VPC;
     const int xps = n_r / 4 + 4, nb = n_r / 32;
     uint32_t* xw = reinterpret_cast<uint32_t*>(ring + MQ_STAGES * MQ_STAGE);  // [MV_M][2][xps] code words

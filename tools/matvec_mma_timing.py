@@ -126,7 +126,7 @@ def main() -> int:
                             kw["k_ranges"] = k_ranges
                         return lambda c: cl.matvec(Ws[c], x, out, m, epilogue="add", impl=impl, **kw)
                     if swiglu:
-                        writes = cl.writes_qx(W0, m) if impl == "simt" else cl.mma_writes_qx(W0, m)
+                        writes = cl.writes_qx(W0, m, impl=impl)
                         return lambda c: cl.matvec(Ws[c], x, out, m, "rmsnorm", "swiglu", norm_w=norm_w, impl=impl,
                                                    qx_out=qx_out if writes else None)
                     return lambda c: cl.matvec(Ws[c], x, out, m, "rmsnorm", norm_w=norm_w, impl=impl)

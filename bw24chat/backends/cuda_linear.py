@@ -197,11 +197,13 @@ def shape_class(out: int, in_: int) -> str:
 
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False, swiglu: bool = False) -> dict:
     """matvec.cu's compile-time geometry for W at m rows: MATVEC_TUNING's entry at one row,
-    MATVEC_ROWS_TUNING's at more (a copy).  The "few" class (one row per warp) is a
+    MATVEC_ROWS_TUNING's at more (a copy; its swiglu entry under that epilogue, where one exists).  The "few" class (one row per warp) is a
     plain output's only: a swiglu epilogue pairs rows inside a warp."""
     if W is None:
         return {}
     if m != 1:
+        if swiglu and (a8, W.fmt, "swiglu") in MATVEC_ROWS_TUNING:
+            return dict(MATVEC_ROWS_TUNING[(a8, W.fmt, "swiglu")])
         return dict(MATVEC_ROWS_TUNING.get((a8, W.fmt, "*"), {}))
     cls = shape_class(W.out, W.in_)
     if W.out <= FEW_ROWS and not swiglu and (a8, W.fmt, "few") in MATVEC_TUNING:
@@ -399,6 +401,8 @@ def mma_plan(W: DeviceWeight, m: int, prologue: str = "none", ranges: int | None
             defs["MV_STAT8"] = 1  # the 8-warp rmsnorm statistic (the SIMT kernel's order)
         bounds = mma_ranges(nkt, r)
         inputs = _range_inputs(W, bounds)
+        if r > 1:
+            defs["MQ_SPLIT"] = 1  # the K-range code, compiled out of the one-range launches
         for budget in (min(limit, smem_sm // defs.get("MV_MINB", 1) - 1024), limit):
             fixed = mma_smem(W, mm, {**defs, "MQ_STAGES": 0}, inputs)
             stage = mma_smem(W, mm, {**defs, "MQ_STAGES": 1}, inputs) - fixed
