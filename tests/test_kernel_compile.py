@@ -52,8 +52,8 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
     """A cross-section of the decode matvec builds cuda_linear launches (no GPU: H100 resources):
     the Qwen3-8B qkv / gate|up (with QX) / down (prologue qx) / LM head of NVFP4, Q4_K, Q8_0 on
     the integer-dot contract, Q6_K, MXFP4, Q2_K, Q3_K, BF16 at m = 1 and 3, F16's and NVFP4's (float
-    contract) tensor-core o projection, an MoE router in F32 and BF16; every define is the
-    wrapper's own choice."""
+    contract) tensor-core o projection, an MoE router in F32 and BF16, SmolLM2-135M's Q4_1 matrices
+    and Q8_0 LM head at m = 1 and 8; every define is the wrapper's own choice."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
     from bw24chat.backends.cuda_weights import FORMATS
 
@@ -78,6 +78,13 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
                 cl.matvec(W(4096, 12288), arr(m * 12288), arr(m * 4096), m, "qx" if qx else "none", "add", qx_in=q)
                 cl.matvec(W(49152, 4096), arr(m * 4096), arr(m * 49152), m, "rmsnorm", norm_w=0)
                 cl.matvec(W(4096, 4096), arr(m * 4096), arr(m * 4096), m, epilogue="add")
+        for m in (1, 8):  # SmolLM2-135M: Q4_1 on the float contract, its tied Q8_0 LM head (576 inputs: no matvec_mma)
+            W = lambda o, i, f="Q4_1": cl.DeviceWeight(f, o, i, None, fmt_id=FORMATS[f][0], vpc=FORMATS[f][1])  # noqa: E731
+            cl.matvec(W(960, 576), arr(m * 576), arr(m * 960), m, "rmsnorm", norm_w=0)
+            cl.matvec(W(3072, 576), arr(m * 576), arr(m * 1536), m, "rmsnorm", "swiglu", norm_w=0)
+            cl.matvec(W(576, 1536), arr(m * 1536), arr(m * 576), m, epilogue="add")
+            cl.matvec(W(576, 576), arr(m * 576), arr(m * 576), m, epilogue="add")
+            cl.matvec(W(49152, 576, "Q8_0"), arr(m * 576), arr(m * 49152), m, "rmsnorm", norm_w=0)
         cl.matvec(cl.DeviceWeight("NVFP4", 4096, 4096, None, fmt_id=11, vpc=32), arr(4096), arr(4096), 1, act_quant=False)
         for fmt in ("F32", "BF16"):  # an MoE router's logits (Qwen3-30B-A3B: 128 x 2048)
             cl.matvec(cl.DeviceWeight(fmt, 128, 2048, None, fmt_id=FORMATS[fmt][0], vpc=FORMATS[fmt][1]), arr(2048), arr(128), 1,

@@ -81,13 +81,31 @@ def test_speculative_rows_take_their_own_table():
             assert cl.matvec_impl(W(fmt, shape), True) == "simt", (fmt, shape)
             for m in range(2, 9):
                 assert cl.matvec_impl(W(fmt, shape), True, m) == ("mma" if fmt in cl.MMA_FORMATS else "simt"), (fmt, m)
-                assert defs(fmt, shape, m=m) == {}, (fmt, shape, m)
+                assert defs(fmt, shape, m=m) == ({"MV_U": 1} if fmt == "Q8_0" else {}), (fmt, shape, m)
     assert cl.matvec_impl(W("Q8_0", (4096, 4000)), True, 4) == "simt"  # matvec_mma takes rows of 256k inputs
     assert cl.matvec_impl(W("NVFP4", O), False) == "tc"  # NVFP4's float contract stays on matvec_tc
     for fmt in ("BF16", "F16", "F32"):
         for m in range(2, 9):
             assert defs(fmt, O, m=m, a8=False) == {"MV_MINB": 2}, (fmt, m)
-    assert defs("Q4_1", O, m=3, a8=False) == {}
+    assert defs("Q4_1", O, m=1, a8=False) == {}
+
+
+def test_small_float_contract_rows_take_a_row_per_warp():
+    """Q4_1's m-row builds (SmolLM2-135M's 576-input matrices: MATVEC_ROWS_TUNING) take one row
+    per warp and one load slot, except under the swiglu epilogue, which pairs rows inside a warp:
+    16 warps there, the rmsnorm statistic in the 8-warp order; the one-row step keeps its own."""
+    rms = cl.PROLOGUES["rmsnorm"]
+    for shape in ((960, 576), (576, 576), (576, 1536)):
+        W = types.SimpleNamespace(fmt="Q4_1", out=shape[0], in_=shape[1])
+        for m in range(2, 9):
+            d, rows, nw = cl._simt_geometry(W, m, False, rms)
+            assert (rows, nw, d.get("MV_U")) == (1, 8, 1), (shape, m)
+        assert cl._simt_geometry(W, 1, False, rms)[1] == cl.MV_R
+    gu = types.SimpleNamespace(fmt="Q4_1", out=3072, in_=576)
+    for m in range(2, 9):
+        d, rows, nw = cl._simt_geometry(gu, m, False, rms, swiglu=True)
+        assert (rows, nw, d.get("MV_STAT8")) == (cl.MV_R, 16, 1), m
+    assert cl._simt_geometry(gu, 1, False, rms, swiglu=True)[2] == 8
 
 
 def test_bf16_wide_matrices_take_four_rows_per_warp():

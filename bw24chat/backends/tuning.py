@@ -51,14 +51,26 @@ FEW_ROWS = 1024  # the "few" class's row bound (an MoE router's experts)
 
 
 # matvec.cu geometry at m >= 2 rows (speculative verify, batched decode), by (integer-dot contract,
-# weight format, "*": every shape), read by cuda_linear._simt_defines; rows equal the one-row step
-# bit for bit whatever the geometry.  The float path (BF16, F16, F32) at the registers of 2 blocks
-# per SM (MV_MINB 2: <= 128, no spills at m = 2..8): the kernel's default (1) let ptxas take
-# 133-142 registers at m = 2 and 6-8, one block of 8 warps per SM, and BF16's 2-row step (9.1 ms)
-# ran slower than its 3-row step (7.1 ms, 118 registers, 2 blocks); at 2 blocks its 2- and
-# 6-8-row steps ran 1.41-1.55x faster (docs/performance.md).  The integer-dot builds keep the
-# kernel's defaults.
-MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS}
+# weight format, "*": every call, or "swiglu": the swiglu epilogue's, where one is given), read by
+# cuda_linear._simt_defines; rows equal the one-row step bit for bit whatever the geometry.
+# - The float path (BF16, F16, F32) at the registers of 2 blocks per SM (MV_MINB 2: <= 128, no
+#   spills at m = 2..8): the kernel's default (1) let ptxas take 133-142 registers at m = 2 and
+#   6-8, one block of 8 warps per SM, and BF16's 2-row step (9.1 ms) ran slower than its 3-row
+#   step (7.1 ms, 118 registers, 2 blocks); at 2 blocks its 2- and 6-8-row steps ran 1.41-1.55x
+#   faster.
+# - Q4_1 (float contract; SmolLM2-135M's 576-input matrices, tools/matvec_rows_sweep.py): a row
+#   per warp and one load slot (a 576-input row is 18 chunks: the lanes hold little to stream, the
+#   warps' serial dots over m tokens are what costs) — o / qkv / down 1.14-1.34x faster at m = 2..8;
+#   the swiglu epilogue pairs rows in a warp, so gate|up takes 16 warps instead (1.13-1.25x).
+# - Q8_0 under the integer dot where matvec_mma does not take the matrix (inputs not a multiple
+#   of 256: SmolLM2's tied LM head, 49152 x 576): one load slot, 1.07-1.52x at m = 2..8.
+# The other integer-dot builds keep the kernel's defaults (docs/performance.md).
+MATVEC_ROWS_TUNING: dict[tuple[bool, str, str], dict] = {
+    **{(False, f, "*"): {"MV_MINB": 2} for f in FLOAT_FORMATS},
+    (False, "Q4_1", "*"): {"MV_R": 1, "MV_U": 1},
+    (False, "Q4_1", "swiglu"): {"MV_NW": 16, "MV_STAT8": 1},
+    (True, "Q8_0", "*"): {"MV_U": 1},
+}
 
 
 # matvec_mma.cu (the integer-dot matvec on int8 tensor cores, m = 1..16 rows; cuda_linear.mma_plan;
