@@ -85,7 +85,7 @@ def test_matvec_qwen_shape_q4_k(cp, rng):
     check_close(run(cp, W, x, 2), ref_input(x, "none", W.in_, None, "Q4_K"), w)
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4", "Q6_K", "MXFP4", "Q2_K", "Q3_K"])
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4", "Q6_K", "MXFP4", "Q2_K", "Q3_K", "Q4_1"])
 def test_matvec_swiglu_epilogue_interleaved(cp, rng, fmt):
     """Gate and up rows interleaved at upload; the swiglu epilogue equals silu(gate.x) * up.x
     (each from the store epilogue on the same interleaved matrix), m-invariant bit for bit; and
@@ -360,3 +360,27 @@ def test_float_path_reads_give_the_same_bits_aligned_or_not(cp, rng, fmt, pro, m
     aligned, scalar = rows(0), rows(1)
     assert np.array_equal(aligned.view(np.uint32), scalar.view(np.uint32))
     check_close(aligned, ref_input(x, pro, W.in_, norm_w, fmt), w)
+
+
+
+def test_small_float_rows_take_their_geometry_with_the_same_bits(cp, rng):
+    """Q4_1's m-row geometry (MATVEC_ROWS_TUNING: a row per warp and one load slot; under the
+    swiglu epilogue 16 warps with the 8-warp rmsnorm statistic) on SmolLM2-135M's shapes: every
+    row of m = 2..8 equals its one-row call (8 warps, 2 rows per warp) bit for bit, behind the
+    rmsnorm prologue, with the store, add and swiglu epilogues."""
+    for rows, in_, epi in ((960, 576, "store"), (576, 1536, "add"), (3072, 576, "swiglu")):
+        n_y = rows // 2 if epi == "swiglu" else rows
+        ts, _ = make_weight(rng, "Q4_1", rows=(n_y, n_y) if epi == "swiglu" else (rows,), nblocks=in_ // 32)
+        W = cw.upload(ts, cw.repack_host(ts, interleave=epi == "swiglu"))
+        x = rng.standard_normal((8, in_)).astype(np.float32)
+        norm_w = cp.asarray(rng.uniform(0.5, 1.5, in_).astype(np.float32))
+        res = rng.standard_normal((8, n_y)).astype(np.float32)
+
+        def call(r0: int, m: int):  # rows r0 .. r0 + m - 1 in one call
+            out = cp.asarray(res[r0:r0 + m]) if epi == "add" else cp.full((m, n_y), cp.nan, dtype=cp.float32)
+            cl.matvec(W, cp.asarray(x[r0:r0 + m]), out, m, "rmsnorm", epi, norm_w=norm_w, eps=EPS, impl="simt")
+            return cp.asnumpy(out)
+
+        one = np.concatenate([call(r, 1) for r in range(8)])
+        for m in range(2, 9):
+            assert np.array_equal(call(0, m).view(np.uint32), one[:m].view(np.uint32)), (rows, in_, epi, m)
