@@ -57,7 +57,7 @@ def main(argv=None) -> int:
             else:
                 launch = lambda c: cl.matvec(Ws[c], x, out, m, "rmsnorm", kind if swiglu else "store",  # noqa: E731
                                              norm_w=norm_w, impl="simt")
-            key = (a8, fmt, "swiglu" if swiglu and (a8, fmt, "swiglu") in cl.MATVEC_ROWS_TUNING else "*")
+            key = cl.rows_tuning_key(fmt, a8, swiglu)
             picked = cl.MATVEC_ROWS_TUNING.get(key)
             cells = []
             for alt in [None] + (ALTERNATIVES if m > 1 else []):

@@ -195,16 +195,20 @@ def shape_class(out: int, in_: int) -> str:
     return "mid" if out <= 2 * A8_SMALL_ROWS else "wide"
 
 
+def rows_tuning_key(fmt: str, a8: bool, swiglu: bool) -> tuple[bool, str, str]:
+    """MATVEC_ROWS_TUNING's key of an m-row matvec.cu call: its swiglu entry under that epilogue
+    where the format has one, else its "*" entry."""
+    return (a8, fmt, "swiglu") if swiglu and (a8, fmt, "swiglu") in MATVEC_ROWS_TUNING else (a8, fmt, "*")
+
+
 def _simt_defines(W: DeviceWeight | None = None, m: int = 1, a8: bool = False, swiglu: bool = False) -> dict:
     """matvec.cu's compile-time geometry for W at m rows: MATVEC_TUNING's entry at one row,
-    MATVEC_ROWS_TUNING's at more (a copy; its swiglu entry under that epilogue, where one exists).  The "few" class (one row per warp) is a
-    plain output's only: a swiglu epilogue pairs rows inside a warp."""
+    MATVEC_ROWS_TUNING's at more (a copy; rows_tuning_key).  The "few" class (one row per warp)
+    is a plain output's only: a swiglu epilogue pairs rows inside a warp."""
     if W is None:
         return {}
     if m != 1:
-        if swiglu and (a8, W.fmt, "swiglu") in MATVEC_ROWS_TUNING:
-            return dict(MATVEC_ROWS_TUNING[(a8, W.fmt, "swiglu")])
-        return dict(MATVEC_ROWS_TUNING.get((a8, W.fmt, "*"), {}))
+        return dict(MATVEC_ROWS_TUNING.get(rows_tuning_key(W.fmt, a8, swiglu), {}))
     cls = shape_class(W.out, W.in_)
     if W.out <= FEW_ROWS and not swiglu and (a8, W.fmt, "few") in MATVEC_TUNING:
         cls = "few"
