@@ -100,8 +100,11 @@
 // before, their latency under the next item's barrier.
 //
 // Limits: n_in a multiple of 256 (every scale plane's row 16-byte aligned: the ring copies whole
-// 16-byte pieces; a K range of whole k-tiles keeps it so), n_out any (rows past it clamped to the
-// last and not stored).  Dynamic shared memory: cuda_linear.mma_smem (the ring, then the staged x
+// 16-byte pieces; a K range of whole k-tiles keeps it so), or for Q8_0 and NVFP4 of 64 with MQ_S4
+// (rows of n_in / 16 scale bytes, 4-byte aligned, copied in 4-byte pieces: SmolLM2-135M's 576
+// inputs, Qwen2.5-0.5B's 896; chunk pairs stay whole); the last k-tile may be partial (chunks and
+// scale pieces past the row are not copied, their chains take no step); n_out any (rows past it
+// clamped to the last and not stored).  Dynamic shared memory: cuda_linear.mma_smem (the ring, then the staged x
 // of the widest range, the scales, the pass buffers).  part: cuda_linear.mma_part_floats.
 
 #include "matvec_common.cuh"
@@ -134,6 +137,10 @@
 #define MQ_QP (MQ_KT * 16 + 16)     // q tile row pitch (bytes)
 #define MQ_SB (2 * VPC)             // scale bytes per row and k-tile (n_in / 16 per row)
 #define MQ_SP (MQ_SB + 16)          // scale tile row pitch
+#ifndef MQ_S4  // 1: scale rows not 16-byte aligned (Q8_0 / NVFP4 rows of 64k, not 256k, inputs): 4-byte pieces
+#define MQ_S4 0
+#endif
+#define MQ_SPB (MQ_S4 ? 4 : 16)     // bytes per scale piece
 #define MQ_STAGE (MQ_RB * (MQ_QP + MQ_SP))
 #define MQ_QX_ROWS 64               // a qx_out tile: 32 outputs = one 32-input block of the next x
 
@@ -412,21 +419,24 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
     const MqCursor first{0, 0, 0, (int)blockIdx.x * tile_rows};
 
     // The copies of one item into its stage: lane L copies chunk L of the k-tile of rows warp +
-    // MV_NW u (u < MQ_NP: MQ_RB * 32 pieces), threads below MQ_RB * MQ_SB / 16 one 16-byte scale
-    // piece each; rows past n_out read the last row, chunks past the range's nothing.  One commit group
-    // per item (an empty one past the block's last item).  The sources of a pass's rows are set
-    // when its first k-tile is issued (rebase: 32-bit offsets, the planes having fewer than 2^32
-    // pieces: registers); a k-tile adds its offset.
-    constexpr int SPR = MQ_SB / 16;  // scale pieces per row
-    const bool s_copier = tid < MQ_RB * SPR;
-    const int s_row = tid / SPR, s_piece = tid % SPR;
-    unsigned qsrc[MQ_NP], ssrc = 0;  // uint4s from wq, bytes from ws
+    // MV_NW u (u < MQ_NP: MQ_RB * 32 pieces), and the MQ_RB * SPR scale pieces of MQ_SPB bytes go
+    // to threads tid + MV_NT h (h < SPT); rows past n_out read the last row, chunks past the range's
+    // nothing.  One commit group per item (an empty one past the block's last item).  The sources
+    // of a pass's rows are set when its first k-tile is issued (rebase: 32-bit offsets, the planes
+    // having fewer than 2^32 pieces: registers); a k-tile adds its offset.
+    constexpr int SPR = MQ_SB / MQ_SPB;                   // scale pieces per row
+    constexpr int SPT = (MQ_RB * SPR + MV_NT - 1) / MV_NT;  // scale pieces per thread
+    unsigned qsrc[MQ_NP], ssrc[SPT];  // uint4s from wq, bytes from ws
     MqCursor iss = first;
     int issued = 0;
     auto rebase = [&]() {
 #pragma unroll
         for (int u = 0; u < MQ_NP; ++u) qsrc[u] = (unsigned)min(iss.row0 + warp + MV_NW * u, n_out - 1) * nck + kb + lane;
-        if (s_copier) ssrc = (unsigned)min(iss.row0 + s_row, n_out - 1) * srow_bytes + kt0 * MQ_SB + 16 * s_piece;
+#pragma unroll
+        for (int h = 0; h < SPT; ++h) {
+            const int pc = tid + MV_NT * h;
+            ssrc[h] = (unsigned)min(iss.row0 + pc / SPR, n_out - 1) * srow_bytes + kt0 * MQ_SB + MQ_SPB * (pc % SPR);
+        }
     };
     auto issue = [&]() {
         if (issued < n_items) {
@@ -436,9 +446,21 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
 #pragma unroll
                 for (int u = 0; u < MQ_NP; ++u)
                     cp_async16(stg + (warp + MV_NW * u) * MQ_QP + lane * 16, wq + (qsrc[u] + iss.kt * MQ_KT), 16);
-            if (s_copier && iss.kt * MQ_SB + 16 * s_piece < srow_r)
-                cp_async16(stg + MQ_RB * MQ_QP + s_row * MQ_SP + 16 * s_piece,
-                           reinterpret_cast<const unsigned char*>(ws) + (ssrc + iss.kt * MQ_SB), 16);
+#pragma unroll
+            for (int h = 0; h < SPT; ++h) {
+                const int pc = tid + MV_NT * h;
+                if ((MQ_RB * SPR) % MV_NT == 0 || pc < MQ_RB * SPR) {
+                    unsigned char* dst = stg + MQ_RB * MQ_QP + (pc / SPR) * MQ_SP + MQ_SPB * (pc % SPR);
+                    const unsigned char* src = reinterpret_cast<const unsigned char*>(ws) + (ssrc[h] + iss.kt * MQ_SB);
+                    if (iss.kt * MQ_SB + MQ_SPB * (pc % SPR) < srow_r) {
+#if MQ_S4
+                        cp_async4(dst, src, 4);
+#else
+                        cp_async16(dst, src, 16);
+#endif
+                    }
+                }
+            }
             iss.next(nkt, ph, tile_rows);
             if (++issued == n_items) pdl_trigger();  // the block's weight stream is issued
         }
@@ -526,7 +548,7 @@ matvec_mma(const uint4* __restrict__ wq, const void* __restrict__ wh, const void
 #pragma unroll
         for (int ip = 0; ip < MQ_NP; ++ip) {
             const int c0 = 2 * kw + 2 * MQ_KW * ip, kc0 = cur.kt * MQ_KT + c0;
-            if (kc0 < nck_r)  // warp-uniform; nck_r is even (n_in % 256 == 0); kc0: the chunk in the range (x's)
+            if (kc0 < nck_r)  // warp-uniform; nck_r is even (n_in % 64 == 0); kc0: the chunk in the range (x's)
                 mq_pair(acc[ip], qbase + c0 * 16, srow0, srow0 + 8 * MQ_SP, x_lane, c0, kc0, nck_r, sc, nv_t0);
         }
         const bool pass_end = cur.kt == nkt - 1;

@@ -227,8 +227,9 @@ def test_integer_dot_matvec_builds_do_not_spill(defines):
 def mma_matvec_builds() -> list[dict]:
     """The matvec_mma.cu builds cuda_linear.mma_plan picks (H100 resources: the ring depth follows
     the shared memory) for Q8_0, NVFP4, Q4_K at m = 1..16 (MMA_MAX_ROWS: the batched pass's
-    16-row linears) on the Qwen3-8B widths (4096 and 12288 inputs) and the Llama-3-8B down
-    projection's (14336), under prologue qx (the launches over K ranges from m = 7 at 12288) and
+    16-row linears) on the Qwen3-8B widths (4096 and 12288 inputs), the Llama-3-8B down
+    projection's (14336) and SmolLM2-135M's 576 (Q8_0 / NVFP4: 4-byte scale pieces), under
+    prologue qx (the launches over K ranges from m = 7 at 12288) and
     rmsnorm (rows in groups), and the other warps per sub-tile (4) at both block sizes."""
     from bw24chat.backends import cuda_linear as cl, kernel_build
 
@@ -239,7 +240,7 @@ def mma_matvec_builds() -> list[dict]:
         mp.delenv("BW24CHAT_A8", raising=False)
         for fmt in cl.MMA_FORMATS:
             fid, vpc = FORMATS[fmt]
-            for in_ in (4096, 12288, 14336):
+            for in_ in (4096, 12288, 14336) + ((576,) if fmt in cl.MMA_S4_FORMATS else ()):
                 W = cl.DeviceWeight(fmt, 4096, in_, None, fmt_id=fid, vpc=vpc)
                 for m in range(1, cl.MMA_MAX_ROWS + 1):
                     for pro in ("qx", "rmsnorm"):

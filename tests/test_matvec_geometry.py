@@ -82,7 +82,10 @@ def test_speculative_rows_take_their_own_table():
             for m in range(2, 9):
                 assert cl.matvec_impl(W(fmt, shape), True, m) == ("mma" if fmt in cl.MMA_FORMATS else "simt"), (fmt, m)
                 assert defs(fmt, shape, m=m) == ({"MV_U": 1} if fmt == "Q8_0" else {}), (fmt, shape, m)
-    assert cl.matvec_impl(W("Q8_0", (4096, 4000)), True, 4) == "simt"  # matvec_mma takes rows of 256k inputs
+    assert cl.matvec_impl(W("Q8_0", (4096, 4000)), True, 4) == "simt"  # matvec_mma takes rows of 256k inputs,
+    for fmt in ("Q8_0", "NVFP4"):  # or of 64k for Q8_0 / NVFP4 (4-byte scale pieces: MQ_S4)
+        assert cl.matvec_impl(W(fmt, (49152, 576)), True, 4) == "mma", fmt
+    assert cl.matvec_impl(W("Q4_K", (4096, 576)), True, 4) == "simt"  # its scales are per 256-value superblock
     assert cl.matvec_impl(W("NVFP4", O), False) == "tc"  # NVFP4's float contract stays on matvec_tc
     for fmt in ("BF16", "F16", "F32"):
         for m in range(2, 9):
@@ -245,3 +248,20 @@ def test_a_router_takes_one_row_per_warp():
         assert defs(fmt, (128, 2048), m=2, a8=False) == tuning.MATVEC_ROWS_TUNING[(False, fmt, "*")]
         assert defs(fmt, (tuning.FEW_ROWS + 1, 2048), a8=False).get("MV_R") != 1
     assert defs("Q8_0", (128, 2048)) == defs("Q8_0", O)
+
+
+def test_rows_of_64k_inputs_copy_their_scales_in_4_byte_pieces(monkeypatch):
+    """matvec_mma's plan for Q8_0 / NVFP4 rows whose scale rows are not 16-byte aligned (576 and
+    896 inputs: SmolLM2-135M's LM head, Qwen2.5-0.5B) builds MQ_S4; rows of 256k inputs do not."""
+    from bw24chat.backends import kernel_build
+    from bw24chat.backends.cuda_weights import FORMATS
+
+    monkeypatch.setattr(cl, "_sm_resources", lambda: (132, 228 * 1024))
+    monkeypatch.setattr(kernel_build, "smem_block_limit", lambda: 227 * 1024)
+    W = lambda fmt, shape: types.SimpleNamespace(fmt=fmt, out=shape[0], in_=shape[1], vpc=FORMATS[fmt][1])  # noqa: E731
+    for fmt in ("Q8_0", "NVFP4"):
+        for in_ in (576, 896):
+            for m in (2, 8, 16):
+                p = cl.mma_plan(W(fmt, (49152, in_)), m)
+                assert p.defines.get("MQ_S4") == 1 and p.m_fit == m and p.ranges == 1, (fmt, in_, m)
+        assert "MQ_S4" not in cl.mma_plan(W(fmt, (4096, 4096)), 4).defines, fmt

@@ -15,10 +15,13 @@ from bw24chat.backends.kernel_refs import act_quant_ref, matvec_a8_exact, matvec
 from tests.test_repack import random_qtensor
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
-@pytest.mark.parametrize("in_", [256, 768, 1280])  # 16, 48, 80 Q8_0 chunks; 8, 24, 40 of the 32-value formats
+@pytest.mark.parametrize("fmt,in_", [(f, n) for f in ("Q8_0", "NVFP4", "Q4_K") for n in (256, 768, 1280)]
+                         + [(f, n) for f in ("Q8_0", "NVFP4") for n in (576, 896)])
 @pytest.mark.parametrize("m", [3, 16])  # one n-tile; four (cuda_linear.MMA_MAX_ROWS)
 def test_mma_schedule_gives_the_contract_bits(rng, fmt, in_, m):
+    """256 / 768 / 1280 inputs: 16, 48, 80 Q8_0 chunks, 8, 24, 40 of the 32-value formats; 576 and
+    896 (Q8_0 / NVFP4 rows of 64k inputs, MQ_S4: SmolLM2-135M, Qwen2.5-0.5B): a partial k-tile whose
+    chunks reach only some chains."""
     out = int(rng.integers(3, 40))
     t = random_qtensor(rng, fmt, out, in_, global_scale=0.37 if fmt == "NVFP4" else 1.0)
     hp = cw.repack_host([t])

@@ -328,11 +328,16 @@ class MmaPlan(NamedTuple):
         return len(self.kt_bounds) - 1
 
 
+MMA_S4_FORMATS = ("Q8_0", "NVFP4")  # matvec_mma.cu MQ_S4: rows of 64k inputs (4-byte scale pieces)
+
+
 def takes_mma(W: DeviceWeight) -> bool:
     """Whether matvec_mma.cu can run W: its formats under the integer-dot contract, rows of a
     multiple of 256 inputs (every scale plane's row 16-byte aligned: its ring copies whole 16-byte
-    pieces)."""
-    return W.fmt in MMA_FORMATS and W.in_ % 256 == 0 and act_q8(W.fmt)
+    pieces), or for Q8_0 and NVFP4 of 64 (MQ_S4: the scale rows copied in 4-byte pieces)."""
+    if W.fmt not in MMA_FORMATS or not act_q8(W.fmt):
+        return False
+    return W.in_ % 256 == 0 or (W.fmt in MMA_S4_FORMATS and W.in_ % 64 == 0)
 
 
 def _planes_aligned(W: DeviceWeight) -> bool:
@@ -407,6 +412,8 @@ def mma_plan(W: DeviceWeight, m: int, prologue: str = "none", ranges: int | None
         inputs = _range_inputs(W, bounds)
         if r > 1:
             defs["MQ_SPLIT"] = 1  # the K-range code, compiled out of the one-range launches
+        if W.in_ % 256:
+            defs["MQ_S4"] = 1  # scale rows not 16-byte aligned: 4-byte pieces
         for budget in (min(limit, smem_sm // defs.get("MV_MINB", 1) - 1024), limit):
             fixed = mma_smem(W, mm, {**defs, "MQ_STAGES": 0}, inputs)
             stage = mma_smem(W, mm, {**defs, "MQ_STAGES": 1}, inputs) - fixed

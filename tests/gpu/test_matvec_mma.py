@@ -203,6 +203,34 @@ def test_k_ranges_write_qx(cp, rng, fmt, m, blocks, monkeypatch):
         assert np.array_equal(cp.asnumpy(qx), qx_ref(act_h)), f"the QX words differ from qx_ref of the outputs ({r} ranges)"
 
 
+@pytest.mark.parametrize("fmt", cl.MMA_S4_FORMATS)
+@pytest.mark.parametrize("in_", [576, 896, 1344])
+@pytest.mark.parametrize("pro", ["none", "rmsnorm", "swiglu"])
+@pytest.mark.parametrize("blocks", [None, 2])
+def test_rows_of_64k_inputs(cp, rng, fmt, in_, pro, blocks, monkeypatch):
+    """Rows of 576 / 896 / 1344 inputs (SmolLM2-135M's, Qwen2.5-0.5B's, a K range's partial
+    k-tiles past one): the scale rows are not 16-byte aligned, so matvec_mma copies them in 4-byte
+    pieces (MQ_S4); its rows at m = 2..16 equal the one-row SIMT steps bit for bit, also with the
+    add epilogue, on odd row counts and grids of 2 blocks (many passes per block)."""
+    from bw24chat.synthetic import random_matrix
+
+    if blocks:
+        tiles_per_block(monkeypatch, blocks)
+    rows = int(rng.integers(40, 200)) * 2 + 1
+    W = cw.upload([random_matrix(fmt, rows, in_, rng)])
+    assert cl.matvec_impl(W, True, 2) == "mma" and cl.mma_plan(W, 2).defines.get("MQ_S4") == 1
+    R = cl.MMA_MAX_ROWS
+    ldx = 2 * in_ if pro == "swiglu" else in_
+    x = (rng.standard_normal((R, ldx)) * rng.uniform(0.1, 10.0, (R, 1))).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, in_).astype(np.float32) if pro == "rmsnorm" else None
+    res = rng.standard_normal((R, rows)).astype(np.float32)
+    one = one_row_steps(cp, W, x, R, pro=pro, norm_w=norm_w)
+    one_add = one_row_steps(cp, W, x, R, pro=pro, norm_w=norm_w, epi="add", init=res)
+    for m in range(2, R + 1):
+        same_bits(call(cp, W, x, m, "mma", pro, norm_w=norm_w), one[:m], f"(m = {m})")
+        same_bits(call(cp, W, x, m, "mma", pro, "add", norm_w=norm_w, init=res), one_add[:m], f"(add, m = {m})")
+
+
 QWEN3_8B = [  # (name, rows, inputs, prologue, epilogue)
     ("o", 4096, 4096, "qx", "add"), ("qkv", 6144, 4096, "rmsnorm", "store"), ("gate|up", 24576, 4096, "rmsnorm", "swiglu"),
     ("down", 4096, 12288, "qx", "add"), ("lm_head", 151936, 4096, "rmsnorm", "store")]
