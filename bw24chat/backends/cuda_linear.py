@@ -340,6 +340,10 @@ def takes_mma(W: DeviceWeight) -> bool:
     return W.in_ % 256 == 0 or (W.fmt in MMA_S4_FORMATS and W.in_ % 64 == 0)
 
 
+_MMA_RULE = (f"{', '.join(MMA_FORMATS)} under the integer-dot contract, rows of a multiple of 256 inputs "
+             f"(of 64: {', '.join(MMA_S4_FORMATS)})")  # takes_mma's rule, as its errors state it
+
+
 def _planes_aligned(W: DeviceWeight) -> bool:
     """W's q and s planes start on 16 bytes (matvec_mma's ring copies 16-byte pieces); planes not
     on the device (planning without a GPU) count as aligned."""
@@ -541,16 +545,15 @@ def matvec(W: DeviceWeight, x, out, m: int, prologue: str = "none", epilogue: st
         raise ValueError("the integer-dot contract applies to the quantized formats")
     impl = impl or matvec_impl(W, a8, m)
     if impl != "mma" and m > MV_MAX_ROWS:
-        raise ValueError(f"matvec: {m} rows take matvec_mma ({', '.join(MMA_FORMATS)} under the integer-dot contract, "
-                         f"takes_mma), not {impl} on {W.fmt} x {W.in_} (1..{MV_MAX_ROWS} rows)")
+        raise ValueError(f"matvec: {m} rows take matvec_mma ({_MMA_RULE}), not {impl} on {W.fmt} x {W.in_} "
+                         f"(1..{MV_MAX_ROWS} rows)")
     if (impl == "tc" or a8) and (x.data.ptr % 16 or ldx % 4):  # both read x as float4
         raise ValueError("matvec_tc and the integer-dot matvec read x as float4: 16-byte aligned rows")
     if k_ranges is not None and impl != "mma":
         raise ValueError("k_ranges: matvec_mma's K ranges (impl \"mma\")")
     if impl == "mma":
         if not (a8 and takes_mma(W)):
-            raise ValueError(f"matvec_mma runs {', '.join(MMA_FORMATS)} under the integer-dot contract, rows of a multiple "
-                             f"of 256 inputs (of 64: {', '.join(MMA_S4_FORMATS)}), not {W.fmt} x {W.in_} (a8={a8})")
+            raise ValueError(f"matvec_mma runs {_MMA_RULE}, not {W.fmt} x {W.in_} (a8={a8})")
         if not _planes_aligned(W):
             raise ValueError("matvec_mma copies 16-byte pieces of the q and s planes: 16-byte aligned planes")
         _matvec_mma(W, x, out, m, prologue, pro_arg, epi, ldx, n_y, norm_w, eps, qx_in, qx_out, k_ranges)
