@@ -22,16 +22,21 @@ def _bits(a):
 @pytest.mark.parametrize("shape", [(384, 128), (1536, 512), (64, 1000)])
 def test_tiled_product_rows_do_not_depend_on_their_companions(shape):
     """Shapes on both sides of OpenBLAS's small-matrix threshold: a row's value is the same alone,
-    among 2, 37 or 200 rows, at any offset, beside any other values."""
+    among 2, 37 or 200 rows, in a chunk starting anywhere, beside any other values and beside
+    another sequence's rows at the same positions."""
     rng = np.random.default_rng(shape[0])
     w = rng.standard_normal(shape).astype(np.float32)
     x = rng.standard_normal((200, shape[1])).astype(np.float32)
-    ref = tiled_products(x, w)
+    pos = np.arange(200)
+    ref = tiled_products(x, w, pos)
     for lo, hi in ((0, 1), (5, 7), (3, 40), (64, 200), (63, 130)):
-        assert np.array_equal(_bits(tiled_products(x[lo:hi], w)), _bits(ref[lo:hi]))
+        assert np.array_equal(_bits(tiled_products(x[lo:hi], w, pos[lo:hi])), _bits(ref[lo:hi]))
     noisy = x.copy()
     noisy[1::2] = rng.standard_normal(noisy[1::2].shape)
-    assert np.array_equal(_bits(tiled_products(noisy, w)[0::2]), _bits(ref[0::2]))
+    assert np.array_equal(_bits(tiled_products(noisy, w, pos)[0::2]), _bits(ref[0::2]))
+    other = rng.standard_normal((50, shape[1])).astype(np.float32)  # a second sequence's positions 10..59
+    mixed = tiled_products(np.concatenate([other, x[3:40]]), w, np.concatenate([np.arange(10, 60), pos[3:40]]))
+    assert np.array_equal(_bits(mixed[50:]), _bits(ref[3:40]))
     assert PREFILL_TILE == 64
 
 

@@ -225,7 +225,7 @@ def _product(x, w):
     """x @ w^T as a prefill pass multiplies (numpy_backend.tiled_products)."""
     from bw24chat.backends.numpy_backend import tiled_products
 
-    return tiled_products(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32))
+    return tiled_products(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32), np.arange(len(x)))
 
 
 def test_numpy_backend_act_quant_matrices(monkeypatch):

@@ -425,12 +425,14 @@ PREFILL_TILE = 64
 """Rows per product of a prefill pass on the NumPy backend.  BLAS picks its kernel, and with it
 the order of each dot product's additions, from the product's shape: OpenBLAS uses another kernel
 for one row (gemv) and, on some CPUs, for small products (its small-matrix path), so a row's
-value could depend on how many rows share its product.  A prefill pass therefore runs every
-product over tiles of exactly PREFILL_TILE rows (the last one zero-padded): a row's value then
-does not depend on the chunk it was computed in or on the rows beside it, which is what makes a
-prompt's K/V the same whether it was prefilled whole, in chunks of any size, beside other
-sequences, or taken from another sequence's cached prefix (kv_pages.py).  Its price, with row-by-
-row attention: prefill of 128 tokens 17 % slower on SmolLM2 (docs/performance.md)."""
+value could depend on how many rows share its product; and inside one product a row's value may
+depend on its slot (OpenBLAS 0.3.31 on AMD EPYC: three classes of slot mod 16).  A prefill pass
+therefore runs every product over tiles of exactly PREFILL_TILE rows, each row in the slot of its
+position mod PREFILL_TILE (the free slots zero): a row's value then depends only on itself, not
+on the chunk it was computed in or on the rows beside it, which is what makes a prompt's K/V the
+same whether it was prefilled whole, in chunks of any size, beside other sequences, or taken from
+another sequence's cached prefix (kv_pages.py).  Its price, with row-by-row attention: prefill of
+128 tokens 17 % slower on SmolLM2 (docs/performance.md)."""
 
 
 @dataclass
@@ -453,15 +455,22 @@ def one_row_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.concatenate([x[i:i + 1] @ w.T for i in range(len(x))]) if len(x) else np.zeros((0, w.shape[0]), np.float32)
 
 
-def tiled_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x @ w^T over tiles of PREFILL_TILE rows, the last one zero-padded (PREFILL_TILE says why)."""
-    T, R = len(x), PREFILL_TILE
-    out = np.empty((T, w.shape[0]), np.float32)
-    for s in range(0, T, R):
-        n = min(R, T - s)
-        tile = np.zeros((R, x.shape[1]), np.float32)
-        tile[:n] = x[s:s + n]
-        out[s:s + n] = (tile @ w.T)[:n]
+def tiled_products(x: np.ndarray, w: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """x @ w^T over tiles of PREFILL_TILE rows, row i in slot positions[i] mod PREFILL_TILE of the
+    first tile where that slot is free (PREFILL_TILE says why)."""
+    R = PREFILL_TILE
+    slot = np.asarray(positions, np.int64) % R
+    tile = np.empty(len(x), np.int64)  # how many rows before it took the same slot
+    seen: dict[int, int] = {}
+    for i, sl in enumerate(slot.tolist()):
+        tile[i] = seen.get(sl, 0)
+        seen[sl] = tile[i] + 1
+    out = np.empty((len(x), w.shape[0]), np.float32)
+    for t in range(int(tile.max()) + 1 if len(x) else 0):
+        rows = np.flatnonzero(tile == t)
+        buf = np.zeros((R, x.shape[1]), np.float32)
+        buf[slot[rows]] = x[rows]
+        out[rows] = (buf @ w.T)[slot[rows]]
     return out
 
 
@@ -506,24 +515,26 @@ class NumpyOps(Ops):
     def concat(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.concatenate([a, b], axis=-1)
 
-    def products(self, x: np.ndarray, w: np.ndarray, prefill: np.ndarray) -> np.ndarray:
-        """x @ w^T of rows of this pass (``prefill``: which of them are prefill rows), after the
+    def products(self, x: np.ndarray, w: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """x @ w^T of rows of this pass (``rows``: their indices in the pass; None: all), after the
         activation contract (bf16 rounding, integer-dot quantization: both per row)."""
+        prefill, positions = (self.prefill_rows, self.positions) if rows is None else \
+            (self.prefill_rows[rows], self.positions[rows])
         if self.b.act_bf16:
             x = bf16_round(x)
         if isinstance(w, ActQuantMatrix):
             x, w = act_quant_ref(x), w.view(np.ndarray)
         if prefill.all():
-            return tiled_products(x, w)
+            return tiled_products(x, w, positions)
         if not prefill.any():
             return one_row_products(x, w)
         y = np.empty((len(x), w.shape[0]), np.float32)
-        y[prefill] = tiled_products(x[prefill], w)
+        y[prefill] = tiled_products(x[prefill], w, positions[prefill])
         y[~prefill] = one_row_products(x[~prefill], w)
         return y
 
     def linear(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-        y = self.products(x, w, self.prefill_rows)
+        y = self.products(x, w)
         return y if residual is None else residual + y
 
     def swiglu(self, gu: np.ndarray) -> np.ndarray:
@@ -593,9 +604,8 @@ class NumpyOps(Ops):
         here = ids[(ids >= experts.first) & (ids < experts.first + len(experts.gu))]
         for e in np.unique(here):  # the rows each selected expert serves, in one product
             rows, slots = np.nonzero(ids == e)
-            pre = self.prefill_rows[rows]
             i = e - experts.first
-            y[rows, slots] = self.products(self.swiglu(self.products(x[rows], experts.gu[i], pre)), experts.down[i], pre)
+            y[rows, slots] = self.products(self.swiglu(self.products(x[rows], experts.gu[i], rows)), experts.down[i], rows)
         acc = weights[:, 0:1] * y[:, 0]
         for j in range(1, k):  # ranking order; each product rounded before its add (NumPy never fuses)
             acc = acc + weights[:, j:j + 1] * y[:, j]
@@ -603,7 +613,7 @@ class NumpyOps(Ops):
             gu, down, gate = shared
             out = self.linear(self.swiglu(self.linear(x, gu)), down)
             if gate is not None:  # Qwen2-MoE: sigmoid(x . gate) scales the shared expert
-                out = out * sigmoid(self.products(x, gate[None, :], self.prefill_rows))
+                out = out * sigmoid(self.products(x, gate[None, :]))
             acc = acc + out
         return residual + acc
 
