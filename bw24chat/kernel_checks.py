@@ -97,6 +97,19 @@ def check_linear(cp, rng) -> list[tuple]:
         lin.gemm(W, cp.asarray(xg), g, T, act_bf16=True)
         err = _rel(cp.asnumpy(g), bf16_round(xg).astype(np.float64) @ t.dequantize().astype(np.float64).T)
         out.append((f"gemm {fmt} bf16-x {rows} rows T={T}", f"rel {err:.1e}", "1e-4", err <= 1e-4))
+    # put_columns (one format's share of a fused output in several formats), copy and add: bit for bit
+    from .backends import cuda_ops
+
+    T, n, ld, lo = int(rng.integers(1, 40)), int(rng.integers(1, 700)), 1500, int(rng.integers(0, 700))
+    src, base = (rng.standard_normal(s).astype(np.float32) for s in ((T, n), (T, ld)))
+    bad = 0
+    for add in (False, True):
+        d = cp.asarray(base)
+        cuda_ops.put_columns(cp.asarray(src), d[:, lo:lo + n], add=add)
+        want = base.copy()
+        want[:, lo:lo + n] = base[:, lo:lo + n] + src if add else src
+        bad += int(np.count_nonzero(cp.asnumpy(d).view(np.uint32) != want.view(np.uint32)))
+    out.append((f"put_columns T={T} n={n}", f"{bad} bit mismatches", "0", bad == 0))
     return out
 
 

@@ -25,7 +25,16 @@ _QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, 
                  max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 # the weight formats synthetic_checkpoint makes (check gates and benchmarks them), lower case as typed
 FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "nvfp4", "mxfp4", "q2_k",
-           "q3_k")
+           "q3_k", "q4_k_m")
+# llama.cpp's K-quant mixes, what most GGUF downloads are (llama-quant.cpp llama_tensor_get_type):
+# the base format; attn_v and ffn_down on the use_more_bits layers and the output matrix in Q6_K
+MIXES = {"Q4_K_M": ("Q4_K", "Q6_K")}
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama-quant.cpp use_more_bits: the layers a K-quant mix gives more bits (first and last
+    eighth, every third between)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 _TINY = dict(model_type="qwen3", hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
              num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=4096,
              max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -154,6 +163,7 @@ def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, em
     trunk's weights are the same with or without them."""
     cfg = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     cfg["rope_style"] = "neox"
+    mix, fmt = fmt, MIXES.get(fmt, (fmt,))[0]  # a mix: its base format here, its Q6_K tensors below
     if mtp:
         cfg["num_nextn_predict_layers"] = 1
     rng = np.random.default_rng(seed)
@@ -229,11 +239,22 @@ def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, em
             out[p + "nextn.eh_proj"] = random_matrix(fmt, D, 2 * D, rng)
             for k in ("enorm", "hnorm", "shared_head_norm"):
                 out[p + "nextn." + k] = ones(D)
+    if mix in MIXES:  # drawn last: the base tensors are the base format's own
+        hi = MIXES[mix][1]
+        more = {"attn_v": random_matrix(hi, K * hd, D, rng)}
+        if dense:
+            more["ffn_down"] = random_matrix(hi, D, F, rng)
+        for i in range(L):
+            for k, v in more.items():
+                if use_more_bits(i, L) and f"blk.{i}.{k}" in tensors:
+                    tensors[f"blk.{i}.{k}"] = QTensor("", v.fmt, v.shape, v.raw, v.global_scale)
+        if "output" in tensors and embed_fmt is None:
+            tensors["output"] = random_matrix(hi, V, D, rng)
     for n, t in (*tensors.items(), *mtp.items()):
         t.name = n
     # a word per id ("t17"), so generated ids come out as text (engine-level load tests stream it)
     tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg["vocab_size"])}, unk_token="t0"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return Checkpoint(path=f"<synthetic {shape} {fmt}>", source="synthetic",
-                      name=f"synthetic-{shape}-{fmt.lower()}" + ("-mtp" if n_mtp else ""),
+    return Checkpoint(path=f"<synthetic {shape} {mix}>", source="synthetic",
+                      name=f"synthetic-{shape}-{mix.lower()}" + ("-mtp" if n_mtp else ""),
                       config=cfg, tensors=tensors, tokenizer=TokenizerInfo(tk), mtp=mtp)

@@ -30,6 +30,13 @@
 //   numpy_backend.vocab_expand_ref.  Napkin math: V = 151,936 reads 4 B of vmap + writes 4 B per id
 //   (~1.2 MB, < 1 us at H100 bandwidth); the n-row LM head before it is what the reduced vocabulary
 //   saves (V / n times fewer weight bytes).  Launch: grid (ceil(V / 256), T), block 256.
+//
+// put_columns_rows: dst[t, lo + j] = src[t, j] (add = 0) or dst[t, lo + j] + src[t, j] (add = 1, one
+//   rounding, as a matvec / GEMM "add" epilogue): one format's share of a linear whose fused
+//   tensors come in several formats (cuda_weights.PartedWeight: llama.cpp's Q4_K_M keeps attn_v
+//   in Q6_K beside Q4_K q and k), put at its columns of the fused output.  src: float32 [T, n]
+//   contiguous; dst: rows ldd floats apart.  A copy: 8 B a value (a Qwen3-8B v share of 1024
+//   columns: 8 KB a row, well under a microsecond).  Launch: grid (ceil(n / 256), T), block 256.
 #include "common.cuh"
 
 extern "C" __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ act, int T, int F) {
@@ -76,4 +83,15 @@ extern "C" __global__ void vocab_expand_rows(const float* __restrict__ sub, cons
     if (j >= V) return;
     const int i = vmap[j];
     out[(long long)t * V + j] = i >= 0 ? sub[(long long)t * n + i] : __int_as_float(0xff800000);  // -inf
+}
+
+extern "C" __global__ void put_columns_rows(const float* __restrict__ src, float* __restrict__ dst, int ldd, int n,
+                                            int add) {
+    PDL_ENTRY();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t = blockIdx.y;
+    if (j >= n) return;
+    const float v = src[(long long)t * n + j];
+    float* d = dst + (long long)t * ldd + j;
+    *d = add ? __fadd_rn(*d, v) : v;
 }

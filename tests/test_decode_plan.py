@@ -125,3 +125,22 @@ def test_hybrid_rows_read_positions_and_write_checkpoints():
         assert L.args[8] == ("ssm" if i == 0 else f"ssm+{6 * 128 * 128 * 4}") and L.args[-1] == str(STATE_SLOTS)
     for L in conv:  # (x, ldx, w, state, out, T, C, pos, ckpt, stride, slots)
         assert L.args[5] == "4" and L.args[7] == "io+32" and L.args[8].startswith("conv_ckpt")
+
+
+def test_k_quant_mix_runs_each_format_on_its_own_kernels():
+    """Q4_K_M (synthetic.MIXES: attn_v and ffn_down in Q6_K on the use_more_bits layers): such a
+    layer's qkv, in two formats, is two matvecs (q|k on the Q4_K kernel, v on the Q6_K one) into
+    scratch buffers, each put at its columns of the qkv buffer the rope reads; every other launch
+    is the one-format plan's."""
+    from bw24chat.synthetic import use_more_bits
+
+    mix, layers = _plan("q4_k_m")
+    plain, _ = _plan("q4_k")
+    mixed = sum(use_more_bits(i, layers) for i in range(layers))
+    assert 0 < mixed < layers and len(mix) == len(plain) + 3 * mixed
+    puts = [L.line() for L in mix if L.name == "put_columns_rows"]
+    assert len(puts) == 2 * mixed
+    assert all("(qkv.0, qkv, 6144, 5120, 0)" in p for p in puts[0::2])
+    assert all("(qkv.1, qkv+20480, 6144, 1024, 0)" in p for p in puts[1::2])
+    v = [L for L in mix if L.name == "matvec" and "attn_v" in L.line() and "|" not in L.line().split("args=")[1].split(",")[0]]
+    assert len(v) == mixed and all(dict(L.defines)["FMT"] == 10 for L in v)

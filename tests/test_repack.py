@@ -85,6 +85,21 @@ def test_repack_rejects_mixed_formats():
         cw.repack_host([random_qtensor(rng, "Q8_0", 2, 32), random_qtensor(rng, "Q4_0", 2, 32)])
 
 
+def test_format_runs_split_a_fused_matrix_by_format():
+    """A fused matrix in several formats (llama.cpp's Q4_K_M: q, k Q4_K, v Q6_K) becomes runs of
+    one format, in order, one DeviceWeight each (PartedWeight); an interleaved gate/up pair in two
+    formats is refused by name."""
+    rng = np.random.default_rng(0)
+    q, k, v = (random_qtensor(rng, f, 2, 256) for f in ("Q4_K", "Q4_K", "Q6_K"))
+    for t, n in zip((q, k, v), "qkv"):
+        t.name = n
+    assert [[t.name for t in r] for r in cw.format_runs([q, k, v])] == [["q", "k"], ["v"]]
+    assert [[t.name for t in r] for r in cw.format_runs([v, q, k, v])] == [["v"], ["q", "k"], ["v"]]
+    assert len(cw.format_runs([q, k])) == 1
+    with pytest.raises(ValueError, match="q Q4_K, v Q6_K"):
+        cw.format_runs([q, v], interleave=True)
+
+
 def test_nibble_chunk_layout():
     codes = np.arange(32, dtype=np.uint8) % 16
     b = cw.pack_nibbles(codes)

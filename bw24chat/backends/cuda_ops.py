@@ -593,6 +593,20 @@ def output_gate(o, q, H: int, hd: int) -> None:
                 (o, q, _i32(q.strides[0] // 4), _i32(T), _i32(H), _i32(hd)))
 
 
+def put_columns(src, dst, add: bool = False) -> None:
+    """dst (T, n) = src, or dst += src (one rounding): a column slice of a fused linear's output,
+    filled by one format's share of it (cuda_weights.PartedWeight; elementwise.cu
+    put_columns_rows).  src: float32 (T, n) contiguous; dst: float32 rows of n (a column slice)."""
+    T, n = src.shape
+    if src.dtype != np.float32 or src.strides != (4 * n, 4):
+        raise ValueError(f"put_columns: src float32 (T, n) contiguous, got {src.dtype} {src.shape}")
+    if dst.dtype != np.float32 or dst.shape != (T, n) or dst.strides[1] != 4:
+        raise ValueError(f"put_columns: dst float32 ({T}, {n}) rows, got {dst.dtype} {dst.shape}")
+    if T:
+        _launch(get_kernel("elementwise", "put_columns_rows"), (-(-n // 256), T), (256,),
+                (src, dst, _i32(dst.strides[0] // 4), _i32(n), _i32(int(add))))
+
+
 def vocab_expand(sub, vmap, out) -> None:
     """out (T, V) = a reduced vocabulary's logits sub (T, n) at their ids, -inf elsewhere
     (ops.vocab_expand; elementwise.cu vocab_expand_rows).  float32 contiguous rows; vmap int32 (V,)."""

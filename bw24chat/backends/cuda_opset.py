@@ -33,7 +33,7 @@ from . import cuda_linear as lin
 from . import cuda_moe as moe
 from . import cuda_ops as ops
 from . import kernel_build
-from .cuda_weights import DeviceWeight, RepackMemo, repack_host
+from .cuda_weights import DeviceWeight, PartedWeight, RepackMemo, format_runs, repack_host
 from .cuda_weights import upload as upload_planes
 from .kernel_build import host_step
 
@@ -54,7 +54,10 @@ class CudaLoader(Loader):
         self.tiers = tiers  # cuda_tiers.CudaTiers when the experts are spilled from VRAM
         self._memo = RepackMemo()  # while loading (each layer still gets its own device copy)
 
-    def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight:
+    def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight | PartedWeight:
+        runs = format_runs(tensors, interleave)
+        if len(runs) > 1:
+            return PartedWeight([self.load_linear(r, role=role) for r in runs], role)
         w = upload_planes(tensors, self._memo.repack(tensors, interleave))
         w.role = role
         self.linears.append(w)
@@ -207,7 +210,19 @@ class CudaOps(Ops):
             self._values[id(v)] = (v, h)  # the value is kept alive with its id
         return self._values[id(v)][1]
 
-    def _linear(self, x, W: DeviceWeight, out, epilogue: str = "store", qx_out=None) -> None:
+    def _linear(self, x, W: DeviceWeight | PartedWeight, out, epilogue: str = "store", qx_out=None) -> None:
+        if isinstance(W, PartedWeight):  # each format's rows into a scratch buffer, then to their columns
+            if epilogue not in ("store", "add") or qx_out is not None:
+                raise ValueError(f"{W.role}: a matrix in several formats ({W.fmt}) takes no {epilogue} epilogue")
+            if not (self.decode and isinstance(x, _Normed)):  # launched once, not once a part
+                x = self._value(x)
+            lo = 0
+            for i, P in enumerate(W.parts):
+                part = self.buf(f"{W.role or 'linear'}.{i}", P.out)
+                self._linear(x, P, part)
+                ops.put_columns(part, out[:, lo:lo + P.out], add=epilogue == "add")
+                lo += P.out
+            return
         a = self._input(x, W)
         if self.decode:
             lin.matvec(W, a.pop("x"), out, self.n, epilogue=epilogue, qx_out=qx_out, act_bf16=self.xb16, **a)

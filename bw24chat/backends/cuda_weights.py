@@ -367,6 +367,48 @@ class DeviceWeight:
         return self.in_ // self.vpc
 
 
+@dataclass
+class PartedWeight:
+    """A fused matrix (ops.Loader.load_linear) whose tensors come in more than one format, held as
+    its runs of one format side by side: llama.cpp's K-quant mixes (Q4_K_M, Q5_K_M, ...) keep
+    attn_v in Q6_K beside Q4_K q and k on some layers (llama-quant.cpp use_more_bits).  Each part
+    is a DeviceWeight of its own (its own kernels); the output is their outputs' columns in order
+    (cuda_opset: each into a scratch buffer, then put_columns)."""
+    parts: list
+    role: str = ""
+
+    @property
+    def out(self) -> int:
+        return sum(P.out for P in self.parts)
+
+    @property
+    def in_(self) -> int:
+        return self.parts[0].in_
+
+    @property
+    def fmt(self) -> str:
+        return "+".join(P.fmt for P in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(P.nbytes for P in self.parts)
+
+
+def format_runs(tensors: list, interleave: bool = False) -> list[list]:
+    """The tensors of one fused matrix in runs of one format (one run: one DeviceWeight).  An
+    interleaved pair (gate|up, whose rows alternate) must share a format."""
+    runs: list[list] = []
+    for t in tensors:
+        if runs and runs[-1][0].fmt == t.fmt:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    if interleave and len(runs) > 1:
+        names = ", ".join(f"{t.name} {t.fmt}" for t in tensors)
+        raise ValueError(f"a gate/up pair in two formats ({names}) is not supported")
+    return runs
+
+
 class RepackMemo:
     """repack_host of source tensors that recur while a model loads.  Random-weight models
     (synthetic.py) share one set of arrays across layers: each is repacked on its second sighting

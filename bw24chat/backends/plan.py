@@ -268,6 +268,11 @@ class PlanLoader:
         return w
 
     def load_linear(self, tensors, interleave: bool = False, role: str = ""):
+        from .cuda_weights import PartedWeight, format_runs
+
+        runs = format_runs(tensors, interleave)
+        if len(runs) > 1:
+            return PartedWeight([self.load_linear(r, role=role) for r in runs], role)
         w = self._weight(tensors, role)
         self.linears.append(w)
         return w
@@ -351,7 +356,13 @@ class PlanRunner:
 
 
 def _tensors(config: dict, formats: dict, model_cls, args) -> dict:
-    """Tensor descriptions of a checkpoint: the family's shapes, each role in its format."""
+    """Tensor descriptions of a checkpoint: the family's shapes, each role in its format (a
+    "default" that names a K-quant mix: synthetic.MIXES's rule)."""
+    from ..synthetic import MIXES, use_more_bits
+
+    mix = MIXES.get(formats["default"])
+    if mix:
+        formats = {**formats, "default": mix[0]}
     out = {}
     for name, (shape, required) in model_cls.tensor_shapes(args).items():
         role = name.split(".")[-1]
@@ -361,6 +372,9 @@ def _tensors(config: dict, formats: dict, model_cls, args) -> dict:
             continue
         # vectors and the MoE router's matrix stay F32, as in the files (GGUF ffn_gate_inp is F32)
         fmt = "F32" if len(shape) == 1 or role in ("ffn_gate_inp", "ssm_conv1d") else formats.get(role, formats["default"])
+        if mix and fmt == mix[0] and (role == "output" or role in ("attn_v", "ffn_down") and
+                                      use_more_bits(int(name.split(".")[1]), args.num_hidden_layers)):
+            fmt = mix[1]
         out[name] = _Tensor(name, fmt, shape)
     return out
 

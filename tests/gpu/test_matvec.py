@@ -384,3 +384,19 @@ def test_small_float_rows_take_their_geometry_with_the_same_bits(cp, rng):
         one = np.concatenate([call(r, 1) for r in range(8)])
         for m in range(2, 9):
             assert np.array_equal(call(0, m).view(np.uint32), one[:m].view(np.uint32)), (rows, in_, epi, m)
+
+
+@pytest.mark.parametrize("T, n, ld, lo", [(1, 1024, 6144, 5120), (7, 300, 1000, 13), (33, 5120, 6144, 0)])
+def test_put_columns_equals_its_reference(cp, rng, T, n, ld, lo):
+    """put_columns (a PartedWeight's share into its columns): a copy, or an add rounded once,
+    bit for bit; the other columns untouched."""
+    from bw24chat.backends import cuda_ops
+
+    src = rng.standard_normal((T, n)).astype(np.float32)
+    base = rng.standard_normal((T, ld)).astype(np.float32)
+    for add in (False, True):
+        dst = cp.asarray(base)
+        cuda_ops.put_columns(cp.asarray(src), dst[:, lo:lo + n], add=add)
+        want = base.copy()
+        want[:, lo:lo + n] = base[:, lo:lo + n] + src if add else src
+        assert np.array_equal(cp.asnumpy(dst).view(np.uint32), want.view(np.uint32)), add

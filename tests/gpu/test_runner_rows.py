@@ -8,7 +8,7 @@ import pytest
 
 from bw24chat.api import SamplingParams
 
-FORMATS = ("BF16", "Q8_0", "NVFP4", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q2_K", "Q3_K")
+FORMATS = ("BF16", "Q8_0", "NVFP4", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q2_K", "Q3_K", "Q4_K_M")
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,11 @@ def test_rows_equal_single_steps(cp, models, fmt, graph):
     r = CudaRunner(models[fmt], 1024, "bf16", use_graph=graph)
     _rows_equal_single_steps(r, rows, prompt)
     from bw24chat.backends.cuda_linear import MMA_FORMATS
+    from bw24chat.synthetic import MIXES
 
-    for m in (1, 2, 5, 8):
-        want = "matvec_mma" if m >= 2 and fmt in MMA_FORMATS else "matvec"
-        assert _matvec_kernels(r, m) == {want}, (fmt, m)
+    for m in (1, 2, 5, 8):  # a K-quant mix: each format's kernel
+        want = {"matvec_mma" if m >= 2 and f in MMA_FORMATS else "matvec" for f in MIXES.get(fmt, (fmt,))}
+        assert _matvec_kernels(r, m) == want, (fmt, m)
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "NVFP4", "Q4_K"])
@@ -111,3 +112,26 @@ def greedy_tokens_cuda_and_numpy(ck, n: int = 16) -> dict:
 def test_greedy_tokens_equal_the_numpy_runner(cp, models):
     out = greedy_tokens_cuda_and_numpy(models["BF16"])
     assert out["cuda"] == out["numpy"]
+
+
+def test_k_quant_mix_equals_the_numpy_runner(cp, models):
+    """llama.cpp's Q4_K_M mix (q and k in Q4_K, v in Q6_K on the use_more_bits layers: one fused
+    qkv in two formats, cuda_weights.PartedWeight): the logits of a prefill and of 8 decode steps
+    within 1e-3 of the NumPy runner under the same integer-dot contract, the same greedy tokens."""
+    from bw24chat.backends.cuda_runner import CudaRunner
+    from bw24chat.backends.numpy_backend import NumpyBackend, numpy_runner
+
+    ck = models["Q4_K_M"]
+    assert {ck.tensors[f"blk.{i}.attn_v"].fmt for i in range(3)} == {"Q4_K", "Q6_K"}
+    prompt, greedy = list(range(100, 140)), SamplingParams(temperature=0)
+    got = {}
+    for name, r in (("cuda", CudaRunner(ck, 512, "f32")), ("numpy", numpy_runner(ck, 512, NumpyBackend(act_quant=True)))):
+        tok, toks, logits = r.prefill(prompt, 0, greedy), [], []
+        for i in range(8):
+            toks.append(tok)
+            logits.append(np.asarray(r.last_logits(), np.float64).reshape(-1))
+            tok = r.step([tok], len(prompt) + i, greedy, 0, [])[0]
+        got[name] = toks, np.stack(logits)
+    assert got["cuda"][0] == got["numpy"][0]
+    err = np.linalg.norm(got["cuda"][1] - got["numpy"][1]) / np.linalg.norm(got["numpy"][1])
+    assert err <= 1e-3, err
