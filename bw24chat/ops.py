@@ -176,6 +176,13 @@ class Ops:
         torch.sigmoid(gate)."""
         raise NotImplementedError
 
+    def deltanet_split(self, y, spec: DeltaNetSpec):
+        """A DeltaNet layer's fused input projection (T, C + Hv dv + 2 Hv), the rows of
+        attn_qkv | attn_gate | ssm_beta | ssm_alpha stacked (one product), as its column blocks:
+        qkv (T, C), z (T, Hv dv), b (T, Hv), a (T, Hv), in ``spec``'s sizes (views where the backend
+        has them; a backend over several GPUs splits each GPU's share by its own heads)."""
+        raise NotImplementedError
+
     def causal_conv1d(self, x, w, spec: DeltaNetSpec, layer: int):
         """silu(causal depthwise conv1d) of the (T, C) rows: out[t, c] = silu(sum_j w[c, j] *
         x'[t + j, c]) over x' = (the last kernel - 1 rows before this pass | x), the rows before

@@ -33,7 +33,8 @@
 //                              4 li + 32 r + e (r, then e = 0..3, in order), then xor 4, 2, 1.
 //   deltanet_gated_norm out[t, h, :] = ((x * rms_inv(sum x^2, DV, eps)) * w) * silu(z) per head of DV
 //                      (Qwen3NextRMSNormGated: norm before gate; the sum: lane l adds x[l]^2,
-//                      x[l + 32]^2, ... then the butterfly; rms_inv: common.cuh).
+//                      x[l + 32]^2, ... then the butterfly; rms_inv: common.cuh); z's rows ldz
+//                      floats apart (a column block of the layer's fused input projection).
 //
 // State layout (cuda_deltanet.py; float32, one slab per DeltaNet layer):
 //   conv state (KC - 1, C) row-major; recurrent state (Hv, DV, DK): per head the transpose of the
@@ -254,16 +255,17 @@ deltanet_recurrent(const float* __restrict__ qkv, int ldq, const float* __restri
 
 // ============================================================================ gated RMSNorm
 extern "C" __global__ void __launch_bounds__(GN_WARPS * 32)
-deltanet_gated_norm(const float* __restrict__ x, const float* __restrict__ z, const float* __restrict__ w, float eps,
-                    float* __restrict__ out, int T, int Hv, int DV) {
+deltanet_gated_norm(const float* __restrict__ x, const float* __restrict__ z, int ldz, const float* __restrict__ w,
+                    float eps, float* __restrict__ out, int T, int Hv, int DV) {
     PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const long long item = (long long)blockIdx.x * GN_WARPS + (threadIdx.x >> 5);
     if (item >= (long long)T * Hv) return;
     const long long base = item * DV;  // row t, head h: (t * Hv + h) * DV
+    const float* zr = z + (item / Hv) * ldz + (item % Hv) * DV;  // z's rows ldz floats apart
     float ss = 0.0f;
     for (int i = lane; i < DV; i += 32) ss = __fadd_rn(ss, __fmul_rn(x[base + i], x[base + i]));
     const float inv = rms_inv(warp_sum(ss), DV, eps);
     for (int i = lane; i < DV; i += 32)
-        out[base + i] = __fmul_rn(__fmul_rn(__fmul_rn(x[base + i], inv), w[i]), silu(z[base + i]));
+        out[base + i] = __fmul_rn(__fmul_rn(__fmul_rn(x[base + i], inv), w[i]), silu(zr[i]));
 }

@@ -90,9 +90,9 @@ def test_eight_rows_run_the_down_projection_over_k_ranges():
 
 def test_hybrid_plan_matches_the_golden_file():
     """Qwen3.5-9B (24 gated DeltaNet layers, 8 gated attention layers, in runs of 3 + 1): a DeltaNet
-    layer is the qkv, b and a matvecs, conv1d, the recurrence, the z matvec, the gated norm and the
-    out matvec; an attention layer's rope reads the gated q (Q_GATED) and the output gate scales
-    the attention before the o matvec."""
+    layer is one matvec of its four input projections (qkv | z | b | a), conv1d, the recurrence,
+    the gated norm (each reading its column block) and the out matvec; an attention layer's rope
+    reads the gated q (Q_GATED) and the output gate scales the attention before the o matvec."""
     cfg = SHAPES["qwen3.5-9b"]
     plan = decode_plan(cfg, {"default": "Q8_0"}, GPUS["H100"])
     assert layer_period(cfg) == 4
@@ -101,7 +101,7 @@ def test_hybrid_plan_matches_the_golden_file():
         ["deltanet_conv", "deltanet_recurrent", "deltanet_gated_norm"] * 24
     assert [L.name for L in plan if L.family == "elementwise"] == ["output_gate_rows"] * 8
     assert all(dict(L.defines)["Q_GATED"] == 1 for L in plan if L.family == "rope")
-    assert len(plan) == 1 + 24 * 10 + 8 * 7 + 2
+    assert len(plan) == 1 + 24 * 7 + 8 * 7 + 2
 
 
 def test_hybrid_rows_read_positions_and_write_checkpoints():

@@ -199,12 +199,14 @@ def prefill(qkv, b, a, A, dt_bias, spec: DeltaNetSpec, S, o, T: int, ws, qk) -> 
 
 def gated_norm(x, z, w, eps: float, out, spec: DeltaNetSpec, T: int) -> None:
     """out[:T] = rmsnorm(x) * w * silu(z) per value head of DV (deltanet_gated_norm;
-    numpy_backend.gated_rmsnorm_ref): x, z, out float32 (T, Hv * DV) contiguous, w (DV,)."""
+    numpy_backend.gated_rmsnorm_ref): x, out float32 (T, Hv * DV) contiguous, z float32 rows of
+    Hv * DV (a column block of the fused input projection), w (DV,)."""
     Hv, dv = spec.n_v_heads, spec.v_head_dim
-    for name, arr in (("x", x), ("z", z), ("out", out)):
+    for name, arr in (("x", x), ("out", out)):
         if _rows(arr, T, Hv * dv, f"gated_norm {name}") != Hv * dv:
             raise ValueError(f"gated_norm {name}: contiguous rows")
+    ldz = _rows(z, T, Hv * dv, "gated_norm z")
     if T == 0:
         return
     _launch(get_kernel("deltanet", "deltanet_gated_norm"), (-(-(T * Hv) // 4),), (128,),
-            (x, z, w, np.float32(eps), out, np.int32(T), np.int32(Hv), np.int32(dv)))
+            (x, z, np.int32(ldz), w, np.float32(eps), out, np.int32(T), np.int32(Hv), np.int32(dv)))

@@ -288,6 +288,11 @@ class CudaOps(Ops):
         """(positions, the layer's checkpoint slots) of a decode pass, (None, None) for prefill."""
         return (self.positions, self.r.dn_state[name][:, layer]) if self.decode else (None, None)
 
+    def deltanet_split(self, y, spec):
+        from .numpy_backend import deltanet_columns
+
+        return deltanet_columns(self._value(y), spec)  # views: the kernels take their rows' strides
+
     def causal_conv1d(self, x, w, spec, layer: int):
         out = self.buf("ssm_conv", spec.conv_dim)
         dn.conv1d(self._input(x)["x"], w, self.r.dn_state["conv"][layer], out, self.n, *self._slots("conv_ckpt", layer))

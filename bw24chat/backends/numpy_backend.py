@@ -279,6 +279,14 @@ def gated_delta_rule_chunked_ref(qkv: np.ndarray, b: np.ndarray, a: np.ndarray, 
     return o.reshape(T, Hv * dv), S
 
 
+def deltanet_columns(y, spec: DeltaNetSpec) -> tuple:
+    """ops.deltanet_split on an array with column slicing (NumPy, CuPy): views."""
+    c, vd, hv = spec.conv_dim, spec.n_v_heads * spec.v_head_dim, spec.n_v_heads
+    if y.shape[-1] != c + vd + 2 * hv:
+        raise ValueError(f"a DeltaNet input projection of {c + vd + 2 * hv} columns, got {y.shape}")
+    return y[:, :c], y[:, c:c + vd], y[:, c + vd:c + vd + hv], y[:, c + vd + hv:]
+
+
 def gated_rmsnorm_ref(x: np.ndarray, z: np.ndarray, w: np.ndarray, spec: DeltaNetSpec) -> np.ndarray:
     """rmsnorm(x) * w * silu(z) over each value head of dv (ops.gated_rmsnorm)."""
     T, H, dv = len(x), spec.n_v_heads, spec.v_head_dim
@@ -573,6 +581,9 @@ class NumpyOps(Ops):
         H, hd = spec.n_heads, spec.head_dim
         gate = qkv[:, :2 * H * hd].reshape(len(qkv), H, 2, hd)[:, :, 1].reshape(len(qkv), H * hd)
         return o * sigmoid(gate)
+
+    def deltanet_split(self, y: np.ndarray, spec: DeltaNetSpec) -> tuple:
+        return deltanet_columns(y, spec)
 
     def causal_conv1d(self, x: np.ndarray, w: np.ndarray, spec: DeltaNetSpec, layer: int) -> np.ndarray:
         out, self.state.conv[layer] = causal_conv1d_ref(x, w, self.state.conv[layer])

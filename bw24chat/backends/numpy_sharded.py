@@ -239,6 +239,12 @@ class ShardedOps(Ops):
         loc = local_attention(spec, self.world)
         return self._each(lambda ops, orr, x: ops.output_gate(orr, x, loc), o, qkv)
 
+    def deltanet_split(self, y: Shards, spec: DeltaNetSpec):
+        """Each GPU's share of the fused projection holds its own heads' rows of each block."""
+        loc = local_deltanet(spec, self.world)
+        parts = [o.deltanet_split(y.parts[r], loc) for r, o in enumerate(self.ranks)]
+        return tuple(Shards(list(p)) for p in zip(*parts))
+
     def causal_conv1d(self, x: Shards, w: ShardedWeight, spec: DeltaNetSpec, layer: int):
         loc = local_deltanet(spec, self.world)
         return self._each(lambda o, xr, wr: o.causal_conv1d(xr, wr, loc, layer), x, w)

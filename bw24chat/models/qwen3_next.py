@@ -67,10 +67,9 @@ class ModelArgs(Qwen3MoeArgs):  # transformers configuration_qwen3_next.py defau
 
 @dataclass
 class DeltaNet:
-    qkv: object  # (C, D) rows q | k | v (all heads of each)
-    z: object  # (Hv dv, D) the output gate
-    b: object  # (Hv, D) -> beta
-    a: object  # (Hv, D) -> the decay's input
+    # the input projections as one matrix (one product): qkv (C, D) rows q | k | v (all heads of
+    # each), z (Hv dv, D) the output gate, b (Hv, D) -> beta, a (Hv, D) -> the decay's input
+    in_proj: object
     conv: object  # (C, kernel)
     A: object  # (Hv,) -exp(A_log)
     dt_bias: object  # (Hv,)
@@ -113,19 +112,18 @@ class Model(MoETransformer):
         if not self.args.is_linear(i):
             return super().load_mixer(L, i, t, has)
         return dict(deltanet=DeltaNet(
-            qkv=L.load_linear([t("attn_qkv")], role="ssm_qkv"), z=L.load_linear([t("attn_gate")], role="ssm_z"),
-            b=L.load_linear([t("ssm_beta")], role="ssm_beta"), a=L.load_linear([t("ssm_alpha")], role="ssm_alpha"),
+            in_proj=L.load_linear([t("attn_qkv"), t("attn_gate"), t("ssm_beta"), t("ssm_alpha")], role="ssm_in"),
             conv=L.load_conv(t("ssm_conv1d")), A=L.load_vector([t("ssm_a")]), dt_bias=L.load_vector([t("ssm_dt")]),
             norm=L.load_vector([t("ssm_norm")]), out=L.load_linear([t("ssm_out")], role="ssm_out")))
 
     def attention(self, ops: Ops, li: int, L: Layer, x):
         """The token mixer: gated full attention (dense.py, output gate on), or the gated
-        DeltaNet: x + out(gated_rmsnorm(delta_rule(conv(qkv(h)), b(h), a(h)), z(h)))."""
+        DeltaNet: x + out(gated_rmsnorm(delta_rule(conv(qkv(h)), b(h), a(h)), z(h))), the four
+        input projections one product."""
         if L.deltanet is None:
             return super().attention(ops, li, L, x)
         d, s, i = L.deltanet, self.deltanet, self.slot[li]
-        h = ops.rmsnorm(x, L.attn_norm)
-        qkv = ops.causal_conv1d(ops.linear(h, d.qkv), d.conv, s, i)
-        o = ops.gated_delta_rule(qkv, ops.linear(h, d.b), ops.linear(h, d.a), d.A, d.dt_bias, s, i)
-        return ops.linear(ops.gated_rmsnorm(o, ops.linear(h, d.z), d.norm, s), d.out, residual=x)
+        qkv, z, b, a = ops.deltanet_split(ops.linear(ops.rmsnorm(x, L.attn_norm), d.in_proj), s)
+        o = ops.gated_delta_rule(ops.causal_conv1d(qkv, d.conv, s, i), b, a, d.A, d.dt_bias, s, i)
+        return ops.linear(ops.gated_rmsnorm(o, z, d.norm, s), d.out, residual=x)
 

@@ -230,6 +230,12 @@ def test_gated_norm_matches_float64(cp, rng, T, Hv, dv):
     dn.gated_norm(cp.asarray(x), cp.asarray(z), cp.asarray(w), spec.eps, out, spec, T)
     ref = gated_rmsnorm_ref(x.astype(np.float64), z.astype(np.float64), w.astype(np.float64), spec)
     np.testing.assert_allclose(out.get(), ref, rtol=1e-5, atol=1e-6)
+    # z as a column block of a wider row (the fused input projection's): the same bits
+    wide = rng.standard_normal((T, Hv * dv + 37)).astype(np.float32)
+    wide[:, 21:21 + Hv * dv] = z
+    out2 = cp.full((T, Hv * dv), np.nan, cp.float32)
+    dn.gated_norm(cp.asarray(x), cp.asarray(wide)[:, 21:21 + Hv * dv], cp.asarray(w), spec.eps, out2, spec, T)
+    assert np.array_equal(out2.get().view(np.uint32), out.get().view(np.uint32))
 
 
 # ============================================================================ gated attention
