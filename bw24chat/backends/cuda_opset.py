@@ -141,6 +141,7 @@ class CudaOps(Ops):
         self.attn_ws, self.attn_ws_rows = runner.attn_ws, ops.DECODE_MAX_ROWS
         self.attn_rows = ops.DECODE_MAX_ROWS
         self._values: dict = {}  # id -> (deferred value, its buffer) once launched (_value)
+        self._in_h = None  # the deferred rmsnorm whose values buffer "h" holds (_input)
 
     def buf(self, name: str, *cols: int, dtype: str = "f4"):
         return self.r.buffer(("d:" if self.decode else "p:") + name, self.n, *cols, dtype=dtype)
@@ -154,7 +155,9 @@ class CudaOps(Ops):
             if self.decode if matvec is None else matvec:
                 return dict(x=v.x, prologue="rmsnorm", norm_w=v.w, eps=self.eps)
             h = self.buf("h", v.x.shape[-1])
-            ops.rmsnorm(v.x, v.w, self.eps, h)
+            if self._in_h is not v:  # a second consumer of the same norm (an MoE router, then its experts)
+                ops.rmsnorm(v.x, v.w, self.eps, h)
+                self._in_h = v
             return dict(x=h)
         qx_ok = self.decode and W is not None and lin.takes_qx(W, m)
         if isinstance(v, _Swiglu):
