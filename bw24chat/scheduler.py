@@ -9,10 +9,11 @@ budget of ``step_tokens`` rows and the runner's ``max_batch`` sequences, in this
   3. prefill chunks of the other sequences still in their prompt, oldest first (Agrawal et al.
      2024, "Sarathi-Serve": chunked prefills ride along with the decode rows).
 The budget keeps a long prompt from stalling the others' decode rows.  While an interactive
-sequence is decoding, the prefill rows of 3. are cut further, to what keeps the step's expected
+sequence is decoding, the rows of 2. and 3. are cut further, to what keeps the step's expected
 time (StepCosts, the measured time per total rows) within INTERACTIVE_STEP times that of the
-rows of 1. and 2.: the user's reply streams at nearly its solo pace under server load, and new
-prompts wait for cheap room (or for the reply's end).  A step in which no
+rows of 1. alone: the user's reply streams at nearly its solo pace under server load; the other
+replies take turns (the ones that waited longest since their last row first) and new prompts
+wait for cheap room (or for the reply's end).  A step in which no
 sequence has a decode row waiting (one request alone, or all of them still in their prompts) has
 none to protect: its budget is the runner's own prefill chunk (runner.prefill_chunk), the rows a
 solo prefill runs at once, if that is larger.  Decode rows stay within ``step_tokens`` (the
@@ -54,7 +55,7 @@ from .speculative import Drafter, DraftLength, SpecCounters, StepCosts
 
 DEFAULT_STEP_TOKENS = 256
 # a step that carries the interactive sequence's decode row may cost this many times the step of
-# its decode rows alone (the TUI's inter-token latency under server load: within 2x of alone)
+# its rows alone (the TUI's inter-token latency under server load: within 2x of alone)
 INTERACTIVE_STEP = 1.5
 
 
@@ -78,6 +79,7 @@ class Sequence:
     computed: int = 0  # positions whose K/V sit in its blocks
     opened: bool = False
     ran: bool = False  # has run a step since it was last admitted
+    last_step: int = -1  # the scheduler's step count when it last ran (decoders take turns under a cap)
     cached_tokens: int = 0  # prompt positions taken from the prefix cache (first admission)
     preemptions: int = 0
     finish: str | None = None
@@ -202,6 +204,7 @@ class Scheduler:
         for (seq, w), tokens in zip(plan, sampled):
             self.rows += len(w.ids)
             seq.ran = True
+            seq.last_step = self.steps
             first_row, row = row, row + len(tokens)
             if w.sample_all:  # a verify step: the drafts up to the first that differs, then the bonus
                 a = next((i for i, d in enumerate(seq.drafts) if d != tokens[i]), len(seq.drafts))
@@ -229,17 +232,17 @@ class Scheduler:
     def _plan(self) -> list[tuple[Sequence, SeqWork]]:
         order = sorted(self.seqs, key=lambda s: s.rank)
         tiers = ([s for s in order if s.interactive],
-                 [s for s in order if not s.interactive and s.opened and s.decoding],
+                 sorted((s for s in order if not s.interactive and s.opened and s.decoding), key=lambda s: s.last_step),
                  [s for s in order if not s.interactive and not (s.opened and s.decoding)])
         plan: list[tuple[Sequence, SeqWork]] = []
         planned: set[int] = set()  # id() of the sequences in plan
         budget = self.step_tokens if any(s.opened and s.decoding for s in self.seqs) else self.prefill_tokens
         tokens = 0.0  # the tokens the planned rows are expected to give
-        # while the user's reply streams, others' prompts ride along only as far as the step stays
-        # within INTERACTIVE_STEP of a step without them (its inter-token latency)
+        # while the user's reply streams, the others' rows ride along only as far as the step stays
+        # within INTERACTIVE_STEP of a step of its rows alone (its inter-token latency)
         guard = any(s.interactive and s.opened and s.decoding for s in self.seqs)
         for t, tier in enumerate(tiers):
-            if t == 2 and guard and tier:
+            if t == 1 and guard:
                 rows = sum(len(w.ids) for _, w in plan)
                 budget = min(budget, self._rows_within(rows, INTERACTIVE_STEP) - rows)
             for seq in tier:

@@ -127,18 +127,24 @@ def test_interactive_sequence_runs_every_step(ck, tok):
     assert s.out.ids == _solo(ck, tok, prompt, GREEDY)[0]
 
 
-def test_prompts_ride_with_the_interactive_reply_only_as_far_as_its_step_allows(ck, tok):
-    """While the interactive sequence decodes, others' prompt rows join a step only up to what the
-    measured step costs say keeps it within INTERACTIVE_STEP of its decode rows alone: here a step
-    of r rows costs 1 + (r - 1) / 8 (so 5 rows stay within 1.5x of one); without an interactive
-    reply the prompts take the whole budget.  The tokens are the solo runs' either way."""
-    from bw24chat.scheduler import INTERACTIVE_STEP
-
+def _costed_scheduler(ck):
+    """A scheduler whose cost table says a step of r rows costs 1 + (r - 1) / 8 (so 5 rows stay
+    within INTERACTIVE_STEP = 1.5x of one), kept whatever the NumPy steps take."""
     sched = Scheduler(numpy_runner(ck, N_CTX), 400, True, step_tokens=32)
     for r in range(1, 33):  # the cost table as two timings of each row count give it
         sched.costs.observe(r, 0.0)
         sched.costs.observe(r, 1.0 + (r - 1) / 8)
-    sched.costs.observe = lambda rows, seconds: None  # and kept: the NumPy steps' own timings stay out
+    sched.costs.observe = lambda rows, seconds: None
+    return sched
+
+
+def test_prompts_ride_with_the_interactive_reply_only_as_far_as_its_step_allows(ck, tok):
+    """While the interactive sequence decodes, others' rows join a step only up to what the
+    measured step costs say keeps it within INTERACTIVE_STEP of its rows alone; without an
+    interactive reply the prompts take the whole budget.  The tokens are the solo runs' either way."""
+    from bw24chat.scheduler import INTERACTIVE_STEP
+
+    sched = _costed_scheduler(ck)
     prompt = _prompts(1, seed=5)[0]
     s = Sequence(list(prompt), GREEDY, Output(tok, GREEDY, len(prompt), N_CTX), interactive=True)
     sched.add(s)
@@ -155,13 +161,65 @@ def test_prompts_ride_with_the_interactive_reply_only_as_far_as_its_step_allows(
         before = sched.rows
         sched.step()
         rows = sched.rows - before
-        assert t(rows) <= INTERACTIVE_STEP * t(decode) and rows == min(sched._rows_within(decode, INTERACTIVE_STEP),
-                                                                       decode + prompt_left)
+        assert t(rows) <= INTERACTIVE_STEP * t(1) and rows == min(sched._rows_within(1, INTERACTIVE_STEP),
+                                                                  decode + prompt_left)
     assert sched._rows_within(1, INTERACTIVE_STEP) == 5  # 1 + 4 prompt rows while both prompts wait
     while not sched.idle():
         sched.step()
     assert s.out.ids == _solo(ck, tok, prompt, GREEDY)[0]
     assert [o.out.ids for o in seqs] == [_solo(ck, tok, p, GREEDY)[0] for p in others]
+
+
+def _decoding_beside_interactive(ck, tok, n_others):
+    """A costed scheduler with ``n_others`` sequences past their prompts, then an interactive one
+    whose prompt has run: the next step has its decode row and others' decode rows to cap."""
+    sched = _costed_scheduler(ck)
+    others = [[int(t) for t in np.random.default_rng(20 + i).integers(0, V, 9)] for i in range(n_others)]
+    sp = SamplingParams(temperature=0, max_tokens=40)
+    seqs = [Sequence(list(p), sp, Output(tok, sp, len(p), N_CTX)) for p in others]
+    for o in seqs:
+        sched.add(o)
+    while not all(o.decoding for o in seqs):
+        sched.step()
+    prompt = _prompts(1, seed=5)[0]
+    s = Sequence(list(prompt), GREEDY, Output(tok, GREEDY, len(prompt), N_CTX), interactive=True)
+    sched.add(s)
+    while not s.decoding:
+        sched.step()
+    return sched, s, seqs, others, sp
+
+
+def test_others_ride_with_the_interactive_reply_only_as_far_as_its_step_allows(ck, tok):
+    """Other replies' decode rows count against the interactive reply's step too: with 8 of them
+    decoding, each step while it streams holds its row and 4 others' (5 rows: 1.5x of one by the
+    cost table), and every sequence's tokens are its solo run's."""
+    from bw24chat.scheduler import INTERACTIVE_STEP
+
+    sched, s, seqs, others, sp = _decoding_beside_interactive(ck, tok, 8)
+    cap = sched._rows_within(1, INTERACTIVE_STEP)
+    assert cap == 5
+    while s.finish is None:
+        before = sched.rows
+        sched.step()
+        assert sched.rows - before == cap
+    while not sched.idle():
+        sched.step()
+    assert s.out.ids == _solo(ck, tok, _prompts(1, seed=5)[0], GREEDY)[0]
+    assert [o.out.ids for o in seqs] == [_solo(ck, tok, p, sp)[0] for p in others]
+
+
+def test_decoders_beyond_the_interactive_cap_take_turns(ck, tok):
+    """Under the cap the other replies take turns, the ones that waited longest first: with 8 of
+    them and room for 4 a step, two consecutive steps run each of them once."""
+    sched, s, seqs, _, _ = _decoding_beside_interactive(ck, tok, 8)
+    for _ in range(4):
+        before = [o.computed for o in seqs]
+        sched.step()
+        first = {i for i, o in enumerate(seqs) if o.computed > before[i]}
+        before = [o.computed for o in seqs]
+        sched.step()
+        second = {i for i, o in enumerate(seqs) if o.computed > before[i]}
+        assert len(first) == len(second) == 4 and first | second == set(range(8))
 
 
 def test_cancel_frees_blocks_at_once(ck, tok):
