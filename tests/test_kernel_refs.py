@@ -248,6 +248,35 @@ def test_numpy_backend_act_quant_matrices(monkeypatch):
         assert np.array_equal(_linear(plain, x, plain.load_linear([t])), _product(x, t.dequantize()))
 
 
+def test_numpy_backend_act_quant_per_format_of_a_fused_matrix():
+    """A fused matrix whose formats differ in the integer-dot contract (a K-quant mix's Q5_0 q, k
+    beside a Q8_0 v; an interleaved pair too): each tensor's rows take their own format's
+    contract, as the CUDA engine's parts do."""
+    from bw24chat.backends.kernel_refs import act_quant_ref
+    from bw24chat.backends.numpy_backend import NumpyBackend
+    from bw24chat.synthetic import random_matrix
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    xq = act_quant_ref(x)
+
+    def close(got, x_in, t, other):  # near the product under t's contract (BLAS may order it
+        # otherwise in a wider matrix), and far from the other contract's
+        np.testing.assert_allclose(got, _product(x_in, t.dequantize()), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(got, _product(other, t.dequantize()), rtol=1e-5, atol=1e-6)
+
+    q, v = random_matrix("Q5_0", 7, 256, rng), random_matrix("Q8_0", 5, 256, rng)
+    B = NumpyBackend(act_quant=True)
+    got = _linear(B, x, B.load_linear([q, q, v]))
+    close(got[:, :7], x, q, xq)
+    close(got[:, 7:14], x, q, xq)
+    close(got[:, 14:], xq, v, x)
+    g, u = random_matrix("Q5_0", 4, 256, rng), random_matrix("Q8_0", 4, 256, rng)
+    got = _linear(B, x, B.load_linear([g, u], interleave=True))
+    close(got[:, 0::2], x, g, xq)
+    close(got[:, 1::2], xq, u, x)
+
+
 def test_numpy_backend_bf16_activations():
     """NumpyBackend(act_bf16=True): every product's input rounded to bf16 (ties to even) first,
     then the integer-dot contract where it applies (the CUDA engine's default, common.cuh

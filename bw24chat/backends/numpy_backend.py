@@ -299,6 +299,15 @@ class ActQuantMatrix(np.ndarray):
     does for these formats."""
 
 
+class MixedActMatrix(np.ndarray):
+    """A fused matrix whose tensors' formats differ in that contract (a K-quant mix's Q5_0 q, k
+    beside a Q8_0 v): ``a8`` marks the rows under it, the others take exact activations, as the
+    CUDA engine runs each format's rows on their own (cuda_weights.PartedWeight)."""
+
+    def __array_finalize__(self, obj):
+        self.a8 = getattr(obj, "a8", None)
+
+
 @dataclass
 class NumpyExperts:
     """A layer's routed experts, each as the dense MLP's two float32 matrices."""
@@ -379,17 +388,29 @@ class NumpyBackend(Loader):
         self.act_bf16 = act_bf16
         self.tiers, self.moe_layers = tiers, 0  # expert_tiers.ExpertTiers: simulated accounting only
 
-    def _matrix(self, rows: np.ndarray, fmts) -> np.ndarray:
+    def _matrix(self, rows: np.ndarray, fmts, a8_rows=None) -> np.ndarray:
+        """The float32 matrix, under the integer-dot contract where every format takes it; where
+        the formats differ in that, a MixedActMatrix (``a8_rows``: the rows whose format does)."""
         w = np.ascontiguousarray(rows, dtype=np.float32)
-        return w.view(ActQuantMatrix) if self.act_quant and all(act_q8(f) for f in fmts) else w
+        a8 = [act_q8(f) for f in fmts]
+        if not self.act_quant or not any(a8):
+            return w
+        if all(a8):
+            return w.view(ActQuantMatrix)
+        m = w.view(MixedActMatrix)
+        m.a8 = np.asarray(a8_rows, bool)
+        return m
 
     def load_linear(self, tensors: list[QTensor], interleave: bool = False, role: str = "") -> np.ndarray:
         parts = [np.asarray(t.dequantize(), np.float32) for t in tensors]  # each (out, in)
+        a8 = [act_q8(t.fmt) for t in tensors]
         if interleave:  # gate_0, up_0, gate_1, up_1, ...
             w = np.stack(parts, axis=1).reshape(-1, parts[0].shape[1])
+            a8_rows = np.tile(a8, len(parts[0]))
         else:
             w = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return self._matrix(w, [t.fmt for t in tensors])
+            a8_rows = np.repeat(a8, [len(p) for p in parts])
+        return self._matrix(w, [t.fmt for t in tensors], a8_rows)
 
     def load_vector(self, tensors: list[QTensor]) -> np.ndarray:
         return np.concatenate([np.asarray(t.dequantize(), np.float32).reshape(-1) for t in tensors])
@@ -526,6 +547,12 @@ class NumpyOps(Ops):
     def products(self, x: np.ndarray, w: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """x @ w^T of rows of this pass (``rows``: their indices in the pass; None: all), after the
         activation contract (bf16 rounding, integer-dot quantization: both per row)."""
+        if isinstance(w, MixedActMatrix):  # each format's rows under its own contract
+            y = np.empty((len(x), w.shape[0]), np.float32)
+            plain = np.asarray(w)
+            y[:, w.a8] = self.products(x, np.ascontiguousarray(plain[w.a8]).view(ActQuantMatrix), rows)
+            y[:, ~w.a8] = self.products(x, np.ascontiguousarray(plain[~w.a8]), rows)
+            return y
         prefill, positions = (self.prefill_rows, self.positions) if rows is None else \
             (self.prefill_rows[rows], self.positions[rows])
         if self.b.act_bf16:
