@@ -8,11 +8,10 @@ tensor-core prefill path), and whether greedy decoding agrees for 32 steps.
 
 The hybrid families (Qwen3-Next, Qwen3.5, Qwen3.5-MoE: gated DeltaNet + gated attention) run on
 the NumPy backend (float32: "decode" is the runner one token at a time, "prefill" one pass over
-the prompt) and on the CUDA runner as above; the MoE ones' gated shared expert has no CUDA path
-yet (their CUDA rows say so).  Tiny ones by default; --big adds the real widths of
-Qwen3-Next-80B-A3B, Qwen3.5-9B and Qwen3.5-35B-A3B (transformers' config defaults) cut to 4 layers
-(3 DeltaNet + 1 attention), as NumPy would take too long over all of them (the MoE ones still
-hold 26 / 13 GB of float32 experts in host memory).
+the prompt) and on the CUDA runner as above (the MoE ones' gated shared expert included).  Tiny
+ones by default; --big adds the real widths of Qwen3-Next-80B-A3B, Qwen3.5-9B and Qwen3.5-35B-A3B
+(transformers' config defaults) cut to 4 layers (3 DeltaNet + 1 attention), as NumPy would take
+too long over all of them (the MoE ones still hold 26 / 13 GB of float32 experts in host memory).
 
     python3 tools/device_reference.py OUTDIR [--big] [--long] [--moe] [--only=kind,kind]
 
