@@ -36,6 +36,7 @@
 static_assert(LPK >= 1 && LPK <= 32 && (32 % LPK) == 0, "HD/8 must divide 32");
 static_assert(TK % NSUB == 0, "tile must split evenly over sub-warps");
 static_assert(KV_PAGE % TK == 0, "a key tile lies in one block of a paged cache");
+static_assert(ATTN_ROWS == 1, "attn_decode: one row per block");
 
 // Dynamic shared memory the decode kernel needs (cuda_ops._decode_smem computes the same number).
 #define DECODE_MERGE_BYTES (NSUB * GQ * (HD + 2) * 4)
@@ -45,7 +46,8 @@ extern "C" __global__ void __launch_bounds__(DTHREADS) ATTN_CLUSTER_DIMS
 attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, const uint8_t* __restrict__ cache_v,
             const int* __restrict__ lengths, int H, int K, int n_ctx, int max_splits, int max_rows, float scale_log2,
             float* __restrict__ out, float* __restrict__ ws, int* __restrict__ ws_cnt, uint32_t* __restrict__ qx, int qx_b16,
-            const int* __restrict__ tables, int table_stride) {
+            const int* __restrict__ tables, int table_stride, int n_rows) {
+    (void)n_rows;  // the grid's rows (attn_decode_tc's block rows: one here)
     PDL_ENTRY();
     extern __shared__ __align__(16) uint8_t smem[];
     const int r = blockIdx.x, s = blockIdx.y;
@@ -203,11 +205,12 @@ attn_decode(const float* __restrict__ q, const uint8_t* __restrict__ cache_k, co
         if (sl == 0) { mm[sid * GQ + g] = m_[g]; ml[sid * GQ + g] = l_[g]; }
     }
     __syncthreads();
+    const int nsp[1] = {nsplit};
 #if ATTN_CLUSTER
     if (in_cluster) {
-        decode_finish_cluster<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, out, qx, qx_b16);
+        decode_finish_cluster<NSUB>(smem, macc, mm, ml, r, nsp, s, hq0, H, out, qx, qx_b16);
         return;
     }
 #endif
-    decode_finish<NSUB>(smem, macc, mm, ml, r, s, nsplit, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt, qx, qx_b16);
+    decode_finish<NSUB>(smem, macc, mm, ml, r, nsp, s, hq0, H, K, NSG, max_splits, max_rows, out, ws, ws_cnt, qx, qx_b16);
 }

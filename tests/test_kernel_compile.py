@@ -117,6 +117,11 @@ VARIANTS = [  # compile-time variants the default build of a family does not rea
     ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 1, "TCSTAGES": 2}),  # sm_120's 99 KB
     ("attention_decode_tc", {"HD": 64, "GQ": 8, "TC_HALVES": 2, "TCSTAGES": 4}),
     ("attention_decode_tc", {"HD": 32, "GQ": 1, "TC_HALVES": 2, "TCSTAGES": 4}),
+    # rows of one sequence sharing the key tiles (a verify): 4 x 4 heads (both MMA row halves), 2 x 3, 8 x 1
+    ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 2, "TCSTAGES": 4, "ATTN_QX": 1, "ATTN_ROWS": 4}),
+    ("attention_decode_tc", {"HD": 128, "GQ": 4, "ATTN_CLUSTER": 8, "TC_HALVES": 1, "TCSTAGES": 2, "ATTN_ROWS": 4}),
+    ("attention_decode_tc", {"HD": 64, "GQ": 3, "TC_HALVES": 2, "TCSTAGES": 4, "ATTN_ROWS": 2}),
+    ("attention_decode_tc", {"HD": 32, "GQ": 1, "TC_HALVES": 1, "TCSTAGES": 3, "ATTN_ROWS": 8}),
     # the paged pool's variants (KV_PAGE: the batched step's block tables), every cache type
     ("attention_decode", {"HD": 128, "GQ": 4, "KV_TYPE": 1, "ATTN_CLUSTER": 16, "ATTN_HYBRID": 4, "KV_PAGE": 64}),
     ("attention_decode", {"HD": 64, "GQ": 2, "KV_TYPE": 2, "KV_PAGE": 64}),

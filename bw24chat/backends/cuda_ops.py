@@ -323,7 +323,8 @@ def _decode_smem(hd: int, gq: int, kv_type: str, cluster: int = 0) -> int:
 
 class AttnDecodeGeometry(NamedTuple):
     """One decode attention launch's geometry (attn_decode_geometry): the kernel, its defines, and
-    the grid (rows, splits, K x groups) of blocks of ``threads`` with ``smem`` bytes."""
+    the grid (row groups, splits, K x groups) of blocks of ``threads`` with ``smem`` bytes, each
+    block ``rows`` rows."""
     family: str
     kernel: str
     defines: dict
@@ -332,18 +333,28 @@ class AttnDecodeGeometry(NamedTuple):
     threads: int
     smem: int
     cluster: int
+    rows: int  # rows per block (attention_decode_tc.cu ATTN_ROWS)
+
+
+def attn_decode_rows(m: int, gq: int, tc: bool, paged: bool) -> int:
+    """Rows per block of an m-row decode attention: on tensor cores over a contiguous cache (one
+    sequence, whose rows read the same keys: a speculative verify) as many as fill the 16 MMA rows
+    with their gq heads each, so a key tile is read and multiplied once for all of them; else one
+    (a paged pass's rows are different sequences).  A row's bits do not depend on it."""
+    return max(1, min(m, 16 // gq)) if tc and not paged else 1
 
 
 def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, qx: bool = False,
-                         paged: bool = False) -> AttnDecodeGeometry:
-    """Every launch decision of attn_decode for these heads over a kv_type cache on this GPU: the
-    kernel (decode_on_tensor_cores), heads per block (_decode_gq), the split count and merge
-    (ATTN_DECODE_TUNING: attn_decode_max_splits, attn_decode_cluster, attn_decode_hybrid), the
-    tensor-core ring (decode_tc_config), the shared memory; qx: the o projection's QX codes too;
-    paged: keys read through block tables (KV_PAGE; addresses only, the same geometry)."""
+                         paged: bool = False, m: int = 1) -> AttnDecodeGeometry:
+    """Every launch decision of attn_decode of m rows for these heads over a kv_type cache on this
+    GPU: the kernel (decode_on_tensor_cores), heads per block (_decode_gq), rows per block
+    (attn_decode_rows), the split count and merge (ATTN_DECODE_TUNING: attn_decode_max_splits,
+    attn_decode_cluster, attn_decode_hybrid), the tensor-core ring (decode_tc_config), the shared
+    memory; qx: the o projection's QX codes too; paged: keys read through block tables (KV_PAGE)."""
     G = n_heads // n_kv_heads
     gq = _decode_gq(G)
     tc = decode_on_tensor_cores(kv_type, hd)
+    rows = attn_decode_rows(m, gq, tc, paged)
     blocks_per_sm = _decode_tuning(tc)["blocks_per_sm"]
     ms = attn_decode_max_splits(n_heads, n_kv_heads, blocks_per_sm=blocks_per_sm)  # the workspace merge's
     extra = {"ATTN_QX": 1} if qx else {}
@@ -353,6 +364,8 @@ def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, q
     if tc:  # both always given: the defaults in the kernel serve the compile-only checks
         halves, stages = decode_tc_config(hd)
         extra.update(TC_HALVES=halves, TCSTAGES=stages)
+        if rows > 1:
+            extra["ATTN_ROWS"] = rows
     cluster = attn_decode_cluster(tc)
     if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (ATTN_CLUSTER)
         extra["ATTN_CLUSTER"] = cluster
@@ -362,9 +375,9 @@ def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, q
             ms = attn_decode_long_splits(n_heads, n_kv_heads, cluster, blocks_per_sm=blocks_per_sm)
     if tc:
         return AttnDecodeGeometry("attention_decode_tc", "attn_decode_tc", dict(HD=hd, GQ=gq, **extra), ms, G // gq,
-                                  128 * halves, _decode_tc_smem(hd), cluster)
+                                  128 * halves, _decode_tc_smem(hd), cluster, rows)
     return AttnDecodeGeometry("attention_decode", "attn_decode", dict(HD=hd, GQ=gq, KV_TYPE=KV_CODE[kv_type], **extra),
-                              ms, G // gq, 128, _decode_smem(hd, gq, kv_type, cluster), cluster)
+                              ms, G // gq, 128, _decode_smem(hd, gq, kv_type, cluster), cluster, rows)
 
 
 def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: float, out, workspace,
@@ -398,16 +411,17 @@ def attn_decode(q, cache_k, cache_v, kv_type: str, lengths_dev, m: int, scale: f
     ws_part = workspace[cnt_bytes:cnt_bytes + part_bytes].view(np.float32)
     if qx_out is not None and (H * hd) % 32:
         raise ValueError("the QX codes cover whole 32-value blocks")
-    g = attn_decode_geometry(H, K, hd, kv_type, qx_out is not None, paged=tables is not None)
+    g = attn_decode_geometry(H, K, hd, kv_type, qx_out is not None, paged=tables is not None, m=m)
     kern = get_kernel(g.family, g.kernel, **g.defines)
     if g.cluster > 8:
         from .kernel_build import allow_nonportable_clusters
 
         allow_nonportable_clusters(kern)
-    _launch(kern, (m, g.splits, K * g.groups), (g.threads,),
+    _launch(kern, (-(-m // g.rows), g.splits, K * g.groups), (g.threads,),
             (q, cache_k, cache_v, lengths_dev, _i32(H), _i32(K), _i32(n_ctx), _i32(g.splits), _i32(max_rows),
              _f32(scale * math.log2(math.e)), out, ws_part, ws_cnt, qx_out if qx_out is not None else np.uint64(0),
-             _i32(int(act_bf16)), tables if tables is not None else np.uint64(0), _i32(table_stride)), smem=g.smem)
+             _i32(int(act_bf16)), tables if tables is not None else np.uint64(0), _i32(table_stride), _i32(m)),
+            smem=g.smem)
 
 
 def prefill_smem_bytes(hd: int, kv_type: str, stages: int = 2) -> int:

@@ -148,21 +148,29 @@ def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, 
 
 @pytest.mark.parametrize("kv_type,tc,halves", [("bf16", True, 1), ("bf16", True, 2), ("bf16", False, None),
                                                ("q8_0", False, None), ("f32", False, None)])
-@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64)])
+@pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (16, 2, 128), (8, 8, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc, halves):
+    """A row's bits do not depend on m nor on the other rows.  On the tensor-core kernel over a
+    contiguous cache the rows share blocks (attn_decode_rows: 4 rows x 4 heads, 5 x 3, 2 x 8, 8 x
+    1 per block, both MMA row halves), so this is where a verify's rows meet: consecutive lengths
+    across a key tile's end and across a change of the split plan (511 -> 512 keys: one tile a
+    split -> two; 4090 -> 4097), and lengths far apart in one block (their tiles' union)."""
     _set_decode_kernel(monkeypatch, tc, halves=halves)
     scale = 1.0 / math.sqrt(hd)
-    for L in (40, 511, 4097):
-        N = L + 8
+    for lengths in ([40 + r for r in range(8)], [509 + r for r in range(8)], [4090 + r for r in range(8)],
+                    [5, 900, 64, 3000, 65, 1, 511, 2049]):
+        N = max(lengths) + 8
         ck, cv, _, _ = _make_cache(cp, rng, kv_type, N, K, hd)
         q = rng.standard_normal((8, H, hd)).astype(np.float32)
-        lengths = [L + r for r in range(8)]
         batch, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
         again, _ = _decode(cp, q, ck, cv, kv_type, lengths, scale, H, K, hd)
         assert np.array_equal(batch, again), "run to run"
-        for r in (0, 3, 7):
+        for r in range(8):
             single, _ = _decode(cp, q[r:r + 1], ck, cv, kv_type, [lengths[r]], scale, H, K, hd)
-            assert np.array_equal(single[0], batch[r]), (L, r)
+            assert np.array_equal(single[0].view(np.uint32), batch[r].view(np.uint32)), (lengths, r)
+        for m in (2, 3, 5):  # the first m rows alone: other block fillings
+            part, _ = _decode(cp, q[:m], ck, cv, kv_type, lengths[:m], scale, H, K, hd)
+            assert np.array_equal(part.view(np.uint32), batch[:m].view(np.uint32)), (lengths, m)
         q2 = q.copy()
         q2[[0, 1, 2, 4, 5, 6, 7]] = rng.standard_normal((7, H, hd))
         other, _ = _decode(cp, q2, ck, cv, kv_type, lengths, scale, H, K, hd)
