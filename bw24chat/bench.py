@@ -156,9 +156,11 @@ def _tier_row(stats, before: dict, vram_bytes: int, copy_bw: float, h2d_bw: floa
 
 
 def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label: str, decode_only: bool = False,
-                 prefill_only: bool = False, h2d_bw: float = 0.0, disk_bw: float = 0.0, cold=None) -> list[dict]:
-    """The prefill, decode and verify-cost rows of one runner.  ``cold``: called before each timed
-    decode run (bench --drop-page-cache: the model's file evicted, so the file tier reads storage)."""
+                 prefill_only: bool = False, h2d_bw: float = 0.0, disk_bw: float = 0.0, cold=None,
+                 verify_ctx: tuple = (512,)) -> list[dict]:
+    """The prefill, decode and verify-cost rows of one runner (the verify's at each of
+    ``verify_ctx`` keys).  ``cold``: called before each timed decode run (bench --drop-page-cache:
+    the model's file evicted, so the file tier reads storage)."""
     rng = np.random.default_rng(0)
     V = runner.args.vocab_size
     rows = []
@@ -228,7 +230,8 @@ def bench_runner(runner, cp, runs: int, copy_bw: float, gemm_rate: float, label:
         if st0 is not None:  # spilled experts: the bound adds the bytes the tiers moved per token
             row.update(_tier_row(runner.tiers.tiers.stats, st0, nbytes, copy_bw, h2d_bw, disk_bw, tps, storage))
         rows.append(row)
-    rows += verify_costs(runner, runs, label)
+    for ctx in verify_ctx:
+        rows += verify_costs(runner, runs, label, ctx)
     rows += batch_throughput(runner, runs, label)
     return rows
 
@@ -674,6 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the per-kernel profiles: the decode step's (in-graph times of each role) at context 512 "
                         "and 8192, and a prefill chunk's (CUDA events around every launch); --decode-only / "
                         "--prefill-only keep one")
+    p.add_argument("--verify-ctx", type=comma_ints, default="512", metavar="N,...",
+                   help="keys of the verify-cost rows (a step of m = 1..9 rows; each needs --ctx above it)")
     p.add_argument("--profile-rows", type=comma_ints, default="1", metavar="M,...",
                    help="--profile: the decode steps to profile by rows (1: one token; m: a verify of m - 1 drafts)")
     p.add_argument("--vram-budget", type=float, default=0.0, metavar="GB",
@@ -771,7 +776,7 @@ def main(argv: list[str]) -> int:
             return []
         cold = (lambda: drop_page_cache(str(ck.path))) if a.drop_page_cache and getattr(ck, "path", None) else None
         return bench_runner(runner, cp, a.runs, copy_bw, gemm_rate, label, a.decode_only, a.prefill_only, h2d_bw,
-                            a.disk_rate * 1e9, cold)
+                            a.disk_rate * 1e9, cold, tuple(a.verify_ctx))
 
     if a.synthetic:
         from .synthetic import synthetic_checkpoint

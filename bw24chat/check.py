@@ -169,8 +169,11 @@ def spill_gate(ck, kv: str, label: str, n_prompt: int = 600, n_gen: int = 32) ->
     max(top_k, E/4) experts in VRAM slots, E/2 in pinned host RAM and the rest in the model's
     tensors (the file tier) against the all-resident runner: prefill logits (two chunks, the
     experts streamed through the staging slots), greedy and seeded decode (graph), and the
-    logits of an 8-row step (passes of slots // top_k rows)."""
+    logits of an 8-row step (passes of slots // top_k rows).  A model file (-m) is evicted from the
+    page cache before the spilled runner loads, so its file tier reads storage."""
     import cupy as cp
+
+    from .bench import drop_page_cache
 
     from .backends.cuda_runner import CudaRunner
     from .backends.expert_tiers import ExpertTiers, fixed_plan, layout_of
@@ -185,6 +188,8 @@ def spill_gate(ck, kv: str, label: str, n_prompt: int = 600, n_gen: int = 32) ->
     sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50)
     out = {}
     for name, t in (("resident", None), ("spilled", tiers)):
+        if t is not None and getattr(ck, "path", None):
+            drop_page_cache(str(ck.path))
         r = CudaRunner(ck, 2048, kv, prefill_chunk=512, tiers=t)
         logits = r.prefill_logits(prompt, 0)
         greedy = _greedy(r, prompt[:64], n_gen, True)

@@ -72,11 +72,14 @@ def test_warp_sum_rows_is_the_butterfly_of_lane_sums():
     np.testing.assert_allclose(got, v.sum(-1), rtol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
-def test_expert_images_hold_each_plane_aligned_and_whole(fmt):
+@pytest.mark.parametrize("loading", [False, True], ids=["file-tier", "loading"])
+@pytest.mark.parametrize("fmt", [f for f in cuda_moe.FORMATS if f != "F32"])  # F32: BF16's plain copy, no generator
+def test_expert_images_hold_each_plane_aligned_and_whole(fmt, loading):
     """An expert's image (one copy moves an expert between tiers) holds its gate|up and down
-    planes at ALIGN-aligned, non-overlapping offsets, byte for byte as repack_host makes them."""
-    from bw24chat.backends.cuda_weights import repack_host
+    planes at ALIGN-aligned, non-overlapping offsets, byte for byte as repack_host makes them:
+    built from the loader's memo while the model loads, repacked straight into its places by
+    the file tier (cuda_weights.repack_into) after."""
+    from bw24chat.backends.cuda_weights import RepackMemo, repack_host
     from bw24chat.loaders.tensor import ExpertTensor
     from bw24chat.synthetic import random_experts
 
@@ -86,13 +89,15 @@ def test_expert_images_hold_each_plane_aligned_and_whole(fmt):
     probe = cuda_moe.ExpertSource(g, u, d, None, None, 0)
     gu_lay = cuda_moe._place(probe.planes(0)[0], 0)
     dn_lay = cuda_moe._place(probe.planes(0)[1], gu_lay.end)
-    src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, dn_lay.end)
+    src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, dn_lay.end, RepackMemo())
+    if not loading:
+        src.memo.close()
     spans = sorted((off, off + int(np.prod(sh)) * np.dtype(dt).itemsize) for lay in (gu_lay, dn_lay)
                    for _, off, sh, dt in lay.planes)
     assert all(a % cuda_moe.ALIGN == 0 for a, _ in spans)
     assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))
     for e in range(E):
-        img = src.image(e)
+        img = src.image(e, np.full(dn_lay.end, 0xAB, np.uint8))
         for hp, lay in ((repack_host([g.parts[e], u.parts[e]], interleave=True), gu_lay), (repack_host([d.parts[e]]), dn_lay)):
             for name, off, sh, dt in lay.planes:
                 want = getattr(hp, name)

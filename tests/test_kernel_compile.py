@@ -27,6 +27,13 @@ def test_kernel_compiles(family, arch):
     assert "error" not in log.lower()
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_repack_compiles_for_every_format(fmt):
+    """kernels/repack.cu has an arm per format (the expert file tier repacks any of them)."""
+    cubin, log = kb.compile_cubin("repack", "sm_90a", {"FMT": FORMATS[fmt][0]})
+    assert cubin[:4] == b"\x7fELF" and "error" not in log.lower()
+
+
 def test_compile_error_carries_the_log(tmp_path, monkeypatch):
     (tmp_path / "broken.cu").write_text('extern "C" __global__ void k() { this is not C++; }\n')
     monkeypatch.setattr(kb, "kernel_dir", lambda: tmp_path)

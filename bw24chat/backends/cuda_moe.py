@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import quants
 from . import cuda_linear as lin, kernel_build
-from .cuda_weights import FORMATS, DeviceWeight, RepackMemo, fmt_id, repack_host, vpc
+from .cuda_weights import FORMATS, DeviceWeight, RepackMemo, fmt_id, repack_host, repack_into, vpc
 from .kernel_build import get_kernel
-from .kernel_refs import act_q8
+from .kernel_refs import FLOAT_FORMATS, act_q8
 from .tuning import GROUPED_GEMM_TILES, MOE_TUNING
 
 PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu table_row; gscale: NVFP4 row scales)
@@ -178,14 +179,58 @@ class ExpertSource:
                 for src, inter in (([self.gate[e], self.up[e]], True), ([self.down[e]], False))]
 
     def image(self, e: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Expert e's image (u8 [image_bytes]) written into ``out`` (e.g. a pinned buffer)."""
+        """Expert e's image (u8 [image_bytes]) written into ``out`` (e.g. a pinned buffer): the
+        memo's planes while the model loads, else repacked straight into their places."""
         if out is None:
             out = np.zeros(self.image_bytes, np.uint8)
-        for hp, lay in zip(self.planes(e), self.layouts):
-            for name, off, _shape, _dt in lay.planes:
-                a = getattr(hp, name)
-                out[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+        if self.memo is not None and self.memo.loading:
+            for hp, lay in zip(self.planes(e), self.layouts):
+                for name, off, _shape, _dt in lay.planes:
+                    a = getattr(hp, name)
+                    out[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+            return out
+        for src, inter, lay in (([self.gate[e], self.up[e]], True, self.layouts[0]), ([self.down[e]], False, self.layouts[1])):
+            dest = {name: out[off:off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
+                    for name, off, shape, dt in lay.planes}
+            repack_into(src, inter, dest)
         return out
+
+    def parts(self, e: int) -> list:
+        """Expert e's tensors (gate, up, down): raw_into's order."""
+        return [self.gate[e], self.up[e], self.down[e]]
+
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes of one expert's tensors as the checkpoint holds them."""
+        return sum(t.raw.nbytes for t in self.parts(0))
+
+    def raw_into(self, e: int, out: np.ndarray) -> None:
+        """Expert e's tensors' bytes as the checkpoint holds them (gate, up, down), into ``out``
+        (a pinned staging buffer): from a memory-mapped file, the read itself."""
+        off = 0
+        for t in self.parts(e):
+            a = np.ascontiguousarray(t.raw).reshape(-1).view(np.uint8)
+            out[off:off + a.size] = a
+            off += a.size
+
+    def repack_on_device(self, e: int, raw: int, image: int) -> None:
+        """Expert e's image at device address ``image`` from its raw_into bytes at device address
+        ``raw``, on the current stream (kernels/repack.cu: the bytes of ``image(e)``)."""
+        off = 0
+        parts = self.parts(e)
+        for ts, inter, lay in ((parts[:2], True, self.layouts[0]), (parts[2:], False, self.layouts[1])):
+            planes = {name: image + o for name, o, _shape, _dt in lay.planes}
+            r0 = 0
+            for j, t in enumerate(ts):
+                rows, nbytes = int(t.shape[0]), t.raw.nbytes
+                nb = (nbytes // rows) // (16 if t.fmt in FLOAT_FORMATS else quants.block_info(quants.T[t.fmt])[1])
+                n = rows * nb
+                args = (np.uint64(raw + off), np.int32(rows), np.int32(nb), np.int64(nbytes // rows),
+                        *(np.uint64(planes.get(name, 0)) for name in PLANES), np.float32(t.global_scale),
+                        np.int32(len(ts) if inter else 1), np.int32(j if inter else r0))
+                get_kernel("repack", "repack_blocks", FMT=fmt_id(t.fmt))((min(-(-n // 256), 1024),), (256,), args)
+                off += nbytes
+                r0 += rows
 
 
 def check_format(fmt: str, F: int, D: int) -> None:

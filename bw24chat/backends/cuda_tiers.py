@@ -2,8 +2,10 @@
 
 Each MoE layer keeps ``slots`` expert images in VRAM (cuda_moe.CudaExperts), chosen by the slot
 cache (expert_cache.py, frequency with aging); the experts ``0 .. host_experts - 1`` of each
-layer wait in pinned host RAM as ready images, the rest are built from the model file on demand
-(the memory-mapped GGUF / safetensors views: a read through the page cache, then the repack).
+layer wait in pinned host RAM as ready images, the rest are read from the model file on demand
+(the memory-mapped GGUF / safetensors views, through the page cache) as the file holds them, and
+repacked into their slot on the GPU (kernels/repack.cu: the host's NumPy repack took 1-64 ms an
+expert, more than the disk read it follows).
 
 Decode: the step's plan (CudaRunner.plan) holds one host step per MoE layer, after its router:
 the host copies the router's ids back (one small copy, one synchronization), the cache decides the
@@ -48,6 +50,7 @@ class CudaTiers:
         self._staging: list = []  # (pinned image buffer, event of its last copy or None)
         self._next_stage = 0
         self._dev_stage = None  # two device slots for the prefill's stream
+        self._dev_raw = None  # a file-served expert's bytes on the device, repacked into its slot (copy stream)
         self._dev_free: list = [None, None]  # events: the prefill GEMMs done with each slot
         self._stage_tabs: dict = {}  # layer -> (staging address, [per slot: (gate|up table, down table)])
 
@@ -62,33 +65,35 @@ class CudaTiers:
         for e in range(n_host):
             ex.source.image(e, imgs[e])
         self.host.append(imgs)
-        if len(self._staging) < HOST_STAGING or self._staging[0][0].nbytes < ex.image_bytes:
-            self._staging = [(_pinned((ex.image_bytes,), np.uint8), None) for _ in range(HOST_STAGING)]
+        raw = ex.source.raw_bytes
+        if len(self._staging) < HOST_STAGING or self._staging[0][0].nbytes < raw:
+            self._staging = [(_pinned((raw,), np.uint8), None) for _ in range(HOST_STAGING)]
+        if self._dev_raw is None or self._dev_raw.size < raw:
+            self._dev_raw = self.cp.empty(raw, self.cp.uint8)
         if self._dev_stage is None or self._dev_stage.shape[1] < ex.image_bytes:
             self._dev_stage = self.cp.empty((2, ex.image_bytes), self.cp.uint8)
 
-    def _image_ptr(self, ex: CudaExperts, e: int) -> tuple[int, int]:
-        """(host address of expert e's image, staging index or -1): the pinned host tier's copy,
-        or one built from the file into the next free staging buffer."""
+    def _copy_in(self, ex: CudaExperts, e: int, dst: int) -> None:
+        """Expert e's image into device address ``dst`` on the copy stream: the pinned host tier's
+        copy, or the file's bytes through the next free staging buffer, repacked on the GPU."""
+        rt = self.cp.cuda.runtime
         imgs = self.host[ex.layer]
         if imgs is not None and e < len(imgs):
-            return imgs[e].ctypes.data, -1
+            rt.memcpyAsync(dst, imgs[e].ctypes.data, ex.image_bytes, rt.memcpyHostToDevice, self.copy.ptr)
+            return
         i = self._next_stage
         self._next_stage = (i + 1) % len(self._staging)
         buf, done = self._staging[i]
         if done is not None:
             done.synchronize()  # its previous copy has left the buffer
-        ex.source.image(e, buf[:ex.image_bytes])
-        return buf.ctypes.data, i
-
-    def _copy_in(self, ex: CudaExperts, e: int, dst: int) -> None:
-        rt = self.cp.cuda.runtime
-        src, stage = self._image_ptr(ex, e)
-        rt.memcpyAsync(dst, src, ex.image_bytes, rt.memcpyHostToDevice, self.copy.ptr)
-        if stage >= 0:
-            ev = self.cp.cuda.Event(disable_timing=True)
-            ev.record(self.copy)
-            self._staging[stage] = (self._staging[stage][0], ev)
+        ex.source.raw_into(e, buf)
+        raw = int(self._dev_raw.data.ptr)
+        rt.memcpyAsync(raw, buf.ctypes.data, ex.source.raw_bytes, rt.memcpyHostToDevice, self.copy.ptr)
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(self.copy)
+        self._staging[i] = (buf, ev)
+        with self.copy:  # after the copy above; the next expert's copy into _dev_raw waits for it
+            ex.source.repack_on_device(e, raw, dst)
 
     # ------------------------------------------------------------------ decode
     def fetch(self, ex: CudaExperts, ids, m: int, stream) -> None:

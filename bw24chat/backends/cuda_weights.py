@@ -118,6 +118,11 @@ def _rows(raw: np.ndarray, out: int) -> np.ndarray:
     return np.ascontiguousarray(raw).view(np.uint8).reshape(out, -1)
 
 
+# The formats whose planes are byte ranges of each block as they stand: (plane, first byte, bytes)
+BLOCK_FIELDS = {"Q8_0": (("q", 2, 32), ("s", 0, 2)), "Q4_0": (("q", 2, 16), ("s", 0, 2)),
+                "Q4_1": (("q", 4, 16), ("s", 0, 4))}
+
+
 def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
     """The planes of one tensor (uint8 arrays with `out` rows)."""
     if fmt not in FORMATS:
@@ -133,12 +138,8 @@ def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
         raise ValueError(f"{fmt}: in={in_} must be a multiple of the block ({bs})")
     nb = in_ // bs
     b = u8.reshape(out, nb, ts)
-    if fmt == "Q8_0":
-        return {"q": b[:, :, 2:34].reshape(out, -1), "s": b[:, :, 0:2].reshape(out, -1)}
-    if fmt == "Q4_0":
-        return {"q": b[:, :, 2:18].reshape(out, -1), "s": b[:, :, 0:2].reshape(out, -1)}
-    if fmt == "Q4_1":
-        return {"q": b[:, :, 4:20].reshape(out, -1), "s": b[:, :, 0:4].reshape(out, -1)}
+    if fmt in BLOCK_FIELDS:
+        return {name: b[:, :, o:o + w].reshape(out, -1) for name, o, w in BLOCK_FIELDS[fmt]}
     if fmt in ("Q5_0", "Q5_1"):
         o = 2 if fmt == "Q5_0" else 4
         qh = np.ascontiguousarray(b[:, :, o:o + 4]).view("<u4")  # (out, nb, 1)
@@ -215,6 +216,33 @@ def repack_host(qtensors: list, interleave: bool = False) -> HostPlanes:
     elif any(t.global_scale != 1.0 for t in qtensors):
         raise ValueError("a global scale is only supported for NVFP4")
     return hp
+
+
+def repack_into(qtensors: list, interleave: bool, dest: dict) -> None:
+    """repack_host's planes written straight into ``dest`` (plane name -> array of the plane's
+    shape and dtype, e.g. views into an expert image), the same bytes without its intermediate
+    arrays: the expert file tier builds an image per VRAM miss, on the decode's critical path.
+    BLOCK_FIELDS formats: one strided copy per plane and tensor, a block's field as one item."""
+    n, r0 = len(qtensors), 0
+    for j, t in enumerate(qtensors):
+        rows, in_ = int(t.shape[0]), int(t.shape[-1])
+
+        def place(name):  # tensor j's rows of the plane
+            d = dest[name]
+            return d.reshape(rows, n, *d.shape[1:])[:, j] if interleave else d[r0:r0 + rows]
+
+        if t.fmt in BLOCK_FIELDS:
+            u8 = _rows(t.raw, rows)
+            bs, ts = quants.block_info(quants.T[t.fmt])
+            for name, o, w in BLOCK_FIELDS[t.fmt]:
+                src = np.ndarray((rows, in_ // bs), f"V{w}", buffer=u8, offset=o, strides=(u8.strides[0], ts))
+                np.copyto(place(name).view(f"V{w}"), src)
+        else:
+            for name, a in repack_one(t.fmt, t.raw, rows, in_).items():
+                np.copyto(place(name), a)
+        if "gscale" in dest:  # NVFP4
+            place("gscale")[:] = np.float32(t.global_scale)
+        r0 += rows
 
 
 # ----------------------------------------------------------------------------- NumPy mirror of formats.cuh
@@ -437,6 +465,11 @@ class RepackMemo:
             else:
                 self._seen[key] = raws
         return hp
+
+    @property
+    def loading(self) -> bool:
+        """Not closed yet: the model is loading."""
+        return self._open
 
     def close(self) -> None:
         self._open = False
