@@ -220,6 +220,8 @@ class Generator:
             before = history[:-1] if sp.repeat_penalty != 1.0 else []
             t_round = time.perf_counter()
             # drafts + the bonus token never exceed what max_tokens and the context still allow
+            if drafter:
+                k.use(drafter.confidence(history))
             n = min(k.choose(), sp.max_tokens - len(out.ids) - 1, self.runner.n_ctx - len(history) - 1) if drafter else 0
             drafts = drafter.propose(history, n) if n > 0 else []
             if drafts:

@@ -285,6 +285,7 @@ class Scheduler:
             n = min(len(seq.ids) - seq.computed, budget)
             if n == 1 and seq.drafter is not None:
                 # drafts + the bonus token never exceed what max_tokens and the context still allow
+                seq.draft_len.use(seq.drafter.confidence(seq.ids))
                 k = min(seq.draft_len.choose(self.step_tokens - budget, tokens),
                         seq.sampling.max_tokens - len(seq.out.ids) - 1, self.runner.n_ctx - len(seq.ids) - 1, budget - 1)
                 seq.drafts = [int(d) for d in seq.drafter.propose(seq.ids, k)] if k > 0 else []

@@ -42,6 +42,17 @@ def test_ngram_takes_the_longest_most_recent_match():
     assert NgramDrafter().propose([1, 6, 6], 2) == [6, 6]  # (6,) was followed by 6
 
 
+def test_ngram_confidence_is_the_matched_length():
+    """The class DraftLength estimates acceptance by: the length of the suffix match propose uses."""
+    d = NgramDrafter(max_n=3)
+    d.begin([])
+    hist = [1, 2, 3, 9, 2, 3, 7, 5, 2, 3]
+    assert d.confidence(hist) == 2 and d.propose(hist, 3) == [7, 5, 2]
+    assert d.confidence(hist + [4, 1, 2, 3]) == 3 and d.propose(hist + [4, 1, 2, 3], 2) == [9, 2]
+    assert d.confidence(hist + [4, 1, 2, 3, 8]) == 0 and d.propose(hist + [4, 1, 2, 3, 8], 2) == []
+    assert d.confidence(hist + [4, 1, 2, 3, 8, 7]) == 1 and d.propose(hist + [4, 1, 2, 3, 8, 7], 1) == [5]
+
+
 def test_ngram_continues_a_repeating_pattern_past_the_end():
     d = NgramDrafter()
     d.begin([])

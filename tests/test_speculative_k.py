@@ -110,6 +110,27 @@ def test_k_follows_the_cost_of_rows():
     assert _at(_timed(FLAT, ms=40.0), (8, 4)).choose() == 6  # only the costs' shape matters
 
 
+def test_acceptance_is_kept_per_class_of_drafts():
+    """Drafts of different confidence (an n-gram drafter's match length) keep their own acceptance:
+    on SmolLM2's costs, after rounds where single-token matches always failed and 4-gram matches
+    always held, a round after a 1-gram match drafts one token and one after a 4-gram match as
+    many as an always-right drafter would (five: the sixth row costs more than its token); a class
+    never seen starts from the prior."""
+    d = DraftLength(0, _timed(SMOL))
+    for _ in range(30):
+        d.use(1)
+        d.update(4, 0)
+        d.use(4)
+        d.update(4, 4)
+    d.use(1)
+    assert d.acceptance == pytest.approx(0.0, abs=0.05) and d.choose() == 1
+    d.use(4)
+    assert d.acceptance == pytest.approx(1.0, abs=1e-3) and d.choose() == _at(_timed(SMOL), (8, 8)).choose() == 5
+    d.use(2)
+    assert d.acceptance == pytest.approx(0.7)
+    assert d.choose() == _at(_timed(SMOL), (1, 1), n=0).choose()  # the prior's K
+
+
 def test_k_in_a_batched_step_weighs_the_rows_beside_it():
     """Beside 30 rows that give 30 tokens in a step, extra rows are weighed against the whole
     step's time: with costs 1 + 0.1 (m - 1), K = 6 alone, fewer beside them."""
