@@ -30,7 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from .cuda_moe import CudaExperts, _pinned
+from .cuda_weights import fmt_id
 from .expert_tiers import ExpertTiers
+from .kernel_build import get_kernel
 
 HOST_STAGING = 4  # pinned buffers the file-served images are built in (each reused once its copy is done)
 
@@ -72,6 +74,8 @@ class CudaTiers:
             self._dev_raw = self.cp.empty(raw, self.cp.uint8)
         if self._dev_stage is None or self._dev_stage.shape[1] < ex.image_bytes:
             self._dev_stage = self.cp.empty((2, ex.image_bytes), self.cp.uint8)
+        for t in ex.source.parts(0):  # the file tier's repack kernels compiled now, not at its first miss
+            get_kernel("repack", "repack_blocks", FMT=fmt_id(t.fmt))
 
     def _copy_in(self, ex: CudaExperts, e: int, dst: int) -> None:
         """Expert e's image into device address ``dst`` on the copy stream: the pinned host tier's
