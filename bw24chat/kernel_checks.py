@@ -3,7 +3,8 @@ reference on fresh random inputs (odd sizes included), with the limits of the is
 dequantization 0 bit mismatches; matvec / GEMM with f32 accumulation vs float64: relative error
 <= 1e-3 (prefill GEMM: <= 1e-4); attention <= 2e-3; RoPE bit-exact; the gated DeltaNet's
 recurrence <= 1e-4 with a pass's rows bit-equal to one-row launches; the MoE decode experts <= 1e-4
-against NumpyOps.experts with an m-row launch's rows bit-equal to one-row launches; device sampling picks the
+against NumpyOps.experts with an m-row launch's rows bit-equal to one-row launches; the expert images
+repacked on the GPU byte for byte the host's; device sampling picks the
 NumPy sampler's token.  The GPU pytest suite (tests/gpu) covers the same ground in more
 cases; this module is what a user runs on their own GPU.
 
@@ -321,6 +322,34 @@ def check_moe_decode(cp, rng) -> list[tuple]:
     return out
 
 
+def check_repack(cp, rng) -> list[tuple]:
+    """kernels/repack.cu (the expert file tier's images): an expert's tensors as the checkpoint
+    holds them, repacked on the GPU, against the host's image (cuda_weights.repack_into, equal to
+    repack_host's planes): every plane byte for byte, every format, fresh random experts."""
+    from .backends import cuda_moe
+    from .loaders.tensor import ExpertTensor
+    from .synthetic import random_experts
+
+    out = []
+    E, D, F = 2, 512, 256
+    for fmt in [f for f in FORMATS if f != "F32"]:  # checkpoints store no F32 experts (and synthetic has none)
+        g, u, d = (ExpertTensor(nm, random_experts(fmt, E, r, c, rng)) for nm, r, c in (("g", F, D), ("u", F, D), ("d", D, F)))
+        src = cuda_moe.load_experts(g, u, d, slots=1).source
+        bad = 0
+        for e in range(E):
+            raw = np.empty(src.raw_bytes, np.uint8)
+            src.raw_into(e, raw)
+            dev_raw, img = cp.asarray(raw), cp.zeros(src.image_bytes, cp.uint8)
+            src.repack_on_device(e, int(dev_raw.data.ptr), int(img.data.ptr))
+            got, want = cp.asnumpy(img), src.image(e)
+            for lay in src.layouts:
+                for _name, off, shape, dt in lay.planes:
+                    n = int(np.prod(shape)) * np.dtype(dt).itemsize
+                    bad += int(np.count_nonzero(got[off:off + n] != want[off:off + n]))
+        out.append((f"repack expert images {fmt}", f"{bad} byte mismatches", "0", bad == 0))
+    return out
+
+
 def check_sampling(cp, rng) -> list[tuple]:
     from .backends import cuda_ops as ops
     from .sampling import sample_token
@@ -421,8 +450,8 @@ def run_all() -> list[tuple]:
 
     rng = np.random.default_rng()
     res = []
-    for fn in (check_linear, check_norm_rope, check_attention, check_moe_decode, check_moe_prefill, check_deltanet,
-               check_sampling):
+    for fn in (check_linear, check_norm_rope, check_attention, check_moe_decode, check_moe_prefill, check_repack,
+               check_deltanet, check_sampling):
         try:
             res += fn(cp, rng)
         except Exception as exc:  # noqa: BLE001 - a crashing family is a failed check, reported
