@@ -324,8 +324,8 @@ def check_moe_decode(cp, rng) -> list[tuple]:
 
 def check_repack(cp, rng) -> list[tuple]:
     """kernels/repack.cu (the expert file tier's images): an expert's tensors as the checkpoint
-    holds them, repacked on the GPU, against the host's image (cuda_weights.repack_into, equal to
-    repack_host's planes): every plane byte for byte, every format, fresh random experts."""
+    holds them, repacked on the GPU, against the host's image (ExpertSource.image: repack_host's
+    planes): every plane byte for byte, every format, fresh random experts."""
     from .backends import cuda_moe
     from .loaders.tensor import ExpertTensor
     from .synthetic import random_experts

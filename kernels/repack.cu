@@ -10,7 +10,7 @@
 //     q / h / s / d: the planes (row o at o * nb * X_PB bytes, X_PB a plane's bytes per block,
 //     null where the format has none), gscale (NVFP4, may be null): float32 per plane row, = gs.
 //   The bytes are cuda_weights.repack_one's (and repack_host's join) exactly; NumPy reference:
-//   cuda_weights.repack_into; GPU test: tests/gpu/test_repack.py.
+//   cuda_weights.repack_host (ExpertSource.image places its planes); GPU test: tests/gpu/test_repack.py.
 // Launch: 1-D grid-stride over the rows x nb blocks, 256 threads, one block per thread-iteration.
 // Napkin math: a Qwen3-30B-A3B Q8_0 expert is 5.0 MB in and out: ~4 us of HBM at 3 TB/s, against
 // the ~0.3 ms its raw bytes take over PCIe; byte loads and stores are fine at that ratio (the

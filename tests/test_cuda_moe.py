@@ -72,13 +72,11 @@ def test_warp_sum_rows_is_the_butterfly_of_lane_sums():
     np.testing.assert_allclose(got, v.sum(-1), rtol=1e-6)
 
 
-@pytest.mark.parametrize("loading", [False, True], ids=["file-tier", "loading"])
 @pytest.mark.parametrize("fmt", [f for f in cuda_moe.FORMATS if f != "F32"])  # F32: BF16's plain copy, no generator
-def test_expert_images_hold_each_plane_aligned_and_whole(fmt, loading):
+def test_expert_images_hold_each_plane_aligned_and_whole(fmt):
     """An expert's image (one copy moves an expert between tiers) holds its gate|up and down
-    planes at ALIGN-aligned, non-overlapping offsets, byte for byte as repack_host makes them:
-    built from the loader's memo while the model loads, repacked straight into its places by
-    the file tier (cuda_weights.repack_into) after."""
+    planes at ALIGN-aligned, non-overlapping offsets, byte for byte as repack_host makes them
+    (through the loader's memo while the model loads, and after it is closed)."""
     from bw24chat.backends.cuda_weights import RepackMemo, repack_host
     from bw24chat.loaders.tensor import ExpertTensor
     from bw24chat.synthetic import random_experts
@@ -90,19 +88,20 @@ def test_expert_images_hold_each_plane_aligned_and_whole(fmt, loading):
     gu_lay = cuda_moe._place(probe.planes(0)[0], 0)
     dn_lay = cuda_moe._place(probe.planes(0)[1], gu_lay.end)
     src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, dn_lay.end, RepackMemo())
-    if not loading:
-        src.memo.close()
     spans = sorted((off, off + int(np.prod(sh)) * np.dtype(dt).itemsize) for lay in (gu_lay, dn_lay)
                    for _, off, sh, dt in lay.planes)
     assert all(a % cuda_moe.ALIGN == 0 for a, _ in spans)
     assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))
-    for e in range(E):
-        img = src.image(e, np.full(dn_lay.end, 0xAB, np.uint8))
-        for hp, lay in ((repack_host([g.parts[e], u.parts[e]], interleave=True), gu_lay), (repack_host([d.parts[e]]), dn_lay)):
-            for name, off, sh, dt in lay.planes:
-                want = getattr(hp, name)
-                got = img[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
-                assert np.array_equal(got, want), (fmt, e, name)
+    for loading in (True, False):
+        if not loading:
+            src.memo.close()
+        for e in range(E):
+            img = src.image(e, np.full(dn_lay.end, 0xAB, np.uint8))
+            for hp, lay in ((repack_host([g.parts[e], u.parts[e]], interleave=True), gu_lay), (repack_host([d.parts[e]]), dn_lay)):
+                for name, off, sh, dt in lay.planes:
+                    want = getattr(hp, name)
+                    got = img[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
+                    assert np.array_equal(got, want), (fmt, loading, e, name)
 
 
 def _assignments(rng, T: int, k: int, E: int, skip=(), one: int | None = None) -> np.ndarray:

@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import quants
 from . import cuda_linear as lin, kernel_build
-from .cuda_weights import FORMATS, DeviceWeight, RepackMemo, fmt_id, repack_host, repack_into, vpc
+from .cuda_weights import FORMATS, DeviceWeight, RepackMemo, fmt_id, repack_host, vpc
 from .kernel_build import get_kernel
 from .kernel_refs import FLOAT_FORMATS, act_q8
 from .tuning import GROUPED_GEMM_TILES, MOE_TUNING
@@ -179,20 +179,14 @@ class ExpertSource:
                 for src, inter in (([self.gate[e], self.up[e]], True), ([self.down[e]], False))]
 
     def image(self, e: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Expert e's image (u8 [image_bytes]) written into ``out`` (e.g. a pinned buffer): the
-        memo's planes while the model loads, else repacked straight into their places."""
+        """Expert e's image (u8 [image_bytes]) built on the host into ``out`` (e.g. a pinned
+        buffer): repack_on_device's reference."""
         if out is None:
             out = np.zeros(self.image_bytes, np.uint8)
-        if self.memo is not None and self.memo.loading:
-            for hp, lay in zip(self.planes(e), self.layouts):
-                for name, off, _shape, _dt in lay.planes:
-                    a = getattr(hp, name)
-                    out[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
-            return out
-        for src, inter, lay in (([self.gate[e], self.up[e]], True, self.layouts[0]), ([self.down[e]], False, self.layouts[1])):
-            dest = {name: out[off:off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
-                    for name, off, shape, dt in lay.planes}
-            repack_into(src, inter, dest)
+        for hp, lay in zip(self.planes(e), self.layouts):
+            for name, off, _shape, _dt in lay.planes:
+                a = getattr(hp, name)
+                out[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
         return out
 
     def parts(self, e: int) -> list:

@@ -218,33 +218,6 @@ def repack_host(qtensors: list, interleave: bool = False) -> HostPlanes:
     return hp
 
 
-def repack_into(qtensors: list, interleave: bool, dest: dict) -> None:
-    """repack_host's planes written straight into ``dest`` (plane name -> array of the plane's
-    shape and dtype, e.g. views into an expert image), the same bytes without its intermediate
-    arrays: the expert file tier builds an image per VRAM miss, on the decode's critical path.
-    BLOCK_FIELDS formats: one strided copy per plane and tensor, a block's field as one item."""
-    n, r0 = len(qtensors), 0
-    for j, t in enumerate(qtensors):
-        rows, in_ = int(t.shape[0]), int(t.shape[-1])
-
-        def place(name):  # tensor j's rows of the plane
-            d = dest[name]
-            return d.reshape(rows, n, *d.shape[1:])[:, j] if interleave else d[r0:r0 + rows]
-
-        if t.fmt in BLOCK_FIELDS:
-            u8 = _rows(t.raw, rows)
-            bs, ts = quants.block_info(quants.T[t.fmt])
-            for name, o, w in BLOCK_FIELDS[t.fmt]:
-                src = np.ndarray((rows, in_ // bs), f"V{w}", buffer=u8, offset=o, strides=(u8.strides[0], ts))
-                np.copyto(place(name).view(f"V{w}"), src)
-        else:
-            for name, a in repack_one(t.fmt, t.raw, rows, in_).items():
-                np.copyto(place(name), a)
-        if "gscale" in dest:  # NVFP4
-            place("gscale")[:] = np.float32(t.global_scale)
-        r0 += rows
-
-
 # ----------------------------------------------------------------------------- NumPy mirror of formats.cuh
 def _f16(u8: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(u8).view("<f2").astype(np.float32)
@@ -465,11 +438,6 @@ class RepackMemo:
             else:
                 self._seen[key] = raws
         return hp
-
-    @property
-    def loading(self) -> bool:
-        """Not closed yet: the model is loading."""
-        return self._open
 
     def close(self) -> None:
         self._open = False

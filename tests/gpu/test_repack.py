@@ -1,12 +1,12 @@
 """kernels/repack.cu: an expert's tensors as the checkpoint holds them, repacked on the GPU into
 its image (the expert file tier's path), byte for byte the image the host builds
-(cuda_weights.repack_host, and its NumPy mirror repack_into) in every expert format, at widths of
+(cuda_weights.repack_host's planes, ExpertSource.image) in every expert format, at widths of
 one block and of several, with per-expert NVFP4 global scales and bytes around the image kept."""
 import numpy as np
 import pytest
 
 from bw24chat.backends import cuda_moe
-from bw24chat.backends.cuda_weights import RepackMemo, repack_host
+from bw24chat.backends.cuda_weights import repack_host
 
 K_BLOCK = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K")
 
@@ -26,12 +26,11 @@ def test_repack_on_device_is_the_host_image(cp, fmt):
         probe = cuda_moe.ExpertSource(g, u, d, None, None, 0)
         gu_lay = cuda_moe._place(probe.planes(0)[0], 0)
         dn_lay = cuda_moe._place(probe.planes(0)[1], gu_lay.end)
-        src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, dn_lay.end, RepackMemo())
-        src.memo.close()
+        src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, dn_lay.end)
         for e in range(E):
             want = src.image(e, np.zeros(dn_lay.end, np.uint8))
             for hp, lay in ((repack_host([g.parts[e], u.parts[e]], interleave=True), gu_lay), (repack_host([d.parts[e]]), dn_lay)):
-                for name, off, sh, dt in lay.planes:  # repack_into = repack_host
+                for name, off, sh, dt in lay.planes:
                     a = getattr(hp, name)
                     assert np.array_equal(want[off:off + a.nbytes], a.reshape(-1).view(np.uint8)), (fmt, e, name)
             raw = np.zeros(src.raw_bytes, np.uint8)
