@@ -523,6 +523,11 @@ EDIT_REQUEST = ("Repeat the paragraph above exactly, word for word, except: writ
                 "'1874' as '1875' and 'Thomas Reid' as 'Tom Reid'. Output only the paragraph.")
 
 
+def edit_messages() -> list[dict]:
+    """The editing request (a fresh list: a request may be amended by its consumer)."""
+    return [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
+
+
 def bench_spec(run, mode: str, ks: list[int], runs: int) -> list[dict]:
     """Plain decoding, then ``mode`` at each K (0: adaptive), greedy; each configuration once to
     warm up (CUDA graphs per row count), then the median of ``runs``.  ``run(spec, k)`` generates
@@ -553,7 +558,7 @@ def _engine_run(engine, max_tokens: int):
     """bench_spec's ``run`` through the engine: the editing request, as a user sends it."""
     from .api import GenerationRequest, SamplingParams
 
-    msgs = [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
+    msgs = edit_messages()
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, seed=0)
 
     def run(spec: str, k: int):

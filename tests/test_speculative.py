@@ -205,9 +205,9 @@ def test_engine_request_with_speculation_on_smollm2(smollm2_engine):
     """The real model on the editing workload (bench --spec): the same text, the counters in the
     stats, drafts accepted (the reply copies the paragraph)."""
     from bw24chat.api import GenerationRequest
-    from bw24chat.bench import EDIT_PARAGRAPH, EDIT_REQUEST
+    from bw24chat.bench import edit_messages
 
-    msgs = [{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}]
+    msgs = edit_messages()
     sp = SamplingParams(temperature=0, max_tokens=48)
     text, plain = smollm2_engine.submit(GenerationRequest(messages=msgs, sampling=sp)).result()
     text2, spec = smollm2_engine.submit(GenerationRequest(messages=msgs, sampling=sp, spec="ngram", spec_k=0)).result()

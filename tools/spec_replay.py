@@ -9,7 +9,7 @@ and through a clairvoyant length (each round drafts exactly the prefix of the dr
 proposal that will be accepted: no rejected draft is ever verified).  The clairvoyant row bounds
 what any draft-length policy over these proposals can reach at these step costs.
 
-    python tools/spec_replay.py --costs 0.621,0.810,0.999,1.188,1.434,1.680,1.925,2.171,2.792 \
+    python tools/spec_replay.py --costs 0.621,0.810,0.999,1.188,1.434,1.680,1.925,2.171 \
         [-m MODEL] [--max-tokens 160] [--round-ms 0.02]
 
 --costs: the wall time in ms of a decode step of m = 1, 2, ... rows (bench's step{m}@512 rows);
@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def edit_prompt(engine) -> list[int]:
     """The editing request's prompt ids on an engine (its chat template and tokenizer)."""
-    from bw24chat.bench import EDIT_PARAGRAPH, EDIT_REQUEST
+    from bw24chat.bench import edit_messages
 
-    return list(engine.tokenizer.encode(engine.render_prompt([{"role": "user", "content": EDIT_PARAGRAPH + "\n\n" + EDIT_REQUEST}])))
+    return list(engine.tokenizer.encode(engine.render_prompt(edit_messages())))
 
 
 def greedy_edit(model: str, max_tokens: int) -> tuple[list[int], list[int]]:
