@@ -45,6 +45,9 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per request
     max_tokens: int = 512
     stop: list[str] = field(default_factory=list)
+    # the model's end-of-sequence tokens do not end the generation (they are decoded as text):
+    # load tests and benchmarks that need exactly max_tokens tokens (llama.cpp's and vLLM's ignore_eos)
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:

@@ -63,7 +63,7 @@ class Output:
         if len(self.ids) >= self.sp.max_tokens:
             self.finish = "length"
             return False
-        if tok in self.tok.stop_ids:
+        if tok in self.tok.stop_ids and not self.sp.ignore_eos:
             self.finish = "stop"
             return False
         if self.logprobs:

@@ -3,6 +3,11 @@ real engine): the aggregate rate and each stream's rate, the median of --runs ru
 at each stream count.  Concurrent requests decode together in the engine's batched step.
 
     python tools/serve_concurrency.py -m MODEL [--device cuda] [--streams 8] [--max-tokens 128]
+    python tools/serve_concurrency.py --url http://127.0.0.1:8080 -m NAME   # another OpenAI-compatible
+        server, e.g. llama.cpp's `llama-server -np 8` on the same GPU and GGUF, for comparison
+
+Every request asks for exactly --max-tokens tokens (``ignore_eos``, which bw24chat serve and
+llama-server both take), so the servers compared decode the same count.
 """
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ import httpx
 
 def one_stream(http: httpx.Client, model: str, i: int, max_tokens: int, out: list) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": f"Write a long story number {i} about the sea."}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True}
     t0 = time.perf_counter()
     first = None
     n = 0
@@ -58,37 +64,45 @@ def run(url: str, model: str, streams: int, max_tokens: int) -> dict:
                 max_ttft_s=max(r["ttft"] for r in res))
 
 
-def main() -> int:
-    from bw24chat.engine import open_engine
-    from bw24chat.options import EngineOptions
-    from bw24chat.server.app import start_in_thread
+def rows_for(url: str, model: str, streams: int, max_tokens: int, runs: int) -> list[dict]:
+    rows = []
+    for n in (1, streams):
+        run(url, model, n, 8)  # warm-up: this row count's kernels compiled, its step captured
+        done = sorted((run(url, model, n, max_tokens) for _ in range(runs)), key=lambda r: r["aggregate_tok_s"])
+        rows.append(done[len(done) // 2])  # the median run by aggregate rate
+    return rows
 
+
+def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("-m", "--model", required=True)
+    p.add_argument("-m", "--model", required=True, help="the model to load (with --url: the name to request)")
+    p.add_argument("--url", help="a running OpenAI-compatible server to measure instead of an in-process bw24chat serve")
     p.add_argument("--device", default="auto")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=5, help="runs per stream count; the median is reported")
     a = p.parse_args()
-    engine = open_engine(EngineOptions(model=a.model, device=a.device))
-    server, thread = start_in_thread(engine)
-    try:
-        model = engine.info.model_id
-        rows = []
-        for n in (1, a.streams):
-            run(server.url, model, n, 8)  # warm-up: this row count's kernels compiled, its step captured
-            runs = sorted((run(server.url, model, n, a.max_tokens) for _ in range(a.runs)), key=lambda r: r["aggregate_tok_s"])
-            rows.append(runs[len(runs) // 2])  # the median run by aggregate rate
-    finally:
-        server.should_exit = True
-        thread.join()
-        engine.close()
-    print(f"{engine.info.name} on {engine.info.device_name} ({engine.info.backend})")
+    if a.url:
+        rows = rows_for(a.url, a.model, a.streams, a.max_tokens, a.runs)
+        print(f"{a.model} at {a.url}")
+    else:
+        from bw24chat.engine import open_engine
+        from bw24chat.options import EngineOptions
+        from bw24chat.server.app import start_in_thread
+
+        engine = open_engine(EngineOptions(model=a.model, device=a.device))
+        server, thread = start_in_thread(engine)
+        try:
+            rows = rows_for(server.url, engine.info.model_id, a.streams, a.max_tokens, a.runs)
+        finally:
+            server.should_exit = True
+            thread.join()
+            engine.close()
+        print(f"{engine.info.name} on {engine.info.device_name} ({engine.info.backend})")
     print(f"{'streams':>7} {'tokens':>7} {'wall s':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17} {'max TTFT s':>11}")
     for r in rows:
         print(f"{r['streams']:7d} {r['tokens']:7d} {r['wall_s']:8.2f} {r['aggregate_tok_s']:16.1f} {r['median_stream_tok_s']:17.1f} {r['max_ttft_s']:11.2f}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

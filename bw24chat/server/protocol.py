@@ -15,6 +15,8 @@ Beyond OpenAI's set, ``top_k``, ``min_p`` and ``repetition_penalty`` (alias ``re
 reach the sampler, and ``speculative`` (``"off"`` | ``"ngram"`` | ``"mtp"``) with ``speculative_k`` (1..8 or
 ``"auto"``) choose speculative decoding for the request (omitted: the server's ``--spec`` /
 ``--spec-k``); the usage then reports the drafts in ``completion_tokens_details``.
+``ignore_eos`` (as llama.cpp's and vLLM's servers) keeps decoding past the model's end-of-sequence
+tokens, so that load tests get exactly ``max_tokens`` tokens a request.
 ``n`` (1..MAX_CHOICES) asks for that many choices: the engine generates them as separate requests
 (decoded together by a batching engine, the prompt computed once and shared); with a ``seed``,
 choice i samples with seed + i, so choice 0 is what n = 1 gives.  Usage counts the prompt once and
@@ -190,6 +192,7 @@ def _sampling(b: _Body, limits: Limits, max_tokens_names: tuple[str, ...]) -> Sa
         seed=b.get("seed", "integer", d.seed),
         max_tokens=max_tokens,
         stop=[s for s in stop if s],
+        ignore_eos=b.get("ignore_eos", "boolean", d.ignore_eos),
     )
 
 

@@ -42,11 +42,11 @@ def test_sampling_parameters_reach_the_engine(served):
     client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
     client.chat.completions.create(
         model="my-model", messages=[{"role": "user", "content": "hi"}], temperature=1.3, top_p=0.5, seed=99,
-        max_tokens=9, stop=["x", "y"], extra_body={"top_k": 40, "min_p": 0.1, "repetition_penalty": 1.2},
+        max_tokens=9, stop=["x", "y"], extra_body={"top_k": 40, "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": True},
     )
     sp = engine.requests[-1].sampling
     assert (sp.temperature, sp.top_p, sp.seed, sp.max_tokens, sp.stop) == (1.3, 0.5, 99, 9, ["x", "y"])
-    assert (sp.top_k, sp.min_p, sp.repeat_penalty) == (40, 0.1, 1.2)
+    assert (sp.top_k, sp.min_p, sp.repeat_penalty, sp.ignore_eos) == (40, 0.1, 1.2, True)
     assert engine.requests[-1].messages == [{"role": "user", "content": "hi"}]
 
     r = client.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "hi"}])

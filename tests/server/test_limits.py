@@ -54,6 +54,7 @@ def test_malformed_json(fake_server):
         ({"stop": 3}, "stop"),
         ({"stop": ["a", 1]}, "stop"),
         ({"seed": 1.5}, "seed"),
+        ({"ignore_eos": 1}, "ignore_eos"),
         ({"stream": "yes"}, "stream"),
         ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs
         ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
