@@ -188,7 +188,7 @@ def spill_gate(ck, kv: str, label: str, n_prompt: int = 600, n_gen: int = 32) ->
     sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50)
     out = {}
     for name, t in (("resident", None), ("spilled", tiers)):
-        if t is not None and getattr(ck, "path", None):
+        if t is not None and os.path.exists(str(getattr(ck, "path", None) or "")):  # a synthetic model has no file
             drop_page_cache(str(ck.path))
         r = CudaRunner(ck, 2048, kv, prefill_chunk=512, tiers=t)
         logits = r.prefill_logits(prompt, 0)
