@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(256)
 repack_blocks(const uint8_t* __restrict__ raw, int rows, int nb, long raw_row_bytes, uint8_t* __restrict__ q,
               uint8_t* __restrict__ h, uint8_t* __restrict__ s, uint8_t* __restrict__ d, float* __restrict__ gscale,
               float gs, int row_mul, int row_add) {
-    PDL_ENTRY();
+    pdl_wait();  // no early trigger: a kernel after it on the stream may read the planes before its own wait
     const long total = (long)rows * nb;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
         const long r = i / nb;

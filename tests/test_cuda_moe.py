@@ -59,6 +59,20 @@ def test_formats_refused_by_name():
     cuda_moe.check_format("NVFP4", 768, 2048)
 
 
+def test_gate_and_up_in_two_formats_refused():
+    """gate and up are one interleaved matrix of one format (cuda_weights.fused_shape), checked
+    before anything is allocated."""
+    from bw24chat.loaders.tensor import ExpertTensor
+    from tests.test_repack import random_qtensor
+
+    rng = np.random.default_rng(0)
+    gate = ExpertTensor("blk.0.ffn_gate_exps", [random_qtensor(rng, "Q4_K", 256, 256, "g")])
+    up = ExpertTensor("blk.0.ffn_up_exps", [random_qtensor(rng, "Q8_0", 256, 256, "u")])
+    down = ExpertTensor("blk.0.ffn_down_exps", [random_qtensor(rng, "Q8_0", 256, 256, "d")])
+    with pytest.raises(ValueError, match="one format"):
+        cuda_moe.load_experts(gate, up, down)
+
+
 def test_warp_sum_rows_is_the_butterfly_of_lane_sums():
     rng = np.random.default_rng(0)
     v = rng.random((5, 160)).astype(np.float32)
@@ -76,32 +90,27 @@ def test_warp_sum_rows_is_the_butterfly_of_lane_sums():
 def test_expert_images_hold_each_plane_aligned_and_whole(fmt):
     """An expert's image (one copy moves an expert between tiers) holds its gate|up and down
     planes at ALIGN-aligned, non-overlapping offsets, byte for byte as repack_host makes them
-    (through the loader's memo while the model loads, and after it is closed)."""
-    from bw24chat.backends.cuda_weights import RepackMemo, repack_host
+    (the host's image, ExpertSource.image: repack.cu's reference)."""
+    from bw24chat.backends.cuda_weights import repack_host
     from bw24chat.loaders.tensor import ExpertTensor
     from bw24chat.synthetic import random_experts
 
     rng = np.random.default_rng(0)
     E, F, D = 3, 256, 512
     g, u, d = (ExpertTensor(n, random_experts(fmt, E, r, c, rng)) for n, r, c in (("g", F, D), ("u", F, D), ("d", D, F)))
-    probe = cuda_moe.ExpertSource(g, u, d, None, None, 0)
-    gu_lay = cuda_moe._place(probe.planes(0)[0], 0)
-    dn_lay = cuda_moe._place(probe.planes(0)[1], gu_lay.end)
-    src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, dn_lay.end, RepackMemo())
+    gu_lay, dn_lay, image_bytes = cuda_moe.expert_layouts(g, u, d)
+    src = cuda_moe.ExpertSource(g, u, d, gu_lay, dn_lay, image_bytes)
     spans = sorted((off, off + int(np.prod(sh)) * np.dtype(dt).itemsize) for lay in (gu_lay, dn_lay)
                    for _, off, sh, dt in lay.planes)
     assert all(a % cuda_moe.ALIGN == 0 for a, _ in spans)
-    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))
-    for loading in (True, False):
-        if not loading:
-            src.memo.close()
-        for e in range(E):
-            img = src.image(e, np.full(dn_lay.end, 0xAB, np.uint8))
-            for hp, lay in ((repack_host([g.parts[e], u.parts[e]], interleave=True), gu_lay), (repack_host([d.parts[e]]), dn_lay)):
-                for name, off, sh, dt in lay.planes:
-                    want = getattr(hp, name)
-                    got = img[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
-                    assert np.array_equal(got, want), (fmt, loading, e, name)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:])) and spans[-1][1] <= image_bytes
+    for e in range(E):
+        img = src.image(e, np.full(image_bytes, 0xAB, np.uint8))
+        for hp, lay in ((repack_host([g.parts[e], u.parts[e]], interleave=True), gu_lay), (repack_host([d.parts[e]]), dn_lay)):
+            for name, off, sh, dt in lay.planes:
+                want = getattr(hp, name)
+                got = img[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
+                assert np.array_equal(got, want), (fmt, e, name)
 
 
 def _assignments(rng, T: int, k: int, E: int, skip=(), one: int | None = None) -> np.ndarray:

@@ -123,59 +123,16 @@ def test_repack_interleaved_rows(fmt):
         cw.repack_host([ts[0], random_qtensor(rng, fmt, n + 1, in_, "w2")], interleave=True)
 
 
-def _same_planes(a: cw.HostPlanes, b: cw.HostPlanes) -> bool:
-    return all((x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
-               for x, y in ((a.q, b.q), (a.h, b.h), (a.s, b.s), (a.d, b.d), (a.gscale, b.gscale)))
-
-
-def test_repack_memo_keeps_what_recurs_and_only_that():
-    """A tensor seen once keeps no planes (a checkpoint's never recur); the second sighting keeps
-    them (random-weight layers share arrays); close drops everything."""
-    rng = np.random.default_rng(0)
-    memo = cw.RepackMemo()
-    once = [random_qtensor(rng, "Q8_0", 64, 256, f"w{i}") for i in range(4)]
-    for t in once:
-        assert _same_planes(memo.repack([t]), cw.repack_host([t]))
-    assert not memo._planes
-    shared = random_qtensor(rng, "Q4_K", 32, 512)
-    first, second, third = (memo.repack([shared, shared], True) for _ in range(3))
-    assert first is not second and second is third and _same_planes(first, second)
-    memo.close()
-    assert not memo._planes and not memo._seen
-
-
-def test_repack_memo_is_not_fooled_by_reused_ids():
-    """One GPU's share of a matrix is a temporary array: freed after its upload, its id can come
-    back for the next one.  The memo holds its keys' arrays, so a new array never hits an old
-    entry: every repack equals repack_host of the tensor given."""
-    rng = np.random.default_rng(1)
-    memo = cw.RepackMemo()
-    for i in range(24):
-        src = random_qtensor(rng, "Q8_0", 16, 256, f"w{i}")
-        piece = src.take_rows(list(range(8)), f"w{i}.0")  # a fresh array each time, dropped after
-        assert _same_planes(memo.repack([piece]), cw.repack_host([piece])), i
-        del src, piece
-
-
-def test_expert_source_without_memo_keeps_nothing():
-    """After loading, the file tier builds images from the file each time: a source whose memo
-    was closed (CudaLoader.finish) repacks and holds no planes of what it served."""
-    from bw24chat.backends.cuda_moe import ExpertSource
-    from bw24chat.loaders.tensor import ExpertTensor
-    from bw24chat.synthetic import random_experts
-
-    rng = np.random.default_rng(2)
-    g, u, d = (ExpertTensor(n, random_experts("Q8_0", 4, r, c, rng)) for n, r, c in (("g", 64, 256), ("u", 64, 256), ("d", 256, 64)))
-    memo = cw.RepackMemo()
-    src = ExpertSource(g, u, d, None, None, 0, memo)
-    for _ in range(2):
-        for e in range(4):
-            src.planes(e)
-    held = len(memo._planes)
-    assert held == 8  # gate|up and down of each expert, from the second pass
-    memo.close()
-    for _ in range(3):
-        for e in range(4):
-            gu, dn = src.planes(e)
-            assert _same_planes(gu, cw.repack_host([g.parts[e], u.parts[e]], True))
-    assert not memo._planes and not memo._seen
+@pytest.mark.parametrize("fmt", sorted(cw.FORMATS))
+def test_plane_shapes_are_repack_hosts(fmt):
+    """plane_shapes (what upload allocates before the GPU repacks into it, and what a plan
+    records) names the planes repack_host makes, in PLANES order, with their shapes and dtypes."""
+    rng = np.random.default_rng(4)
+    bs = max(quants.block_info(quants.T[fmt])[0] if fmt not in ("F32", "F16", "BF16") else 1, cw.vpc(fmt))
+    rows, in_ = 3, 2 * bs
+    t = random_qtensor(rng, fmt, rows, in_, "w")
+    hp = cw.repack_host([t])
+    got = {name: (tuple(getattr(hp, name).shape), getattr(hp, name).dtype) for name in cw.PLANES if getattr(hp, name) is not None}
+    want = {name: (tuple(shape), np.dtype(dt)) for name, (shape, dt) in cw.plane_shapes(fmt, rows, in_).items()}
+    assert list(got) == list(want) and got == want
+    assert cw.raw_row_bytes(fmt, in_) * rows == np.ascontiguousarray(t.raw).nbytes

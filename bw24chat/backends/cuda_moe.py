@@ -4,8 +4,8 @@ kernels/moe_experts.cu, kernels/moe_group.cu; references: numpy_backend.route_lo
 NumpyOps.experts, kernel_refs.moe_group_ref.
 
 Expert storage (``CudaExperts``, one per layer): VRAM *slots*, each one expert's image (its
-gate|up and down planes in the dense resident layout, cuda_weights.repack_host, at fixed
-offsets), and per projection (``ExpertStore``) a device table u64 [E, 5] of each expert's plane
+gate|up and down planes in the dense resident layout, cuda_weights.repack_host's bytes, at fixed
+offsets, repacked on the GPU from the checkpoint's blocks: kernels/repack.cu), and per projection (``ExpertStore``) a device table u64 [E, 5] of each expert's plane
 pointers {q, h, s, d, gscale}.  The kernels read experts only through the tables, so the tiers
 (cuda_tiers) move an expert by one copy of its image into a slot and a rewrite of its table rows:
 no kernel changes, no recapture (the graph reads the tables' contents, not their values at
@@ -29,14 +29,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import quants
 from . import cuda_linear as lin, kernel_build
-from .cuda_weights import FORMATS, DeviceWeight, RepackMemo, fmt_id, repack_host, vpc
+from .cuda_weights import FORMATS, PLANES, DeviceWeight, fmt_id, fused_shape, plane_shapes, repack_host, repack_on_device, vpc
 from .kernel_build import get_kernel
-from .kernel_refs import FLOAT_FORMATS, act_q8
+from .kernel_refs import act_q8
 from .tuning import GROUPED_GEMM_TILES, MOE_TUNING
 
-PLANES = ("q", "h", "s", "d", "gscale")  # the table's columns (moe_experts.cu table_row; gscale: NVFP4 row scales)
 ALIGN = 256  # each plane of an expert image starts on a 256-byte boundary (the kernels' 16-byte loads)
 
 
@@ -48,16 +46,22 @@ class ImageLayout:
     end: int
 
 
-def _place(hp, start: int) -> ImageLayout:
+def _place(shapes: dict, start: int) -> ImageLayout:
+    """The planes of cuda_weights.plane_shapes, each ALIGN-aligned from ``start`` on."""
     off, out = start, []
-    for name in PLANES:
-        a = getattr(hp, name)
-        if a is None:
-            continue
+    for name, (shape, dt) in shapes.items():
         off = -(-off // ALIGN) * ALIGN
-        out.append((name, off, tuple(a.shape), a.dtype.str))
-        off += a.nbytes
+        out.append((name, off, tuple(shape), np.dtype(dt).str))
+        off += int(np.prod(shape)) * np.dtype(dt).itemsize
     return ImageLayout(tuple(out), off)
+
+
+def expert_layouts(gate, up, down) -> tuple[ImageLayout, ImageLayout, int]:
+    """(gate|up layout, down layout, image bytes) of one expert image of these ExpertTensors."""
+    E, F, D = gate.shape
+    gu = _place(plane_shapes(gate.fmt, 2 * F, D), 0)
+    dn = _place(plane_shapes(down.fmt, D, F), gu.end)
+    return gu, dn, -(-dn.end // ALIGN) * ALIGN
 
 
 def _pinned(shape, dtype) -> np.ndarray:
@@ -164,26 +168,26 @@ class CudaExperts:
 
 
 class ExpertSource:
-    """Builds expert images on the host from the checkpoint's expert tensors (views into the
-    model file, or arrays): the repacked resident planes at their ImageLayout places."""
+    """Expert images from the checkpoint's expert tensors (views into the model file, or arrays):
+    their bytes as the checkpoint holds them (``raw_into``), repacked into the resident planes at
+    their ImageLayout places on the GPU (``repack_on_device``) or, as its NumPy mirror, on the
+    host (``image``)."""
 
-    def __init__(self, gate, up, down, gu_layout: ImageLayout, down_layout: ImageLayout, image_bytes: int,
-                 memo: RepackMemo | None = None):
+    def __init__(self, gate, up, down, gu_layout: ImageLayout, down_layout: ImageLayout, image_bytes: int):
         self.gate, self.up, self.down = gate.parts, up.parts, down.parts
-        self.layouts, self.image_bytes, self.memo = (gu_layout, down_layout), image_bytes, memo
+        self.layouts, self.image_bytes = (gu_layout, down_layout), image_bytes
 
-    def planes(self, e: int):
-        """(gate|up HostPlanes, down HostPlanes) of expert e (through the loader's RepackMemo
-        while the model loads: random-weight models share arrays across layers)."""
-        return [self.memo.repack(src, inter) if self.memo is not None else repack_host(src, interleave=inter)
-                for src, inter in (([self.gate[e], self.up[e]], True), ([self.down[e]], False))]
+    def _projections(self, e: int):
+        """(tensors, interleaved, layout) of expert e's gate|up and down projections."""
+        return (([self.gate[e], self.up[e]], True, self.layouts[0]), ([self.down[e]], False, self.layouts[1]))
 
     def image(self, e: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Expert e's image (u8 [image_bytes]) built on the host into ``out`` (e.g. a pinned
-        buffer): repack_on_device's reference."""
+        """Expert e's image (u8 [image_bytes]) built on the host into ``out``
+        (cuda_weights.repack_host's planes at their places): repack_on_device's reference."""
         if out is None:
             out = np.zeros(self.image_bytes, np.uint8)
-        for hp, lay in zip(self.planes(e), self.layouts):
+        for src, inter, lay in self._projections(e):
+            hp = repack_host(src, interleave=inter)
             for name, off, _shape, _dt in lay.planes:
                 a = getattr(hp, name)
                 out[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
@@ -209,22 +213,15 @@ class ExpertSource:
 
     def repack_on_device(self, e: int, raw: int, image: int) -> None:
         """Expert e's image at device address ``image`` from its raw_into bytes at device address
-        ``raw``, on the current stream (kernels/repack.cu: the bytes of ``image(e)``)."""
+        ``raw``, on the current stream (cuda_weights.repack_on_device: the bytes of ``image(e)``)."""
         off = 0
-        parts = self.parts(e)
-        for ts, inter, lay in ((parts[:2], True, self.layouts[0]), (parts[2:], False, self.layouts[1])):
+        for ts, inter, lay in self._projections(e):
             planes = {name: image + o for name, o, _shape, _dt in lay.planes}
             r0 = 0
             for j, t in enumerate(ts):
-                rows, nbytes = int(t.shape[0]), t.raw.nbytes
-                nb = (nbytes // rows) // (16 if t.fmt in FLOAT_FORMATS else quants.block_info(quants.T[t.fmt])[1])
-                n = rows * nb
-                args = (np.uint64(raw + off), np.int32(rows), np.int32(nb), np.int64(nbytes // rows),
-                        *(np.uint64(planes.get(name, 0)) for name in PLANES), np.float32(t.global_scale),
-                        np.int32(len(ts) if inter else 1), np.int32(j if inter else r0))
-                get_kernel("repack", "repack_blocks", FMT=fmt_id(t.fmt))((min(-(-n // 256), 1024),), (256,), args)
-                off += nbytes
-                r0 += rows
+                repack_on_device(t, raw + off, planes, len(ts) if inter else 1, j if inter else r0)
+                off += t.raw.nbytes
+                r0 += int(t.shape[0])
 
 
 def check_format(fmt: str, F: int, D: int) -> None:
@@ -238,42 +235,44 @@ def check_format(fmt: str, F: int, D: int) -> None:
             raise NotImplementedError(f"MoE experts in {fmt}: {name} {n} is not a multiple of {unit}")
 
 
-def load_experts(gate, up, down, memo: RepackMemo | None = None, slots: int | None = None) -> CudaExperts:
+def load_experts(gate, up, down, slots: int | None = None) -> CudaExperts:
     """ops.Loader.load_experts: gate, up (E, F, D) and down (E, D, F) ExpertTensors, into
-    ``slots`` VRAM slots (default all E: every expert resident) holding experts 0 .. slots-1."""
-    import cupy as cp
-
+    ``slots`` VRAM slots (default all E: every expert resident) holding experts 0 .. slots-1,
+    each copied as the checkpoint holds it and repacked on the GPU."""
     E, F, D = gate.shape
     for t in (gate, up, down):
         check_format(t.fmt, F, D)
-    probe = ExpertSource(gate, up, down, None, None, 0, memo)
-    hp_gu, hp_dn = probe.planes(0)
-    gu_lay = _place(hp_gu, 0)
-    dn_lay = _place(hp_dn, gu_lay.end)
-    image_bytes = -(-dn_lay.end // ALIGN) * ALIGN
-    src = ExpertSource(gate, up, down, gu_lay, dn_lay, image_bytes, memo)
+    fused_shape([gate.parts[0], up.parts[0]], interleave=True)  # gate and up: one format (one interleaved matrix)
+    fused_shape([down.parts[0]])
+    import cupy as cp
+
+    gu_lay, dn_lay, image_bytes = expert_layouts(gate, up, down)
+    src = ExpertSource(gate, up, down, gu_lay, dn_lay, image_bytes)
     S = E if slots is None else slots
     slab = cp.empty((S, image_bytes), cp.uint8)
     stores = []
-    for hp, lay, role in ((hp_gu, gu_lay, "experts_gu"), (hp_dn, dn_lay, "experts_down")):
+    for lay, role, parts, rows, in_ in ((gu_lay, "experts_gu", (gate.parts, up.parts), 2 * F, D),
+                                        (dn_lay, "experts_down", (down.parts,), D, F)):
         host_table = _pinned((E, len(PLANES)), np.uint64)
         host_table[:] = 0
         gs = []
-        if hp.global_scales:  # NVFP4: each expert's per-tensor scales (the prefill GEMM's)
-            parts = (gate.parts, up.parts) if role == "experts_gu" else (down.parts,)
+        if parts[0][0].fmt == "NVFP4":  # each expert's per-tensor scales (the prefill GEMM's)
             for e in range(E):
                 scales = [float(p[e].global_scale) for p in parts]
                 gs.append(scales[0] if len(set(scales)) == 1 else tuple(scales))
         nbytes = E * sum(int(np.prod(sh)) * np.dtype(dt).itemsize for _, _, sh, dt in lay.planes)
-        stores.append(ExpertStore(hp.fmt, E, hp.out, hp.in_, lay, cp.zeros((E, len(PLANES)), cp.uint64), host_table,
+        stores.append(ExpertStore(parts[0][0].fmt, E, rows, in_, lay, cp.zeros((E, len(PLANES)), cp.uint64), host_table,
                                   gs, nbytes, role))
     ex = CudaExperts(stores[0], stores[1], slab, image_bytes, src)
-    stage = np.zeros(image_bytes, np.uint8)
+    raw = cp.empty(src.raw_bytes, cp.uint8)
+    stage = np.empty(src.raw_bytes, np.uint8)
     for e in range(S):
-        slab[e].set(src.image(e, stage))
+        src.raw_into(e, stage)
+        raw.set(stage, stream=cp.cuda.get_current_stream())  # after the last repack; stage is free when it returns
+        src.repack_on_device(e, int(raw.data.ptr), int(slab[e].data.ptr))
         ex.place(e, e)
     ex.sync_tables(cp.cuda.get_current_stream())
-    cp.cuda.get_current_stream().synchronize()  # the staging array and host tables are reused
+    cp.cuda.get_current_stream().synchronize()  # the host tables are reused
     return ex
 
 

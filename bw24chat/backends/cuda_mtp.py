@@ -70,7 +70,6 @@ def load_head(runner: CudaRunner, checkpoint) -> CudaMTP | None:
 
     loader = CudaLoader()
     head = load_mtp(runner.model, loader, checkpoint.mtp)
-    loader.finish()
     return None if head is None else CudaMTP(runner, head)
 
 

@@ -33,7 +33,7 @@ from . import cuda_linear as lin
 from . import cuda_moe as moe
 from . import cuda_ops as ops
 from . import kernel_build
-from .cuda_weights import DeviceWeight, PartedWeight, RepackMemo, format_runs, repack_host
+from .cuda_weights import DeviceWeight, PartedWeight, format_runs
 from .cuda_weights import upload as upload_planes
 from .kernel_build import host_step
 
@@ -52,13 +52,12 @@ class CudaLoader(Loader):
         self.experts: list = []  # cuda_moe.CudaExperts of each MoE layer
         self.convs: list = []  # the gated DeltaNet layers' conv1d taps
         self.tiers = tiers  # cuda_tiers.CudaTiers when the experts are spilled from VRAM
-        self._memo = RepackMemo()  # while loading (each layer still gets its own device copy)
 
     def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> DeviceWeight | PartedWeight:
         runs = format_runs(tensors, interleave)
         if len(runs) > 1:
             return PartedWeight([self.load_linear(r, role=role) for r in runs], role)
-        w = upload_planes(tensors, self._memo.repack(tensors, interleave))
+        w = upload_planes(tensors, interleave=interleave)
         w.role = role
         self.linears.append(w)
         return w
@@ -68,7 +67,7 @@ class CudaLoader(Loader):
         return cp.concatenate([cp.asarray(np.ascontiguousarray(t.dequantize(), np.float32).reshape(-1)) for t in tensors])
 
     def load_embedding(self, tensor) -> DeviceWeight:
-        w = upload_planes([tensor], repack_host([tensor]))
+        w = upload_planes([tensor])
         w.role = "embed"
         return w
 
@@ -85,17 +84,12 @@ class CudaLoader(Loader):
     def load_experts(self, gate, up, down, role: str = "experts") -> moe.CudaExperts:
         # VRAM slots of expert images + pointer tables (cuda_moe); spilled: the tier plan's slot count
         slots = self.tiers.tiers.plan.vram_slots[len(self.experts)] if self.tiers is not None else None
-        ex = moe.load_experts(gate, up, down, memo=self._memo, slots=slots)
+        ex = moe.load_experts(gate, up, down, slots=slots)
         ex.layer = len(self.experts)
         if self.tiers is not None:
             self.tiers.load(ex)
         self.experts.append(ex)
         return ex
-
-    def finish(self) -> None:
-        """The model is loaded: the repack memo keeps nothing from here on (the expert sources
-        hold it for the file tier)."""
-        self._memo.close()
 
 
 class _Normed:  # rmsnorm(x) * w, not yet computed

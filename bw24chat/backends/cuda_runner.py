@@ -144,7 +144,6 @@ class CudaRunner:
         self.loader = CudaLoader(cuda_tiers)
         report = progress or (lambda f: None)
         self.model = fam.Model(a, self.loader, checkpoint.tensors, self.n_ctx, report)
-        self.loader.finish()
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
         self.dims = (D, H, K, hd, a.intermediate_size)
         self._rope: dict = {}

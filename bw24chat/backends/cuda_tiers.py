@@ -59,14 +59,9 @@ class CudaTiers:
     # ------------------------------------------------------------------ loading
     def load(self, ex: CudaExperts) -> None:
         """Register a layer's experts (loaded into its VRAM slots, experts 0 .. slots-1) and fill
-        its pinned host tier."""
+        its pinned host tier (each image repacked on the GPU, in a staging slot, and copied back)."""
         ex.layer, ex.tiers = len(self.layers), self
         self.layers.append(ex)
-        n_host = self.tiers.plan.host_experts[ex.layer]
-        imgs = _pinned((n_host, ex.image_bytes), np.uint8) if n_host else None
-        for e in range(n_host):
-            ex.source.image(e, imgs[e])
-        self.host.append(imgs)
         raw = ex.source.raw_bytes
         if len(self._staging) < HOST_STAGING or self._staging[0][0].nbytes < raw:
             self._staging = [(_pinned((raw,), np.uint8), None) for _ in range(HOST_STAGING)]
@@ -76,13 +71,21 @@ class CudaTiers:
             self._dev_stage = self.cp.empty((2, ex.image_bytes), self.cp.uint8)
         for t in ex.source.parts(0):  # the file tier's repack kernels compiled now, not at its first miss
             get_kernel("repack", "repack_blocks", FMT=fmt_id(t.fmt))
+        n_host = self.tiers.plan.host_experts[ex.layer]
+        imgs = _pinned((n_host, ex.image_bytes), np.uint8) if n_host else None
+        self.host.append(imgs)
+        for e in range(n_host):
+            self._copy_in(ex, e, int(self._dev_stage[0].data.ptr), from_host=False)
+            self._dev_stage[0, :ex.image_bytes].get(stream=self.copy, out=imgs[e])
+        self.copy.synchronize()
 
-    def _copy_in(self, ex: CudaExperts, e: int, dst: int) -> None:
+    def _copy_in(self, ex: CudaExperts, e: int, dst: int, from_host: bool = True) -> None:
         """Expert e's image into device address ``dst`` on the copy stream: the pinned host tier's
-        copy, or the file's bytes through the next free staging buffer, repacked on the GPU."""
+        copy, or (from_host=False: always) the file's bytes through the next free staging buffer,
+        repacked on the GPU."""
         rt = self.cp.cuda.runtime
         imgs = self.host[ex.layer]
-        if imgs is not None and e < len(imgs):
+        if from_host and imgs is not None and e < len(imgs):
             rt.memcpyAsync(dst, imgs[e].ctypes.data, ex.image_bytes, rt.memcpyHostToDevice, self.copy.ptr)
             return
         i = self._next_stage

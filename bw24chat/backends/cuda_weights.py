@@ -9,10 +9,11 @@ high bits live in separate planes (``s``, ``d``, ``h``), so a warp's chunk loads
 contiguous 512-byte run.  Several tensors of one format and width are concatenated along the
 output rows (the runner fuses Wq|Wk|Wv and Wgate|Wup).
 
-``repack_host`` builds the planes with NumPy (no GPU needed); ``decode_planes`` is the NumPy
+``upload`` copies a checkpoint's blocks to the device as they stand and repacks them there
+(kernels/repack.cu); ``repack_host`` builds the same planes with NumPy (no GPU needed: the
+references, the tests, an expert's image on the host); ``decode_planes`` is the NumPy
 mirror of the device decoder (same integer tricks, same float op order) and is tested bit for
-bit against ``bw24chat.quants.dequantize`` (tests/test_repack.py); ``upload`` moves the planes
-to CuPy arrays.
+bit against ``bw24chat.quants.dequantize`` (tests/test_repack.py).
 """
 from __future__ import annotations
 
@@ -123,19 +124,26 @@ BLOCK_FIELDS = {"Q8_0": (("q", 2, 32), ("s", 0, 2)), "Q4_0": (("q", 2, 16), ("s"
                 "Q4_1": (("q", 4, 16), ("s", 0, 4))}
 
 
-def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
-    """The planes of one tensor (uint8 arrays with `out` rows)."""
+def check_width(fmt: str, in_: int) -> None:
+    """Refuse a format without a CUDA layout, or rows that are not whole chunks and blocks."""
     if fmt not in FORMATS:
         raise NotImplementedError(f"no CUDA layout for {fmt}")
     V = vpc(fmt)
     if in_ % V:
         raise ValueError(f"{fmt}: in={in_} must be a multiple of {V} (one 16-byte chunk)")
+    if fmt not in FLOAT_FORMATS:
+        bs = quants.block_info(quants.T[fmt])[0]
+        if in_ % bs:
+            raise ValueError(f"{fmt}: in={in_} must be a multiple of the block ({bs})")
+
+
+def repack_one(fmt: str, raw: np.ndarray, out: int, in_: int) -> dict:
+    """The planes of one tensor (uint8 arrays with `out` rows)."""
+    check_width(fmt, in_)
     u8 = _rows(raw, out)
     if fmt in FLOAT_FORMATS:
         return {"q": u8}
     bs, ts = quants.block_info(quants.T[fmt])
-    if in_ % bs:
-        raise ValueError(f"{fmt}: in={in_} must be a multiple of the block ({bs})")
     nb = in_ // bs
     b = u8.reshape(out, nb, ts)
     if fmt in BLOCK_FIELDS:
@@ -188,19 +196,11 @@ def repack_host(qtensors: list, interleave: bool = False) -> HostPlanes:
     or with interleave=True (equal row counts) of interleaved rows: row n*i + j = row i of
     tensor j (the fused gate/up matrix: gate_i, up_i side by side, so the warp that finishes
     row 2i also holds row 2i+1 and the matvec can apply SwiGLU in its epilogue)."""
-    if not qtensors:
-        raise ValueError("nothing to upload")
-    fmt = qtensors[0].fmt
-    in_ = int(qtensors[0].shape[-1])
+    fmt, in_, out = fused_shape(qtensors, interleave)
     parts, gs = [], []
     for t in qtensors:
-        if t.fmt != fmt or int(t.shape[-1]) != in_ or len(t.shape) != 2:
-            raise ValueError(f"upload fuses 2-D tensors of one format and width: {t.name} is {t.fmt} {t.shape}")
         parts.append(repack_one(fmt, t.raw, int(t.shape[0]), in_))
         gs.append(np.full(int(t.shape[0]), np.float32(t.global_scale), np.float32))
-    out = sum(int(t.shape[0]) for t in qtensors)
-    if interleave and len({int(t.shape[0]) for t in qtensors}) != 1:
-        raise ValueError("interleave needs tensors with equal row counts")
 
     def join(arrays):
         if not interleave:
@@ -213,9 +213,58 @@ def repack_host(qtensors: list, interleave: bool = False) -> HostPlanes:
     if fmt == "NVFP4":
         hp.gscale = join(gs)
         hp.global_scales = tuple(float(t.global_scale) for t in qtensors)
-    elif any(t.global_scale != 1.0 for t in qtensors):
-        raise ValueError("a global scale is only supported for NVFP4")
     return hp
+
+
+def fused_shape(qtensors: list, interleave: bool = False) -> tuple[str, int, int]:
+    """(format, input width, output rows) of the matrix QTensors fuse into (repack_host's and
+    upload's rule: one format and width, 2-D; equal row counts to interleave; a global scale
+    only for NVFP4)."""
+    if not qtensors:
+        raise ValueError("nothing to upload")
+    fmt, in_ = qtensors[0].fmt, int(qtensors[0].shape[-1])
+    for t in qtensors:
+        if t.fmt != fmt or int(t.shape[-1]) != in_ or len(t.shape) != 2:
+            raise ValueError(f"upload fuses 2-D tensors of one format and width: {t.name} is {t.fmt} {t.shape}")
+    if interleave and len({int(t.shape[0]) for t in qtensors}) != 1:
+        raise ValueError("interleave needs tensors with equal row counts")
+    if fmt != "NVFP4" and any(t.global_scale != 1.0 for t in qtensors):
+        raise ValueError("a global scale is only supported for NVFP4")
+    check_width(fmt, in_)
+    return fmt, in_, sum(int(t.shape[0]) for t in qtensors)
+
+
+# Bytes per raw block (quants.block_info; the float formats: a 16-byte chunk) and per block in each
+# resident plane q, h, s, d: kernels/repack.cu's TS, Q_PB, H_PB, S_PB, D_PB (0: no such plane)
+PLANE_BYTES = {
+    "F32": (16, 16, 0, 0, 0), "F16": (16, 16, 0, 0, 0), "BF16": (16, 16, 0, 0, 0),
+    "Q8_0": (34, 32, 0, 2, 0), "Q4_0": (18, 16, 0, 2, 0), "Q4_1": (20, 16, 0, 4, 0),
+    "Q5_0": (22, 16, 4, 2, 0), "Q5_1": (24, 16, 4, 4, 0),
+    "Q4_K": (144, 128, 0, 16, 0), "Q5_K": (176, 128, 32, 16, 0), "Q6_K": (210, 128, 64, 16, 2),
+    "NVFP4": (36, 32, 0, 4, 0), "MXFP4": (17, 16, 0, 1, 0),
+    "Q2_K": (84, 64, 0, 16, 4), "Q3_K": (110, 64, 32, 16, 2),
+}
+PLANES = ("q", "h", "s", "d", "gscale")  # a matrix's planes, in kernel-argument order
+
+
+def raw_row_bytes(fmt: str, in_: int) -> int:
+    """Bytes of one row of ``in_`` values as the checkpoint holds them."""
+    if fmt in FLOAT_FORMATS:
+        return in_ * (4 if fmt == "F32" else 2)
+    bs, ts = quants.block_info(quants.T[fmt])
+    return in_ // bs * ts
+
+
+def plane_shapes(fmt: str, rows: int, in_: int) -> dict:
+    """name -> (shape, dtype) of the planes repack_host makes for ``rows`` rows of ``in_`` values
+    (uint8 rows of the plane's bytes; NVFP4's gscale: float32 per row), in PLANES order."""
+    check_width(fmt, in_)
+    ts, *per_block = PLANE_BYTES[fmt]
+    nb = raw_row_bytes(fmt, in_) // ts
+    out = {name: ((rows, nb * b), np.uint8) for name, b in zip(PLANES, per_block) if b}
+    if fmt == "NVFP4":
+        out["gscale"] = ((rows,), np.float32)
+    return out
 
 
 # ----------------------------------------------------------------------------- NumPy mirror of formats.cuh
@@ -410,51 +459,60 @@ def format_runs(tensors: list, interleave: bool = False) -> list[list]:
     return runs
 
 
-class RepackMemo:
-    """repack_host of source tensors that recur while a model loads.  Random-weight models
-    (synthetic.py) share one set of arrays across layers: each is repacked on its second sighting
-    and kept, not repacked per layer.  A checkpoint's tensors never recur, so nothing of theirs
-    is kept but references to the source arrays: a key is the arrays' ids, and an id stays its
-    array's while the memo holds it (temporaries such as one GPU's share of a matrix are freed
-    and their ids reused otherwise).  For loading only: after ``close`` it keeps nothing and
-    repacks every call (the expert file tier's images: a memo there would keep every expert it
-    ever fetched in host memory)."""
+def repack_on_device(t, raw: int, planes: dict, row_mul: int = 1, row_add: int = 0, rows: int | None = None) -> None:
+    """QTensor t's blocks as the checkpoint holds them, at device address ``raw`` (its first
+    ``rows`` rows, default all), repacked into the planes at the device addresses ``planes``
+    (name -> address; row r becomes plane row r * row_mul + row_add) on the current stream:
+    kernels/repack.cu, repack_host's bytes."""
+    from .kernel_build import get_kernel
 
-    def __init__(self):
-        self._seen: dict = {}  # key -> the source arrays
-        self._planes: dict = {}  # key -> HostPlanes, from a key's second sighting
-        self._open = True
-
-    def repack(self, qtensors: list, interleave: bool = False) -> HostPlanes:
-        if not self._open:
-            return repack_host(list(qtensors), interleave)
-        raws = tuple(t.raw for t in qtensors)
-        key = tuple(id(a) for a in raws) + (interleave,)
-        hp = self._planes.get(key)
-        if hp is None:
-            hp = repack_host(list(qtensors), interleave)
-            if key in self._seen:
-                self._planes[key] = hp
-            else:
-                self._seen[key] = raws
-        return hp
-
-    def close(self) -> None:
-        self._open = False
-        self._seen.clear()
-        self._planes.clear()
+    rows = int(t.shape[0]) if rows is None else rows
+    row_bytes = raw_row_bytes(t.fmt, int(t.shape[-1]))
+    nb = row_bytes // PLANE_BYTES[t.fmt][0]
+    args = (np.uint64(raw), np.int32(rows), np.int32(nb), np.int64(row_bytes),
+            *(np.uint64(planes.get(name, 0)) for name in PLANES), np.float32(t.global_scale),
+            np.int32(row_mul), np.int32(row_add))
+    get_kernel("repack", "repack_blocks", FMT=fmt_id(t.fmt))((max(1, min(-(-rows * nb // 256), 4096)),), (256,), args)
 
 
-def upload(qtensors: list, host: HostPlanes | None = None) -> DeviceWeight:
-    """QTensors (one format, one width) -> DeviceWeight of their rows concatenated."""
+def raw_blocks(t) -> np.ndarray:
+    """QTensor t's bytes as the checkpoint holds them (uint8, rows x raw_row_bytes), checked."""
+    data = np.ascontiguousarray(t.raw).reshape(-1).view(np.uint8)
+    want = int(t.shape[0]) * raw_row_bytes(t.fmt, int(t.shape[-1]))
+    if data.nbytes != want:
+        raise ValueError(f"{t.name}: {data.nbytes} bytes for {tuple(t.shape)} {t.fmt} ({want} expected)")
+    return data
+
+
+UPLOAD_CHUNK = 64 << 20  # raw bytes on the device at a time while a matrix uploads (beside its planes)
+
+
+def upload(qtensors: list, *, interleave: bool = False) -> DeviceWeight:
+    """QTensors (one format, one width) -> DeviceWeight of their rows concatenated (interleaved
+    with interleave=True: repack_host's rule): each tensor's blocks copied to the device as they
+    stand and repacked there (repack_on_device; repack_host's NumPy route runs at 0.03-0.3 GB/s
+    on the quantized formats, minutes for a large model)."""
     import cupy as cp
 
-    hp = host if host is not None else repack_host(list(qtensors))
-    dev = lambda a: None if a is None else cp.asarray(a)  # noqa: E731
-    planes = [hp.q, hp.h, hp.s, hp.d, hp.gscale]
-    gsu = set(hp.global_scales)
-    gs = (hp.global_scales[0] if len(gsu) == 1 else hp.global_scales) if hp.global_scales else 1.0
-    return DeviceWeight(
-        hp.fmt, hp.out, hp.in_, dev(hp.q), dev(hp.h), dev(hp.s), dev(hp.d), dev(hp.gscale), gs,
-        int(sum(a.nbytes for a in planes if a is not None)), fmt_id(hp.fmt), vpc(hp.fmt),
-    )
+    fmt, in_, out = fused_shape(qtensors, interleave)
+    planes = {name: cp.empty(shape, dt) for name, (shape, dt) in plane_shapes(fmt, out, in_).items()}
+    ptrs = {name: int(a.data.ptr) for name, a in planes.items()}
+    row_bytes, n = raw_row_bytes(fmt, in_), len(qtensors)
+    step = max(1, UPLOAD_CHUNK // row_bytes)  # rows a piece; the raw scratch is reused piece by piece
+    scratch = cp.empty(min(step, max(int(t.shape[0]) for t in qtensors)) * row_bytes, cp.uint8)
+    stream = cp.cuda.get_current_stream()
+    r0 = 0
+    for j, t in enumerate(qtensors):
+        data, rows = raw_blocks(t), int(t.shape[0])
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            scratch[:(b - a) * row_bytes].set(data[a * row_bytes:b * row_bytes], stream=stream)  # after the last repack
+            repack_on_device(t, int(scratch.data.ptr), ptrs, n if interleave else 1,
+                             a * n + j if interleave else r0 + a, rows=b - a)
+        r0 += rows
+    gs: float | tuple = 1.0
+    if fmt == "NVFP4":
+        scales = tuple(float(t.global_scale) for t in qtensors)
+        gs = scales[0] if len(set(scales)) == 1 else scales
+    return DeviceWeight(fmt, out, in_, planes["q"], planes.get("h"), planes.get("s"), planes.get("d"), planes.get("gscale"),
+                        gs, int(sum(a.nbytes for a in planes.values())), fmt_id(fmt), vpc(fmt))

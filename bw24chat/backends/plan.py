@@ -223,27 +223,6 @@ def planning(props: GpuProps):
 
 
 # ----------------------------------------------------------------------------- the plan
-_PLANES: dict = {}
-
-
-def _plane_shapes(fmt: str, cols: int) -> dict:
-    """Resident planes of a ``fmt`` matrix of width ``cols``: name -> (per-row shape, dtype),
-    from repacking a small random matrix of that format (cuda_weights.repack_host)."""
-    key = (fmt, cols)
-    if key not in _PLANES:
-        from ..synthetic import random_matrix
-        from .cuda_weights import repack_host
-
-        from ..loaders.tensor import QTensor
-
-        t = QTensor("", "F32", (2, cols), np.zeros((2, cols), np.float32)) if fmt == "F32" else \
-            random_matrix(fmt, 2, cols, np.random.default_rng(0))
-        hp = repack_host([t])
-        _PLANES[key] = {n: (None if a is None else (a.shape[1:], a.dtype, a.shape[0] // 2))
-                        for n, a in (("q", hp.q), ("h", hp.h), ("s", hp.s), ("d", hp.d), ("gscale", hp.gscale))}
-    return _PLANES[key]
-
-
 class PlanLoader:
     """CudaLoader's contract with symbolic weights (names say which tensors)."""
 
@@ -252,16 +231,12 @@ class PlanLoader:
         self.experts: list = []
 
     def _weight(self, tensors, role: str):
-        from .cuda_weights import DeviceWeight, fmt_id, vpc
+        from .cuda_weights import DeviceWeight, fmt_id, plane_shapes, vpc
 
         fmt, in_ = tensors[0].fmt, tensors[0].shape[1]
         out = sum(t.shape[0] for t in tensors)
         name = "|".join(t.name for t in tensors)
-        planes = {}
-        for p, spec in _plane_shapes(fmt, in_).items():
-            if spec is not None:
-                rest, dtype, per_row = spec
-                planes[p] = SymArray(f"{name}.{p}", (out * per_row, *rest), dtype)
+        planes = {p: SymArray(f"{name}.{p}", shape, dt) for p, (shape, dt) in plane_shapes(fmt, out, in_).items()}
         w = DeviceWeight(fmt, out, in_, planes["q"], planes.get("h"), planes.get("s"), planes.get("d"),
                          planes.get("gscale"), 1.0, sum(a.nbytes for a in planes.values()), fmt_id(fmt), vpc(fmt))
         w.role = role

@@ -72,7 +72,7 @@ def test_qx_of_the_bf16_contract_gives_the_bits_of_prologue_none(cp, rng, fmt, m
     unit = max(32, block_of(fmt))
     F = unit * int(rng.integers(1, 4) if unit == 256 else rng.integers(3, 12))
     ts, _ = make_weight(rng, fmt, rows=(F, F), nblocks=4096 // block_of(fmt))
-    G = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    G = cw.upload(ts, interleave=True)
     assert cl.writes_qx(G, m), "64-row tiles expected"
     td, _ = make_weight(rng, fmt, rows=(int(rng.integers(20, 90)),), nblocks=F // block_of(fmt))
     D = cw.upload(td)

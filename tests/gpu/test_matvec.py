@@ -94,7 +94,7 @@ def test_matvec_swiglu_epilogue_interleaved(cp, rng, fmt):
 
     n = int(rng.integers(3, 40))
     ts, w = make_weight(rng, fmt, rows=(n, n), nblocks=int(rng.integers(2, 6)))
-    W = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    W = cw.upload(ts, interleave=True)
     x = rng.standard_normal((8, W.in_)).astype(np.float32)
     y = run(cp, W, x, 8)  # (8, 2n): columns gate_0, up_0, gate_1, ...
     check_close(y[:, 0::2], ref_input(x, "none", W.in_, None, fmt), w[:n])
@@ -123,7 +123,7 @@ def test_matvec_persistent_tiles_give_the_same_bits(cp, rng, fmt, m, monkeypatch
     tile per block, for the rmsnorm prologue and the store / add / swiglu epilogues."""
     n = int(rng.integers(300, 700))
     ts, w = make_weight(rng, fmt, rows=(n, n), nblocks=int(rng.integers(2, 5)))
-    W = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    W = cw.upload(ts, interleave=True)
     x = rng.standard_normal((m, W.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W.in_).astype(np.float32)
     res = rng.standard_normal((m, W.out)).astype(np.float32)
@@ -310,7 +310,7 @@ def test_qx_written_by_the_swiglu_epilogue_gives_the_same_bits(cp, rng, producer
     unit = max(32, block_of(consumer))  # the down projection's inputs: whole blocks (Q4_K 256, NVFP4 64, Q8_0 32)
     F = unit * int(rng.integers(1, 4) if unit == 256 else rng.integers(3, 12))
     ts, _ = make_weight(rng, producer, rows=(F, F), nblocks=4096 // block_of(producer))
-    W_gu = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    W_gu = cw.upload(ts, interleave=True)
     assert cl.writes_qx(W_gu, m), "64-row tiles expected"
     n_down = int(rng.integers(20, 90))
     ts_d, w_d = make_weight(rng, consumer, rows=(n_down,), nblocks=F // block_of(consumer))
@@ -371,7 +371,7 @@ def test_small_float_rows_take_their_geometry_with_the_same_bits(cp, rng):
     for rows, in_, epi in ((960, 576, "store"), (576, 1536, "add"), (3072, 576, "swiglu")):
         n_y = rows // 2 if epi == "swiglu" else rows
         ts, _ = make_weight(rng, "Q4_1", rows=(n_y, n_y) if epi == "swiglu" else (rows,), nblocks=in_ // 32)
-        W = cw.upload(ts, cw.repack_host(ts, interleave=epi == "swiglu"))
+        W = cw.upload(ts, interleave=epi == "swiglu")
         x = rng.standard_normal((8, in_)).astype(np.float32)
         norm_w = cp.asarray(rng.uniform(0.5, 1.5, in_).astype(np.float32))
         res = rng.standard_normal((8, n_y)).astype(np.float32)

@@ -51,7 +51,7 @@ def odd_weight(rng, fmt, rows=None, interleave=False):
     n = rows or int(rng.integers(1, 60)) * 2 + 1
     ts, w = make_weight(rng, fmt, rows=(n, n) if interleave else (n,), nblocks=nb)
     hp = cw.repack_host(ts, interleave=interleave)
-    return cw.upload(ts, hp), hp, w
+    return cw.upload(ts, interleave=interleave), hp, w
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -131,7 +131,7 @@ def test_qx_buffers(cp, rng, producer, consumer, m, blocks, monkeypatch):
         tiles_per_block(monkeypatch, blocks)
     F = 256 * int(rng.integers(1, 5))
     ts, _ = make_weight(rng, producer, rows=(F, F), nblocks=2048 // block_of(producer))
-    W_gu = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    W_gu = cw.upload(ts, interleave=True)
     assert cl.mma_writes_qx(W_gu, m)
     x = rng.standard_normal((m, W_gu.in_)).astype(np.float32)
     norm_w = rng.uniform(0.5, 1.5, W_gu.in_).astype(np.float32)
@@ -191,7 +191,7 @@ def test_k_ranges_write_qx(cp, rng, fmt, m, blocks, monkeypatch):
         tiles_per_block(monkeypatch, blocks)
     F = 32 * int(rng.integers(3, 12))
     ts, _ = make_weight(rng, fmt, rows=(F, F), nblocks=3072 // block_of(fmt))
-    W = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    W = cw.upload(ts, interleave=True)
     x = rng.standard_normal((m, W.in_)).astype(np.float32)
     one = one_row_steps(cp, W, x, m, epi="swiglu")
     for r in (2, 3):

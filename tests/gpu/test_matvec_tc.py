@@ -41,7 +41,7 @@ def test_matvec_tc_matches_reference_and_is_m_invariant(cp, rng, fmt, rows, pro)
 def test_matvec_tc_add_and_swiglu_epilogues(cp, rng, fmt):
     n = int(rng.integers(20, 60))
     ts, w = make_weight(rng, fmt, rows=(n, n), nblocks=4)
-    W = cw.upload(ts, cw.repack_host(ts, interleave=True))
+    W = cw.upload(ts, interleave=True)
     x = rng.standard_normal((3, W.in_)).astype(np.float32)
     res = rng.standard_normal((3, W.out)).astype(np.float32)
     y = run(cp, W, x, 3)
