@@ -244,10 +244,13 @@ def synthetic_checkpoint(shape: str | dict, fmt: str = "BF16", seed: int = 0, em
         more = {"attn_v": random_matrix(hi, K * hd, D, rng)}
         if dense:
             more["ffn_down"] = random_matrix(hi, D, F, rng)
+        if any(moe):  # llama-quant.cpp's "ffn_down" rule matches ffn_down_exps too
+            more["ffn_down_exps"] = random_experts(hi, E, D, Fe, rng)
         for i in range(L):
             for k, v in more.items():
-                if use_more_bits(i, L) and f"blk.{i}.{k}" in tensors:
-                    tensors[f"blk.{i}.{k}"] = QTensor("", v.fmt, v.shape, v.raw, v.global_scale)
+                name = f"blk.{i}.{k}"
+                if use_more_bits(i, L) and name in tensors:
+                    tensors[name] = ExpertTensor(name, v) if k.endswith("_exps") else QTensor("", v.fmt, v.shape, v.raw, v.global_scale)
         if "output" in tensors and embed_fmt is None:
             tensors["output"] = random_matrix(hi, V, D, rng)
     for n, t in (*tensors.items(), *mtp.items()):
