@@ -301,13 +301,12 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
         from .quantize import requantize_checkpoint
 
         requantize_checkpoint(ckpt, options.quantize, lambda f: report(LoadProgress("quantizing", f, options.quantize)))
-    if len(options.gpus) > 1:  # the plan refuses a model that does not split, naming the dimension
+    if len(options.gpus) > 1:  # before the weights load: a model that does not split, naming the dimension
+        from .backends.cuda_sharded import refuse_unbuilt
         from .parallel import plan_for
 
-        per = plan_for(ckpt, len(options.gpus)).weight_bytes(ckpt.tensors)
-        raise OptionError(f"--gpus {','.join(map(str, options.gpus))}: {ckpt.name} splits into {max(per) / 2**30:.2f} "
-                          "GiB of weights per GPU, but the engine over several GPUs is not built yet (the plan and its "
-                          "CPU reference are: docs/engine.md, Several GPUs)")
+        plan_for(ckpt, len(options.gpus))
+        refuse_unbuilt(ckpt, len(options.gpus))
     engine = engine_for(ckpt, options, report, model_aliases(path, options.model))
     done = f"{engine.note}; loaded in {time.perf_counter() - t0:.1f}s"
     report(LoadProgress("ready", 1.0, f"{done}; {engine.load_note}" if engine.load_note else done))
@@ -320,6 +319,9 @@ def engine_for(ckpt, options: EngineOptions, report: Callable[[LoadProgress], No
     shape: synthetic.synthetic_checkpoint for load tests): the backend picked, the experts' tiers
     decided, the weights uploaded, the engine thread started."""
     device, note = pick_device(options.device)
+    if len(options.gpus) > 1 and device != "cuda":
+        raise OptionError(f"--gpus {','.join(map(str, options.gpus))}: the model is split over GPUs, but the engine "
+                          f"runs on the CPU ({note})")
     from .backends.expert_tiers import GiB, tiers_for
     from .model_catalog import gpu_memory
 
@@ -328,7 +330,11 @@ def engine_for(ckpt, options: EngineOptions, report: Callable[[LoadProgress], No
     gpu = gpu_memory() if device == "cuda" else None
     free = gpu.free if gpu else int(options.vram_budget_gb * GiB) if device != "cuda" else 0
     tiers = tiers_for(ckpt, options, free) if free else None
-    if device == "cuda":
+    if device == "cuda" and len(options.gpus) > 1:  # one model split over several GPUs (parallel.py)
+        from .backends.cuda_sharded import make_sharded_runner
+
+        runner, device_name = make_sharded_runner(ckpt, options, report)
+    elif device == "cuda":
         from .backends.cuda_runner import make_cuda_runner
 
         runner, device_name = make_cuda_runner(ckpt, options, report, tiers=tiers)

@@ -327,6 +327,19 @@ def partition(model_cls, args, world: int, formats: dict[str, str] | None = None
                          n_state, a.hidden_size, a.vocab_size)
 
 
+def shard_of(t, split: Split, rank: int):
+    """GPU ``rank``'s piece of tensor ``t`` (a loaders.tensor QTensor, or an ExpertTensor split by
+    EXPERTS) under ``split``: the tensor itself where it is replicated."""
+    from .loaders.tensor import ExpertTensor
+
+    if split.kind == REPLICATE:
+        return t
+    if split.kind == EXPERTS:
+        (lo, hi), = split.ranges[rank]
+        return ExpertTensor(t.name, t.parts[lo:hi])
+    return t.take_cols(split.ranges[rank], t.name) if split.kind == COLS else t.take_rows(split.indices(rank), t.name)
+
+
 def plan_for(checkpoint, world: int) -> PartitionPlan:
     """A checkpoint's plan over ``world`` GPUs, its formats' block boundaries checked."""
     from .models import get_family

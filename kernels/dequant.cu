@@ -2,9 +2,12 @@
 // bw24chat.quants.dequantize (times the NVFP4 global scale, as QTensor.dequantize does).
 //
 // Contract
-//   dequant_rows(wq, wh, ws, wd, gscale, ids, n_rows, n_in, out)
-//     out[t, :] = W[row(t), :] as float32, row(t) = ids[t] (int32) or t when ids == nullptr,
-//     t = 0..n_rows-1; out is [n_rows, n_in] row-major.
+//   dequant_rows(wq, wh, ws, wd, gscale, ids, lo, n_table, n_rows, n_in, out)
+//     out[t, :] = W[row(t), :] as float32, row(t) = ids[t] - lo (ids int32) or t when ids == nullptr,
+//     t = 0..n_rows-1; out is [n_rows, n_in] row-major.  With n_table >= 0, a row(t) outside
+//     [0, n_table) gives zeros: an embedding split by vocabulary over several GPUs (parallel.py)
+//     holds ids [lo, lo + n_table) and adds nothing for the others (the all-reduce after it then
+//     sums one row and zeros: exact).  n_table < 0: every id is a row of the table (one GPU).
 //   W is a repacked matrix (kernels/formats.cuh, bw24chat/backends/cuda_weights.py), FMT one
 //   format per compile; gscale is the per-row NVFP4 global scale (nullptr for other formats).
 // Math: formats.cuh decode_exact (the float ops of quants.py / ggml-quants.c in their order, no
@@ -29,6 +32,7 @@ BW24_DEVICE void for_each_chunk(const uint4* __restrict__ wq, const void* __rest
         const long t = i / nck;
         const int kc = (int)(i - t * nck);
         const long row = row_of(t);
+        if (row < 0) continue;  // dequant_rows: an id outside the table's range (zeros written there)
         Raw r;
         fetch_chunk(r, wq, wh, ws, wd, row, nck, kc);
         float v[VPC];
@@ -40,9 +44,21 @@ BW24_DEVICE void for_each_chunk(const uint4* __restrict__ wq, const void* __rest
 extern "C" __global__ void __launch_bounds__(256)
 dequant_rows(const uint4* __restrict__ wq, const void* __restrict__ wh, const void* __restrict__ ws,
              const void* __restrict__ wd, const float* __restrict__ gscale, const int* __restrict__ ids,
-             int n_rows, int n_in, float* __restrict__ out) {
+             long lo, long n_table, int n_rows, int n_in, float* __restrict__ out) {
     PDL_ENTRY();
-    for_each_chunk(wq, wh, ws, wd, n_rows, n_in, [&](long t) { return ids ? (long)ids[t] : t; },
+    if (ids && n_table >= 0) {  // the ids outside the table's range: zero rows (the walk below skips them)
+        const long nck4 = (long)n_rows * (n_in / 4);
+        for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < nck4; i += (long)gridDim.x * blockDim.x) {
+            const long t = i / (n_in / 4), row = (long)ids[t] - lo;
+            if (row < 0 || row >= n_table)
+                reinterpret_cast<float4*>(out + t * n_in)[i - t * (n_in / 4)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    for_each_chunk(wq, wh, ws, wd, n_rows, n_in, [&](long t) {
+            if (!ids) return t;
+            const long row = (long)ids[t] - lo;
+            return n_table < 0 || (row >= 0 && row < n_table) ? row : -1L;
+        },
                    [&](long t, long row, int kc, float (&v)[VPC]) {
         if (gscale) {
             const float gs = gscale[row];

@@ -55,11 +55,17 @@ def test_missing_gpus_named(monkeypatch, capsys):
 
 
 def test_several_gpus_go_through_the_plan(monkeypatch, tmp_path):
-    """With the GPUs present: a model whose heads do not divide is refused naming them, one that
-    splits is refused with its per-GPU size, as the engine over several GPUs is not built yet."""
+    """With the GPUs present: a model whose heads do not divide is refused naming them; one that
+    needs what the engine does not run over several GPUs yet (MoE experts by expert ranges) is
+    refused naming that, before its weights load; a split model never falls back to the CPU."""
     monkeypatch.setattr(backends, "cuda_devices", lambda: (4, "ok"))
     d, _ = make_hf_dir(tmp_path / "m", "qwen3", "F32")  # 4 query heads, 2 KV heads
     with pytest.raises(PartitionError, match="num_attention_heads = 4 does not divide over 3 GPUs"):
         open_engine(EngineOptions(model=str(d), gpus=(0, 1, 2)))
-    with pytest.raises(OptionError, match=r"--gpus 0,1: .* GiB of weights per GPU, but the engine over several GPUs is not built yet"):
+    moe, _ = make_hf_dir(tmp_path / "moe", "qwen3_moe", "F32")
+    with pytest.raises(OptionError, match=r"--gpus 2: .* needs MoE experts split by expert ranges, which the engine "
+                                          r"does not run over several GPUs yet"):
+        open_engine(EngineOptions(model=str(moe), gpus=(0, 1)))
+    monkeypatch.setattr("bw24chat.engine.pick_device", lambda requested: ("cpu", "no GPU"))
+    with pytest.raises(OptionError, match="--gpus 0,1: the model is split over GPUs, but the engine runs on the CPU"):
         open_engine(EngineOptions(model=str(d), gpus=(0, 1)))

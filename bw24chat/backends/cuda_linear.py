@@ -936,7 +936,7 @@ def dequant_block(W: DeviceWeight, r0: int, n: int, whi, wlo) -> None:
         (W.q, _ptr(W.h), _ptr(W.s), _ptr(W.d), np.int64(r0), np.int32(n), np.int32(W.in_), whi, _ptr(wlo)))
 
 
-def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out) -> None:
+def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out, lo: int = 0, n_table: int = -1) -> None:
     if out.dtype != np.float32 or out.size < n_rows * W.in_:
         raise ValueError("out must be float32 [rows, in]")
     if n_rows <= 0:
@@ -944,15 +944,17 @@ def _dequant_rows(W: DeviceWeight, ids, n_rows: int, out) -> None:
     total = n_rows * W.nck
     grid = (max(1, min(-(-total // 256), _sm_resources()[0] * 16)),)
     k = get_kernel("dequant", "dequant_rows", FMT=W.fmt_id)
-    k(grid, (256,), (*_wargs(W), _ptr(ids), np.int32(n_rows), np.int32(W.in_), out))
+    k(grid, (256,), (*_wargs(W), _ptr(ids), np.int64(lo), np.int64(n_table), np.int32(n_rows), np.int32(W.in_), out))
 
 
-def embed(W: DeviceWeight, ids_dev, out) -> None:
+def embed(W: DeviceWeight, ids_dev, out, lo: int | None = None) -> None:
     """out[T, W.in] = rows ids[t] of the table, float32, bit-exact with quants.dequantize
-    (NVFP4: times the global scale, as QTensor.dequantize).  ids_dev: int32 device array [T]."""
+    (NVFP4: times the global scale, as QTensor.dequantize).  ids_dev: int32 device array [T].
+    ``lo``: the table holds the vocabulary's rows [lo, lo + W.out) (one GPU's share: parallel.py),
+    ids outside it give zero rows."""
     if ids_dev.dtype != np.int32:
         raise ValueError("embed: ids must be int32")
-    _dequant_rows(W, ids_dev, int(ids_dev.size), out)
+    _dequant_rows(W, ids_dev, int(ids_dev.size), out, *(() if lo is None else (lo, W.out)))
 
 
 def dequantize(W: DeviceWeight, out) -> None:

@@ -107,12 +107,16 @@ class CudaRunner:
     state_checkpoints = True  # speculative.make_drafter: a verify's rollback restores a recurrent state exactly
 
     def __init__(self, checkpoint, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
-                 use_graph: bool = True, progress=None, activations: str = "f32", tiers=None):
+                 use_graph: bool = True, progress=None, activations: str = "f32", tiers=None, shard=None):
         import cupy as cp
 
         self.cp = cp
+        self.device = cp.cuda.Device()  # the GPU it was built on (current then)
         fam = get_family(checkpoint.arch)
-        a = self.args = fam.ModelArgs.from_dict(checkpoint.config)
+        # ``shard``: this runner is one GPU of a model split over several (cuda_sharded.Shard: its
+        # share of the weights and heads, the ops that exchange partial results)
+        self.shard = shard
+        a = self.args = shard.args if shard is not None else fam.ModelArgs.from_dict(checkpoint.config)
         self.n_ctx = min(n_ctx or a.max_position_embeddings, a.max_position_embeddings)
         self.vocab_size = a.vocab_size
         self.kv_type = kv_type
@@ -141,9 +145,15 @@ class CudaRunner:
             self.max_rows = max(1, min(MAX_ROWS, min(tiers.plan.vram_slots) // a.num_experts_per_tok))
             cuda_tiers = CudaTiers(tiers, a.num_experts_per_tok, MAX_ROWS)
         self.tiers = cuda_tiers
-        self.loader = CudaLoader(cuda_tiers)
+        if shard is not None:
+            from .cuda_sharded import ShardLoader, ShardOps
+
+            self.loader, self.Ops = ShardLoader(shard), ShardOps
+        else:
+            self.loader, self.Ops = CudaLoader(cuda_tiers), CudaOps
         report = progress or (lambda f: None)
-        self.model = fam.Model(a, self.loader, checkpoint.tensors, self.n_ctx, report)
+        self.model = fam.Model(a, self.loader, shard.tensors if shard is not None else checkpoint.tensors, self.n_ctx,
+                               report)
         D, H, K, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
         self.dims = (D, H, K, hd, a.intermediate_size)
         self._rope: dict = {}
@@ -188,7 +198,7 @@ class CudaRunner:
         # it runs (the runner interface's ``mtp``), or None
         from .cuda_mtp import load_head
 
-        self.cuda_mtp = load_head(self, checkpoint)
+        self.cuda_mtp = load_head(self, checkpoint) if shard is None else None
         self.mtp = self.cuda_mtp.head if self.cuda_mtp is not None else None
         # Everything above was allocated, zeroed and uploaded on the legacy default stream, which
         # the runner's non-blocking stream does not wait for: finish it before the first step
@@ -221,7 +231,7 @@ class CudaRunner:
         plan depends on T and start (the GEMMs' token counts, the attention's keys), so it is
         traced per chunk rather than kept."""
         with self.stream, tracing() as plan:
-            out = self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
+            out = self.model.forward(self.Ops(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
         return plan, out
 
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool, each=None):
@@ -236,7 +246,7 @@ class CudaRunner:
         self.p_pos[:T].set(np.arange(start, start + T, dtype=np.int32), stream=self.stream)
         if each is None:
             with self.stream, eager_launches():  # host-launched: CuPy's cheaper launch path (kernel_build)
-                return self.model.forward(CudaOps(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
+                return self.model.forward(self.Ops(self, T, decode=False, start=start, all_logits=all_logits), self.p_ids[:T])
         plan, out = self.prefill_plan(T, start, all_logits)
         with eager_launches():
             for item in plan:
@@ -302,7 +312,7 @@ class CudaRunner:
         p = self.plans.get(m)
         if p is None:
             with self.stream, tracing() as p:
-                self.model.forward(CudaOps(self, m, decode=True), self.d_tokens[:m])
+                self.model.forward(self.Ops(self, m, decode=True), self.d_tokens[:m])
                 self._sample_rows(m)
             self.plans[m] = p
         return p

@@ -129,8 +129,10 @@ def _real_arch(device_id: int, portable: bool) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def get_module(family: str, defines: tuple = ()):
-    """The compiled module for ``family`` with ``defines`` (a sorted tuple of (name, value)).
+def get_module(family: str, defines: tuple = (), device: int = 0):
+    """The compiled module for ``family`` with ``defines`` (a sorted tuple of (name, value)),
+    loaded on CUDA device ``device`` (the current one when called: a module's functions launch
+    only in the context it was loaded into, so each GPU of ``--gpus`` loads its own).
     Compiled by compile_cubin and loaded as a cubin, not through cupy.RawModule(code=...): CuPy
     appends -ftz=true to every compile, which would flush the subnormals the exactness contracts
     keep (_options); and so the kernels that run are the ones the NVRTC checks build.  Cubins are
@@ -275,6 +277,15 @@ def tracing():
         _traced = prev
 
 
+def plan_item(item) -> None:
+    """Record a callable plan item (a collective of backends/cuda_sharded.py) in the plan being
+    traced, or run it now."""
+    if _traced is not None:
+        _traced.append(item)
+    else:
+        item()
+
+
 def host_step(fn, label: str) -> None:
     """Run ``fn(stream)`` now, or record it as a HostStep of the plan being traced."""
     if _traced is not None:
@@ -402,8 +413,8 @@ def allow_nonportable_clusters(kernel: Kernel) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(family: str, name: str, defines: tuple) -> Kernel:
-    return Kernel(get_module(family, defines).get_function(name), family, name, defines)
+def _kernel(family: str, name: str, defines: tuple, device: int) -> Kernel:
+    return Kernel(get_module(family, defines, device).get_function(name), family, name, defines)
 
 
 def get_kernel(family: str, name: str, **defines) -> Kernel:
@@ -412,7 +423,9 @@ def get_kernel(family: str, name: str, **defines) -> Kernel:
     key = tuple(sorted(defines.items()))
     if _planning is not None:
         return _planning.kernel(family, name, key)
-    return _kernel(family, name, key)
+    import cupy
+
+    return _kernel(family, name, key, cupy.cuda.runtime.getDevice())
 
 
 # ----------------------------------------------------------------------------- planning

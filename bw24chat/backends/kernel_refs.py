@@ -666,3 +666,12 @@ def philox_first_raw(seed: int, position: int) -> int:
     ctr = ((position & _M64) + 1) | 0  # 256-bit increment with carry
     c = [ctr & _M64, ctr >> 64, 0, 0]
     return philox4x64_block(tuple(c), (seed & _M64, (seed >> 64) & _M64))[0]
+
+
+def vocab_gather_ref(gathered: np.ndarray, world: int, rows: int, V: int) -> np.ndarray:
+    """collective.cu vocab_gather: the LM head's all-gathered logits ([world][rows * vc] as NCCL
+    leaves them, GPU r's first rows * n_r values its logits [rows][n_r], n_r = min(vc, V - r vc),
+    vc = ceil(V / world)) in vocabulary order: (rows, V)."""
+    vc = -(-V // world)
+    g = np.asarray(gathered, np.float32).reshape(world, rows * vc)
+    return np.concatenate([g[r, :rows * max(0, min(vc, V - r * vc))].reshape(rows, -1) for r in range(world)], axis=1)

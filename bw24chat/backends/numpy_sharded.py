@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..loaders.tensor import ExpertTensor, QTensor
 from ..ops import AttentionSpec, DeltaNetSpec, Loader, Ops, RouterSpec
 from ..parallel import COLS, EXPERTS, REPLICATE, ROWS, PartitionPlan, kv_heads_per_gpu, local_attention, \
-    local_deltanet
+    local_deltanet, shard_of
 from .numpy_backend import NumpyBackend, NumpyKVCache, NumpyOps, NumpyRecurrentState, NumpyRunner, rmsnorm_ref
 
 
@@ -114,18 +113,14 @@ class ShardedBackend(Loader):
             raise ValueError(f"{[t.name for t in tensors]}: one matrix of tensors split differently ({sorted(kinds)})")
         return kinds.pop()
 
-    def _piece(self, t: QTensor, r: int) -> QTensor:
-        s = self.plan.splits[t.name]
-        return t.take_cols(s.ranges[r], t.name) if s.kind == COLS else t.take_rows(s.indices(r), t.name)
-
     def _load(self, tensors: list, load) -> ShardedWeight:
         """``load(rank backend, its tensors)`` on every GPU (a replicated weight whole on each)."""
         kind = self._kind(tensors)
         if kind == REPLICATE:
             return ShardedWeight(kind, [load(b, tensors) for b in self.ranks], [0] * self.world)
         s = self.plan.splits[tensors[0].name]
-        return ShardedWeight(kind, [load(b, [self._piece(t, r) for t in tensors]) for r, b in enumerate(self.ranks)],
-                             [rr[0][0] for rr in s.ranges])
+        pieces = lambda r: [shard_of(t, self.plan.splits[t.name], r) for t in tensors]  # noqa: E731
+        return ShardedWeight(kind, [load(b, pieces(r)) for r, b in enumerate(self.ranks)], [rr[0][0] for rr in s.ranges])
 
     def load_linear(self, tensors: list, interleave: bool = False, role: str = "") -> ShardedWeight:
         return self._load(tensors, lambda b, ts: b.load_linear(ts, interleave, role))
@@ -146,9 +141,8 @@ class ShardedBackend(Loader):
         s = self.plan.splits[gate.name]
         parts = []
         for r, b in enumerate(self.ranks):
-            (lo, hi), = s.ranges[r]
-            ex = b.load_experts(*(ExpertTensor(t.name, t.parts[lo:hi]) for t in (gate, up, down)), role)
-            ex.first = lo
+            ex = b.load_experts(*(shard_of(t, s, r) for t in (gate, up, down)), role)
+            ex.first = s.ranges[r][0][0]
             parts.append(ex)
         return ShardedWeight(EXPERTS, parts, [rr[0][0] for rr in s.ranges])
 

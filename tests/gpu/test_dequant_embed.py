@@ -56,6 +56,25 @@ def test_embed_bit_exact(cp, rng, fmt):
         assert bits_equal(got, ref[ids]) == 0
 
 
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_K", "NVFP4"])
+def test_embed_of_a_vocabulary_range(cp, rng, fmt):
+    """One GPU's share of an embedding split by vocabulary (parallel.py): the table holds ids
+    [lo, lo + rows); the ids in it give their rows, the others zeros (bit for bit)."""
+    from bw24chat.backends import cuda_linear as cl
+
+    ts, ref = make_weight(rng, fmt, rows=(29,))
+    W = cw.upload(ts)
+    lo = 40
+    ids = rng.integers(0, 120, 53).astype(np.int32)
+    ids[:3] = (lo - 1, lo, lo + W.out)  # the range's edges
+    out = cp.full((len(ids), W.in_), cp.nan, dtype=cp.float32)
+    cl.embed(W, cp.asarray(ids), out, lo=lo)
+    want = np.zeros((len(ids), W.in_), np.float32)
+    mine = (ids >= lo) & (ids < lo + W.out)
+    want[mine] = ref[ids[mine] - lo]
+    assert bits_equal(cp.asnumpy(out), want) == 0
+
+
 def test_dequantize_large_q4_k(cp, rng):
     """A matrix with many chunks per row: the grid-stride loop and row arithmetic."""
     from bw24chat.backends import cuda_linear as cl
