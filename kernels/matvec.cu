@@ -82,6 +82,9 @@
 #define MV_U (MV_M <= 2 ? 4 : 2)
 #endif
 #endif
+#ifndef MV_X1  // 1 (m > 1, inputs <= 4 per thread): each row's x read in one batch, the rows' loads in flight
+#define MV_X1 0  // together (rms_inv_rows, stage_float_x): a small model's m-row step; the same values
+#endif
 #ifndef MV_STEADY  // 1: branch-free steady-state windows in the main loop (see there)
 #define MV_STEADY 0
 #endif
@@ -138,6 +141,18 @@ BW24_DEVICE void rms_inv_rows(const float* __restrict__ x, int ldx, int n_in, in
     const int n4 = (n_in + 3) / 4;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float ss[MV_M];
+#if MV_X1
+    if (n4 <= STAT_NT) {  // a group a thread at most: every row's load in flight at once (one L2 round
+        float4 v[MV_M];   // trip, not MV_M); the same sums (the batches' other groups add 0 * 0 exactly)
+#pragma unroll
+        for (int m = 0; m < MV_M; ++m) v[m] = tid < n4 ? load_group(x + (long)m * ldx, tid, n_in, vec) : zero;
+#pragma unroll
+        for (int m = 0; m < MV_M; ++m) {
+            const float4 one[1] = {v[m]};
+            ss[m] = warp_sum(add_squares(one, 0.0f));
+        }
+    } else
+#endif
 #pragma unroll
     for (int m = 0; m < MV_M; ++m) {
         float s = 0.0f;
@@ -183,6 +198,39 @@ BW24_DEVICE void stage_float_x(const float* __restrict__ x, int ldx, int n_in, i
                                const float (&inv)[MV_M], const float* __restrict__ normw, bool vec, bool xb16, float* xs) {
     const int tid = threadIdx.x, g4 = (tkk + 3) / 4;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if MV_X1
+    if (g4 <= MV_NT) {  // a group a thread at most (a small model's rows): every row's loads in flight at
+        if (tid >= g4) return;  // once, one L2 round trip instead of MV_M; the same values
+        const int f = tid;
+        const float4 wn = pro == PRO_RMS ? load_group(normw + k0, f, tkk, vec) : zero;
+        float4 a[MV_M], u[MV_M];
+#pragma unroll
+        for (int m = 0; m < MV_M; ++m) {
+            const float* xr = x + (long)m * ldx + k0;
+            a[m] = load_group(xr, f, tkk, vec);
+            u[m] = pro == PRO_SWIGLU ? load_group(xr + n_in, f, tkk, vec) : zero;
+        }
+#pragma unroll
+        for (int m = 0; m < MV_M; ++m) {
+            float4 v = a[m];
+            if (pro == PRO_RMS)
+                v = make_float4(rms_apply(v.x, inv[m], wn.x), rms_apply(v.y, inv[m], wn.y),
+                                rms_apply(v.z, inv[m], wn.z), rms_apply(v.w, inv[m], wn.w));
+            else if (pro == PRO_SWIGLU)
+                v = make_float4(swiglu_act(v.x, u[m].x), swiglu_act(v.y, u[m].y), swiglu_act(v.z, u[m].z),
+                                swiglu_act(v.w, u[m].w));
+            if (xb16) v = bf16_round4(v);
+            float* dst = xs + m * tk + swizzle(4 * f);
+            if (4 * f + 4 <= tkk) {
+                *reinterpret_cast<float4*>(dst) = v;
+            } else {  // the row's last, partial group
+                const float t[4] = {v.x, v.y, v.z, v.w};
+                for (int e = 0; 4 * f + e < tkk; ++e) dst[e] = t[e];
+            }
+        }
+        return;
+    }
+#endif
 #pragma unroll 1
     for (int m = 0; m < MV_M; ++m) {
         const float* xr = x + (long)m * ldx + k0;

@@ -245,6 +245,8 @@ def _simt_geometry(W: DeviceWeight, m: int, a8: bool, pro: int, swiglu: bool = F
             defs["MV_U"] = 2
     if swiglu and rows % 2:
         raise ValueError(f"the swiglu epilogue pairs rows (2i, 2i+1) inside one warp: {rows} rows per warp")
+    if m > 1 and -(-W.in_ // 4) <= 32 * nw:  # a row of x is at most a float4 a thread: the rows' loads at once
+        defs["MV_X1"] = 1
     return defs, rows, nw
 
 
