@@ -426,6 +426,8 @@ class CudaRunner:
                 rt.memcpyAsync(st[name].data.ptr, src.data.ptr, src.nbytes, rt.memcpyDeviceToDevice, self.stream.ptr)
             self.state_pos, self._slot_range = n, (lo, n)
             return
+        if self.shard is not None:  # one GPU of a split model recomputes only in lockstep with the others
+            raise RuntimeError("a split model's recurrent state is recomputed by ShardedCudaRunner.rollback")
         with self.stream:
             kept = self._kept or [self.d_logits[:self._rows].copy()]
         for name in ("conv", "ssm"):

@@ -25,8 +25,9 @@ GPUs between ``ncclGroupStart`` / ``ncclGroupEnd`` (one thread driving several c
 must group them).  A decode step of m rows is captured that way once, one CUDA graph per GPU with
 its NCCL calls inside, and replayed by launching every GPU's graph in turn.
 
-Not built over several GPUs yet (refused before anything loads, naming it): MoE experts split by
-expert ranges, MiniMax-M2's QK-norm over the whole projections, MTP heads, batched decoding.
+Not built over several GPUs yet: MoE experts split by expert ranges and MiniMax-M2's QK-norm over
+the whole projections (refused before anything loads, naming them), a checkpoint's MTP head (not
+loaded: n-gram drafting works), batched decoding (one sequence at a time).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ import numpy as np
 from ..api import SamplingParams
 from ..options import OptionError
 from ..parallel import COLS, VOCAB, PartitionPlan, kv_heads_per_gpu, plan_for, shard_of
+from .cuda_deltanet import GDN_CHUNK
 from .cuda_opset import CudaLoader, CudaOps
 from .kernel_build import device_empty, eager_launches, get_kernel, plan_item
 
@@ -54,6 +56,9 @@ class Comm:
         # inside a graph capture (NCCL_RUNTIME_CONNECT, NCCL >= 2.22's lazy connection setup)
         os.environ["NCCL_RUNTIME_CONNECT"] = "0"
         from cupy.cuda import nccl
+
+        if not nccl.available:
+            raise OptionError(f"--gpus {len(devices)}: this CuPy has no NCCL (pip install nvidia-nccl-cu12 or -cu13)")
 
         self.nccl, self.devices = nccl, tuple(devices)
         self.comms = nccl.NcclCommunicator.initAll(list(self.devices))
@@ -128,8 +133,6 @@ def refuse_unbuilt(checkpoint, world: int) -> None:
         why = "MoE experts split by expert ranges"
     elif fam.Model.qk_norm_width == "full":
         why = f"{checkpoint.arch}'s QK-norm over the whole projections"
-    elif checkpoint.mtp:
-        why = "its MTP head"
     if why:
         raise OptionError(f"--gpus {world}: {checkpoint.name} needs {why}, which the engine does not run over "
                           "several GPUs yet (one GPU, with the experts spilled to host RAM where they do not fit, does)")
@@ -285,6 +288,7 @@ class ShardedCudaRunner:
 
     # ------------------------------------------------------------------ prefill
     def _prefill_chunk(self, ids: np.ndarray, start: int, all_logits: bool):
+        self.rollback(start)  # in lockstep here, so that no GPU's _advance recomputes a state alone
         T, plans, outs = len(ids), [], []
         for rk in self.ranks:
             with self._on(rk):
@@ -323,6 +327,8 @@ class ShardedCudaRunner:
         chunk = chunk or self.prefill_chunk
         if chunk > self.prefill_chunk:
             raise ValueError(f"chunk {chunk} > the buffers' {self.prefill_chunk}")
+        if self.ranks[0].dn_state is not None and chunk % GDN_CHUNK:
+            raise ValueError(f"chunk {chunk}: a multiple of {GDN_CHUNK} for a hybrid model (cuda_deltanet.prefill)")
         ids = np.asarray(ids)
         outs = [self._prefill_chunk(ids[s: s + chunk], start + s, True) for s in range(0, len(ids), chunk)]
         self._sync()
@@ -366,6 +372,12 @@ class ShardedCudaRunner:
             for rk in self.ranks:
                 with self._on(rk):
                     graphs.append(rk.stream.end_capture())
+        # uploaded before the first launch, which then only enqueues (NCCL warns that a graph
+        # launch may block where one thread drives several GPUs; the uploads take that work)
+        for rk, graph in zip(self.ranks, graphs):
+            with self._on(rk):
+                graph.upload(rk.stream)
+        self._sync()
         self.graphs[m] = graphs
 
     def _pass(self, rows: list[int], start: int, params: SamplingParams, seed: int, history, keep: bool = False):
@@ -393,6 +405,7 @@ class ShardedCudaRunner:
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("a step runs at least one row")
+        self.rollback(start)  # in lockstep here, so that no GPU's _advance recomputes a state alone
         for rk in self.ranks:
             with rk.device:
                 rk._advance(tokens, start, step=True)
@@ -485,7 +498,13 @@ class ShardedCudaRunner:
         return {"vram_used": used, "vram_total": total}
 
     def close(self) -> None:
+        """The graphs go first: NCCL will not destroy a communicator while a captured graph
+        still refers to it (ncclCommDestroy waits for them)."""
+        import gc
+
         self._sync()
+        self.graphs.clear()
+        gc.collect()
         self.comm.close()
 
 
@@ -513,6 +532,11 @@ def make_sharded_runner(checkpoint, options, report) -> tuple[ShardedCudaRunner,
         with cp.cuda.Device(g):
             free.append(cp.cuda.runtime.memGetInfo()[0])
     budgets = [int(options.vram_budget_gb * 2**30) if options.vram_budget_gb else f for f in free]
+    if plan.n_state_layers:  # a hybrid's recurrent state (with its checkpoint slots) beside the weights
+        from ..parallel import local_deltanet
+        from .cuda_deltanet import state_bytes
+
+        per = [w + state_bytes(local_deltanet(plan.deltanet, world), plan.n_state_layers) for w in per]
     for g, w, b in zip(gpus, per, budgets):
         check_fits(f"{checkpoint.name} (its share on GPU {g})", w, b)
     a = local_args(get_family_args(checkpoint), world)

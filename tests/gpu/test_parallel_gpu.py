@@ -13,7 +13,8 @@ from bw24chat.synthetic import synthetic_checkpoint
 
 
 def test_nccl_world_of_one(cp, monkeypatch):
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # as the engine sets it before any communicator
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # as the engine sets them before any communicator (cuda_sharded.Comm;
+    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")  # NCCL reads each once a process)
     try:
         from cupy.cuda import nccl
 
