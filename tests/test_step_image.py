@@ -140,3 +140,34 @@ def test_solo_step_image(sp):
         assert np.array_equal(block[:words], packed.view(np.int32))
         assert list(block[words:words + len(ring)]) == ring
         assert len(ring) == (min(i + 1 + len(hist), 6) if sp is PENALTY else 0)
+
+
+def test_step_passes_split_a_long_step():
+    """cuda_runner.step_passes (CudaRunner.step and the runner over several GPUs): passes of
+    max_rows rows at their positions with the history so far, the logits kept wherever another
+    pass goes before or after, each pass's sampled tokens in order."""
+    from bw24chat.backends.cuda_runner import step_passes
+
+    class Fake:
+        max_rows = 4
+
+        def __init__(self):
+            self.calls, self.last = [], []
+
+        def _pass(self, rows, start, params, seed, history, keep=False):
+            self.calls.append((list(rows), start, list(history), keep))
+            self.last = rows
+            return f"logits@{start}" if keep else None
+
+        def _tokens(self, n):
+            return [t + 100 for t in self.last[:n]]
+
+    for n, keeps in ((3, [False]), (4, [False]), (9, [True, True, True])):
+        r, seen = Fake(), []
+        toks = list(range(n))
+        out, kept = step_passes(r, toks, 50, None, 0, [7, 8], lambda rows, more: seen.append((rows, more)))
+        assert out == [t + 100 for t in toks]
+        assert [c[3] for c in r.calls] == keeps and len(kept) == sum(keeps)
+        assert [(c[0], c[1]) for c in r.calls] == [(toks[s:s + 4], 50 + s) for s in range(0, n, 4)]
+        assert [c[2] for c in r.calls] == [[7, 8] + toks[:s] for s in range(0, n, 4)]
+        assert seen == [(len(toks[s:s + 4]), s + 4 < n) for s in range(0, n, 4)]

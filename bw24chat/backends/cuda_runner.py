@@ -101,6 +101,25 @@ def sample_step_rows(r, m: int) -> None:
     ops.sample(r.d_logits[:m], params, r.d_next[:m], rings, r.d_len[:m], r.sample_ws)
 
 
+def step_passes(r, tokens: list[int], start: int, params: SamplingParams, seed: int, history, each=None):
+    """A step of more rows than one pass holds (a verify of K = 8 drafts; spilled experts) as
+    passes of r.max_rows rows, each row still the same arithmetic as a one-row step: r._pass per
+    pass (its logits kept where another pass follows or went before), r._tokens the sampled
+    ones, ``each(rows, more passes follow)`` after each.  (tokens, the kept logits.)"""
+    out, kept, hist, P = [], [], list(history[-RING:]), r.max_rows
+    for s in range(0, len(tokens), P):
+        rows = tokens[s:s + P]
+        if kept or s + P < len(tokens):
+            kept.append(r._pass(rows, start + s, params, seed, hist, keep=True))
+        else:
+            r._pass(rows, start + s, params, seed, hist)
+        out += r._tokens(len(rows))
+        hist += rows
+        if each is not None:
+            each(len(rows), s + P < len(tokens))
+    return out, kept
+
+
 class CudaRunner:
     """The runner interface (backends/runner.py) on one GPU."""
 
@@ -364,22 +383,15 @@ class CudaRunner:
         if not tokens:
             raise ValueError("a step runs at least one row")
         self._advance(tokens, start, step=True)
-        # more rows than one pass holds (a verify of K = 8 drafts; spilled experts): passes of
-        # max_rows rows, each row still the same arithmetic as a one-row step
-        out, kept, hidden = [], [], []
-        hist = list(history[-RING:])
-        P = self.max_rows
-        for s in range(0, len(tokens), P):
-            rows = tokens[s:s + P]
-            if kept or s + P < len(tokens):
-                kept.append(self._pass(rows, start + s, params, seed, hist, keep=True))
-            else:
-                self._pass(rows, start + s, params, seed, hist)
-            out += self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + len(rows)].tolist()
-            hist += rows
-            hidden.append(self._hidden_rows("d", len(rows), s + P < len(tokens)))
-        self._kept, self._hidden = kept, hidden
+        hidden = []
+        out, self._kept = step_passes(self, tokens, start, params, seed, history,
+                                      lambda n, more: hidden.append(self._hidden_rows("d", n, more)))
+        self._hidden = hidden
         return out
+
+    def _tokens(self, n: int) -> list[int]:
+        """The tokens the last pass sampled for its n rows."""
+        return self.h_i32[_HDR_OUT // 4:_HDR_OUT // 4 + n].tolist()
 
     def _pass(self, rows: list[int], start: int, params: SamplingParams, seed: int, history, keep: bool = False):
         m = len(rows)

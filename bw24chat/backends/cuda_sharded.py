@@ -321,7 +321,7 @@ class ShardedCudaRunner:
                 rk._sample_rows(1)
                 rk._d2h_tokens(1)
         self._sync()
-        return self._token(0)
+        return self._tokens(1)[0]
 
     def prefill_logits(self, ids, start: int, chunk: int | None = None) -> np.ndarray:
         chunk = chunk or self.prefill_chunk
@@ -409,22 +409,13 @@ class ShardedCudaRunner:
         for rk in self.ranks:
             with rk.device:
                 rk._advance(tokens, start, step=True)
-        out, kept, hist, P = [], [], list(history[-_ring():]), self.max_rows
-        for s in range(0, len(tokens), P):
-            rows = tokens[s:s + P]
-            if kept or s + P < len(tokens):
-                kept.append(self._pass(rows, start + s, params, seed, hist, keep=True))
-            else:
-                self._pass(rows, start + s, params, seed, hist)
-            out += [self._token(i) for i in range(len(rows))]
-            hist += rows
-        self._kept = kept
+        from .cuda_runner import step_passes
+
+        out, self._kept = step_passes(self, tokens, start, params, seed, history)
         return out
 
-    def _token(self, i: int) -> int:
-        from .cuda_runner import _HDR_OUT
-
-        return int(self.ranks[0].h_i32[_HDR_OUT // 4 + i])
+    def _tokens(self, n: int) -> list[int]:
+        return self.ranks[0]._tokens(n)  # every GPU sampled the same tokens
 
     def last_logits(self) -> np.ndarray:
         self._sync()
