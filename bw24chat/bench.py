@@ -656,7 +656,7 @@ def spec_main(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .options import KV_CACHE_TYPES, MODEL_HELP, add_device_arg, add_model_arg, comma_ints, comma_list, parser
+    from .options import KV_CACHE_TYPES, MODEL_HELP, add_device_arg, add_model_arg, comma_ints, comma_list, gpu_ids, parser
     from .synthetic import FORMATS, SHAPES
 
     p = parser("bw24chat bench", __doc__)
@@ -697,6 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-rate", type=float, default=0.0, metavar="GB/s",
                    help="the disk's sequential read rate (measured apart, e.g. dd of the model file after "
                         "--drop-page-cache), for the file tier's bound")
+    p.add_argument("--gpus", type=gpu_ids, default=(), metavar="N|IDS",
+                   help="split the model over N GPUs of this host (or the devices listed, 0,1): dense and hybrid "
+                        "models; the decode rows' roofline is per GPU (the busiest GPU's bytes)")
     p.add_argument("--spec", choices=["ngram", "mtp", "oracle"],
                    help="speculative decoding on an editing workload instead (either backend; mtp: the model's MTP head; "
                         "oracle, with --synthetic: drafts of the plain run's tokens, each right with probability --accept)")
@@ -771,8 +774,14 @@ def main(argv: list[str]) -> int:
     rows = []
 
     def run(ck, label: str):
-        tiers = _bench_tiers(ck, a, cp)
-        runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations, tiers=tiers)
+        if len(a.gpus) > 1:  # the model split over these GPUs (backends/cuda_sharded.py)
+            from .backends.cuda_sharded import ShardedCudaRunner
+
+            runner, tiers = ShardedCudaRunner(ck, a.gpus, a.ctx, a.kv_cache, activations=a.activations), None
+            label += f"/{len(a.gpus)}gpus"
+        else:
+            tiers = _bench_tiers(ck, a, cp)
+            runner = CudaRunner(ck, a.ctx, a.kv_cache, activations=a.activations, tiers=tiers)
         if tiers is not None:
             label += f"/{min(tiers.plan.vram_slots)}of{max(tiers.layout.n_experts)}vram"
         if a.profile:

@@ -226,6 +226,26 @@ class ShardedCudaRunner:
     state_checkpoints = True  # a verify's rollback restores each GPU's recurrent state exactly
     max_batch = 1
     mtp = None
+    tiers = None  # no expert tiers over several GPUs
+
+    @property
+    def stream(self):
+        """GPU 0's stream (bench's CUDA events; every pass ends with all the GPUs synchronized)."""
+        return self.ranks[0].stream
+
+    # GPU 0's model, loader and dims (its share: bench's prefill FLOPs and decode bytes are per GPU)
+    dims = property(lambda self: self.ranks[0].dims)
+    model = property(lambda self: self.ranks[0].model)
+    loader = property(lambda self: self.ranks[0].loader)
+
+    @property
+    def act_bf16(self) -> bool:
+        return self.ranks[0].act_bf16
+
+    @act_bf16.setter
+    def act_bf16(self, value: bool) -> None:  # the prefill's contract, set on every GPU (bench's pp rows)
+        for rk in self.ranks:
+            rk.act_bf16 = value
 
     def __init__(self, checkpoint, devices, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
                  use_graph: bool = True, progress=None, activations: str = "f32"):
