@@ -336,12 +336,27 @@ class AttnDecodeGeometry(NamedTuple):
     rows: int  # rows per block (attention_decode_tc.cu ATTN_ROWS)
 
 
-def attn_decode_rows(m: int, gq: int, tc: bool, paged: bool) -> int:
+ATTN_ROWS_FILL = 0.75  # attn_decode_rows: the share of the SMs a verify's blocks may fill before rows share blocks
+
+
+def attn_decode_rows(m: int, gq: int, tc: bool, paged: bool, row_blocks: int = 0, n_sm: int = 0) -> int:
     """Rows per block of an m-row decode attention: on tensor cores over a contiguous cache (one
     sequence, whose rows read the same keys: a speculative verify) as many as fill the 16 MMA rows
     with their gq heads each, so a key tile is read and multiplied once for all of them; else one
-    (a paged pass's rows are different sequences).  A row's bits do not depend on it."""
-    return max(1, min(m, 16 // gq)) if tc and not paged else 1
+    (a paged pass's rows are different sequences).  A row's bits do not depend on it.  Where a
+    row's own blocks are few (``row_blocks``: splits x KV heads x head groups; a small model's 3 KV
+    heads give 24), the fewest rows per block whose blocks stay within ATTN_ROWS_FILL of the
+    ``n_sm`` SMs: spread over more SMs, the rows' chains run side by side (SmolLM2-135M, 4 rows:
+    4.80 us a launch at one row a block against 8.36 at four; Qwen3-8B's 64 blocks a row keep
+    sharing, 14.4 us at four rows a block against 17.1 at two: docs/performance.md)."""
+    if not tc or paged:
+        return 1
+    most = max(1, min(m, 16 // gq))
+    if row_blocks and n_sm:
+        for r in range(1, most):
+            if -(-m // r) * row_blocks <= ATTN_ROWS_FILL * n_sm:
+                return r
+    return most
 
 
 def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, qx: bool = False,
@@ -354,7 +369,6 @@ def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, q
     G = n_heads // n_kv_heads
     gq = _decode_gq(G)
     tc = decode_on_tensor_cores(kv_type, hd)
-    rows = attn_decode_rows(m, gq, tc, paged)
     blocks_per_sm = _decode_tuning(tc)["blocks_per_sm"]
     ms = attn_decode_max_splits(n_heads, n_kv_heads, blocks_per_sm=blocks_per_sm)  # the workspace merge's
     extra = {"ATTN_QX": 1} if qx else {}
@@ -364,8 +378,6 @@ def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, q
     if tc:  # both always given: the defaults in the kernel serve the compile-only checks
         halves, stages = decode_tc_config(hd)
         extra.update(TC_HALVES=halves, TCSTAGES=stages)
-        if rows > 1:
-            extra["ATTN_ROWS"] = rows
     cluster = attn_decode_cluster(tc)
     if cluster:  # the splits of one (row, kv head, head group) merge in a thread-block cluster (ATTN_CLUSTER)
         extra["ATTN_CLUSTER"] = cluster
@@ -373,6 +385,9 @@ def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, q
         if not tc:  # long rows take the workspace merge over more blocks, a whole number of clusters
             extra["ATTN_HYBRID"] = attn_decode_hybrid(cluster)
             ms = attn_decode_long_splits(n_heads, n_kv_heads, cluster, blocks_per_sm=blocks_per_sm)
+    rows = attn_decode_rows(m, gq, tc, paged, ms * n_kv_heads * (G // gq), _n_sm())
+    if rows > 1:
+        extra["ATTN_ROWS"] = rows
     if tc:
         return AttnDecodeGeometry("attention_decode_tc", "attn_decode_tc", dict(HD=hd, GQ=gq, **extra), ms, G // gq,
                                   128 * halves, _decode_tc_smem(hd), cluster, rows)

@@ -151,8 +151,9 @@ def test_decode_hybrid_merge_gives_the_same_bits(cp, rng, monkeypatch, cluster, 
 @pytest.mark.parametrize("H,K,hd", [(32, 8, 128), (9, 3, 64), (16, 2, 128), (8, 8, 64)])
 def test_decode_rows_bit_identical_for_any_m(cp, rng, monkeypatch, kv_type, H, K, hd, tc, halves):
     """A row's bits do not depend on m nor on the other rows.  On the tensor-core kernel over a
-    contiguous cache the rows share blocks (attn_decode_rows: 4 rows x 4 heads, 5 x 3, 2 x 8, 8 x
-    1 per block, both MMA row halves), so this is where a verify's rows meet: consecutive lengths
+    contiguous cache the rows share blocks (attn_decode_rows: 4 rows x 4 heads, 2 x 8, 8 x 1 per
+    block, both MMA row halves; 3 KV heads' few blocks take 1-2 rows a block), so this is where a
+    verify's rows meet: consecutive lengths
     across a key tile's end and across a change of the split plan (511 -> 512 keys: one tile a
     split -> two; 4090 -> 4097), and lengths far apart in one block (their tiles' union)."""
     _set_decode_kernel(monkeypatch, tc, halves=halves)
