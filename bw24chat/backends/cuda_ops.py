@@ -339,7 +339,7 @@ class AttnDecodeGeometry(NamedTuple):
 ATTN_ROWS_FILL = 0.75  # attn_decode_rows: the share of the SMs a verify's blocks may fill before rows share blocks
 
 
-def attn_decode_rows(m: int, gq: int, tc: bool, paged: bool, row_blocks: int = 0, n_sm: int = 0) -> int:
+def attn_decode_rows(m: int, gq: int, tc: bool, paged: bool, row_blocks: int, n_sm: int) -> int:
     """Rows per block of an m-row decode attention: on tensor cores over a contiguous cache (one
     sequence, whose rows read the same keys: a speculative verify) as many as fill the 16 MMA rows
     with their gq heads each, so a key tile is read and multiplied once for all of them; else one
@@ -352,11 +352,7 @@ def attn_decode_rows(m: int, gq: int, tc: bool, paged: bool, row_blocks: int = 0
     if not tc or paged:
         return 1
     most = max(1, min(m, 16 // gq))
-    if row_blocks and n_sm:
-        for r in range(1, most):
-            if -(-m // r) * row_blocks <= ATTN_ROWS_FILL * n_sm:
-                return r
-    return most
+    return next((r for r in range(1, most) if -(-m // r) * row_blocks <= ATTN_ROWS_FILL * n_sm), most)
 
 
 def attn_decode_geometry(n_heads: int, n_kv_heads: int, hd: int, kv_type: str, qx: bool = False,
