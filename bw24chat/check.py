@@ -28,6 +28,11 @@ then one-row steps, on a fresh runner); then the same with a pool small enough t
 with n-gram speculation inside the batch.  On the NumPy backend (``--device cpu``) and on CUDA
 (backends/cuda_batch.py: the paged pool, every ``--kv-cache`` type).
 
+``--gpus N|IDS`` runs the model gates (and ``--spec``'s) on the model split over those GPUs
+(backends/cuda_sharded.py; a world of one GPU included: every exchange made through a one-rank
+communicator), and split_gates: the same tokens and logits run to run, and against one GPU the
+first divergent greedy position of 8 prompts (splitting a row's sums changes their order).
+
 Gates run on the engine's default float32 activations; ``--activations f32,bf16`` also runs the
 opt-in bf16-activation contract (every matmul input rounded to bf16 on both paths), whose
 from-scratch prefill-vs-decode row shows a few argmax flips at margins of 1e-3..1e-2 on random
@@ -391,13 +396,23 @@ def spec_gates(runner, tok, ks=range(MAX_K + 1), n_gen: int = 48, label: str = "
 
 
 def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None, draft_head: str | None = None,
-                hybrid: bool = False):
+                hybrid: bool = False, gpus: tuple = ()):
     """The gate's runner, tokenizer and a name for the backend: ``model`` with its MTP head (shipped
     or trained: loaders/draft_head.py), else SPEC_SHAPE (``hybrid``: SPEC_HYBRID) on the NumPy backend
     and the synthetic "tiny" shape (``hybrid``: "tiny-qwen3.5") on CUDA (what the other CUDA gates run),
-    each with a random MTP head (its trunk's weights are the same as without)."""
+    each with a random MTP head (its trunk's weights are the same as without).  ``gpus``: the model
+    split over those GPUs (cuda_sharded.py, which loads no MTP head: n-gram and oracle drafters)."""
     from .backends import pick_device
     from .synthetic import synthetic_checkpoint
+
+    def cuda_runner(ck):
+        if gpus:
+            from .backends.cuda_sharded import ShardedCudaRunner
+
+            return ShardedCudaRunner(ck, gpus, n_ctx, "bf16", prefill_chunk=512)
+        from .backends.cuda_runner import CudaRunner
+
+        return CudaRunner(ck, n_ctx, "bf16", prefill_chunk=512)
 
     if model:
         from dataclasses import replace
@@ -413,20 +428,62 @@ def spec_runner(device: str = "cpu", n_ctx: int = 1280, model: str | None = None
             from .backends.numpy_backend import numpy_runner
 
             return numpy_runner(ck, n_ctx), tok, f"NumPy, {ck.name}{head}"
-        from .backends.cuda_runner import CudaRunner
-
-        return CudaRunner(ck, n_ctx, "bf16", prefill_chunk=512), tok, f"CUDA, {ck.name}{head}"
+        return cuda_runner(ck), tok, f"CUDA{_on_gpus(gpus)}, {ck.name}{head}"
     if pick_device(device)[0] == "cpu":
         from .backends.numpy_backend import numpy_runner
 
         shape = SPEC_HYBRID if hybrid else SPEC_SHAPE
         return numpy_runner(synthetic_checkpoint(shape, "Q8_0", mtp=True), n_ctx), word_tokenizer(shape["vocab_size"]), "NumPy"
-    from .backends.cuda_runner import CudaRunner
-
-    runner = CudaRunner(synthetic_checkpoint("tiny-qwen3.5" if hybrid else "tiny", "BF16", mtp=True), n_ctx, "bf16",
-                        prefill_chunk=512)
+    runner = cuda_runner(synthetic_checkpoint("tiny-qwen3.5" if hybrid else "tiny", "BF16", mtp=True))
     dev = runner.cp.cuda.runtime.getDeviceProperties(runner.cp.cuda.Device().id)["name"].decode()
-    return runner, word_tokenizer(runner.vocab_size), f"CUDA, {dev}"
+    return runner, word_tokenizer(runner.vocab_size), f"CUDA{_on_gpus(gpus)}, {dev}"
+
+
+def _on_gpus(gpus: tuple) -> str:
+    return f" split over GPUs {','.join(map(str, gpus))}" if gpus else ""
+
+
+def split_gates(ck, gpus: tuple, label: str, kv: str = "bf16", n: int = 8, n_gen: int = 32) -> list[Result]:
+    """The model split over ``gpus`` (cuda_sharded.py) against itself and against one GPU: greedy
+    tokens and prefill logits the same bits run to run (the exchanges sum in a fixed rank order:
+    numpy_sharded.reduce_ranks); against one GPU, splitting a row's sums changes their order, so
+    the first divergent greedy position of each of ``n`` prompts is reported (a world of one GPU
+    must not diverge at all) and the prefill logits' rel L2 is bounded (an MoE router turns a
+    rounding difference at a near-tie of its top-k into another expert for that row: model_gates'
+    looser bound)."""
+    import cupy as cp
+
+    from .backends.cuda_runner import CudaRunner
+    from .backends.cuda_sharded import ShardedCudaRunner
+
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, ck.config["vocab_size"], int(rng.integers(20, 300))) for _ in range(n)]
+    greedy = SamplingParams(temperature=0)
+
+    def run(r):
+        out = []
+        for p in prompts:
+            seq = [r.prefill(p, 0, greedy)]
+            for i in range(n_gen - 1):
+                seq += r.step([seq[-1]], len(p) + i, greedy, 0, [])
+            out.append((seq, r.prefill_logits(p, 0)))
+        return out
+
+    split = ShardedCudaRunner(ck, gpus, 1024, kv, prefill_chunk=128)
+    first, again = run(split), run(split)
+    split.close()
+    del split
+    with cp.cuda.Device(gpus[0]):
+        one = run(CudaRunner(ck, 1024, kv, prefill_chunk=128))
+    same = all(s1 == s2 and np.array_equal(l1.view(np.uint32), l2.view(np.uint32)) for (s1, l1), (s2, l2) in zip(first, again))
+    diverge = [_first_difference(s1, s2) for (s1, _), (s2, _) in zip(first, one)]
+    rel = max(float(np.linalg.norm(l1 - l2) / np.linalg.norm(l2)) for (_, l1), (_, l2) in zip(first, one))
+    where = ", ".join("-" if d == n_gen else str(d) for d in diverge)
+    limit = 2e-2 if ck.config.get("num_experts") or any(t.endswith("_exps") for t in ck.tensors) else 1e-3
+    return [Result(label, f"split over {len(gpus)}: run to run", "same bits" if same else "differ", "same bits", same),
+            Result(label, "split vs one GPU: first divergence", f"[{where}] of {n_gen} tokens, prefill rel L2 {rel:.1e}",
+                   "none with one GPU" if len(gpus) == 1 else f"reported, rel L2 <= {limit:.0e}",
+                   rel <= limit and (len(gpus) > 1 or all(d == n_gen for d in diverge)))]
 
 
 # ----------------------------------------------------------------------------- batch invariance
@@ -620,7 +677,7 @@ def numpy_checks(formats: list[str], shape: str, n_prompt: int = 96, n_gen: int 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .options import KV_CACHE_TYPES, MODEL_HELP, add_device_arg, add_model_arg, comma_list, parser
+    from .options import KV_CACHE_TYPES, MODEL_HELP, add_device_arg, add_model_arg, comma_list, gpu_ids, parser
     from .synthetic import SHAPES
 
     p = parser("bw24chat check", __doc__)
@@ -646,6 +703,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--spec: comma list of K (auto: the adaptive K)")
     p.add_argument("--draft-head", metavar="FILE", help="--spec -m: the model's trained MTP head, if not the one beside "
                                                          "it (bw24chat train-draft)")
+    p.add_argument("--gpus", type=gpu_ids, default=(), metavar="N|IDS",
+                   help="run the model gates (and --spec) on the model split over N GPUs of this host (or the devices "
+                        "listed, 0,1; --gpus 1: the split runner over a world of one GPU), plus its run-to-run and "
+                        "against-one-GPU comparison")
     p.add_argument("--batch", action="store_true",
                    help="only the batch-invariance gate (B = 1, 2, 8, 32 sequences decoded together = each alone, "
                         "greedy and seeded, prefix sharing on and off; the NumPy backend: --device cpu) on the "
@@ -680,6 +741,21 @@ def main(argv: list[str]) -> int:
     if a.portable:
         os.environ["BW24CHAT_PORTABLE"] = "1"
     t0 = time.time()
+    if a.gpus:
+        from .backends import check_gpus
+        from .options import OptionError
+
+        try:
+            ids = ",".join(map(str, a.gpus))
+            if a.batch:
+                raise OptionError(f"--gpus {ids} --batch: batched decoding does not run over several GPUs")
+            usable, why = (False, "--device cpu") if a.device == "cpu" else cuda_status()
+            if not usable:
+                raise OptionError(f"--gpus {ids}: the model is split over GPUs, but {no_gpu(why)}")
+            check_gpus(a.gpus, "cuda")
+        except OptionError as exc:
+            sys.stderr.write(f"bw24chat check: {exc}\n")
+            return 2
     if a.batch:  # the NumPy backend's one cache type; on CUDA every --kv-cache type
         results, wheres = [], []
         for kv in a.kv_cache if pick_device(a.device)[0] == "cuda" else a.kv_cache[:1]:
@@ -689,11 +765,11 @@ def main(argv: list[str]) -> int:
         return report(results, f"bw24chat check --batch on {'; '.join(wheres)}, {time.time() - t0:.0f}s")
     if a.spec:
         ks = [0 if k == "auto" else int(k) for k in a.spec_k.split(",")]
-        runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head)
+        runner, tok, where = spec_runner(a.device, model=a.model, draft_head=a.draft_head, gpus=a.gpus)
         results = spec_gates(runner, tok, ks) + [spec_fixed_gate(runner, tok)]
         if not a.model:  # and a hybrid model (its state's rollback; its MTP head)
             del runner
-            runner, tok, _ = spec_runner(a.device, hybrid=True)
+            runner, tok, _ = spec_runner(a.device, hybrid=True, gpus=a.gpus)
             results += spec_gates(runner, tok, ks, label="spec/hybrid") + [spec_fixed_gate(runner, tok, "spec/hybrid")]
         return report(results, f"bw24chat check --spec on {where}, {time.time() - t0:.0f}s")
     usable, why = (False, "") if a.device == "cpu" else cuda_status()
@@ -714,32 +790,43 @@ def main(argv: list[str]) -> int:
     from .backends.cuda_runner import CudaRunner
     from .synthetic import synthetic_checkpoint
 
+    def make_runner(ck, kv: str, act: str):
+        if a.gpus:  # the split runner (its expert tiers are not built: no spill gate)
+            from .backends.cuda_sharded import ShardedCudaRunner
+
+            return ShardedCudaRunner(ck, a.gpus, 2048, kv, prefill_chunk=512, activations=act)
+        return CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
+
+    def gate_model(ck, name: str) -> list[Result]:
+        out = []
+        for kv in a.kv_cache:
+            for act in a.activations:
+                runner = make_runner(ck, kv, act)
+                out += model_gates(runner, f"{name}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
+                if hasattr(runner, "close"):
+                    runner.close()
+                del runner
+                cp.get_default_memory_pool().free_all_blocks()
+            if not a.gpus:
+                out += spill_gate(ck, kv, f"{name}/kv={kv}")
+        if a.gpus:
+            out += split_gates(ck, a.gpus, name)
+        return out
+
     results: list[Result] = []
     if not a.skip_kernels:
         results += kernel_checks()
     if not a.skip_gates:
         for fmt in a.formats:
-            ck = synthetic_checkpoint(a.synthetic, fmt.upper())
-            for kv in a.kv_cache:
-                for act in a.activations:
-                    runner = CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
-                    results += model_gates(runner, f"{a.synthetic}/{fmt}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
-                    del runner
-                    cp.get_default_memory_pool().free_all_blocks()
-                results += spill_gate(ck, kv, f"{a.synthetic}/{fmt}/kv={kv}")
+            results += gate_model(synthetic_checkpoint(a.synthetic, fmt.upper()), f"{a.synthetic}/{fmt}")
         if a.model:
             from .console import print_downloads
             from .model_store import open_checkpoint
 
             ck = open_checkpoint(a.model, print_downloads("bw24chat check"))
-            for kv in a.kv_cache:
-                for act in a.activations:
-                    runner = CudaRunner(ck, 2048, kv, prefill_chunk=512, activations=act)
-                    results += model_gates(runner, f"{ck.name[:20]}/kv={kv}" + ("" if act == "f32" else f"/x={act}"))
-                    del runner
-                results += spill_gate(ck, kv, f"{ck.name[:20]}/kv={kv}")
+            results += gate_model(ck, ck.name[:20])
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-    bad = _print(results, f"bw24chat check on {dev} ({kernel_build.active_arch()}), {time.time() - t0:.0f}s")
+    bad = _print(results, f"bw24chat check on {dev} ({kernel_build.active_arch()}){_on_gpus(a.gpus)}, {time.time() - t0:.0f}s")
     return 1 if bad else 0
 
 

@@ -302,11 +302,9 @@ def open_engine(options: EngineOptions, progress: Callable[[LoadProgress], None]
 
         requantize_checkpoint(ckpt, options.quantize, lambda f: report(LoadProgress("quantizing", f, options.quantize)))
     if len(options.gpus) > 1:  # before the weights load: a model that does not split, naming the dimension
-        from .backends.cuda_sharded import refuse_unbuilt
         from .parallel import plan_for
 
         plan_for(ckpt, len(options.gpus))
-        refuse_unbuilt(ckpt, len(options.gpus))
     engine = engine_for(ckpt, options, report, model_aliases(path, options.model))
     done = f"{engine.note}; loaded in {time.perf_counter() - t0:.1f}s"
     report(LoadProgress("ready", 1.0, f"{done}; {engine.load_note}" if engine.load_note else done))
@@ -329,7 +327,8 @@ def engine_for(ckpt, options: EngineOptions, report: Callable[[LoadProgress], No
     # the CPU the budgets simulate a card of --vram-budget GiB, so the tiers' stats are real there too
     gpu = gpu_memory() if device == "cuda" else None
     free = gpu.free if gpu else int(options.vram_budget_gb * GiB) if device != "cuda" else 0
-    tiers = tiers_for(ckpt, options, free) if free else None
+    # (over several GPUs each holds its range of the experts: make_sharded_runner checks each share fits)
+    tiers = tiers_for(ckpt, options, free) if free and len(options.gpus) <= 1 else None
     if device == "cuda" and len(options.gpus) > 1:  # one model split over several GPUs (parallel.py)
         from .backends.cuda_sharded import make_sharded_runner
 

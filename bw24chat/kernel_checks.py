@@ -216,7 +216,8 @@ def per_expert_prefill(cp, ex, h, ids, w, shared, res, act_bf16: bool = False, i
     """res + the routed experts (T rows of h through ids / w) + shared, as per-expert dense GEMMs:
     each expert's rows gathered, lin.gemm on ``impl``'s kernels (gate|up, swiglu, down), scattered
     into Y (T, k, D), moe_combine.  On the portable kernels ("mma") this is what the grouped
-    prefill (moe_group.cu) equals bit for bit."""
+    prefill (moe_group.cu) equals bit for bit.  Only the experts ``ex`` holds (ex.held: a GPU of a
+    split model); res None: their partial sum alone (moe_combine's add 0)."""
     from .backends import cuda_linear as lin
     from .backends import cuda_moe, cuda_ops
 
@@ -224,7 +225,10 @@ def per_expert_prefill(cp, ex, h, ids, w, shared, res, act_bf16: bool = False, i
     F, D = ex.gu.out // 2, ex.gu.in_
     hd = cp.asarray(h)
     Y = cp.zeros((T, k, D), cp.float32)
+    lo, hi = ex.held
     for e in np.unique(ids):
+        if not lo <= e < hi:
+            continue
         rows, slots = np.nonzero(ids == e)
         n = len(rows)
         W_gu, W_down = ex.weights(int(e))
@@ -235,8 +239,9 @@ def per_expert_prefill(cp, ex, h, ids, w, shared, res, act_bf16: bool = False, i
         y = cp.empty((n, D), cp.float32)
         lin.gemm(W_down, act, y, n, act_bf16=act_bf16, impl=impl)
         Y[cp.asarray(rows), cp.asarray(slots)] = y
-    out = cp.asarray(res)
-    cuda_moe.combine(Y, cp.asarray(w), None if shared is None else cp.asarray(shared), out, T, k)
+    out = cp.zeros((T, D), cp.float32) if res is None else cp.asarray(res)
+    cuda_moe.combine(Y, cp.asarray(w), None if shared is None else cp.asarray(shared), out, T, k,
+                     cp.asarray(np.asarray(ids, np.int32)), held=ex.held, add=res is not None)
     return cp.asnumpy(out)
 
 

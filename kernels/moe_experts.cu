@@ -7,17 +7,21 @@
 //   of cuda_weights.repack_host for one expert (gate|up interleaved: rows 2i = gate_i, 2i+1 =
 //   up_i).  The kernels read only the table, so a later VRAM / host tier that moves an expert's
 //   planes rewrites its row of the table and nothing else (cuda_moe.ExpertStore).
-//   moe_gu(tab, x, normw, ids, act, D, F, k, E, pro, xb16, eps): for row t = blockIdx.y, every slot
-//     j < k and pair i < F: e = ids[t, j], y = gu_e @ xin[t] (2F rows),
+//   Held experts: this GPU computes the experts lo <= e < hi (one GPU: 0, E; a model split over
+//     several, cuda_sharded.py: its range, the other table rows null).  An expert held elsewhere
+//     is skipped: its act slot is not written and its y_j counts as 0 (NumpyOps.experts' zeros).
+//   moe_gu(tab, x, normw, ids, act, D, F, k, E, pro, xb16, eps, lo, hi): for row t = blockIdx.y,
+//     every held slot j < k and pair i < F: e = ids[t, j], y = gu_e @ xin[t] (2F rows),
 //     act[t, j, i] = swiglu_act(y[2i], y[2i+1]) (common.cuh).  pro 1: xin = (x * inv) * normw,
 //     inv = rms_inv(sum of x^2 in the fixed order below) (the deferred rmsnorm); 0: xin = x.
-//   moe_down(tab, act, ids, w, shared, res, D, F, k, E, rb, xb16): for row t = blockIdx.y and output
-//     o: y_j = down_{ids[t,j]}[o] . act[t, j];  acc = w_0 * y_0;  acc = acc + w_j * y_j, j = 1..k-1
-//     (each product rounded: __fmul_rn, no FMA);  acc = acc + shared[t, o] (if shared);
-//     res[t, o] = res[t, o] + acc  (in place: the residual stream).  rb: outputs per block.
-//   moe_combine(Y, w, shared, res, T, D, k, pos): the prefill's combine, the same order as
-//     moe_down, of y_j = Y[pos[t k + j]] (Y [T k, D]: the grouped GEMMs' rows, moe_group.cu; pos
-//     null: row t k + j).
+//   moe_down(tab, act, ids, w, shared, res, D, F, k, E, rb, xb16, lo, hi, add): for row t =
+//     blockIdx.y and output o: y_j = down_{ids[t,j]}[o] . act[t, j] (0 if held elsewhere);
+//     acc = w_0 * y_0;  acc = acc + w_j * y_j, j = 1..k-1 (each product rounded: __fmul_rn, no
+//     FMA);  acc = acc + shared[t, o] (if shared);  res[t, o] = (add ? res[t, o] : +0) + acc (in
+//     place: the residual stream; add 0: a GPU's partial sum).  rb: outputs per block.
+//   moe_combine(Y, w, shared, res, T, D, k, pos, ids, lo, hi, add): the prefill's combine, the same
+//     order as moe_down, of y_j = Y[pos[t k + j]] (Y [T k, D]: the grouped GEMMs' rows,
+//     moe_group.cu; pos null: row t k + j; 0 where ids[t, j] is held elsewhere).
 //   The activations of every product: xin rounded to bf16 first with xb16 (the bf16-activation
 //   contract), then, for the integer-dot formats (ACT_Q8 = kernel_refs.act_q8), quantized per 32
 //   inputs by common.cuh act_quant_lane into their exact f32 values 2^e (h + l/256) —
@@ -107,6 +111,9 @@
 #endif
 #ifndef MOE_MINB  // blocks per SM the register budget must allow
 #define MOE_MINB 2
+#endif
+#ifndef MOE_HELD  // 1: this GPU holds a range of the experts (a model split over several GPUs)
+#define MOE_HELD 0
 #endif
 #define MOE_NT (MOE_NW * 32)
 #define MOE_DG 8      // lanes per unit of moe_down: its reduction tree, part of the contract (not geometry)
@@ -198,6 +205,18 @@ BW24_DEVICE void load_table(const unsigned long long* __restrict__ tab, int E, u
 BW24_DEVICE void load_ids(const int* __restrict__ idt, int k, int* ids_s) {
     if ((int)threadIdx.x < k) ids_s[threadIdx.x] = idt[threadIdx.x];
 }
+
+// The slots j < k of a row's experts that this GPU holds (lo <= ids[j] < hi), as a mask that every
+// thread computes from the staged ids (no barrier), and the slot of the q-th of them.  Built only
+// for a GPU of a split model (MOE_HELD 1: cuda_moe CudaExperts.partial, cuda_sharded.py); the
+// one-GPU build (every expert held) takes every slot in order.
+BW24_DEVICE unsigned held_mask(const int* ids_s, int k, int lo, int hi) {
+    unsigned m = 0;
+    for (int j = 0; j < k; ++j) m |= (ids_s[j] >= lo && ids_s[j] < hi ? 1u : 0u) << j;
+    return m;
+}
+
+BW24_DEVICE int held_slot(unsigned m, int q, int k) { return __popc(m) == k ? q : (int)__fns(m, 0, q + 1); }
 
 // planes of row `row` of the expert whose table row is te (shared memory)
 BW24_DEVICE RowPlanes table_row(const unsigned long long* te, long row, int nck) {
@@ -351,7 +370,8 @@ struct UnitCursor {
 
 extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB)
 moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, const float* __restrict__ normw,
-       const int* __restrict__ ids, float* __restrict__ act, int D, int F, int k, int E, int pro, int xb16, float eps) {
+       const int* __restrict__ ids, float* __restrict__ act, int D, int F, int k, int E, int pro, int xb16, float eps,
+       int lo, int hi) {
     extern __shared__ float4 smem4[];
     unsigned long long* tabs = reinterpret_cast<unsigned long long*>(smem4);  // [5E], padded to 16 bytes
     void* xs = tabs + ((5 * E + 1) & ~1);                                     // the staged x (XSeg)
@@ -365,8 +385,18 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
     load_ids(idt, k, ids_s);
     cp_async_wait<0>();
     __syncthreads();
-    // this warp's pairs tau in [a, b) of the row's k*F (tau = j*F + i: rows 2i, 2i+1 of expert ids[t, j])
-    const long N = (long)k * F;
+    // this warp's pairs tau in [a, b) of the row's kh*F (tau = q*F + i: rows 2i, 2i+1 of the q-th
+    // held expert, at slot slot(q); the slots of experts held elsewhere are left unwritten)
+#if MOE_HELD
+    const unsigned hm = held_mask(ids_s, k, lo, hi);
+    const int kh = __popc(hm);
+    auto slot = [&](int q) { return held_slot(hm, q, k); };
+#else
+    const int kh = k;
+    auto slot = [](int q) { return q; };
+    (void)lo; (void)hi;
+#endif
+    const long N = (long)kh * F;
     const long b0 = N * blockIdx.x / gridDim.x, nb = N * (blockIdx.x + 1) / gridDim.x - b0;
     const int a = (int)(b0 + nb * warp / MOE_NW), b = (int)(b0 + nb * (warp + 1) / MOE_NW);
     const int nck = D / VPC;
@@ -375,7 +405,7 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
     stream_segments<2, 32>(
         b - a, nck,
         [&](RowPlanes (&rp)[2], const float* (&gp)[2]) {
-            const unsigned long long* te = tabs + 5 * ids_s[fp.q];
+            const unsigned long long* te = tabs + 5 * ids_s[slot(fp.q)];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 rp[r] = table_row(te, 2L * fp.j + r, nck);
@@ -417,7 +447,7 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
         [&]() { return xseg(xs, 0, 1, D); },
         [&](const float (&acc)[2], const float (&gs)[2]) {
             const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
-            if (lane == 0) act[((long)t * k + dp.q) * F + dp.j] = swiglu_act(finish(g, gs[0]), finish(u, gs[1]));
+            if (lane == 0) act[((long)t * k + slot(dp.q)) * F + dp.j] = swiglu_act(finish(g, gs[0]), finish(u, gs[1]));
             dp.next(1, F);
         });
     pdl_trigger();  // this warp's weight stream is done: the next kernel may start
@@ -426,7 +456,7 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
 extern "C" __global__ void __launch_bounds__(MOE_NT, MOE_MINB)
 moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ act, const int* __restrict__ ids,
          const float* __restrict__ w, const float* __restrict__ shared, float* __restrict__ res, int D, int F, int k, int E,
-         int rb, int xb16) {
+         int rb, int xb16, int lo, int hi, int add) {
     extern __shared__ float4 smem4[];
     const int rbp = (rb + 3) & ~3;
     unsigned long long* tabs = reinterpret_cast<unsigned long long*>(smem4);  // [5E], padded to 16 bytes
@@ -443,75 +473,96 @@ moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ a
     load_ids(ids + (long)t * k, k, ids_s);
     if (tid < k) wsh[tid] = w[(long)t * k + tid];
     for (int o = tid; o < nrows; o += MOE_NT) {  // the outputs' residual (and shared) rows, for the combine
-        cp_async4(fin + o, res + ro + o, 4);
+        if (add) cp_async4(fin + o, res + ro + o, 4);
         if (shared) cp_async4(fin + rbp + o, shared + ro + o, 4);
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     // this warp's outputs: unit sets q in [qa, qb) of the block's nsub (outputs o0 + q*MOE_R ..
-    // + MOE_R-1), each k units (q, j): unit u = (q - qa)*k + j, lane group gi of segment s takes
-    // unit s*NG + gi (the last segment's missing units repeat its last: loads the group beside it
-    // also makes, results unused)
+    // + MOE_R-1), each kh units (q, j), one per held expert (at slot slot(j)): unit u =
+    // (q - qa)*kh + j, lane group gi of segment s takes unit s*NG + gi (the last segment's missing
+    // units repeat its last: loads the group beside it also makes, results unused)
+#if MOE_HELD
+    const unsigned hm = held_mask(ids_s, k, lo, hi);
+    const int kh = __popc(hm);
+    auto slot = [&](int q) { return held_slot(hm, q, k); };
+#else
+    const int kh = k;
+    auto slot = [](int q) { return q; };
+    (void)lo; (void)hi;
+#endif
     constexpr int NG = 32 / MOE_DG;
     const int nsub = (nrows + MOE_R - 1) / MOE_R;
-    const int qa = nsub * warp / MOE_NW, qb = nsub * (warp + 1) / MOE_NW, nu = (qb - qa) * k;
+    const int qa = nsub * warp / MOE_NW, qb = nsub * (warp + 1) / MOE_NW, nu = (qb - qa) * kh;
     const int gi = lane / MOE_DG, nck = F / VPC;
-    const UnitCursor last{qa + (nu - 1) / k, (nu - 1) - ((nu - 1) / k) * k};
-    UnitCursor fu{qa, 0}, xu{qa, 0}, du{qa, 0};  // this group's unit for the refills, the x, the results
-    fu.next(gi, k);
-    xu.next(gi, k);
-    du.next(gi, k);
-    auto live = [&](const UnitCursor& c) { return c.q < last.q || (c.q == last.q && c.j <= last.j); };
-    stream_segments<MOE_R, MOE_DG>(
-        (nu + NG - 1) / NG, nck,
-        [&](RowPlanes (&rp)[MOE_R], const float* (&gp)[MOE_R]) {
-            const UnitCursor c = live(fu) ? fu : last;
-            const unsigned long long* te = tabs + 5 * ids_s[c.j];
+    if (kh > 0) {  // the row's ids decide it for the whole block: every warp stages x (barriers) or none
+        const UnitCursor last{qa + (nu - 1) / kh, (nu - 1) - ((nu - 1) / kh) * kh};
+        UnitCursor fu{qa, 0}, xu{qa, 0}, du{qa, 0};  // this group's unit for the refills, the x, the results
+        fu.next(gi, kh);
+        xu.next(gi, kh);
+        du.next(gi, kh);
+        auto live = [&](const UnitCursor& c) { return c.q < last.q || (c.q == last.q && c.j <= last.j); };
+        stream_segments<MOE_R, MOE_DG>(
+            (nu + NG - 1) / NG, nck,
+            [&](RowPlanes (&rp)[MOE_R], const float* (&gp)[MOE_R]) {
+                const UnitCursor c = live(fu) ? fu : last;
+                const unsigned long long* te = tabs + 5 * ids_s[slot(c.j)];
 #pragma unroll
-            for (int r = 0; r < MOE_R; ++r) {
-                const long row = min(o0 + c.q * MOE_R + r, D - 1);
-                rp[r] = table_row(te, row, nck);
-                gp[r] = (const float*)te[4] + row;
-            }
-            fu.next(NG, k);
-        },
-        [&]() {
-            stage<4>(xs, act + (long)t * k * F, k, F, 0, 1.0f, nullptr, xb16);  // 1 batch up to k F = 512 * MOE_NW
-            __syncthreads();
-        },
-        [&]() {
-            const XSeg x = xseg(xs, (live(xu) ? xu : last).j, k, F);
-            xu.next(NG, k);
-            return x;
-        },
-        [&](const float (&acc)[MOE_R], const float (&gs)[MOE_R]) {
-            float y[MOE_R];
+                for (int r = 0; r < MOE_R; ++r) {
+                    const long row = min(o0 + c.q * MOE_R + r, D - 1);
+                    rp[r] = table_row(te, row, nck);
+                    gp[r] = (const float*)te[4] + row;
+                }
+                fu.next(NG, kh);
+            },
+            [&]() {
+                stage<4>(xs, act + (long)t * k * F, k, F, 0, 1.0f, nullptr, xb16);  // 1 batch up to k F = 512 * MOE_NW
+                __syncthreads();
+            },
+            [&]() {
+                const XSeg x = xseg(xs, slot((live(xu) ? xu : last).j), k, F);
+                xu.next(NG, kh);
+                return x;
+            },
+            [&](const float (&acc)[MOE_R], const float (&gs)[MOE_R]) {
+                float y[MOE_R];
 #pragma unroll
-            for (int r = 0; r < MOE_R; ++r) y[r] = finish(warp_sum<MOE_DG>(acc[r]), gs[r]);
-            if ((lane & (MOE_DG - 1)) == 0 && live(du))
+                for (int r = 0; r < MOE_R; ++r) y[r] = finish(warp_sum<MOE_DG>(acc[r]), gs[r]);
+                if ((lane & (MOE_DG - 1)) == 0 && live(du))
 #pragma unroll
-                for (int r = 0; r < MOE_R; ++r) ys[du.j * rbp + du.q * MOE_R + r] = y[r];
-            du.next(NG, k);
-        });
+                    for (int r = 0; r < MOE_R; ++r) ys[slot(du.j) * rbp + du.q * MOE_R + r] = y[r];
+                du.next(NG, kh);
+            });
+    }
     pdl_trigger();
     __syncwarp();  // the warp's y_j are in: lane i combines its output qa*R + i in ranking order
+    // (an expert held elsewhere gives y_j = 0: acc + w_j * 0 = acc, NumpyOps.experts' zeros)
+#if MOE_HELD
+    auto yv = [&](int j, int o) { return (hm >> j) & 1u ? ys[j * rbp + o] : 0.0f; };
+#else
+    auto yv = [&](int j, int o) { return ys[j * rbp + o]; };
+#endif
     for (int o = qa * MOE_R + lane; o < min(qb * MOE_R, nrows); o += 32) {
-        float acc = __fmul_rn(wsh[0], ys[o]);
-        for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(wsh[j], ys[j * rbp + o]));
+        float acc = __fmul_rn(wsh[0], yv(0, o));
+        for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(wsh[j], yv(j, o)));
         if (shared) acc = __fadd_rn(acc, fin[rbp + o]);
-        res[ro + o] = __fadd_rn(fin[o], acc);
+        res[ro + o] = __fadd_rn(add ? fin[o] : 0.0f, acc);
     }
 }
 
 extern "C" __global__ void moe_combine(const float* __restrict__ Y, const float* __restrict__ w, const float* __restrict__ shared,
-                                       float* __restrict__ res, int T, int D, int k, const int* __restrict__ pos) {
+                                       float* __restrict__ res, int T, int D, int k, const int* __restrict__ pos,
+                                       const int* __restrict__ ids, int lo, int hi, int add) {
     PDL_ENTRY();
     const int t = blockIdx.y, o = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T || o >= D) return;
-    auto y = [&](int j) { const long a = (long)t * k + j; return Y[(pos ? (long)pos[a] : a) * D + o]; };
+    auto y = [&](int j) {  // an expert held elsewhere: 0 (its grouped rows were not computed here)
+        const long a = (long)t * k + j;
+        return ids[a] >= lo && ids[a] < hi ? Y[(pos ? (long)pos[a] : a) * D + o] : 0.0f;
+    };
     float acc = __fmul_rn(w[(long)t * k], y(0));
     for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(w[(long)t * k + j], y(j)));
     if (shared) acc = __fadd_rn(acc, shared[(long)t * D + o]);
-    res[(long)t * D + o] = __fadd_rn(res[(long)t * D + o], acc);
+    res[(long)t * D + o] = __fadd_rn(add ? res[(long)t * D + o] : 0.0f, acc);
 }

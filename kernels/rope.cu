@@ -18,7 +18,11 @@
 //     1  per head (Qwen3): x * rms_inv(S(x), HD) * w[j], w (HD,) shared by the heads
 //     2  full (MiniMax-M2, transformers MiniMaxM2Attention: q_norm = RMSNorm(H * HD)): every head
 //        of row t's q by rms_inv(S(q head 0) + S(q head 1) + ... + S(q head H-1), H*HD), times
-//        q_norm_w[slot*HD + j]; k alike over its K heads with k_norm_w (K*HD,)
+//        q_norm_w[slot*HD + j]; k alike over its K heads with k_norm_w (K*HD,).  Split by heads
+//        over GPUs (cuda_sharded.py; ss_mode, n_q, n_k): ss_mode 1 only writes the row's two sums
+//        over its own heads (q, k; left to right from 0) to ss_io[2t], [2t + 1]; the caller
+//        all-reduces them; ss_mode 2 takes those totals instead of its own sums.  Either way the
+//        mean square divides by the model's n_q * HD, n_k * HD (ss_mode 0: n_q = H, n_k = K)
 //     S(x) = the head's sum of squares: lane l sums x[l]^2, x[l+32]^2, ... in order (each square
 //            rounded, then added), then a 32-lane xor butterfly (offsets 16, 8, 4, 2, 1); full
 //            mode adds the heads' S left to right from 0 (kernel_refs.qk_norm_ref states this
@@ -296,7 +300,8 @@ qk_fullnorm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const fl
                           const int* __restrict__ positions, int rot_dim, int T, int H, int K,
                           void* __restrict__ cache_k, void* __restrict__ cache_v, int n_ctx,
                           int stride_q, int stride_k, int stride_v, const float* __restrict__ bias,
-                          float* __restrict__ q_out, const int* __restrict__ cache_rows) {
+                          float* __restrict__ q_out, const int* __restrict__ cache_rows, float* __restrict__ ss_io,
+                          int ss_mode, int n_q, int n_k) {
     pdl_trigger();
     __shared__ float buf[FN_MAX_WARPS][HD];
     __shared__ float head_ss[FN_MAX_WARPS * FN_SPW];  // S of each q and k head of the row
@@ -322,7 +327,7 @@ qk_fullnorm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const fl
         if (slot < slots) {
             const int kind = slot_kind(slot, H, K);
             slot_load(x[s], slot_src(q, k, v, t, slot, H, K, stride_q, stride_k, stride_v), sc[s], bias != nullptr, kind, lane);
-            if (kind < 2) {
+            if (kind < 2 && ss_mode != 2) {
                 const float ss = head_sum_sq(x[s]);
                 if (lane == 0) head_ss[slot] = ss;
             }
@@ -332,9 +337,15 @@ qk_fullnorm_rope_kv_write(float* __restrict__ q, float* __restrict__ k, const fl
     if (w == 0 && lane < 2) {  // lane 0: q over its H heads, lane 1: k over its K heads, left to right
         const int n = lane == 0 ? H : K, base = lane == 0 ? 0 : H;
         float ss = 0.0f;
-        for (int h = 0; h < n; ++h) ss = __fadd_rn(ss, head_ss[base + h]);
-        inv_s[lane] = rms_inv(ss, n * HD, eps);
+        if (ss_mode == 2) {
+            ss = ss_io[2 * t + lane];
+        } else {
+            for (int h = 0; h < n; ++h) ss = __fadd_rn(ss, head_ss[base + h]);
+        }
+        if (ss_mode == 1) ss_io[2 * t + lane] = ss;
+        inv_s[lane] = rms_inv(ss, (lane == 0 ? n_q : n_k) * HD, eps);
     }
+    if (ss_mode == 1) return;  // the whole block: its row's two partial sums are out
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < FN_SPW; ++s) {

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bw24chat.backends.cuda_sharded import get_family_args, local_args, refuse_unbuilt
-from bw24chat.options import OptionError
+from bw24chat.backends.cuda_sharded import get_family_args, local_args
+from bw24chat.parallel import PartitionError, plan_for
 from bw24chat.synthetic import SHAPES, synthetic_checkpoint
 
 
@@ -26,13 +26,11 @@ def test_each_gpu_computes_its_heads_and_widths():
     assert lh.deltanet_spec().v_head_order == h.deltanet_spec().v_head_order
 
 
-@pytest.mark.parametrize("shape", ["tiny-moe", "tiny-qwen3.5-moe", "tiny-glm4-moe", "tiny-minimax-m2"])
-def test_moe_models_are_refused_naming_why(shape):
-    with pytest.raises(OptionError, match="needs MoE experts split by expert ranges, which the engine does not run "
-                                          "over several GPUs yet"):
-        refuse_unbuilt(synthetic_checkpoint(shape, "Q8_0"), 2)
-
-
-def test_dense_and_hybrid_models_pass():
-    for shape in ("tiny", "tiny-qwen3.5"):
-        refuse_unbuilt(synthetic_checkpoint(shape, "Q8_0"), 2)
+def test_every_family_is_planned_and_what_does_not_split_is_refused():
+    """Dense, hybrid and MoE families split (MoE experts by index ranges, MiniMax-M2's whole-
+    projection QK-norm by heads); a split that would copy MiniMax-M2's KV heads onto several GPUs
+    is refused by the plan, naming it."""
+    for shape in ("tiny", "tiny-qwen3.5", "tiny-moe", "tiny-qwen3.5-moe", "tiny-glm4-moe", "tiny-minimax-m2"):
+        plan_for(synthetic_checkpoint(shape, "Q8_0"), 2)
+    with pytest.raises(PartitionError, match="QK-norm over the whole k projection needs each KV head on one GPU"):
+        plan_for(synthetic_checkpoint("tiny-minimax-m2", "Q8_0"), 4)

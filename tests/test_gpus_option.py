@@ -2,6 +2,7 @@
 what was asked and what exists, exit code 2; one GPU is the single-GPU engine; several GPUs go
 through the partition plan's refusals."""
 import argparse
+import json
 
 import pytest
 
@@ -42,6 +43,15 @@ def test_cpu_refused_exit_2(capsys):
     assert "--gpus asks for GPUs 0, 1, but --device cpu runs on the CPU" in err and err.count("\n") == 1
 
 
+def test_check_gpus_refused_without_them(capsys):
+    """bw24chat check --gpus: the split runner's gates need the GPUs; on the CPU or with --batch
+    (batched decoding is not split) one line and exit code 2."""
+    assert main(["check", "--gpus", "1", "--device", "cpu"]) == 2
+    assert "--gpus 0: the model is split over GPUs, but no usable CUDA GPU: --device cpu" in capsys.readouterr().err
+    assert main(["check", "--gpus", "0,1", "--batch"]) == 2
+    assert "--gpus 0,1 --batch: batched decoding does not run over several GPUs" in capsys.readouterr().err
+
+
 def test_missing_gpus_named(monkeypatch, capsys):
     monkeypatch.setattr(backends, "cuda_devices", lambda: (0, "no NVIDIA GPU found"))
     assert main(["--gpus", "0,1", "--headless", "hi"]) == 2
@@ -56,16 +66,18 @@ def test_missing_gpus_named(monkeypatch, capsys):
 
 def test_several_gpus_go_through_the_plan(monkeypatch, tmp_path):
     """With the GPUs present: a model whose heads do not divide is refused naming them; one that
-    needs what the engine does not run over several GPUs yet (MoE experts by expert ranges) is
-    refused naming that, before its weights load; a split model never falls back to the CPU."""
+    would copy MiniMax-M2's KV heads (its QK-norm over the whole k projection) is refused naming
+    that, before its weights load; a split model, dense or MoE, never falls back to the CPU."""
     monkeypatch.setattr(backends, "cuda_devices", lambda: (4, "ok"))
     d, _ = make_hf_dir(tmp_path / "m", "qwen3", "F32")  # 4 query heads, 2 KV heads
     with pytest.raises(PartitionError, match="num_attention_heads = 4 does not divide over 3 GPUs"):
         open_engine(EngineOptions(model=str(d), gpus=(0, 1, 2)))
-    moe, _ = make_hf_dir(tmp_path / "moe", "qwen3_moe", "F32")
-    with pytest.raises(OptionError, match=r"--gpus 2: .* needs MoE experts split by expert ranges, which the engine "
-                                          r"does not run over several GPUs yet"):
-        open_engine(EngineOptions(model=str(moe), gpus=(0, 1)))
+    mm, _ = make_hf_dir(tmp_path / "mm", "minimax_m2", "F32")
+    kv = json.loads((mm / "config.json").read_text())["num_key_value_heads"]
+    with pytest.raises(PartitionError, match="QK-norm over the whole k projection needs each KV head on one GPU"):
+        open_engine(EngineOptions(model=str(mm), gpus=tuple(range(2 * kv))))
     monkeypatch.setattr("bw24chat.engine.pick_device", lambda requested: ("cpu", "no GPU"))
-    with pytest.raises(OptionError, match="--gpus 0,1: the model is split over GPUs, but the engine runs on the CPU"):
-        open_engine(EngineOptions(model=str(d), gpus=(0, 1)))
+    moe, _ = make_hf_dir(tmp_path / "moe", "qwen3_moe", "F32")  # MoE experts split by expert ranges: planned
+    for model in (d, moe, mm):
+        with pytest.raises(OptionError, match="--gpus 0,1: the model is split over GPUs, but the engine runs on the CPU"):
+            open_engine(EngineOptions(model=str(model), gpus=(0, 1)))

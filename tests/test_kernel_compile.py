@@ -103,13 +103,14 @@ def production_matvec_builds() -> list[tuple[str, dict]]:
 def production_moe_builds() -> list[tuple[str, dict]]:
     """The moe_experts.cu builds cuda_moe launches, (kernel, defines): every resident format (the
     integer-dot ones with ACT_Q8, cuda_moe._defines) at its MOE_TUNING geometry for moe_gu and
-    for moe_down."""
+    for moe_down, each also as a GPU of a split model builds it (MOE_HELD)."""
     from bw24chat.backends import cuda_moe
     from bw24chat.backends.cuda_weights import FORMATS
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("BW24CHAT_A8", raising=False)
-        return [(f"moe_{kern}", {**cuda_moe._defines(f), **cuda_moe.geometry(kern, f)}) for f in FORMATS for kern in ("gu", "down")]
+        return [(f"moe_{kern}", {**cuda_moe._defines(f), **cuda_moe.geometry(kern, f, bool(held)), **held})
+                for f in FORMATS for kern in ("gu", "down") for held in ({}, {"MOE_HELD": 1})]
 
 
 VARIANTS = [  # compile-time variants the default build of a family does not reach

@@ -88,7 +88,7 @@ class ExpertStore:
 
     @property
     def expert_nbytes(self) -> int:
-        return self.nbytes // self.n_experts
+        return sum(int(np.prod(sh)) * np.dtype(dt).itemsize for _, _, sh, dt in self.layout.planes)
 
     def row(self, base: int) -> np.ndarray:
         """The table row (u64 [5]) of an expert whose image sits at device address ``base``."""
@@ -119,7 +119,9 @@ class CudaExperts:
     """A layer's routed experts (ops.Loader.load_experts on CUDA): VRAM slots of expert images
     (gate|up and down planes of one expert together, one copy moves an expert), the two
     projections' pointer tables, and where each expert's image comes from.  All experts resident:
-    slot e holds expert e.  Spilled (cuda_tiers): fewer slots, filled as the router asks."""
+    slot e holds expert e.  Spilled (cuda_tiers): fewer slots, filled as the router asks.  One GPU
+    of a model split over several (cuda_sharded.py) holds experts first .. first + count - 1 of
+    the layer's E (its tables still have E rows, the others null; the kernels skip them)."""
     gu: ExpertStore  # (E, 2F, D), rows gate_0, up_0, ...
     down: ExpertStore  # (E, D, F)
     slab: object  # CuPy uint8 (slots, image_bytes)
@@ -128,6 +130,18 @@ class CudaExperts:
     slot_of: dict = field(default_factory=dict)  # resident expert -> slot
     layer: int = 0  # among the model's MoE layers
     tiers: object = None  # cuda_tiers.CudaTiers when the experts are spilled
+    first: int = 0  # the experts this GPU holds: first .. first + count - 1
+    count: int = 0
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """[lo, hi) of the expert indices this GPU computes (the kernels' lo, hi)."""
+        return self.first, self.first + self.count
+
+    @property
+    def partial(self) -> bool:
+        """This GPU holds a range of the layer's experts only (the kernels' MOE_HELD build)."""
+        return self.count < self.n_experts
 
     @property
     def nbytes(self) -> int:
@@ -235,11 +249,16 @@ def check_format(fmt: str, F: int, D: int) -> None:
             raise NotImplementedError(f"MoE experts in {fmt}: {name} {n} is not a multiple of {unit}")
 
 
-def load_experts(gate, up, down, slots: int | None = None) -> CudaExperts:
+def load_experts(gate, up, down, slots: int | None = None, first: int = 0, n_table: int | None = None) -> CudaExperts:
     """ops.Loader.load_experts: gate, up (E, F, D) and down (E, D, F) ExpertTensors, into
     ``slots`` VRAM slots (default all E: every expert resident) holding experts 0 .. slots-1,
-    each copied as the checkpoint holds it and repacked on the GPU."""
-    E, F, D = gate.shape
+    each copied as the checkpoint holds it and repacked on the GPU.  A GPU of a split model
+    (cuda_sharded.py): the tensors are its experts first .. first + E - 1 of the layer's
+    ``n_table``; the tables have a row for each of those, null outside the range."""
+    count, F, D = gate.shape
+    E = count if n_table is None else n_table
+    if first < 0 or first + count > E:
+        raise ValueError(f"experts {first}..{first + count - 1} outside the layer's {E}")
     for t in (gate, up, down):
         check_format(t.fmt, F, D)
     fused_shape([gate.parts[0], up.parts[0]], interleave=True)  # gate and up: one format (one interleaved matrix)
@@ -248,7 +267,7 @@ def load_experts(gate, up, down, slots: int | None = None) -> CudaExperts:
 
     gu_lay, dn_lay, image_bytes = expert_layouts(gate, up, down)
     src = ExpertSource(gate, up, down, gu_lay, dn_lay, image_bytes)
-    S = E if slots is None else slots
+    S = count if slots is None else slots
     slab = cp.empty((S, image_bytes), cp.uint8)
     stores = []
     for lay, role, parts, rows, in_ in ((gu_lay, "experts_gu", (gate.parts, up.parts), 2 * F, D),
@@ -256,21 +275,22 @@ def load_experts(gate, up, down, slots: int | None = None) -> CudaExperts:
         host_table = _pinned((E, len(PLANES)), np.uint64)
         host_table[:] = 0
         gs = []
-        if parts[0][0].fmt == "NVFP4":  # each expert's per-tensor scales (the prefill GEMM's)
-            for e in range(E):
+        if parts[0][0].fmt == "NVFP4":  # each expert's per-tensor scales (the prefill GEMM's), by table row
+            gs = [1.0] * E
+            for e in range(count):
                 scales = [float(p[e].global_scale) for p in parts]
-                gs.append(scales[0] if len(set(scales)) == 1 else tuple(scales))
-        nbytes = E * sum(int(np.prod(sh)) * np.dtype(dt).itemsize for _, _, sh, dt in lay.planes)
+                gs[first + e] = scales[0] if len(set(scales)) == 1 else tuple(scales)
+        nbytes = count * sum(int(np.prod(sh)) * np.dtype(dt).itemsize for _, _, sh, dt in lay.planes)
         stores.append(ExpertStore(parts[0][0].fmt, E, rows, in_, lay, cp.zeros((E, len(PLANES)), cp.uint64), host_table,
                                   gs, nbytes, role))
-    ex = CudaExperts(stores[0], stores[1], slab, image_bytes, src)
+    ex = CudaExperts(stores[0], stores[1], slab, image_bytes, src, first=first, count=count)
     raw = cp.empty(src.raw_bytes, cp.uint8)
     stage = np.empty(src.raw_bytes, np.uint8)
     for e in range(S):
         src.raw_into(e, stage)
         raw.set(stage, stream=cp.cuda.get_current_stream())  # after the last repack; stage is free when it returns
         src.repack_on_device(e, int(raw.data.ptr), int(slab[e].data.ptr))
-        ex.place(e, e)
+        ex.place(first + e, e)
     ex.sync_tables(cp.cuda.get_current_stream())
     cp.cuda.get_current_stream().synchronize()  # the host tables are reused
     return ex
@@ -301,9 +321,14 @@ MAX_K = 32  # moe_experts.cu MOE_MAX_K
 STATIC_SMEM = 3 * 4 * MAX_K  # the kernels' static shared memory (ids, w, the rmsnorm statistic)
 
 
-def geometry(kern: str, fmt: str) -> dict:
-    """MOE_TUNING's defines for moe_{kern} on ``fmt`` (a copy)."""
-    return dict(MOE_TUNING.get((kern, fmt), MOE_TUNING[(kern, "*")]))
+def geometry(kern: str, fmt: str, partial: bool = False) -> dict:
+    """MOE_TUNING's defines for moe_{kern} on ``fmt`` (a copy).  A GPU of a split model (``partial``:
+    the MOE_HELD build) keeps its row's held-slot mask live beside moe_down's window, which then
+    takes one item fewer (the Q4_K integer-dot build would spill a register on sm_120a)."""
+    geo = dict(MOE_TUNING.get((kern, fmt), MOE_TUNING[(kern, "*")]))
+    if partial and kern == "down":
+        geo["MOE_U"] = max(1, geo.get("MOE_U", 4) - 1)
+    return geo
 
 
 def _defines(fmt: str) -> dict:
@@ -354,10 +379,10 @@ def _sms() -> int:
     return lin._sm_resources()[0]
 
 
-def _expert_kernel(name: str, fmt: str, k: int, geo: dict):
+def _expert_kernel(name: str, fmt: str, k: int, geo: dict, partial: bool = False):
     if k > MAX_K:
         raise NotImplementedError(f"{name}: {k} experts per row (at most {MAX_K})")
-    return get_kernel("moe_experts", name, **_defines(fmt), **geo)
+    return get_kernel("moe_experts", name, **_defines(fmt), **geo, **({"MOE_HELD": 1} if partial else {}))
 
 
 def experts_gu(ex: CudaExperts, x, ids, act, m: int, k: int, norm_w=None, eps: float = 1e-6, xb16: bool = False,
@@ -368,28 +393,28 @@ def experts_gu(ex: CudaExperts, x, ids, act, m: int, k: int, norm_w=None, eps: f
     g = ex.gu
     D, F = g.in_, g.out // 2
     geo = geometry("gu", g.fmt) if geo is None else geo
-    kern = _expert_kernel("moe_gu", g.fmt, k, geo)
+    kern = _expert_kernel("moe_gu", g.fmt, k, geo, ex.partial)
     smem, nt = gu_smem(g.fmt, D, g.n_experts), 32 * geo.get("MOE_NW", 8)
     lin._ensure_smem(kern, smem)
     gx = gu_blocks(F, k, m, nt // 32, lin.resident_blocks(kern, nt, smem + STATIC_SMEM), _sms())
     kern((gx, m), (nt,), (g.table, x, lin._ptr(norm_w), ids, act, np.int32(D), np.int32(F), np.int32(k),
                           np.int32(g.n_experts), np.int32(1 if norm_w is not None else 0), np.int32(bool(xb16)),
-                          np.float32(eps)), shared_mem=smem)
+                          np.float32(eps), *map(np.int32, ex.held)), shared_mem=smem)
 
 
 def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16: bool = False,
-                 geo: dict | None = None) -> None:
-    """res (m, D) += sum_j w[t, j] * (down_{ids[t, j]} @ act[t, j]) (ranking order) + shared.
-    geo: as experts_gu's."""
+                 geo: dict | None = None, add: bool = True) -> None:
+    """res (m, D) += sum_j w[t, j] * (down_{ids[t, j]} @ act[t, j]) (ranking order) + shared
+    (add False: res = that sum, a GPU's partial of a split model).  geo: as experts_gu's."""
     d = ex.down
     D, F = d.out, d.in_
-    geo = geometry("down", d.fmt) if geo is None else geo
+    geo = geometry("down", d.fmt, ex.partial) if geo is None else geo
     r, nt, E = geo.get("MOE_R", MOE_R), 32 * geo.get("MOE_NW", 8), d.n_experts
     limit = kernel_build.smem_block_limit()
     if down_smem(d.fmt, F, k, r, E) > limit:
         raise NotImplementedError(f"moe_down stages k x F = {k} x {F} inputs and {E} experts' pointers: "
                                   f"{down_smem(d.fmt, F, k, r, E)} bytes of shared memory")
-    kern = _expert_kernel("moe_down", d.fmt, k, geo)
+    kern = _expert_kernel("moe_down", d.fmt, k, geo, ex.partial)
     # resident blocks at r outputs a block (the outputs' rows are a small share of the block's memory)
     rb = down_rows(D, m, r, lin.resident_blocks(kern, nt, down_smem(d.fmt, F, k, r, E) + STATIC_SMEM), _sms())
     room = (limit - down_smem(d.fmt, F, k, 0, E)) // (16 * (2 + k)) * 4  # outputs whose rows fit, whole 16 bytes
@@ -397,7 +422,8 @@ def experts_down(ex: CudaExperts, act, ids, w, shared, res, m: int, k: int, xb16
     smem = down_smem(d.fmt, F, k, rb, E)
     lin._ensure_smem(kern, smem)
     kern((-(-D // rb), m), (nt,), (d.table, act, ids, w, lin._ptr(shared), res, np.int32(D), np.int32(F), np.int32(k),
-                                   np.int32(E), np.int32(rb), np.int32(bool(xb16))), shared_mem=smem)
+                                   np.int32(E), np.int32(rb), np.int32(bool(xb16)), *map(np.int32, ex.held),
+                                   np.int32(add)), shared_mem=smem)
 
 
 # ----------------------------------------------------------------------------- prefill
@@ -471,8 +497,10 @@ def grouped_gemm(st: ExpertStore, tab, g: Groups, x, out, epilogue: str = "store
                         np.int32(st.out), np.int32(st.in_), np.int32(lin.EPILOGUES[epilogue])), shared_mem=smem)
 
 
-def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, act_bf16: bool = False) -> None:
-    """res (T, D) += sum_j w[t, j] * expert_{ids[t, j]}(h[t]) (ranking order) + shared: the
+def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, act_bf16: bool = False,
+                    add: bool = True) -> None:
+    """res (T, D) += sum_j w[t, j] * expert_{ids[t, j]}(h[t]) (ranking order) + shared (add False:
+    res = that sum; a GPU of a split model computes the experts it holds, ex.held): the
     chunk's assignments grouped by expert (moe_group), the grouped gate|up (SwiGLU epilogue) and
     down GEMMs, moe_combine through the inverse permutation.  Spilled layers (ex.tiers): the
     resident experts in one pass, then each other one streamed into a staging slot
@@ -502,14 +530,18 @@ def prefill_experts(ex: CudaExperts, h, ids, w, shared, res, T: int, k: int, act
         tiles = -(-(r1 - r0) // g.bm)
         grouped_gemm(ex.gu, tab_gu, g, h, act, "swiglu", gather=True, rows=(T, T), tag="moe_x", e0=e, tiles=tiles, **opts)
         grouped_gemm(ex.down, tab_down, g, act, Y, rows=(r0, r1), e0=e, tiles=tiles, **opts)
-    combine(Y, w, shared, res, T, k, g.pos)
+    combine(Y, w, shared, res, T, k, ids, g.pos, ex.held, add)
 
 
-def combine(Y, w, shared, res, T: int, k: int, pos=None) -> None:
+def combine(Y, w, shared, res, T: int, k: int, ids, pos=None, held: tuple[int, int] | None = None,
+            add: bool = True) -> None:
     """res (T, D) += sum_j w[t, j] * Y[pos[t k + j]] (ranking order; pos None: row t k + j) +
-    shared: moe_combine."""
+    shared: moe_combine.  ``held``: [lo, hi) of the experts computed here (default every one);
+    the others' y count as 0.  add False: res = the sum (a GPU's partial of a split model)."""
     D = res.shape[-1]
     if T <= 0:
         return
+    lo, hi = (0, np.iinfo(np.int32).max) if held is None else held
     get_kernel("moe_experts", "moe_combine")((-(-D // 256), T), (256,),
-                                             (Y, w, lin._ptr(shared), res, np.int32(T), np.int32(D), np.int32(k), lin._ptr(pos)))
+                                             (Y, w, lin._ptr(shared), res, np.int32(T), np.int32(D), np.int32(k), lin._ptr(pos),
+                                              ids, np.int32(lo), np.int32(hi), np.int32(add)))

@@ -144,7 +144,7 @@ def fullnorm_geometry(H: int, K: int) -> tuple[int, int]:
 
 def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, positions_dev, rope_style: str,
                           rot_dim: int, cache_k, cache_v, kv_type: str | None, bias=None, q_out=None,
-                          qk_norm: str = "head", q_gated: bool = False, cache_rows=None) -> None:
+                          qk_norm: str = "head", q_gated: bool = False, cache_rows=None, split_ss=None) -> None:
     """Fused attention prologue for T tokens (decode T=1..8, or a prefill chunk).
 
     q (T, H, hd), k (T, K, hd), v (T, K, hd) float32: q and k are normalized (if q_norm_w /
@@ -160,7 +160,11 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
     receives the rotated q instead of q itself.  q_gated: q's heads lie 2 hd apart, each followed by
     its output gate (ops.AttentionSpec.output_gate; rope.cu Q_GATED): q_out is then required.
     cache_rows: optional int32 (T,) device array, the cache row of each token instead of its
-    position (a paged pool: kernel_refs.paged_rows); the rotation still uses positions_dev."""
+    position (a paged pool: kernel_refs.paged_rows); the rotation still uses positions_dev.
+    split_ss (full QK-norm split by heads over GPUs, cuda_sharded.py): (ss, mode, n_q, n_k), ss
+    float32 (T, 2) on the device; mode 1 only writes each row's sums of squares over these heads
+    (q, k) there, mode 2 normalizes by the totals found there (the GPUs' sums, all-reduced);
+    n_q, n_k: the model's q and k heads the mean square is over (rope.cu QK_NORM 2)."""
     T, H, hd = q.shape
     K = k.shape[1]
     for a, head in ((q, hd * (2 if q_gated else 1)), (k, hd), (v, hd)):  # a stride over one head
@@ -195,7 +199,8 @@ def qk_norm_rope_kv_write(q, k, v, q_norm_w, k_norm_w, eps: float, cos, sin, pos
         nw, spw = fullnorm_geometry(H, K)
         kern = get_kernel("rope", "qk_fullnorm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"), QK_NORM=2,
                           KV_TYPE=kvt, FN_SPW=spw, **gated)
-        _launch(kern, (T,), (32 * nw,), args)
+        ss, mode, n_q, n_k = (np.uint64(0), 0, H, K) if split_ss is None else split_ss
+        _launch(kern, (T,), (32 * nw,), args + (ss, _i32(mode), _i32(n_q), _i32(n_k)))
         return
     kern = get_kernel("rope", "qk_norm_rope_kv_write", HD=hd, NEOX=int(rope_style == "neox"),
                       QK_NORM=int(q_norm_w is not None), KV_TYPE=kvt, **gated)

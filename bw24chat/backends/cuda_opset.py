@@ -264,11 +264,15 @@ class CudaOps(Ops):
         k = qkv[:, qw:qw + K * hd].reshape(T, K, hd)
         v = qkv[:, qw + K * hd:].reshape(T, K, hd)
         q_rot = self.buf("q", H, hd)
-        cos, sin = r.rope_tables(spec.rope)
-        ops.qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, spec.eps, cos, sin, self.positions, spec.rope.style,
-                                  spec.rope.rot_dim, self.cache_k[layer], self.cache_v[layer], r.kv_type, bias=bias,
-                                  q_out=q_rot, qk_norm=spec.qk_norm, q_gated=spec.output_gate, cache_rows=self.kv_rows)
+        self._qk_norm_rope(q, k, v, spec, layer, bias, q_norm, k_norm, q_rot)
         return q_rot
+
+    def _qk_norm_rope(self, q, k, v, spec: AttentionSpec, layer: int, bias, q_norm, k_norm, q_rot, split_ss=None):
+        cos, sin = self.r.rope_tables(spec.rope)
+        ops.qk_norm_rope_kv_write(q, k, v, q_norm, k_norm, spec.eps, cos, sin, self.positions, spec.rope.style,
+                                  spec.rope.rot_dim, self.cache_k[layer], self.cache_v[layer], self.r.kv_type, bias=bias,
+                                  q_out=q_rot, qk_norm=spec.qk_norm, q_gated=spec.output_gate, cache_rows=self.kv_rows,
+                                  split_ss=split_ss)
 
     def attention(self, q, spec: AttentionSpec, layer: int):
         return _Attention(q, spec, layer)
@@ -321,8 +325,13 @@ class CudaOps(Ops):
         return ids, w
 
     def experts(self, x, ids, weights, experts, residual, shared=None):
+        return self._experts(x, ids, weights, experts, self._value(residual), shared, add=True)
+
+    def _experts(self, x, ids, weights, experts, out, shared, add: bool):
+        """out (+)= the routed experts' weighted sum + the shared expert (add False: out = it, a GPU's
+        partial sum of a split model: cuda_sharded.ShardOps.experts)."""
         m, k = ids.shape
-        D = residual.shape[-1]
+        D = out.shape[-1]
         sh = None
         if shared is not None:
             gu_s, down_s, gate_s = shared
@@ -332,21 +341,21 @@ class CudaOps(Ops):
                 ops.shared_gate(sh, self._value(x), gate_s)
         if not self.decode:
             h = self._input(x, matvec=False)["x"]
-            run = lambda stream=None: moe.prefill_experts(experts, h, ids, weights, sh, residual, m, k,
-                                                          act_bf16=self.xb16)
+            run = lambda stream=None: moe.prefill_experts(experts, h, ids, weights, sh, out, m, k,
+                                                          act_bf16=self.xb16, add=add)
             if experts.tiers is not None:  # spilled: the streamed experts follow the routing, read on the host
                 host_step(run, f"experts of MoE layer {experts.layer}")
             else:  # resident: grouped on the device (moe_group), all launches of the plan
                 run()
-            return residual
+            return out
         if experts.tiers is not None:  # spilled: the routed experts are copied into VRAM slots first
             host_step(lambda stream: experts.tiers.fetch(experts, ids, m, stream), f"experts of MoE layer {experts.layer}")
         a = self._input(x)
         F = experts.gu.out // 2
         act = self.buf("moe_act", k, F)
         moe.experts_gu(experts, a["x"], ids, act, m, k, norm_w=a.get("norm_w"), eps=self.eps, xb16=self.xb16)
-        moe.experts_down(experts, act, ids, weights, sh, residual, m, k, xb16=self.xb16)
-        return residual
+        moe.experts_down(experts, act, ids, weights, sh, out, m, k, xb16=self.xb16, add=add)
+        return out
 
     def lm_head(self, x, W: DeviceWeight):
         if self.decode:

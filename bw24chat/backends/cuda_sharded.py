@@ -11,6 +11,10 @@ GPU holds a partial result:
   embed      each GPU's vocabulary rows, zeros for the ids outside them; all-reduced
   linear     a row-parallel product (attn_o, ffn_down, ssm_out) into a partial buffer,
              all-reduced, then added to the residual stream
+  experts    the router replicated (every GPU picks the same experts); each GPU runs the experts
+             of its index range (cuda_moe: pointer tables with a row per expert of the layer,
+             the others' null and skipped) and its columns of the shared expert onto zeros,
+             in the router's ranking order; the partial sums all-reduced into the residual
   lm_head    each GPU's vocabulary range of the logits, all-gathered and put in vocabulary order
 
 An all-reduce is an NCCL all-gather of the GPUs' float32 partials (bytes moved, nothing added)
@@ -25,9 +29,11 @@ GPUs between ``ncclGroupStart`` / ``ncclGroupEnd`` (one thread driving several c
 must group them).  A decode step of m rows is captured that way once, one CUDA graph per GPU with
 its NCCL calls inside, and replayed by launching every GPU's graph in turn.
 
-Not built over several GPUs yet: MoE experts split by expert ranges and MiniMax-M2's QK-norm over
-the whole projections (refused before anything loads, naming them), a checkpoint's MTP head (not
-loaded: n-gram drafting works), batched decoding (one sequence at a time).
+A QK-norm over the whole projections (MiniMax-M2) is split with the heads: each GPU's sums of
+squares of its q and k rows are all-reduced before the norm (rope.cu ss_mode 1, 2).
+
+Not built over several GPUs yet: a checkpoint's MTP head (not loaded: n-gram drafting works),
+expert tiers (each GPU's share must fit its VRAM), batched decoding (one sequence at a time).
 """
 from __future__ import annotations
 
@@ -122,22 +128,6 @@ def local_args(args, world: int):
     return dataclasses.replace(args, **ch)
 
 
-def refuse_unbuilt(checkpoint, world: int) -> None:
-    """What the CUDA path over several GPUs does not run yet, named before anything loads."""
-    from ..models import get_family
-
-    fam = get_family(checkpoint.arch)
-    args = get_family_args(checkpoint)
-    why = None
-    if any(n.endswith("_exps") for n in checkpoint.tensors) or getattr(args, "num_experts", 0):
-        why = "MoE experts split by expert ranges"
-    elif fam.Model.qk_norm_width == "full":
-        why = f"{checkpoint.arch}'s QK-norm over the whole projections"
-    if why:
-        raise OptionError(f"--gpus {world}: {checkpoint.name} needs {why}, which the engine does not run over "
-                          "several GPUs yet (one GPU, with the experts spilled to host RAM where they do not fit, does)")
-
-
 class ShardLoader(CudaLoader):
     """CudaLoader that notes on each weight how the plan splits it (``split``: parallel.py's kind)
     and where its vocabulary range starts (``first``), which ShardOps reads."""
@@ -156,6 +146,18 @@ class ShardLoader(CudaLoader):
 
     def load_embedding(self, tensor):
         return self._tag(super().load_embedding(tensor), [tensor])
+
+    def load_experts(self, gate, up, down, role: str = "experts"):
+        """This GPU's range of the layer's routed experts (parallel.shard_of: whole experts), in
+        pointer tables with a row for each of the layer's experts (the others' rows null)."""
+        from . import cuda_moe as moe
+
+        plan = self.shard.plan
+        (lo, _hi), = plan.splits[gate.name].ranges[self.shard.rank]
+        ex = moe.load_experts(gate, up, down, first=lo, n_table=plan.shapes[gate.name][0])
+        ex.layer = len(self.experts)
+        self.experts.append(ex)
+        return ex
 
 
 class ShardOps(CudaOps):
@@ -187,6 +189,28 @@ class ShardOps(CudaOps):
         residual = self._value(residual)
         part = self.buf((W.role or "linear") + ".part", W.out)
         self._linear(x, W, part)
+        self._all_reduce(part, residual, add=True)
+        return residual
+
+    def _qk_norm_rope(self, q, k, v, spec, layer: int, bias, q_norm, k_norm, q_rot, split_ss=None):
+        """A QK-norm over the whole projections (MiniMax-M2) split with the heads: each GPU's sums of
+        squares of its q and k rows, all-reduced, then the norm by the totals over the model's
+        heads (numpy_sharded.ShardedOps.rope_kv; rope.cu ss_mode 1, 2)."""
+        if spec.qk_norm != "full" or q_norm is None:
+            return super()._qk_norm_rope(q, k, v, spec, layer, bias, q_norm, k_norm, q_rot)
+        H, K, _ = self.r.shard.plan.heads
+        ss = self.buf("qk_ss", 2)
+        super()._qk_norm_rope(q, k, v, spec, layer, bias, q_norm, k_norm, q_rot, (ss, 1, H, K))
+        self._all_reduce(ss, ss, add=False)
+        super()._qk_norm_rope(q, k, v, spec, layer, bias, q_norm, k_norm, q_rot, (ss, 2, H, K))
+
+    def experts(self, x, ids, weights, experts, residual, shared=None):
+        """The experts this GPU holds, in the router's ranking order (every GPU routes the same
+        rows the same way: the router is replicated), plus its share of the shared expert, onto
+        zeros; the GPUs' partial sums all-reduced into the residual stream (numpy_sharded.py)."""
+        residual = self._value(residual)
+        part = self.buf("moe.part", residual.shape[-1])
+        self._experts(x, ids, weights, experts, part, shared, add=False)
         self._all_reduce(part, residual, add=True)
         return residual
 
@@ -248,18 +272,17 @@ class ShardedCudaRunner:
             rk.act_bf16 = value
 
     def __init__(self, checkpoint, devices, n_ctx: int = 0, kv_type: str = "bf16", prefill_chunk: int = 512,
-                 use_graph: bool = True, progress=None, activations: str = "f32"):
+                 use_graph: bool = True, progress=None, activations: str = "f32", comm=None):
         import cupy as cp
 
         from .cuda_runner import CudaRunner
 
         self.cp, self.devices = cp, tuple(devices)
         world = len(self.devices)
-        refuse_unbuilt(checkpoint, world)
         plan = plan_for(checkpoint, world)
         self.args = get_family_args(checkpoint)
         largs = local_args(self.args, world)
-        self.comm = Comm(self.devices)
+        self.comm = comm if comm is not None else Comm(self.devices)  # comm: a test's stand-in
         report = progress or (lambda f: None)
         self.ranks = []
         for r, dev in enumerate(self.devices):
@@ -535,7 +558,6 @@ def make_sharded_runner(checkpoint, options, report) -> tuple[ShardedCudaRunner,
     from .cuda_budget import check_fits, fit_context
 
     gpus, world = tuple(options.gpus), len(options.gpus)
-    refuse_unbuilt(checkpoint, world)
     plan = plan_for(checkpoint, world)
     per = plan.weight_bytes(checkpoint.tensors)
     free = []

@@ -274,7 +274,7 @@ class PlanLoader:
         name = gate.name.rsplit(".", 1)[0]
         store = lambda proj, out, in_: SimpleNamespace(  # noqa: E731
             fmt=gate.fmt, n_experts=E, out=out, in_=in_, table=SymArray(f"{name}.{proj}_table", (E, len(PLANES)), np.uint64))
-        ex = SimpleNamespace(gu=store("gu", 2 * F, D), down=store("down", D, F), tiers=None, layer=0, n_experts=E)
+        ex = SimpleNamespace(gu=store("gu", 2 * F, D), down=store("down", D, F), tiers=None, layer=0, n_experts=E, held=(0, E), partial=False)
         self.experts.append(ex)
         return ex
 

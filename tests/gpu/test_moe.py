@@ -145,6 +145,75 @@ def test_moe_experts_do_not_depend_on_the_geometry(cp, rng, fmt, E, F, D, k):
             assert np.array_equal(got_res.view(np.uint32), want_res.view(np.uint32)), (m, geo)
 
 
+@pytest.mark.parametrize("fmt,E,F,D,k", [("Q8_0", 11, 224, 352, 6), ("NVFP4", 128, 768, 2048, 8), ("BF16", 8, 96, 256, 3),
+                                         ("Q4_K", 9, 256, 512, 5), ("MXFP4", 8, 96, 256, 3)])
+def test_experts_held_elsewhere(cp, rng, fmt, E, F, D, k):
+    """A GPU of a split model holds experts lo..hi-1 (cuda_sharded.py): its decode partial
+    (moe_gu + moe_down with add 0) and its grouped prefill partial are, bit for bit, the whole
+    layer's with the router weights of every other expert set to 0 (acc + 0 * y = acc), at m rows
+    and row by row; against NumpyOps.experts' partial (zeros for the others) to f32 rounding; and a
+    row none of whose experts are held gives its shared row alone."""
+    from bw24chat.backends import cuda_moe
+    from bw24chat.backends.kernel_refs import act_q8
+    from bw24chat.backends.numpy_backend import NumpyBackend
+    from bw24chat.loaders.tensor import ExpertTensor
+
+    g, u, d = _experts(fmt, E, F, D, rng)
+    whole = cuda_moe.load_experts(g, u, d)
+    nb = NumpyBackend(act_quant=act_q8(fmt))
+    ops = nb.ops(nb.new_kv_cache(1, 1, 16, 16), 0, 8, 1e-6)
+    m = 8
+    x = rng.standard_normal((m, D)).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(m)]).astype(np.int32)
+    w = rng.random((m, k)).astype(np.float32)
+    shared = rng.standard_normal((m, D)).astype(np.float32)
+    h = ops.rmsnorm(x, nw)
+
+    def decode(ex, ww, rows, add=False, res=None):
+        out = []
+        for r0, r1 in rows:
+            n = r1 - r0
+            act = cp.full((n, k, F), np.nan, cp.float32)
+            o = cp.full((n, D), np.nan, cp.float32) if res is None else cp.asarray(res[r0:r1])
+            ids_d = cp.asarray(ids[r0:r1])
+            cuda_moe.experts_gu(ex, cp.asarray(x[r0:r1]), ids_d, act, n, k, norm_w=cp.asarray(nw), eps=1e-6)
+            cuda_moe.experts_down(ex, act, ids_d, cp.asarray(ww[r0:r1]), cp.asarray(shared[r0:r1]), o, n, k, add=add)
+            out.append(o.get())
+        return np.concatenate(out)
+
+    for lo, hi in ((0, E // 2), (E // 2, E), (1, 2)):
+        elsewhere = [e for e in range(E) if not lo <= e < hi]
+        none_here = len(elsewhere) >= k
+        if none_here:  # row 0: no expert held here
+            ids[0] = elsewhere[:k]
+        part = cuda_moe.load_experts(*(ExpertTensor(t.name, t.parts[lo:hi]) for t in (g, u, d)), first=lo, n_table=E)
+        assert part.held == (lo, hi)
+        masked = np.where((ids >= lo) & (ids < hi), w, np.float32(0))
+        want = decode(whole, masked, [(0, m)], add=True, res=np.zeros((m, D), np.float32))
+        got = decode(part, w, [(0, m)])
+        assert _same_bits(got, want), (lo, hi)
+        assert _same_bits(decode(part, w, [(i, i + 1) for i in range(m)]), got), (lo, hi)
+        if none_here:
+            assert _same_bits(got[0], np.float32(0) + shared[0]), (lo, hi)
+        ref_part = nb.load_experts(*(ExpertTensor(t.name, t.parts[lo:hi]) for t in (g, u, d)))
+        ref_part.first = lo
+        ref = ops.experts(h, ids, w, ref_part, np.zeros((m, D), np.float32)) + shared
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 2e-5, (lo, hi)
+        # the grouped prefill's partial: the per-expert GEMMs of the held experts, and the whole layer masked
+        T = 37
+        pids = _routes(rng, T, k, E)
+        ph = rng.standard_normal((T, D)).astype(np.float32)
+        pw = rng.random((T, k)).astype(np.float32)
+        psh = rng.standard_normal((T, D)).astype(np.float32)
+        out = cp.full((T, D), np.nan, cp.float32)
+        cuda_moe.prefill_experts(part, cp.asarray(ph), cp.asarray(pids), cp.asarray(pw), cp.asarray(psh), out, T, k,
+                                 add=False)
+        assert _same_bits(out.get(), _per_expert_prefill(cp, part, ph, pids, pw, psh, None)), (lo, hi)
+        pmasked = np.where((pids >= lo) & (pids < hi), pw, np.float32(0))
+        assert _same_bits(out.get(), _grouped_prefill(cp, whole, ph, pids, pmasked, psh, np.zeros((T, D), np.float32)))
+
+
 def test_gated_or_unknown_formats_refused():
     from bw24chat.backends.cuda_moe import check_format
 
@@ -309,7 +378,7 @@ def test_grouped_prefill_equals_per_expert_gemms(cp, rng, fmt, F, act_bf16):
                                   tiles=tiles, **opts)
             cuda_moe.grouped_gemm(ex.down, ex.down.table, g, act, Y, rows=(r0, r1), e0=e, tiles=tiles, **opts)
     out = cp.asarray(res)
-    cuda_moe.combine(Y, cp.asarray(w), cp.asarray(shared), out, T, k, g.pos)
+    cuda_moe.combine(Y, cp.asarray(w), cp.asarray(shared), out, T, k, cp.asarray(ids), g.pos)
     assert _same_bits(out.get(), want)
 
 

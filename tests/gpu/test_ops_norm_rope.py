@@ -190,3 +190,56 @@ def test_qk_norm_rows_independent_of_T(cp, rng, qk_norm, H, K, hd):
             assert np.array_equal(x[a:b].view(np.uint32), y.view(np.uint32)), (a, b)
     want = apply_rope(kr.qk_norm_ref(qkv[:, :H * hd].reshape(T, H, hd), qw, 1e-6, qk_norm == "full"), pos, t)
     assert np.array_equal(full[0].view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("H,K,hd,world", [(48, 8, 128, 2), (48, 8, 128, 4), (12, 4, 64, 2)])
+def test_full_qk_norm_split_by_heads(cp, rng, H, K, hd, world):
+    """MiniMax-M2's whole-projection QK-norm with the heads split over GPUs (cuda_sharded.py): each
+    GPU's ss_mode 1 sums (its heads left to right), added in rank order (the all-reduce's
+    numpy_sharded.reduce_ranks), then ss_mode 2 on each GPU: its q and k bit for bit the
+    normalization by those totals over the model's H hd and K hd, then the rotation."""
+    from bw24chat.backends.numpy_sharded import reduce_ranks
+
+    T = 9
+    t = _table(hd, 0.5, "neox", 4096)
+    pos = cp.asarray(rng.integers(0, 4096, T).astype(np.int32))
+    x = (rng.standard_normal((T, (H + 2 * K) * hd)) * rng.uniform(0.1, 20, (T, 1))).astype(np.float32)
+    qw = rng.uniform(0.5, 1.5, H * hd).astype(np.float32)
+    kw = rng.uniform(0.5, 1.5, K * hd).astype(np.float32)
+    q, k = x[:, :H * hd].reshape(T, H, hd), x[:, H * hd:(H + K) * hd].reshape(T, K, hd)
+    v = x[:, (H + K) * hd:].reshape(T, K, hd)
+    h, kh = H // world, K // world
+    ranks = [(q[:, r * h:(r + 1) * h], k[:, r * kh:(r + 1) * kh], v[:, r * kh:(r + 1) * kh],
+              qw[r * h * hd:(r + 1) * h * hd], kw[r * kh * hd:(r + 1) * kh * hd]) for r in range(world)]
+
+    def launch(r, mode, ss):
+        qr, kr_, vr, qwr, kwr = ranks[r]
+        qd, kd, vd = (cp.asarray(np.ascontiguousarray(a)) for a in (qr, kr_, vr))
+        q_out = cp.full((T, h, hd), np.nan, cp.float32)
+        ops.qk_norm_rope_kv_write(qd, kd, vd, cp.asarray(qwr), cp.asarray(kwr), 1e-6, cp.asarray(t.cos),
+                                  cp.asarray(t.sin), pos, "neox", t.rot_dim, None, None, None, q_out=q_out,
+                                  qk_norm="full", split_ss=(ss, mode, H, K))
+        return q_out.get(), kd.get()
+
+    partial = []
+    for r in range(world):
+        ss = cp.full((T, 2), np.nan, cp.float32)
+        launch(r, 1, ss)
+        partial.append(ss.get())
+    total = reduce_ranks(partial)
+    got = [launch(r, 2, cp.asarray(total)) for r in range(world)]
+
+    def left_to_right(a):  # a GPU's sum over its heads, as rope.cu adds them
+        s = kr.head_sum_sq(a)
+        tot = np.zeros(T, np.float32)
+        for j in range(s.shape[1]):
+            tot = tot + s[:, j]
+        return tot
+
+    for c, (xs, n, w) in enumerate(((q, H, qw), (k, K, kw))):
+        parts = [left_to_right(rk[c]) for rk in ranks]
+        assert np.array_equal(total[:, c].view(np.uint32), reduce_ranks(parts).view(np.uint32))
+        inv = np.float32(1.0) / np.sqrt(total[:, c] / np.float32(n * hd) + np.float32(1e-6))
+        want = apply_rope((xs * inv[:, None, None]) * w.reshape(n, hd), cp.asnumpy(pos), t)
+        have = np.concatenate([g[c] for g in got], axis=1)
+        assert np.array_equal(have.view(np.uint32), want.view(np.uint32)), c
