@@ -698,8 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the disk's sequential read rate (measured apart, e.g. dd of the model file after "
                         "--drop-page-cache), for the file tier's bound")
     p.add_argument("--gpus", type=gpu_ids, default=(), metavar="N|IDS",
-                   help="split the model over N GPUs of this host (or the devices listed, 0,1): dense and hybrid "
-                        "models; the decode rows' roofline is per GPU (the busiest GPU's bytes)")
+                   help="split the model over N GPUs of this host (or the devices listed, 0,1): dense, hybrid and "
+                        "MoE models; the decode rows' roofline is per GPU (the busiest GPU's bytes)")
     p.add_argument("--spec", choices=["ngram", "mtp", "oracle"],
                    help="speculative decoding on an editing workload instead (either backend; mtp: the model's MTP head; "
                         "oracle, with --synthetic: drafts of the plain run's tokens, each right with probability --accept)")

@@ -523,7 +523,8 @@ class CudaRunner:
         """Bytes one decode step must read of the weights: every matrix once, top_k experts of each
         MoE layer, one embedding row (the whole table where it is also the LM head), the conv taps."""
         total = sum(w.nbytes for w in self.loader.linears) + sum(w.nbytes for w in self.loader.convs)
-        # MoE: top_k experts of each layer (gate|up and down)
+        # MoE: top_k experts of each layer (gate|up and down); a GPU of a split model holds count of
+        # the E (ex.nbytes is theirs): its expected share, top_k x count / E, with routing spread evenly
         total += sum(self.args.num_experts_per_tok * ex.nbytes // ex.n_experts for ex in self.loader.experts)
         emb = self.model.tok_embd
         return total + (emb.nbytes if self.model.output is emb else emb.nbytes // self.vocab_size)
