@@ -709,7 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "against-one-GPU comparison")
     p.add_argument("--batch", action="store_true",
                    help="only the batch-invariance gate (B = 1, 2, 8, 32 sequences decoded together = each alone, "
-                        "greedy and seeded, prefix sharing on and off; the NumPy backend: --device cpu) on the "
+                        "greedy and seeded, prefix sharing on and off; on CUDA, or the NumPy backend with --device cpu) on the "
                         "--synthetic shape in the first of --formats")
     return p
 
