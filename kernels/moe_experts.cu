@@ -206,17 +206,33 @@ BW24_DEVICE void load_ids(const int* __restrict__ idt, int k, int* ids_s) {
     if ((int)threadIdx.x < k) ids_s[threadIdx.x] = idt[threadIdx.x];
 }
 
-// The slots j < k of a row's experts that this GPU holds (lo <= ids[j] < hi), as a mask that every
-// thread computes from the staged ids (no barrier), and the slot of the q-th of them.  Built only
-// for a GPU of a split model (MOE_HELD 1: cuda_moe CudaExperts.partial, cuda_sharded.py); the
-// one-GPU build (every expert held) takes every slot in order.
-BW24_DEVICE unsigned held_mask(const int* ids_s, int k, int lo, int hi) {
+// The slots j < k of a row's experts that this GPU holds (lo <= ids[j] < hi): kh of them, the
+// q-th at slot(q), has(j) whether slot j is held.  Every thread builds it from the staged ids (no
+// barrier).  The MOE_HELD build (only for a GPU of a split model: cuda_moe CudaExperts.partial,
+// cuda_sharded.py) keeps the mask; the one-GPU build holds every slot, in order.
+struct Held {
+#if MOE_HELD
+    unsigned m;
+    int kh, k;
+    BW24_DEVICE int slot(int q) const { return kh == k ? q : (int)__fns(m, 0, q + 1); }
+    BW24_DEVICE bool has(int j) const { return (m >> j) & 1u; }
+#else
+    int kh;
+    BW24_DEVICE int slot(int q) const { return q; }
+    BW24_DEVICE bool has(int) const { return true; }
+#endif
+};
+
+BW24_DEVICE Held held_slots(const int* ids_s, int k, int lo, int hi) {
+#if MOE_HELD
     unsigned m = 0;
     for (int j = 0; j < k; ++j) m |= (ids_s[j] >= lo && ids_s[j] < hi ? 1u : 0u) << j;
-    return m;
+    return Held{m, __popc(m), k};
+#else
+    (void)ids_s; (void)lo; (void)hi;
+    return Held{k};
+#endif
 }
-
-BW24_DEVICE int held_slot(unsigned m, int q, int k) { return __popc(m) == k ? q : (int)__fns(m, 0, q + 1); }
 
 // planes of row `row` of the expert whose table row is te (shared memory)
 BW24_DEVICE RowPlanes table_row(const unsigned long long* te, long row, int nck) {
@@ -387,15 +403,9 @@ moe_gu(const unsigned long long* __restrict__ tab, const float* __restrict__ x, 
     __syncthreads();
     // this warp's pairs tau in [a, b) of the row's kh*F (tau = q*F + i: rows 2i, 2i+1 of the q-th
     // held expert, at slot slot(q); the slots of experts held elsewhere are left unwritten)
-#if MOE_HELD
-    const unsigned hm = held_mask(ids_s, k, lo, hi);
-    const int kh = __popc(hm);
-    auto slot = [&](int q) { return held_slot(hm, q, k); };
-#else
-    const int kh = k;
-    auto slot = [](int q) { return q; };
-    (void)lo; (void)hi;
-#endif
+    const Held hs = held_slots(ids_s, k, lo, hi);
+    const int kh = hs.kh;
+    auto slot = [&](int q) { return hs.slot(q); };
     const long N = (long)kh * F;
     const long b0 = N * blockIdx.x / gridDim.x, nb = N * (blockIdx.x + 1) / gridDim.x - b0;
     const int a = (int)(b0 + nb * warp / MOE_NW), b = (int)(b0 + nb * (warp + 1) / MOE_NW);
@@ -483,15 +493,9 @@ moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ a
     // + MOE_R-1), each kh units (q, j), one per held expert (at slot slot(j)): unit u =
     // (q - qa)*kh + j, lane group gi of segment s takes unit s*NG + gi (the last segment's missing
     // units repeat its last: loads the group beside it also makes, results unused)
-#if MOE_HELD
-    const unsigned hm = held_mask(ids_s, k, lo, hi);
-    const int kh = __popc(hm);
-    auto slot = [&](int q) { return held_slot(hm, q, k); };
-#else
-    const int kh = k;
-    auto slot = [](int q) { return q; };
-    (void)lo; (void)hi;
-#endif
+    const Held hs = held_slots(ids_s, k, lo, hi);
+    const int kh = hs.kh;
+    auto slot = [&](int q) { return hs.slot(q); };
     constexpr int NG = 32 / MOE_DG;
     const int nsub = (nrows + MOE_R - 1) / MOE_R;
     const int qa = nsub * warp / MOE_NW, qb = nsub * (warp + 1) / MOE_NW, nu = (qb - qa) * kh;
@@ -538,11 +542,7 @@ moe_down(const unsigned long long* __restrict__ tab, const float* __restrict__ a
     pdl_trigger();
     __syncwarp();  // the warp's y_j are in: lane i combines its output qa*R + i in ranking order
     // (an expert held elsewhere gives y_j = 0: acc + w_j * 0 = acc, NumpyOps.experts' zeros)
-#if MOE_HELD
-    auto yv = [&](int j, int o) { return (hm >> j) & 1u ? ys[j * rbp + o] : 0.0f; };
-#else
-    auto yv = [&](int j, int o) { return ys[j * rbp + o]; };
-#endif
+    auto yv = [&](int j, int o) { return hs.has(j) ? ys[j * rbp + o] : 0.0f; };
     for (int o = qa * MOE_R + lane; o < min(qb * MOE_R, nrows); o += 32) {
         float acc = __fmul_rn(wsh[0], yv(0, o));
         for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(wsh[j], yv(j, o)));
