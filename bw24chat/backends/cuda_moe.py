@@ -130,18 +130,19 @@ class CudaExperts:
     slot_of: dict = field(default_factory=dict)  # resident expert -> slot
     layer: int = 0  # among the model's MoE layers
     tiers: object = None  # cuda_tiers.CudaTiers when the experts are spilled
-    first: int = 0  # the experts this GPU holds: first .. first + count - 1
-    count: int = 0
+    first: int = 0  # the experts this GPU holds: first .. first + count - 1 (None: every one)
+    count: int | None = None
 
     @property
     def held(self) -> tuple[int, int]:
         """[lo, hi) of the expert indices this GPU computes (the kernels' lo, hi)."""
-        return self.first, self.first + self.count
+        return self.first, self.first + (self.n_experts if self.count is None else self.count)
 
     @property
     def partial(self) -> bool:
         """This GPU holds a range of the layer's experts only (the kernels' MOE_HELD build)."""
-        return self.count < self.n_experts
+        lo, hi = self.held
+        return hi - lo < self.n_experts
 
     @property
     def nbytes(self) -> int:
